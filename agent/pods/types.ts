@@ -1,0 +1,56 @@
+import type { ProbeSpec, ProbeType } from '../probe/types.ts';
+
+/** A container port as declared in the pod spec. */
+export interface ContainerPort {
+  name?: string;
+  containerPort: number;
+  protocol?: string;
+}
+
+/** The probe of one type on one container: parsed, or the reason it could not be. */
+export type ContainerProbe = { ok: true; spec: ProbeSpec } | { ok: false; error: string };
+
+/** The runtime state of one container, from pod status (may lag for non-static pods). */
+export interface ContainerState {
+  /** "containerd://<id>" as kubelet reports it; empty while creating. */
+  containerID: string;
+  running: boolean;
+  /** state.running.startedAt, epoch ms. */
+  startedAt?: number;
+  terminated: boolean;
+  started?: boolean;
+  ready: boolean;
+  restartCount: number;
+}
+
+/** One container that may carry probes: a regular container or a restartable init container (sidecar). */
+export interface ContainerInfo {
+  name: string;
+  kind: 'regular' | 'sidecar';
+  ports: ContainerPort[];
+  probes: Partial<Record<ProbeType, ContainerProbe>>;
+  state?: ContainerState;
+}
+
+/** The parts of a v1.Pod probe-agent acts on. */
+export interface PodInfo {
+  uid: string;
+  namespace: string;
+  name: string;
+  hostNetwork: boolean;
+  /** status.podIPs (primary first); empty while the sandbox is being set up. */
+  podIPs: string[];
+  phase: string;
+  restartPolicy: string;
+  /** metadata.deletionTimestamp, epoch ms. */
+  deletionTimestamp?: number;
+  /** A static (file/URL) pod: kubernetes.io/config.source != api. */
+  isStatic: boolean;
+  runtimeClassName?: string;
+  /** status.conditions Ready == True (used for kubelet's restart-grace rule). */
+  podReady: boolean;
+  containers: ContainerInfo[];
+}
+
+/** Why a pod is left to kubelet rather than probed by us (never an error). */
+export type NotOursReason = 'no-network-probes' | 'exec-only' | 'host-network' | 'sandboxed-runtime';

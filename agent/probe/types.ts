@@ -1,0 +1,151 @@
+import type { Socket } from 'node:net';
+
+/** The three kubelet probe types, spelled as kubelet's metrics spell them. */
+export type ProbeType = 'Liveness' | 'Readiness' | 'Startup';
+export const PROBE_TYPES: readonly ProbeType[] = ['Liveness', 'Readiness', 'Startup'];
+
+/** A container port reference: a number, or the name of one of the container's own ports. */
+export type PortRef = number | string;
+
+/** One `httpHeaders` entry, kept in order; repeats are kept. */
+export interface HttpHeader {
+  name: string;
+  value: string;
+}
+
+/** httpGet, normalised: scheme upper-cased, path defaulted to "/". */
+export interface HttpGetHandler {
+  kind: 'http';
+  port: PortRef;
+  path: string;
+  scheme: 'HTTP' | 'HTTPS';
+  /** The deprecated `host` field, as written (may be empty/undefined). */
+  host?: string;
+  headers: HttpHeader[];
+}
+
+/** tcpSocket. */
+export interface TcpSocketHandler {
+  kind: 'tcp';
+  port: PortRef;
+  host?: string;
+}
+
+/** grpc: always the pod's own address, numeric port. */
+export interface GrpcHandler {
+  kind: 'grpc';
+  port: number;
+  service?: string;
+}
+
+/** exec: recognised so that it can be reported as kubelet's, never run by us. */
+export interface ExecHandler {
+  kind: 'exec';
+  command: string[];
+}
+
+export type ProbeHandler = HttpGetHandler | TcpSocketHandler | GrpcHandler | ExecHandler;
+export type NetworkHandler = HttpGetHandler | TcpSocketHandler | GrpcHandler;
+
+/** A Kubernetes Probe with kubelet's defaults applied. */
+export interface ProbeSpec {
+  handler: ProbeHandler;
+  timeoutSeconds: number;
+  periodSeconds: number;
+  successThreshold: number;
+  failureThreshold: number;
+  initialDelaySeconds: number;
+  terminationGracePeriodSeconds?: number;
+}
+
+/**
+ * One probe's outcome, in kubelet's vocabulary plus 'error' (the probe could not run:
+ * bad spec, unresolvable named port, netns/helper trouble). Warning counts as success.
+ */
+export type ProbeResult = 'success' | 'warning' | 'failure' | 'error';
+
+/** Bounded set of failure reasons (a metric label: never add free text here). */
+export type FailureReason =
+  | 'refused'
+  | 'timeout'
+  | 'reset'
+  | 'unreachable'
+  | 'status'
+  | 'redirects'
+  | 'tls'
+  | 'protocol'
+  | 'grpc-status'
+  | 'grpc-unimplemented'
+  | 'grpc-not-serving'
+  | 'netns-gone'
+  | 'netns-denied'
+  | 'helper-error'
+  | 'host-refused'
+  | 'port-unresolved'
+  | 'invalid-spec'
+  | 'queue-full'
+  | 'other';
+
+/** Per-phase timings in seconds; a phase that did not happen is absent. */
+export interface ProbePhases {
+  /** Waiting for a concurrency slot. */
+  queue?: number;
+  /** Asking the helper for a socket made inside the netns (fork + setns + socket + fd pass). */
+  helper?: number;
+  /** TCP handshake (for dual-stack: until the winning attempt connected). */
+  connect?: number;
+  /** TLS handshake (HTTPS). */
+  tls?: number;
+  /** Request sent until response headers (HTTP) or response (gRPC) arrived. */
+  firstByte?: number;
+  /** Whole probe, from dispatch to result. */
+  total: number;
+}
+
+/** What one probe run produced. `message` never holds a response body of a failure. */
+export interface ProbeOutcome {
+  result: ProbeResult;
+  message: string;
+  reason?: FailureReason;
+  durationSeconds: number;
+  phases: ProbePhases;
+  /** The address:port that answered (or was tried last), for humans; never a metric label. */
+  address?: string;
+}
+
+/** Makes unconnected TCP sockets that live in some network namespace. */
+export interface SocketFactory {
+  /** Human/metric name of the path: 'resident', 'warm', 'spawn', 'node'. */
+  readonly mode: string;
+  /**
+   * Returns an unconnected TCP socket of the given family, created in `netns`
+   * (a /proc/PID/ns/net or /run/netns path; ignored by the node factory).
+   * Rejects with NetnsError or HelperError.
+   */
+  createSocket(netns: string | undefined, family: 4 | 6, signal?: AbortSignal): Promise<Socket>;
+}
+
+/** The deprecated host field: what to do with a host that is not the pod's own. */
+export type HostFieldPolicy = 'refuse' | 'legacy-node';
+
+/** Everything a prober needs besides the handler. */
+export interface ProbeContext {
+  /** Netns path to probe inside; undefined means the node's own netns (direct/legacy). */
+  netns?: string;
+  /** The pod's own IPs (status.podIPs); the only addresses a probe may target. */
+  podIPs: string[];
+  /** Container ports, for named-port resolution. */
+  containerPorts?: { name?: string; containerPort: number; protocol?: string }[];
+  timeoutSeconds: number;
+  /** Makes sockets in `netns`. */
+  sockets: SocketFactory;
+  /** Makes sockets in the node's netns (for the legacy host-field path and --from-node). */
+  nodeSockets: SocketFactory;
+  /** kube-probe/<major>.<minor> version, e.g. "1.34". */
+  kubeVersion: string;
+  hostFieldPolicy: HostFieldPolicy;
+  /** Try every pod address family with RFC 8305 staggering; off = primary IP only (kubelet). */
+  happyEyeballs: boolean;
+  /** Aborts the probe early (agent shutdown, API deadline). */
+  signal?: AbortSignal;
+}

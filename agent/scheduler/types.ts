@@ -1,0 +1,80 @@
+import type { FailureReason, ProbeType } from '../probe/types.ts';
+
+/** Identifies one probe worker, as kubelet does: (pod UID, container name, probe type). */
+export interface ProbeKey {
+  podUID: string;
+  containerName: string;
+  probeType: ProbeType;
+}
+
+/**
+ * The thresholded result kubelet would hold for a probe.
+ * 'error' = the probe cannot run (unknown named port, netns unresolvable...): explicit instead of silent.
+ */
+export type ThresholdResult = 'success' | 'failure' | 'unknown' | 'error';
+
+/** Current state of one worker, as stored in the results store. */
+export interface ProbeStatus {
+  key: ProbeKey;
+  namespace: string;
+  podName: string;
+  containerID: string;
+  result: ThresholdResult;
+  /** Consecutive raw results equal to the last one. */
+  consecutive: number;
+  /** Epoch ms of the last probe run; 0 if none yet. */
+  lastProbeTime: number;
+  lastMessage: string;
+  lastReason?: FailureReason;
+  /** Derived container state, kubelet's isContainerStarted / ready rules. */
+  started: boolean;
+  ready: boolean;
+  /** Worker is paused (liveness failure or startup decided) until a new container ID. */
+  onHold: boolean;
+}
+
+/** One change in the results store; `revision` increases by one per event across the store. */
+export interface ProbeEvent {
+  revision: number;
+  type: 'added' | 'changed' | 'removed';
+  status: ProbeStatus;
+  /** The result before the change ('unknown' for added). */
+  previous?: ThresholdResult;
+  time: number;
+}
+
+/** Filter for listing statuses; empty fields match everything. */
+export interface StatusFilter {
+  podUID?: string;
+  namespace?: string;
+  probeType?: ProbeType;
+}
+
+/** Read side of the results store: what the gRPC API and the metrics read. */
+export interface ResultsReader {
+  list(filter?: StatusFilter): ProbeStatus[];
+  /** The revision of the newest event (0 before any). */
+  revision(): number;
+  /** Events after `revision`, oldest first; undefined when they are no longer retained (client must resync). */
+  eventsSince(revision: number): ProbeEvent[] | undefined;
+  /** Calls `listener` for every future event, in order; returns an unsubscribe function. */
+  subscribe(listener: (event: ProbeEvent) => void): () => void;
+}
+
+/** Identity of a probe run, enough for kubelet's metric labels. */
+export interface ProbeRunMeta {
+  key: ProbeKey;
+  namespace: string;
+  podName: string;
+  protocol: 'http' | 'tcp' | 'grpc';
+}
+
+/** Hooks the scheduler calls; metrics and logging implement them. All are synchronous and must not throw. */
+export interface ProbeObserver {
+  /** After every raw probe run (before thresholds). Errors (result 'error') included. */
+  probeRun(meta: ProbeRunMeta, outcome: import('../probe/types.ts').ProbeOutcome): void;
+  /** A worker started. */
+  workerStarted(meta: ProbeRunMeta): void;
+  /** A worker stopped: its per-pod series must go. */
+  workerStopped(meta: ProbeRunMeta): void;
+}
