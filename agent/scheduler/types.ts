@@ -78,3 +78,22 @@ export interface ProbeObserver {
   /** A worker stopped: its per-pod series must go. */
   workerStopped(meta: ProbeRunMeta): void;
 }
+
+/** A one-shot probe request against a pod known on this node (the API's Probe RPC). */
+export interface OnDemandProbeRequest {
+  podUID?: string;
+  podSandboxID?: string;
+  /** For named ports; required when the handler uses one. */
+  containerName?: string;
+  handler: import('../probe/types.ts').ProbeHandler;
+  timeoutSeconds: number;
+}
+
+/**
+ * Runs one-shot probes for the API. Rejects with PodNotFoundError, UnsupportedPodError,
+ * NetnsUnavailableError, OverloadedError or InvalidProbeError; a probe that fails resolves
+ * with result 'failure'.
+ */
+export interface OnDemandProber {
+  probe(req: OnDemandProbeRequest, signal?: AbortSignal): Promise<import('../probe/types.ts').ProbeOutcome>;
+}

@@ -1,0 +1,14 @@
+import { defineConfig } from 'vitest/config';
+
+// Integration tests build real network namespaces, nftables tables and servers; each lab takes
+// a unique slot, so files may run in parallel, but the machine has two cores: keep it to two.
+export default defineConfig({
+  test: {
+    include: ['test/**/*.test.ts'],
+    pool: 'forks',
+    maxWorkers: 2,
+    testTimeout: 30_000,
+    hookTimeout: 90_000,
+    reporters: ['default'],
+  },
+});
