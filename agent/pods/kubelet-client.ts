@@ -1,0 +1,259 @@
+/**
+ * Reads the kubelet's pod list (GET <url>/pods, a v1.PodList). The kubelet has no watch, so the
+ * caller polls; this module only does one bounded, authenticated request per call.
+ */
+import { readFileSync, statSync } from 'node:fs';
+import { Client, errors as undiciErrors } from 'undici';
+import { ConfigError, ProbeAgentError, describeError } from '../errors.ts';
+import { silentLogger, type Logger } from '../log.ts';
+
+/** Why a kubelet request failed; a bounded set, used as a metric label. */
+export type KubeletErrorKind = 'unreachable' | 'timeout' | 'http-status' | 'too-large' | 'malformed' | 'unauthorized';
+export const KUBELET_ERROR_KINDS: readonly KubeletErrorKind[] = [
+  'unreachable', 'timeout', 'http-status', 'too-large', 'malformed', 'unauthorized',
+];
+
+/** A failed kubelet pod-list request (or an unusable answer). */
+export class KubeletError extends ProbeAgentError {
+  readonly kind: KubeletErrorKind;
+  /** The HTTP status, for 'http-status' and 'unauthorized' answers. */
+  readonly status?: number;
+  constructor(kind: KubeletErrorKind, message: string, context: Record<string, unknown> = {}, options?: { cause?: unknown; status?: number }) {
+    super(`kubelet-${kind}`, message, context, options);
+    this.kind = kind;
+    if (options?.status !== undefined) this.status = options.status;
+  }
+}
+
+/** What the agent's service account needs for /pods; said in every 401/403 error. */
+export const KUBELET_RBAC_HINT = 'the agent needs get on nodes/pods, or nodes/proxy on clusters before 1.33 (KubeletFineGrainedAuthz)';
+
+/** How to reach and authenticate to the kubelet. */
+export interface KubeletClientOptions {
+  /** Base URL: https://<node>:10250, http://127.0.0.1:10255 (read-only port) or an apiserver node-proxy path. */
+  url: string;
+  /** PEM CA bundle that signed the kubelet serving certificate; absent = the system trust store. */
+  caFile?: string;
+  /** Skip kubelet certificate verification (self-signed kubelet certs); must be asked for explicitly. */
+  insecureTLS?: boolean;
+  /** Name to verify the kubelet certificate against when the URL holds an IP (certs often lack IP SANs). */
+  tlsServerName?: string;
+  /** Bearer token file (a projected service-account token); re-read when it changes. Absent = no Authorization header. */
+  tokenFile?: string;
+  /** Whole-request deadline; default 10 s. */
+  timeoutMs?: number;
+  /** Response body cap; default 64 MiB. */
+  maxResponseBytes?: number;
+  log?: Logger;
+}
+
+export const DEFAULT_KUBELET_TIMEOUT_MS = 10_000;
+export const DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
+/** Service-account tokens are ~1-2 KiB; anything near this is not a token. */
+const MAX_TOKEN_BYTES = 64 * 1024;
+/** Kubelet error bodies are one line ("Forbidden (user=..., verb=get, ...)"); keep a short excerpt. */
+const ERROR_EXCERPT_BYTES = 512;
+
+/** Fetches the kubelet's /pods over a dedicated connection (never the global dispatcher). */
+export class KubeletClient {
+  readonly url: string;
+  readonly #client: Client;
+  readonly #path: string;
+  readonly #timeoutMs: number;
+  readonly #maxBytes: number;
+  readonly #token: TokenFile | undefined;
+  readonly #log: Logger;
+
+  constructor(opts: KubeletClientOptions) {
+    const url = parseKubeletUrl(opts.url);
+    const https = url.protocol === 'https:';
+    if (!https && (opts.caFile || opts.insecureTLS || opts.tlsServerName)) {
+      throw new ConfigError(`kubelet URL ${url.origin} is plain http: TLS options (CA file, insecure TLS, server name) do not apply`);
+    }
+    if (opts.insecureTLS && opts.caFile) {
+      throw new ConfigError('kubelet: give either a CA file or insecure TLS, not both');
+    }
+    this.#timeoutMs = positiveInt(opts.timeoutMs ?? DEFAULT_KUBELET_TIMEOUT_MS, 'kubelet request timeout (ms)');
+    this.#maxBytes = positiveInt(opts.maxResponseBytes ?? DEFAULT_MAX_RESPONSE_BYTES, 'kubelet max response bytes');
+    let ca: string | undefined;
+    if (opts.caFile) {
+      try {
+        ca = readFileSync(opts.caFile, 'utf8');
+      } catch (err) {
+        throw new ConfigError(`kubelet CA file ${opts.caFile}: ${describeError(err)}`, { caFile: opts.caFile });
+      }
+      if (!ca.includes('-----BEGIN CERTIFICATE-----')) {
+        throw new ConfigError(`kubelet CA file ${opts.caFile} holds no PEM certificate`, { caFile: opts.caFile });
+      }
+    }
+    this.url = url.href;
+    this.#path = `${url.pathname.replace(/\/+$/, '')}/pods`;
+    this.#log = opts.log ?? silentLogger;
+    this.#token = opts.tokenFile ? new TokenFile(opts.tokenFile, this.#log) : undefined;
+    this.#client = new Client(url.origin, {
+      allowH2: false,
+      pipelining: 1,
+      connectTimeout: this.#timeoutMs,
+      headersTimeout: this.#timeoutMs,
+      bodyTimeout: this.#timeoutMs,
+      maxResponseSize: this.#maxBytes,
+      connect: https
+        ? {
+            rejectUnauthorized: !opts.insecureTLS,
+            ...(ca !== undefined ? { ca } : {}),
+            ...(opts.tlsServerName ? { servername: opts.tlsServerName } : {}),
+          }
+        : {},
+    });
+  }
+
+  /** GET /pods: resolves with the parsed JSON; rejects with KubeletError (or the caller's abort reason). */
+  async getPods(signal?: AbortSignal): Promise<unknown> {
+    signal?.throwIfAborted();
+    const headers: Record<string, string> = { accept: 'application/json', 'user-agent': 'probe-agent' };
+    const token = this.#token?.read();
+    if (token) headers.authorization = `Bearer ${token}`;
+
+    const deadline = new AbortController();
+    const timer = setTimeout(() => deadline.abort(new KubeletError('timeout', `kubelet did not answer /pods within ${this.#timeoutMs} ms`, { url: this.url })), this.#timeoutMs);
+    const combined = signal ? AbortSignal.any([signal, deadline.signal]) : deadline.signal;
+    try {
+      const res = await this.#client.request({ path: this.#path, method: 'GET', headers, signal: combined });
+      const declared = Number(res.headers['content-length']);
+      if (Number.isFinite(declared) && declared > this.#maxBytes) {
+        // Aborting (not draining) makes undici drop the connection instead of reading 64+ MiB we will not use.
+        deadline.abort(tooLarge(this.#maxBytes, this.url));
+        res.body.destroy();
+        throw tooLarge(this.#maxBytes, this.url);
+      }
+      if (res.statusCode !== 200) {
+        const excerpt = await readExcerpt(res.body);
+        throw statusError(res.statusCode, excerpt, this.url);
+      }
+      const chunks: Buffer[] = [];
+      for await (const chunk of res.body) chunks.push(chunk as Buffer);
+      const text = Buffer.concat(chunks).toString('utf8');
+      try {
+        return JSON.parse(text) as unknown;
+      } catch (err) {
+        throw new KubeletError('malformed', `kubelet /pods answered with invalid JSON: ${describeError(err)}`, { url: this.url, bytes: text.length });
+      }
+    } catch (err) {
+      if (signal?.aborted && !deadline.signal.aborted) throw signal.reason;
+      throw toKubeletError(err, deadline.signal, this.url, this.#maxBytes);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** Closes the connection; pending requests fail. */
+  async close(): Promise<void> {
+    await this.#client.destroy().catch(() => {});
+  }
+}
+
+/** Re-reads a token file whenever its identity (inode, size, mtime) changes: projected tokens rotate by symlink swap. */
+class TokenFile {
+  readonly #path: string;
+  readonly #log: Logger;
+  #stamp = '';
+  #token: string | undefined;
+  #warned = false;
+
+  constructor(path: string, log: Logger) {
+    this.#path = path;
+    this.#log = log;
+  }
+
+  /** The current token; a failed re-read keeps the previous token (a rotation may be half done). */
+  read(): string {
+    try {
+      const st = statSync(this.#path);
+      const stamp = `${st.dev}:${st.ino}:${st.size}:${st.mtimeMs}`;
+      if (stamp === this.#stamp && this.#token !== undefined) return this.#token;
+      if (st.size > MAX_TOKEN_BYTES) throw new Error(`token file is ${st.size} bytes, more than ${MAX_TOKEN_BYTES}`);
+      const token = readFileSync(this.#path, 'utf8').trim();
+      if (!token) throw new Error('token file is empty');
+      if (/[\s\x00-\x1f\x7f]/.test(token)) throw new Error('token holds whitespace or control characters');
+      if (this.#token !== undefined && token !== this.#token) this.#log.info('kubelet bearer token reloaded', { tokenFile: this.#path });
+      this.#stamp = stamp;
+      this.#token = token;
+      this.#warned = false;
+      return token;
+    } catch (err) {
+      if (this.#token !== undefined) {
+        if (!this.#warned) this.#log.warn('kubelet token file unreadable; using the previous token', { tokenFile: this.#path, error: describeError(err) });
+        this.#warned = true;
+        return this.#token;
+      }
+      throw new KubeletError('unauthorized', `cannot read kubelet bearer token file ${this.#path}: ${describeError(err)}`, { tokenFile: this.#path });
+    }
+  }
+}
+
+function parseKubeletUrl(raw: string): URL {
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw new ConfigError(`kubelet URL "${raw}" is not a URL (want https://<node>:10250 or http://127.0.0.1:10255)`);
+  }
+  if (url.protocol !== 'https:' && url.protocol !== 'http:') throw new ConfigError(`kubelet URL ${raw}: scheme must be https or http`);
+  if (url.username || url.password) throw new ConfigError('kubelet URL must not hold credentials: use the token file');
+  if (url.search || url.hash) throw new ConfigError(`kubelet URL ${raw} must not have a query or fragment`);
+  return url;
+}
+
+function positiveInt(value: number, what: string): number {
+  if (!Number.isInteger(value) || value <= 0) throw new ConfigError(`${what} must be a positive integer, got ${value}`);
+  return value;
+}
+
+function tooLarge(max: number, url: string): KubeletError {
+  return new KubeletError('too-large', `kubelet /pods answer is larger than the ${max}-byte cap (raise --kubelet-max-response-bytes)`, { url, maxBytes: max });
+}
+
+async function readExcerpt(body: AsyncIterable<unknown> & { destroy(): unknown }): Promise<string> {
+  let text = '';
+  try {
+    for await (const chunk of body) {
+      text += Buffer.from(chunk as Buffer).toString('utf8');
+      if (text.length >= ERROR_EXCERPT_BYTES) break;
+    }
+  } catch {
+    // The status is what matters; a broken error body is not worth a second error.
+  } finally {
+    body.destroy();
+  }
+  return text.slice(0, ERROR_EXCERPT_BYTES).replace(/[\x00-\x1f\x7f]+/g, ' ').trim();
+}
+
+function statusError(status: number, excerpt: string, url: string): KubeletError {
+  const said = excerpt ? ` (${excerpt})` : '';
+  if (status === 401 || status === 403) {
+    const who = status === 401 ? 'rejected the credentials' : 'denied access';
+    return new KubeletError('unauthorized', `kubelet ${who} for /pods: HTTP ${status}${said}; ${KUBELET_RBAC_HINT}`, { url, status }, { status });
+  }
+  return new KubeletError('http-status', `kubelet /pods answered HTTP ${status}${said}`, { url, status }, { status });
+}
+
+function toKubeletError(err: unknown, deadline: AbortSignal, url: string, maxBytes: number): KubeletError {
+  if (err instanceof KubeletError) return err;
+  if (deadline.aborted && deadline.reason instanceof KubeletError) return deadline.reason;
+  const code = (err as { code?: string } | undefined)?.code ?? '';
+  if (err instanceof undiciErrors.ResponseExceededMaxSizeError || code === 'UND_ERR_RES_EXCEEDED_MAX_SIZE') {
+    return tooLarge(maxBytes, url);
+  }
+  if (code === 'UND_ERR_CONNECT_TIMEOUT' || code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT' || code === 'ETIMEDOUT') {
+    return new KubeletError('timeout', `kubelet /pods timed out: ${describeError(err)}`, { url }, { cause: err });
+  }
+  if (isTlsError(code, err)) {
+    return new KubeletError('unreachable', `TLS to the kubelet failed: ${describeError(err)}; check --kubelet-ca-file / --kubelet-tls-server-name, or use --kubelet-insecure-tls`, { url, code }, { cause: err });
+  }
+  return new KubeletError('unreachable', `kubelet /pods unreachable: ${describeError(err)}`, { url, code }, { cause: err });
+}
+
+function isTlsError(code: string, err: unknown): boolean {
+  if (/^ERR_TLS_|^ERR_SSL_|CERT|SELF_SIGNED|UNABLE_TO_(GET|VERIFY)|HOSTNAME_MISMATCH/.test(code)) return true;
+  return err instanceof Error && /certificate|SSL routines|TLS/i.test(err.message) && !code.startsWith('UND_ERR');
+}
