@@ -1,6 +1,17 @@
 /**
  * Structured logging to stderr, in the Kubernetes style: a constant message plus key/value
  * pairs, JSON for machines or text for terminals. Never log response bodies or header values.
+ *
+ * Level policy (klog verbosity in brackets; -v maps onto levels via levelForVerbosity):
+ * - error: the agent cannot do its job (listener cannot bind, helper cannot start).
+ * - warn:  degraded but working (kubelet unreachable: once per failure streak, not per poll).
+ * - info  (-v 0..2): lifecycle, config, listeners, recoveries, and probe result TRANSITIONS
+ *          (thresholded success<->failure, "probe result changed": logProbeTransitions in
+ *          agent/metrics/probe-metrics.ts subscribes to the results store for this).
+ * - debug (-v 3..4): EACH probe run ("probe run", logged by ProbeMetrics.probeRun), worker
+ *          add/remove, per-poll details. Kubelet logs probe runs at V(3)/V(4) too.
+ * - trace (-v 5+): wire-level detail (helper protocol, HTTP/2 frames).
+ * Guard expensive field building with logger.enabled(level).
  */
 export type LogLevel = 'error' | 'warn' | 'info' | 'debug' | 'trace';
 export type LogFormat = 'json' | 'text';
@@ -45,19 +56,42 @@ export class Logger {
   #log(level: LogLevel, msg: string, fields?: LogFields): void {
     if (!this.enabled(level)) return;
     const all = fields ? { ...this.#fields, ...fields } : this.#fields;
-    this.#sink.write(this.#sink.format === 'json' ? jsonLine(level, msg, all) : textLine(level, msg, all));
+    const line = this.#sink.format === 'json' ? jsonLine(level, msg, all) : textLine(level, msg, all);
+    try {
+      this.#sink.write(line);
+    } catch {
+      // Logging must never take the agent down (closed stderr, full pipe).
+    }
   }
 }
 
 function jsonLine(level: LogLevel, msg: string, fields: LogFields): string {
-  return JSON.stringify({ ts: new Date().toISOString(), level, msg, ...normalise(fields) }) + '\n';
+  return safeStringify({ ts: new Date().toISOString(), level, msg, ...normalise(fields) }) + '\n';
+}
+
+/** JSON.stringify that cannot throw: BigInt becomes a string, cycles become "[Circular]". */
+function safeStringify(value: unknown): string {
+  const seen = new WeakSet<object>();
+  try {
+    return JSON.stringify(value, (_key, v: unknown) => {
+      if (typeof v === 'bigint') return v.toString();
+      if (typeof v === 'object' && v !== null) {
+        if (seen.has(v)) return '[Circular]';
+        seen.add(v);
+      }
+      return v;
+    }) ?? 'null';
+  } catch (err) {
+    // A throwing toJSON/getter: keep the line, lose the value.
+    return JSON.stringify({ unserialisable: err instanceof Error ? err.message : String(err) });
+  }
 }
 
 function textLine(level: LogLevel, msg: string, fields: LogFields): string {
   const kv = Object.entries(normalise(fields))
-    .map(([k, v]) => `${k}=${typeof v === 'string' && !/[\s"=]/.test(v) ? v : JSON.stringify(v)}`)
+    .map(([k, v]) => `${k}=${typeof v === 'string' && v !== '' && !/[\s"=]/.test(v) ? v : safeStringify(v)}`)
     .join(' ');
-  return `${new Date().toISOString()} ${level.toUpperCase().padEnd(5)} ${JSON.stringify(msg)}${kv ? ' ' + kv : ''}\n`;
+  return `${new Date().toISOString()} ${level.toUpperCase().padEnd(5)} ${safeStringify(msg)}${kv ? ' ' + kv : ''}\n`;
 }
 
 function normalise(fields: LogFields): LogFields {

@@ -1,0 +1,329 @@
+/**
+ * probe_agent_* self-metrics: the API other modules report into. Every label value is checked
+ * against a closed set (anything else becomes "other"), so no caller can create unbounded series
+ * by passing a URL, an IP or an error message. Methods never throw.
+ */
+import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+import type { Logger } from '../log.ts';
+import type { NotOursReason } from '../pods/types.ts';
+import { PROBE_TYPES, type ProbeOutcome } from '../probe/types.ts';
+import type { ProbeRunMeta, ResultsReader, ThresholdResult } from '../scheduler/types.ts';
+import type { ProbeMetrics } from './probe-metrics.ts';
+
+/** Kubelet polls and netns resolutions are network/IPC round trips bounded by their own timeouts (~10 s). */
+export const CALL_BUCKETS: readonly number[] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
+
+/** Socket-factory modes (SocketFactory.mode). */
+export const HELPER_MODES = ['resident', 'warm', 'spawn', 'node'] as const;
+/** KubeletError kinds (brief D): the kubelet poll error label. */
+export const KUBELET_ERROR_KINDS = ['unreachable', 'timeout', 'http-status', 'too-large', 'malformed', 'unauthorized'] as const;
+/** Netns resolvers (agent/netns/resolver.ts). */
+export const NETNS_RESOLVERS = ['cri', 'procfs', 'address'] as const;
+/** Netns resolution outcomes (agent/netns/resolver.ts). */
+export const NETNS_OUTCOMES = ['ok', 'not-found', 'unavailable', 'unsupported', 'ambiguous', 'invalid'] as const;
+/** Why a pod is left to kubelet (NotOursReason), plus 'ours'. */
+export const POD_STATES = ['ours', 'no-network-probes', 'exec-only', 'host-network', 'sandboxed-runtime'] as const;
+const THRESHOLD_RESULTS: readonly ThresholdResult[] = ['success', 'failure', 'unknown', 'error'];
+const GRPC_CODES = [
+  'OK', 'CANCELLED', 'UNKNOWN', 'INVALID_ARGUMENT', 'DEADLINE_EXCEEDED', 'NOT_FOUND', 'ALREADY_EXISTS',
+  'PERMISSION_DENIED', 'RESOURCE_EXHAUSTED', 'FAILED_PRECONDITION', 'ABORTED', 'OUT_OF_RANGE',
+  'UNIMPLEMENTED', 'INTERNAL', 'UNAVAILABLE', 'DATA_LOSS', 'UNAUTHENTICATED',
+] as const;
+/** gRPC method names come from our own service definition; the cap is a guard against a bug, not a feature. */
+const MAX_GRPC_METHODS = 32;
+
+/** Live limiter occupancy, read at scrape time. */
+export interface LimiterStats {
+  inFlight: number;
+  queued: number;
+}
+
+/** Pods known from the kubelet: probed by us, or left to kubelet and why. */
+export interface PodCounts {
+  ours: number;
+  notOurs: Partial<Record<NotOursReason, number>>;
+}
+
+/** Construction options; createMetrics() supplies them. */
+export interface AgentMetricsOptions {
+  registry: Registry;
+  probeMetrics: ProbeMetrics;
+  log: Logger;
+  now: () => number;
+}
+
+/** The self-metrics API (see the report/README for who calls what). */
+export class AgentMetrics {
+  readonly #probeMetrics: ProbeMetrics;
+  readonly #log: Logger;
+  readonly #now: () => number;
+  readonly #startedAt: number;
+  #lastKubeletSuccess: number | undefined;
+  #limiterSource: (() => LimiterStats) | undefined;
+  #resultsSource: Pick<ResultsReader, 'list'> | undefined;
+  readonly #grpcMethods = new Set<string>();
+
+  readonly #helperSpawns: Counter<'mode' | 'result'>;
+  readonly #helperSpawnSeconds: Histogram<'mode'>;
+  readonly #helperRestarts: Counter;
+  readonly #kubeletPollSeconds: Histogram<'result'>;
+  readonly #kubeletPollErrors: Counter<'kind'>;
+  readonly #kubeletLastSuccess: Gauge;
+  readonly #netnsResolutions: Counter<'resolver' | 'outcome'>;
+  readonly #netnsSeconds: Histogram<'resolver'>;
+  readonly #pods: Gauge<'state'>;
+  readonly #grpcRequests: Counter<'method' | 'code'>;
+  readonly #grpcSeconds: Histogram<'method'>;
+
+  constructor(opts: AgentMetricsOptions) {
+    this.#probeMetrics = opts.probeMetrics;
+    this.#log = opts.log.child({ component: 'agent-metrics' });
+    this.#now = opts.now;
+    this.#startedAt = opts.now();
+    const registers = [opts.registry];
+    const self = this;
+
+    this.#helperSpawns = new Counter({
+      name: 'probe_agent_helper_spawns_total',
+      help: 'Sockets requested from the netns helper (each forks a child that enters the pod netns), by mode and result.',
+      labelNames: ['mode', 'result'] as const,
+      registers,
+    });
+    this.#helperSpawnSeconds = new Histogram({
+      name: 'probe_agent_helper_spawn_duration_seconds',
+      help: 'Time to get a socket made inside a pod netns from the helper (fork, setns, socket, fd pass).',
+      labelNames: ['mode'] as const,
+      buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      registers,
+    });
+    this.#helperRestarts = new Counter({
+      name: 'probe_agent_helper_restarts_total',
+      help: 'Times the resident netns helper died and was restarted.',
+      registers,
+    });
+    this.#kubeletPollSeconds = new Histogram({
+      name: 'probe_agent_kubelet_poll_duration_seconds',
+      help: 'Duration of GET /pods against the kubelet, by result (success or error).',
+      labelNames: ['result'] as const,
+      buckets: [...CALL_BUCKETS],
+      registers,
+    });
+    this.#kubeletPollErrors = new Counter({
+      name: 'probe_agent_kubelet_poll_errors_total',
+      help: 'Failed kubelet polls by kind (unreachable, timeout, http-status, too-large, malformed, unauthorized, other).',
+      labelNames: ['kind'] as const,
+      registers,
+    });
+    for (const kind of [...KUBELET_ERROR_KINDS, 'other']) this.#kubeletPollErrors.inc({ kind }, 0);
+    this.#kubeletLastSuccess = new Gauge({
+      name: 'probe_agent_kubelet_last_success_timestamp_seconds',
+      help: 'Unix time of the last successful kubelet poll (0 before the first).',
+      registers,
+    });
+    new Gauge({
+      name: 'probe_agent_kubelet_staleness_seconds',
+      help: 'Seconds since the pod set was last refreshed from the kubelet (since agent start before the first success).',
+      registers,
+      collect() {
+        this.set(self.kubeletStalenessSeconds());
+      },
+    });
+    this.#netnsResolutions = new Counter({
+      name: 'probe_agent_netns_resolutions_total',
+      help: 'Pod network namespace lookups by resolver (cri, procfs, address) and outcome.',
+      labelNames: ['resolver', 'outcome'] as const,
+      registers,
+    });
+    this.#netnsSeconds = new Histogram({
+      name: 'probe_agent_netns_resolution_duration_seconds',
+      help: 'Duration of pod network namespace lookups by resolver.',
+      labelNames: ['resolver'] as const,
+      buckets: [...CALL_BUCKETS],
+      registers,
+    });
+    new Gauge({
+      name: 'probe_agent_probes_in_flight',
+      help: 'Probes holding a concurrency slot right now.',
+      registers,
+      collect() {
+        const stats = self.#limiterStats();
+        if (stats) this.set(stats.inFlight);
+      },
+    });
+    new Gauge({
+      name: 'probe_agent_probes_queued',
+      help: 'Probes waiting for a concurrency slot right now.',
+      registers,
+      collect() {
+        const stats = self.#limiterStats();
+        if (stats) this.set(stats.queued);
+      },
+    });
+    this.#pods = new Gauge({
+      name: 'probe_agent_pods',
+      help: 'Pods on this node by state: ours (probed by the agent) or the reason they are left to kubelet.',
+      labelNames: ['state'] as const,
+      registers,
+    });
+    for (const state of POD_STATES) this.#pods.set({ state }, 0);
+    new Gauge({
+      name: 'probe_agent_workers',
+      help: 'Probe workers by probe type and current thresholded result (success, failure, unknown, error).',
+      labelNames: ['probe_type', 'result'] as const,
+      registers,
+      collect() {
+        self.#collectWorkers(this);
+      },
+    });
+    this.#grpcRequests = new Counter({
+      name: 'probe_agent_grpc_requests_total',
+      help: 'ProbeService gRPC requests handled, by method and status code.',
+      labelNames: ['method', 'code'] as const,
+      registers,
+    });
+    this.#grpcSeconds = new Histogram({
+      name: 'probe_agent_grpc_request_duration_seconds',
+      help: 'ProbeService gRPC request duration by method.',
+      labelNames: ['method'] as const,
+      buckets: [...CALL_BUCKETS],
+      registers,
+    });
+  }
+
+  /** One socket request to the netns helper finished (ok = a socket came back). */
+  helperSpawn(seconds: number, ok: boolean, mode: string = 'resident'): void {
+    this.#guard('helperSpawn', () => {
+      const m = oneOf(mode, HELPER_MODES);
+      this.#helperSpawns.inc({ mode: m, result: ok ? 'success' : 'failure' });
+      if (validSeconds(seconds)) this.#helperSpawnSeconds.observe({ mode: m }, seconds);
+    });
+  }
+
+  /** The resident helper died and was restarted. */
+  helperRestart(): void {
+    this.#guard('helperRestart', () => this.#helperRestarts.inc());
+  }
+
+  /** One kubelet poll finished; errorKind set = it failed (a KubeletError kind). */
+  kubeletPoll(seconds: number, errorKind?: string): void {
+    this.#guard('kubeletPoll', () => {
+      const ok = errorKind === undefined;
+      if (validSeconds(seconds)) this.#kubeletPollSeconds.observe({ result: ok ? 'success' : 'error' }, seconds);
+      if (ok) {
+        this.#lastKubeletSuccess = this.#now();
+        this.#kubeletLastSuccess.set(this.#lastKubeletSuccess / 1000);
+      } else {
+        this.#kubeletPollErrors.inc({ kind: oneOf(errorKind, KUBELET_ERROR_KINDS) });
+      }
+    });
+  }
+
+  /** Epoch ms of the last successful kubelet poll, if any. */
+  kubeletLastSuccess(): number | undefined {
+    return this.#lastKubeletSuccess;
+  }
+
+  /** Seconds since the last successful kubelet poll (since start before the first). */
+  kubeletStalenessSeconds(): number {
+    return Math.max(0, (this.#now() - (this.#lastKubeletSuccess ?? this.#startedAt)) / 1000);
+  }
+
+  /** One netns lookup finished (resolver: cri|procfs|address; outcome: ok|not-found|unavailable|unsupported|ambiguous|invalid). */
+  netnsResolve(resolver: string, outcome: string, seconds: number): void {
+    this.#guard('netnsResolve', () => {
+      const r = oneOf(resolver, NETNS_RESOLVERS);
+      this.#netnsResolutions.inc({ resolver: r, outcome: oneOf(outcome, NETNS_OUTCOMES) });
+      if (validSeconds(seconds)) this.#netnsSeconds.observe({ resolver: r }, seconds);
+    });
+  }
+
+  /** Where in-flight/queued probe counts come from (the limiter); read at scrape time. */
+  setLimiterSource(source: () => LimiterStats): void {
+    this.#limiterSource = source;
+  }
+
+  /** Where worker states come from (the results store); read at scrape time. */
+  setResultsSource(reader: Pick<ResultsReader, 'list'>): void {
+    this.#resultsSource = reader;
+  }
+
+  /** Replaces the pod counts (call after every manager sync). */
+  setPodCounts(counts: PodCounts): void {
+    this.#guard('setPodCounts', () => {
+      this.#pods.set({ state: 'ours' }, count(counts.ours));
+      for (const state of POD_STATES) {
+        if (state !== 'ours') this.#pods.set({ state }, count(counts.notOurs[state]));
+      }
+    });
+  }
+
+  /** One ProbeService RPC finished; code is a gRPC status number or name. */
+  grpcRequest(method: string, code: number | string, seconds: number): void {
+    this.#guard('grpcRequest', () => {
+      let m = /^\/[\w.]{1,100}\/\w{1,60}$/.test(method) ? method : 'other';
+      if (m !== 'other' && !this.#grpcMethods.has(m)) {
+        if (this.#grpcMethods.size >= MAX_GRPC_METHODS) m = 'other';
+        else this.#grpcMethods.add(m);
+      }
+      const name = typeof code === 'number' ? (GRPC_CODES[code] ?? 'UNKNOWN') : oneOf(code, GRPC_CODES, 'UNKNOWN');
+      this.#grpcRequests.inc({ method: m, code: name });
+      if (validSeconds(seconds)) this.#grpcSeconds.observe({ method: m }, seconds);
+    });
+  }
+
+  /** A one-shot API probe finished (probe_agent_* series with probe_type="OnDemand"). */
+  onDemandProbe(protocol: ProbeRunMeta['protocol'], outcome: ProbeOutcome): void {
+    this.#probeMetrics.onDemandProbe(protocol, outcome);
+  }
+
+  #limiterStats(): LimiterStats | undefined {
+    if (!this.#limiterSource) return undefined;
+    try {
+      const s = this.#limiterSource();
+      return { inFlight: count(s.inFlight), queued: count(s.queued) };
+    } catch (err) {
+      this.#log.warn('limiter source failed at scrape', { err });
+      return undefined;
+    }
+  }
+
+  #collectWorkers(gauge: Gauge<'probe_type' | 'result'>): void {
+    if (!this.#resultsSource) return;
+    const counts = new Map<string, number>();
+    try {
+      for (const status of this.#resultsSource.list()) {
+        const k = `${status.key.probeType}\u0000${status.result}`;
+        counts.set(k, (counts.get(k) ?? 0) + 1);
+      }
+    } catch (err) {
+      this.#log.warn('results source failed at scrape', { err });
+      return;
+    }
+    // Every combination is set (0 included) so a result that drains to zero reads 0, not absent.
+    for (const probeType of PROBE_TYPES) {
+      for (const result of THRESHOLD_RESULTS) {
+        gauge.set({ probe_type: probeType, result }, counts.get(`${probeType}\u0000${result}`) ?? 0);
+      }
+    }
+  }
+
+  #guard(what: string, fn: () => void): void {
+    try {
+      fn();
+    } catch (err) {
+      this.#log.warn('recording a metric failed', { what, err });
+    }
+  }
+}
+
+function oneOf<T extends string>(value: string | undefined, allowed: readonly T[], fallback = 'other'): string {
+  return value !== undefined && (allowed as readonly string[]).includes(value) ? value : fallback;
+}
+
+function validSeconds(v: number): boolean {
+  return typeof v === 'number' && Number.isFinite(v) && v >= 0;
+}
+
+function count(v: number | undefined): number {
+  return typeof v === 'number' && Number.isFinite(v) && v > 0 ? Math.floor(v) : 0;
+}
