@@ -1,0 +1,183 @@
+/**
+ * Fallback resolver without the runtime: scan <procRoot>/[0-9]*\/cgroup for processes in the pod's
+ * kubelet cgroup and return <procRoot>/<pid>/ns/net of one of them. All containers of a pod share
+ * one netns, so the processes must agree (by netns inode); disagreement is refused as ambiguous.
+ * The agent needs the host's /proc (hostPID, or a mount) for this to see pod processes.
+ */
+import { open, readdir, stat } from 'node:fs/promises';
+import { ConfigError, UnsupportedPodError, describeError } from '../errors.ts';
+import { cgroupTextHasPod, isRuntimeHelperCgroup } from './cgroup.ts';
+import { NetnsPathChecker } from './netns-path.ts';
+import {
+  DEFAULT_SANDBOXED_RUNTIMES,
+  checkPodRef,
+  refuseSandboxedRuntimeClass,
+  podLabel,
+  resolveFailure,
+  throwIfAborted,
+  type NetnsResolution,
+  type NetnsResolver,
+  type PodRef,
+} from './resolver.ts';
+
+/** Options of the procfs resolver. */
+export interface ProcfsResolverOptions {
+  /** Default /proc; tests and containerised agents point it at the host's procfs. */
+  procRoot?: string;
+  /** Cap on processes examined per scan; default 65536. */
+  maxProcesses?: number;
+  /** Parallel cgroup file reads; default 16. */
+  concurrency?: number;
+  pathChecker?: NetnsPathChecker;
+  /**
+   * The node's netns, to recognise host-network pods. Default: <procRoot>/1/ns/net, else the
+   * agent's own (it runs with hostNetwork); PID 1 may be unreadable (e.g. a non-dumpable init).
+   */
+  nodeNetnsPath?: string;
+  /** Pods with one of these runtimeClassNames are refused (UnsupportedPodError); default DEFAULT_SANDBOXED_RUNTIMES. */
+  sandboxedRuntimeClasses?: readonly string[];
+}
+
+const MAX_CGROUP_BYTES = 64 * 1024;
+
+/** Resolves a pod's netns from its processes' cgroups. */
+export class ProcfsResolver implements NetnsResolver {
+  readonly name = 'procfs' as const;
+  readonly procRoot: string;
+  readonly #maxProcesses: number;
+  readonly #concurrency: number;
+  readonly #checker: NetnsPathChecker;
+  readonly #nodeNetns: string[];
+  #nodeInode: number | undefined;
+  readonly #sandboxedClasses: readonly string[];
+
+  constructor(opts: ProcfsResolverOptions = {}) {
+    this.#sandboxedClasses = opts.sandboxedRuntimeClasses ?? DEFAULT_SANDBOXED_RUNTIMES;
+    this.#checker = opts.pathChecker ?? new NetnsPathChecker(opts.procRoot === undefined ? {} : { procRoot: opts.procRoot });
+    if (opts.procRoot !== undefined && opts.pathChecker && opts.pathChecker.procRoot !== opts.procRoot.replace(/\/+$/, '')) {
+      throw new ConfigError(`procfs resolver: procRoot ${opts.procRoot} differs from the path checker's ${opts.pathChecker.procRoot}`);
+    }
+    this.procRoot = this.#checker.procRoot;
+    this.#maxProcesses = Math.max(1, opts.maxProcesses ?? 65_536);
+    this.#concurrency = Math.min(64, Math.max(1, opts.concurrency ?? 16));
+    this.#nodeNetns = opts.nodeNetnsPath ? [opts.nodeNetnsPath] : [`${this.procRoot}/1/ns/net`, '/proc/self/ns/net'];
+  }
+
+  /** Scans processes for the pod's cgroup; returns <procRoot>/<pid>/ns/net of one of them. */
+  async resolve(pod: PodRef, signal?: AbortSignal): Promise<NetnsResolution> {
+    checkPodRef(pod);
+    refuseSandboxedRuntimeClass(pod, this.#sandboxedClasses);
+    const who = podLabel(pod);
+    const pids = await this.#podPids(pod.uid, signal);
+    if (pids.length === 0) throw resolveFailure('not-found', `pod ${who}: no process in the pod's cgroup under ${this.procRoot}`, { uid: pod.uid });
+
+    const byInode = new Map<number, number[]>();
+    for (const pid of pids) {
+      const ino = await this.#netInode(pid);
+      if (ino === undefined) continue;
+      const group = byInode.get(ino);
+      if (group) group.push(pid);
+      else byInode.set(ino, [pid]);
+    }
+    if (byInode.size === 0) throw resolveFailure('not-found', `pod ${who}: its processes exited during the scan`, { uid: pod.uid });
+    const hostIno = await this.#nodeNetnsInode();
+    if (hostIno !== undefined && byInode.has(hostIno)) {
+      if (byInode.size === 1) {
+        throw new UnsupportedPodError(`pod ${who}: its processes share the node's network namespace (hostNetwork): probed by kubelet, not by us`, { uid: pod.uid });
+      }
+      // Runtime helpers (e.g. conmon) can sit in the pod cgroup while living in the node netns.
+      byInode.delete(hostIno);
+    }
+    if (byInode.size > 1) {
+      const groups = [...byInode.entries()].map(([ino, ps]) => `net:[${ino}] pids ${ps.slice(0, 5).join(',')}`).join('; ');
+      throw resolveFailure('ambiguous', `pod ${who}: its processes are in ${byInode.size} different network namespaces (${groups})`, { uid: pod.uid });
+    }
+    const [inode, group] = [...byInode.entries()][0] as [number, number[]];
+    // The lowest pid is most likely the long-lived sandbox (pause) process.
+    for (const pid of group.sort((a, b) => a - b)) {
+      throwIfAborted(signal, `resolving the netns of pod ${who}`);
+      let checked;
+      try {
+        checked = await this.#checker.check(this.#checker.procNetPath(pid));
+      } catch {
+        continue;
+      }
+      // The pid could have been reused between the scan and now: it must still be the pod's, in the same netns.
+      if (checked.inode !== inode || !(await this.#inPod(pid, pod.uid))) continue;
+      return { path: checked.path, resolver: 'procfs', inode: checked.inode };
+    }
+    throw resolveFailure('not-found', `pod ${who}: its processes exited during the scan`, { uid: pod.uid });
+  }
+
+  async #podPids(uid: string, signal?: AbortSignal): Promise<number[]> {
+    let entries: string[];
+    try {
+      entries = await readdir(this.procRoot);
+    } catch (err) {
+      throw resolveFailure('unavailable', `cannot list ${this.procRoot}: ${describeError(err)}`, {}, err);
+    }
+    const all = entries.filter((e) => /^\d+$/.test(e)).slice(0, this.#maxProcesses).map(Number);
+    const found: number[] = [];
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      const buf = Buffer.allocUnsafe(MAX_CGROUP_BYTES);
+      while (next < all.length) {
+        throwIfAborted(signal, `scanning ${this.procRoot}`);
+        const pid = all[next++] as number;
+        const text = await readSmall(`${this.procRoot}/${pid}/cgroup`, buf);
+        if (text && cgroupTextHasPod(text, uid) && !isRuntimeHelperCgroup(text)) found.push(pid);
+      }
+    };
+    await Promise.all(Array.from({ length: this.#concurrency }, worker));
+    return found;
+  }
+
+  async #nodeNetnsInode(): Promise<number | undefined> {
+    if (this.#nodeInode !== undefined) return this.#nodeInode;
+    for (const p of this.#nodeNetns) {
+      try {
+        this.#nodeInode = (await stat(p)).ino;
+        return this.#nodeInode;
+      } catch {
+        // try the next one
+      }
+    }
+    return undefined;
+  }
+
+  async #inPod(pid: number, uid: string): Promise<boolean> {
+    const text = await readSmall(`${this.procRoot}/${pid}/cgroup`, Buffer.allocUnsafe(MAX_CGROUP_BYTES));
+    return text !== undefined && cgroupTextHasPod(text, uid);
+  }
+
+  async #netInode(pid: number): Promise<number | undefined> {
+    try {
+      return (await stat(`${this.procRoot}/${pid}/ns/net`)).ino;
+    } catch {
+      // Exited, a zombie (no namespaces left), or a kernel thread we may not inspect.
+      return undefined;
+    }
+  }
+}
+
+/** Reads at most buf.length bytes into `buf`; undefined when the process is gone. */
+async function readSmall(file: string, buf: Buffer): Promise<string | undefined> {
+  let fh;
+  try {
+    fh = await open(file, 'r');
+    let len = 0;
+    for (;;) {
+      const { bytesRead } = await fh.read(buf, len, buf.length - len, null);
+      if (bytesRead === 0 || len + bytesRead >= buf.length) {
+        len += bytesRead;
+        break;
+      }
+      len += bytesRead;
+    }
+    return buf.subarray(0, len).toString('utf8');
+  } catch {
+    return undefined;
+  } finally {
+    await fh?.close().catch(() => {});
+  }
+}
