@@ -83,9 +83,13 @@ export interface ProbeObserver {
 export interface OnDemandProbeRequest {
   podUID?: string;
   podSandboxID?: string;
+  /** With podName: the pod named by namespace/name (the API's third way; exactly one way is set). */
+  podNamespace?: string;
+  podName?: string;
   /** For named ports; required when the handler uses one. */
   containerName?: string;
   handler: import('../probe/types.ts').ProbeHandler;
+  /** Seconds; fractional when the API call's deadline capped the probe's own timeout. */
   timeoutSeconds: number;
 }
 

@@ -1,0 +1,162 @@
+/**
+ * The results store: the latest ProbeStatus per worker, plus an ordered, bounded log of the
+ * changes that matter, which the API's List/Watch and the metrics read. Like kubelet's results
+ * manager it only announces real changes; unlike it, it keeps a revision so a watcher can resume.
+ */
+import type { Clock } from './clock.ts';
+import { realClock } from './clock.ts';
+import type { ProbeEvent, ProbeKey, ProbeStatus, ResultsReader, StatusFilter, ThresholdResult } from './types.ts';
+
+/** Default number of events kept for eventsSince(). */
+export const DEFAULT_EVENT_RING = 4096;
+
+/** Options for ResultsStore. */
+export interface ResultsStoreOptions {
+  /** How many recent events eventsSince() can replay (default 4096, at least 1). */
+  ringSize?: number;
+  clock?: Clock;
+  /** Called when a subscriber throws; the store carries on delivering. */
+  onListenerError?: (err: unknown) => void;
+}
+
+/** The string form of a ProbeKey, unique per worker. */
+export function probeKeyString(key: ProbeKey): string {
+  return `${key.podUID}/${key.containerName}/${key.probeType}`;
+}
+
+function copyStatus(s: ProbeStatus): ProbeStatus {
+  return { ...s, key: { ...s.key } };
+}
+
+/** Fields whose change is worth an event; lastProbeTime, consecutive and messages change every period. */
+function significantlyDifferent(a: ProbeStatus, b: ProbeStatus): boolean {
+  return (
+    a.result !== b.result ||
+    a.started !== b.started ||
+    a.ready !== b.ready ||
+    a.onHold !== b.onHold ||
+    a.containerID !== b.containerID
+  );
+}
+
+function matches(s: ProbeStatus, f: StatusFilter | undefined): boolean {
+  if (!f) return true;
+  return (
+    (!f.podUID || s.key.podUID === f.podUID) &&
+    (!f.namespace || s.namespace === f.namespace) &&
+    (!f.probeType || s.key.probeType === f.probeType)
+  );
+}
+
+/** In-memory ResultsReader with the writers the probe manager uses. */
+export class ResultsStore implements ResultsReader {
+  readonly #statuses = new Map<string, ProbeStatus>();
+  readonly #listeners = new Set<(event: ProbeEvent) => void>();
+  readonly #ring: ProbeEvent[] = [];
+  readonly #ringSize: number;
+  readonly #clock: Clock;
+  readonly #onListenerError: (err: unknown) => void;
+  #revision = 0;
+  /** Events raised by a listener while another event is being delivered wait here, to keep order. */
+  readonly #pending: ProbeEvent[] = [];
+  #delivering = false;
+
+  constructor(opts: ResultsStoreOptions = {}) {
+    this.#ringSize = Math.max(1, Math.floor(opts.ringSize ?? DEFAULT_EVENT_RING));
+    this.#clock = opts.clock ?? realClock;
+    this.#onListenerError = opts.onListenerError ?? (() => {});
+  }
+
+  /**
+   * Stores `status` as the latest for its key. Emits 'added' for a new key and 'changed' when a
+   * significant field changed; otherwise updates silently. Returns the event, if any.
+   */
+  upsert(status: ProbeStatus): ProbeEvent | undefined {
+    const id = probeKeyString(status.key);
+    const stored = copyStatus(status);
+    const before = this.#statuses.get(id);
+    this.#statuses.set(id, stored);
+    if (before && !significantlyDifferent(before, stored)) return undefined;
+    return this.#emit(before ? 'changed' : 'added', stored, before ? before.result : 'unknown');
+  }
+
+  /** Forgets a key, emitting 'removed' (with the last status) if it was present. */
+  remove(key: ProbeKey): ProbeEvent | undefined {
+    const id = probeKeyString(key);
+    const before = this.#statuses.get(id);
+    if (!before) return undefined;
+    this.#statuses.delete(id);
+    return this.#emit('removed', before, before.result);
+  }
+
+  /** The latest status of one key. */
+  get(key: ProbeKey): ProbeStatus | undefined {
+    const s = this.#statuses.get(probeKeyString(key));
+    return s ? copyStatus(s) : undefined;
+  }
+
+  /** Latest statuses matching `filter`, sorted by pod UID, container and probe type. */
+  list(filter?: StatusFilter): ProbeStatus[] {
+    const out: ProbeStatus[] = [];
+    for (const s of this.#statuses.values()) if (matches(s, filter)) out.push(copyStatus(s));
+    return out.sort((a, b) => probeKeyString(a.key).localeCompare(probeKeyString(b.key)));
+  }
+
+  /** Number of stored statuses. */
+  size(): number {
+    return this.#statuses.size;
+  }
+
+  /** Revision of the newest event (0 before any). */
+  revision(): number {
+    return this.#revision;
+  }
+
+  /**
+   * Events after `revision`, oldest first. Undefined when some of them have left the ring, or when
+   * `revision` is from a future this store never reached (the agent restarted): resync with list().
+   */
+  eventsSince(revision: number): ProbeEvent[] | undefined {
+    if (!Number.isSafeInteger(revision) || revision < 0 || revision > this.#revision) return undefined;
+    if (revision === this.#revision) return [];
+    const oldest = this.#ring[0]?.revision ?? this.#revision + 1;
+    if (revision + 1 < oldest) return undefined;
+    return this.#ring.slice(revision + 1 - oldest).map((e) => ({ ...e, status: copyStatus(e.status) }));
+  }
+
+  /** Delivers every future event to `listener`, synchronously and in revision order. */
+  subscribe(listener: (event: ProbeEvent) => void): () => void {
+    // A wrapper makes each subscription distinct, even when the same function subscribes twice.
+    const entry = (e: ProbeEvent): void => listener(e);
+    this.#listeners.add(entry);
+    return () => {
+      this.#listeners.delete(entry);
+    };
+  }
+
+  #emit(type: ProbeEvent['type'], status: ProbeStatus, previous: ThresholdResult): ProbeEvent {
+    const event: ProbeEvent = { revision: ++this.#revision, type, status: copyStatus(status), previous, time: this.#clock.now() };
+    this.#ring.push(event);
+    if (this.#ring.length > this.#ringSize) this.#ring.shift();
+    this.#pending.push(event);
+    if (!this.#delivering) this.#drain();
+    return event;
+  }
+
+  #drain(): void {
+    this.#delivering = true;
+    try {
+      for (let e = this.#pending.shift(); e; e = this.#pending.shift()) {
+        for (const listener of [...this.#listeners]) {
+          try {
+            listener({ ...e, status: copyStatus(e.status) });
+          } catch (err) {
+            this.#onListenerError(err);
+          }
+        }
+      }
+    } finally {
+      this.#delivering = false;
+    }
+  }
+}

@@ -1,0 +1,131 @@
+import { describe, expect, it } from 'vitest';
+import { OverloadedError } from '../../agent/errors.ts';
+import { ManualClock } from '../../agent/scheduler/clock.ts';
+import { FairLimiter } from '../../agent/scheduler/limiter.ts';
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+describe('FairLimiter', () => {
+  it('never runs more than maxInFlight at once and counts queued runs', async () => {
+    const limiter = new FairLimiter({ maxInFlight: 3, maxQueued: 100, maxInFlightPerOwner: 3 });
+    let now = 0;
+    let peak = 0;
+    const work = async (): Promise<void> => {
+      now++;
+      peak = Math.max(peak, now);
+      await sleep(15);
+      now--;
+    };
+    const all = Array.from({ length: 12 }, (_, i) => limiter.run(`pod-${i % 4}`, work));
+    await sleep(0);
+    expect(limiter.inFlight).toBe(3);
+    expect(limiter.queued).toBe(9);
+    await Promise.all(all);
+    expect(peak).toBe(3);
+    expect(limiter.inFlight).toBe(0);
+    expect(limiter.queued).toBe(0);
+  });
+
+  it('serves owners round-robin: a pod with many slow probes does not starve another pod', async () => {
+    // No per-owner cap here, so only the round-robin queue protects the fast pod.
+    const limiter = new FairLimiter({ maxInFlight: 2, maxQueued: 100, maxInFlightPerOwner: 2 });
+    const order: string[] = [];
+    const slow = Array.from({ length: 10 }, (_, i) =>
+      limiter.run('slow-pod', async () => {
+        order.push(`slow-${i}`);
+        await sleep(100);
+      }),
+    );
+    const fastStart = performance.now();
+    let fastStartedAfter = -1;
+    const fast = limiter.run('fast-pod', async () => {
+      fastStartedAfter = performance.now() - fastStart;
+      order.push('fast');
+    });
+    await Promise.all([...slow, fast]);
+    // The fast pod's probe is the first run handed a slot after the two that were already running.
+    expect(order.indexOf('fast')).toBe(2);
+    // ...so it waited for one slow probe (~100 ms), not for all ten (~500 ms).
+    expect(fastStartedAfter).toBeLessThan(350);
+  });
+
+  it('caps one owner at its share, so hanging probes of one pod leave slots for others', async () => {
+    const limiter = new FairLimiter({ maxInFlight: 4, maxQueued: 100 });
+    expect(limiter.maxInFlightPerOwner).toBe(2);
+    const never = new Promise<void>(() => {});
+    const hanging = Array.from({ length: 6 }, () => limiter.run('hung-pod', () => never));
+    await sleep(0);
+    expect(limiter.inFlight).toBe(2);
+    expect(limiter.queued).toBe(4);
+    const t = performance.now();
+    const { value } = await limiter.run('other-pod', async () => 'ran');
+    expect(value).toBe('ran');
+    expect(performance.now() - t).toBeLessThan(50);
+    void hanging;
+  });
+
+  it('refuses work beyond maxQueued with OverloadedError', async () => {
+    const limiter = new FairLimiter({ maxInFlight: 1, maxQueued: 2 });
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const first = limiter.run('a', () => gate);
+    const q1 = limiter.run('a', async () => 1);
+    const q2 = limiter.run('b', async () => 2);
+    await expect(limiter.run('c', async () => 3)).rejects.toBeInstanceOf(OverloadedError);
+    expect(limiter.queued).toBe(2);
+    release();
+    await Promise.all([first, q1, q2]);
+    // Room again once the queue drained.
+    await expect(limiter.run('c', async () => 3)).resolves.toMatchObject({ value: 3 });
+  });
+
+  it('an aborted queued run leaves the queue and never runs', async () => {
+    const limiter = new FairLimiter({ maxInFlight: 1, maxQueued: 10 });
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const first = limiter.run('a', () => gate);
+    const ac = new AbortController();
+    let ran = false;
+    const queued = limiter.run(
+      'b',
+      async () => {
+        ran = true;
+      },
+      ac.signal,
+    );
+    expect(limiter.queued).toBe(1);
+    ac.abort(new Error('worker stopped'));
+    await expect(queued).rejects.toThrow('worker stopped');
+    expect(limiter.queued).toBe(0);
+    release();
+    await first;
+    await sleep(5);
+    expect(ran).toBe(false);
+    expect(limiter.inFlight).toBe(0);
+    // An already-aborted signal is refused without queueing.
+    await expect(limiter.acquire('c', ac.signal)).rejects.toThrow('worker stopped');
+  });
+
+  it('measures queue wait on its clock', async () => {
+    const clock = new ManualClock();
+    const limiter = new FairLimiter({ maxInFlight: 1, maxQueued: 10, clock });
+    const held = await limiter.acquire('a');
+    expect(held.waitedMs).toBe(0);
+    const waiting = limiter.acquire('b');
+    await clock.advance(250);
+    held.release();
+    held.release(); // a second release must not free a second slot
+    const permit = await waiting;
+    expect(permit.waitedMs).toBe(250);
+    expect(limiter.inFlight).toBe(1);
+    permit.release();
+    expect(limiter.inFlight).toBe(0);
+  });
+
+  it('rejects nonsense limits', () => {
+    expect(() => new FairLimiter({ maxInFlight: 0, maxQueued: 1 })).toThrow(RangeError);
+    expect(() => new FairLimiter({ maxInFlight: 1.5, maxQueued: 1 })).toThrow(RangeError);
+    expect(() => new FairLimiter({ maxInFlight: 1, maxQueued: -1 })).toThrow(RangeError);
+    expect(() => new FairLimiter({ maxInFlight: Number.NaN, maxQueued: 1 })).toThrow(RangeError);
+  });
+});
