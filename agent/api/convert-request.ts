@@ -1,0 +1,111 @@
+/**
+ * ProbeRequest and ProbeHandler conversions. A wire handler is validated by turning it into the
+ * Kubernetes JSON shape and running parseProbe, so the API and pod specs share one validation path.
+ */
+import { InvalidProbeError } from '../errors.ts';
+import { parseProbe, PROBE_DEFAULTS, SPEC_LIMITS } from '../probe/spec.ts';
+import type { PortRef, ProbeHandler } from '../probe/types.ts';
+import type { OnDemandProbeRequest } from '../scheduler/types.ts';
+import { boundedId } from './convert.ts';
+import type { WireIntOrString, WireProbeHandler, WireProbeRequest } from './proto.ts';
+
+function portToKubernetes(p: WireIntOrString | null | undefined): PortRef | undefined {
+  if (!p) return undefined;
+  const which = p.value ?? (p.str_val !== undefined && p.str_val !== '' ? 'str_val' : p.int_val !== undefined ? 'int_val' : undefined);
+  if (which === 'str_val') return p.str_val ?? '';
+  if (which === 'int_val') return p.int_val ?? 0;
+  return undefined;
+}
+
+/** The wire handler in the Kubernetes JSON shape (httpGet/tcpSocket/grpc), for parseProbe. */
+export function handlerToKubernetes(h: WireProbeHandler | null | undefined): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  if (!h) return out;
+  if (h.http_get) {
+    const g = h.http_get;
+    out['httpGet'] = {
+      path: g.path || undefined,
+      port: portToKubernetes(g.port),
+      host: g.host || undefined,
+      scheme: g.scheme || undefined,
+      httpHeaders: (g.http_headers ?? []).map((x) => ({ name: x.name, value: x.value })),
+    };
+  }
+  if (h.tcp_socket) out['tcpSocket'] = { port: portToKubernetes(h.tcp_socket.port), host: h.tcp_socket.host || undefined };
+  if (h.grpc) out['grpc'] = { port: h.grpc.port ?? 0, service: h.grpc.service || undefined };
+  return out;
+}
+
+const SNAKE: Record<string, string> = { httpGet: 'http_get', tcpSocket: 'tcp_socket', httpHeaders: 'http_headers' };
+
+/** Rewrites the Kubernetes field path at the start of a parseProbe message into the proto's names. */
+function toProtoFieldPath(err: InvalidProbeError): InvalidProbeError {
+  const field = err.context['field'];
+  if (typeof field !== 'string' || !err.message.startsWith(`${field}: `)) return err;
+  const protoField = field.replace(/[A-Za-z]+/g, (seg) => SNAKE[seg] ?? seg);
+  return new InvalidProbeError(`${protoField}: ${err.message.slice(field.length + 2)}`, { field: protoField });
+}
+
+/** Validates a wire ProbeRequest into an OnDemandProbeRequest; throws InvalidProbeError naming the field. */
+export function probeRequestFromWire(w: WireProbeRequest): OnDemandProbeRequest {
+  const uid = w.pod_uid ?? '';
+  const sandbox = w.pod_sandbox_id ?? '';
+  const ns = w.pod_namespace ?? '';
+  const name = w.pod_name ?? '';
+  const ways = [uid !== '', sandbox !== '', ns !== '' || name !== ''].filter(Boolean).length;
+  if (ways !== 1) {
+    throw new InvalidProbeError('pod: give exactly one of pod_uid, pod_sandbox_id, or pod_namespace with pod_name', { field: 'pod_uid' });
+  }
+  if ((ns === '') !== (name === '')) {
+    const missing = ns === '' ? 'pod_namespace' : 'pod_name';
+    throw new InvalidProbeError(`${missing}: required together with ${missing === 'pod_name' ? 'pod_namespace' : 'pod_name'}`, { field: missing });
+  }
+  if (!w.handler) throw new InvalidProbeError('handler: required', { field: 'handler' });
+  let handler: ProbeHandler;
+  try {
+    handler = parseProbe(handlerToKubernetes(w.handler), { allowHandlerOnly: true, fieldPath: 'handler' }).handler;
+  } catch (err) {
+    throw err instanceof InvalidProbeError ? toProtoFieldPath(err) : err;
+  }
+  const t = w.timeout_seconds ?? 0;
+  if (!Number.isInteger(t) || t < 0 || t > SPEC_LIMITS.maxTimeoutSeconds) {
+    throw new InvalidProbeError(`timeout_seconds: must be 0 (default ${PROBE_DEFAULTS.timeoutSeconds}) or 1..${SPEC_LIMITS.maxTimeoutSeconds}, got ${t}`, {
+      field: 'timeout_seconds',
+    });
+  }
+  const req: OnDemandProbeRequest = { handler, timeoutSeconds: t === 0 ? PROBE_DEFAULTS.timeoutSeconds : t };
+  if (uid) req.podUID = boundedId(uid, 'pod_uid');
+  if (sandbox) req.podSandboxID = boundedId(sandbox, 'pod_sandbox_id');
+  if (ns) {
+    req.podNamespace = boundedId(ns, 'pod_namespace');
+    req.podName = boundedId(name, 'pod_name');
+  }
+  if (w.container_name) req.containerName = boundedId(w.container_name, 'container_name');
+  return req;
+}
+
+function portToWire(port: PortRef): WireIntOrString {
+  return typeof port === 'number' ? { int_val: port } : { str_val: port };
+}
+
+/** A parsed handler as a wire ProbeHandler (for clients). Exec handlers are refused: kubelet runs them. */
+export function handlerToWire(h: ProbeHandler): WireProbeHandler {
+  switch (h.kind) {
+    case 'http':
+      return {
+        http_get: {
+          path: h.path,
+          port: portToWire(h.port),
+          host: h.host ?? '',
+          scheme: h.scheme,
+          http_headers: h.headers.map((x) => ({ name: x.name, value: x.value })),
+        },
+      };
+    case 'tcp':
+      return { tcp_socket: { port: portToWire(h.port), host: h.host ?? '' } };
+    case 'grpc':
+      return { grpc: { port: h.port, service: h.service ?? '' } };
+    case 'exec':
+      throw new InvalidProbeError('exec: exec probes are run by kubelet, never through probe-agent', { field: 'exec' });
+  }
+}

@@ -1,0 +1,336 @@
+/**
+ * The ProbeService gRPC server on a unix socket, plus grpc.health.v1 and (optionally) server
+ * reflection on the same socket. The daemon constructs it with the results store, the on-demand
+ * prober, its version and its feature gates; everything else has a bounded default.
+ */
+import { randomUUID } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
+import * as grpc from '@grpc/grpc-js';
+import { ReflectionService } from '@grpc/reflection';
+import * as protoLoader from '@grpc/proto-loader';
+import { HealthImplementation, protoPath as healthProtoPath } from 'grpc-health-check';
+import { InvalidProbeError, describeError } from '../errors.ts';
+import { silentLogger, type Logger } from '../log.ts';
+import { PROBE_TYPES } from '../probe/types.ts';
+import type { OnDemandProber, ProbeStatus, ResultsReader } from '../scheduler/types.ts';
+import { AGENT_NAME, AGENT_VERSION, API_VERSION } from '../version.ts';
+import { filterFromWire, revisionFromWire, statusToWire } from './convert.ts';
+import { RpcError, grpcStatusFor, handleProbeCall, type ProbeCallGate } from './probe-call.ts';
+import {
+  DEFAULT_SOCKET_PATH,
+  LOADER_OPTIONS,
+  SERVICE_NAME,
+  loadProbeApi,
+  type WireListRequest,
+  type WireListResponse,
+  type WireProbeRequest,
+  type WireProbeResponse,
+  type WireVersionRequest,
+  type WireVersionResponse,
+  type WireWatchRequest,
+  type WireWatchResponse,
+} from './proto.ts';
+import { prepareSocketPath, removeSocket, resolveGroup, secureSocket, withPrivateUmask } from './socket.ts';
+import { WatchSession } from './watch.ts';
+
+/** Who the agent is, as Version reports it. */
+export interface ApiVersionInfo {
+  agentName: string;
+  agentVersion: string;
+  apiVersion: string;
+}
+
+/** One feature gate as Version reports it (FeatureGates.list() has this shape). */
+export interface ApiFeatureGate {
+  name: string;
+  stage: string;
+  enabled: boolean;
+}
+
+/** Everything the server needs; only results and prober are required. */
+export interface ProbeApiServerOptions {
+  results: ResultsReader;
+  prober: OnDemandProber;
+  version?: Partial<ApiVersionInfo>;
+  featureGates?: ApiFeatureGate[];
+  /** Default /run/probe-agent/probe.sock. */
+  socketPath?: string;
+  /** Group (name or gid) allowed to connect: the socket becomes 0660 and its new directory 0750. */
+  socketGroup?: string | number;
+  /** Serve grpc.reflection (for grpcurl). Default off. */
+  reflection?: boolean;
+  /** Largest request accepted (default 1 MiB). */
+  maxRequestBytes?: number;
+  /** Largest response sent (default 16 MiB: a ListProbeStatus of a very full node). */
+  maxResponseBytes?: number;
+  /** Concurrent WatchProbeEvents streams (default 64); more get RESOURCE_EXHAUSTED. */
+  maxWatchers?: number;
+  /**
+   * Messages buffered for one watcher (beyond its initial snapshot or replay) before it is cut with
+   * ABORTED (default 1024: a burst such as a first pod sync fits; a client that stops reading does not).
+   */
+  watcherBufferMessages?: number;
+  /** Statuses per snapshot message (default 200). */
+  snapshotChunk?: number;
+  /** Probe RPCs in flight (default 64); more get RESOURCE_EXHAUSTED before reaching the prober. */
+  maxInFlightProbes?: number;
+  /** HTTP/2 streams per client connection (default 256). */
+  maxConcurrentStreams?: number;
+  /** Time stop() gives in-flight calls before cancelling them (default 10 s). */
+  shutdownGraceMs?: number;
+  log?: Logger;
+  /** Called after every unary RPC (metrics): method name, status code name, seconds. Must not throw. */
+  onRpc?: (method: string, code: string, seconds: number) => void;
+}
+
+const TYPE_ORDER = new Map(PROBE_TYPES.map((t, i) => [t, i]));
+function byIdentity(a: ProbeStatus, b: ProbeStatus): number {
+  return (
+    a.namespace.localeCompare(b.namespace) ||
+    a.podName.localeCompare(b.podName) ||
+    a.key.podUID.localeCompare(b.key.podUID) ||
+    a.key.containerName.localeCompare(b.key.containerName) ||
+    (TYPE_ORDER.get(a.key.probeType) ?? 0) - (TYPE_ORDER.get(b.key.probeType) ?? 0)
+  );
+}
+
+/** The running ProbeService server. */
+export class ProbeApiServer {
+  /** Random per process: revisions are only comparable within one instance. */
+  readonly instanceId = randomUUID();
+  readonly socketPath: string;
+  readonly #opts: ProbeApiServerOptions;
+  readonly #log: Logger;
+  readonly #server: grpc.Server;
+  readonly #health: HealthImplementation;
+  readonly #watchers = new Set<WatchSession>();
+  readonly #version: ApiVersionInfo;
+  #socketIno: number | undefined;
+  readonly #probeGate: ProbeCallGate;
+  #unaryInFlight = 0;
+  #idleWaiters: (() => void)[] = [];
+  #stopping: Promise<void> | undefined;
+
+  private constructor(opts: ProbeApiServerOptions) {
+    this.#opts = opts;
+    this.#log = (opts.log ?? silentLogger).child({ component: 'api' });
+    this.socketPath = opts.socketPath ?? DEFAULT_SOCKET_PATH;
+    this.#probeGate = { inFlight: 0, max: opts.maxInFlightProbes ?? 64 };
+    this.#version = {
+      agentName: opts.version?.agentName ?? AGENT_NAME,
+      agentVersion: opts.version?.agentVersion ?? AGENT_VERSION,
+      apiVersion: opts.version?.apiVersion ?? API_VERSION,
+    };
+    this.#server = new grpc.Server({
+      'grpc.max_receive_message_length': opts.maxRequestBytes ?? 1024 * 1024,
+      'grpc.max_send_message_length': opts.maxResponseBytes ?? 16 * 1024 * 1024,
+      'grpc.max_concurrent_streams': opts.maxConcurrentStreams ?? 256,
+    });
+    const api = loadProbeApi();
+    this.#server.addService(api.service, {
+      Version: this.#unary('Version', (call: grpc.ServerUnaryCall<WireVersionRequest, WireVersionResponse>) => this.#versionRpc(call)),
+      Probe: this.#unary('Probe', (call: grpc.ServerUnaryCall<WireProbeRequest, WireProbeResponse>) => this.#probeRpc(call)),
+      ListProbeStatus: this.#unary('ListProbeStatus', (call: grpc.ServerUnaryCall<WireListRequest, WireListResponse>) => this.#listRpc(call)),
+      WatchProbeEvents: (call: grpc.ServerWritableStream<WireWatchRequest, WireWatchResponse>) => this.#watchRpc(call),
+    });
+    this.#health = new HealthImplementation({ '': 'SERVING', [SERVICE_NAME]: 'SERVING' });
+    this.#health.addToServer(this.#server);
+    if (opts.reflection) {
+      // Describe the health service too, so that grpcurl can call it by name.
+      const health = protoLoader.loadSync(healthProtoPath, LOADER_OPTIONS);
+      new ReflectionService({ ...api.packageDefinition, ...health }).addToServer(this.#server);
+    }
+  }
+
+  /** Prepares the socket path, binds, secures the socket and starts serving. */
+  static async start(opts: ProbeApiServerOptions): Promise<ProbeApiServer> {
+    const srv = new ProbeApiServer(opts);
+    const gid = opts.socketGroup === undefined ? undefined : await resolveGroup(opts.socketGroup);
+    await prepareSocketPath(srv.socketPath, gid);
+    await withPrivateUmask(
+      () =>
+        new Promise<number>((resolve, reject) => {
+          srv.#server.bindAsync(`unix:${srv.socketPath}`, grpc.ServerCredentials.createInsecure(), (err, port) =>
+            err ? reject(err) : resolve(port),
+          );
+        }),
+    );
+    try {
+      srv.#socketIno = await secureSocket(srv.socketPath, gid);
+    } catch (err) {
+      srv.#server.forceShutdown();
+      await removeSocket(srv.socketPath, undefined);
+      throw err;
+    }
+    srv.#log.info('ProbeService listening', {
+      socket: srv.socketPath,
+      mode: gid === undefined ? '0600' : '0660',
+      gid,
+      reflection: opts.reflection === true,
+      instance: srv.instanceId,
+    });
+    return srv;
+  }
+
+  /** The gRPC target clients dial. */
+  get address(): string {
+    return `unix:${this.socketPath}`;
+  }
+
+  /** Live counters, for metrics and tests. */
+  stats(): { watchers: number; probesInFlight: number; unaryInFlight: number } {
+    return { watchers: this.#watchers.size, probesInFlight: this.#probeGate.inFlight, unaryInFlight: this.#unaryInFlight };
+  }
+
+  /** Sets grpc.health.v1 for the server and the service (the daemon may report NOT_SERVING while it cannot probe). */
+  setServing(serving: boolean): void {
+    if (this.#stopping) return;
+    const status = serving ? 'SERVING' : 'NOT_SERVING';
+    this.#health.setStatus('', status);
+    this.#health.setStatus(SERVICE_NAME, status);
+  }
+
+  /**
+   * Graceful stop: health goes NOT_SERVING, watchers end with UNAVAILABLE (and their resume point),
+   * new calls are refused, in-flight calls get up to `graceMs`, then the rest is cancelled and the
+   * socket removed. Idempotent.
+   */
+  stop(graceMs = this.#opts.shutdownGraceMs ?? 10_000): Promise<void> {
+    this.#stopping ??= this.#drain(graceMs);
+    return this.#stopping;
+  }
+
+  async #drain(graceMs: number): Promise<void> {
+    this.#health.setStatus('', 'NOT_SERVING');
+    this.#health.setStatus(SERVICE_NAME, 'NOT_SERVING');
+    this.#log.info('ProbeService draining', { inFlight: this.#unaryInFlight, watchers: this.#watchers.size, graceMs });
+    for (const w of [...this.#watchers]) {
+      w.end(grpc.status.UNAVAILABLE, `probe-agent is shutting down; resume from revision ${w.resumeFrom}`);
+    }
+    await new Promise<void>((resolve) => {
+      let finished = false;
+      const finish = (forced: boolean): void => {
+        if (finished) return;
+        finished = true;
+        clearTimeout(graceTimer);
+        if (forced) this.#server.forceShutdown();
+        resolve();
+      };
+      const graceTimer = setTimeout(() => {
+        if (this.#unaryInFlight > 0) this.#log.warn('grace period over, cancelling calls', { inFlight: this.#unaryInFlight });
+        finish(true);
+      }, graceMs);
+      this.#server.tryShutdown(() => finish(false));
+      // Open health watches and unread watch streams would hold tryShutdown for the whole grace
+      // period. Once no unary call is left, give the last responses a moment to flush, then cut.
+      void this.#whenUnaryIdle().then(() => setTimeout(() => finish(true), Math.min(250, graceMs)));
+    });
+    await removeSocket(this.socketPath, this.#socketIno).catch((err: unknown) =>
+      this.#log.warn('cannot remove socket', { socket: this.socketPath, err: describeError(err) }),
+    );
+    this.#log.info('ProbeService stopped', { socket: this.socketPath });
+  }
+
+  #whenUnaryIdle(): Promise<void> {
+    if (this.#unaryInFlight === 0) return Promise.resolve();
+    return new Promise((resolve) => this.#idleWaiters.push(resolve));
+  }
+
+  /** Wraps a promise-returning handler: status mapping, in-flight accounting, metrics hook. */
+  #unary<Req, Res>(method: string, fn: (call: grpc.ServerUnaryCall<Req, Res>) => Promise<Res> | Res): grpc.handleUnaryCall<Req, Res> {
+    return (call, callback) => {
+      const started = performance.now();
+      this.#unaryInFlight++;
+      const done = (code: grpc.status): void => {
+        this.#unaryInFlight--;
+        if (this.#unaryInFlight === 0) for (const w of this.#idleWaiters.splice(0)) w();
+        try {
+          this.#opts.onRpc?.(method, grpc.status[code] ?? String(code), (performance.now() - started) / 1000);
+        } catch {
+          // A metrics hook must never break an RPC.
+        }
+      };
+      Promise.resolve()
+        .then(() => fn(call))
+        .then(
+          (res) => {
+            callback(null, res);
+            done(grpc.status.OK);
+          },
+          (err: unknown) => {
+            const st = grpcStatusFor(err);
+            if (st.code === grpc.status.INTERNAL) this.#log.error('RPC failed', { method, err: st.details });
+            else this.#log.debug('RPC refused', { method, code: grpc.status[st.code], details: st.details });
+            callback({ code: st.code, details: st.details });
+            done(st.code);
+          },
+        );
+    };
+  }
+
+  #versionRpc(call: grpc.ServerUnaryCall<WireVersionRequest, WireVersionResponse>): WireVersionResponse {
+    const client = call.request.version ?? '';
+    if (client !== '' && client !== this.#version.apiVersion) {
+      this.#log.warn('client speaks another API version', { client, served: this.#version.apiVersion });
+    }
+    return {
+      agent_name: this.#version.agentName,
+      agent_version: this.#version.agentVersion,
+      api_version: this.#version.apiVersion,
+      feature_gates: [...(this.#opts.featureGates ?? [])]
+        .sort((a, b) => a.name.localeCompare(b.name))
+        .map((g) => ({ name: g.name, stage: g.stage, enabled: g.enabled })),
+      instance_id: this.instanceId,
+    };
+  }
+
+  #listRpc(call: grpc.ServerUnaryCall<WireListRequest, WireListResponse>): WireListResponse {
+    const filter = filterFromWire(call.request.filter);
+    // revision() before list(): a status can only be newer than the revision, never older.
+    const revision = this.#opts.results.revision();
+    const statuses = this.#opts.results.list(filter).sort(byIdentity).map(statusToWire);
+    return { statuses, revision, instance_id: this.instanceId };
+  }
+
+  #probeRpc(call: grpc.ServerUnaryCall<WireProbeRequest, WireProbeResponse>): Promise<WireProbeResponse> {
+    if (this.#stopping) throw new RpcError(grpc.status.UNAVAILABLE, 'probe-agent is shutting down');
+    return handleProbeCall(call, this.#opts.prober, this.#probeGate);
+  }
+
+  #watchRpc(call: grpc.ServerWritableStream<WireWatchRequest, WireWatchResponse>): void {
+    const fail = (code: grpc.status, details: string): void => {
+      this.#log.debug('watch refused', { code: grpc.status[code], details });
+      call.emit('error', { code, details, metadata: new grpc.Metadata() });
+    };
+    if (this.#stopping) return fail(grpc.status.UNAVAILABLE, 'probe-agent is shutting down');
+    const max = this.#opts.maxWatchers ?? 64;
+    if (this.#watchers.size >= max) return fail(grpc.status.RESOURCE_EXHAUSTED, `too many watchers (limit ${max})`);
+    let filter, fromRevision: number;
+    const instanceId = call.request.instance_id ?? '';
+    try {
+      filter = filterFromWire(call.request.filter);
+      fromRevision = revisionFromWire(call.request.from_revision, 'from_revision');
+      if (instanceId.length > 128) throw new InvalidProbeError('instance_id: must be at most 128 characters');
+    } catch (err) {
+      const st = grpcStatusFor(err);
+      return fail(st.code, st.details);
+    }
+    const session = new WatchSession({
+      call,
+      results: this.#opts.results,
+      filter,
+      limits: {
+        maxBufferedMessages: this.#opts.watcherBufferMessages ?? 1024,
+        snapshotChunk: this.#opts.snapshotChunk ?? 200,
+      },
+      log: this.#log,
+      onDone: (s) => this.#watchers.delete(s),
+    });
+    this.#watchers.add(session);
+    try {
+      session.start({ fromRevision, instanceId }, this.instanceId);
+    } catch (err) {
+      session.end(grpc.status.INTERNAL, `watch failed: ${describeError(err)}`);
+    }
+  }
+}
