@@ -1,0 +1,128 @@
+/**
+ * Builds the real parts of an audit from `run`'s configuration: one kubelet /pods request, the
+ * netns resolver chain in the configured order, and the resident helper (started only when some
+ * probe needs it). Anything that stops the audit as a whole rejects with AuditSetupError (exit 2).
+ */
+import { ProbeAgentError, describeError } from '../errors.ts';
+import { silentLogger, type Logger } from '../log.ts';
+import type { RunConfig } from '../cli/run-command.ts';
+import { AddressResolver } from '../netns/address-resolver.ts';
+import { detectCriEndpoint } from '../netns/cri-endpoint.ts';
+import { CriResolver } from '../netns/cri-resolver.ts';
+import { ResidentHelper } from '../netns/helper.ts';
+import { NetnsPathChecker } from '../netns/netns-path.ts';
+import { NodeSocketFactory } from '../netns/node-sockets.ts';
+import { ProcfsResolver } from '../netns/procfs-resolver.ts';
+import { NetnsResolverChain, type NetnsResolver } from '../netns/resolver.ts';
+import { KubeletClient } from '../pods/kubelet-client.ts';
+import { parsePodList } from '../pods/pod-model.ts';
+import type { SocketFactory } from '../probe/types.ts';
+import { auditPods, messageOf } from './audit.ts';
+import type { AuditReport } from './report.ts';
+
+/** The audit could not run at all: kubelet unreachable, no usable resolver, helper will not start. */
+export class AuditSetupError extends ProbeAgentError {
+  constructor(message: string, context: Record<string, unknown> = {}, options?: { cause?: unknown }) {
+    super('audit-setup', message, context, options);
+  }
+}
+
+/** Options of runAudit beyond the shared configuration. */
+export interface RunAuditOptions {
+  concurrency?: number;
+  log?: Logger;
+  signal?: AbortSignal;
+}
+
+/** Audits the node described by `config`; rejects with AuditSetupError when it cannot run. */
+export async function runAudit(config: RunConfig, opts: RunAuditOptions = {}): Promise<AuditReport> {
+  const log = opts.log ?? silentLogger;
+  const kubelet = new KubeletClient({
+    url: config.kubeletUrl,
+    ...(config.kubeletCaFile ? { caFile: config.kubeletCaFile } : {}),
+    insecureTLS: config.kubeletInsecureTls,
+    ...(config.kubeletTlsServerName ? { tlsServerName: config.kubeletTlsServerName } : {}),
+    ...(config.kubeletTokenFile ? { tokenFile: config.kubeletTokenFile } : {}),
+    timeoutMs: config.kubeletTimeoutMs,
+    maxResponseBytes: config.kubeletMaxResponseBytes,
+    log,
+  });
+  let listed: ReturnType<typeof parsePodList>;
+  try {
+    listed = parsePodList(await kubelet.getPods(opts.signal));
+  } catch (err) {
+    throw new AuditSetupError(`cannot list the node's pods: ${messageOf(err)}`, { url: config.kubeletUrl }, { cause: err });
+  } finally {
+    await kubelet.close();
+  }
+
+  const closers: (() => Promise<void> | void)[] = [];
+  try {
+    const chain = new NetnsResolverChain(await buildResolvers(config, log, closers), { log });
+    let helper: Promise<ResidentHelper> | undefined;
+    const netnsSockets = (): Promise<SocketFactory> => {
+      helper ??= ResidentHelper.start({
+        ...(config.helperPath ? { helperPath: config.helperPath } : {}),
+        allowDirs: config.netnsDirs,
+        warm: config.featureGates.enabled('WarmNetnsHelper'),
+        log,
+      }).then((h) => {
+        closers.push(() => h.close());
+        return h;
+      }, (err: unknown) => {
+        throw new AuditSetupError(`cannot start the netns helper: ${messageOf(err)}`, {}, { cause: err });
+      });
+      return helper;
+    };
+    return await auditPods({
+      pods: listed.pods,
+      parseErrors: listed.errors,
+      resolveNetns: (pod, signal) => chain.resolve(pod, signal),
+      netnsSockets,
+      nodeSockets: new NodeSocketFactory(),
+      kubeVersion: config.kubeProbeVersion,
+      hostFieldPolicy: config.featureGates.enabled('LegacyHostFieldProbes') ? 'legacy-node' : 'refuse',
+      happyEyeballs: config.featureGates.enabled('HappyEyeballs'),
+      sandboxedRuntimeClasses: config.sandboxedRuntimeHandlers,
+      ...(opts.concurrency !== undefined ? { concurrency: opts.concurrency } : {}),
+      ...(opts.signal ? { signal: opts.signal } : {}),
+      log,
+    });
+  } finally {
+    for (const close of closers.reverse()) await close();
+  }
+}
+
+/**
+ * The resolvers in --netns-resolvers order. An auto-detected CRI runtime that is not there is
+ * skipped with a warning (the fallbacks may still work); an explicit --cri-endpoint is used as given.
+ */
+async function buildResolvers(config: RunConfig, log: Logger, closers: (() => void)[]): Promise<NetnsResolver[]> {
+  const checker = new NetnsPathChecker({ extraDirs: config.netnsDirs, procRoot: config.procRoot });
+  const sandboxed = config.sandboxedRuntimeHandlers;
+  const out: NetnsResolver[] = [];
+  for (const name of config.netnsResolvers) {
+    if (name === 'cri') {
+      let endpoint = config.criEndpoint;
+      if (!endpoint) {
+        try {
+          endpoint = (await detectCriEndpoint({ log })).endpoint;
+        } catch (err) {
+          log.warn('no CRI runtime found; the cri netns resolver is skipped', { err: describeError(err) });
+          continue;
+        }
+      }
+      const cri = new CriResolver({ client: endpoint, sandboxedRuntimeHandlers: sandboxed, pathChecker: checker });
+      closers.push(() => cri.client.close());
+      out.push(cri);
+    } else if (name === 'procfs') {
+      out.push(new ProcfsResolver({ procRoot: config.procRoot, pathChecker: checker, sandboxedRuntimeClasses: sandboxed }));
+    } else {
+      out.push(new AddressResolver({ pathChecker: checker, sandboxedRuntimeClasses: sandboxed }));
+    }
+  }
+  if (out.length === 0) {
+    throw new AuditSetupError(`no usable netns resolver (configured: ${config.netnsResolvers.join(', ')}): give --cri-endpoint or add procfs/address to --netns-resolvers`);
+  }
+  return out;
+}
