@@ -1,0 +1,78 @@
+/*
+ * probe-agent-netns-helper: makes unconnected TCP sockets inside a network namespace and
+ * passes them to the Node agent over its IPC channel (SCM_RIGHTS), speaking Node's JSON
+ * IPC framing. Shared declarations of the small modules.
+ */
+#ifndef PROBE_AGENT_NETNS_HELPER_H
+#define PROBE_AGENT_NETNS_HELPER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define HELPER_VERSION "0.1.0"
+
+/* Bounds: a request line, a netns path, the allow list. */
+#define MAX_LINE 8192
+#define NETNS_PATH_MAX 4096
+#define ALLOW_DIR_MAX 1024
+#define MAX_ALLOW_DIRS 16
+/* Ids travel as JSON numbers: keep them exactly representable as a JS number. */
+#define MAX_REQUEST_ID 9007199254740991ULL
+
+/* Directories whose direct entries may name a netns (plus /proc/<pid>/ns/net). */
+struct allow_dirs {
+  size_t n;
+  char dirs[MAX_ALLOW_DIRS][ALLOW_DIR_MAX];
+};
+
+/* Why a socket could not be made: the stage that failed, its errno and a message. */
+struct ns_result {
+  const char *stage; /* validate | open | nstype | setns | socket | busy | request | child */
+  int err;
+  char msg[320];
+};
+
+enum path_kind { PATH_INVALID = -1, PATH_PROC = 1, PATH_DIR = 2 };
+
+/* netns.c */
+void ns_fail(struct ns_result *r, const char *stage, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void ns_fail_errno(struct ns_result *r, const char *stage, int err);
+const char *errno_name(int err);
+int allow_dirs_init(struct allow_dirs *a);
+int allow_dirs_add(struct allow_dirs *a, const char *dir, const char **why);
+enum path_kind netns_check_path(const char *path, const struct allow_dirs *a, struct ns_result *r, size_t *dir_index);
+int netns_open(const char *path, const struct allow_dirs *a, struct ns_result *r);
+int netns_make_socket(const char *path, int family, const struct allow_dirs *a, struct ns_result *r);
+int family_to_af(int family);
+
+/* channel.c */
+size_t format_handle_line(char *buf, size_t cap, uint64_t id);
+size_t format_error_line(char *buf, size_t cap, uint64_t id, const struct ns_result *r);
+ssize_t chan_send(int chan, const char *line, size_t len, int fd, int flags);
+int chan_send_wait(int chan, const char *line, size_t len, int fd, int timeout_ms);
+int channel_fd_from_env(const char **why);
+
+/* jsonreq.c */
+struct request {
+  int has_id;
+  uint64_t id;
+  int has_cmd;
+  char cmd[40];
+  int has_netns;
+  char netns[NETNS_PATH_MAX];
+  int has_family;
+  long family;
+};
+int parse_request(const char *line, size_t len, struct request *req, const char **why);
+
+/* resident.c */
+struct resident_opts {
+  int max_children;
+  int child_timeout_ms;
+  int warm;
+};
+int run_resident(int chan, const struct allow_dirs *a, const struct resident_opts *o);
+
+#endif

@@ -1,0 +1,146 @@
+/*
+ * probe-agent-netns-helper entry point: flag parsing and the three modes.
+ *   --resident      serve requests from the agent's IPC channel (fork a child per socket)
+ *   --once          make one socket, pass it on the IPC channel, exit (per-probe spawn path)
+ *   --check-paths   print the path verdict for each stdin line (tests the TS mirror)
+ */
+#define _GNU_SOURCE
+#include "helper.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char USAGE[] =
+    "usage: probe-agent-netns-helper --resident [--allow-dir DIR]... [--max-children N]\n"
+    "                                [--child-timeout-ms MS] [--warm]\n"
+    "       probe-agent-netns-helper --once --netns PATH --family 4|6 [--id N] [--allow-dir DIR]...\n"
+    "       probe-agent-netns-helper --check-paths [--allow-dir DIR]...   (paths on stdin)\n"
+    "       probe-agent-netns-helper --version\n"
+    "A netns is /proc/<pid>/ns/net or a file directly inside an allowed directory\n"
+    "(/run/netns, /var/run/netns and every --allow-dir). The agent starts this program with an\n"
+    "'ipc' stdio entry (NODE_CHANNEL_FD) and receives each socket as a net.Native handle.\n";
+
+static int usage_error(const char *what) {
+  fprintf(stderr, "probe-agent-netns-helper: %s\n%s", what, USAGE);
+  return 2;
+}
+
+static int parse_long(const char *s, long min, long max, long *out) {
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || !*s || *end || v < min || v > max) return -1;
+  *out = v;
+  return 0;
+}
+
+static int run_once(const char *netns, long family, uint64_t id, const struct allow_dirs *a) {
+  const char *why = NULL;
+  int chan = channel_fd_from_env(&why);
+  if (chan < 0) {
+    fprintf(stderr, "probe-agent-netns-helper: %s\n", why);
+    return 1;
+  }
+  struct ns_result r = {0};
+  int s = netns_make_socket(netns, (int)family, a, &r);
+  char line[2048];
+  size_t len = s >= 0 ? format_handle_line(line, sizeof line, id) : format_error_line(line, sizeof line, id, &r);
+  if (len == 0 || chan_send_wait(chan, line, len, s, 2000) < 0) {
+    fprintf(stderr, "probe-agent-netns-helper: cannot answer on the channel: %s\n", strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
+static int run_check_paths(const struct allow_dirs *a) {
+  static char line[NETNS_PATH_MAX + 2];
+  while (fgets(line, sizeof line, stdin)) {
+    size_t len = strlen(line);
+    int whole = len > 0 && line[len - 1] == '\n';
+    if (whole) line[--len] = '\0';
+    if (!whole && !feof(stdin)) {
+      int ch;
+      while ((ch = getchar()) != EOF && ch != '\n') {
+      }
+      puts("invalid\tpath is too long");
+      continue;
+    }
+    struct ns_result r = {0};
+    enum path_kind k = netns_check_path(line, a, &r, NULL);
+    if (k == PATH_PROC) puts("proc");
+    else if (k == PATH_DIR) puts("dir");
+    else printf("invalid\t%s\n", r.msg);
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  struct allow_dirs allow;
+  struct resident_opts ro = {.max_children = 128, .child_timeout_ms = 2000, .warm = 0};
+  const char *mode = NULL, *netns = NULL;
+  long family = 0, v;
+  uint64_t id = 0;
+  allow_dirs_init(&allow);
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(arg, "--resident") || !strcmp(arg, "--once") || !strcmp(arg, "--check-paths")) {
+      if (mode) return usage_error("give exactly one mode");
+      mode = arg + 2;
+    } else if (!strcmp(arg, "--version")) {
+      puts("probe-agent-netns-helper " HELPER_VERSION);
+      return 0;
+    } else if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+      fputs(USAGE, stdout);
+      return 0;
+    } else if (!strcmp(arg, "--warm")) {
+      ro.warm = 1;
+    } else if (!val) {
+      return usage_error("a flag is missing its value or is unknown");
+    } else if (!strcmp(arg, "--allow-dir")) {
+      const char *why = NULL;
+      if (allow_dirs_add(&allow, val, &why) < 0) {
+        fprintf(stderr, "probe-agent-netns-helper: --allow-dir %s: %s\n", val, why);
+        return 2;
+      }
+      i++;
+    } else if (!strcmp(arg, "--netns")) {
+      netns = val;
+      i++;
+    } else if (!strcmp(arg, "--family")) {
+      if (parse_long(val, 4, 6, &family) < 0 || family == 5) return usage_error("--family must be 4 or 6");
+      i++;
+    } else if (!strcmp(arg, "--id")) {
+      if (parse_long(val, 0, LONG_MAX, &v) < 0 || (uint64_t)v > MAX_REQUEST_ID) return usage_error("--id must be a non-negative integer");
+      id = (uint64_t)v;
+      i++;
+    } else if (!strcmp(arg, "--max-children")) {
+      if (parse_long(val, 1, 4096, &v) < 0) return usage_error("--max-children must be 1..4096");
+      ro.max_children = (int)v;
+      i++;
+    } else if (!strcmp(arg, "--child-timeout-ms")) {
+      if (parse_long(val, 10, 60000, &v) < 0) return usage_error("--child-timeout-ms must be 10..60000");
+      ro.child_timeout_ms = (int)v;
+      i++;
+    } else {
+      return usage_error("unknown flag");
+    }
+  }
+  if (!mode) return usage_error("give a mode");
+  if (!strcmp(mode, "check-paths")) return run_check_paths(&allow);
+  if (!strcmp(mode, "once")) {
+    if (!netns || !family) return usage_error("--once needs --netns and --family");
+    return run_once(netns, family, id, &allow);
+  }
+  const char *why = NULL;
+  int chan = channel_fd_from_env(&why);
+  if (chan < 0) {
+    fprintf(stderr, "probe-agent-netns-helper: %s\n", why);
+    return 1;
+  }
+  return run_resident(chan, &allow, &ro);
+}

@@ -1,0 +1,238 @@
+/*
+ * Validating, opening and entering a netns reference. The rules are mirrored, textually, by
+ * agent/netns/path-guard.ts; `--check-paths` lets a test compare the two.
+ */
+#define _GNU_SOURCE
+#include "helper.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/nsfs.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+void ns_fail(struct ns_result *r, const char *stage, int err, const char *fmt, ...) {
+  va_list ap;
+  r->stage = stage;
+  r->err = err;
+  va_start(ap, fmt);
+  vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+  va_end(ap);
+}
+
+const char *errno_name(int err) {
+  const char *name = strerrorname_np(err);
+  return name ? name : "EUNKNOWN";
+}
+
+void ns_fail_errno(struct ns_result *r, const char *stage, int err) {
+  ns_fail(r, stage, err, "%s: %s", errno_name(err), strerror(err));
+}
+
+/* Returns why `p` is not an absolute canonical path, or NULL when it is one. */
+static const char *canonical_problem(const char *p, size_t max) {
+  size_t len = strlen(p);
+  if (len == 0) return "path is empty";
+  if (p[0] != '/') return "path is not absolute";
+  if (len >= max) return "path is too long";
+  for (const unsigned char *c = (const unsigned char *)p; *c; c++) {
+    if (*c < 0x20 || *c == 0x7f) return "path contains a control character";
+  }
+  if (len == 1) return NULL;
+  if (p[len - 1] == '/') return "path ends with a slash";
+  for (const char *s = p + 1;;) {
+    const char *e = strchr(s, '/');
+    size_t n = e ? (size_t)(e - s) : strlen(s);
+    if (n == 0) return "path contains an empty component (//)";
+    if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.')) {
+      return "path contains a . or .. component";
+    }
+    if (n > NAME_MAX) return "path component is too long";
+    if (!e) return NULL;
+    s = e + 1;
+  }
+}
+
+static int is_proc_path(const char *p) {
+  return strcmp(p, "/proc") == 0 || strncmp(p, "/proc/", 6) == 0;
+}
+
+/* /proc/<pid>/ns/net with a decimal pid as procfs spells it (no sign, no leading zero). */
+static int is_proc_netns(const char *p) {
+  if (strncmp(p, "/proc/", 6) != 0) return 0;
+  const char *d = p + 6;
+  size_t digits = 0;
+  if (*d < '1' || *d > '9') return 0;
+  while (d[digits] >= '0' && d[digits] <= '9') digits++;
+  return digits <= 10 && strcmp(d + digits, "/ns/net") == 0;
+}
+
+int allow_dirs_init(struct allow_dirs *a) {
+  const char *why = NULL;
+  a->n = 0;
+  return allow_dirs_add(a, "/run/netns", &why) == 0 && allow_dirs_add(a, "/var/run/netns", &why) == 0 ? 0 : -1;
+}
+
+int allow_dirs_add(struct allow_dirs *a, const char *dir, const char **why) {
+  char tmp[ALLOW_DIR_MAX];
+  size_t len = strlen(dir);
+  if (len >= sizeof tmp) {
+    *why = "directory path is too long";
+    return -1;
+  }
+  memcpy(tmp, dir, len + 1);
+  /* A trailing slash is harmless in a flag: accept "/x/" as "/x". */
+  while (len > 1 && tmp[len - 1] == '/') tmp[--len] = '\0';
+  const char *problem = canonical_problem(tmp, sizeof tmp);
+  if (problem) {
+    *why = problem;
+    return -1;
+  }
+  if (strcmp(tmp, "/") == 0 || is_proc_path(tmp)) {
+    *why = "directory may not be / or under /proc";
+    return -1;
+  }
+  for (size_t i = 0; i < a->n; i++) {
+    if (strcmp(a->dirs[i], tmp) == 0) return 0;
+  }
+  if (a->n >= MAX_ALLOW_DIRS) {
+    *why = "too many allowed directories";
+    return -1;
+  }
+  memcpy(a->dirs[a->n++], tmp, len + 1);
+  return 0;
+}
+
+enum path_kind netns_check_path(const char *path, const struct allow_dirs *a, struct ns_result *r, size_t *dir_index) {
+  const char *problem = canonical_problem(path, NETNS_PATH_MAX);
+  if (problem) {
+    ns_fail(r, "validate", EINVAL, "%s", problem);
+    return PATH_INVALID;
+  }
+  if (is_proc_path(path)) {
+    if (is_proc_netns(path)) return PATH_PROC;
+    ns_fail(r, "validate", EINVAL, "a /proc path must be /proc/<pid>/ns/net with a decimal pid");
+    return PATH_INVALID;
+  }
+  const char *slash = strrchr(path, '/');
+  size_t dir_len = (size_t)(slash - path);
+  for (size_t i = 0; i < a->n; i++) {
+    if (strlen(a->dirs[i]) == dir_len && strncmp(a->dirs[i], path, dir_len) == 0) {
+      if (dir_index) *dir_index = i;
+      return PATH_DIR;
+    }
+  }
+  ns_fail(r, "validate", EINVAL, "path is not /proc/<pid>/ns/net nor directly inside an allowed directory");
+  return PATH_INVALID;
+}
+
+static const char *file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "directory";
+  if (S_ISFIFO(m)) return "fifo";
+  if (S_ISSOCK(m)) return "socket";
+  if (S_ISCHR(m) || S_ISBLK(m)) return "device";
+  return "special file";
+}
+
+/*
+ * Opens an entry of an allowed directory without following a final symlink and without
+ * opening anything but a regular file (nsfs bind mounts look regular; a FIFO or device must
+ * never be opened for real), then checks that the opened file is the entry itself.
+ */
+static int open_dir_entry(const char *path, const char *dir, struct ns_result *r) {
+  int pfd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  if (pfd < 0) {
+    ns_fail_errno(r, "open", errno);
+    return -1;
+  }
+  struct stat st;
+  char self[64], actual[PATH_MAX], dir_real[PATH_MAX], expected[PATH_MAX + NAME_MAX + 2];
+  int fd = -1;
+  if (fstat(pfd, &st) < 0) {
+    ns_fail_errno(r, "open", errno);
+  } else if (S_ISLNK(st.st_mode)) {
+    ns_fail(r, "validate", EINVAL, "path is a symbolic link");
+  } else if (!S_ISREG(st.st_mode)) {
+    ns_fail(r, "nstype", EINVAL, "not a network namespace (a %s)", file_kind(st.st_mode));
+  } else {
+    snprintf(self, sizeof self, "/proc/self/fd/%d", pfd);
+    ssize_t n = readlink(self, actual, sizeof actual - 1);
+    if (n < 0) {
+      ns_fail_errno(r, "open", errno);
+    } else if (!realpath(dir, dir_real)) {
+      ns_fail_errno(r, "open", errno);
+    } else {
+      actual[n] = '\0';
+      snprintf(expected, sizeof expected, "%s%s", strcmp(dir_real, "/") == 0 ? "" : dir_real, strrchr(path, '/'));
+      if (strcmp(actual, expected) != 0) {
+        ns_fail(r, "validate", EINVAL, "path does not resolve to itself");
+      } else if ((fd = open(self, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) < 0) {
+        ns_fail_errno(r, "open", errno);
+      }
+    }
+  }
+  close(pfd);
+  return fd;
+}
+
+int netns_open(const char *path, const struct allow_dirs *a, struct ns_result *r) {
+  size_t dir_index = 0;
+  enum path_kind kind = netns_check_path(path, a, r, &dir_index);
+  if (kind == PATH_INVALID) return -1;
+  int fd;
+  if (kind == PATH_PROC) {
+    /* A magic link: following it is the point, and procfs checks ptrace access. */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+      ns_fail_errno(r, "open", errno);
+      return -1;
+    }
+  } else {
+    fd = open_dir_entry(path, a->dirs[dir_index], r);
+    if (fd < 0) return -1;
+  }
+  int type = ioctl(fd, NS_GET_NSTYPE);
+  if (type < 0) {
+    int e = errno;
+    if (e == ENOTTY) {
+      ns_fail(r, "nstype", e, "not a network namespace (not a namespace file)");
+    } else {
+      ns_fail_errno(r, "nstype", e);
+    }
+    close(fd);
+    return -1;
+  }
+  if (type != CLONE_NEWNET) {
+    ns_fail(r, "nstype", EINVAL, "not a network namespace (another namespace type)");
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int family_to_af(int family) {
+  return family == 6 ? AF_INET6 : AF_INET;
+}
+
+/* Enters the netns for good: only for a process that exits right after (child, --once). */
+int netns_make_socket(const char *path, int family, const struct allow_dirs *a, struct ns_result *r) {
+  int nsfd = netns_open(path, a, r);
+  if (nsfd < 0) return -1;
+  if (setns(nsfd, CLONE_NEWNET) < 0) {
+    ns_fail_errno(r, "setns", errno);
+    close(nsfd);
+    return -1;
+  }
+  close(nsfd);
+  int s = socket(family_to_af(family), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (s < 0) ns_fail_errno(r, "socket", errno);
+  return s;
+}

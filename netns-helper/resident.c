@@ -1,0 +1,302 @@
+/*
+ * The resident helper: reads requests from the agent's IPC channel and, for each, forks a
+ * short-lived child that enters the netns, makes the socket and sends it straight to the
+ * agent. The resident itself never enters a netns (unless --warm), never connects, reaps
+ * every child, bounds their number and their lifetime, and exits when the agent goes away.
+ */
+#define _GNU_SOURCE
+#include "helper.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define OUT_LINE_MAX 1024
+
+struct child_slot {
+  pid_t pid;
+  uint64_t id;
+  int64_t started_ms;
+  int killed;
+};
+
+/* The resident's own replies wait here when the channel is full; each may own one fd. */
+struct out_entry {
+  char line[OUT_LINE_MAX];
+  size_t len;
+  int fd;
+};
+
+struct resident {
+  int chan;
+  const struct allow_dirs *allow;
+  const struct resident_opts *opts;
+  sigset_t child_mask;
+  pid_t self;
+  int home_netns;
+  struct child_slot *children;
+  int nchildren;
+  struct out_entry *outq;
+  size_t out_cap, out_head, out_count;
+};
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void flush_outq(struct resident *rs) {
+  while (rs->out_count > 0) {
+    struct out_entry *e = &rs->outq[rs->out_head];
+    ssize_t n = chan_send(rs->chan, e->line, e->len, e->fd, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n < 0) fprintf(stderr, "probe-agent-netns-helper: dropping a reply: %s\n", strerror(errno));
+    if (e->fd >= 0) close(e->fd);
+    rs->out_head = (rs->out_head + 1) % rs->out_cap;
+    rs->out_count--;
+  }
+}
+
+/* Queues one reply (taking ownership of fd) and sends what the channel accepts now. */
+static void reply(struct resident *rs, const char *line, size_t len, int fd) {
+  if (len == 0 || len > OUT_LINE_MAX || rs->out_count == rs->out_cap) {
+    fprintf(stderr, "probe-agent-netns-helper: dropping a reply: %s\n", len ? "agent is not reading" : "reply too long");
+    if (fd >= 0) close(fd);
+    return;
+  }
+  struct out_entry *e = &rs->outq[(rs->out_head + rs->out_count) % rs->out_cap];
+  memcpy(e->line, line, len);
+  e->len = len;
+  e->fd = fd;
+  rs->out_count++;
+  flush_outq(rs);
+}
+
+static void reply_error(struct resident *rs, uint64_t id, const struct ns_result *r) {
+  char line[OUT_LINE_MAX];
+  reply(rs, line, format_error_line(line, sizeof line, id, r), -1);
+}
+
+/* The forked child: enter, make, send, exit. Never returns. */
+static void child_main(struct resident *rs, const struct request *req) {
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  /* Dies with the resident; the check closes the race with a resident that died already. */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != rs->self) _exit(4);
+  struct ns_result r = {0};
+  int s = netns_make_socket(req->netns, (int)req->family, rs->allow, &r);
+  char line[OUT_LINE_MAX];
+  size_t len = s >= 0 ? format_handle_line(line, sizeof line, req->id) : format_error_line(line, sizeof line, req->id, &r);
+  _exit(len > 0 && chan_send_wait(rs->chan, line, len, s, rs->opts->child_timeout_ms) == 0 ? 0 : 3);
+}
+
+static void reap(struct resident *rs);
+
+static void spawn_child(struct resident *rs, const struct request *req) {
+  struct ns_result r = {0};
+  /* Children that answered may not be reaped yet: count only the ones still alive. */
+  if (rs->nchildren >= rs->opts->max_children) reap(rs);
+  if (rs->nchildren >= rs->opts->max_children) {
+    ns_fail(&r, "busy", EAGAIN, "busy: %d sockets are being made", rs->nchildren);
+    reply_error(rs, req->id, &r);
+    return;
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    ns_fail_errno(&r, "fork", errno);
+    reply_error(rs, req->id, &r);
+    return;
+  }
+  if (pid == 0) child_main(rs, req);
+  rs->children[rs->nchildren++] = (struct child_slot){.pid = pid, .id = req->id, .started_ms = now_ms()};
+}
+
+/* --warm: the same work in this process, returning to the home netns before anything else. */
+static void make_warm(struct resident *rs, const struct request *req) {
+  struct ns_result r = {0};
+  int s = -1;
+  int nsfd = netns_open(req->netns, rs->allow, &r);
+  if (nsfd >= 0) {
+    if (setns(nsfd, CLONE_NEWNET) < 0) {
+      ns_fail_errno(&r, "setns", errno);
+    } else {
+      s = socket(family_to_af((int)req->family), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      int e = errno;
+      if (setns(rs->home_netns, CLONE_NEWNET) < 0) {
+        /* Every later socket would land in the wrong netns: die, the agent restarts us. */
+        fprintf(stderr, "probe-agent-netns-helper: cannot return to the home netns: %s\n", strerror(errno));
+        _exit(70);
+      }
+      if (s < 0) ns_fail_errno(&r, "socket", e);
+    }
+    close(nsfd);
+  }
+  char line[OUT_LINE_MAX];
+  size_t len = s >= 0 ? format_handle_line(line, sizeof line, req->id) : format_error_line(line, sizeof line, req->id, &r);
+  reply(rs, line, len, s);
+}
+
+static void handle_line(struct resident *rs, const char *line, size_t len) {
+  static struct request req;
+  const char *why = NULL;
+  struct ns_result r = {0};
+  if (parse_request(line, len, &req, &why) < 0) {
+    if (req.has_id && !req.has_cmd) {
+      ns_fail(&r, "request", EINVAL, "malformed request: %s", why);
+      reply_error(rs, req.id, &r);
+    } else {
+      fprintf(stderr, "probe-agent-netns-helper: dropping a malformed line: %s\n", why);
+    }
+    return;
+  }
+  if (req.has_cmd) {
+    /* Node's ACK for each handle it received; a NACK means it lost one (its request times out). */
+    if (strcmp(req.cmd, "NODE_HANDLE_ACK") != 0) fprintf(stderr, "probe-agent-netns-helper: agent sent %s\n", req.cmd);
+    return;
+  }
+  if (!req.has_id) {
+    fprintf(stderr, "probe-agent-netns-helper: dropping a request without an id\n");
+    return;
+  }
+  if (!req.has_netns || !req.has_family || (req.family != 4 && req.family != 6)) {
+    ns_fail(&r, "request", EINVAL, "malformed request: want netns and family 4 or 6");
+    reply_error(rs, req.id, &r);
+    return;
+  }
+  if (rs->opts->warm) make_warm(rs, &req);
+  else spawn_child(rs, &req);
+}
+
+static void reap(struct resident *rs) {
+  for (;;) {
+    int st;
+    pid_t pid = waitpid(-1, &st, WNOHANG);
+    if (pid <= 0) return;
+    for (int i = 0; i < rs->nchildren; i++) {
+      struct child_slot *c = &rs->children[i];
+      if (c->pid != pid) continue;
+      /* Exit 0 means the child delivered its own answer; otherwise answer for it. */
+      if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+        struct ns_result r = {0};
+        if (c->killed) ns_fail(&r, "child", ETIMEDOUT, "child killed after %d ms", rs->opts->child_timeout_ms);
+        else if (WIFSIGNALED(st)) ns_fail(&r, "child", ECHILD, "child killed by signal %d", WTERMSIG(st));
+        else ns_fail(&r, "child", ECHILD, "child exited with status %d without answering", WEXITSTATUS(st));
+        reply_error(rs, c->id, &r);
+      }
+      rs->children[i] = rs->children[--rs->nchildren];
+      break;
+    }
+  }
+}
+
+/* Kills children past their lifetime; returns the poll timeout until the next one is due. */
+static int enforce_deadlines(struct resident *rs) {
+  int64_t now = now_ms(), next = -1;
+  for (int i = 0; i < rs->nchildren; i++) {
+    struct child_slot *c = &rs->children[i];
+    if (c->killed) continue;
+    int64_t due = c->started_ms + rs->opts->child_timeout_ms;
+    if (due <= now) {
+      kill(c->pid, SIGKILL);
+      c->killed = 1;
+    } else if (next < 0 || due - now < next) {
+      next = due - now;
+    }
+  }
+  return (int)next;
+}
+
+/* Reads what the channel has; returns 0 on EOF or a fatal error. */
+static int read_channel(struct resident *rs, char *buf, size_t *used, int *discarding) {
+  ssize_t n = recv(rs->chan, buf + *used, MAX_LINE - *used, MSG_DONTWAIT);
+  if (n == 0) return 0;
+  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+  *used += (size_t)n;
+  size_t start = 0;
+  for (size_t i = 0; i < *used; i++) {
+    if (buf[i] != '\n') continue;
+    if (!*discarding) handle_line(rs, buf + start, i - start);
+    *discarding = 0;
+    start = i + 1;
+  }
+  memmove(buf, buf + start, *used - start);
+  *used -= start;
+  if (*used == MAX_LINE) {
+    fprintf(stderr, "probe-agent-netns-helper: dropping a line longer than %d bytes\n", MAX_LINE);
+    *used = 0;
+    *discarding = 1;
+  }
+  return 1;
+}
+
+int run_resident(int chan, const struct allow_dirs *a, const struct resident_opts *o) {
+  static char inbuf[MAX_LINE];
+  struct resident rs = {.chan = chan, .allow = a, .opts = o, .self = getpid(), .home_netns = -1};
+  rs.children = calloc((size_t)o->max_children, sizeof *rs.children);
+  /* Room for an answer per child (a killed child's answer waits here when the agent lags). */
+  rs.out_cap = (size_t)o->max_children + 16;
+  rs.outq = calloc(rs.out_cap, sizeof *rs.outq);
+  if (!rs.children || !rs.outq) {
+    fprintf(stderr, "probe-agent-netns-helper: out of memory\n");
+    return 1;
+  }
+  if (o->warm && (rs.home_netns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC)) < 0) {
+    fprintf(stderr, "probe-agent-netns-helper: cannot open the home netns: %s\n", strerror(errno));
+    return 1;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  sigemptyset(&rs.child_mask);
+  sigaddset(&rs.child_mask, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &rs.child_mask, NULL);
+  int sfd = signalfd(-1, &rs.child_mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (sfd < 0) {
+    fprintf(stderr, "probe-agent-netns-helper: signalfd: %s\n", strerror(errno));
+    return 1;
+  }
+  size_t used = 0;
+  int discarding = 0;
+  for (;;) {
+    int timeout = enforce_deadlines(&rs);
+    struct pollfd p[2] = {
+        {.fd = chan, .events = POLLIN | (rs.out_count ? POLLOUT : 0)},
+        {.fd = sfd, .events = POLLIN},
+    };
+    if (poll(p, 2, timeout) < 0) {
+      if (errno == EINTR) continue;
+      fprintf(stderr, "probe-agent-netns-helper: poll: %s\n", strerror(errno));
+      break;
+    }
+    if (p[1].revents & POLLIN) {
+      struct signalfd_siginfo si;
+      while (read(sfd, &si, sizeof si) == sizeof si) {
+      }
+      reap(&rs);
+    }
+    if (p[0].revents & POLLOUT) flush_outq(&rs);
+    if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && !read_channel(&rs, inbuf, &used, &discarding)) break;
+  }
+  /* The agent is gone: nobody can use what is still being made. */
+  for (int i = 0; i < rs.nchildren; i++) kill(rs.children[i].pid, SIGKILL);
+  while (rs.nchildren > 0) {
+    pid_t pid = waitpid(-1, NULL, 0);
+    if (pid < 0) break;
+    for (int i = 0; i < rs.nchildren; i++) {
+      if (rs.children[i].pid == pid) rs.children[i] = rs.children[--rs.nchildren];
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,356 @@
+/**
+ * The netns helper end to end: sockets made by the resident helper (fork per socket), its warm
+ * variant and the per-probe spawn really live in the pod's netns (they reach the pod while the
+ * node is blocked, and 127.0.0.1 is the pod's loopback); bad paths fail with clear typed errors;
+ * a killed helper fails its in-flight requests and comes back; 200 concurrent requests for two
+ * pods each get a socket of their own pod.
+ */
+import { requireRoot } from '../support/root.ts';
+requireRoot(['ip', 'nft']);
+
+import { execFileSync, spawn } from 'node:child_process';
+import { mkdtempSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import type { Socket } from 'node:net';
+import tls from 'node:tls';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { HelperError, NetnsError } from '../../agent/errors.ts';
+import { ResidentHelper } from '../../agent/netns/helper.ts';
+import { resolveHelperPath } from '../../agent/netns/helper-protocol.ts';
+import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
+import { SpawnHelper } from '../../agent/netns/spawn-helper.ts';
+import type { SocketFactory } from '../../agent/probe/types.ts';
+import { createLab, type Lab, type LabPod, type RunningServer } from '../lab/lab.ts';
+
+const HELPER = resolveHelperPath();
+
+interface Echo { remoteAddress: string; url: string }
+
+/** Runs GET /echo over an already connected stream; resolves the pod server's JSON answer. */
+function readEcho(stream: Socket | tls.TLSSocket, from: string, timeoutMs = 2000): Promise<Echo> {
+  return new Promise((resolve, reject) => {
+    let data = '';
+    const timer = setTimeout(() => { stream.destroy(); reject(new Error(`timeout talking to ${from}`)); }, timeoutMs);
+    stream.once('error', (e) => { clearTimeout(timer); reject(e); });
+    stream.on('data', (d: Buffer) => { data += d.toString(); });
+    stream.on('end', () => {
+      clearTimeout(timer);
+      stream.destroy();
+      const body = data.slice(data.indexOf('\r\n\r\n') + 4);
+      try { resolve(JSON.parse(body) as Echo); } catch { reject(new Error(`not an echo answer: ${data.slice(0, 200)}`)); }
+    });
+    stream.write(`GET /echo?from=${encodeURIComponent(from)} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`);
+  });
+}
+
+/** Connects `socket` to host:port, failing after timeoutMs. */
+function connectOver(socket: Socket, host: string, port: number, timeoutMs = 2000): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const fail = (e: Error): void => { clearTimeout(timer); socket.destroy(); reject(e); };
+    const timer = setTimeout(() => fail(new Error(`connect to ${host}:${port} timed out`)), timeoutMs);
+    socket.once('error', fail);
+    socket.connect({ host, port }, () => {
+      clearTimeout(timer);
+      socket.removeListener('error', fail);
+      resolve();
+    });
+  });
+}
+
+/** Connects `socket` to host:port, then runs GET /echo over it. */
+async function echoOver(socket: Socket, host: string, port: number, timeoutMs = 2000): Promise<Echo> {
+  await connectOver(socket, host, port, timeoutMs);
+  return readEcho(socket, host, timeoutMs);
+}
+
+/** 'connected' or the error code of a bare connect attempt over `socket`. */
+function tryConnect(socket: Socket, host: string, port: number, timeoutMs: number): Promise<string> {
+  return new Promise((resolve) => {
+    const done = (r: string): void => { socket.destroy(); resolve(r); };
+    const timer = setTimeout(() => done('timeout'), timeoutMs);
+    socket.once('error', (e: NodeJS.ErrnoException) => { clearTimeout(timer); done(e.code ?? e.message); });
+    socket.connect({ host, port }, () => { clearTimeout(timer); done('connected'); });
+  });
+}
+
+const plain = (a: string): string => a.replace(/^::ffff:/, '');
+
+/** The error createSocket rejects with (fails the test if it resolves). */
+async function failure(f: SocketFactory, netns: string, family: 4 | 6 = 4): Promise<Error> {
+  const r = await f.createSocket(netns, family).then((s) => { s.destroy(); return undefined; }, (e: Error) => e);
+  if (!r) throw new Error(`expected ${netns} to fail`);
+  return r;
+}
+
+function processState(pid: number): string | undefined {
+  try {
+    return readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]?.[0];
+  } catch {
+    return undefined;
+  }
+}
+
+async function waitFor(cond: () => boolean, ms: number): Promise<boolean> {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    if (cond()) return true;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return cond();
+}
+
+let lab: Lab;
+let a: LabPod;
+let b: LabPod;
+let server: RunningServer;
+let loopServer: RunningServer;
+let scratch: string;
+let resident: ResidentHelper;
+let warm: ResidentHelper;
+let spawned: SpawnHelper;
+
+beforeAll(async () => {
+  lab = await createLab({ pods: 2, policy: 'drop', tag: 'netns-helper.test' });
+  [a, b] = lab.pods as [LabPod, LabPod];
+  server = await lab.startServer(a, { http: 0, https: 0 });
+  loopServer = await lab.startServer(a, { http: 0, bind: 'loopback' });
+  scratch = mkdtempSync(join(tmpdir(), 'pa-helper-test-'));
+  resident = await ResidentHelper.start({ allowDirs: [scratch], maxInFlight: 256 });
+  warm = await ResidentHelper.start({ warm: true, allowDirs: [scratch] });
+  spawned = await SpawnHelper.create({ allowDirs: [scratch] });
+});
+
+afterAll(async () => {
+  await Promise.all([resident?.close(), warm?.close()]);
+  try { execFileSync('umount', [join(scratch, 'bound')], { stdio: 'ignore' }); } catch { /* not mounted */ }
+  if (scratch) rmSync(scratch, { recursive: true, force: true });
+  await lab?.destroy();
+});
+
+describe.each([
+  ['resident', () => resident],
+  ['warm', () => warm],
+  ['spawn', () => spawned],
+] as const)('%s factory', (mode, factory) => {
+  it('has its mode name', () => {
+    expect(factory().mode).toBe(mode);
+  });
+
+  it.each([4, 6] as const)('reaches the pod over IPv%i from inside its netns while the node is blocked', async (family) => {
+    const ip = family === 4 ? a.ipv4 : a.ipv6;
+    const port = server.ports.http as number;
+    const echo = await echoOver(await factory().createSocket(a.netns, family), ip, port);
+    // The source address is the pod's own: the connection started inside the pod.
+    expect(plain(echo.remoteAddress)).toBe(ip);
+    const drops = await lab.nodeToPodDrops();
+    expect(await tryConnect(await new NodeSocketFactory().createSocket(undefined, family), ip, port, 300)).toBe('timeout');
+    expect(await lab.nodeToPodDrops()).toBeGreaterThan(drops);
+  });
+
+  it.each([['127.0.0.1', 4], ['::1', 6]] as const)('reaches the pod loopback server at %s, which the node does not have', async (host, family) => {
+    const port = loopServer.ports.http as number;
+    const echo = await echoOver(await factory().createSocket(a.netns, family), host, port);
+    expect(echo.url).toBe(`/echo?from=${encodeURIComponent(host)}`);
+    const fromNode = await echoOver(await new NodeSocketFactory().createSocket(undefined, family), host, port, 500).catch((e: Error) => e);
+    expect(fromNode instanceof Error || fromNode.url !== echo.url).toBe(true);
+  });
+
+  it('carries TLS: tls.connect({ socket }) over a passed, connected socket', async () => {
+    const socket = await factory().createSocket(a.netns, 6);
+    await connectOver(socket, a.ipv6, server.ports.https as number);
+    const t = tls.connect({ socket, rejectUnauthorized: false });
+    await new Promise<void>((resolve, reject) => { t.once('error', reject); t.once('secureConnect', resolve); });
+    expect(t.getProtocol()).toMatch(/^TLSv1\.[23]$/);
+    const echo = await readEcho(t, a.ipv6);
+    expect(plain(echo.remoteAddress)).toBe(a.ipv6);
+  });
+
+  it('accepts /proc/<pid>/ns/net of a process inside the pod', async () => {
+    const echo = await echoOver(await factory().createSocket(`/proc/${server.pid}/ns/net`, 4), a.ipv4, server.ports.http as number);
+    expect(plain(echo.remoteAddress)).toBe(a.ipv4);
+  });
+});
+
+describe('bad netns references', () => {
+  beforeAll(() => {
+    symlinkSync(a.netns, join(scratch, 'link'));
+    writeFileSync(join(scratch, 'regular'), '');
+    mkdirSync(join(scratch, 'dir'));
+    execFileSync('mkfifo', [join(scratch, 'fifo')]);
+    writeFileSync(join(scratch, 'bound'), '');
+    execFileSync('mount', ['--bind', b.netns, join(scratch, 'bound')]);
+  });
+
+  it.each([['resident'], ['warm'], ['spawn']] as const)('%s: each refusal is a typed error with a clear message', async (mode) => {
+    const f = mode === 'resident' ? resident : mode === 'warm' ? warm : spawned;
+    const cases: [string, NetnsError['kind'], RegExp, string?][] = [
+      [`/run/netns/pa-missing-${process.pid}`, 'gone', /^netns "\/run\/netns\/pa-missing-\d+" is gone \(ENOENT\)$/],
+      ['/proc/999999999/ns/net', 'gone', /is gone \(ENOENT\)/],
+      ['/etc/passwd', 'invalid', /refused: path is not \/proc\/<pid>\/ns\/net nor directly inside an allowed directory/],
+      [`${a.netns}/../${a.name}`, 'invalid', /refused: path contains a \. or \.\. component/],
+      ['/proc/self/ns/net', 'invalid', /refused: a \/proc path must be \/proc\/<pid>\/ns\/net with a decimal pid/],
+      [join(scratch, 'link'), 'invalid', /refused: path is a symbolic link/, 'validate'],
+      [join(scratch, 'regular'), 'invalid', /refused: not a network namespace/, 'nstype'],
+      [join(scratch, 'dir'), 'invalid', /refused: not a network namespace \(a directory\)/, 'nstype'],
+      // A FIFO must be refused without ever being opened for reading (that would block).
+      [join(scratch, 'fifo'), 'invalid', /refused: not a network namespace \(a fifo\)/, 'nstype'],
+    ];
+    for (const [path, kind, message, stage] of cases) {
+      const err = await failure(f, path);
+      expect(err, path).toBeInstanceOf(NetnsError);
+      expect((err as NetnsError).kind, path).toBe(kind);
+      expect(err.message, path).toMatch(message);
+      expect(err.message, path).toContain(`"${path}"`);
+      if (stage) expect((err as NetnsError).context.stage, path).toBe(stage);
+    }
+  });
+
+  it('accepts a netns bind-mounted in an extra allowed directory (a runtime state dir)', async () => {
+    const echo = await echoOver(await resident.createSocket(join(scratch, 'bound'), 4), a.ipv4, server.ports.http as number);
+    expect(plain(echo.remoteAddress)).toBe(b.ipv4);
+  });
+
+  it('refuses a bad family and a missing netns argument before asking the helper', async () => {
+    await expect(resident.createSocket(a.netns, 5 as 4)).rejects.toThrow(HelperError);
+    await expect(resident.createSocket(undefined, 4)).rejects.toMatchObject({ kind: 'invalid' });
+  });
+});
+
+describe('resident helper lifecycle', () => {
+  it('fails an in-flight request when the helper is killed, then restarts and serves the next one', async () => {
+    const restarts: string[] = [];
+    const h = await ResidentHelper.start({ onRestart: (r) => restarts.push(r), restartBackoffMs: { initial: 20, max: 100 } });
+    try {
+      const pid = h.stats().pid as number;
+      // Stopped, it cannot answer: the request is surely in flight when SIGKILL lands.
+      process.kill(pid, 'SIGSTOP');
+      const inFlight = h.createSocket(a.netns, 4);
+      await waitFor(() => h.stats().inFlight === 1, 1000);
+      process.kill(pid, 'SIGKILL');
+      await expect(inFlight).rejects.toThrow(/^netns helper exited \(signal SIGKILL\) before answering$/);
+      const echo = await echoOver(await h.createSocket(a.netns, 4), a.ipv4, server.ports.http as number);
+      expect(plain(echo.remoteAddress)).toBe(a.ipv4);
+      expect(h.stats()).toMatchObject({ restarts: 1, inFlight: 0 });
+      expect(h.stats().pid).not.toBe(pid);
+      expect(restarts).toEqual(['netns helper exited (signal SIGKILL)']);
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('times out a request a stuck helper never answers, then replaces that helper', async () => {
+    const h = await ResidentHelper.start({ requestTimeoutMs: 150, restartBackoffMs: { initial: 20, max: 100 } });
+    try {
+      const pid = h.stats().pid as number;
+      process.kill(pid, 'SIGSTOP');
+      await expect(h.createSocket(a.netns, 4)).rejects.toThrow(/^netns helper did not answer within 150 ms$/);
+      expect(await waitFor(() => h.stats().restarts === 1 && h.stats().pid !== undefined, 2000)).toBe(true);
+      expect(processState(pid)).toBeUndefined();
+      const echo = await echoOver(await h.createSocket(a.netns, 4), a.ipv4, server.ports.http as number);
+      expect(plain(echo.remoteAddress)).toBe(a.ipv4);
+      expect(h.stats()).toMatchObject({ failures: 1, inFlight: 0 });
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('rejects an aborted request at once and drops the socket that arrives later', async () => {
+    const h = await ResidentHelper.start();
+    try {
+      const pid = h.stats().pid as number;
+      const fds = readdirSync('/proc/self/fd').length;
+      process.kill(pid, 'SIGSTOP');
+      const aborted = new AbortController();
+      const p = h.createSocket(a.netns, 6, aborted.signal);
+      aborted.abort(new Error('probe deadline'));
+      await expect(p).rejects.toThrow('probe deadline');
+      await expect(h.createSocket(a.netns, 4, aborted.signal)).rejects.toThrow('probe deadline');
+      process.kill(pid, 'SIGCONT');
+      // The late answer carries a socket: it must be closed, not leaked.
+      await new Promise((r) => setTimeout(r, 200));
+      expect(readdirSync('/proc/self/fd').length).toBeLessThanOrEqual(fds);
+      expect(h.stats()).toMatchObject({ failures: 0, inFlight: 0, restarts: 0 });
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('reports each settled request to onRequest, and a throwing callback breaks nothing', async () => {
+    const seen: boolean[] = [];
+    const h = await ResidentHelper.start({
+      onRequest: (seconds, ok) => {
+        seen.push(ok);
+        expect(seconds).toBeGreaterThan(0);
+        throw new Error('metrics bug');
+      },
+    });
+    try {
+      (await h.createSocket(a.netns, 4)).destroy();
+      await expect(h.createSocket(`/run/netns/pa-missing-${process.pid}`, 4)).rejects.toMatchObject({ kind: 'gone' });
+      // The self-test, the socket, the gone netns.
+      expect(seen).toEqual([true, true, false]);
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('refuses requests beyond maxInFlight at once', async () => {
+    const h = await ResidentHelper.start({ maxInFlight: 2 });
+    try {
+      process.kill(h.stats().pid as number, 'SIGSTOP');
+      const first = [h.createSocket(a.netns, 4), h.createSocket(a.netns, 4)];
+      await expect(h.createSocket(a.netns, 4)).rejects.toThrow(/overloaded: 2 requests in flight/);
+      process.kill(h.stats().pid as number, 'SIGCONT');
+      for (const s of await Promise.all(first)) s.destroy();
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('close() stops the helper and rejects what is pending', async () => {
+    const h = await ResidentHelper.start();
+    const pid = h.stats().pid as number;
+    process.kill(pid, 'SIGSTOP');
+    const pending = h.createSocket(a.netns, 4).then(() => 'resolved', (e: Error) => e);
+    process.kill(pid, 'SIGCONT');
+    await h.close();
+    expect(await pending).toBeInstanceOf(HelperError);
+    expect(await waitFor(() => processState(pid) === undefined, 2000)).toBe(true);
+    await expect(h.createSocket(a.netns, 4)).rejects.toThrow('netns helper is closed');
+  });
+
+  it('exits when the agent dies (no orphan helper)', async () => {
+    const script = `import { ResidentHelper } from ${JSON.stringify(new URL('../../agent/netns/helper.ts', import.meta.url).pathname)};
+      const h = await ResidentHelper.start(); console.log(h.stats().pid); setInterval(() => {}, 1000);`;
+    const agent = spawn(process.execPath, ['--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const helperPid = await new Promise<number>((resolve) => agent.stdout.once('data', (d: Buffer) => resolve(Number(String(d).trim()))));
+    expect(processState(helperPid)).toMatch(/[RS]/);
+    agent.kill('SIGKILL');
+    expect(await waitFor(() => { const s = processState(helperPid); return s === undefined || s === 'Z'; }, 3000)).toBe(true);
+  });
+
+  it('start() rejects with a clear HelperError when the binary is missing or broken', async () => {
+    await expect(ResidentHelper.start({ helperPath: '/nonexistent/probe-agent-netns-helper' })).rejects.toThrow(
+      /^netns helper binary "\/nonexistent\/probe-agent-netns-helper" is not usable \(ENOENT\): build it with 'make helper'/);
+    await expect(ResidentHelper.start({ helperPath: '/bin/false' })).rejects.toThrow(
+      /^netns helper self-test failed: (netns helper exited \(code 1\)|cannot send a request to the netns helper: write EPIPE)/);
+    await expect(SpawnHelper.create({ helperPath: '/nonexistent/x' })).rejects.toThrow(HelperError);
+    await expect(new SpawnHelper({ helperPath: '/nonexistent/x' }).createSocket(a.netns, 4)).rejects.toThrow(/cannot run the netns helper "\/nonexistent\/x": .*ENOENT/);
+  });
+});
+
+it('200 concurrent requests for two pods each get a socket of their own pod', async () => {
+  const pods = [a, b];
+  const port = server.ports.http as number;
+  const results = await Promise.all(Array.from({ length: 200 }, async (_, i) => {
+    const pod = pods[i % 2] as LabPod;
+    const family = (i % 4 < 2 ? 4 : 6) as 4 | 6;
+    const socket = await resident.createSocket(pod.netns, family);
+    const echo = await echoOver(socket, family === 4 ? a.ipv4 : a.ipv6, port, 10_000);
+    return plain(echo.remoteAddress) === (family === 4 ? pod.ipv4 : pod.ipv6);
+  }));
+  expect(results.filter((ok) => !ok)).toHaveLength(0);
+  expect(results).toHaveLength(200);
+  expect(resident.stats().inFlight).toBe(0);
+}, 60_000);
