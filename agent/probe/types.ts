@@ -79,6 +79,10 @@ export type FailureReason =
   | 'grpc-not-serving'
   | 'netns-gone'
   | 'netns-denied'
+  /** No resolver could find the pod's netns (runtime down, sandbox not ready). */
+  | 'netns-unresolved'
+  /** The pod is hostNetwork or runs in a sandboxed runtime: left to kubelet. */
+  | 'unsupported-pod'
   | 'helper-error'
   | 'host-refused'
   | 'port-unresolved'

@@ -1,0 +1,278 @@
+/**
+ * One TCP connection for a probe, over sockets made by a SocketFactory (so the connect happens in
+ * whatever netns the socket was created in), with RFC 8305 Happy Eyeballs across addresses and one
+ * deadline for everything. Errors carry kubelet's dial wording and a bounded FailureReason.
+ */
+import { isIPv6, type Socket } from 'node:net';
+import { performance } from 'node:perf_hooks';
+import { HelperError, NetnsError, describeError } from '../errors.ts';
+import type { FailureReason, ProbePhases, ProbeResult, SocketFactory } from './types.ts';
+import { joinHostPort } from './target.ts';
+
+/** RFC 8305 "Connection Attempt Delay": start the next address after this long without an answer. */
+export const ATTEMPT_DELAY_MS = 250;
+
+/** One probe's time budget: an absolute end plus an AbortSignal that fires at the end or when the caller aborts. */
+export class Deadline {
+  readonly startedAt: number;
+  readonly endsAt: number;
+  readonly timeoutMs: number;
+  readonly signal: AbortSignal;
+  readonly #controller = new AbortController();
+  readonly #timer: NodeJS.Timeout;
+  readonly #parent: AbortSignal | undefined;
+  readonly #onParentAbort = (): void => this.#controller.abort(new DeadlineAbort('aborted'));
+
+  constructor(timeoutMs: number, parent?: AbortSignal) {
+    this.startedAt = performance.now();
+    this.timeoutMs = timeoutMs;
+    this.endsAt = this.startedAt + timeoutMs;
+    this.signal = this.#controller.signal;
+    this.#timer = setTimeout(() => this.#controller.abort(new DeadlineAbort('timeout')), timeoutMs);
+    this.#parent = parent;
+    if (parent?.aborted) this.#onParentAbort();
+    else parent?.addEventListener('abort', this.#onParentAbort, { once: true });
+  }
+
+  /** Milliseconds left (never negative). */
+  remainingMs(): number {
+    return Math.max(0, this.endsAt - performance.now());
+  }
+
+  /** Seconds since the deadline started. */
+  elapsedSeconds(): number {
+    return (performance.now() - this.startedAt) / 1000;
+  }
+
+  /** Why the signal fired: our own timeout, or the caller aborting; undefined while running. */
+  why(): 'timeout' | 'aborted' | undefined {
+    const r = this.signal.reason;
+    return this.signal.aborted ? (r instanceof DeadlineAbort ? r.why : 'aborted') : undefined;
+  }
+
+  /** Stops the timer and detaches from the parent signal; call once the probe is over. */
+  dispose(): void {
+    clearTimeout(this.#timer);
+    this.#parent?.removeEventListener('abort', this.#onParentAbort);
+  }
+}
+
+/** The abort reason a Deadline uses, so listeners can tell a timeout from a caller abort. */
+export class DeadlineAbort extends Error {
+  readonly why: 'timeout' | 'aborted';
+  constructor(why: 'timeout' | 'aborted') {
+    super(why === 'timeout' ? 'probe deadline exceeded' : 'probe aborted');
+    this.why = why;
+  }
+}
+
+/** What a prober returns; run.ts adds the total duration. */
+export interface ProberResult {
+  result: ProbeResult;
+  message: string;
+  reason?: FailureReason;
+  /** host:port that answered or was tried last. */
+  address?: string;
+  phases: Omit<ProbePhases, 'total'>;
+}
+
+/** An address to connect to. */
+export interface ConnectAddress {
+  ip: string;
+  port: number;
+}
+
+/** Where sockets come from for this connection. */
+export interface ConnectVia {
+  sockets: SocketFactory;
+  netns: string | undefined;
+}
+
+/** A connected socket and how long getting it took. */
+export interface Connected {
+  socket: Socket;
+  address: ConnectAddress;
+  /** Seconds the winning attempt waited for its socket from the factory (helper round trip). */
+  helperSeconds: number;
+  /** Seconds from the first attempt's socket being ready until the winner connected (includes staggering). */
+  connectSeconds: number;
+}
+
+/**
+ * Why a connection could not be made. `kind` 'failure' is the target's fault (kubelet: Failure);
+ * 'error' means we could not even try (netns or helper trouble).
+ */
+export class ConnectError extends Error {
+  readonly kind: 'failure' | 'error';
+  readonly reason: FailureReason;
+  readonly address: ConnectAddress;
+  /** Go's text for the dial error, e.g. "dial tcp 10.0.0.1:80: connect: connection refused". */
+  readonly dialText: string;
+  /** The underlying error's text without the "dial tcp addr:" prefix. */
+  readonly detail: string;
+  constructor(kind: 'failure' | 'error', reason: FailureReason, address: ConnectAddress, detail: string) {
+    const dialText = kind === 'failure' ? `dial tcp ${joinHostPort(address.ip, address.port)}: ${detail}` : detail;
+    super(dialText);
+    this.kind = kind;
+    this.reason = reason;
+    this.address = address;
+    this.detail = detail;
+    this.dialText = dialText;
+  }
+}
+
+/** Go's syscall texts for the errnos a connect can end with. */
+const ERRNO_TEXT: Record<string, [FailureReason, string]> = {
+  ECONNREFUSED: ['refused', 'connect: connection refused'],
+  ECONNRESET: ['reset', 'connect: connection reset by peer'],
+  ETIMEDOUT: ['timeout', 'connect: connection timed out'],
+  EHOSTUNREACH: ['unreachable', 'connect: no route to host'],
+  ENETUNREACH: ['unreachable', 'connect: network is unreachable'],
+  EHOSTDOWN: ['unreachable', 'connect: host is down'],
+  EADDRNOTAVAIL: ['unreachable', 'connect: cannot assign requested address'],
+  EPERM: ['unreachable', 'connect: operation not permitted'],
+  EACCES: ['unreachable', 'connect: permission denied'],
+};
+
+/** Maps anything a socket factory or connect can throw onto a ConnectError. */
+export function toConnectError(err: unknown, address: ConnectAddress): ConnectError {
+  if (err instanceof ConnectError) return err;
+  if (err instanceof NetnsError) return new ConnectError('error', err.kind === 'gone' ? 'netns-gone' : 'netns-denied', address, err.message);
+  if (err instanceof HelperError) return new ConnectError('error', 'helper-error', address, err.message);
+  const code = (err as NodeJS.ErrnoException | undefined)?.code;
+  const known = code ? ERRNO_TEXT[code] : undefined;
+  if (known) return new ConnectError('failure', known[0], address, known[1]);
+  return new ConnectError('failure', 'other', address, `connect: ${describeError(err)}`);
+}
+
+function ignoreError(): void {}
+
+/** Go's text for a dial cut by the deadline. */
+function timeoutError(address: ConnectAddress): ConnectError {
+  return new ConnectError('failure', 'timeout', address, 'i/o timeout');
+}
+
+interface Attempt {
+  address: ConnectAddress;
+  abort: AbortController;
+  socket?: Socket;
+  error?: ConnectError;
+  helperSeconds: number;
+  readyAt?: number;
+}
+
+/**
+ * Connects to the first address that answers. One address: a plain connect. Several: RFC 8305
+ * staggering (next attempt after ATTEMPT_DELAY_MS or as soon as the previous one fails), first to
+ * connect wins and every other socket is destroyed. Rejects with ConnectError; never leaks a socket.
+ */
+export function connectTo(addresses: readonly ConnectAddress[], via: ConnectVia, deadline: Deadline): Promise<Connected> {
+  return new Promise<Connected>((resolve, reject) => {
+    const first = addresses[0];
+    if (!first) {
+      reject(new ConnectError('error', 'other', { ip: '', port: 0 }, 'no address to connect to'));
+      return;
+    }
+    const attempts: Attempt[] = [];
+    let settled = false;
+    let staggerTimer: NodeJS.Timeout | undefined;
+    const startedAt = performance.now();
+
+    const finish = (winner: Attempt | undefined, err?: ConnectError): void => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(staggerTimer);
+      deadline.signal.removeEventListener('abort', onDeadline);
+      for (const a of attempts) {
+        if (a === winner) continue;
+        a.abort.abort();
+        a.socket?.destroy();
+      }
+      if (winner?.socket) {
+        winner.socket.removeAllListeners('error');
+        winner.socket.removeAllListeners('connect');
+        // A socket error between here and the caller attaching its own listener must not crash the agent.
+        winner.socket.on('error', ignoreError);
+        const readyAt = attempts[0]?.readyAt ?? startedAt;
+        resolve({
+          socket: winner.socket,
+          address: winner.address,
+          helperSeconds: winner.helperSeconds,
+          connectSeconds: Math.max(0, performance.now() - readyAt) / 1000,
+        });
+      } else {
+        reject(err ?? timeoutError(first));
+      }
+    };
+
+    const onDeadline = (): void => {
+      // The primary address is the one kubelet would have dialled: report it unless it already failed differently.
+      const primary = attempts[0];
+      if (deadline.why() === 'aborted') finish(undefined, new ConnectError('error', 'other', first, 'probe aborted'));
+      else finish(undefined, primary?.error ?? timeoutError(first));
+    };
+
+    const startNext = (): void => {
+      if (settled) return;
+      clearTimeout(staggerTimer);
+      const address = addresses[attempts.length];
+      if (!address) {
+        if (attempts.every((a) => a.error)) finish(undefined, attempts[0]?.error);
+        return;
+      }
+      const attempt: Attempt = { address, abort: new AbortController(), helperSeconds: 0 };
+      attempts.push(attempt);
+      if (attempts.length < addresses.length) staggerTimer = setTimeout(startNext, ATTEMPT_DELAY_MS);
+      void runAttempt(attempt);
+    };
+
+    const failAttempt = (attempt: Attempt, err: unknown): void => {
+      if (attempt.error || settled) return;
+      attempt.error = toConnectError(err, attempt.address);
+      attempt.socket?.destroy();
+      // An 'error' result (netns/helper trouble) is about us, not the address: no point trying the others.
+      if (attempt.error.kind === 'error') finish(undefined, attempt.error);
+      else if (attempts.length < addresses.length) startNext();
+      else if (attempts.every((a) => a.error)) finish(undefined, attempts[0]?.error);
+    };
+
+    const runAttempt = async (attempt: Attempt): Promise<void> => {
+      const t0 = performance.now();
+      let socket: Socket;
+      try {
+        // AbortSignal.any is not free; a lone attempt is only ever cancelled by the deadline.
+        const signal = addresses.length === 1 ? deadline.signal : AbortSignal.any([attempt.abort.signal, deadline.signal]);
+        socket = await via.sockets.createSocket(via.netns, isIPv6(attempt.address.ip) ? 6 : 4, signal);
+      } catch (err) {
+        if (!settled && !deadline.signal.aborted) failAttempt(attempt, err);
+        return;
+      }
+      attempt.helperSeconds = (performance.now() - t0) / 1000;
+      attempt.readyAt = performance.now();
+      if (settled) {
+        socket.destroy();
+        return;
+      }
+      attempt.socket = socket;
+      socket.once('error', (err) => failAttempt(attempt, err));
+      socket.once('connect', () => {
+        if (attempt.error) return;
+        finish(attempt);
+      });
+      try {
+        // Go sets TCP_NODELAY on every TCP conn; it keeps a one-segment request from waiting on Nagle.
+        socket.setNoDelay(true);
+        socket.connect({ host: attempt.address.ip, port: attempt.address.port });
+      } catch (err) {
+        failAttempt(attempt, err);
+      }
+    };
+
+    if (deadline.signal.aborted) {
+      onDeadline();
+      return;
+    }
+    deadline.signal.addEventListener('abort', onDeadline, { once: true });
+    startNext();
+  });
+}

@@ -1,0 +1,230 @@
+/**
+ * kubelet's HTTP probe (pkg/probe/http/http.go) over sockets we connect ourselves: one new connection
+ * per request, "Connection: close", no proxy, no compression, TLS without verification, redirects
+ * handled by hand with kubelet's same-hostname rule, a 10 KiB body cap and one deadline for it all.
+ */
+import { isIP } from 'node:net';
+import { performance } from 'node:perf_hooks';
+import { connect as tlsConnect, type TLSSocket } from 'node:tls';
+import type { Socket } from 'node:net';
+import { Client } from 'undici';
+import { describeError } from '../errors.ts';
+import { ConnectError, connectTo, type Deadline, type ProberResult } from './connect.ts';
+import { MAX_BODY_BYTES, buildHeaderMap, buildProbeRequest, decideRedirect, type ProbeRequest } from './http-request.ts';
+import { joinHostPort, type TargetPlan } from './target.ts';
+import type { FailureReason, HttpGetHandler } from './types.ts';
+
+/** Go's biggest response header block (MaxResponseHeaderBytes default is 1 MiB; undici's default is 16 KiB). */
+const MAX_HEADER_BYTES = 64 * 1024;
+
+/** The status, Location and capped body of one hop. */
+interface HopResponse {
+  status: number;
+  location: string | undefined;
+  body: string;
+}
+
+/** A hop that ended without a response; `kind` 'error' = we could not run it at all. */
+class HopError extends Error {
+  readonly kind: 'failure' | 'error';
+  readonly reason: FailureReason;
+  constructor(kind: 'failure' | 'error', reason: FailureReason, message: string) {
+    super(message);
+    this.kind = kind;
+    this.reason = reason;
+  }
+}
+
+/** Runs kubelet's HTTP probe against `plan`; never throws. */
+export async function probeHttp(handler: HttpGetHandler, plan: TargetPlan, deadline: Deadline, kubeVersion: string): Promise<ProberResult> {
+  const initial = buildHeaderMap(handler.headers, kubeVersion);
+  const first = buildProbeRequest(handler.scheme, plan.host, plan.port, handler.path, initial);
+  const phases: ProberResult['phases'] = {};
+  let req: ProbeRequest = first;
+  let address: string | undefined;
+  for (let hops = 1; ; hops++) {
+    let res: HopResponse;
+    try {
+      res = await exchange(req, plan, deadline, phases, (a) => (address = a));
+    } catch (err) {
+      const e = err instanceof HopError ? err : new HopError('failure', 'other', `Get ${JSON.stringify(req.url)}: ${describeError(err)}`);
+      return { result: e.kind, reason: e.reason, message: e.message, address, phases };
+    }
+    const decision = decideRedirect(first, req, res.status, res.location, hops, initial);
+    if (decision.action === 'fail') return { result: 'failure', reason: decision.reason, message: decision.message, address, phases };
+    if (decision.action === 'follow') {
+      req = decision.next;
+      continue;
+    }
+    if (res.status >= 200 && res.status < 300) return { result: 'success', message: res.body, address, phases };
+    if (res.status >= 300 && res.status < 400) {
+      return { result: 'warning', message: `Probe terminated redirects, Response body: ${res.body}`, address, phases };
+    }
+    // kubernetes#99425: a failure's message must never carry the body (it ends up in events).
+    return { result: 'failure', reason: 'status', message: `HTTP probe failed with statuscode: ${res.status}`, address, phases };
+  }
+}
+
+/** One request on a new connection. Throws HopError with Go's wording. */
+async function exchange(
+  req: ProbeRequest,
+  plan: TargetPlan,
+  deadline: Deadline,
+  phases: ProberResult['phases'],
+  setAddress: (a: string) => void,
+): Promise<HopResponse> {
+  const prefix = `Get ${JSON.stringify(req.url)}`;
+  const addresses = plan.ips.map((ip) => ({ ip, port: req.port }));
+  let socket: Socket | undefined;
+  let client: Client | undefined;
+  try {
+    const connected = await connectTo(addresses, plan, deadline).catch((err: unknown) => {
+      if (err instanceof ConnectError) {
+        setAddress(joinHostPort(err.address.ip, err.address.port));
+        if (err.kind === 'error') throw new HopError('error', err.reason, err.detail);
+        if (err.reason === 'timeout') throw timeoutError(prefix, deadline, 'headers');
+        throw new HopError('failure', err.reason, `${prefix}: ${err.dialText}`);
+      }
+      throw err;
+    });
+    socket = connected.socket;
+    setAddress(joinHostPort(connected.address.ip, connected.address.port));
+    phases.helper = (phases.helper ?? 0) + connected.helperSeconds;
+    phases.connect = (phases.connect ?? 0) + connected.connectSeconds;
+
+    if (req.scheme === 'https') {
+      const t0 = performance.now();
+      socket = await startTls(socket, isIP(req.hostname) ? undefined : req.hostname, deadline, prefix);
+      phases.tls = (phases.tls ?? 0) + (performance.now() - t0) / 1000;
+    }
+
+    const ready = socket;
+    client = new Client(`${req.scheme}://${joinHostPort(req.hostname, req.port)}`, {
+      // undici hangs when its connect callback runs synchronously: always hand the socket over on a later tick.
+      connect: (_opts, cb) => void setImmediate(() => cb(null, ready)),
+      pipelining: 1,
+      headersTimeout: 0,
+      bodyTimeout: 0,
+      maxHeaderSize: MAX_HEADER_BYTES,
+      allowH2: false,
+    });
+    const t1 = performance.now();
+    const flat: string[] = [];
+    for (const [k, v] of req.headers) flat.push(k, v);
+    flat.unshift('Host', req.hostHeader);
+    const res = await client.request({ path: req.pathAndQuery, method: 'GET', headers: flat, signal: deadline.signal, reset: true });
+    phases.firstByte = (phases.firstByte ?? 0) + (performance.now() - t1) / 1000;
+    const locationHeader = res.headers['location'];
+    const location = Array.isArray(locationHeader) ? locationHeader[0] : locationHeader;
+    const status = res.statusCode;
+    // A failure's body is never shown, and a redirect we follow is never shown: don't read them.
+    const wanted = status >= 200 && status < 400;
+    const body = wanted ? await readCapped(res.body, deadline) : '';
+    if (!wanted) {
+      // undici's body emits an AbortError when destroyed unread; without a listener that would crash the agent.
+      res.body.on('error', () => {});
+      res.body.destroy();
+    }
+    return { status, location, body };
+  } catch (err) {
+    if (err instanceof HopError) throw err;
+    throw mapHttpError(err, prefix, deadline);
+  } finally {
+    // Closing the client closes the socket; destroy both in case the client never took it.
+    void client?.destroy().catch(() => {});
+    socket?.destroy();
+  }
+}
+
+/** Reads at most MAX_BODY_BYTES; more is not an error (kubelet logs it at V(4)). */
+async function readCapped(body: AsyncIterable<Buffer> & { destroy(): void }, deadline: Deadline): Promise<string> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  try {
+    for await (const chunk of body) {
+      const room = MAX_BODY_BYTES - size;
+      chunks.push(chunk.length > room ? chunk.subarray(0, room) : chunk);
+      size += Math.min(chunk.length, room);
+      if (size >= MAX_BODY_BYTES) break;
+    }
+  } catch (err) {
+    if (deadline.why() === 'timeout') {
+      throw new HopError('failure', 'timeout', 'context deadline exceeded (Client.Timeout or context cancellation while reading body)');
+    }
+    throw err;
+  } finally {
+    (body as unknown as NodeJS.EventEmitter).on('error', () => {});
+    body.destroy();
+  }
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+/** Wraps a connected socket in TLS the way kubelet's transport does: no verification, SNI only for names. */
+function startTls(socket: Socket, servername: string | undefined, deadline: Deadline, prefix: string): Promise<TLSSocket> {
+  return new Promise<TLSSocket>((resolve, reject) => {
+    const tls = tlsConnect({
+      socket,
+      rejectUnauthorized: false,
+      // Go sends no SNI for an IP literal; with a bare socket and no servername Node sends none either.
+      ...(servername ? { servername } : {}),
+      ALPNProtocols: ['http/1.1'],
+    });
+    const cleanup = (): void => {
+      tls.removeListener('secureConnect', onOk);
+      tls.removeListener('error', onErr);
+      deadline.signal.removeEventListener('abort', onAbort);
+    };
+    const onOk = (): void => {
+      cleanup();
+      tls.on('error', () => {});
+      resolve(tls);
+    };
+    const onErr = (err: Error): void => {
+      cleanup();
+      tls.destroy();
+      reject(new HopError('failure', 'tls', `${prefix}: ${tlsText(err)}`));
+    };
+    const onAbort = (): void => {
+      cleanup();
+      tls.destroy();
+      reject(deadline.why() === 'timeout' ? timeoutError(prefix, deadline, 'headers') : new HopError('error', 'other', 'probe aborted'));
+    };
+    tls.once('secureConnect', onOk);
+    tls.once('error', onErr);
+    if (deadline.signal.aborted) onAbort();
+    else deadline.signal.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+function tlsText(err: Error): string {
+  const code = (err as NodeJS.ErrnoException).code ?? '';
+  if (code === 'ERR_SSL_WRONG_VERSION_NUMBER' || code === 'ERR_SSL_PACKET_LENGTH_TOO_LONG') {
+    return 'tls: first record does not look like a TLS handshake';
+  }
+  if (code === 'ECONNRESET' || /socket disconnected/.test(err.message)) return 'remote error: tls: handshake failure (connection closed)';
+  return `tls: ${err.message}`;
+}
+
+function timeoutError(prefix: string, _deadline: Deadline, stage: 'headers'): HopError {
+  return new HopError('failure', 'timeout', `${prefix}: context deadline exceeded (Client.Timeout exceeded while awaiting ${stage})`);
+}
+
+/** Maps undici/socket errors onto Go's client error texts. */
+function mapHttpError(err: unknown, prefix: string, deadline: Deadline): HopError {
+  const why = deadline.why();
+  if (why === 'timeout') return timeoutError(prefix, deadline, 'headers');
+  if (why === 'aborted') return new HopError('error', 'other', 'probe aborted');
+  const code = (err as NodeJS.ErrnoException | undefined)?.code ?? '';
+  const message = describeError(err);
+  if (code === 'UND_ERR_SOCKET' && /other side closed/.test(message)) return new HopError('failure', 'protocol', `${prefix}: EOF`);
+  if (code === 'ECONNRESET' || /ECONNRESET/.test(message)) {
+    return new HopError('failure', 'reset', `${prefix}: read: connection reset by peer`);
+  }
+  if (code.startsWith('HPE_') || err instanceof Error && err.name === 'HTTPParserError') {
+    return new HopError('failure', 'protocol', `${prefix}: net/http: HTTP/1.x transport connection broken: malformed HTTP response`);
+  }
+  if (code === 'UND_ERR_HEADERS_OVERFLOW') {
+    return new HopError('failure', 'protocol', `${prefix}: net/http: server response headers exceeded ${MAX_HEADER_BYTES} bytes; aborted`);
+  }
+  return new HopError('failure', 'other', `${prefix}: ${message}`);
+}

@@ -1,0 +1,83 @@
+/**
+ * Runs one probe: plans the target, dispatches to the TCP/HTTP/gRPC prober under one deadline, and
+ * always resolves with a bounded ProbeOutcome (kubelet's prober.runProbe, plus an explicit 'error').
+ */
+import { performance } from 'node:perf_hooks';
+import { InvalidProbeError, describeError } from '../errors.ts';
+import { Deadline, type ProberResult } from './connect.ts';
+import { probeGrpc } from './grpc.ts';
+import { probeHttp } from './http.ts';
+import { SPEC_LIMITS } from './spec.ts';
+import { TargetError, planTargets } from './target.ts';
+import { probeTcp } from './tcp.ts';
+import type { FailureReason, ProbeContext, ProbeHandler, ProbeOutcome } from './types.ts';
+
+/** Messages are for people and events; a body or error text longer than this is cut. */
+export const MAX_MESSAGE_BYTES = 1024;
+
+/** Runs `handler` in `ctx` and reports kubelet's result; never throws. */
+export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promise<ProbeOutcome> {
+  const started = performance.now();
+  const finish = (r: ProberResult): ProbeOutcome => {
+    const total = (performance.now() - started) / 1000;
+    const outcome: ProbeOutcome = {
+      result: r.result,
+      message: boundMessage(r.result === 'success' ? r.message.trim() : r.message),
+      durationSeconds: total,
+      phases: { ...r.phases, total },
+    };
+    if (r.reason !== undefined && r.result !== 'success') outcome.reason = r.reason;
+    if (r.address !== undefined) outcome.address = r.address;
+    return outcome;
+  };
+  const fail = (result: 'error' | 'failure', reason: FailureReason, message: string): ProbeOutcome => finish({ result, reason, message, phases: {} });
+
+  if (handler.kind === 'exec') return fail('error', 'other', 'exec probes are run by kubelet');
+  const timeout = ctx.timeoutSeconds;
+  if (!Number.isFinite(timeout) || timeout <= 0 || timeout > SPEC_LIMITS.maxTimeoutSeconds) {
+    return fail('error', 'invalid-spec', `timeoutSeconds: must be 1..${SPEC_LIMITS.maxTimeoutSeconds}, got ${timeout}`);
+  }
+  const deadline = new Deadline(timeout * 1000, ctx.signal);
+  try {
+    let plan;
+    try {
+      plan = await planTargets(handler, ctx, deadline.signal);
+    } catch (err) {
+      if (err instanceof TargetError) {
+        // A name that does not resolve (legacy host field) is the target's failure, as kubelet's dial error is.
+        const isFailure = err.reason === 'timeout' || err.reason === 'unreachable';
+        return fail(isFailure ? 'failure' : 'error', err.reason, err.message);
+      }
+      if (err instanceof InvalidProbeError) return fail('error', 'invalid-spec', err.message);
+      throw err;
+    }
+    switch (handler.kind) {
+      case 'tcp':
+        return finish(await probeTcp(plan, deadline));
+      case 'http':
+        return finish(await probeHttp(handler, plan, deadline, ctx.kubeVersion));
+      case 'grpc':
+        return finish(await probeGrpc(handler, plan, deadline, ctx.kubeVersion));
+    }
+  } catch (err) {
+    return fail('error', 'other', `probe crashed: ${describeError(err)}`);
+  } finally {
+    deadline.dispose();
+  }
+}
+
+/** Cuts `text` to MAX_MESSAGE_BYTES of UTF-8 without splitting a character. */
+export function boundMessage(text: string): string {
+  if (Buffer.byteLength(text, 'utf8') <= MAX_MESSAGE_BYTES) return text;
+  const marker = '… (truncated)';
+  const budget = MAX_MESSAGE_BYTES - Buffer.byteLength(marker, 'utf8');
+  let out = '';
+  let used = 0;
+  for (const ch of text) {
+    const n = Buffer.byteLength(ch, 'utf8');
+    if (used + n > budget) break;
+    out += ch;
+    used += n;
+  }
+  return out + marker;
+}

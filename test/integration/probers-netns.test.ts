@@ -1,0 +1,227 @@
+/**
+ * The probers through the real in-netns path: sockets made inside lab pods by the resident netns
+ * helper, while the node itself is cut off from the pods by the lab's node->pod drop rule. Every
+ * kubelet rule again, on both address families, plus Happy Eyeballs and the host-field policy.
+ */
+import { requireRoot } from '../support/root.ts';
+requireRoot(['ip', 'nft', 'openssl']);
+
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { createInterface } from 'node:readline';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ResidentHelper } from '../../agent/netns/helper.ts';
+import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
+import { runProbe } from '../../agent/probe/run.ts';
+import type { HttpGetHandler, ProbeContext, ProbeHandler, ProbeOutcome } from '../../agent/probe/types.ts';
+import { createLab, type Lab, type LabPod, type RunningServer } from '../lab/lab.ts';
+
+let lab: Lab;
+let helper: ResidentHelper;
+const nodeSockets = new NodeSocketFactory();
+/** Pod A: every port, dual-stack. Pod B: HTTP on loopback only. Pod C: Happy Eyeballs cases. */
+let podA: LabPod;
+let podB: LabPod;
+let podC: LabPod;
+let srvA: RunningServer;
+let srvB: RunningServer;
+let srvC: RunningServer;
+let v6OnlyPort = 0;
+let v6Only: ChildProcessWithoutNullStreams | undefined;
+let nodeServer: http.Server | undefined;
+let nodeServerPort = 0;
+let nodeServerPeer = '';
+
+beforeAll(async () => {
+  lab = await createLab({ pods: 3, policy: 'drop', tag: 'probers-netns.test' });
+  [podA, podB, podC] = lab.pods as [LabPod, LabPod, LabPod];
+  helper = await ResidentHelper.start();
+  [srvA, srvB, srvC] = await Promise.all([
+    lab.startServer(podA, { http: 0, https: 0, tcp: 0, grpc: 0, hang: 0, grpcServices: { '': 'SERVING', db: 'NOT_SERVING' } }),
+    lab.startServer(podB, { http: 0, bind: 'loopback' }),
+    lab.startServer(podC, { http: 0 }),
+  ]);
+  v6OnlyPort = await startV6OnlyServer(podC);
+  // Pod C drops its own IPv4 SYNs to its HTTP port: the primary family hangs, so Happy Eyeballs must stagger.
+  const drop = await lab.exec(podC, 'nft', ['-f', '-'], {
+    input: `table inet probers_he {\n  chain out {\n    type filter hook output priority 0;\n    ip daddr ${podC.ipv4} tcp dport ${srvC.ports.http} drop\n  }\n}\n`,
+  });
+  expect(drop.code, drop.stderr).toBe(0);
+  // A server on the node's side of the lab bridge: the legacy host-field path must reach it from the node.
+  nodeServer = http.createServer((req, res) => {
+    nodeServerPeer = req.socket.remoteAddress ?? '';
+    res.end('node');
+  });
+  await new Promise<void>((r) => nodeServer?.listen(0, lab.gatewayV4, r));
+  nodeServerPort = (nodeServer.address() as AddressInfo).port;
+});
+
+afterAll(async () => {
+  v6Only?.stdin.end();
+  v6Only?.kill('SIGKILL');
+  nodeServer?.closeAllConnections();
+  nodeServer?.close();
+  await helper?.close();
+  await lab?.destroy();
+});
+
+/** A tiny HTTP server bound to :: with IPV6_V6ONLY inside `pod`: its IPv4 port is closed. */
+async function startV6OnlyServer(pod: LabPod): Promise<number> {
+  const script = `const s=require('node:http').createServer((q,r)=>r.end('v6only'));
+s.listen({port:0,host:'::',ipv6Only:true},()=>console.log(s.address().port));
+process.stdin.on('end',()=>process.exit(0));process.stdin.resume();`;
+  v6Only = spawn('ip', ['netns', 'exec', pod.name, process.execPath, '-e', script]);
+  const line = await new Promise<string>((resolve, reject) => {
+    createInterface({ input: v6Only!.stdout }).once('line', resolve);
+    v6Only!.once('exit', (code) => reject(new Error(`v6-only server exited with ${code}`)));
+  });
+  return Number(line);
+}
+
+function ctx(pod: LabPod, over: Partial<ProbeContext> = {}): ProbeContext {
+  return {
+    netns: pod.netns, podIPs: pod.ips, timeoutSeconds: 1, sockets: helper, nodeSockets,
+    kubeVersion: '1.34', hostFieldPolicy: 'refuse', happyEyeballs: false, ...over,
+  };
+}
+const get = (port: number, path: string, over: Partial<HttpGetHandler> = {}): HttpGetHandler => ({ kind: 'http', port, path, scheme: 'HTTP', headers: [], ...over });
+const probe = (h: ProbeHandler, c: ProbeContext): Promise<ProbeOutcome> => runProbe(h, c);
+
+describe('the node is cut off, the netns path is not', () => {
+  it('from the node (kubelet\'s path) the pod is unreachable; from inside its netns it answers', async () => {
+    const drops = await lab.nodeToPodDrops();
+    const fromNode = await probe({ kind: 'tcp', port: srvA.ports.tcp as number }, ctx(podA, { netns: undefined, sockets: nodeSockets }));
+    expect(fromNode).toMatchObject({ result: 'failure', reason: 'timeout', message: `dial tcp ${podA.ipv4}:${srvA.ports.tcp}: i/o timeout` });
+    expect(await lab.nodeToPodDrops()).toBeGreaterThan(drops);
+    const inside = await probe({ kind: 'tcp', port: srvA.ports.tcp as number }, ctx(podA));
+    expect(inside).toMatchObject({ result: 'success', address: `${podA.ipv4}:${srvA.ports.tcp}` });
+    expect(inside.phases.helper).toBeGreaterThan(0);
+  });
+
+  it('the request comes from the pod\'s own address', async () => {
+    const out = await probe(get(srvA.ports.http as number, '/echo'), ctx(podA));
+    expect(JSON.parse(out.message)).toMatchObject({ remoteAddress: `::ffff:${podA.ipv4}` });
+  });
+});
+
+describe.each([
+  ['IPv4 primary', (p: LabPod) => [p.ipv4, p.ipv6]],
+  ['IPv6 primary', (p: LabPod) => [p.ipv6, p.ipv4]],
+])('kubelet rules in the netns, %s', (_name, order) => {
+  const c = (over: Partial<ProbeContext> = {}): ProbeContext => ctx(podA, { podIPs: order(podA), ...over });
+  const primary = (): string => order(podA)[0] as string;
+  const authority = (port: number): string => (primary().includes(':') ? `[${primary()}]:${port}` : `${primary()}:${port}`);
+
+  it('HTTP 200 with kubelet\'s headers; the failure body never shows', async () => {
+    const port = srvA.ports.http as number;
+    const ok = await probe(get(port, '/echo?x=1', { headers: [{ name: 'x-probe', value: 'a' }, { name: 'X-PROBE', value: 'b' }] }), c());
+    expect(ok.result).toBe('success');
+    const echo = JSON.parse(ok.message) as { url: string; rawHeaders: string[] };
+    expect(echo.url).toBe('/echo?x=1');
+    expect(echo.rawHeaders).toEqual(['host', authority(port), 'connection', 'close', 'User-Agent', 'kube-probe/1.34', 'Accept', '*/*', 'X-Probe', 'a', 'X-Probe', 'b']);
+    const secret = await probe(get(port, '/secret'), c());
+    expect(secret).toMatchObject({ result: 'failure', reason: 'status', message: 'HTTP probe failed with statuscode: 500' });
+    expect(JSON.stringify(secret)).not.toContain('TOP-SECRET');
+  });
+
+  it('HTTP redirects: same host followed, other host a warning, a loop a failure', async () => {
+    const port = srvA.ports.http as number;
+    expect((await probe(get(port, `/redirect?to=${encodeURIComponent('/healthz')}`), c())).result).toBe('success');
+    const other = await probe(get(port, `/redirect?to=${encodeURIComponent(`http://${podB.ipv4}:${port}/`)}&code=301`), c());
+    expect(other).toMatchObject({ result: 'warning' });
+    expect(other.message).toMatch(/^Probe terminated redirects, Response body: redirect to /);
+    expect(await probe(get(port, '/loop'), c())).toMatchObject({ result: 'failure', reason: 'redirects', message: 'Get "/loop": stopped after 10 redirects' });
+  });
+
+  it('HTTPS with the lab\'s self-signed certificate', async () => {
+    const out = await probe(get(srvA.ports.https as number, '/healthz', { scheme: 'HTTPS' }), c());
+    expect(out).toMatchObject({ result: 'success', message: 'ok' });
+    expect(out.phases.tls).toBeGreaterThan(0);
+  });
+
+  it('TCP: open, closed, and a port that accepts and never speaks', async () => {
+    expect((await probe({ kind: 'tcp', port: srvA.ports.tcp as number }, c())).result).toBe('success');
+    expect((await probe({ kind: 'tcp', port: srvA.ports.hang as number }, c())).result).toBe('success');
+    const closed = await probe({ kind: 'tcp', port: 1 }, c());
+    expect(closed).toMatchObject({ result: 'failure', reason: 'refused', message: `dial tcp ${authority(1)}: connect: connection refused` });
+  });
+
+  it('gRPC: SERVING, NOT_SERVING, unknown service', async () => {
+    const port = srvA.ports.grpc as number;
+    expect(await probe({ kind: 'grpc', port }, c())).toMatchObject({ result: 'success', message: 'service healthy' });
+    expect(await probe({ kind: 'grpc', port, service: 'db' }, c())).toMatchObject({ result: 'failure', message: 'service unhealthy (responded with "NOT_SERVING")' });
+    expect((await probe({ kind: 'grpc', port, service: 'nope' }, c())).message).toMatch(/^error: health rpc probe failed: rpc error: code = NotFound/);
+  });
+
+  it('a hung target times out within the timeout (HTTP and gRPC)', async () => {
+    const t0 = performance.now();
+    const [h, g] = await Promise.all([
+      probe(get(srvA.ports.http as number, '/hang'), c()),
+      probe({ kind: 'grpc', port: srvA.ports.hang as number }, c()),
+    ]);
+    expect(performance.now() - t0).toBeLessThan(1500);
+    expect(h).toMatchObject({ result: 'failure', reason: 'timeout' });
+    expect(h.message).toContain('Client.Timeout exceeded while awaiting headers');
+    expect(g).toMatchObject({ result: 'failure', reason: 'timeout', message: `timeout: failed to connect service "${authority(srvA.ports.hang as number)}" within 1s: context deadline exceeded` });
+  });
+});
+
+describe('Happy Eyeballs (pod C)', () => {
+  it('v4 server down, v6 up: fails with HE off (kubelet), passes with HE on', async () => {
+    const off = await probe(get(v6OnlyPort, '/'), ctx(podC));
+    expect(off).toMatchObject({ result: 'failure', reason: 'refused' });
+    const on = await probe(get(v6OnlyPort, '/'), ctx(podC, { happyEyeballs: true }));
+    expect(on).toMatchObject({ result: 'success', message: 'v6only', address: `[${podC.ipv6}]:${v6OnlyPort}` });
+  });
+
+  it('v4 silently dropped: HE off times out, HE on connects over v6 after the 250 ms stagger', async () => {
+    const port = srvC.ports.http as number;
+    const off = await probe({ kind: 'tcp', port }, ctx(podC));
+    expect(off).toMatchObject({ result: 'failure', reason: 'timeout' });
+    const on = await probe({ kind: 'tcp', port }, ctx(podC, { happyEyeballs: true }));
+    expect(on).toMatchObject({ result: 'success', address: `[${podC.ipv6}]:${port}` });
+    expect(on.durationSeconds).toBeGreaterThanOrEqual(0.25);
+    expect(on.durationSeconds).toBeLessThan(0.9);
+    expect(on.phases.connect).toBeGreaterThanOrEqual(0.24);
+  });
+});
+
+describe('host field policy', () => {
+  const port = (): number => srvB.ports.http as number;
+
+  it.each(['127.0.0.1', '::1', 'localhost'])('%s is the pod\'s own loopback', async (host) => {
+    const out = await probe(get(port(), '/healthz', { host }), ctx(podB));
+    expect(out).toMatchObject({ result: 'success', message: 'ok' });
+  });
+
+  it('the pod\'s own IP as host goes to that IP (nothing listens there on a loopback-only server)', async () => {
+    expect(await probe({ kind: 'tcp', port: port(), host: podB.ipv6 }, ctx(podB))).toMatchObject({ result: 'failure', reason: 'refused', address: `[${podB.ipv6}]:${port()}` });
+  });
+
+  it('another host is refused with a reason naming the gate, and nothing is sent', async () => {
+    const drops = await lab.nodeToPodDrops();
+    const out = await probe({ kind: 'tcp', port: srvA.ports.tcp as number, host: podA.ipv4 }, ctx(podB));
+    expect(out).toMatchObject({ result: 'error', reason: 'host-refused' });
+    expect(out.message).toContain('LegacyHostFieldProbes');
+    expect(await lab.nodeToPodDrops()).toBe(drops);
+  });
+
+  it('legacy-node: that probe alone runs from the node, exactly like kubelet', async () => {
+    const out = await probe(get(nodeServerPort, '/', { host: lab.gatewayV4 }), ctx(podB, { hostFieldPolicy: 'legacy-node' }));
+    expect(out).toMatchObject({ result: 'success', message: 'node', address: `${lab.gatewayV4}:${nodeServerPort}` });
+    expect(nodeServerPeer).toBe(lab.gatewayV4);
+    // ...and so it meets the node->pod rule like kubelet does.
+    const drops = await lab.nodeToPodDrops();
+    const blocked = await probe({ kind: 'tcp', port: srvA.ports.tcp as number, host: podA.ipv4 }, ctx(podB, { hostFieldPolicy: 'legacy-node' }));
+    expect(blocked).toMatchObject({ result: 'failure', reason: 'timeout' });
+    expect(await lab.nodeToPodDrops()).toBeGreaterThan(drops);
+  });
+});
+
+describe('netns trouble', () => {
+  it('a netns that is gone is an error, not a failure', async () => {
+    const out = await probe({ kind: 'tcp', port: 80 }, ctx(podA, { netns: `/run/netns/${podA.name}-gone` }));
+    expect(out).toMatchObject({ result: 'error', reason: 'netns-gone' });
+  });
+});
