@@ -32,7 +32,7 @@ export const PHASE_BUCKETS: readonly number[] = [
 /** Every FailureReason, for label validation (a label must never carry anything else). */
 export const FAILURE_REASONS: readonly FailureReason[] = [
   'refused', 'timeout', 'reset', 'unreachable', 'status', 'redirects', 'tls', 'protocol', 'grpc-status',
-  'grpc-unimplemented', 'grpc-not-serving', 'netns-gone', 'netns-denied', 'helper-error', 'host-refused',
+  'grpc-unimplemented', 'grpc-not-serving', 'netns-gone', 'netns-denied', 'netns-unresolved', 'unsupported-pod', 'helper-error', 'host-refused',
   'port-unresolved', 'invalid-spec', 'queue-full', 'other',
 ];
 const REASONS = new Set<string>(FAILURE_REASONS);

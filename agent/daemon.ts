@@ -1,0 +1,244 @@
+/**
+ * `probe-agent run`: wires the pod source, netns resolution, the helper, the probe workers, the
+ * results store, the ProbeService socket and the metrics/health listener, and shuts them down in
+ * order on SIGTERM (stop taking work, drain, exit 0 within the grace period).
+ */
+import type { RunConfig } from './cli/run-command.ts';
+import { describeError } from './errors.ts';
+import { createLogger, type Logger } from './log.ts';
+import { ProbeApiServer } from './api/server.ts';
+import { ProbeApiClient } from './api/client.ts';
+import { createMetrics } from './metrics/registry.ts';
+import { logProbeTransitions } from './metrics/probe-metrics.ts';
+import { freshnessCheck, HealthRegistry } from './metrics/health.ts';
+import { startMetricsServer, type MetricsServer } from './metrics/http-server.ts';
+import { ResidentHelper } from './netns/helper.ts';
+import { NodeSocketFactory } from './netns/node-sockets.ts';
+import { NetnsResolverChain, type NetnsResolver } from './netns/resolver.ts';
+import { CriResolver } from './netns/cri-resolver.ts';
+import { detectCriEndpoint } from './netns/cri-endpoint.ts';
+import { ProcfsResolver } from './netns/procfs-resolver.ts';
+import { AddressResolver } from './netns/address-resolver.ts';
+import { NetnsPathChecker } from './netns/netns-path.ts';
+import { KubeletClient } from './pods/kubelet-client.ts';
+import { classifyPod } from './pods/pod-model.ts';
+import { PodSource } from './pods/source.ts';
+import type { PodInfo } from './pods/types.ts';
+import { PodProber } from './pod-prober.ts';
+import { FairLimiter } from './scheduler/limiter.ts';
+import { ProbeManager } from './scheduler/manager.ts';
+import { ResultsStore } from './scheduler/results-store.ts';
+import { AGENT_VERSION, API_VERSION } from './version.ts';
+
+/** A running agent; stop() is what SIGTERM does. */
+export interface Daemon {
+  stop(reason: string): Promise<void>;
+  readonly stopped: Promise<void>;
+}
+
+/** Kubelet is considered unreachable for readiness after this many poll intervals without success. */
+const STALE_AFTER_POLLS = 6;
+
+/** Starts the agent; resolves once every listener is up (the first kubelet poll may still be running). */
+export async function startDaemon(config: RunConfig, opts: { installSignalHandlers?: boolean } = {}): Promise<Daemon> {
+  const log = createLogger({ level: config.logLevel, format: config.logFormat });
+  const gates = config.featureGates;
+  log.info('starting probe-agent', {
+    version: AGENT_VERSION,
+    node: process.version,
+    nodeName: config.nodeName,
+    kubelet: config.kubeletUrl,
+    resolvers: config.netnsResolvers.join(','),
+    featureGates: Object.fromEntries(gates.list().map((g) => [g.name, g.enabled])),
+  });
+
+  const metrics = createMetrics({ gates, version: AGENT_VERSION, apiVersion: API_VERSION, log });
+  const cleanups: (() => Promise<void> | void)[] = [];
+  try {
+    const helperMode = gates.enabled('WarmNetnsHelper') ? 'warm' : 'resident';
+    const helper = await ResidentHelper.start({
+      helperPath: config.helperPath,
+      allowDirs: config.netnsDirs,
+      warm: gates.enabled('WarmNetnsHelper'),
+      log,
+      // The limiter bounds probes; the helper's own cap only guards against a limiter bug.
+      maxInFlight: config.maxConcurrentProbes * 2,
+      onRestart: () => metrics.agent.helperRestart(),
+      onRequest: (seconds, ok) => metrics.agent.helperSpawn(seconds, ok, helperMode),
+    });
+    cleanups.push(() => helper.close());
+
+    const resolver = new NetnsResolverChain(await buildResolvers(config, log), {
+      log,
+      onResolve: (name, outcome, seconds) => metrics.agent.netnsResolve(name, outcome, seconds),
+    });
+    const store = new ResultsStore();
+    logProbeTransitions(store, log);
+    metrics.agent.setResultsSource(store);
+    const limiter = new FairLimiter({ maxInFlight: config.maxConcurrentProbes, maxQueued: config.maxQueuedProbes });
+    metrics.agent.setLimiterSource(() => ({ inFlight: limiter.inFlight, queued: limiter.queued }));
+
+    const client = new KubeletClient({
+      url: config.kubeletUrl,
+      caFile: config.kubeletCaFile,
+      insecureTLS: config.kubeletInsecureTls,
+      tlsServerName: config.kubeletTlsServerName,
+      tokenFile: config.kubeletTokenFile,
+      timeoutMs: config.kubeletTimeoutMs,
+      maxResponseBytes: config.kubeletMaxResponseBytes,
+      log,
+    });
+    cleanups.push(() => client.close());
+    const source = new PodSource({
+      client,
+      pollIntervalMs: config.kubeletPollIntervalMs,
+      log,
+      onPoll: (seconds, errorKind) => metrics.agent.kubeletPoll(seconds, errorKind),
+    });
+
+    const classify = (pod: PodInfo) => classifyPod(pod, { sandboxedRuntimeClasses: config.sandboxedRuntimeHandlers });
+    const prober = new PodProber({
+      pods: source,
+      resolver,
+      limiter,
+      sockets: helper,
+      nodeSockets: new NodeSocketFactory(),
+      gates,
+      kubeVersion: config.kubeProbeVersion,
+      classify,
+      log,
+    });
+    const manager = new ProbeManager({
+      runProbe: prober.runForWorker,
+      store,
+      classify,
+      limiter,
+      observer: metrics.probeObserver,
+      logger: log,
+    });
+    cleanups.push(() => manager.stop());
+
+    source.on('snapshot', (snap) => {
+      manager.sync(snap.pods);
+      const notOurs: Record<string, number> = {};
+      for (const n of manager.notOurs()) notOurs[n.reason] = (notOurs[n.reason] ?? 0) + 1;
+      metrics.agent.setPodCounts({ ours: snap.pods.length - manager.notOurs().length, notOurs });
+    });
+    source.on('diff', (diff) => {
+      for (const pod of diff.removed) prober.forget(pod.uid);
+    });
+
+    const api = await ProbeApiServer.start({
+      results: store,
+      prober,
+      featureGates: gates.list(),
+      socketPath: config.socket,
+      socketGroup: config.socketGroup,
+      reflection: config.grpcReflection,
+      maxInFlightProbes: config.maxConcurrentProbes,
+      shutdownGraceMs: config.shutdownGracePeriodMs,
+      log,
+      onRpc: (method, code, seconds) => metrics.agent.grpcRequest(method, code, seconds),
+    });
+    cleanups.push(() => api.stop());
+
+    const health = new HealthRegistry({ log });
+    const staleBound = (config.kubeletPollIntervalMs * STALE_AFTER_POLLS) / 1000 + config.kubeletTimeoutMs / 1000;
+    health.addReadiness('kubelet', freshnessCheck('kubelet poll', () => source.lastSuccess, staleBound));
+    // A real Version call over the socket: proves the file is there, bound and answering.
+    const selfClient = new ProbeApiClient(config.socket);
+    cleanups.push(() => selfClient.close());
+    health.addReadiness('grpc', async () => {
+      await selfClient.version(1500);
+    }, { timeoutMs: 2000, cacheMs: 5000 });
+    health.addReadiness('helper', () => helper.selfTest(), { timeoutMs: 2000, cacheMs: 5000 });
+    cleanups.push(() => health.close());
+
+    let metricsServer: MetricsServer | undefined;
+    if (config.metricsAddress) {
+      metricsServer = await startMetricsServer({
+        address: config.metricsAddress,
+        registry: metrics.registry,
+        probesRegistry: metrics.probesRegistry,
+        health,
+        log,
+      });
+      const ms = metricsServer;
+      cleanups.push(() => ms.close());
+    }
+
+    source.start();
+    log.info('probe-agent running', { socket: config.socket, metrics: config.metricsAddress ? `${config.metricsAddress.host}:${config.metricsAddress.port}` : 'off' });
+
+    let resolveStopped!: () => void;
+    const stopped = new Promise<void>((r) => (resolveStopped = r));
+    let stopping: Promise<void> | undefined;
+    const stop = (reason: string): Promise<void> => {
+      stopping ??= (async () => {
+        log.info('shutting down', { reason, gracePeriodMs: config.shutdownGracePeriodMs });
+        health.markShuttingDown();
+        source.stop();
+        // API first (NOT_SERVING, drain in-flight calls) while workers finish their last runs.
+        await Promise.allSettled([api.stop(), manager.stop()]);
+        await runCleanups(cleanups, log);
+        log.info('probe-agent stopped');
+        resolveStopped();
+      })();
+      return stopping;
+    };
+    if (opts.installSignalHandlers !== false) {
+      for (const sig of ['SIGTERM', 'SIGINT'] as const) {
+        process.once(sig, () => {
+          const timer = setTimeout(() => {
+            log.error('shutdown grace period exceeded, exiting', { gracePeriodMs: config.shutdownGracePeriodMs });
+            process.exit(1);
+          }, config.shutdownGracePeriodMs + 2000);
+          timer.unref();
+          void stop(sig).then(() => process.exit(0));
+        });
+      }
+    }
+    return { stop, stopped };
+  } catch (err) {
+    log.error('probe-agent failed to start', { err: describeError(err) });
+    await runCleanups(cleanups, log);
+    throw err;
+  }
+}
+
+async function runCleanups(cleanups: (() => Promise<void> | void)[], log: Logger): Promise<void> {
+  for (const cleanup of cleanups.reverse()) {
+    try {
+      await cleanup();
+    } catch (err) {
+      log.warn('cleanup failed', { err: describeError(err) });
+    }
+  }
+  cleanups.length = 0;
+}
+
+/** Builds the configured resolvers in order; a CRI endpoint that cannot be detected is skipped with a warning. */
+async function buildResolvers(config: RunConfig, log: Logger): Promise<NetnsResolver[]> {
+  const pathChecker = new NetnsPathChecker({ extraDirs: config.netnsDirs, procRoot: config.procRoot });
+  const out: NetnsResolver[] = [];
+  for (const name of config.netnsResolvers) {
+    if (name === 'cri') {
+      let endpoint = config.criEndpoint;
+      if (!endpoint) {
+        try {
+          endpoint = (await detectCriEndpoint({ log })).endpoint;
+        } catch (err) {
+          log.warn('no CRI runtime found; the cri resolver is off until restart', { err: describeError(err) });
+          continue;
+        }
+      }
+      out.push(new CriResolver({ client: endpoint, sandboxedRuntimeHandlers: config.sandboxedRuntimeHandlers, pathChecker }));
+    } else if (name === 'procfs') {
+      out.push(new ProcfsResolver({ procRoot: config.procRoot, pathChecker, sandboxedRuntimeClasses: config.sandboxedRuntimeHandlers }));
+    } else {
+      out.push(new AddressResolver({ pathChecker, sandboxedRuntimeClasses: config.sandboxedRuntimeHandlers }));
+    }
+  }
+  if (out.length === 0) log.warn('no netns resolver available: every probe will report netns-unresolved');
+  return out;
+}

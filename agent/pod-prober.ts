@@ -1,0 +1,167 @@
+/**
+ * Runs probes for pods known on this node: resolves the pod's netns, builds the probe context
+ * (pod IPs, container ports, gates) and calls the probers. Workers use runForWorker (the worker
+ * takes its own limiter slot); the API's one-shot Probe RPC uses probe(), which takes one here.
+ */
+import {
+  describeError,
+  InvalidProbeError,
+  NetnsUnavailableError,
+  PodNotFoundError,
+  UnsupportedPodError,
+} from './errors.ts';
+import type { FeatureGates } from './featuregates.ts';
+import { silentLogger, type Logger } from './log.ts';
+import type { NetnsResolverChain, PodRef } from './netns/resolver.ts';
+import type { ContainerInfo, NotOursReason, PodInfo } from './pods/types.ts';
+import { runProbe } from './probe/run.ts';
+import type { ProbeContext, ProbeHandler, ProbeOutcome, SocketFactory } from './probe/types.ts';
+import { errorOutcome, type RunProbe } from './scheduler/guarded-run.ts';
+import type { FairLimiter } from './scheduler/limiter.ts';
+import type { OnDemandProber, OnDemandProbeRequest } from './scheduler/types.ts';
+
+/** Where the prober finds pods (the pod source's last good set). */
+export interface PodLookup {
+  get(uid: string): PodInfo | undefined;
+  pods(): PodInfo[];
+}
+
+/** Dependencies of PodProber. */
+export interface PodProberOptions {
+  pods: PodLookup;
+  resolver: NetnsResolverChain;
+  limiter: FairLimiter;
+  sockets: SocketFactory;
+  nodeSockets: SocketFactory;
+  gates: FeatureGates;
+  kubeVersion: string;
+  classify: (pod: PodInfo) => NotOursReason | undefined;
+  log?: Logger;
+}
+
+/** Pod reasons the API refuses with FAILED_PRECONDITION (exec-only and probe-less pods are fine on demand). */
+const UNPROBEABLE: ReadonlySet<NotOursReason> = new Set(['host-network', 'sandboxed-runtime']);
+
+/** Runs probes inside the netns of pods known on this node. */
+export class PodProber implements OnDemandProber {
+  readonly #o: PodProberOptions;
+  readonly #log: Logger;
+  /** sandbox ID -> pod UID, learnt from CRI resolutions (the API may name a pod by its sandbox). */
+  readonly #sandboxes = new Map<string, string>();
+
+  constructor(opts: PodProberOptions) {
+    this.#o = opts;
+    this.#log = (opts.log ?? silentLogger).child({ component: 'prober' });
+  }
+
+  /** The RunProbe workers call: never throws; netns trouble becomes an 'error' outcome with a reason. */
+  readonly runForWorker: RunProbe = async (pod, container, spec, signal) => {
+    let netns: string;
+    try {
+      netns = await this.#resolve(pod, signal);
+    } catch (err) {
+      const reason = err instanceof UnsupportedPodError ? 'unsupported-pod' : 'netns-unresolved';
+      return errorOutcome(reason, describeError(err));
+    }
+    return this.#run(pod, container, spec.handler, spec.timeoutSeconds, netns, signal);
+  };
+
+  /** One-shot probe for the API; rejects with the typed errors the API maps to status codes. */
+  async probe(req: OnDemandProbeRequest, signal?: AbortSignal): Promise<ProbeOutcome> {
+    const pod = this.#find(req);
+    const reason = this.#o.classify(pod);
+    if (reason !== undefined && UNPROBEABLE.has(reason)) {
+      throw new UnsupportedPodError(`pod ${pod.namespace}/${pod.name} is ${reason}: its probes stay with kubelet`, { uid: pod.uid, reason });
+    }
+    if (req.handler.kind === 'exec') throw new InvalidProbeError('handler: exec probes are run by kubelet, not by probe-agent');
+    let container: ContainerInfo | undefined;
+    if (req.containerName) {
+      container = pod.containers.find((c) => c.name === req.containerName);
+      if (!container) throw new PodNotFoundError(`container "${req.containerName}" not found in pod ${pod.namespace}/${pod.name}`, { uid: pod.uid });
+    }
+    const netns = await this.#resolve(pod, signal);
+    const { value } = await this.#o.limiter.run(
+      pod.uid,
+      () => this.#run(pod, container, req.handler, req.timeoutSeconds, netns, signal),
+      signal,
+    );
+    return value;
+  }
+
+  /** Forgets what was learnt about a pod (it is gone). */
+  forget(uid: string): void {
+    this.#o.resolver.invalidate(uid);
+    for (const [sandbox, owner] of this.#sandboxes) if (owner === uid) this.#sandboxes.delete(sandbox);
+  }
+
+  #find(req: OnDemandProbeRequest): PodInfo {
+    const { pods } = this.#o;
+    let pod: PodInfo | undefined;
+    let asked: string;
+    if (req.podUID) {
+      asked = `uid ${req.podUID}`;
+      pod = pods.get(req.podUID);
+    } else if (req.podSandboxID) {
+      asked = `sandbox ${req.podSandboxID}`;
+      const uid = this.#sandboxes.get(req.podSandboxID);
+      pod = uid === undefined ? undefined : pods.get(uid);
+    } else if (req.podNamespace && req.podName) {
+      asked = `${req.podNamespace}/${req.podName}`;
+      pod = pods.pods().find((p) => p.namespace === req.podNamespace && p.name === req.podName);
+    } else {
+      throw new InvalidProbeError('name the pod: pod_uid, pod_sandbox_id, or namespace and name');
+    }
+    if (!pod) throw new PodNotFoundError(`pod ${asked} is not known on this node`, { pod: asked });
+    return pod;
+  }
+
+  async #resolve(pod: PodInfo, signal?: AbortSignal): Promise<string> {
+    const ref: PodRef = {
+      uid: pod.uid,
+      namespace: pod.namespace,
+      name: pod.name,
+      podIPs: pod.podIPs,
+      runtimeClassName: pod.runtimeClassName,
+    };
+    if (pod.hostNetwork) throw new UnsupportedPodError(`pod ${pod.namespace}/${pod.name} uses hostNetwork`, { uid: pod.uid });
+    try {
+      const res = await this.#o.resolver.resolve(ref, signal);
+      if (res.sandboxID) this.#sandboxes.set(res.sandboxID, pod.uid);
+      return res.path;
+    } catch (err) {
+      if (err instanceof UnsupportedPodError || err instanceof NetnsUnavailableError) throw err;
+      throw new NetnsUnavailableError(`cannot resolve the netns of pod ${pod.namespace}/${pod.name}: ${describeError(err)}`, { uid: pod.uid }, { cause: err });
+    }
+  }
+
+  async #run(
+    pod: PodInfo,
+    container: ContainerInfo | undefined,
+    handler: ProbeHandler,
+    timeoutSeconds: number,
+    netns: string,
+    signal?: AbortSignal,
+  ): Promise<ProbeOutcome> {
+    const { gates } = this.#o;
+    const ctx: ProbeContext = {
+      netns,
+      podIPs: pod.podIPs,
+      containerPorts: container?.ports,
+      timeoutSeconds,
+      sockets: this.#o.sockets,
+      nodeSockets: this.#o.nodeSockets,
+      kubeVersion: this.#o.kubeVersion,
+      hostFieldPolicy: gates.enabled('LegacyHostFieldProbes') ? 'legacy-node' : 'refuse',
+      happyEyeballs: gates.enabled('HappyEyeballs'),
+      signal,
+    };
+    const outcome = await runProbe(handler, ctx);
+    if (outcome.reason === 'netns-gone') {
+      // The pod's sandbox was replaced or removed: resolve afresh next time.
+      this.#o.resolver.invalidate(pod.uid);
+      this.#log.debug('netns gone, cache dropped', { pod: `${pod.namespace}/${pod.name}` });
+    }
+    if (!gates.enabled('ProbePhaseTimings')) return { ...outcome, phases: { total: outcome.phases.total } };
+    return outcome;
+  }
+}
