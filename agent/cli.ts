@@ -14,7 +14,11 @@ const program = new Command()
   .description('Runs Kubernetes TCP/HTTP/gRPC probes inside each pod network namespace (KEP-4559, outside kubelet).')
   .version(`${AGENT_NAME} ${AGENT_VERSION} (api ${API_VERSION}, node ${process.version})`, '--version')
   .showHelpAfterError()
-  .enablePositionalOptions();
+  .enablePositionalOptions()
+  // Usage errors exit 2 ("could not run"); set before the subcommands, which inherit it.
+  .exitOverride((err) => {
+    process.exit(err.exitCode === 0 ? 0 : 2);
+  });
 
 registerRunCommand(program);
 registerProbeCommand(program);
@@ -31,10 +35,5 @@ program
       process.stdout.write(`${name}=${spec.default} ${spec.stage}${lock}\n  ${spec.description}\n`);
     }
   });
-
-// Usage errors exit 2, like the probe command's "could not run".
-program.exitOverride((err) => {
-  process.exit(err.exitCode === 0 ? 0 : 2);
-});
 
 await program.parseAsync(process.argv);

@@ -68,7 +68,7 @@ export function addKubeletAndNetnsFlags(cmd: Command): Command {
     .addOption(flag('--kubelet-request-timeout <duration>', 'timeout of one GET /pods', '10s'))
     .addOption(flag('--kubelet-tls-server-name <name>', "name to verify the kubelet's certificate against when the URL holds an IP (often the node name)"))
     .addOption(flag('--kubelet-max-response-bytes <n>', 'largest PodList accepted', String(64 * 1024 * 1024)))
-    .addOption(flag('--node-name <name>', 'this node (default $NODE_NAME); pods of other nodes are ignored'))
+    .addOption(flag('--node-name <name>', 'this node (default $NODE_NAME), for logs'))
     .addOption(flag('--cri-endpoint <endpoint>', 'CRI runtime socket (default: auto-detect containerd, then CRI-O)'))
     .addOption(flag('--netns-resolvers <list>', 'ordered netns resolvers: cri,procfs,address', 'cri,procfs,address'))
     .addOption(flag('--netns-dir <dir...>', 'extra directories netns files may live in (besides /run/netns, /var/run/netns)'))
