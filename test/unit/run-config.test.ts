@@ -1,0 +1,75 @@
+/** `probe-agent run` flag validation: clear errors at start, defaults as documented. */
+import { describe, expect, it } from 'vitest';
+import { parseListenAddress, parseRunConfig } from '../../agent/cli/run-command.ts';
+import { parseDuration } from '../../agent/cli/duration.ts';
+import { ConfigError } from '../../agent/errors.ts';
+
+const base = {
+  kubeletUrl: 'https://$HOST_IP:10250',
+  kubeletPollInterval: '5s',
+  kubeletRequestTimeout: '10s',
+  kubeletMaxResponseBytes: '67108864',
+  netnsResolvers: 'cri,procfs,address',
+  procRoot: '/proc',
+  sandboxedRuntimeHandlers: 'runsc,kata',
+  socket: '/run/probe-agent/probe.sock',
+  metricsAddress: '127.0.0.1:9809',
+  logLevel: 'info',
+  logFormat: 'json',
+  kubeProbeVersion: '1.34',
+  maxConcurrentProbes: '64',
+  maxQueuedProbes: '4096',
+  shutdownGracePeriod: '10s',
+};
+
+describe('parseRunConfig', () => {
+  it('fills the kubelet URL from HOST_IP (IPv6 bracketed)', () => {
+    expect(parseRunConfig(base, { HOST_IP: '192.0.2.7' }).kubeletUrl).toBe('https://192.0.2.7:10250');
+    expect(parseRunConfig(base, { HOST_IP: 'fd00::7' }).kubeletUrl).toBe('https://[fd00::7]:10250');
+  });
+
+  it('refuses the $HOST_IP default when HOST_IP is unset, naming the fix', () => {
+    expect(() => parseRunConfig(base, {})).toThrow(/HOST_IP.*--kubelet-url/);
+  });
+
+  it.each([
+    [{ netnsResolvers: 'cri,dns' }, /unknown resolver "dns"/],
+    [{ netnsResolvers: 'cri,cri' }, /listed twice/],
+    [{ kubeletUrl: 'ftp://x' }, /want http\(s\)/],
+    [{ kubeletPollInterval: 'soon' }, /--kubelet-poll-interval: invalid duration/],
+    [{ logLevel: 'loud' }, /--log-level/],
+    [{ logFormat: 'xml' }, /--log-format/],
+    [{ maxConcurrentProbes: '0' }, /--max-concurrent-probes/],
+    [{ socket: 'relative.sock' }, /--socket: want an absolute path/],
+    [{ metricsAddress: 'localhost' }, /--metrics-address/],
+    [{ kubeProbeVersion: 'v1' }, /--kube-probe-version/],
+    [{ featureGates: 'Nope=true' }, /unknown feature gate "Nope"/],
+    [{ featureGates: 'InNamespaceProbes=false' }, /locked/],
+  ])('rejects %o', (override, message) => {
+    expect(() => parseRunConfig({ ...base, ...override }, { HOST_IP: '192.0.2.7' })).toThrow(ConfigError);
+    expect(() => parseRunConfig({ ...base, ...override }, { HOST_IP: '192.0.2.7' })).toThrow(message);
+  });
+
+  it('maps -v onto a log level and keeps gate overrides', () => {
+    const cfg = parseRunConfig({ ...base, verbosity: '4', featureGates: 'HappyEyeballs=false' }, { HOST_IP: '192.0.2.7' });
+    expect(cfg.logLevel).toBe('debug');
+    expect(cfg.featureGates.enabled('HappyEyeballs')).toBe(false);
+  });
+
+  it('disables the metrics listener with an empty address', () => {
+    expect(parseListenAddress('', 'metrics-address')).toBeUndefined();
+    expect(parseListenAddress('[::1]:9809', 'metrics-address')).toEqual({ host: '::1', port: 9809 });
+  });
+});
+
+describe('parseDuration', () => {
+  it.each([
+    ['500ms', 500],
+    ['5s', 5000],
+    ['1m30s', 90_000],
+    ['2', 2000],
+    ['1.5s', 1500],
+  ])('%s = %d ms', (text, ms) => expect(parseDuration(text)).toBe(ms));
+
+  it.each(['', 's', '5x', '5s3', '-1s'])('refuses %j', (text) => expect(() => parseDuration(text)).toThrow(ConfigError));
+});
