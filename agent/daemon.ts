@@ -14,12 +14,8 @@ import { freshnessCheck, HealthRegistry } from './metrics/health.ts';
 import { startMetricsServer, type MetricsServer } from './metrics/http-server.ts';
 import { ResidentHelper } from './netns/helper.ts';
 import { NodeSocketFactory } from './netns/node-sockets.ts';
-import { NetnsResolverChain, type NetnsResolver } from './netns/resolver.ts';
-import { CriResolver } from './netns/cri-resolver.ts';
-import { detectCriEndpoint } from './netns/cri-endpoint.ts';
-import { ProcfsResolver } from './netns/procfs-resolver.ts';
-import { AddressResolver } from './netns/address-resolver.ts';
-import { NetnsPathChecker } from './netns/netns-path.ts';
+import { NetnsResolverChain } from './netns/resolver.ts';
+import { buildResolvers } from './netns/build-resolvers.ts';
 import { KubeletClient } from './pods/kubelet-client.ts';
 import { classifyPod } from './pods/pod-model.ts';
 import { PodSource } from './pods/source.ts';
@@ -68,7 +64,10 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     });
     cleanups.push(() => helper.close());
 
-    const resolver = new NetnsResolverChain(await buildResolvers(config, log), {
+    const built = await buildResolvers(config, log);
+    cleanups.push(built.close);
+    if (built.resolvers.length === 0) log.warn('no netns resolver available: every probe will report netns-unresolved');
+    const resolver = new NetnsResolverChain(built.resolvers, {
       log,
       onResolve: (name, outcome, seconds) => metrics.agent.netnsResolve(name, outcome, seconds),
     });
@@ -215,30 +214,4 @@ async function runCleanups(cleanups: (() => Promise<void> | void)[], log: Logger
     }
   }
   cleanups.length = 0;
-}
-
-/** Builds the configured resolvers in order; a CRI endpoint that cannot be detected is skipped with a warning. */
-async function buildResolvers(config: RunConfig, log: Logger): Promise<NetnsResolver[]> {
-  const pathChecker = new NetnsPathChecker({ extraDirs: config.netnsDirs, procRoot: config.procRoot });
-  const out: NetnsResolver[] = [];
-  for (const name of config.netnsResolvers) {
-    if (name === 'cri') {
-      let endpoint = config.criEndpoint;
-      if (!endpoint) {
-        try {
-          endpoint = (await detectCriEndpoint({ log })).endpoint;
-        } catch (err) {
-          log.warn('no CRI runtime found; the cri resolver is off until restart', { err: describeError(err) });
-          continue;
-        }
-      }
-      out.push(new CriResolver({ client: endpoint, sandboxedRuntimeHandlers: config.sandboxedRuntimeHandlers, pathChecker }));
-    } else if (name === 'procfs') {
-      out.push(new ProcfsResolver({ procRoot: config.procRoot, pathChecker, sandboxedRuntimeClasses: config.sandboxedRuntimeHandlers }));
-    } else {
-      out.push(new AddressResolver({ pathChecker, sandboxedRuntimeClasses: config.sandboxedRuntimeHandlers }));
-    }
-  }
-  if (out.length === 0) log.warn('no netns resolver available: every probe will report netns-unresolved');
-  return out;
 }

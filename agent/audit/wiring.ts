@@ -6,14 +6,10 @@
 import { ProbeAgentError, describeError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
 import type { RunConfig } from '../cli/run-command.ts';
-import { AddressResolver } from '../netns/address-resolver.ts';
-import { detectCriEndpoint } from '../netns/cri-endpoint.ts';
-import { CriResolver } from '../netns/cri-resolver.ts';
 import { ResidentHelper } from '../netns/helper.ts';
-import { NetnsPathChecker } from '../netns/netns-path.ts';
 import { NodeSocketFactory } from '../netns/node-sockets.ts';
-import { ProcfsResolver } from '../netns/procfs-resolver.ts';
-import { NetnsResolverChain, type NetnsResolver } from '../netns/resolver.ts';
+import { NetnsResolverChain } from '../netns/resolver.ts';
+import { buildResolvers } from '../netns/build-resolvers.ts';
 import { KubeletClient } from '../pods/kubelet-client.ts';
 import { parsePodList } from '../pods/pod-model.ts';
 import type { SocketFactory } from '../probe/types.ts';
@@ -58,7 +54,12 @@ export async function runAudit(config: RunConfig, opts: RunAuditOptions = {}): P
 
   const closers: (() => Promise<void> | void)[] = [];
   try {
-    const chain = new NetnsResolverChain(await buildResolvers(config, log, closers), { log });
+    const built = await buildResolvers(config, log);
+    closers.push(built.close);
+    if (built.resolvers.length === 0) {
+      throw new AuditSetupError(`no usable netns resolver (configured: ${config.netnsResolvers.join(', ')}): give --cri-endpoint or add procfs/address to --netns-resolvers`);
+    }
+    const chain = new NetnsResolverChain(built.resolvers, { log });
     let helper: Promise<ResidentHelper> | undefined;
     const netnsSockets = (): Promise<SocketFactory> => {
       helper ??= ResidentHelper.start({
@@ -93,36 +94,3 @@ export async function runAudit(config: RunConfig, opts: RunAuditOptions = {}): P
   }
 }
 
-/**
- * The resolvers in --netns-resolvers order. An auto-detected CRI runtime that is not there is
- * skipped with a warning (the fallbacks may still work); an explicit --cri-endpoint is used as given.
- */
-async function buildResolvers(config: RunConfig, log: Logger, closers: (() => void)[]): Promise<NetnsResolver[]> {
-  const checker = new NetnsPathChecker({ extraDirs: config.netnsDirs, procRoot: config.procRoot });
-  const sandboxed = config.sandboxedRuntimeHandlers;
-  const out: NetnsResolver[] = [];
-  for (const name of config.netnsResolvers) {
-    if (name === 'cri') {
-      let endpoint = config.criEndpoint;
-      if (!endpoint) {
-        try {
-          endpoint = (await detectCriEndpoint({ log })).endpoint;
-        } catch (err) {
-          log.warn('no CRI runtime found; the cri netns resolver is skipped', { err: describeError(err) });
-          continue;
-        }
-      }
-      const cri = new CriResolver({ client: endpoint, sandboxedRuntimeHandlers: sandboxed, pathChecker: checker });
-      closers.push(() => cri.client.close());
-      out.push(cri);
-    } else if (name === 'procfs') {
-      out.push(new ProcfsResolver({ procRoot: config.procRoot, pathChecker: checker, sandboxedRuntimeClasses: sandboxed }));
-    } else {
-      out.push(new AddressResolver({ pathChecker: checker, sandboxedRuntimeClasses: sandboxed }));
-    }
-  }
-  if (out.length === 0) {
-    throw new AuditSetupError(`no usable netns resolver (configured: ${config.netnsResolvers.join(', ')}): give --cri-endpoint or add procfs/address to --netns-resolvers`);
-  }
-  return out;
-}
