@@ -17,13 +17,19 @@
 #define NETNS_PATH_MAX 4096
 #define ALLOW_DIR_MAX 1024
 #define MAX_ALLOW_DIRS 16
+/* Short enough that an error message naming it twice fits in ns_result.msg. */
+#define PROC_ROOT_MAX 128
 /* Ids travel as JSON numbers: keep them exactly representable as a JS number. */
 #define MAX_REQUEST_ID 9007199254740991ULL
 
-/* Directories whose direct entries may name a netns (plus /proc/<pid>/ns/net). */
+/*
+ * Where a netns may be named: directories whose direct entries may name one, and the proc root
+ * (default /proc; e.g. /host/proc in a container) whose <pid>/ns/net entries may.
+ */
 struct allow_dirs {
   size_t n;
   char dirs[MAX_ALLOW_DIRS][ALLOW_DIR_MAX];
+  char proc_root[PROC_ROOT_MAX];
 };
 
 /* Why a socket could not be made: the stage that failed, its errno and a message. */
@@ -42,6 +48,9 @@ void ns_fail_errno(struct ns_result *r, const char *stage, int err);
 const char *errno_name(int err);
 int allow_dirs_init(struct allow_dirs *a);
 int allow_dirs_add(struct allow_dirs *a, const char *dir, const char **why);
+int allow_dirs_set_proc_root(struct allow_dirs *a, const char *dir, const char **why);
+int allow_dirs_overlap(const struct allow_dirs *a);
+int proc_root_check_fs(const struct allow_dirs *a, const char **why);
 enum path_kind netns_check_path(const char *path, const struct allow_dirs *a, struct ns_result *r, size_t *dir_index);
 int netns_open(const char *path, const struct allow_dirs *a, struct ns_result *r);
 int netns_make_socket(const char *path, int family, const struct allow_dirs *a, struct ns_result *r);

@@ -3,7 +3,7 @@
  * netns resolver chain in the configured order, and the resident helper (started only when some
  * probe needs it). Anything that stops the audit as a whole rejects with AuditSetupError (exit 2).
  */
-import { ProbeAgentError, describeError } from '../errors.ts';
+import { ProbeAgentError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
 import type { RunConfig } from '../cli/run-command.ts';
 import { ResidentHelper } from '../netns/helper.ts';
