@@ -55,6 +55,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     const helper = await ResidentHelper.start({
       helperPath: config.helperPath,
       allowDirs: config.netnsDirs,
+      procRoot: config.procRoot,
       warm: gates.enabled('WarmNetnsHelper'),
       log,
       // The limiter bounds probes; the helper's own cap only guards against a limiter bug.
@@ -177,7 +178,8 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
         log.info('shutting down', { reason, gracePeriodMs: config.shutdownGracePeriodMs });
         health.markShuttingDown();
         source.stop();
-        // API first (NOT_SERVING, drain in-flight calls) while workers finish their last runs.
+        // The API goes NOT_SERVING and drains its in-flight calls; workers stop (their in-flight probes are
+        // aborted) while results stay in the store, so watchers see no burst of removals.
         await Promise.allSettled([api.stop(), manager.stop()]);
         await runCleanups(cleanups, log);
         log.info('probe-agent stopped');
