@@ -15,14 +15,17 @@
 #include <unistd.h>
 
 static const char USAGE[] =
-    "usage: probe-agent-netns-helper --resident [--allow-dir DIR]... [--max-children N]\n"
+    "usage: probe-agent-netns-helper --resident [--allow-dir DIR]... [--proc-root DIR] [--max-children N]\n"
     "                                [--child-timeout-ms MS] [--warm]\n"
     "       probe-agent-netns-helper --once --netns PATH --family 4|6 [--id N] [--allow-dir DIR]...\n"
-    "       probe-agent-netns-helper --check-paths [--allow-dir DIR]...   (paths on stdin)\n"
+    "                                [--proc-root DIR]\n"
+    "       probe-agent-netns-helper --check-paths [--allow-dir DIR]... [--proc-root DIR]   (paths on stdin)\n"
     "       probe-agent-netns-helper --version\n"
-    "A netns is /proc/<pid>/ns/net or a file directly inside an allowed directory\n"
-    "(/run/netns, /var/run/netns and every --allow-dir). The agent starts this program with an\n"
-    "'ipc' stdio entry (NODE_CHANNEL_FD) and receives each socket as a net.Native handle.\n";
+    "A netns is <proc root>/<pid>/ns/net or a file directly inside an allowed directory\n"
+    "(/run/netns, /var/run/netns and every --allow-dir). The proc root is /proc unless --proc-root\n"
+    "names where the host's procfs is mounted (then /proc paths are refused). The agent starts\n"
+    "this program with an 'ipc' stdio entry (NODE_CHANNEL_FD) and receives each socket as a\n"
+    "net.Native handle.\n";
 
 static int usage_error(const char *what) {
   fprintf(stderr, "probe-agent-netns-helper: %s\n%s", what, USAGE);
@@ -108,6 +111,13 @@ int main(int argc, char **argv) {
         return 2;
       }
       i++;
+    } else if (!strcmp(arg, "--proc-root")) {
+      const char *why = NULL;
+      if (allow_dirs_set_proc_root(&allow, val, &why) < 0) {
+        fprintf(stderr, "probe-agent-netns-helper: --proc-root %s: %s\n", val, why);
+        return 2;
+      }
+      i++;
     } else if (!strcmp(arg, "--netns")) {
       netns = val;
       i++;
@@ -131,7 +141,18 @@ int main(int argc, char **argv) {
     }
   }
   if (!mode) return usage_error("give a mode");
+  /* Flags come in any order: the proc root and the directories are compared once all are known. */
+  int overlap = allow_dirs_overlap(&allow);
+  if (overlap >= 0) {
+    fprintf(stderr, "probe-agent-netns-helper: --proc-root %s: overlaps the allowed directory %s\n", allow.proc_root, allow.dirs[overlap]);
+    return 2;
+  }
   if (!strcmp(mode, "check-paths")) return run_check_paths(&allow);
+  const char *fs_why = NULL;
+  if (proc_root_check_fs(&allow, &fs_why) < 0) {
+    fprintf(stderr, "probe-agent-netns-helper: --proc-root %s: %s\n", allow.proc_root, fs_why);
+    return 2;
+  }
   if (!strcmp(mode, "once")) {
     if (!netns || !family) return usage_error("--once needs --netns and --family");
     return run_once(netns, family, id, &allow);

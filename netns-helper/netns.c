@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/magic.h>
 #include <linux/nsfs.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -17,6 +18,7 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 void ns_fail(struct ns_result *r, const char *stage, int err, const char *fmt, ...) {
@@ -61,14 +63,21 @@ static const char *canonical_problem(const char *p, size_t max) {
   }
 }
 
-static int is_proc_path(const char *p) {
-  return strcmp(p, "/proc") == 0 || strncmp(p, "/proc/", 6) == 0;
+/* `p` is `dir` or a path below it (both canonical). */
+static int path_within(const char *p, const char *dir) {
+  size_t n = strlen(dir);
+  return strncmp(p, dir, n) == 0 && (p[n] == '\0' || p[n] == '/');
 }
 
-/* /proc/<pid>/ns/net with a decimal pid as procfs spells it (no sign, no leading zero). */
-static int is_proc_netns(const char *p) {
-  if (strncmp(p, "/proc/", 6) != 0) return 0;
-  const char *d = p + 6;
+static int is_proc_path(const char *p) {
+  return path_within(p, "/proc");
+}
+
+/* <root>/<pid>/ns/net with a decimal pid as procfs spells it (no sign, no leading zero). */
+static int is_proc_netns(const char *p, const char *root) {
+  size_t n = strlen(root);
+  if (strncmp(p, root, n) != 0 || p[n] != '/') return 0;
+  const char *d = p + n + 1;
   size_t digits = 0;
   if (*d < '1' || *d > '9') return 0;
   while (d[digits] >= '0' && d[digits] <= '9') digits++;
@@ -78,6 +87,7 @@ static int is_proc_netns(const char *p) {
 int allow_dirs_init(struct allow_dirs *a) {
   const char *why = NULL;
   a->n = 0;
+  strcpy(a->proc_root, "/proc");
   return allow_dirs_add(a, "/run/netns", &why) == 0 && allow_dirs_add(a, "/var/run/netns", &why) == 0 ? 0 : -1;
 }
 
@@ -111,15 +121,72 @@ int allow_dirs_add(struct allow_dirs *a, const char *dir, const char **why) {
   return 0;
 }
 
+/*
+ * The proc root: / would make every <x>/<pid>/ns/net a magic link we follow, and a root under
+ * /proc (say /proc/1/root/proc) would reach another mount namespace's files through a magic link.
+ */
+int allow_dirs_set_proc_root(struct allow_dirs *a, const char *dir, const char **why) {
+  char tmp[PROC_ROOT_MAX];
+  size_t len = strlen(dir);
+  if (len >= sizeof tmp) {
+    *why = "proc root path is too long";
+    return -1;
+  }
+  memcpy(tmp, dir, len + 1);
+  while (len > 1 && tmp[len - 1] == '/') tmp[--len] = '\0';
+  const char *problem = canonical_problem(tmp, sizeof tmp);
+  if (problem) {
+    *why = problem;
+    return -1;
+  }
+  if (strcmp(tmp, "/") == 0 || (is_proc_path(tmp) && strcmp(tmp, "/proc") != 0)) {
+    *why = "proc root may not be / or under /proc";
+    return -1;
+  }
+  memcpy(a->proc_root, tmp, len + 1);
+  return 0;
+}
+
+/* Index of an allowed directory that is, contains or lies inside the proc root; -1 when none. */
+int allow_dirs_overlap(const struct allow_dirs *a) {
+  for (size_t i = 0; i < a->n; i++) {
+    if (path_within(a->dirs[i], a->proc_root) || path_within(a->proc_root, a->dirs[i])) return (int)i;
+  }
+  return -1;
+}
+
+/*
+ * The proc root must be a procfs: <root>/<pid>/ns/net is opened following symlinks, which is
+ * only safe where the kernel makes those links. Checked once at start (modes that open paths).
+ */
+int proc_root_check_fs(const struct allow_dirs *a, const char **why) {
+  struct statfs fs;
+  if (statfs(a->proc_root, &fs) < 0) {
+    *why = strerror(errno);
+    return -1;
+  }
+  if (fs.f_type != PROC_SUPER_MAGIC) {
+    *why = "not a procfs mount";
+    return -1;
+  }
+  return 0;
+}
+
 enum path_kind netns_check_path(const char *path, const struct allow_dirs *a, struct ns_result *r, size_t *dir_index) {
   const char *problem = canonical_problem(path, NETNS_PATH_MAX);
   if (problem) {
     ns_fail(r, "validate", EINVAL, "%s", problem);
     return PATH_INVALID;
   }
+  const char *root = a->proc_root;
+  if (path_within(path, root)) {
+    if (is_proc_netns(path, root)) return PATH_PROC;
+    ns_fail(r, "validate", EINVAL, "a %s path must be %s/<pid>/ns/net with a decimal pid", root, root);
+    return PATH_INVALID;
+  }
   if (is_proc_path(path)) {
-    if (is_proc_netns(path)) return PATH_PROC;
-    ns_fail(r, "validate", EINVAL, "a /proc path must be /proc/<pid>/ns/net with a decimal pid");
+    /* Only the configured proc root: with a host /proc mounted elsewhere, this one is the wrong pid namespace's. */
+    ns_fail(r, "validate", EINVAL, "a /proc path is refused: the proc root is %s", root);
     return PATH_INVALID;
   }
   const char *slash = strrchr(path, '/');
@@ -130,7 +197,7 @@ enum path_kind netns_check_path(const char *path, const struct allow_dirs *a, st
       return PATH_DIR;
     }
   }
-  ns_fail(r, "validate", EINVAL, "path is not /proc/<pid>/ns/net nor directly inside an allowed directory");
+  ns_fail(r, "validate", EINVAL, "path is not %s/<pid>/ns/net nor directly inside an allowed directory", root);
   return PATH_INVALID;
 }
 

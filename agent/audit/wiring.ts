@@ -65,6 +65,7 @@ export async function runAudit(config: RunConfig, opts: RunAuditOptions = {}): P
       helper ??= ResidentHelper.start({
         ...(config.helperPath ? { helperPath: config.helperPath } : {}),
         allowDirs: config.netnsDirs,
+        procRoot: config.procRoot,
         warm: config.featureGates.enabled('WarmNetnsHelper'),
         log,
       }).then((h) => {

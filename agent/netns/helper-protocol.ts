@@ -4,11 +4,11 @@
  * net.Socket that still lives in the netns it was made in.
  */
 import { constants as fsConstants } from 'node:fs';
-import { access } from 'node:fs/promises';
+import { access, readlink, statfs } from 'node:fs/promises';
 import net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { ConfigError, HelperError, NetnsError } from '../errors.ts';
-import { checkNetnsPath } from './path-guard.ts';
+import { DEFAULT_PROC_ROOT, checkNetnsPath } from './path-guard.ts';
 
 /** Environment variable that overrides the helper binary's location. */
 export const HELPER_PATH_ENV = 'PROBE_AGENT_HELPER';
@@ -34,6 +34,30 @@ export async function checkHelperBinary(path: string): Promise<void> {
       { cause: err },
     );
   }
+}
+
+const PROC_SUPER_MAGIC = 0x9fa0;
+
+/**
+ * The agent's own netns as the helper must name it, <procRoot>/<pid>/ns/net, for self-tests.
+ * Under a host procfs mounted elsewhere the agent has another pid there; that procfs's "self"
+ * link tells which. Rejects with ConfigError when `procRoot` is not a procfs mount.
+ */
+export async function ownNetnsPath(procRoot: string): Promise<string> {
+  let pid: string;
+  try {
+    const fs = await statfs(procRoot);
+    // The helper refuses such a root too; saying so here beats a helper that dies on every restart.
+    if (fs.type !== PROC_SUPER_MAGIC) throw new ConfigError(`proc root "${procRoot}" is not a procfs mount`, { procRoot });
+    pid = procRoot === DEFAULT_PROC_ROOT ? String(process.pid) : await readlink(`${procRoot}/self`);
+  } catch (err) {
+    if (err instanceof ConfigError) throw err;
+    throw new ConfigError(`proc root "${procRoot}" is not usable: ${(err as Error).message}`, { procRoot });
+  }
+  if (!/^[1-9][0-9]{0,9}$/.test(pid)) {
+    throw new ConfigError(`proc root "${procRoot}": its self link says "${pid.slice(0, 40)}", not a pid`, { procRoot });
+  }
+  return `${procRoot}/${pid}/ns/net`;
 }
 
 /** The helper's answer to one request (the `msg` part of a NODE_HANDLE, or a plain line). */
@@ -82,14 +106,14 @@ export function replyToError(netns: string, family: 4 | 6, reply: Extract<Helper
 }
 
 /** Checks a request before it costs a process; throws NetnsError('invalid') or HelperError. */
-export function checkRequest(netns: string | undefined, family: number, allowDirs: readonly string[]): string {
+export function checkRequest(netns: string | undefined, family: number, allowDirs: readonly string[], procRoot = DEFAULT_PROC_ROOT): string {
   if (netns === undefined || netns === '') {
     throw new NetnsError('invalid', 'no netns path given: this socket factory only makes sockets inside a netns', {});
   }
   if (family !== 4 && family !== 6) {
     throw new HelperError(`socket family must be 4 or 6, not ${String(family)}`, { netns, family });
   }
-  const verdict = checkNetnsPath(netns, allowDirs);
+  const verdict = checkNetnsPath(netns, allowDirs, procRoot);
   if (!verdict.ok) throw new NetnsError('invalid', `netns "${netns}" refused: ${verdict.reason}`, { netns, family });
   return netns;
 }

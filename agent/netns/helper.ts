@@ -11,10 +11,10 @@ import { HelperError, describeError } from '../errors.ts';
 import { type Logger, silentLogger } from '../log.ts';
 import type { SocketFactory } from '../probe/types.ts';
 import {
-  StderrTail, abortError, boundedInt, checkHelperBinary, checkRequest, discardHandle, isHelperReply, replyToError,
-  resolveHelperPath, socketFromHandle,
+  StderrTail, abortError, boundedInt, checkHelperBinary, checkRequest, discardHandle, isHelperReply, ownNetnsPath,
+  replyToError, resolveHelperPath, socketFromHandle,
 } from './helper-protocol.ts';
-import { DEFAULT_NETNS_DIRS, allowedNetnsDirs } from './path-guard.ts';
+import { DEFAULT_NETNS_DIRS, DEFAULT_PROC_ROOT, allowedNetnsDirs, normaliseProcRoot } from './path-guard.ts';
 
 /** How to start and bound the resident helper. */
 export interface ResidentHelperOptions {
@@ -22,6 +22,11 @@ export interface ResidentHelperOptions {
   helperPath?: string;
   /** Extra directories whose entries may name a netns (e.g. containerd's state dir). */
   allowDirs?: string[];
+  /**
+   * Where the host's procfs is mounted (default /proc); the helper accepts <procRoot>/<pid>/ns/net
+   * and no other proc path. Must be a procfs mount, not / nor under /proc, apart from the allowDirs.
+   */
+  procRoot?: string;
   log?: Logger;
   /**
    * Requests in flight (sent or waiting for a restart) before new ones are refused; default 128,
@@ -78,6 +83,9 @@ export class ResidentHelper implements SocketFactory {
   readonly helperPath: string;
   readonly #args: string[];
   readonly #allowDirs: string[];
+  readonly procRoot: string;
+  /** The agent's own netns as named under procRoot: what the self-test asks for. */
+  #ownNetns = '';
   readonly #log: Logger;
   readonly #maxInFlight: number;
   readonly #timeoutMs: number;
@@ -90,6 +98,7 @@ export class ResidentHelper implements SocketFactory {
   #childUpAt = 0;
   #nextDelay: number;
   #restartTimer?: NodeJS.Timeout;
+  #silenceTimer?: NodeJS.Timeout;
   #downReason = 'not started';
   #nextId = 1;
   #lastMessageAt = 0;
@@ -102,6 +111,8 @@ export class ResidentHelper implements SocketFactory {
     this.mode = opts.warm ? 'warm' : 'resident';
     this.#args = ['--resident', ...(opts.warm ? ['--warm'] : [])];
     for (const d of this.#allowDirs.filter((x) => !DEFAULT_NETNS_DIRS.includes(x))) this.#args.push('--allow-dir', d);
+    this.procRoot = normaliseProcRoot(opts.procRoot ?? DEFAULT_PROC_ROOT, this.#allowDirs);
+    if (this.procRoot !== DEFAULT_PROC_ROOT) this.#args.push('--proc-root', this.procRoot);
     this.#log = (opts.log ?? silentLogger).child({ component: 'netns-helper', mode: this.mode });
     this.#maxInFlight = boundedInt(opts.maxInFlight ?? 128, 1, 65_536, 'maxInFlight');
     // The helper's own cap is a safety net above ours: a child that answered may still be exiting.
@@ -121,6 +132,7 @@ export class ResidentHelper implements SocketFactory {
   static async start(opts: ResidentHelperOptions = {}): Promise<ResidentHelper> {
     const helper = new ResidentHelper(opts);
     await checkHelperBinary(helper.helperPath);
+    helper.#ownNetns = await ownNetnsPath(helper.procRoot);
     try {
       await helper.#spawn();
     } catch (err) {
@@ -139,7 +151,7 @@ export class ResidentHelper implements SocketFactory {
 
   /** Makes a socket in the agent's own netns through the helper; rejects when the helper is unusable. */
   async selfTest(): Promise<void> {
-    const socket = await this.createSocket(`/proc/${process.pid}/ns/net`, 4, AbortSignal.timeout(SELF_TEST_TIMEOUT_MS));
+    const socket = await this.createSocket(this.#ownNetns, 4, AbortSignal.timeout(SELF_TEST_TIMEOUT_MS));
     socket.destroy();
   }
 
@@ -152,7 +164,7 @@ export class ResidentHelper implements SocketFactory {
   createSocket(netns: string | undefined, family: 4 | 6, signal?: AbortSignal): Promise<Socket> {
     try {
       if (this.#closed) throw new HelperError('netns helper is closed');
-      checkRequest(netns, family, this.#allowDirs);
+      checkRequest(netns, family, this.#allowDirs, this.procRoot);
       if (signal?.aborted) throw abortError(signal);
       if (this.#pending.size >= this.#maxInFlight) {
         throw new HelperError(`netns helper is overloaded: ${this.#maxInFlight} requests in flight`, { netns });
@@ -179,6 +191,7 @@ export class ResidentHelper implements SocketFactory {
   async close(): Promise<void> {
     this.#closed = true;
     clearTimeout(this.#restartTimer);
+    clearTimeout(this.#silenceTimer);
     for (const p of [...this.#pending.values()]) this.#fail(p, new HelperError('netns helper closed', { netns: p.netns }));
     const child = this.#child;
     if (!child || child.exitCode !== null || child.signalCode !== null) return;
@@ -289,11 +302,29 @@ export class ResidentHelper implements SocketFactory {
     const child = this.#child;
     const wasSent = p.sent;
     this.#fail(p, this.#timeoutError(p));
-    if (!wasSent || !child) return;
+    if (wasSent && child) this.#killIfSilent(child, p.sentAt);
+  }
+
+  /**
+   * Callers mostly give up first (a probe deadline is shorter than the request timeout), which
+   * cancels the request's own timer: keep timing the helper for them, or a helper that went silent
+   * would never be noticed and every later probe would fail on it.
+   */
+  #watchSilence(sentAt: number): void {
+    const child = this.#child;
+    if (!child || this.#silenceTimer || this.#closed) return;
+    this.#silenceTimer = setTimeout(() => {
+      this.#silenceTimer = undefined;
+      this.#killIfSilent(child, sentAt);
+    }, Math.max(0, sentAt + this.#timeoutMs - performance.now()));
+    this.#silenceTimer.unref();
+  }
+
+  #killIfSilent(child: ChildProcess, sentAt: number): void {
     // After the poll phase, answers already queued on the channel have been read: if the
-    // helper still said nothing since this request went out, it is stuck; replace it.
+    // helper still said nothing since `sentAt`, it is stuck; replace it.
     setImmediate(() => {
-      if (this.#child !== child || this.#closed || this.#lastMessageAt >= p.sentAt) return;
+      if (this.#child !== child || this.#closed || this.#lastMessageAt >= sentAt) return;
       this.#log.error('netns helper stopped answering; killing it', { pid: child.pid, timeoutMs: this.#timeoutMs });
       child.kill('SIGKILL');
     });
@@ -306,6 +337,7 @@ export class ResidentHelper implements SocketFactory {
 
   #fail(p: Pending, err: Error, aborted = false): void {
     if (!this.#finish(p)) return;
+    if (aborted && p.sent) this.#watchSilence(p.sentAt);
     if (!aborted) {
       this.#stats.failures++;
       this.#notify(() => this.#onRequest?.((performance.now() - p.startedAt) / 1000, false));

@@ -8,11 +8,16 @@ import { ConfigError } from '../errors.ts';
 /** Where runtimes keep named netns files (containerd: cni-<uuid>, CRI-O: <uuid>). */
 export const DEFAULT_NETNS_DIRS: readonly string[] = ['/run/netns', '/var/run/netns'];
 
+/** The helper's proc root unless --proc-root says otherwise. */
+export const DEFAULT_PROC_ROOT = '/proc';
+
 /** Bounds the helper enforces (bytes, as the kernel counts them). */
 export const NETNS_PATH_MAX_BYTES = 4095;
 const NAME_MAX_BYTES = 255;
 const ALLOW_DIR_MAX_BYTES = 1023;
 const MAX_ALLOW_DIRS = 16;
+/** The helper's PROC_ROOT_MAX minus its NUL: short enough for its messages to quote it whole. */
+const PROC_ROOT_MAX_BYTES = 127;
 
 export type NetnsPathKind = 'proc' | 'dir';
 
@@ -20,7 +25,7 @@ export type NetnsPathKind = 'proc' | 'dir';
 export type PathVerdict = { ok: true; kind: NetnsPathKind } | { ok: false; reason: string };
 
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
-const PROC_NETNS = /^\/proc\/[1-9][0-9]{0,9}\/ns\/net$/;
+const PROC_PID_NETNS = /^\/[1-9][0-9]{0,9}\/ns\/net$/;
 
 /** Why `p` is not an absolute canonical path (no //, ., .., trailing /), or undefined. */
 function canonicalProblem(p: string, maxBytes: number): string | undefined {
@@ -40,8 +45,13 @@ function canonicalProblem(p: string, maxBytes: number): string | undefined {
   return undefined;
 }
 
+/** `p` is `dir` or below it (both canonical). */
+function pathWithin(p: string, dir: string): boolean {
+  return p === dir || p.startsWith(`${dir}/`);
+}
+
 function isProcPath(p: string): boolean {
-  return p === '/proc' || p.startsWith('/proc/');
+  return pathWithin(p, '/proc');
 }
 
 /** Normalises one allowed directory as the helper's --allow-dir does; throws ConfigError when refused. */
@@ -66,16 +76,44 @@ export function allowedNetnsDirs(extra: readonly string[] = []): string[] {
   return dirs;
 }
 
-/** Checks a netns path against the helper's textual rules; `allowDirs` must be normalised. */
-export function checkNetnsPath(path: string, allowDirs: readonly string[]): PathVerdict {
+/**
+ * Normalises the proc root as the helper's --proc-root does (trailing slashes dropped) and checks
+ * it against the normalised allowed directories; throws ConfigError when the helper would refuse it.
+ */
+export function normaliseProcRoot(root: string, allowDirs: readonly string[] = DEFAULT_NETNS_DIRS): string {
+  if (Buffer.byteLength(root, 'utf8') > PROC_ROOT_MAX_BYTES) {
+    throw new ConfigError(`proc root "${root.slice(0, 200)}" refused: proc root path is too long`, { procRoot: root.slice(0, 200) });
+  }
+  let d = root;
+  while (d.length > 1 && d.endsWith('/')) d = d.slice(0, -1);
+  const problem = canonicalProblem(d, PROC_ROOT_MAX_BYTES);
+  if (problem) throw new ConfigError(`proc root "${root}" refused: ${problem}`, { procRoot: root });
+  // "/" would make <anything>/<pid>/ns/net a followed link; under /proc, a magic link could lead anywhere.
+  if (d === '/' || (isProcPath(d) && d !== '/proc')) {
+    throw new ConfigError(`proc root "${root}" refused: proc root may not be / or under /proc`, { procRoot: root });
+  }
+  const overlap = allowDirs.find((dir) => pathWithin(dir, d) || pathWithin(d, dir));
+  if (overlap !== undefined) {
+    throw new ConfigError(`proc root "${root}" refused: overlaps the allowed directory ${overlap}`, { procRoot: root, dir: overlap });
+  }
+  return d;
+}
+
+/**
+ * Checks a netns path against the helper's textual rules; `allowDirs` and `procRoot` must be
+ * normalised. Only the configured proc root names processes: with the host's procfs mounted
+ * elsewhere, the agent's own /proc shows another pid namespace, so /proc paths are refused.
+ */
+export function checkNetnsPath(path: string, allowDirs: readonly string[], procRoot: string = DEFAULT_PROC_ROOT): PathVerdict {
   const problem = canonicalProblem(path, NETNS_PATH_MAX_BYTES);
   if (problem) return { ok: false, reason: problem };
-  if (isProcPath(path)) {
-    return PROC_NETNS.test(path)
+  if (pathWithin(path, procRoot)) {
+    return PROC_PID_NETNS.test(path.slice(procRoot.length))
       ? { ok: true, kind: 'proc' }
-      : { ok: false, reason: 'a /proc path must be /proc/<pid>/ns/net with a decimal pid' };
+      : { ok: false, reason: `a ${procRoot} path must be ${procRoot}/<pid>/ns/net with a decimal pid` };
   }
+  if (isProcPath(path)) return { ok: false, reason: `a /proc path is refused: the proc root is ${procRoot}` };
   const dir = path.slice(0, path.lastIndexOf('/'));
   if (allowDirs.includes(dir)) return { ok: true, kind: 'dir' };
-  return { ok: false, reason: 'path is not /proc/<pid>/ns/net nor directly inside an allowed directory' };
+  return { ok: false, reason: `path is not ${procRoot}/<pid>/ns/net nor directly inside an allowed directory` };
 }

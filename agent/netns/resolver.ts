@@ -128,6 +128,8 @@ interface CacheEntry {
   inode: number;
   podIPs: string;
   expiresAt: number;
+  /** The stale fallback was announced in the log (once per entry, not once per probe). */
+  staleLogged?: boolean;
 }
 
 const DEFAULT_TTL_MS = 60_000;
@@ -137,6 +139,9 @@ const DEFAULT_MAX_ENTRIES = 4096;
  * Tries resolvers in order; the first success wins. UnsupportedPodError stops the chain: a
  * host-network or sandboxed pod must not be "resolved" by a weaker fallback that finds some
  * other netns. Cached per pod UID; a cached path is re-checked (exists, same inode) on every use.
+ * When the TTL has run out but the resolver that found the netns is unavailable now (the runtime
+ * is down or restarting), the last netns is kept while it still exists with the same inode: a
+ * sandbox cannot be replaced without the runtime, and the pod's probes must not stop with it.
  */
 export class NetnsResolverChain {
   readonly #resolvers: NetnsResolver[];
@@ -195,12 +200,14 @@ export class NetnsResolverChain {
   async #fromCache(pod: PodRef): Promise<NetnsResolution | undefined> {
     const entry = this.#cache.get(pod.uid);
     if (!entry) return undefined;
-    // New pod IPs mean a new sandbox; an expired entry may point at a netns that a restarted
-    // sandbox replaced but that something still holds open.
-    if (entry.expiresAt <= Date.now() || entry.podIPs !== ipKey(pod.podIPs)) {
+    // New pod IPs mean a new sandbox. An expired entry may point at a netns that a restarted
+    // sandbox replaced but that something still holds open: it is kept only as a fallback for
+    // when its resolver cannot be asked (see #staleFallback).
+    if (entry.podIPs !== ipKey(pod.podIPs)) {
       this.#cache.delete(pod.uid);
       return undefined;
     }
+    if (entry.expiresAt <= Date.now()) return undefined;
     if (await isSameNetns(entry.resolution.path, entry.inode)) {
       if (this.#cache.get(pod.uid) === entry) return entry.resolution;
       return undefined;
@@ -215,6 +222,7 @@ export class NetnsResolverChain {
     const failures: string[] = [];
     let worst: FailureOutcome = 'not-found';
     let lastCause: unknown;
+    const unavailable = new Set<ResolverName>();
     for (const resolver of this.#resolvers) {
       const started = performance.now();
       try {
@@ -231,14 +239,39 @@ export class NetnsResolverChain {
         failures.push(`${resolver.name}: ${describeError(err)}`);
         worst = moreTelling(worst, outcome as FailureOutcome);
         lastCause = err;
+        if (outcome === 'unavailable') unavailable.add(resolver.name);
       }
     }
+    const stale = await this.#staleFallback(pod, unavailable, generation);
+    if (stale) return stale;
     throw resolveFailure(
       worst,
       `netns of pod ${podLabel(pod)} not resolvable: ${failures.join('; ')}`,
       { uid: pod.uid, namespace: pod.namespace, name: pod.name },
       lastCause,
     );
+  }
+
+  /**
+   * The expired entry of a pod whose resolver could not be asked just now (runtime down), if its
+   * netns is still there with the same inode; a resolver that answered "not found" is believed.
+   */
+  async #staleFallback(pod: PodRef, unavailable: ReadonlySet<ResolverName>, generation: number): Promise<NetnsResolution | undefined> {
+    const entry = this.#cache.get(pod.uid);
+    if (!entry || !unavailable.has(entry.resolution.resolver) || entry.podIPs !== ipKey(pod.podIPs)) return undefined;
+    if ((this.#generation.get(pod.uid) ?? 0) !== generation) return undefined;
+    if (!(await isSameNetns(entry.resolution.path, entry.inode))) {
+      if (this.#cache.get(pod.uid) === entry) this.#cache.delete(pod.uid);
+      return undefined;
+    }
+    if (this.#cache.get(pod.uid) !== entry) return undefined;
+    if (!entry.staleLogged) {
+      entry.staleLogged = true;
+      this.#log.warn('netns resolver unavailable; probing in the last known netns of the pod', {
+        uid: pod.uid, resolver: entry.resolution.resolver, path: entry.resolution.path,
+      });
+    }
+    return entry.resolution;
   }
 
   #store(pod: PodRef, resolution: NetnsResolution, generation: number): void {

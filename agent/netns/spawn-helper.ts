@@ -10,10 +10,10 @@ import { HelperError, describeError } from '../errors.ts';
 import { type Logger, silentLogger } from '../log.ts';
 import type { SocketFactory } from '../probe/types.ts';
 import {
-  StderrTail, abortError, boundedInt, checkHelperBinary, checkRequest, discardHandle, isHelperReply, replyToError,
-  resolveHelperPath, socketFromHandle,
+  StderrTail, abortError, boundedInt, checkHelperBinary, checkRequest, discardHandle, isHelperReply, ownNetnsPath,
+  replyToError, resolveHelperPath, socketFromHandle,
 } from './helper-protocol.ts';
-import { DEFAULT_NETNS_DIRS, allowedNetnsDirs } from './path-guard.ts';
+import { DEFAULT_NETNS_DIRS, DEFAULT_PROC_ROOT, allowedNetnsDirs, normaliseProcRoot } from './path-guard.ts';
 
 /** How to run the per-socket helper. */
 export interface SpawnHelperOptions {
@@ -21,6 +21,8 @@ export interface SpawnHelperOptions {
   helperPath?: string;
   /** Extra directories whose entries may name a netns. */
   allowDirs?: string[];
+  /** Where the host's procfs is mounted (default /proc): see ResidentHelperOptions.procRoot. */
+  procRoot?: string;
   log?: Logger;
   /** Upper bound of one spawn, whatever the caller's signal says. Default 5000 ms. */
   timeoutMs?: number;
@@ -33,6 +35,7 @@ export class SpawnHelper implements SocketFactory {
   readonly mode = 'spawn';
   readonly helperPath: string;
   readonly #allowDirs: string[];
+  readonly procRoot: string;
   readonly #allowArgs: string[] = [];
   readonly #log: Logger;
   readonly #timeoutMs: number;
@@ -42,15 +45,18 @@ export class SpawnHelper implements SocketFactory {
     this.helperPath = resolveHelperPath(opts.helperPath);
     this.#allowDirs = allowedNetnsDirs(opts.allowDirs ?? []);
     for (const d of this.#allowDirs.filter((x) => !DEFAULT_NETNS_DIRS.includes(x))) this.#allowArgs.push('--allow-dir', d);
+    this.procRoot = normaliseProcRoot(opts.procRoot ?? DEFAULT_PROC_ROOT, this.#allowDirs);
+    if (this.procRoot !== DEFAULT_PROC_ROOT) this.#allowArgs.push('--proc-root', this.procRoot);
     this.#log = (opts.log ?? silentLogger).child({ component: 'netns-helper', mode: 'spawn' });
     this.#timeoutMs = boundedInt(opts.timeoutMs ?? 5000, 10, 60_000, 'timeoutMs');
     this.#onRequest = opts.onRequest;
   }
 
-  /** A SpawnHelper whose binary was checked up front (the constructor defers that to the first spawn). */
+  /** A SpawnHelper whose binary and proc root were checked up front (the constructor defers that to the first spawn). */
   static async create(opts: SpawnHelperOptions = {}): Promise<SpawnHelper> {
     const helper = new SpawnHelper(opts);
     await checkHelperBinary(helper.helperPath);
+    await ownNetnsPath(helper.procRoot);
     return helper;
   }
 
@@ -58,7 +64,7 @@ export class SpawnHelper implements SocketFactory {
   createSocket(netns: string | undefined, family: 4 | 6, signal?: AbortSignal): Promise<Socket> {
     let path: string;
     try {
-      path = checkRequest(netns, family, this.#allowDirs);
+      path = checkRequest(netns, family, this.#allowDirs, this.procRoot);
       if (signal?.aborted) throw abortError(signal);
     } catch (err) {
       return Promise.reject(err);

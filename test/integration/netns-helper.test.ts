@@ -9,15 +9,15 @@ import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft']);
 
 import { execFileSync, spawn } from 'node:child_process';
-import { mkdtempSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import type { Socket } from 'node:net';
 import tls from 'node:tls';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { HelperError, NetnsError } from '../../agent/errors.ts';
+import { ConfigError, HelperError, NetnsError } from '../../agent/errors.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
-import { resolveHelperPath } from '../../agent/netns/helper-protocol.ts';
+import { isHelperReply, resolveHelperPath, type HelperReply } from '../../agent/netns/helper-protocol.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { SpawnHelper } from '../../agent/netns/spawn-helper.ts';
 import type { SocketFactory } from '../../agent/probe/types.ts';
@@ -337,6 +337,94 @@ describe('resident helper lifecycle', () => {
       /^netns helper self-test failed: (netns helper exited \(code 1\)|cannot send a request to the netns helper: write EPIPE)/);
     await expect(SpawnHelper.create({ helperPath: '/nonexistent/x' })).rejects.toThrow(HelperError);
     await expect(new SpawnHelper({ helperPath: '/nonexistent/x' }).createSocket(a.netns, 4)).rejects.toThrow(/cannot run the netns helper "\/nonexistent\/x": .*ENOENT/);
+  });
+});
+
+/** Runs `probe-agent-netns-helper --once` itself on an IPC channel: the C side's own answer, no TS checks in front. */
+function helperOnce(args: string[]): Promise<{ reply?: HelperReply; code: number | null; stderr: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(HELPER, ['--once', '--family', '4', ...args], { stdio: ['ignore', 'ignore', 'pipe', 'ipc'], serialization: 'json', env: {} });
+    let reply: HelperReply | undefined;
+    let stderr = '';
+    child.stderr?.on('data', (d: Buffer) => { stderr += d.toString(); });
+    child.on('message', (msg: unknown, handle: unknown) => {
+      if (isHelperReply(msg)) reply = msg;
+      (handle as { close?: () => void } | undefined)?.close?.();
+    });
+    child.on('close', (code) => resolve({ reply, code, stderr }));
+  });
+}
+
+describe('a host procfs mounted elsewhere (--proc-root)', () => {
+  let hostProc: string;
+  let mounted = false;
+  let h: ResidentHelper | undefined;
+
+  beforeAll(() => {
+    // What a DaemonSet gets from a hostPath /proc volume at /host/proc.
+    hostProc = mkdtempSync(join(tmpdir(), 'pa-host-proc-'));
+    execFileSync('mount', ['--bind', '/proc', hostProc]);
+    mounted = true;
+  });
+
+  afterAll(async () => {
+    await h?.close();
+    if (mounted) {
+      execFileSync('umount', [hostProc]);
+      mounted = false;
+    }
+    // Never a recursive rm here: a mistake would walk the real /proc.
+    if (hostProc) rmdirSync(hostProc);
+  });
+
+  it('makes sockets from <proc root>/<pid>/ns/net in every mode and passes the root to the helper', async () => {
+    h = await ResidentHelper.start({ procRoot: hostProc });
+    const warmRooted = await ResidentHelper.start({ procRoot: `${hostProc}/`, warm: true });
+    try {
+      const spawnRooted = await SpawnHelper.create({ procRoot: hostProc });
+      for (const f of [h, warmRooted, spawnRooted]) {
+        const echo = await echoOver(await f.createSocket(`${hostProc}/${server.pid}/ns/net`, 4), a.ipv4, server.ports.http as number);
+        expect(plain(echo.remoteAddress), f.mode).toBe(a.ipv4);
+      }
+      for (const pid of [h.stats().pid, warmRooted.stats().pid]) {
+        const argv = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+        expect(argv.slice(argv.indexOf('--proc-root'), argv.indexOf('--proc-root') + 2)).toEqual(['--proc-root', hostProc]);
+      }
+    } finally {
+      await warmRooted.close();
+    }
+  });
+
+  it('refuses /proc/<pid>/ns/net: only the configured proc root names processes', async () => {
+    h ??= await ResidentHelper.start({ procRoot: hostProc });
+    const err = await failure(h, `/proc/${server.pid}/ns/net`);
+    expect(err).toBeInstanceOf(NetnsError);
+    expect(err.message).toBe(`netns "/proc/${server.pid}/ns/net" refused: a /proc path is refused: the proc root is ${hostProc}`);
+    const self = await failure(h, `${hostProc}/self/ns/net`);
+    expect(self.message).toContain(`a ${hostProc} path must be ${hostProc}/<pid>/ns/net with a decimal pid`);
+    // The helper refuses on its own too (the TS check in front is only a mirror).
+    const c = await helperOnce(['--proc-root', hostProc, '--netns', `/proc/${server.pid}/ns/net`]);
+    expect(c.reply).toMatchObject({ ok: false, stage: 'validate', error: `a /proc path is refused: the proc root is ${hostProc}` });
+    const ok = await helperOnce(['--proc-root', hostProc, '--netns', `${hostProc}/${server.pid}/ns/net`]);
+    expect(ok.reply).toMatchObject({ ok: true });
+    // Without --proc-root the same /proc path is fine: the default root is /proc.
+    expect((await helperOnce(['--netns', `/proc/${server.pid}/ns/net`])).reply).toMatchObject({ ok: true });
+  });
+
+  it('refuses a proc root that is not a procfs mount, in the agent and in the helper', async () => {
+    const notProc = mkdtempSync(join(tmpdir(), 'pa-not-proc-'));
+    try {
+      await expect(ResidentHelper.start({ procRoot: notProc })).rejects.toThrow(ConfigError);
+      await expect(ResidentHelper.start({ procRoot: notProc })).rejects.toThrow(`proc root "${notProc}" is not a procfs mount`);
+      await expect(SpawnHelper.create({ procRoot: notProc })).rejects.toThrow('is not a procfs mount');
+      const c = await helperOnce(['--proc-root', notProc, '--netns', `${notProc}/1/ns/net`]);
+      expect(c.code).toBe(2);
+      expect(c.reply).toBeUndefined();
+      expect(c.stderr).toContain(`--proc-root ${notProc}: not a procfs mount`);
+      await expect(ResidentHelper.start({ procRoot: '/' })).rejects.toThrow('proc root may not be / or under /proc');
+    } finally {
+      rmdirSync(notProc);
+    }
   });
 });
 

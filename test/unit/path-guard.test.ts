@@ -9,7 +9,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { ConfigError } from '../../agent/errors.ts';
 import { resolveHelperPath } from '../../agent/netns/helper-protocol.ts';
-import { allowedNetnsDirs, checkNetnsPath, normaliseAllowDir } from '../../agent/netns/path-guard.ts';
+import { allowedNetnsDirs, checkNetnsPath, normaliseAllowDir, normaliseProcRoot } from '../../agent/netns/path-guard.ts';
 
 const HELPER = resolveHelperPath();
 if (!existsSync(HELPER)) throw new Error(`${HELPER} is missing: run 'make helper' first`);
@@ -17,9 +17,13 @@ if (!existsSync(HELPER)) throw new Error(`${HELPER} is missing: run 'make helper
 const EXTRA = '/var/lib/containerd/netns';
 const DIRS = allowedNetnsDirs([EXTRA]);
 
+/** A host procfs mounted into the agent's container, as a DaemonSet would (not touched: textual checks only). */
+const HOST_PROC = '/host/proc';
+
 /** The helper's verdict for each path ('proc', 'dir' or 'invalid\t<reason>'). */
-function helperVerdicts(paths: string[], extraDirs: string[] = [EXTRA]): string[] {
-  const r = spawnSync(HELPER, ['--check-paths', ...extraDirs.flatMap((d) => ['--allow-dir', d])], {
+function helperVerdicts(paths: string[], extraDirs: string[] = [EXTRA], procRoot?: string): string[] {
+  const rootArgs = procRoot === undefined ? [] : ['--proc-root', procRoot];
+  const r = spawnSync(HELPER, ['--check-paths', ...extraDirs.flatMap((d) => ['--allow-dir', d]), ...rootArgs], {
     input: paths.map((p) => `${p}\n`).join(''),
     encoding: 'utf8',
     maxBuffer: 64 * 1024 * 1024,
@@ -28,8 +32,8 @@ function helperVerdicts(paths: string[], extraDirs: string[] = [EXTRA]): string[
   return r.stdout.split('\n').slice(0, paths.length);
 }
 
-function tsVerdict(path: string): string {
-  const v = checkNetnsPath(path, DIRS);
+function tsVerdict(path: string, procRoot?: string): string {
+  const v = checkNetnsPath(path, DIRS, procRoot);
   return v.ok ? v.kind : `invalid\t${v.reason}`;
 }
 
@@ -93,10 +97,72 @@ describe('allowed directories', () => {
   });
 });
 
+describe('a proc root other than /proc (--proc-root)', () => {
+  it.each([
+    [`${HOST_PROC}/7/ns/net`, 'proc'],
+    [`${HOST_PROC}/4194304/ns/net`, 'proc'],
+    ['/run/netns/cni-1', 'dir'],
+    ['/proc/7/ns/net', 'invalid\ta /proc path is refused: the proc root is /host/proc'],
+    ['/proc', 'invalid\ta /proc path is refused: the proc root is /host/proc'],
+    [`${HOST_PROC}/self/ns/net`, 'invalid\ta /host/proc path must be /host/proc/<pid>/ns/net with a decimal pid'],
+    [`${HOST_PROC}/07/ns/net`, 'invalid\ta /host/proc path must be /host/proc/<pid>/ns/net with a decimal pid'],
+    [`${HOST_PROC}/1/root/run/netns/x`, 'invalid\ta /host/proc path must be /host/proc/<pid>/ns/net with a decimal pid'],
+    [HOST_PROC, 'invalid\ta /host/proc path must be /host/proc/<pid>/ns/net with a decimal pid'],
+    ['/host/procx/1/ns/net', 'invalid\tpath is not /host/proc/<pid>/ns/net nor directly inside an allowed directory'],
+    ['/etc/passwd', 'invalid\tpath is not /host/proc/<pid>/ns/net nor directly inside an allowed directory'],
+  ])('%s -> %s, in both implementations', (path, verdict) => {
+    expect(tsVerdict(path, HOST_PROC)).toBe(verdict);
+    expect(helperVerdicts([path], [EXTRA], HOST_PROC)).toEqual([verdict]);
+  });
+
+  it('keeps /proc the proc root by default, and a trailing slash is dropped', () => {
+    expect(normaliseProcRoot('/proc')).toBe('/proc');
+    expect(normaliseProcRoot(`${HOST_PROC}//`)).toBe(HOST_PROC);
+    expect(helperVerdicts([`${HOST_PROC}/9/ns/net`], [EXTRA], `${HOST_PROC}/`)).toEqual(['proc']);
+  });
+
+  it.each([
+    ['/', 'proc root may not be / or under /proc'],
+    ['/proc/1/root/proc', 'proc root may not be / or under /proc'],
+    ['/proc/self', 'proc root may not be / or under /proc'],
+    ['relative/proc', 'path is not absolute'],
+    ['/host/../proc', 'path contains a . or .. component'],
+    ['/host//proc', 'path contains an empty component (//)'],
+    ['', 'path is empty'],
+    [`/${'p'.repeat(127)}`, 'proc root path is too long'],
+    ['/run/netns', 'overlaps the allowed directory /run/netns'],
+    ['/run', 'overlaps the allowed directory /run/netns'],
+    ['/run/netns/inner', 'overlaps the allowed directory /run/netns'],
+    [EXTRA, `overlaps the allowed directory ${EXTRA}`],
+    ['/var/lib', `overlaps the allowed directory ${EXTRA}`],
+  ])('refuses %j like the helper does: %s', (root, reason) => {
+    expect(() => normaliseProcRoot(root, DIRS)).toThrow(ConfigError);
+    expect(() => normaliseProcRoot(root, DIRS)).toThrow(reason);
+    const r = spawnSync(HELPER, ['--check-paths', '--allow-dir', EXTRA, '--proc-root', root], { input: '', encoding: 'utf8' });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain(`--proc-root ${root}: ${reason}`);
+  });
+
+  it('refuses an allowed directory inside the proc root, whatever the flag order', () => {
+    const inner = `${HOST_PROC}/1`;
+    expect(() => normaliseProcRoot(HOST_PROC, allowedNetnsDirs([inner]))).toThrow(`overlaps the allowed directory ${inner}`);
+    for (const args of [['--allow-dir', inner, '--proc-root', HOST_PROC], ['--proc-root', HOST_PROC, '--allow-dir', inner]]) {
+      const r = spawnSync(HELPER, ['--check-paths', ...args], { input: '', encoding: 'utf8' });
+      expect(r.status).toBe(2);
+      expect(r.stderr).toContain(`overlaps the allowed directory ${inner}`);
+    }
+  });
+
+  it('accepts a root that merely shares a prefix with an allowed directory', () => {
+    expect(normaliseProcRoot('/run/netnsproc', DIRS)).toBe('/run/netnsproc');
+    expect(helperVerdicts(['/run/netnsproc/3/ns/net', '/run/netns/a'], [EXTRA], '/run/netnsproc')).toEqual(['proc', 'dir']);
+  });
+});
+
 describe('the TS mirror agrees with the helper', () => {
   it('on every example above and on generated paths', () => {
     const segment = fc.oneof(
-      fc.constantFrom('', '.', '..', 'proc', 'run', 'var', 'netns', 'ns', 'net', 'self', 'mnt', 'lib', 'containerd'),
+      fc.constantFrom('', '.', '..', 'proc', 'host', 'run', 'var', 'netns', 'ns', 'net', 'self', 'mnt', 'lib', 'containerd'),
       fc.constantFrom('0', '1', '01', '42', '4194304', '12345678901', 'cni-8d1e', 'é', 'a b', 'x\ty', 'del\u007f'),
       fc.string({ maxLength: 12 }).filter((s) => !s.includes('/')),
       fc.constant('z'.repeat(256)),
@@ -106,7 +172,7 @@ describe('the TS mirror agrees with the helper', () => {
     );
     // Near misses around the shapes that are accepted.
     const nearMiss = fc.tuple(
-      fc.constantFrom('/proc/', '/run/netns/', '/var/run/netns/', `${EXTRA}/`, '/run/netns//', '/var/lib/'),
+      fc.constantFrom('/proc/', `${HOST_PROC}/`, '/host/', '/run/netns/', '/var/run/netns/', `${EXTRA}/`, '/run/netns//', '/var/lib/'),
       segment,
       fc.constantFrom('', '', '/ns/net', '/ns/net/', '/ns/mnt', '/x'),
     ).map((parts) => parts.join(''));
@@ -118,10 +184,12 @@ describe('the TS mirror agrees with the helper', () => {
     const fixed = ['/run/netns/a', '/var/run/netns/b', `${EXTRA}/c`, '/proc/7/ns/net', '/proc/07/ns/net', '/proc/self/ns/net',
       '/run/netns', '/run/netns/', '/', '/proc', '/run/netns/a/b', `/${'a/'.repeat(2047)}a`, `/${'b/'.repeat(2046)}b`];
     const all = [...fixed, ...generated];
-    const c = helperVerdicts(all);
-    const mismatches = all.map((p, i) => ({ p, ts: tsVerdict(p), c: c[i] })).filter((m) => m.ts !== m.c);
-    expect(mismatches, `seed ${seed}`).toEqual([]);
-    // The generator must reach every verdict, or the comparison proves little.
-    expect(new Set(c.slice(fixed.length).map((v) => v.split('\t')[0]))).toEqual(new Set(['proc', 'dir', 'invalid']));
+    for (const root of [undefined, HOST_PROC]) {
+      const c = helperVerdicts(all, [EXTRA], root);
+      const mismatches = all.map((p, i) => ({ p, ts: tsVerdict(p, root), c: c[i] })).filter((m) => m.ts !== m.c);
+      expect(mismatches, `seed ${seed}, proc root ${root ?? '/proc'}`).toEqual([]);
+      // The generator must reach every verdict, or the comparison proves little.
+      expect(new Set(c.slice(fixed.length).map((v) => v.split('\t')[0])), `proc root ${root ?? '/proc'}`).toEqual(new Set(['proc', 'dir', 'invalid']));
+    }
   });
 });
