@@ -57,13 +57,25 @@ function flag(spec: string, description: string, defaultValue?: string | boolean
   return opt;
 }
 
+/**
+ * A boolean flag whose env twin is read as true/false (commander would turn any set variable, even
+ * "false", into true): `--x`, `--x=false` and `PROBE_AGENT_X=false` all mean what they say.
+ */
+function boolFlag(spec: string, description: string): Option {
+  return flag(`${spec} [bool]`, description, false).argParser((value: string) => {
+    if (/^(true|1|yes)$/i.test(value)) return true;
+    if (/^(false|0|no|)$/i.test(value)) return false;
+    throw new ConfigError(`${spec}: want true or false, got "${value}"`);
+  });
+}
+
 /** Adds the kubelet and netns flags shared by `run` and `audit`. */
 export function addKubeletAndNetnsFlags(cmd: Command): Command {
   return cmd
     .addOption(flag('--kubelet-url <url>', 'kubelet API base URL (http:// for a read-only or test kubelet)', 'https://$HOST_IP:10250'))
     .addOption(flag('--kubelet-token-file <path>', 'bearer token file, re-read on change', SA_TOKEN))
     .addOption(flag('--kubelet-ca-file <path>', "CA bundle for the kubelet's serving certificate"))
-    .addOption(flag('--kubelet-insecure-tls', "do not verify the kubelet's serving certificate (self-signed kubelets)", false))
+    .addOption(boolFlag('--kubelet-insecure-tls', "do not verify the kubelet's serving certificate (self-signed kubelets)"))
     .addOption(flag('--kubelet-poll-interval <duration>', 'how often to GET /pods', '5s'))
     .addOption(flag('--kubelet-request-timeout <duration>', 'timeout of one GET /pods', '10s'))
     .addOption(flag('--kubelet-tls-server-name <name>', "name to verify the kubelet's certificate against when the URL holds an IP (often the node name)"))
@@ -71,7 +83,7 @@ export function addKubeletAndNetnsFlags(cmd: Command): Command {
     .addOption(flag('--node-name <name>', 'this node (default $NODE_NAME), for logs'))
     .addOption(flag('--cri-endpoint <endpoint>', 'CRI runtime socket (default: auto-detect containerd, then CRI-O)'))
     .addOption(flag('--netns-resolvers <list>', 'ordered netns resolvers: cri,procfs,address', 'cri,procfs,address'))
-    .addOption(flag('--netns-dir <dir...>', 'extra directories netns files may live in (besides /run/netns, /var/run/netns)'))
+    .addOption(flag('--netns-dir <dir...>', 'extra directories netns files may live in (besides /run/netns, /var/run/netns); comma-separated in the env twin'))
     .addOption(flag('--proc-root <path>', "where the host's /proc is mounted", '/proc'))
     .addOption(
       flag('--sandboxed-runtime-handlers <list>', 'runtime handlers whose pods are left to kubelet', 'runsc,gvisor,kata,kata-qemu,kata-clh,kata-fc'),
@@ -92,7 +104,7 @@ export function registerRunCommand(program: Command): void {
   addKubeletAndNetnsFlags(cmd)
     .addOption(flag('--socket <path>', 'ProbeService unix socket (created 0600)', DEFAULT_SOCKET))
     .addOption(flag('--socket-group <group>', 'group allowed to use the socket (mode becomes 0660)'))
-    .addOption(flag('--grpc-reflection', 'serve gRPC server reflection on the socket', false))
+    .addOption(boolFlag('--grpc-reflection', 'serve gRPC server reflection on the socket'))
     .addOption(flag('--metrics-address <host:port>', 'metrics and health listener ("" disables it)', DEFAULT_METRICS_ADDRESS))
     .addOption(flag('--shutdown-grace-period <duration>', 'time to drain probes and API calls on SIGTERM', '10s'))
     .action(async (raw: Raw) => {
@@ -105,7 +117,13 @@ export function registerRunCommand(program: Command): void {
         return;
       }
       const { startDaemon } = await import('../daemon.ts');
-      await startDaemon(config);
+      try {
+        await startDaemon(config);
+      } catch {
+        // startDaemon logged why (in the configured log format); an uncaught rethrow would add a
+        // multi-line stack dump to stderr and break --log-format=json for log collectors.
+        process.exit(1);
+      }
     });
 }
 
@@ -182,7 +200,11 @@ export function parseRunConfig(raw: Raw, env: NodeJS.ProcessEnv): RunConfig {
     nodeName: str(raw, 'nodeName') ?? env.NODE_NAME,
     criEndpoint: str(raw, 'criEndpoint'),
     netnsResolvers: resolvers as RunConfig['netnsResolvers'],
-    netnsDirs: Array.isArray(netnsDirs) ? netnsDirs : typeof netnsDirs === 'string' ? netnsDirs.split(',').filter(Boolean) : [],
+    // The env twin is one string: accept comma-separated lists there (and in repeated flags).
+    netnsDirs: (Array.isArray(netnsDirs) ? netnsDirs : typeof netnsDirs === 'string' ? [netnsDirs] : [])
+      .flatMap((d) => d.split(','))
+      .map((d) => d.trim())
+      .filter(Boolean),
     procRoot: str(raw, 'procRoot') ?? '/proc',
     sandboxedRuntimeHandlers: (str(raw, 'sandboxedRuntimeHandlers') ?? '').split(',').map((s) => s.trim()).filter(Boolean),
     socket,

@@ -73,3 +73,42 @@ describe('parseDuration', () => {
 
   it.each(['', 's', '5x', '5s3', '-1s'])('refuses %j', (text) => expect(() => parseDuration(text)).toThrow(ConfigError));
 });
+
+describe('boolean flags and list env twins', () => {
+  async function parse(argv: string[], env: Record<string, string>) {
+    const { Command } = await import('commander');
+    const { registerRunCommand } = await import('../../agent/cli/run-command.ts');
+    const saved = { ...process.env };
+    Object.assign(process.env, env);
+    try {
+      const program = new Command().exitOverride();
+      registerRunCommand(program);
+      const run = program.commands.find((c) => c.name() === 'run')!;
+      run.action(() => {}).exitOverride();
+      await program.parseAsync(['node', 'probe-agent', 'run', ...argv]);
+      return run.opts();
+    } finally {
+      for (const k of Object.keys(env)) delete process.env[k];
+      Object.assign(process.env, saved);
+    }
+  }
+
+  it.each([
+    [[], {}, false],
+    [['--kubelet-insecure-tls'], {}, true],
+    [['--kubelet-insecure-tls=false'], {}, false],
+    [[], { PROBE_AGENT_KUBELET_INSECURE_TLS: 'false' }, false],
+    [[], { PROBE_AGENT_KUBELET_INSECURE_TLS: 'true' }, true],
+  ] as [string[], Record<string, string>, boolean][])('%j with env %j gives %s', async (argv, env, want) => {
+    expect((await parse(argv, env)).kubeletInsecureTls).toBe(want);
+  });
+
+  it('refuses a boolean env twin that is not true/false', async () => {
+    await expect(parse([], { PROBE_AGENT_GRPC_REFLECTION: 'maybe' })).rejects.toThrow(/want true or false/);
+  });
+
+  it('splits a comma-separated PROBE_AGENT_NETNS_DIR', async () => {
+    const raw = await parse([], { PROBE_AGENT_NETNS_DIR: '/a/netns, /b/netns', HOST_IP: '192.0.2.7' });
+    expect(parseRunConfig(raw, { HOST_IP: '192.0.2.7' }).netnsDirs).toEqual(['/a/netns', '/b/netns']);
+  });
+});

@@ -1,0 +1,53 @@
+# syntax=docker/dockerfile:1
+# probe-agent image: the compiled agent (dist/), its production node_modules, the static netns
+# helper, and the programs the agent and its close-hole sidecar run (ip, nsenter, nft, bash).
+#
+#   docker build -t registry.example.com/platform/probe-agent:0.1.0 .
+#   docker buildx build --platform linux/amd64,linux/arm64 -t ... --push .
+#
+# Pin both base images by digest in CI (node:24@sha256:..., node:24-slim@sha256:...): the
+# agent's behaviour depends on the Node major, and a floating tag changes under you.
+ARG BUILD_IMAGE=node:24
+ARG RUNTIME_IMAGE=node:24-slim
+
+FROM ${BUILD_IMAGE} AS build
+WORKDIR /src
+# Dependencies first, so this layer is reused until the lockfile changes.
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY tsconfig.json ./
+COPY agent ./agent
+RUN npx tsc -p tsconfig.json
+# The full node image carries gcc, make and the static libc; -static makes the helper
+# independent of the runtime image's libc.
+COPY netns-helper ./netns-helper
+RUN make -C netns-helper clean all \
+ && ./netns-helper/build/probe-agent-netns-helper --version
+RUN npm prune --omit=dev --no-audit --no-fund
+
+FROM ${RUNTIME_IMAGE}
+# iproute2 and util-linux (nsenter): the address resolver lists addresses inside pod netns.
+# nftables: the nftables-close-hole sidecar. tini: PID 1 that forwards SIGTERM and reaps the
+# helper's orphaned children, which Node as PID 1 would leave as zombies.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iproute2 util-linux nftables tini \
+ && rm -rf /var/lib/apt/lists/*
+# The agent finds dist/, proto/, package.json and the helper relative to each other, so the
+# layout below mirrors the repository (see test/unit/deploy.test.ts).
+WORKDIR /opt/probe-agent
+COPY --from=build /src/package.json ./package.json
+COPY --from=build /src/node_modules ./node_modules
+COPY --from=build /src/dist ./dist
+COPY --from=build /src/netns-helper/build/probe-agent-netns-helper ./netns-helper/build/probe-agent-netns-helper
+COPY proto ./proto
+COPY bin ./bin
+RUN ln -s /opt/probe-agent/bin/probe-agent /usr/local/bin/probe-agent \
+ && probe-agent --version
+LABEL org.opencontainers.image.title="probe-agent" \
+      org.opencontainers.image.description="Runs Kubernetes TCP/HTTP/gRPC probes inside each pod's network namespace" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# Root: setns() needs CAP_SYS_ADMIN in the effective set, which a non-root process only gets
+# from file capabilities on the helper. The DaemonSet drops every other capability.
+USER 0:0
+ENTRYPOINT ["/usr/bin/tini", "--", "/opt/probe-agent/bin/probe-agent"]
+CMD ["run"]

@@ -1,0 +1,183 @@
+/**
+ * The nftables-close-hole sidecar script (deploy/components/nftables-close-hole/close-hole.sh)
+ * against real nftables and a lab of network-namespace pods: it closes the node->pod path only
+ * while the agent's real /readyz (the agent's own metrics/health listener) answers 200, reloads
+ * a deleted table, fails open when the agent stays unready, honours its exemptions and interface
+ * scope, and removes its table on SIGTERM. Its table is named after the lab slot, so parallel
+ * test files never share one.
+ */
+import { requireRoot } from '../support/root.ts';
+requireRoot(['ip', 'nft', 'bash', 'timeout']);
+
+import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import * as net from 'node:net';
+import { fileURLToPath } from 'node:url';
+import { Registry } from 'prom-client';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { HealthRegistry } from '../../agent/metrics/health.ts';
+import { startMetricsServer, type MetricsServer } from '../../agent/metrics/http-server.ts';
+import { createLab, type Lab, type RunningServer } from '../lab/lab.ts';
+
+const SCRIPT = fileURLToPath(new URL('../../deploy/components/nftables-close-hole/close-hole.sh', import.meta.url));
+
+/** A TCP connect from the test process (the node netns): 'connected' or the error code, and how long it took. */
+function connectFromNode(host: string, port: number, timeoutMs = 1000): Promise<{ result: string; ms: number }> {
+  const start = Date.now();
+  return new Promise((resolve) => {
+    const s = net.connect({ host, port });
+    const done = (result: string): void => {
+      s.destroy();
+      resolve({ result, ms: Date.now() - start });
+    };
+    s.setTimeout(timeoutMs, () => done('timeout'));
+    s.on('connect', () => done('connected'));
+    s.on('error', (e: NodeJS.ErrnoException) => done(e.code ?? e.message));
+  });
+}
+
+async function waitFor(what: string, cond: () => boolean | Promise<boolean>, timeoutMs = 4000): Promise<number> {
+  const start = Date.now();
+  while (!(await cond())) {
+    if (Date.now() - start > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  return Date.now() - start;
+}
+
+describe('close-hole sidecar script', () => {
+  let lab: Lab;
+  let server: RunningServer;
+  let health: HealthRegistry;
+  let metrics: MetricsServer;
+  let metricsV6: MetricsServer;
+  let table: string;
+  let ready = false;
+  let script: ChildProcess | undefined;
+  let output = '';
+
+  const tablePresent = (): boolean => spawnSync('nft', ['list', 'table', 'inet', table], { stdio: 'ignore' }).status === 0;
+  const httpPort = (): number => server.ports.http!;
+  const tcpPort = (): number => server.ports.tcp!;
+
+  function start(extra: Record<string, string> = {}): ChildProcess {
+    output = '';
+    script = spawn('bash', [SCRIPT], {
+      env: {
+        PATH: process.env.PATH,
+        CLOSE_HOLE_TABLE: table,
+        CLOSE_HOLE_POD_CIDRS: `${lab.subnetV4},${lab.subnetV6}`,
+        CLOSE_HOLE_POD_INTERFACES: lab.bridge,
+        CLOSE_HOLE_AGENT_ADDRESS: `127.0.0.1:${metrics.port}`,
+        CLOSE_HOLE_INTERVAL: '0.1',
+        CLOSE_HOLE_FAIL_OPEN_AFTER: '1',
+        CLOSE_HOLE_CHECK_TIMEOUT: '1',
+        ...extra,
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    script.stdout!.on('data', (d: Buffer) => (output += d.toString()));
+    script.stderr!.on('data', (d: Buffer) => (output += d.toString()));
+    return script;
+  }
+
+  async function stop(): Promise<number | null> {
+    const child = script;
+    script = undefined;
+    if (!child || child.exitCode !== null) return child?.exitCode ?? null;
+    const exited = once(child, 'exit');
+    child.kill('SIGTERM');
+    const [code] = (await exited) as [number | null];
+    return code;
+  }
+
+  beforeAll(async () => {
+    lab = await createLab({ pods: 2, policy: 'none', tag: 'deploy.test close-hole' });
+    table = `probe_agent_close_hole_t${lab.id}`;
+    server = await lab.startServer(lab.pods[0]!, { http: 0, tcp: 0 });
+    health = new HealthRegistry();
+    health.addReadiness('agent-under-test', () => {
+      if (!ready) throw new Error('test says not ready');
+    });
+    metrics = await startMetricsServer({ address: '127.0.0.1:0', registry: new Registry(), health });
+    metricsV6 = await startMetricsServer({ address: '[::1]:0', registry: new Registry(), health });
+  });
+
+  afterEach(async () => {
+    await stop();
+    if (tablePresent()) execFileSync('nft', ['delete', 'table', 'inet', table]);
+  });
+
+  afterAll(async () => {
+    await metrics?.close();
+    await metricsV6?.close();
+    health?.close();
+    await lab?.destroy();
+  });
+
+  it('closes the node->pod path while the agent is ready, reloads a deleted table, fails open, cleans up on SIGTERM', async () => {
+    const [pod, peer] = [lab.pods[0]!, lab.pods[1]!];
+    ready = false;
+    start();
+    await waitFor('the first unready check', () => output.includes('agent not ready'));
+    expect(tablePresent()).toBe(false);
+    expect((await connectFromNode(pod.ipv4, httpPort())).result).toBe('connected');
+
+    ready = true;
+    await waitFor('the table', tablePresent);
+    for (const ip of pod.ips) {
+      const { result, ms } = await connectFromNode(ip, httpPort());
+      expect(result, ip).not.toBe('connected');
+      expect(result, `${ip}: refused at once, not by timeout`).not.toBe('timeout');
+      expect(ms).toBeLessThan(500);
+    }
+    // The pod itself and its peers are untouched: their packets never pass the node's output hook.
+    for (const [from, to] of [[pod, pod.ipv4], [pod, '127.0.0.1'], [peer, pod.ipv4], [peer, pod.ipv6]] as const) {
+      const r = await lab.exec(from, 'bash', ['-c', `exec 3<>"/dev/tcp/${to}/${httpPort()}"`], { timeoutMs: 3000 });
+      expect(r.code, `${from.name} -> ${to}: ${r.stderr}`).toBe(0);
+    }
+    const counters = execFileSync('nft', ['-j', 'list', 'table', 'inet', table], { encoding: 'utf8' });
+    expect(counters).toMatch(/"packets": [1-9]/);
+
+    execFileSync('nft', ['delete', 'table', 'inet', table]);
+    await waitFor('the table to be reloaded', tablePresent);
+    expect(output).toContain('disappeared');
+
+    ready = false;
+    const unreadyAt = Date.now();
+    await waitFor('fail open', () => !tablePresent(), 5000);
+    expect(Date.now() - unreadyAt).toBeGreaterThanOrEqual(900);
+    expect((await connectFromNode(pod.ipv4, httpPort())).result).toBe('connected');
+
+    ready = true;
+    await waitFor('the table again', tablePresent);
+    const stoppedAt = Date.now();
+    expect(await stop()).toBe(0);
+    expect(Date.now() - stoppedAt).toBeLessThan(2000);
+    expect(tablePresent()).toBe(false);
+    expect((await connectFromNode(pod.ipv6, httpPort())).result).toBe('connected');
+  });
+
+  it('leaves exempt ports open, only guards the listed interfaces, watches an IPv6 agent address', async () => {
+    const pod = lab.pods[0]!;
+    ready = true;
+    start({ CLOSE_HOLE_EXEMPT_TCP_PORTS: String(tcpPort()), CLOSE_HOLE_AGENT_ADDRESS: `[::1]:${metricsV6.port}` });
+    await waitFor('the table', tablePresent);
+    expect((await connectFromNode(pod.ipv4, tcpPort())).result).toBe('connected');
+    expect((await connectFromNode(pod.ipv4, httpPort())).result).not.toBe('connected');
+    expect(await stop()).toBe(0);
+
+    // Another interface pattern: the lab bridge is not a pod interface, so nothing is refused.
+    start({ CLOSE_HOLE_POD_INTERFACES: `pa${lab.id}zz*` });
+    await waitFor('the table', tablePresent);
+    expect((await connectFromNode(pod.ipv4, httpPort())).result).toBe('connected');
+  });
+
+  it('refuses settings nft rejects, before touching the ruleset', async () => {
+    const child = start({ CLOSE_HOLE_POD_CIDRS: `${lab.subnetV4},fd00:10:250:${lab.id}::1::/64` });
+    const [code] = (await once(child, 'exit')) as [number | null];
+    expect(code).toBe(2);
+    expect(output).toMatch(/nft refused the table/);
+    expect(tablePresent()).toBe(false);
+  });
+});

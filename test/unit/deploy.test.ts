@@ -1,0 +1,424 @@
+/**
+ * deploy/: every kustomize variant is rendered offline with `kubectl kustomize` and checked
+ * against the agent's real contracts: the run command's flags and env twins (parsed by the
+ * agent's own commander definition and parseRunConfig), the socket path, the netns path rules
+ * of the built helper binary, the CRI endpoints the agent knows, and the invariants the
+ * manifests promise (no privileged, hostPID only with procfs, minimal RBAC, ...). The
+ * Dockerfile's runtime layout is checked against the files the agent loads at run time.
+ */
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Command, type Option } from 'commander';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseAllDocuments } from 'yaml';
+import { DEFAULT_SOCKET, parseRunConfig, registerRunCommand, type RunConfig } from '../../agent/cli/run-command.ts';
+import { DEFAULT_CRI_ENDPOINTS } from '../../agent/netns/cri-endpoint.ts';
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+const DEPLOY = path.join(ROOT, 'deploy');
+const HELPER = path.join(ROOT, 'netns-helper/build/probe-agent-netns-helper');
+const VERSION = (JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
+const COMPONENTS = readdirSync(path.join(DEPLOY, 'components')).sort();
+/** Downward-API values a real node would fill in. */
+const NODE = { NODE_NAME: 'node-a', HOST_IP: '192.0.2.10', POD_IP: '10.244.3.7' };
+
+type Obj = Record<string, any>;
+interface Variant { name: string; components: string[]; namespace?: string; overlay?: string }
+
+const VARIANTS: Variant[] = [
+  { name: 'base', components: [] },
+  ...COMPONENTS.map((c) => ({ name: c, components: [c] })),
+  { name: 'containerd-full', components: ['containerd', 'procfs-resolver', 'nftables-close-hole', 'kubelet-insecure-tls', 'pod-monitor', 'nodes-proxy-fallback'] },
+  { name: 'crio-privileged', components: ['crio', 'service-monitor', 'privileged'] },
+  { name: 'other-namespace', components: ['nodes-proxy-fallback', 'pod-monitor'], namespace: 'other-ns' },
+  { name: 'example-overlay', components: ['containerd', 'pod-monitor'], overlay: 'overlays/example' },
+];
+
+let scratch: string;
+const rendered = new Map<string, Obj[]>();
+
+/** kubectl with an embedded kustomize that knows components (v4+, kubectl 1.21+), or a loud failure. */
+function requireKubectl(): void {
+  const r = spawnSync('kubectl', ['version', '--client', '-o', 'json'], { encoding: 'utf8' });
+  const hint = "install kubectl >= 1.21 (https://pkgs.k8s.io); Debian's kubernetes-client package is 1.20, whose kustomize v2 has no components";
+  if (r.error) throw new Error(`kubectl not found: these tests render deploy/ with \`kubectl kustomize\`; ${hint}`);
+  const kustomize = (JSON.parse(r.stdout || '{}') as { kustomizeVersion?: string }).kustomizeVersion ?? '';
+  const major = Number(/^v?(\d+)/.exec(kustomize)?.[1] ?? 0);
+  if (major < 4) throw new Error(`kubectl's kustomize is "${kustomize || 'unknown'}", components need v4+; ${hint}`);
+}
+
+function render(v: Variant): Obj[] {
+  let dir: string;
+  if (v.overlay) {
+    dir = path.join(DEPLOY, v.overlay);
+  } else {
+    dir = mkdtempSync(path.join(scratch, `${v.name}-`));
+    const rel = (p: string) => path.relative(dir, path.join(DEPLOY, p));
+    const lines = [`resources: [${rel('base')}]`, `components: [${v.components.map((c) => rel(`components/${c}`)).join(', ')}]`];
+    if (v.namespace) lines.push(`namespace: ${v.namespace}`);
+    writeFileSync(path.join(dir, 'kustomization.yaml'), lines.join('\n') + '\n');
+  }
+  const out = execFileSync('kubectl', ['kustomize', dir], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+  return parseAllDocuments(out).map((d) => d.toJS() as Obj).filter((o) => o !== null);
+}
+
+/** The run command's options, straight from the agent's commander definition. */
+function runOptions(): Option[] {
+  const program = new Command();
+  registerRunCommand(program);
+  return program.commands.find((c) => c.name() === 'run')!.options as Option[];
+}
+
+/** Expands $(VAR) the way the kubelet does: only variables defined earlier (envFrom first). */
+function containerEnv(c: Obj, all: Obj[], downward: Record<string, string>): { env: Record<string, string>; unresolved: string[] } {
+  const env: Record<string, string> = {};
+  const unresolved: string[] = [];
+  for (const from of c.envFrom ?? []) {
+    const cm = all.find((o) => o.kind === 'ConfigMap' && o.metadata.name === from.configMapRef?.name);
+    if (!cm) throw new Error(`envFrom names ConfigMap ${from.configMapRef?.name}, which is not rendered`);
+    Object.assign(env, cm.data);
+  }
+  for (const e of c.env ?? []) {
+    if (e.valueFrom?.fieldRef) {
+      const field = e.valueFrom.fieldRef.fieldPath as string;
+      env[e.name] = field === 'spec.nodeName' ? downward.NODE_NAME! : field === 'status.hostIP' ? downward.HOST_IP! : field === 'status.podIP' ? downward.POD_IP! : `<${field}>`;
+      continue;
+    }
+    env[e.name] = String(e.value ?? '').replace(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (whole, name: string) => {
+      if (name in env) return env[name]!;
+      unresolved.push(`${e.name} -> ${name}`);
+      return whole;
+    });
+  }
+  return { env, unresolved };
+}
+
+/** Runs the agent's own flag/env parsing on a rendered container, as `probe-agent run` would. */
+async function agentConfig(args: string[], env: Record<string, string>): Promise<RunConfig> {
+  const program = new Command().exitOverride();
+  registerRunCommand(program);
+  let raw: Record<string, any> | undefined;
+  program.commands.find((c) => c.name() === 'run')!.action((opts: Record<string, any>) => { raw = opts; });
+  const saved = process.env;
+  process.env = { ...env };
+  try {
+    await program.parseAsync(args, { from: 'user' });
+  } finally {
+    process.env = saved;
+  }
+  return parseRunConfig(raw!, env);
+}
+
+/** The helper's verdict on each path ("proc", "dir" or "invalid\t<why>"). */
+function helperVerdicts(paths: string[]): string[] {
+  if (!existsSync(HELPER)) throw new Error(`${HELPER} is missing: build it with \`make helper\` (make test does)`);
+  return execFileSync(HELPER, ['--check-paths'], { input: paths.join('\n') + '\n', encoding: 'utf8' }).trim().split('\n');
+}
+
+const mib = (q: string): number => {
+  const m = /^(\d+)(Mi|Gi)$/.exec(q);
+  if (!m) throw new Error(`unexpected quantity ${q}`);
+  return Number(m[1]) * (m[2] === 'Gi' ? 1024 : 1);
+};
+
+beforeAll(() => {
+  requireKubectl();
+  scratch = mkdtempSync(path.join(tmpdir(), 'probe-agent-deploy-'));
+  for (const v of VARIANTS) rendered.set(v.name, render(v));
+});
+
+afterAll(() => {
+  if (scratch) rmSync(scratch, { recursive: true, force: true });
+});
+
+describe.each(VARIANTS)('deploy variant $name', (v) => {
+  const has = (c: string) => v.components.includes(c);
+  const ns = v.namespace ?? 'probe-agent';
+  const docs = () => rendered.get(v.name)!;
+  const ds = () => docs().find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'probe-agent')!;
+  const pod = () => ds().spec.template.spec;
+  const agent = () => pod().containers.find((c: Obj) => c.name === 'agent');
+  const downward = () => (pod().hostNetwork ? { ...NODE, POD_IP: NODE.HOST_IP } : NODE);
+
+  it('renders objects with apiVersion, kind, name, and the right namespace', () => {
+    const clusterScoped = new Set(['Namespace', 'ClusterRole', 'ClusterRoleBinding']);
+    expect(docs().length).toBeGreaterThan(4);
+    for (const o of docs()) {
+      expect(typeof o.apiVersion, JSON.stringify(o).slice(0, 80)).toBe('string');
+      expect(typeof o.kind).toBe('string');
+      expect(o.metadata?.name).toMatch(/^[a-z0-9][a-z0-9.-]*$/);
+      if (clusterScoped.has(o.kind)) expect(o.metadata.namespace).toBeUndefined();
+      else expect(o.metadata.namespace, `${o.kind}/${o.metadata.name}`).toBe(ns);
+    }
+    const namespace = docs().find((o) => o.kind === 'Namespace');
+    expect(namespace?.metadata.name).toBe(ns);
+    // SYS_ADMIN and hostPath fail the baseline standard: the namespace must admit them explicitly.
+    expect(namespace?.metadata.labels['pod-security.kubernetes.io/enforce']).toBe('privileged');
+  });
+
+  it('keeps the pod-level invariants: no host network/PID unless asked, node-critical, everywhere', () => {
+    const spec = pod();
+    expect(spec.hostNetwork === true).toBe(has('nftables-close-hole') || has('host-network'));
+    if (spec.hostNetwork) expect(spec.dnsPolicy).toBe('ClusterFirstWithHostNet');
+    expect(spec.hostPID === true).toBe(has('procfs-resolver'));
+    expect(spec.hostIPC === true).toBe(false);
+    expect(spec.priorityClassName).toBe('system-node-critical');
+    expect(spec.tolerations).toContainEqual({ operator: 'Exists' });
+    expect(spec.securityContext.seccompProfile).toEqual({ type: 'RuntimeDefault' });
+    const strategy = ds().spec.updateStrategy;
+    expect(strategy.type).toBe('RollingUpdate');
+    expect(String(strategy.rollingUpdate.maxSurge)).toMatch(/^0%?$/);
+    expect(String(strategy.rollingUpdate.maxUnavailable)).toMatch(/^([1-9]\d*|[1-9]\d?%)$/);
+    expect(ds().spec.selector.matchLabels).toEqual({ 'app.kubernetes.io/name': 'probe-agent' });
+    for (const [k, val] of Object.entries(ds().spec.selector.matchLabels)) expect(ds().spec.template.metadata.labels[k]).toBe(val);
+  });
+
+  it('grants each container only its capabilities, privileged only with the privileged component', () => {
+    for (const c of pod().containers as Obj[]) {
+      const sc = c.securityContext;
+      expect(sc.capabilities.drop).toEqual(['ALL']);
+      expect(sc.readOnlyRootFilesystem).toBe(true);
+      expect(sc.runAsUser).toBe(0);
+      expect(sc.seccompProfile?.type ?? 'RuntimeDefault').toBe('RuntimeDefault');
+      if (c.name === 'agent') {
+        expect(sc.privileged === true).toBe(has('privileged'));
+        expect([...sc.capabilities.add].sort()).toEqual(has('procfs-resolver') ? ['SYS_ADMIN', 'SYS_PTRACE'] : ['SYS_ADMIN']);
+        // The API refuses allowPrivilegeEscalation=false with CAP_SYS_ADMIN; never dodge that by spelling.
+        expect(sc.allowPrivilegeEscalation).not.toBe(false);
+      } else {
+        expect(c.name).toBe('close-hole');
+        expect(sc.privileged).toBe(false);
+        expect(sc.capabilities.add).toEqual(['NET_ADMIN']);
+        expect(sc.allowPrivilegeEscalation).toBe(false);
+      }
+    }
+  });
+
+  it('configures the agent only through flags and env twins that `probe-agent run` has', async () => {
+    const options = runOptions();
+    const longs = new Set(options.map((o) => o.long));
+    const twins = new Map(options.map((o) => [o.envVar, o]));
+    const c = agent();
+    expect(c.args?.[0] ?? c.command?.at(-1)).toBe('run');
+    for (const a of (c.args ?? []).slice(1)) {
+      if (a.startsWith('--')) expect(longs.has(a.split('=')[0]), `unknown flag ${a}`).toBe(true);
+    }
+    const names = (c.env as Obj[]).map((e) => e.name);
+    expect(new Set(names).size).toBe(names.length);
+    for (const e of c.env as Obj[]) {
+      if (!e.name.startsWith('PROBE_AGENT_')) continue;
+      const opt = twins.get(e.name);
+      expect(opt, `${e.name} is no flag's env twin`).toBeDefined();
+      // commander turns a boolean flag on when its twin is present, even as "false".
+      if (opt!.isBoolean()) expect(e.value, `${e.name}: delete it instead of "false"`).toBe('true');
+    }
+    for (const container of pod().containers as Obj[]) {
+      expect(containerEnv(container, docs(), downward()).unresolved, container.name).toEqual([]);
+    }
+    const { env } = containerEnv(c, docs(), downward());
+    const config = await agentConfig(c.args ?? ['run'], env);
+    expect(config.nodeName).toBe(NODE.NODE_NAME);
+    expect(config.kubeletUrl).toBe(`https://${NODE.HOST_IP}:10250`);
+    expect(config.kubeletInsecureTls).toBe(has('kubelet-insecure-tls'));
+    if (!config.kubeletInsecureTls) expect(config.kubeletCaFile).toBe('/var/run/secrets/kubernetes.io/serviceaccount/ca.crt');
+    // The kubelet probes the pod IP: a loopback listener would fail every probe of the agent.
+    expect(config.metricsAddress).toEqual({ host: downward().POD_IP, port: 9809 });
+    expect(config.shutdownGracePeriodMs + 2000).toBeLessThan(pod().terminationGracePeriodSeconds * 1000);
+  });
+
+  it('mounts the socket directory, the netns directories and the CRI socket where the agent looks', async () => {
+    const c = agent();
+    const { env } = containerEnv(c, docs(), downward());
+    const config = await agentConfig(c.args ?? ['run'], env);
+    const volumes = new Map((pod().volumes as Obj[]).map((vol) => [vol.name, vol]));
+    const mountOf = (dir: string) => (c.volumeMounts as Obj[]).find((m) => m.mountPath === dir);
+    const hostPathOf = (m: Obj | undefined) => volumes.get(m?.name)?.hostPath;
+
+    expect(config.socket).toBe(DEFAULT_SOCKET);
+    const socketMount = mountOf(path.dirname(config.socket));
+    expect(hostPathOf(socketMount)).toEqual({ path: path.dirname(config.socket), type: 'DirectoryOrCreate' });
+    expect(socketMount?.readOnly).not.toBe(true);
+
+    const netnsDirs = ['/run/netns', '/var/run/netns', ...config.netnsDirs];
+    for (const dir of netnsDirs) {
+      const m = mountOf(dir);
+      expect(hostPathOf(m)?.path, dir).toBe(dir);
+      expect(m?.readOnly).toBe(true);
+      expect(m?.mountPropagation).toBe('HostToContainer');
+    }
+    expect(helperVerdicts(netnsDirs.map((d) => `${d}/cni-0c7e3f2a`))).toEqual(netnsDirs.map(() => 'dir'));
+
+    const usesProcfs = config.netnsResolvers.includes('procfs');
+    expect(usesProcfs).toBe(has('procfs-resolver'));
+    expect(pod().hostPID === true).toBe(usesProcfs);
+    if (usesProcfs) expect(helperVerdicts([`${config.procRoot}/4242/ns/net`])).toEqual(['proc']);
+
+    const runtime = ['containerd', 'crio'].find(has);
+    if (!runtime) {
+      expect(config.criEndpoint).toBeUndefined();
+    } else {
+      expect(DEFAULT_CRI_ENDPOINTS).toContain(config.criEndpoint);
+      const dir = path.dirname(new URL(config.criEndpoint!).pathname);
+      const m = mountOf(dir);
+      expect(hostPathOf(m)).toEqual({ path: dir, type: 'Directory' });
+      expect(m?.readOnly).toBe(true);
+      expect(m?.mountPropagation).toBe('HostToContainer');
+    }
+  });
+
+  it('probes the agent on its metrics port with the agreed resources', () => {
+    const c = agent();
+    const port = (c.ports as Obj[]).find((p) => p.name === 'metrics');
+    expect(port?.containerPort).toBe(9809);
+    expect(c.startupProbe.httpGet).toEqual({ path: '/healthz', port: 'metrics' });
+    expect(c.livenessProbe.httpGet).toEqual({ path: '/healthz', port: 'metrics' });
+    expect(c.readinessProbe.httpGet).toEqual({ path: '/readyz', port: 'metrics' });
+    expect(c.resources).toEqual({ requests: { cpu: '50m', memory: '64Mi' }, limits: { memory: '160Mi' } });
+    const heap = /--max-old-space-size=(\d+)/.exec((c.env as Obj[]).find((e) => e.name === 'NODE_OPTIONS')?.value ?? '');
+    expect(Number(heap?.[1])).toBeLessThan(mib(c.resources.limits.memory) * 0.75);
+    for (const container of pod().containers as Obj[]) {
+      expect(container.image).toBe(v.overlay ? `registry.example.com/platform/probe-agent:${VERSION}` : `probe-agent:${VERSION}`);
+    }
+  });
+
+  it('grants get on nodes/pods only (nodes/proxy only with the fallback), to its own service account', () => {
+    const roles = docs().filter((o) => o.kind === 'ClusterRole' || o.kind === 'Role');
+    const rules = roles.flatMap((r) => r.rules as Obj[]);
+    const expected = [{ apiGroups: [''], resources: ['nodes/pods'], verbs: ['get'] }];
+    if (has('nodes-proxy-fallback')) expected.push({ apiGroups: [''], resources: ['nodes/proxy'], verbs: ['get'] });
+    expect(rules).toEqual(expected);
+    const sa = docs().find((o) => o.kind === 'ServiceAccount');
+    expect(pod().serviceAccountName).toBe(sa?.metadata.name);
+    for (const b of docs().filter((o) => o.kind === 'ClusterRoleBinding')) {
+      expect(roles.map((r) => r.metadata.name)).toContain(b.roleRef.name);
+      expect(b.subjects).toEqual([{ kind: 'ServiceAccount', name: sa?.metadata.name, namespace: sa?.metadata.namespace }]);
+    }
+  });
+
+  it('ships monitors only when asked, selecting the agent pods and their metrics port', () => {
+    const podLabels = ds().spec.template.metadata.labels;
+    const matches = (sel: Obj, labels: Obj) => Object.entries(sel.matchLabels ?? {}).every(([k, val]) => labels?.[k] === val);
+    const pm = docs().filter((o) => o.kind === 'PodMonitor');
+    const sm = docs().filter((o) => o.kind === 'ServiceMonitor');
+    expect(pm.length).toBe(has('pod-monitor') ? 1 : 0);
+    expect(sm.length).toBe(has('service-monitor') ? 1 : 0);
+    for (const m of pm) {
+      expect(matches(m.spec.selector, podLabels)).toBe(true);
+      expect(m.spec.podMetricsEndpoints.map((e: Obj) => e.port)).toEqual(['metrics']);
+    }
+    for (const m of sm) {
+      const svc = docs().find((o) => o.kind === 'Service' && matches(m.spec.selector, o.metadata.labels));
+      expect(svc?.spec.clusterIP).toBe('None');
+      expect(matches({ matchLabels: svc?.spec.selector }, podLabels)).toBe(true);
+      expect(svc?.spec.ports.map((p: Obj) => p.targetPort)).toEqual(['metrics']);
+      expect(m.spec.endpoints.map((e: Obj) => e.port)).toEqual(svc?.spec.ports.map((p: Obj) => p.name));
+    }
+  });
+
+  if (has('nftables-close-hole')) it('wires the close-hole sidecar to the agent and to its script', () => {
+    const sidecar = (pod().containers as Obj[]).find((c) => c.name === 'close-hole')!;
+    const agentEnv = containerEnv(agent(), docs(), downward()).env;
+    const { env } = containerEnv(sidecar, docs(), downward());
+    expect(env.CLOSE_HOLE_AGENT_ADDRESS).toBe(agentEnv.PROBE_AGENT_METRICS_ADDRESS);
+    const volume = (pod().volumes as Obj[]).find((vol) => vol.name === 'close-hole-script');
+    const cm = docs().find((o) => o.kind === 'ConfigMap' && o.metadata.name === volume?.configMap?.name);
+    const scriptPath = path.join(DEPLOY, 'components/nftables-close-hole/close-hole.sh');
+    expect(cm?.data['close-hole.sh']).toBe(readFileSync(scriptPath, 'utf8'));
+    const mount = (sidecar.volumeMounts as Obj[]).find((m) => m.name === 'close-hole-script');
+    expect(sidecar.command).toEqual(['bash', `${mount?.mountPath}/close-hole.sh`]);
+    // The shipped settings leave the CIDRs to the operator: the sidecar refuses to start without them.
+    const unset = spawnSync('bash', [scriptPath, '--print'], { env: { ...env, PATH: process.env.PATH }, encoding: 'utf8' });
+    expect(unset.status).toBe(2);
+    expect(unset.stderr).toMatch(/CLOSE_HOLE_POD_CIDRS is empty/);
+    const set = spawnSync('bash', [scriptPath, '--print'], { env: { ...env, PATH: process.env.PATH, CLOSE_HOLE_POD_CIDRS: '10.244.0.0/16,fd00:10:244::/56' }, encoding: 'utf8' });
+    expect(set.stderr).toBe('');
+    expect(set.stdout).toContain('ip daddr @pod_v4 meta l4proto tcp counter reject with tcp reset');
+    expect(set.stdout).toContain('ct state new oifname "cali*" jump guard');
+  });
+});
+
+describe('Dockerfile', () => {
+  const dockerfile = readFileSync(path.join(ROOT, 'Dockerfile'), 'utf8').replace(/\\\n/g, ' ');
+  const lines = dockerfile.split('\n').map((l) => l.trim()).filter((l) => l && !l.startsWith('#'));
+  const stages = lines.filter((l) => /^FROM /i.test(l));
+  const runtimeStart = lines.lastIndexOf(stages.at(-1)!);
+  const runtime = lines.slice(runtimeStart);
+  const workdir = runtime.find((l) => l.startsWith('WORKDIR '))!.split(/\s+/)[1]!;
+  /** Image path -> where its content comes from in the repository (build outputs named by their source path). */
+  const layout = new Map<string, string>();
+  for (const l of runtime.filter((x) => x.startsWith('COPY '))) {
+    const parts = l.split(/\s+/).slice(1);
+    const from = parts[0]!.startsWith('--from=') ? parts.shift() : undefined;
+    const [src, dst] = parts as [string, string];
+    layout.set(path.posix.resolve(workdir, dst), from ? path.posix.relative('/src', src) : src.replace(/^\.\//, ''));
+  }
+
+  it('is multi-stage: a node:24 build stage and a small node:24 runtime, as root, under tini', () => {
+    expect(stages.length).toBe(2);
+    expect(lines).toContain('ARG BUILD_IMAGE=node:24');
+    expect(lines).toContain('ARG RUNTIME_IMAGE=node:24-slim');
+    expect(lines.some((l) => l.includes('npm ci'))).toBe(true);
+    expect(lines.some((l) => l.includes('npx tsc -p tsconfig.json'))).toBe(true);
+    expect(lines.some((l) => l.includes('make -C netns-helper'))).toBe(true);
+    expect(lines.some((l) => l.includes('npm prune --omit=dev'))).toBe(true);
+    expect(readFileSync(path.join(ROOT, 'netns-helper/Makefile'), 'utf8')).toMatch(/-static/);
+    const apt = runtime.find((l) => l.includes('apt-get install'))!;
+    for (const pkg of ['iproute2', 'util-linux', 'nftables', 'tini']) expect(apt.split(/\s+/)).toContain(pkg);
+    expect(runtime).toContain('USER 0:0');
+    expect(runtime).toContain('ENTRYPOINT ["/usr/bin/tini", "--", "/opt/probe-agent/bin/probe-agent"]');
+    expect(layout.get('/opt/probe-agent/bin')).toBe('bin');
+    expect(existsSync(path.join(ROOT, 'bin/probe-agent'))).toBe(true);
+  });
+
+  it('ships every file the agent loads relative to its own modules', () => {
+    // Each `new URL('<rel>', import.meta.url)` in agent/x/y.ts runs as dist/x/y.js in the image.
+    const lookups: string[] = [];
+    const walk = (dir: string): void => {
+      for (const e of readdirSync(dir, { withFileTypes: true })) {
+        const p = path.join(dir, e.name);
+        if (e.isDirectory()) walk(p);
+        else if (p.endsWith('.ts')) {
+          for (const m of readFileSync(p, 'utf8').matchAll(/new URL\('([^']+)', import\.meta\.url\)/g)) {
+            const distDir = path.posix.join(workdir, 'dist', path.relative(path.join(ROOT, 'agent'), path.dirname(p)));
+            lookups.push(path.posix.resolve(distDir, m[1]!));
+          }
+        }
+      }
+    };
+    walk(path.join(ROOT, 'agent'));
+    expect(lookups.length).toBeGreaterThanOrEqual(3);
+    for (const target of lookups) {
+      const covering = [...layout.keys()].find((dst) => target === dst || target.startsWith(`${dst}/`));
+      expect(covering, `${target} is not in the image`).toBeDefined();
+      const repoPath = path.join(layout.get(covering!)!, path.posix.relative(covering!, target));
+      if (!['dist', 'node_modules', 'netns-helper/build'].some((built) => repoPath.startsWith(built))) {
+        expect(existsSync(path.join(ROOT, repoPath)), repoPath).toBe(true);
+      }
+    }
+  });
+
+  it('copies only sources the build context keeps', () => {
+    const ignored = readFileSync(path.join(ROOT, '.dockerignore'), 'utf8').split('\n').map((l) => l.trim()).filter((l) => l && !l.startsWith('#'));
+    const contextCopies = lines.filter((l) => l.startsWith('COPY ') && !l.includes('--from=')).flatMap((l) => l.split(/\s+/).slice(1, -1));
+    expect(contextCopies).toEqual(expect.arrayContaining(['package.json', 'package-lock.json', 'agent', 'netns-helper', 'proto', 'bin']));
+    for (const src of contextCopies) {
+      expect(existsSync(path.join(ROOT, src)), src).toBe(true);
+      expect(ignored.filter((pat) => src === pat || src.startsWith(`${pat}/`)), src).toEqual([]);
+    }
+    for (const built of ['node_modules', 'dist', 'netns-helper/build']) expect(ignored).toContain(built);
+  });
+});
+
+describe('docs', () => {
+  it('deploy.md names every component; closing-the-hole.md every close-hole setting', () => {
+    const deployDoc = readFileSync(path.join(ROOT, 'docs/deploy.md'), 'utf8');
+    for (const c of COMPONENTS) expect(deployDoc, c).toContain(`components/${c}`);
+    const holeDoc = readFileSync(path.join(ROOT, 'docs/closing-the-hole.md'), 'utf8');
+    const settings = readFileSync(path.join(DEPLOY, 'components/nftables-close-hole/close-hole.env'), 'utf8').match(/^CLOSE_HOLE_[A-Z_]+/gm)!;
+    expect(settings.length).toBeGreaterThan(5);
+    for (const s of settings) expect(holeDoc, s).toContain(s);
+  });
+});
