@@ -152,6 +152,11 @@ function timeoutError(address: ConnectAddress): ConnectError {
   return new ConnectError('failure', 'timeout', address, 'i/o timeout');
 }
 
+/** The deadline passed while the socket factory still had not delivered a socket. */
+function helperTimeoutError(address: ConnectAddress, deadline: Deadline): ConnectError {
+  return new ConnectError('error', 'helper-error', address, `netns helper did not hand over a socket within the probe timeout (${deadline.timeoutMs} ms)`);
+}
+
 interface Attempt {
   address: ConnectAddress;
   abort: AbortController;
@@ -209,7 +214,11 @@ export function connectTo(addresses: readonly ConnectAddress[], via: ConnectVia,
       // The primary address is the one kubelet would have dialled: report it unless it already failed differently.
       const primary = attempts[0];
       if (deadline.why() === 'aborted') finish(undefined, new ConnectError('error', 'other', first, 'probe aborted'));
-      else finish(undefined, primary?.error ?? timeoutError(first));
+      else if (primary?.error) finish(undefined, primary.error);
+      // Not one socket arrived: the time went to our helper, not to the target. A failure here would
+      // count toward failureThreshold and could restart a healthy container over our own trouble.
+      else if (attempts.length > 0 && attempts.every((a) => a.readyAt === undefined)) finish(undefined, helperTimeoutError(first, deadline));
+      else finish(undefined, timeoutError(first));
     };
 
     const startNext = (): void => {

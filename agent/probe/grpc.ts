@@ -26,6 +26,13 @@ const CODE_NAMES = [
 ];
 const UNIMPLEMENTED = 12;
 const DEADLINE_EXCEEDED = 4;
+/** HTTP/2 error codes as Go's http2.ErrCode prints them, by value. */
+const H2_ERROR_NAMES = [
+  'NO_ERROR', 'PROTOCOL_ERROR', 'INTERNAL_ERROR', 'FLOW_CONTROL_ERROR', 'SETTINGS_TIMEOUT', 'STREAM_CLOSED', 'FRAME_SIZE_ERROR',
+  'REFUSED_STREAM', 'CANCEL', 'COMPRESSION_ERROR', 'CONNECT_ERROR', 'ENHANCE_YOUR_CALM', 'INADEQUATE_SECURITY', 'HTTP_1_1_REQUIRED',
+];
+/** grpc-go's http2ErrConvTab: the status code of a stream the server reset, by HTTP/2 error code. */
+const RST_STREAM_CODES = [13, 13, 13, 8, 13, 13, 13, 14, 1, 13, 13, 8, 7, 13];
 
 /** A finished RPC: a status code, its message, and the response message bytes when OK. */
 interface RpcResult {
@@ -168,7 +175,12 @@ function checkRpc(socket: import('node:net').Socket, authority: string, service:
       { endStream: false },
     );
     stream.on('error', (err) => {
-      if (!settled) (gotResponseHeaders ? done({ code: 13, message: err.message }) : connFail(err));
+      if (settled) return;
+      // A server that resets the stream answered the RPC: grpc-go reports a status, not a dial error.
+      const reset = transportReady ? resetStatus(stream?.rstCode, err) : undefined;
+      if (reset) done(reset);
+      else if (gotResponseHeaders) done({ code: 13, message: err.message });
+      else connFail(err);
     });
     stream.on('response', (headers) => {
       gotResponseHeaders = true;
@@ -198,6 +210,13 @@ function checkRpc(socket: import('node:net').Socket, authority: string, service:
     });
     stream.end(grpcFrame(encodeHealthCheckRequest(service)));
   });
+}
+
+/** grpc-go's status for a stream the server reset (http2Client.handleRSTStream), when `err` reports one. */
+function resetStatus(rstCode: number | undefined, err: unknown): RpcResult | undefined {
+  if ((err as NodeJS.ErrnoException | undefined)?.code !== 'ERR_HTTP2_STREAM_ERROR' || rstCode === undefined) return undefined;
+  const name = H2_ERROR_NAMES[rstCode] ?? `unknown error code 0x${rstCode.toString(16)}`;
+  return { code: RST_STREAM_CODES[rstCode] ?? 2, message: `stream terminated by RST_STREAM with error code: ${name}` };
 }
 
 /** Turns response headers/trailers/body into a status, with grpc-go's HTTP-status fallback. */

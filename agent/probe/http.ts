@@ -110,7 +110,7 @@ async function exchange(
     });
     const t1 = performance.now();
     const flat: string[] = [];
-    for (const [k, v] of req.headers) flat.push(k, v);
+    for (const [k, v] of req.headers) flat.push(k, utf8OnTheWire(v));
     flat.unshift('Host', req.hostHeader);
     const res = await client.request({ path: req.pathAndQuery, method: 'GET', headers: flat, signal: deadline.signal, reset: true });
     phases.firstByte = (phases.firstByte ?? 0) + (performance.now() - t1) / 1000;
@@ -134,6 +134,15 @@ async function exchange(
     void client?.destroy().catch(() => {});
     socket?.destroy();
   }
+}
+
+/**
+ * Go writes a header value's UTF-8 bytes as they are; undici writes each character as one latin1
+ * byte and refuses anything wider ("€" made every such probe fail). Handing undici the UTF-8 bytes
+ * as latin1 characters puts exactly Go's bytes on the wire.
+ */
+function utf8OnTheWire(value: string): string {
+  return /[^\u0000-\u007f]/.test(value) ? Buffer.from(value, 'utf8').toString('latin1') : value;
 }
 
 /** Reads at most MAX_BODY_BYTES; more is not an error (kubelet logs it at V(4)). */
