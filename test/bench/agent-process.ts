@@ -1,0 +1,140 @@
+/**
+ * `probe-agent run` as a child process for the scale curve and the profile: started with real
+ * flags against the test kubelet, measured only from the outside (/proc and its /metrics), and
+ * stopped with SIGTERM the way the DaemonSet is.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { join } from 'node:path';
+import { freePort } from './blackbox.ts';
+import { REPO } from './build.ts';
+import { cmdlineOf, cpuOf, findChild, rssOf } from './procstat.ts';
+
+/** How to start the agent. */
+export interface AgentStartOptions {
+  cli: string;
+  kubeletUrl: string;
+  resolver: 'procfs' | 'address';
+  /** Scratch dir for the API socket. */
+  dir: string;
+  /** Extra node flags (e.g. --cpu-prof). */
+  nodeFlags?: string[];
+}
+
+/** One sample of the agent's metrics. */
+export type MetricSamples = Map<string, { labels: Record<string, string>; value: number }[]>;
+
+/** A running agent. */
+export interface AgentProcess {
+  pid: number;
+  metricsUrl: string;
+  /** The resident netns helper (the agent's child), once it runs. */
+  helperPid(): number | undefined;
+  /** Agent + helper CPU in ms, children of both included (the helper's forks, the resolver's `ip` runs). */
+  cpuMs(): { agent: number; helper: number };
+  /** Agent + helper resident memory in MB, now and at peak. */
+  rss(): { rssMB: number; peakMB: number };
+  scrape(): Promise<MetricSamples>;
+  /** SIGTERM, then SIGKILL after `graceMs`; resolves with the exit code. */
+  stop(graceMs?: number): Promise<number | null>;
+  readonly stderrTail: () => string;
+}
+
+/** Parses the Prometheus text format into samples by metric name (enough for our own output). */
+export function parseMetrics(text: string): MetricSamples {
+  const out: MetricSamples = new Map();
+  for (const line of text.split('\n')) {
+    if (line === '' || line.startsWith('#')) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)/.exec(line);
+    if (!m) continue;
+    const labels: Record<string, string> = {};
+    for (const l of (m[3] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[l[1] as string] = l[2] as string;
+    const list = out.get(m[1] as string) ?? [];
+    list.push({ labels, value: Number(m[4]) });
+    out.set(m[1] as string, list);
+  }
+  return out;
+}
+
+/** Sum of a metric's samples whose labels match `where`. */
+export function sumOf(samples: MetricSamples, name: string, where: (labels: Record<string, string>) => boolean = () => true): number {
+  return (samples.get(name) ?? []).filter((s) => where(s.labels)).reduce((a, s) => a + s.value, 0);
+}
+
+/** Starts `probe-agent run` and waits until its metrics endpoint answers. */
+export async function startAgent(opts: AgentStartOptions): Promise<AgentProcess> {
+  const port = await freePort();
+  const metricsUrl = `http://127.0.0.1:${port}/metrics`;
+  const args = [
+    ...(opts.nodeFlags ?? []),
+    opts.cli,
+    'run',
+    `--kubelet-url=${opts.kubeletUrl}`,
+    '--kubelet-token-file=',
+    '--kubelet-poll-interval=5s',
+    `--netns-resolvers=${opts.resolver}`,
+    `--socket=${join(opts.dir, 'probe.sock')}`,
+    `--metrics-address=127.0.0.1:${port}`,
+    '--node-name=node-a',
+    '--log-level=warn',
+  ];
+  const child: ChildProcess = spawn(process.execPath, args, {
+    stdio: ['ignore', 'ignore', 'pipe'],
+    cwd: REPO,
+    env: { ...process.env, PROBE_AGENT_HELPER: join(REPO, 'netns-helper/build/probe-agent-netns-helper') },
+  });
+  let stderr = '';
+  child.stderr?.on('data', (d: Buffer) => { stderr = (stderr + d.toString()).slice(-16_384); });
+  const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
+  const pid = child.pid as number;
+  let helper: number | undefined;
+  const helperPid = (): number | undefined => {
+    if (helper !== undefined && cmdlineOf(helper).includes('--resident')) return helper;
+    helper = findChild(pid, (argv) => argv.includes('--resident'));
+    return helper;
+  };
+  const agent: AgentProcess = {
+    pid,
+    metricsUrl,
+    helperPid,
+    cpuMs() {
+      const a = cpuOf(pid);
+      const h = helperPid();
+      const hc = h ? cpuOf(h) : { selfMs: 0, childrenMs: 0 };
+      return { agent: a.selfMs + a.childrenMs, helper: hc.selfMs + hc.childrenMs };
+    },
+    rss() {
+      const a = rssOf(pid);
+      const h = helperPid();
+      const hr = h ? rssOf(h) : { rssMB: 0, peakMB: 0 };
+      return { rssMB: a.rssMB + hr.rssMB, peakMB: a.peakMB + hr.peakMB };
+    },
+    async scrape() {
+      const res = await fetch(metricsUrl, { signal: AbortSignal.timeout(5000) });
+      if (!res.ok) throw new Error(`${metricsUrl} answered ${res.status}`);
+      return parseMetrics(await res.text());
+    },
+    async stop(graceMs = 15_000) {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+      const timer = setTimeout(() => child.kill('SIGKILL'), graceMs);
+      const code = await exited;
+      clearTimeout(timer);
+      return code;
+    },
+    stderrTail: () => stderr,
+  };
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`probe-agent exited at start (${child.exitCode}): ${stderr.trim()}`);
+    try {
+      await agent.scrape();
+      return agent;
+    } catch {
+      // not listening yet
+    }
+    if (Date.now() > deadline) {
+      await agent.stop(2000);
+      throw new Error(`probe-agent metrics did not answer within 30 s: ${stderr.trim()}`);
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
