@@ -46,9 +46,12 @@ export class Ticker {
     if (this.#timer) this.#clock.clearTimeout(this.#timer);
     this.#timer = this.#clock.setTimeout(() => {
       this.#held = true;
-      // A late timer (a blocked event loop) skips missed ticks instead of firing them in a burst.
+      // This tick is due even when the timer fired a little early by the wall clock (Node's timers
+      // run on a monotonic clock and may fire ~1 ms before Date.now() reaches the due time): always
+      // move on by one period. A late timer (a blocked event loop) skips missed ticks, no burst.
       const now = this.#clock.now();
-      while (this.#nextAt <= now) this.#nextAt += this.#periodMs;
+      do this.#nextAt += this.#periodMs;
+      while (this.#nextAt <= now);
       this.#arm();
       this.#onTick();
     }, this.#nextAt - this.#clock.now());
