@@ -77,6 +77,7 @@ async function exchange(
   const addresses = plan.ips.map((ip) => ({ ip, port: req.port }));
   let socket: Socket | undefined;
   let client: Client | undefined;
+  let finished = false;
   try {
     const connected = await connectTo(addresses, plan, deadline).catch((err: unknown) => {
       if (err instanceof ConnectError) {
@@ -125,13 +126,17 @@ async function exchange(
       res.body.on('error', () => {});
       res.body.destroy();
     }
+    finished = true;
     return { status, location, body };
   } catch (err) {
     if (err instanceof HopError) throw err;
     throw mapHttpError(err, prefix, deadline);
   } finally {
-    // Closing the client closes the socket; destroy both in case the client never took it.
-    void client?.destroy().catch(() => {});
+    // A finished exchange closes gracefully; destroy() builds an error with a stack trace on every
+    // call (3.6 % of busy time in make bench's profile), so keep it for the failure paths.
+    if (finished) void client?.close().catch(() => {});
+    else void client?.destroy().catch(() => {});
+    // The socket goes either way, in case the client never took it.
     socket?.destroy();
   }
 }
