@@ -1,10 +1,12 @@
 /*
  * Node's IPC channel, JSON serialisation: one JSON object per line. A handle travels as
  * {"cmd":"NODE_HANDLE","type":"net.Native","msg":...} in the same sendmsg() as an
- * SCM_RIGHTS message carrying exactly that one fd.
+ * SCM_RIGHTS message carrying exactly that one fd. Formatting and sending are child-safe
+ * (text.c, sys.h): the resident's shared-VM child answers through them.
  */
 #define _GNU_SOURCE
 #include "helper.h"
+#include "sys.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -16,39 +18,36 @@
 #include <sys/stat.h>
 #include <time.h>
 
-/* Writes `in` as the inside of a JSON string; output is always terminated and bounded. */
-static size_t json_escape(char *out, size_t cap, const char *in) {
-  size_t o = 0;
-  for (const unsigned char *c = (const unsigned char *)in; *c && o + 7 < cap; c++) {
-    if (*c == '"' || *c == '\\') {
-      out[o++] = '\\';
-      out[o++] = (char)*c;
-    } else if (*c < 0x20 || *c == 0x7f) {
-      o += (size_t)snprintf(out + o, cap - o, "\\u%04x", *c);
-    } else {
-      out[o++] = (char)*c;
-    }
-  }
-  out[o] = '\0';
-  return o;
-}
-
 size_t format_handle_line(char *buf, size_t cap, uint64_t id) {
-  int n = snprintf(buf, cap, "{\"cmd\":\"NODE_HANDLE\",\"type\":\"net.Native\",\"msg\":{\"id\":%" PRIu64 ",\"ok\":true}}\n", id);
-  return n < 0 || (size_t)n >= cap ? 0 : (size_t)n;
+  struct text t;
+  text_init(&t, buf, cap);
+  text_str(&t, "{\"cmd\":\"NODE_HANDLE\",\"type\":\"net.Native\",\"msg\":{\"id\":");
+  text_u64(&t, id);
+  text_str(&t, ",\"ok\":true}}\n");
+  return t.overflow ? 0 : t.len;
 }
 
 size_t format_error_line(char *buf, size_t cap, uint64_t id, const struct ns_result *r) {
-  char msg[sizeof r->msg * 6 + 1];
-  json_escape(msg, sizeof msg, r->msg);
-  int n = snprintf(buf, cap, "{\"id\":%" PRIu64 ",\"ok\":false,\"stage\":\"%s\",\"errno\":%d,\"code\":\"%s\",\"error\":\"%s\"}\n",
-                   id, r->stage, r->err, errno_name(r->err), msg);
-  return n < 0 || (size_t)n >= cap ? 0 : (size_t)n;
+  struct text t;
+  text_init(&t, buf, cap);
+  text_str(&t, "{\"id\":");
+  text_u64(&t, id);
+  text_str(&t, ",\"ok\":false,\"stage\":\"");
+  text_str(&t, r->stage);
+  text_str(&t, "\",\"errno\":");
+  text_i64(&t, r->err);
+  text_str(&t, ",\"code\":\"");
+  text_str(&t, errno_name(r->err));
+  text_str(&t, "\",\"error\":\"");
+  text_json(&t, r->msg);
+  text_str(&t, "\"}\n");
+  return t.overflow ? 0 : t.len;
 }
 
 /*
  * One sendmsg: the line plus, when fd >= 0, the fd. Small messages on a unix stream socket
  * are queued as one skb, so writers sharing the channel (children) never interleave.
+ * Returns the bytes sent or -errno.
  */
 ssize_t chan_send(int chan, const char *line, size_t len, int fd, int flags) {
   struct iovec iov = {.iov_base = (void *)line, .iov_len = len};
@@ -67,38 +66,37 @@ ssize_t chan_send(int chan, const char *line, size_t len, int fd, int flags) {
     cm->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(cm), &fd, sizeof(int));
   }
-  ssize_t n;
+  long n;
   do {
-    n = sendmsg(chan, &mh, flags | MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  return n;
+    n = sys_sendmsg(chan, &mh, flags | MSG_NOSIGNAL);
+  } while (n == -EINTR);
+  return (ssize_t)n;
 }
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+static int64_t mono_ms(void) {
+  struct timespec ts = {0, 0};
+  sys_clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Sends the whole line (and fd), waiting for room up to timeout_ms. Returns 0 or -1 (errno set). */
+/* Sends the whole line (and fd), waiting for room up to timeout_ms. Returns 0 or -errno. */
 int chan_send_wait(int chan, const char *line, size_t len, int fd, int timeout_ms) {
-  int64_t deadline = now_ms() + timeout_ms;
+  int64_t deadline = -1;
   for (;;) {
     ssize_t n = chan_send(chan, line, len, fd, MSG_DONTWAIT);
     if (n == (ssize_t)len) return 0;
-    if (n >= 0) {
-      /* Never seen for lines this small; a torn line would corrupt the stream for everyone. */
-      errno = EPROTO;
-      return -1;
-    }
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-    int64_t left = deadline - now_ms();
-    if (left <= 0) {
-      errno = ETIMEDOUT;
-      return -1;
-    }
+    /* Never seen for lines this small; a torn line would corrupt the stream for everyone. */
+    if (n >= 0) return -EPROTO;
+    if (n != -EAGAIN && n != -EWOULDBLOCK) return (int)n;
+    /* The clock is read only once the channel is full: the common path is one sendmsg. */
+    int64_t now = mono_ms();
+    if (deadline < 0) deadline = now + timeout_ms;
+    int64_t left = deadline - now;
+    if (left <= 0) return -ETIMEDOUT;
     struct pollfd p = {.fd = chan, .events = POLLOUT};
-    if (poll(&p, 1, (int)left) < 0 && errno != EINTR) return -1;
+    struct timespec ts = {.tv_sec = (time_t)(left / 1000), .tv_nsec = (long)(left % 1000) * 1000000};
+    int e = sys_ppoll(&p, 1, &ts);
+    if (e < 0 && e != -EINTR) return e;
   }
 }
 

@@ -41,10 +41,23 @@ struct ns_result {
 
 enum path_kind { PATH_INVALID = -1, PATH_PROC = 1, PATH_DIR = 2 };
 
-/* netns.c */
+/* text.c: bounded text without stdio, locale, errno or allocation (safe in the shared-VM child). */
+struct text {
+  char *buf;
+  size_t cap, len;
+  int overflow;
+};
+void text_init(struct text *t, char *buf, size_t cap);
+void text_str(struct text *t, const char *s);
+void text_u64(struct text *t, uint64_t v);
+void text_i64(struct text *t, int64_t v);
+void text_json(struct text *t, const char *s);
+
+/* netns.c. Functions marked child-safe may run in the resident's shared-VM child. */
 void ns_fail(struct ns_result *r, const char *stage, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-void ns_fail_errno(struct ns_result *r, const char *stage, int err);
+void ns_fail_text(struct ns_result *r, const char *stage, int err, const char *a, const char *b, const char *c); /* child-safe */
+void ns_fail_errno(struct ns_result *r, const char *stage, int err); /* child-safe */
 const char *errno_name(int err);
 int allow_dirs_init(struct allow_dirs *a);
 int allow_dirs_add(struct allow_dirs *a, const char *dir, const char **why);
@@ -52,11 +65,15 @@ int allow_dirs_set_proc_root(struct allow_dirs *a, const char *dir, const char *
 int allow_dirs_overlap(const struct allow_dirs *a);
 int proc_root_check_fs(const struct allow_dirs *a, const char **why);
 enum path_kind netns_check_path(const char *path, const struct allow_dirs *a, struct ns_result *r, size_t *dir_index);
+/* Opens a path netns_check_path accepted (`dir`: its allowed directory); child-safe. */
+int netns_open_checked(const char *path, enum path_kind kind, const char *dir, struct ns_result *r);
+/* Enters the netns for good and makes the socket: only for a process that exits right after; child-safe. */
+int netns_socket_checked(const char *path, enum path_kind kind, const char *dir, int family, struct ns_result *r);
 int netns_open(const char *path, const struct allow_dirs *a, struct ns_result *r);
 int netns_make_socket(const char *path, int family, const struct allow_dirs *a, struct ns_result *r);
 int family_to_af(int family);
 
-/* channel.c */
+/* channel.c. The formatting and sending functions are child-safe and return -errno on failure. */
 size_t format_handle_line(char *buf, size_t cap, uint64_t id);
 size_t format_error_line(char *buf, size_t cap, uint64_t id, const struct ns_result *r);
 ssize_t chan_send(int chan, const char *line, size_t len, int fd, int flags);

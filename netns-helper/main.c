@@ -1,6 +1,6 @@
 /*
  * probe-agent-netns-helper entry point: flag parsing and the three modes.
- *   --resident      serve requests from the agent's IPC channel (fork a child per socket)
+ *   --resident      serve requests from the agent's IPC channel (a shared-VM child per socket)
  *   --once          make one socket, pass it on the IPC channel, exit (per-probe spawn path)
  *   --check-paths   print the path verdict for each stdin line (tests the TS mirror)
  */
@@ -52,8 +52,9 @@ static int run_once(const char *netns, long family, uint64_t id, const struct al
   int s = netns_make_socket(netns, (int)family, a, &r);
   char line[2048];
   size_t len = s >= 0 ? format_handle_line(line, sizeof line, id) : format_error_line(line, sizeof line, id, &r);
-  if (len == 0 || chan_send_wait(chan, line, len, s, 2000) < 0) {
-    fprintf(stderr, "probe-agent-netns-helper: cannot answer on the channel: %s\n", strerror(errno));
+  int e = len == 0 ? -EMSGSIZE : chan_send_wait(chan, line, len, s, 2000);
+  if (e < 0) {
+    fprintf(stderr, "probe-agent-netns-helper: cannot answer on the channel: %s\n", strerror(-e));
     return 1;
   }
   return 0;

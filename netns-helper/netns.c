@@ -1,9 +1,15 @@
 /*
  * Validating, opening and entering a netns reference. The rules are mirrored, textually, by
  * agent/netns/path-guard.ts; `--check-paths` lets a test compare the two.
+ *
+ * Validation (netns_check_path) is pure string work done by the resident itself. Opening and
+ * entering (netns_open_checked, netns_socket_checked) run in the resident's shared-VM child, so
+ * they use only raw system calls (sys.h), the child-safe text builder (text.c) and their own
+ * stack: no errno, no stdio, no locale, no allocation.
  */
 #define _GNU_SOURCE
 #include "helper.h"
+#include "sys.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +27,7 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+/* printf-style: only for the resident and the one-shot modes, never in the shared-VM child. */
 void ns_fail(struct ns_result *r, const char *stage, int err, const char *fmt, ...) {
   va_list ap;
   r->stage = stage;
@@ -30,13 +37,30 @@ void ns_fail(struct ns_result *r, const char *stage, int err, const char *fmt, .
   va_end(ap);
 }
 
+/* Child-safe: the message is the concatenation of a, b and c (NULLs skipped). */
+void ns_fail_text(struct ns_result *r, const char *stage, int err, const char *a, const char *b, const char *c) {
+  struct text t;
+  r->stage = stage;
+  r->err = err;
+  text_init(&t, r->msg, sizeof r->msg);
+  if (a) text_str(&t, a);
+  if (b) text_str(&t, b);
+  if (c) text_str(&t, c);
+}
+
+/* Both are table lookups in glibc (no locale, no errno), unlike strerror(). */
 const char *errno_name(int err) {
   const char *name = strerrorname_np(err);
   return name ? name : "EUNKNOWN";
 }
 
+static const char *errno_text(int err) {
+  const char *text = strerrordesc_np(err);
+  return text ? text : "Unknown error";
+}
+
 void ns_fail_errno(struct ns_result *r, const char *stage, int err) {
-  ns_fail(r, stage, err, "%s: %s", errno_name(err), strerror(err));
+  ns_fail_text(r, stage, err, errno_name(err), ": ", errno_text(err));
 }
 
 /* Returns why `p` is not an absolute canonical path, or NULL when it is one. */
@@ -209,44 +233,85 @@ static const char *file_kind(mode_t m) {
   return "special file";
 }
 
+/* "/proc/self/fd/<fd>": the kernel's name for what an fd refers to. */
+static void fd_link_path(char *buf, size_t cap, int fd) {
+  struct text t;
+  text_init(&t, buf, cap);
+  text_str(&t, "/proc/self/fd/");
+  text_u64(&t, (uint64_t)fd);
+}
+
 /*
- * Opens an entry of an allowed directory without following a final symlink and without
- * opening anything but a regular file (nsfs bind mounts look regular; a FIFO or device must
- * never be opened for real), then checks that the opened file is the entry itself.
+ * Opens an entry of an allowed directory: the directory itself is resolved (it may be a
+ * symlink such as /var/run -> /run), the entry is looked up in it without following a symlink,
+ * and nothing but a regular file is opened for real (nsfs bind mounts look regular; a FIFO or
+ * device must never be opened). Looking the name up relative to the opened directory makes
+ * "the file opened is <realpath(dir)>/<name>" hold by construction, with no /proc readlinks.
  */
 static int open_dir_entry(const char *path, const char *dir, struct ns_result *r) {
-  int pfd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  int dfd = sys_openat(AT_FDCWD, dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    ns_fail_errno(r, "open", -dfd);
+    return -1;
+  }
+  /* netns_check_path made sure the name is one component, neither . nor .. */
+  int pfd = sys_openat(dfd, strrchr(path, '/') + 1, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  sys_close(dfd);
   if (pfd < 0) {
-    ns_fail_errno(r, "open", errno);
+    ns_fail_errno(r, "open", -pfd);
     return -1;
   }
   struct stat st;
-  char self[64], actual[PATH_MAX], dir_real[PATH_MAX], expected[PATH_MAX + NAME_MAX + 2];
+  char self[64];
   int fd = -1;
-  if (fstat(pfd, &st) < 0) {
-    ns_fail_errno(r, "open", errno);
+  long e;
+  if ((e = sys_fstat(pfd, &st)) < 0) {
+    ns_fail_errno(r, "open", (int)-e);
   } else if (S_ISLNK(st.st_mode)) {
-    ns_fail(r, "validate", EINVAL, "path is a symbolic link");
+    ns_fail_text(r, "validate", EINVAL, "path is a symbolic link", NULL, NULL);
   } else if (!S_ISREG(st.st_mode)) {
-    ns_fail(r, "nstype", EINVAL, "not a network namespace (a %s)", file_kind(st.st_mode));
+    ns_fail_text(r, "nstype", EINVAL, "not a network namespace (a ", file_kind(st.st_mode), ")");
   } else {
-    snprintf(self, sizeof self, "/proc/self/fd/%d", pfd);
-    ssize_t n = readlink(self, actual, sizeof actual - 1);
-    if (n < 0) {
-      ns_fail_errno(r, "open", errno);
-    } else if (!realpath(dir, dir_real)) {
-      ns_fail_errno(r, "open", errno);
-    } else {
-      actual[n] = '\0';
-      snprintf(expected, sizeof expected, "%s%s", strcmp(dir_real, "/") == 0 ? "" : dir_real, strrchr(path, '/'));
-      if (strcmp(actual, expected) != 0) {
-        ns_fail(r, "validate", EINVAL, "path does not resolve to itself");
-      } else if ((fd = open(self, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) < 0) {
-        ns_fail_errno(r, "open", errno);
-      }
+    /* Reopening the O_PATH fd through procfs opens exactly the file checked above, no race. */
+    fd_link_path(self, sizeof self, pfd);
+    fd = sys_openat(AT_FDCWD, self, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+      ns_fail_errno(r, "open", -fd);
+      fd = -1;
     }
   }
-  close(pfd);
+  sys_close(pfd);
+  return fd;
+}
+
+int netns_open_checked(const char *path, enum path_kind kind, const char *dir, struct ns_result *r) {
+  int fd;
+  if (kind == PATH_PROC) {
+    /* A magic link: following it is the point, and procfs checks ptrace access. */
+    fd = sys_openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+      ns_fail_errno(r, "open", -fd);
+      return -1;
+    }
+  } else {
+    fd = open_dir_entry(path, dir, r);
+    if (fd < 0) return -1;
+  }
+  int type = sys_ioctl(fd, NS_GET_NSTYPE);
+  if (type < 0) {
+    if (type == -ENOTTY) {
+      ns_fail_text(r, "nstype", ENOTTY, "not a network namespace (not a namespace file)", NULL, NULL);
+    } else {
+      ns_fail_errno(r, "nstype", -type);
+    }
+    sys_close(fd);
+    return -1;
+  }
+  if (type != CLONE_NEWNET) {
+    ns_fail_text(r, "nstype", EINVAL, "not a network namespace (another namespace type)", NULL, NULL);
+    sys_close(fd);
+    return -1;
+  }
   return fd;
 }
 
@@ -254,52 +319,33 @@ int netns_open(const char *path, const struct allow_dirs *a, struct ns_result *r
   size_t dir_index = 0;
   enum path_kind kind = netns_check_path(path, a, r, &dir_index);
   if (kind == PATH_INVALID) return -1;
-  int fd;
-  if (kind == PATH_PROC) {
-    /* A magic link: following it is the point, and procfs checks ptrace access. */
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0) {
-      ns_fail_errno(r, "open", errno);
-      return -1;
-    }
-  } else {
-    fd = open_dir_entry(path, a->dirs[dir_index], r);
-    if (fd < 0) return -1;
-  }
-  int type = ioctl(fd, NS_GET_NSTYPE);
-  if (type < 0) {
-    int e = errno;
-    if (e == ENOTTY) {
-      ns_fail(r, "nstype", e, "not a network namespace (not a namespace file)");
-    } else {
-      ns_fail_errno(r, "nstype", e);
-    }
-    close(fd);
-    return -1;
-  }
-  if (type != CLONE_NEWNET) {
-    ns_fail(r, "nstype", EINVAL, "not a network namespace (another namespace type)");
-    close(fd);
-    return -1;
-  }
-  return fd;
+  return netns_open_checked(path, kind, a->dirs[dir_index], r);
 }
 
 int family_to_af(int family) {
   return family == 6 ? AF_INET6 : AF_INET;
 }
 
-/* Enters the netns for good: only for a process that exits right after (child, --once). */
-int netns_make_socket(const char *path, int family, const struct allow_dirs *a, struct ns_result *r) {
-  int nsfd = netns_open(path, a, r);
+int netns_socket_checked(const char *path, enum path_kind kind, const char *dir, int family, struct ns_result *r) {
+  int nsfd = netns_open_checked(path, kind, dir, r);
   if (nsfd < 0) return -1;
-  if (setns(nsfd, CLONE_NEWNET) < 0) {
-    ns_fail_errno(r, "setns", errno);
-    close(nsfd);
+  int e = sys_setns(nsfd, CLONE_NEWNET);
+  sys_close(nsfd);
+  if (e < 0) {
+    ns_fail_errno(r, "setns", -e);
     return -1;
   }
-  close(nsfd);
-  int s = socket(family_to_af(family), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (s < 0) ns_fail_errno(r, "socket", errno);
+  int s = sys_socket(family_to_af(family), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (s < 0) {
+    ns_fail_errno(r, "socket", -s);
+    return -1;
+  }
   return s;
+}
+
+int netns_make_socket(const char *path, int family, const struct allow_dirs *a, struct ns_result *r) {
+  size_t dir_index = 0;
+  enum path_kind kind = netns_check_path(path, a, r, &dir_index);
+  if (kind == PATH_INVALID) return -1;
+  return netns_socket_checked(path, kind, a->dirs[dir_index], family, r);
 }

@@ -1,11 +1,21 @@
 /*
- * The resident helper: reads requests from the agent's IPC channel and, for each, forks a
+ * The resident helper: reads requests from the agent's IPC channel and, for each, starts a
  * short-lived child that enters the netns, makes the socket and sends it straight to the
  * agent. The resident itself never enters a netns (unless --warm), never connects, reaps
  * every child, bounds their number and their lifetime, and exits when the agent goes away.
+ *
+ * The child is a clone(CLONE_VM) of the resident, not a fork(): no page tables to copy or tear
+ * down, which was most of the per-socket cost. It is still a process of its own (own fd table,
+ * own netns, killable, reaped through SIGCHLD), and the resident does not wait for it, so a
+ * child stuck in the kernel stalls nothing but its own request. Sharing the memory is safe
+ * because the child touches only its own stack and job (a block the resident does not reuse
+ * until the child is reaped) and reads the allow list, which never changes after start; it
+ * calls only raw system calls (sys.h: glibc's wrappers would write the resident's errno) and
+ * the child-safe parts of netns.c, channel.c and text.c: no stdio, locale, locks or malloc.
  */
 #define _GNU_SOURCE
 #include "helper.h"
+#include "sys.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,20 +25,40 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define OUT_LINE_MAX 1024
+/*
+ * The child's deepest frame (open_dir_entry) holds about 13 KiB of path buffers; the rest is
+ * margin. Only the pages a child touches become resident, and blocks are reused LIFO.
+ */
+#define CHILD_STACK_BYTES (64 * 1024)
+/* Longest wait before a child that exited is reaped (and answered for, if it did not answer). */
+#define REAP_INTERVAL_MS 20
+
+/* What one child works on: written before clone(), read-only for the child, kept until it is reaped. */
+struct child_job {
+  uint64_t id;
+  int family;
+  enum path_kind kind;
+  const char *dir; /* an entry of the allow list (never changes after start) */
+  int chan;
+  int timeout_ms;
+  pid_t parent;
+  char netns[NETNS_PATH_MAX];
+};
 
 struct child_slot {
   pid_t pid;
   uint64_t id;
   int64_t started_ms;
   int killed;
+  int block;
 };
 
 /* The resident's own replies wait here when the channel is full; each may own one fd. */
@@ -42,11 +72,15 @@ struct resident {
   int chan;
   const struct allow_dirs *allow;
   const struct resident_opts *opts;
-  sigset_t child_mask;
   pid_t self;
   int home_netns;
   struct child_slot *children;
   int nchildren;
+  /* Child blocks: [guard page][stack][job], mapped on first use, at most max_children, never unmapped. */
+  char **blocks;
+  int *free_blocks;
+  int nfree, nblocks;
+  size_t block_bytes, page;
   struct out_entry *outq;
   size_t out_cap, out_head, out_count;
 };
@@ -61,8 +95,8 @@ static void flush_outq(struct resident *rs) {
   while (rs->out_count > 0) {
     struct out_entry *e = &rs->outq[rs->out_head];
     ssize_t n = chan_send(rs->chan, e->line, e->len, e->fd, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (n < 0) fprintf(stderr, "probe-agent-netns-helper: dropping a reply: %s\n", strerror(errno));
+    if (n == -EAGAIN || n == -EWOULDBLOCK) return;
+    if (n < 0) fprintf(stderr, "probe-agent-netns-helper: dropping a reply: %s\n", strerror((int)-n));
     if (e->fd >= 0) close(e->fd);
     rs->out_head = (rs->out_head + 1) % rs->out_cap;
     rs->out_count--;
@@ -89,24 +123,49 @@ static void reply_error(struct resident *rs, uint64_t id, const struct ns_result
   reply(rs, line, format_error_line(line, sizeof line, id, r), -1);
 }
 
-/* The forked child: enter, make, send, exit. Never returns. */
-static void child_main(struct resident *rs, const struct request *req) {
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, NULL);
+static struct child_job *job_of(const struct resident *rs, int block) {
+  return (struct child_job *)(rs->blocks[block] + rs->block_bytes - sizeof(struct child_job));
+}
+
+/* A free child block, mapping a new one when none is free; -1 with errno set when mapping fails. */
+static int take_block(struct resident *rs) {
+  if (rs->nfree > 0) return rs->free_blocks[--rs->nfree];
+  if (rs->nblocks >= rs->opts->max_children) {
+    errno = EAGAIN;
+    return -1;
+  }
+  char *b = mmap(NULL, rs->block_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (b == MAP_FAILED) return -1;
+  /* A child overrunning its stack dies of SIGSEGV here instead of writing into its neighbour. */
+  if (mprotect(b, rs->page, PROT_NONE) < 0) {
+    int e = errno;
+    munmap(b, rs->block_bytes);
+    errno = e;
+    return -1;
+  }
+  rs->blocks[rs->nblocks] = b;
+  return rs->nblocks++;
+}
+
+/*
+ * The child: enter, make, send, exit (its return value is the exit status). It shares the
+ * resident's memory: see the top of this file for what it may touch.
+ */
+static int child_main(void *arg) {
+  const struct child_job *job = arg;
   /* Dies with the resident; the check closes the race with a resident that died already. */
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != rs->self) _exit(4);
+  sys_prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (sys_getppid() != job->parent) return 4;
   struct ns_result r = {0};
-  int s = netns_make_socket(req->netns, (int)req->family, rs->allow, &r);
+  int s = netns_socket_checked(job->netns, job->kind, job->dir, job->family, &r);
   char line[OUT_LINE_MAX];
-  size_t len = s >= 0 ? format_handle_line(line, sizeof line, req->id) : format_error_line(line, sizeof line, req->id, &r);
-  _exit(len > 0 && chan_send_wait(rs->chan, line, len, s, rs->opts->child_timeout_ms) == 0 ? 0 : 3);
+  size_t len = s >= 0 ? format_handle_line(line, sizeof line, job->id) : format_error_line(line, sizeof line, job->id, &r);
+  return len > 0 && chan_send_wait(job->chan, line, len, s, job->timeout_ms) == 0 ? 0 : 3;
 }
 
 static void reap(struct resident *rs);
 
-static void spawn_child(struct resident *rs, const struct request *req) {
+static void spawn_child(struct resident *rs, const struct request *req, enum path_kind kind, size_t dir_index) {
   struct ns_result r = {0};
   /* Children that answered may not be reaped yet: count only the ones still alive. */
   if (rs->nchildren >= rs->opts->max_children) reap(rs);
@@ -115,21 +174,43 @@ static void spawn_child(struct resident *rs, const struct request *req) {
     reply_error(rs, req->id, &r);
     return;
   }
-  pid_t pid = fork();
-  if (pid < 0) {
+  int block = take_block(rs);
+  if (block < 0) {
     ns_fail_errno(&r, "fork", errno);
     reply_error(rs, req->id, &r);
     return;
   }
-  if (pid == 0) child_main(rs, req);
-  rs->children[rs->nchildren++] = (struct child_slot){.pid = pid, .id = req->id, .started_ms = now_ms()};
+  struct child_job *job = job_of(rs, block);
+  job->id = req->id;
+  job->family = (int)req->family;
+  job->kind = kind;
+  job->dir = rs->allow->dirs[dir_index];
+  job->chan = rs->chan;
+  job->timeout_ms = rs->opts->child_timeout_ms;
+  job->parent = rs->self;
+  memcpy(job->netns, req->netns, strlen(req->netns) + 1);
+#if HELPER_SHARED_VM_CHILD
+  /* The stack grows down from just below the job; 16-byte alignment is what both ABIs want. */
+  char *top = (char *)((uintptr_t)job & ~(uintptr_t)15);
+  pid_t pid = clone(child_main, top, CLONE_VM | SIGCHLD, job);
+#else
+  pid_t pid = fork();
+  if (pid == 0) _exit(child_main(job));
+#endif
+  if (pid < 0) {
+    ns_fail_errno(&r, "fork", errno);
+    rs->free_blocks[rs->nfree++] = block;
+    reply_error(rs, req->id, &r);
+    return;
+  }
+  rs->children[rs->nchildren++] = (struct child_slot){.pid = pid, .id = req->id, .started_ms = now_ms(), .block = block};
 }
 
 /* --warm: the same work in this process, returning to the home netns before anything else. */
-static void make_warm(struct resident *rs, const struct request *req) {
+static void make_warm(struct resident *rs, const struct request *req, enum path_kind kind, size_t dir_index) {
   struct ns_result r = {0};
   int s = -1;
-  int nsfd = netns_open(req->netns, rs->allow, &r);
+  int nsfd = netns_open_checked(req->netns, kind, rs->allow->dirs[dir_index], &r);
   if (nsfd >= 0) {
     if (setns(nsfd, CLONE_NEWNET) < 0) {
       ns_fail_errno(&r, "setns", errno);
@@ -177,8 +258,15 @@ static void handle_line(struct resident *rs, const char *line, size_t len) {
     reply_error(rs, req.id, &r);
     return;
   }
-  if (rs->opts->warm) make_warm(rs, &req);
-  else spawn_child(rs, &req);
+  /* Pure string checks, done here: a refused path costs no child. */
+  size_t dir_index = 0;
+  enum path_kind kind = netns_check_path(req.netns, rs->allow, &r, &dir_index);
+  if (kind == PATH_INVALID) {
+    reply_error(rs, req.id, &r);
+    return;
+  }
+  if (rs->opts->warm) make_warm(rs, &req, kind, dir_index);
+  else spawn_child(rs, &req, kind, dir_index);
 }
 
 static void reap(struct resident *rs) {
@@ -197,6 +285,8 @@ static void reap(struct resident *rs) {
         else ns_fail(&r, "child", ECHILD, "child exited with status %d without answering", WEXITSTATUS(st));
         reply_error(rs, c->id, &r);
       }
+      /* Dead and reaped: nothing runs on its block any more. */
+      rs->free_blocks[rs->nfree++] = c->block;
       rs->children[i] = rs->children[--rs->nchildren];
       break;
     }
@@ -247,10 +337,15 @@ int run_resident(int chan, const struct allow_dirs *a, const struct resident_opt
   static char inbuf[MAX_LINE];
   struct resident rs = {.chan = chan, .allow = a, .opts = o, .self = getpid(), .home_netns = -1};
   rs.children = calloc((size_t)o->max_children, sizeof *rs.children);
+  rs.blocks = calloc((size_t)o->max_children, sizeof *rs.blocks);
+  rs.free_blocks = calloc((size_t)o->max_children, sizeof *rs.free_blocks);
+  rs.page = (size_t)sysconf(_SC_PAGESIZE);
+  size_t job_bytes = (sizeof(struct child_job) + rs.page - 1) / rs.page * rs.page;
+  rs.block_bytes = rs.page + CHILD_STACK_BYTES + job_bytes;
   /* Room for an answer per child (a killed child's answer waits here when the agent lags). */
   rs.out_cap = (size_t)o->max_children + 16;
   rs.outq = calloc(rs.out_cap, sizeof *rs.outq);
-  if (!rs.children || !rs.outq) {
+  if (!rs.children || !rs.blocks || !rs.free_blocks || !rs.outq) {
     fprintf(stderr, "probe-agent-netns-helper: out of memory\n");
     return 1;
   }
@@ -259,35 +354,27 @@ int run_resident(int chan, const struct allow_dirs *a, const struct resident_opt
     return 1;
   }
   signal(SIGPIPE, SIG_IGN);
-  sigemptyset(&rs.child_mask);
-  sigaddset(&rs.child_mask, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &rs.child_mask, NULL);
-  int sfd = signalfd(-1, &rs.child_mask, SFD_NONBLOCK | SFD_CLOEXEC);
-  if (sfd < 0) {
-    fprintf(stderr, "probe-agent-netns-helper: signalfd: %s\n", strerror(errno));
-    return 1;
-  }
+  /*
+   * Children are reaped on every wake-up rather than on SIGCHLD (left at its default: no wake-up).
+   * A socket already wakes the resident twice, for the request and for Node's ACK, and by the ACK
+   * its child has exited; waking a third time for the exit cost about 20 us per socket. While
+   * children live, poll at least every REAP_INTERVAL_MS, so one that died without answering is
+   * still answered for within that.
+   */
   size_t used = 0;
   int discarding = 0;
   for (;;) {
+    reap(&rs);
     int timeout = enforce_deadlines(&rs);
-    struct pollfd p[2] = {
-        {.fd = chan, .events = POLLIN | (rs.out_count ? POLLOUT : 0)},
-        {.fd = sfd, .events = POLLIN},
-    };
-    if (poll(p, 2, timeout) < 0) {
+    if (rs.nchildren > 0 && (timeout < 0 || timeout > REAP_INTERVAL_MS)) timeout = REAP_INTERVAL_MS;
+    struct pollfd p = {.fd = chan, .events = POLLIN | (rs.out_count ? POLLOUT : 0)};
+    if (poll(&p, 1, timeout) < 0) {
       if (errno == EINTR) continue;
       fprintf(stderr, "probe-agent-netns-helper: poll: %s\n", strerror(errno));
       break;
     }
-    if (p[1].revents & POLLIN) {
-      struct signalfd_siginfo si;
-      while (read(sfd, &si, sizeof si) == sizeof si) {
-      }
-      reap(&rs);
-    }
-    if (p[0].revents & POLLOUT) flush_outq(&rs);
-    if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && !read_channel(&rs, inbuf, &used, &discarding)) break;
+    if (p.revents & POLLOUT) flush_outq(&rs);
+    if ((p.revents & (POLLIN | POLLHUP | POLLERR)) && !read_channel(&rs, inbuf, &used, &discarding)) break;
   }
   /* The agent is gone: nobody can use what is still being made. */
   for (int i = 0; i < rs.nchildren; i++) kill(rs.children[i].pid, SIGKILL);

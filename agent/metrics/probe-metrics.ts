@@ -12,11 +12,12 @@
  * same name shares it with the old worker; we delete it when the LAST such worker stops (kubelet
  * deletes it on the first stop, which resets the new worker's histogram).
  */
-import { Counter, Histogram, type Registry } from 'prom-client';
+import type { Registry } from 'prom-client';
 import type { Logger } from '../log.ts';
 import type { FailureReason, ProbeOutcome, ProbePhases, ProbeType } from '../probe/types.ts';
 import { PROBE_TYPES } from '../probe/types.ts';
 import type { ProbeObserver, ProbeRunMeta, ResultsReader } from '../scheduler/types.ts';
+import { BoundCounter, BoundHistogram, type CounterSeries, type HistogramSeries } from './bound-series.ts';
 
 /**
  * Kubelet's prober_probe_duration_seconds sets no buckets, so client_golang's DefBuckets apply;
@@ -51,10 +52,22 @@ const PHASE_LABELS: readonly (readonly [keyof ProbePhases, string])[] = [
   ['total', 'total'],
 ];
 
+type ResultLabels = { probe_type: string; container: string; pod: string; namespace: string; pod_uid: string };
+type DurationLabels = { probe_type: string; container: string; pod: string; namespace: string };
+
+/** A worker's series, bound when it starts: a probe run then only adds to them (bound-series.ts). */
 interface LiveWorker {
-  results: { probe_type: string; container: string; pod: string; namespace: string; pod_uid: string };
+  results: ResultLabels;
+  successful: CounterSeries;
+  failed: CounterSeries;
+  duration: HistogramSeries;
+  durationLabels: DurationLabels;
   durationKey: string;
+  /** Set when the worker stops: a cached lookup by its meta object must not find it any more. */
+  stopped: boolean;
 }
+
+const AGENT_RESULTS = new Set(['success', 'warning', 'failure', 'error']);
 
 /** Construction options; createMetrics() supplies them. */
 export interface ProbeMetricsOptions {
@@ -67,39 +80,48 @@ export interface ProbeMetricsOptions {
 
 /** Implements the scheduler's ProbeObserver: kubelet-compatible prober_* series plus probe_agent_* probe series. */
 export class ProbeMetrics implements ProbeObserver {
-  readonly #results: Counter<'probe_type' | 'result' | 'container' | 'pod' | 'namespace' | 'pod_uid'>;
-  readonly #duration: Histogram<'probe_type' | 'container' | 'pod' | 'namespace'>;
-  readonly #agentResults: Counter<'probe_type' | 'protocol' | 'result' | 'reason'>;
-  readonly #phases: Histogram<'protocol' | 'phase'>;
+  readonly #results: BoundCounter<'probe_type' | 'result' | 'container' | 'pod' | 'namespace' | 'pod_uid'>;
+  readonly #duration: BoundHistogram<'probe_type' | 'container' | 'pod' | 'namespace'>;
+  readonly #agentResults: BoundCounter<'probe_type' | 'protocol' | 'result' | 'reason'>;
+  readonly #phases: BoundHistogram<'protocol' | 'phase'>;
   readonly #phaseTimings: boolean;
   readonly #log: Logger;
   readonly #live = new Map<string, LiveWorker>();
   readonly #durationRefs = new Map<string, number>();
+  /** Live workers by their meta object: the scheduler passes the same object to every call of a worker. */
+  readonly #byMeta = new WeakMap<ProbeRunMeta, LiveWorker>();
+  /**
+   * probe_agent_probe_results_total series by probe type, protocol, result and reason. Nested maps
+   * of short interned strings: no key string is built per run. Bounded: all four are enums.
+   */
+  readonly #agentSeries = new Map<string, Map<string, Map<string, Map<string, CounterSeries>>>>();
+  /** probe_agent_probe_phase_duration_seconds series, per protocol, in PHASE_LABELS order. */
+  readonly #phaseSeries = new Map<string, HistogramSeries[]>();
 
   constructor(opts: ProbeMetricsOptions) {
     this.#phaseTimings = opts.phaseTimings;
     this.#log = opts.log.child({ component: 'probe-metrics' });
     const both = [opts.registry, opts.probesRegistry];
-    this.#results = new Counter({
+    this.#results = new BoundCounter({
       name: 'prober_probe_total',
       help: '[BETA] Cumulative number of a liveness, readiness or startup probe for a container by result.',
       labelNames: ['probe_type', 'result', 'container', 'pod', 'namespace', 'pod_uid'] as const,
       registers: both,
     });
-    this.#duration = new Histogram({
+    this.#duration = new BoundHistogram({
       name: 'prober_probe_duration_seconds',
       help: '[ALPHA] Duration in seconds for a probe response.',
       labelNames: ['probe_type', 'container', 'pod', 'namespace'] as const,
       buckets: [...KUBELET_PROBE_BUCKETS],
       registers: both,
     });
-    this.#agentResults = new Counter({
+    this.#agentResults = new BoundCounter({
       name: 'probe_agent_probe_results_total',
       help: 'Raw probe runs (before thresholds) by probe type, protocol, result (success, warning, failure, error) and failure reason ("none" unless failure/error).',
       labelNames: ['probe_type', 'protocol', 'result', 'reason'] as const,
       registers: [opts.registry],
     });
-    this.#phases = new Histogram({
+    this.#phases = new BoundHistogram({
       name: 'probe_agent_probe_phase_duration_seconds',
       help: 'Time spent in each probe phase: queue, helper (socket made in the pod netns), connect, tls, first_byte, total.',
       labelNames: ['protocol', 'phase'] as const,
@@ -120,8 +142,18 @@ export class ProbeMetrics implements ProbeObserver {
         namespace: meta.namespace,
         pod_uid: meta.key.podUID,
       };
+      const durationLabels = { probe_type: results.probe_type, container: results.container, pod: results.pod, namespace: results.namespace };
       const durationKey = JSON.stringify([results.probe_type, results.container, results.pod, results.namespace]);
-      this.#live.set(key, { results, durationKey });
+      // Label order as prom-client showed it before: the worker's labels, then result.
+      this.#live.set(key, {
+        results,
+        successful: this.#results.series({ ...results, result: 'successful' }),
+        failed: this.#results.series({ ...results, result: 'failed' }),
+        duration: this.#duration.series(durationLabels),
+        durationLabels,
+        durationKey,
+        stopped: false,
+      });
       this.#durationRefs.set(durationKey, (this.#durationRefs.get(durationKey) ?? 0) + 1);
     } catch (err) {
       this.#log.warn('recording worker start failed', { err });
@@ -134,6 +166,7 @@ export class ProbeMetrics implements ProbeObserver {
       const key = workerKey(meta);
       const live = this.#live.get(key);
       if (!live) return;
+      live.stopped = true;
       this.#live.delete(key);
       for (const result of ['successful', 'failed', 'unknown']) this.#results.remove({ ...live.results, result });
       const refs = (this.#durationRefs.get(live.durationKey) ?? 1) - 1;
@@ -141,8 +174,7 @@ export class ProbeMetrics implements ProbeObserver {
         this.#durationRefs.set(live.durationKey, refs);
       } else {
         this.#durationRefs.delete(live.durationKey);
-        const { pod_uid: _uid, ...durationLabels } = live.results;
-        this.#duration.remove(durationLabels);
+        this.#duration.remove(live.durationLabels);
       }
     } catch (err) {
       this.#log.warn('recording worker stop failed', { err });
@@ -155,7 +187,7 @@ export class ProbeMetrics implements ProbeObserver {
    */
   probeRun(meta: ProbeRunMeta, outcome: ProbeOutcome): void {
     try {
-      const live = this.#live.get(workerKey(meta));
+      const live = this.#liveFor(meta);
       if (live) this.#recordKubelet(live, outcome);
       this.#recordAgent(meta.key.probeType, meta.protocol, outcome);
       if (this.#log.enabled('debug')) {
@@ -189,16 +221,36 @@ export class ProbeMetrics implements ProbeObserver {
     return this.#live.size;
   }
 
+  /** The live worker behind `meta`, found by object first (no key string per run), by key otherwise. */
+  #liveFor(meta: ProbeRunMeta): LiveWorker | undefined {
+    const cached = this.#byMeta.get(meta);
+    if (cached && !cached.stopped) return cached;
+    const live = this.#live.get(workerKey(meta));
+    if (live) this.#byMeta.set(meta, live);
+    return live;
+  }
+
+  #agentSeriesFor(probeType: string, protocol: string, result: string, reason: string): CounterSeries {
+    let byProtocol = this.#agentSeries.get(probeType);
+    if (!byProtocol) this.#agentSeries.set(probeType, (byProtocol = new Map()));
+    let byResult = byProtocol.get(protocol);
+    if (!byResult) byProtocol.set(protocol, (byResult = new Map()));
+    let byReason = byResult.get(result);
+    if (!byReason) byResult.set(result, (byReason = new Map()));
+    let series = byReason.get(reason);
+    if (!series) byReason.set(reason, (series = this.#agentResults.series({ probe_type: probeType, protocol, result, reason })));
+    return series;
+  }
+
   #recordKubelet(live: LiveWorker, outcome: ProbeOutcome): void {
-    const { pod_uid: _uid, ...durationLabels } = live.results;
     switch (outcome.result) {
       case 'success':
       case 'warning':
-        this.#results.inc({ ...live.results, result: 'successful' });
-        if (validSeconds(outcome.durationSeconds)) this.#duration.observe(durationLabels, outcome.durationSeconds);
+        live.successful.inc();
+        if (validSeconds(outcome.durationSeconds)) live.duration.observe(outcome.durationSeconds);
         break;
       case 'failure':
-        this.#results.inc({ ...live.results, result: 'failed' });
+        live.failed.inc();
         break;
       default:
         // 'error': kubelet throws prober errors away; no prober_* change at all.
@@ -207,15 +259,24 @@ export class ProbeMetrics implements ProbeObserver {
   }
 
   #recordAgent(probeType: string, protocol: string, outcome: ProbeOutcome): void {
-    if (!['success', 'warning', 'failure', 'error'].includes(outcome.result)) return;
+    const result = outcome.result;
+    if (!AGENT_RESULTS.has(result)) return;
     const proto = PROTOCOLS.has(protocol) ? protocol : 'other';
-    const failed = outcome.result === 'failure' || outcome.result === 'error';
+    const failed = result === 'failure' || result === 'error';
     const reason = failed ? (outcome.reason && REASONS.has(outcome.reason) ? outcome.reason : 'other') : 'none';
-    this.#agentResults.inc({ probe_type: probeType, protocol: proto, result: outcome.result, reason });
-    for (const [field, phase] of PHASE_LABELS) {
+    this.#agentSeriesFor(probeType, proto, result, reason).inc();
+    const phases = outcome.phases;
+    if (!phases) return;
+    let series = this.#phaseSeries.get(proto);
+    if (!series) {
+      series = PHASE_LABELS.map(([, phase]) => this.#phases.series({ protocol: proto, phase }));
+      this.#phaseSeries.set(proto, series);
+    }
+    for (let i = 0; i < PHASE_LABELS.length; i++) {
+      const [field, phase] = PHASE_LABELS[i] as (typeof PHASE_LABELS)[number];
       if (!this.#phaseTimings && phase !== 'total') continue;
-      const seconds = outcome.phases?.[field];
-      if (validSeconds(seconds)) this.#phases.observe({ protocol: proto, phase }, seconds);
+      const seconds = phases[field];
+      if (validSeconds(seconds)) (series[i] as HistogramSeries).observe(seconds);
     }
   }
 }

@@ -1,8 +1,9 @@
 /**
  * The resident netns helper client: one long-lived helper process (started once, restarted
- * with capped backoff when it dies) that forks a tiny child per socket; each socket arrives
- * as a handle on Node's IPC channel. No fork from Node per probe, so the event loop never
- * pays the agent's page-table copy. See docs in netns-helper/resident.c for the other side.
+ * with capped backoff when it dies) that starts a tiny child per socket (a clone sharing the
+ * helper's small memory, see netns-helper/README.md); each socket arrives as a handle on Node's
+ * IPC channel. No fork from Node per probe, so the event loop never pays the agent's page-table
+ * copy. See netns-helper/resident.c for the other side.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import type { Socket } from 'node:net';
@@ -49,7 +50,7 @@ export interface ResidentHelperOptions {
 export interface ResidentHelperStats {
   /** Current helper pid, when one runs. */
   pid?: number;
-  /** Requests handed to a helper (each one child fork in resident mode). */
+  /** Requests handed to a helper (each one child process in resident mode). */
   spawned: number;
   /** Times a dead helper was started again. */
   restarts: number;
@@ -74,6 +75,7 @@ interface Pending {
 }
 
 const SELF_TEST_TIMEOUT_MS = 3000;
+const ACCEPTED_PATHS_MAX = 4096;
 /** A helper that lived this long is healthy again: the next death restarts it quickly. */
 const HEALTHY_AFTER_MS = 30_000;
 
@@ -103,6 +105,8 @@ export class ResidentHelper implements SocketFactory {
   #nextId = 1;
   #lastMessageAt = 0;
   #closed = false;
+  /** Netns paths the path guard accepted: the guard is pure, so a repeat (every probe of a pod) skips it. */
+  readonly #acceptedPaths = new Set<string>();
   #stats = { spawned: 0, restarts: 0, failures: 0 };
 
   private constructor(opts: ResidentHelperOptions) {
@@ -164,7 +168,12 @@ export class ResidentHelper implements SocketFactory {
   createSocket(netns: string | undefined, family: 4 | 6, signal?: AbortSignal): Promise<Socket> {
     try {
       if (this.#closed) throw new HelperError('netns helper is closed');
-      checkRequest(netns, family, this.#allowDirs, this.procRoot);
+      if (netns === undefined || (family !== 4 && family !== 6) || !this.#acceptedPaths.has(netns)) {
+        checkRequest(netns, family, this.#allowDirs, this.procRoot);
+        // Bounded: a node has far fewer pods than this; past it, start over rather than grow.
+        if (this.#acceptedPaths.size >= ACCEPTED_PATHS_MAX) this.#acceptedPaths.clear();
+        this.#acceptedPaths.add(netns as string);
+      }
       if (signal?.aborted) throw abortError(signal);
       if (this.#pending.size >= this.#maxInFlight) {
         throw new HelperError(`netns helper is overloaded: ${this.#maxInFlight} requests in flight`, { netns });

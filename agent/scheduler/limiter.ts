@@ -170,6 +170,10 @@ export class FairLimiter {
         if (held < least && held < this.maxInFlightPerOwner) {
           pick = i;
           least = held;
+          // Nobody holds fewer than none: the first such owner is the pick, no need to scan on.
+          // Under load most waiting owners (pods) hold nothing, so this ends at the first one or
+          // two instead of scanning every waiting pod for every grant.
+          if (held === 0) break;
         }
       }
       if (pick < 0) return;

@@ -4,6 +4,7 @@
  * stopped with SIGTERM the way the DaemonSet is.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { freePort } from './blackbox.ts';
 import { REPO } from './build.ts';
@@ -18,6 +19,20 @@ export interface AgentStartOptions {
   dir: string;
   /** Extra node flags (e.g. --cpu-prof). */
   nodeFlags?: string[];
+}
+
+/**
+ * The node flags bin/probe-agent starts the agent with (e.g. a small young generation), read from
+ * the script itself so the bench measures the memory the shipped launcher gives; [] if the line
+ * cannot be found.
+ */
+export function launcherNodeFlags(script = join(REPO, 'bin/probe-agent')): string[] {
+  try {
+    const line = /^exec "\$node" (.*)"\$root\/dist\/cli\.js"/m.exec(readFileSync(script, 'utf8'))?.[1] ?? '';
+    return line.split(/\s+/).filter((f) => /^--[a-z0-9-]+(=[^\s"'$]+)?$/.test(f));
+  } catch {
+    return [];
+  }
 }
 
 /** One sample of the agent's metrics. */
@@ -65,6 +80,7 @@ export async function startAgent(opts: AgentStartOptions): Promise<AgentProcess>
   const port = await freePort();
   const metricsUrl = `http://127.0.0.1:${port}/metrics`;
   const args = [
+    ...launcherNodeFlags(),
     ...(opts.nodeFlags ?? []),
     opts.cli,
     'run',

@@ -4,6 +4,7 @@
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import os from 'node:os';
+import { launcherNodeFlags } from './agent-process.ts';
 import type { BenchConfig } from './config.ts';
 import type { ProfileResult } from './profile.ts';
 import { PATH_LETTER, PATHS, type PathName } from './driver.ts';
@@ -192,7 +193,8 @@ export function renderMarkdown(r: BenchResult): string {
   }
   if (r.scale) {
     L.push('', `## Scale curve: \`probe-agent run\` against the test kubelet (netns resolver: ${r.scale.resolver})`, '');
-    L.push('3 probes per pod (HTTP liveness + gRPC readiness on the app, TCP readiness on a sidecar), kubelet poll 5 s. Measured over a steady window that starts once every pod was resolved and the first period (start jitter) is over. CPU = agent + helper (children included) from /proc; loop p99 = nodejs_eventloop_lag_p99_seconds over the window minus its 10 ms sampling interval (raw value in brackets).', '');
+    const flags = launcherNodeFlags();
+    L.push(`The agent runs with bin/probe-agent's node flags (${flags.length ? flags.map((f) => `\`${f}\``).join(' ') : 'none'}). 3 probes per pod (HTTP liveness + gRPC readiness on the app, TCP readiness on a sidecar), kubelet poll 5 s. Measured over a steady window that starts once every pod was resolved and the first period (start jitter) is over. CPU = agent + helper (children included) from /proc; loop p99 = nodejs_eventloop_lag_p99_seconds over the window minus its 10 ms sampling interval (raw value in brackets).`, '');
     L.push(row(['pods x probes', 'period', 'probes/s (expected)', 'CPU % of a core (helper)', 'RSS MB (peak)', 'heap used / total MB', 'loop p99 ms (raw)', 'non-success', 'cold start s (CPU s)']));
     L.push(row(Array(9).fill('---')));
     for (const pt of r.scale.points) {

@@ -276,7 +276,7 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     expect(c.startupProbe.httpGet).toEqual({ path: '/healthz', port: 'metrics' });
     expect(c.livenessProbe.httpGet).toEqual({ path: '/healthz', port: 'metrics' });
     expect(c.readinessProbe.httpGet).toEqual({ path: '/readyz', port: 'metrics' });
-    expect(c.resources).toEqual({ requests: { cpu: '50m', memory: '64Mi' }, limits: { memory: '160Mi' } });
+    expect(c.resources).toEqual({ requests: { cpu: '150m', memory: '160Mi' }, limits: { memory: '224Mi' } });
     const heap = /--max-old-space-size=(\d+)/.exec((c.env as Obj[]).find((e) => e.name === 'NODE_OPTIONS')?.value ?? '');
     expect(Number(heap?.[1])).toBeLessThan(mib(c.resources.limits.memory) * 0.75);
     for (const container of pod().containers as Obj[]) {

@@ -1,0 +1,98 @@
+/*
+ * Raw system calls that return -errno instead of setting errno.
+ *
+ * The resident's per-socket child shares the resident's memory (clone(CLONE_VM), resident.c) and
+ * therefore its thread-local errno: a glibc wrapper failing in the child would overwrite errno
+ * between a failing call of the resident and the resident reading it. Everything the child runs
+ * (netns.c's open/enter/socket path, channel.c's formatting and sending) goes through these
+ * instead, and touches nothing but its own stack. On other architectures the wrappers fall back
+ * to glibc's syscall() (errno-setting), and the resident falls back to fork() (HELPER_SHARED_VM_CHILD 0).
+ */
+#ifndef PROBE_AGENT_NETNS_SYS_H
+#define PROBE_AGENT_NETNS_SYS_H
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+
+#if defined(__x86_64__)
+#define HELPER_SHARED_VM_CHILD 1
+static inline long sys_call6(long n, long a1, long a2, long a3, long a4, long a5, long a6) {
+  long ret;
+  register long r10 __asm__("r10") = a4;
+  register long r8 __asm__("r8") = a5;
+  register long r9 __asm__("r9") = a6;
+  __asm__ __volatile__("syscall"
+                       : "=a"(ret)
+                       : "a"(n), "D"(a1), "S"(a2), "d"(a3), "r"(r10), "r"(r8), "r"(r9)
+                       : "rcx", "r11", "memory");
+  return ret;
+}
+#elif defined(__aarch64__)
+#define HELPER_SHARED_VM_CHILD 1
+static inline long sys_call6(long n, long a1, long a2, long a3, long a4, long a5, long a6) {
+  register long x8 __asm__("x8") = n;
+  register long x0 __asm__("x0") = a1;
+  register long x1 __asm__("x1") = a2;
+  register long x2 __asm__("x2") = a3;
+  register long x3 __asm__("x3") = a4;
+  register long x4 __asm__("x4") = a5;
+  register long x5 __asm__("x5") = a6;
+  __asm__ __volatile__("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5) : "memory", "cc");
+  return x0;
+}
+#else
+#define HELPER_SHARED_VM_CHILD 0
+#include <errno.h>
+#include <unistd.h>
+static inline long sys_call6(long n, long a1, long a2, long a3, long a4, long a5, long a6) {
+  long r = syscall(n, a1, a2, a3, a4, a5, a6);
+  return r < 0 ? -errno : r;
+}
+#endif
+
+#define SYS_ARG(x) ((long)(x))
+
+static inline int sys_openat(int dirfd, const char *path, int flags) {
+  return (int)sys_call6(SYS_openat, dirfd, SYS_ARG(path), flags, 0, 0, 0);
+}
+static inline int sys_close(int fd) {
+  return (int)sys_call6(SYS_close, fd, 0, 0, 0, 0, 0);
+}
+static inline int sys_fstat(int fd, struct stat *st) {
+  return (int)sys_call6(SYS_fstat, fd, SYS_ARG(st), 0, 0, 0, 0);
+}
+static inline long sys_readlinkat(int dirfd, const char *path, char *buf, size_t cap) {
+  return sys_call6(SYS_readlinkat, dirfd, SYS_ARG(path), SYS_ARG(buf), SYS_ARG(cap), 0, 0);
+}
+static inline int sys_ioctl(int fd, unsigned long req) {
+  return (int)sys_call6(SYS_ioctl, fd, SYS_ARG(req), 0, 0, 0, 0);
+}
+static inline int sys_setns(int fd, int nstype) {
+  return (int)sys_call6(SYS_setns, fd, nstype, 0, 0, 0, 0);
+}
+static inline int sys_socket(int domain, int type, int protocol) {
+  return (int)sys_call6(SYS_socket, domain, type, protocol, 0, 0, 0);
+}
+static inline long sys_sendmsg(int fd, const struct msghdr *mh, int flags) {
+  return sys_call6(SYS_sendmsg, fd, SYS_ARG(mh), flags, 0, 0, 0);
+}
+static inline int sys_ppoll(struct pollfd *fds, nfds_t n, const struct timespec *timeout) {
+  /* The kernel's sigset size (8 bytes), not glibc's sigset_t; no mask is passed anyway. */
+  return (int)sys_call6(SYS_ppoll, SYS_ARG(fds), SYS_ARG(n), SYS_ARG(timeout), 0, 8, 0);
+}
+static inline int sys_clock_gettime(clockid_t clock, struct timespec *ts) {
+  return (int)sys_call6(SYS_clock_gettime, clock, SYS_ARG(ts), 0, 0, 0, 0);
+}
+static inline int sys_prctl(int option, unsigned long arg) {
+  return (int)sys_call6(SYS_prctl, option, SYS_ARG(arg), 0, 0, 0, 0);
+}
+static inline int sys_getppid(void) {
+  return (int)sys_call6(SYS_getppid, 0, 0, 0, 0, 0, 0);
+}
+
+#endif
