@@ -8,6 +8,7 @@ import { describeError } from './errors.ts';
 import { createLogger, type Logger } from './log.ts';
 import { ProbeApiServer } from './api/server.ts';
 import { ProbeApiClient } from './api/client.ts';
+import { SERVICE_NAME } from './api/proto.ts';
 import { createMetrics } from './metrics/registry.ts';
 import { logProbeTransitions } from './metrics/probe-metrics.ts';
 import { freshnessCheck, HealthRegistry } from './metrics/health.ts';
@@ -138,7 +139,8 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       maxInFlightProbes: config.maxConcurrentProbes,
       shutdownGraceMs: config.shutdownGracePeriodMs,
       log,
-      onRpc: (method, code, seconds) => metrics.agent.grpcRequest(method, code, seconds),
+      // The server names the method ('Probe'); the metric label is the full gRPC path, as in kubelet's CRI metrics.
+      onRpc: (method, code, seconds) => metrics.agent.grpcRequest(`/${SERVICE_NAME}/${method}`, code, seconds),
     });
     cleanups.push(() => api.stop());
 

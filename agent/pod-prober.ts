@@ -12,7 +12,7 @@ import {
 } from './errors.ts';
 import type { FeatureGates } from './featuregates.ts';
 import { silentLogger, type Logger } from './log.ts';
-import type { NetnsResolverChain, PodRef } from './netns/resolver.ts';
+import { outcomeOf, type NetnsResolverChain, type PodRef } from './netns/resolver.ts';
 import type { ContainerInfo, NotOursReason, PodInfo } from './pods/types.ts';
 import { runProbe } from './probe/run.ts';
 import type { ProbeContext, ProbeHandler, ProbeOutcome, SocketFactory } from './probe/types.ts';
@@ -39,6 +39,14 @@ export interface PodProberOptions {
   log?: Logger;
 }
 
+/** Longest wait before a pod whose netns was not found is looked up again (the wait starts at two probe periods and doubles). */
+const UNRESOLVED_MAX_BACKOFF_MS = 30_000;
+
+/** What, when it changes, makes a not-found pod worth resolving at once: its IPs or its containers (a new sandbox). */
+function unresolvedKey(pod: PodInfo): string {
+  return `${pod.podIPs.join(',')}|${pod.containers.map((c) => c.state?.containerID ?? '').join(',')}`;
+}
+
 /** Pod reasons the API refuses with FAILED_PRECONDITION (exec-only and probe-less pods are fine on demand). */
 const UNPROBEABLE: ReadonlySet<NotOursReason> = new Set(['host-network', 'sandboxed-runtime']);
 
@@ -48,6 +56,13 @@ export class PodProber implements OnDemandProber {
   readonly #log: Logger;
   /** sandbox ID -> pod UID, learnt from CRI resolutions (the API may name a pod by its sandbox). */
   readonly #sandboxes = new Map<string, string>();
+  /**
+   * Pods that no resolver found (outcome not-found), and when their workers may ask again. Such a
+   * pod is asked about every probe period, holding a probe slot through the whole resolver chain
+   * (runtime calls, a /proc or netns scan): with many of them the node's real probes starve. A
+   * runtime that could not be asked (unavailable) is not remembered: it must be retried at once.
+   */
+  readonly #unresolved = new Map<string, { key: string; failures: number; retryAt: number; message: string }>();
 
   constructor(opts: PodProberOptions) {
     this.#o = opts;
@@ -56,12 +71,27 @@ export class PodProber implements OnDemandProber {
 
   /** The RunProbe workers call: never throws; netns trouble becomes an 'error' outcome with a reason. */
   readonly runForWorker: RunProbe = async (pod, container, spec, signal) => {
+    const key = unresolvedKey(pod);
+    const miss = this.#unresolved.get(pod.uid);
+    if (miss && miss.key === key && Date.now() < miss.retryAt) return errorOutcome('netns-unresolved', miss.message);
     let netns: string;
     try {
       netns = await this.#resolve(pod, signal);
+      this.#unresolved.delete(pod.uid);
     } catch (err) {
       const reason = err instanceof UnsupportedPodError ? 'unsupported-pod' : 'netns-unresolved';
-      return errorOutcome(reason, describeError(err));
+      const message = describeError(err);
+      if (outcomeOf(err) === 'not-found' && !signal.aborted) {
+        const failures = miss?.key === key ? miss.failures + 1 : 1;
+        // Two periods, then four...: each failure skips more of this probe's runs. Jittered, so that
+        // pods which failed together (a burst of new pods) do not come back together.
+        const periodMs = Math.max(1, spec.periodSeconds) * 1000;
+        const delay = Math.min(UNRESOLVED_MAX_BACKOFF_MS, periodMs * 2 ** Math.min(failures, 20) * (0.75 + Math.random() / 2));
+        this.#unresolved.set(pod.uid, { key, failures, retryAt: Date.now() + delay, message });
+      } else {
+        this.#unresolved.delete(pod.uid);
+      }
+      return errorOutcome(reason, message);
     }
     return this.#run(pod, container, spec.handler, spec.timeoutSeconds, netns, signal);
   };
@@ -91,6 +121,7 @@ export class PodProber implements OnDemandProber {
   /** Forgets what was learnt about a pod (it is gone). */
   forget(uid: string): void {
     this.#o.resolver.invalidate(uid);
+    this.#unresolved.delete(uid);
     for (const [sandbox, owner] of this.#sandboxes) if (owner === uid) this.#sandboxes.delete(sandbox);
   }
 

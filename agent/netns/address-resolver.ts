@@ -38,8 +38,28 @@ export interface AddressResolverOptions {
   checkNodeAddresses?: boolean;
   /** Only netns files whose name matches are examined (e.g. /^cni-/); default all. */
   nameFilter?: RegExp;
+  /** How long a listing may answer "not found" for pods whose IPs it does not hold; default 2000 ms, 0 = always list. */
+  missReuseMs?: number;
   /** Pods with one of these runtimeClassNames are refused (UnsupportedPodError); default DEFAULT_SANDBOXED_RUNTIMES. */
   sandboxedRuntimeClasses?: readonly string[];
+}
+
+/** One pass over the node's and the netns' addresses. */
+interface AddressScan {
+  /** The node's own addresses (undefined when not checked). */
+  node: Set<string> | undefined;
+  namespaces: { index: number; file: string; ino: number; addrs: Set<string> }[];
+  errors: string[];
+  files: number;
+  /** The netns files listed, in order. */
+  paths: string[];
+}
+
+const DEFAULT_MISS_REUSE_MS = 2000;
+
+/** True when the node or any listed netns holds one of `ips`. */
+function holdsAny(scan: AddressScan, ips: string[]): boolean {
+  return ips.some((ip) => scan.node?.has(ip) || scan.namespaces.some((ns) => ns.addrs.has(ip)));
 }
 
 /** iproute2's netns dir: `ip -n NAME` finds NAME only there. */
@@ -57,6 +77,9 @@ export class AddressResolver implements NetnsResolver {
   readonly #checkNode: boolean;
   readonly #nameFilter: RegExp | undefined;
   readonly #sandboxedClasses: readonly string[];
+  readonly #missReuseMs: number;
+  #scanning: Promise<AddressScan> | undefined;
+  #lastScan: { at: number; scan: AddressScan } | undefined;
 
   constructor(opts: AddressResolverOptions = {}) {
     this.#sandboxedClasses = opts.sandboxedRuntimeClasses ?? DEFAULT_SANDBOXED_RUNTIMES;
@@ -67,6 +90,7 @@ export class AddressResolver implements NetnsResolver {
     this.#concurrency = Math.min(16, Math.max(1, opts.concurrency ?? 4));
     this.#checkNode = opts.checkNodeAddresses ?? true;
     this.#nameFilter = opts.nameFilter;
+    this.#missReuseMs = Math.max(0, opts.missReuseMs ?? DEFAULT_MISS_REUSE_MS);
   }
 
   /** Lists every netns's addresses and returns the one netns holding the pod's IPs. */
@@ -81,45 +105,24 @@ export class AddressResolver implements NetnsResolver {
       return c;
     });
 
-    if (this.#checkNode) {
-      const node = await this.#list(undefined).catch((err: unknown) => {
-        throw resolveFailure('unavailable', `cannot list the node's addresses: ${describeError(err)}`, {}, err);
-      });
-      const clash = want.find((ip) => node.has(ip));
+    const scan = (await this.#reusableMiss(want)) ?? await raceSignal(this.#sharedScan(), signal, who);
+    if (scan.node) {
+      const clash = want.find((ip) => scan.node?.has(ip));
       if (clash) throw new UnsupportedPodError(`pod ${who}: IP ${clash} is a node address (hostNetwork): probed by kubelet, not by us`, { uid: pod.uid });
     }
-
-    const files = await this.#netnsFiles();
     // Keyed by netns inode: one netns mounted under two names (bind mounts, /var/run vs /run) is one candidate.
     const full = new Map<number, { index: number; file: string }>();
     const partial = new Map<number, { index: number; file: string }>();
-    const errors: string[] = [];
     const note = (m: Map<number, { index: number; file: string }>, ino: number, index: number, file: string): void => {
       const cur = m.get(ino);
       if (!cur || index < cur.index) m.set(ino, { index, file });
     };
-    let next = 0;
-    const worker = async (): Promise<void> => {
-      while (next < files.length) {
-        throwIfAborted(signal, `resolving the netns of pod ${who}`);
-        const index = next++;
-        const file = files[index] as string;
-        let addrs: Set<string>;
-        let ino: number;
-        try {
-          ino = (await stat(file)).ino;
-          addrs = await this.#list(file);
-        } catch (err) {
-          // One unreadable netns (deleted meanwhile, stale mount) must not block the others.
-          errors.push(`${file}: ${describeError(err)}`);
-          continue;
-        }
-        const hits = want.filter((ip) => addrs.has(ip)).length;
-        if (hits === want.length) note(full, ino, index, file);
-        else if (hits > 0) note(partial, ino, index, file);
-      }
-    };
-    await Promise.all(Array.from({ length: this.#concurrency }, worker));
+    for (const ns of scan.namespaces) {
+      const hits = want.filter((ip) => ns.addrs.has(ip)).length;
+      if (hits === want.length) note(full, ns.ino, ns.index, ns.file);
+      else if (hits > 0) note(partial, ns.ino, ns.index, ns.file);
+    }
+    const { errors, files } = scan;
 
     if (full.size === 1 && partial.size === 0) {
       const only = [...full.values()][0] as { file: string };
@@ -129,11 +132,73 @@ export class AddressResolver implements NetnsResolver {
       return { path: checked.path, resolver: 'address', inode: checked.inode };
     }
     if (full.size + partial.size === 0) {
+      // With a netns unreadable the answer is only "maybe not": retryable, not a verdict to remember.
       const unreadable = errors.length ? ` (${errors.length} netns unreadable: ${errors.slice(0, 3).join('; ')})` : '';
-      throw resolveFailure('not-found', `pod ${who}: no netns among ${files.length} holds ${want.join(', ')}${unreadable}`, { uid: pod.uid });
+      throw resolveFailure(errors.length ? 'unavailable' : 'not-found', `pod ${who}: no netns among ${files} holds ${want.join(', ')}${unreadable}`, { uid: pod.uid });
     }
     const holders = [...[...full.values()].map((h) => h.file), ...[...partial.values()].map((h) => `${h.file} (some)`)];
     throw resolveFailure('ambiguous', `pod ${who}: IPs ${want.join(', ')} found in ${holders.length} netns: ${holders.slice(0, 8).join(', ')}`, { uid: pod.uid });
+  }
+
+  /**
+   * The last listing, when it may answer "not found" again for `want`: it is recent, complete, holds
+   * none of the IPs, and no netns file appeared or went since (a readdir, no process). A pod whose
+   * IPs no netns holds is asked about every probe period; anything found is confirmed afresh.
+   */
+  async #reusableMiss(want: string[]): Promise<AddressScan | undefined> {
+    const last = this.#lastScan;
+    if (!last || Date.now() - last.at >= this.#missReuseMs) return undefined;
+    const scan = last.scan;
+    if (scan.errors.length > 0 || holdsAny(scan, want)) return undefined;
+    const files = await this.#netnsFiles();
+    if (files.length !== scan.paths.length || files.some((f, i) => f !== scan.paths[i])) return undefined;
+    return scan;
+  }
+
+  /**
+   * One listing of the node's and every netns's addresses, shared by all resolutions that start
+   * while it runs: pods whose IPs no netns holds are re-resolved every probe period, and a listing
+   * per pod (one `ip` process per netns) grows as pods x netns; shared, it grows with netns only.
+   */
+  #sharedScan(): Promise<AddressScan> {
+    this.#scanning ??= this.#scan().then(
+      (scan) => {
+        this.#lastScan = { at: Date.now(), scan };
+        return scan;
+      },
+    ).finally(() => {
+      this.#scanning = undefined;
+    });
+    return this.#scanning;
+  }
+
+  async #scan(): Promise<AddressScan> {
+    const node = this.#checkNode
+      ? await this.#list(undefined).catch((err: unknown) => {
+          throw resolveFailure('unavailable', `cannot list the node's addresses: ${describeError(err)}`, {}, err);
+        })
+      : undefined;
+    const files = await this.#netnsFiles();
+    const namespaces: AddressScan['namespaces'] = [];
+    const errors: string[] = [];
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      while (next < files.length) {
+        const index = next++;
+        const file = files[index] as string;
+        try {
+          const ino = (await stat(file)).ino;
+          namespaces.push({ index, file, ino, addrs: await this.#list(file) });
+        } catch (err) {
+          // A netns deleted meanwhile holds nobody's IPs; one that cannot be read (stale mount,
+          // `ip` timing out) might: it makes a miss uncertain. Neither may block the others.
+          if (!(await stat(file).then(() => true, () => false))) continue;
+          errors.push(`${file}: ${describeError(err)}`);
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: this.#concurrency }, worker));
+    return { node, namespaces, errors, files: files.length, paths: files };
   }
 
   /** Netns files in the configured dirs, deduplicated by canonical dir (/var/run/netns is /run/netns). */
@@ -191,6 +256,23 @@ export class AddressResolver implements NetnsResolver {
     }
     return out;
   }
+}
+
+/** Waits for a shared scan, or rejects as soon as this caller's `signal` aborts. */
+function raceSignal<T>(p: Promise<T>, signal: AbortSignal | undefined, who: string): Promise<T> {
+  if (!signal) return p;
+  throwIfAborted(signal, `resolving the netns of pod ${who}`);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = (): void => {
+      try {
+        throwIfAborted(signal, `resolving the netns of pod ${who}`);
+      } catch (err) {
+        reject(err);
+      }
+    };
+    signal.addEventListener('abort', onAbort, { once: true });
+    p.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+  });
 }
 
 /** One spelling per address: IPv6 compressed lower-case, IPv4 dotted quad; undefined if not an IP. */

@@ -6,7 +6,7 @@
  */
 import { open, readdir, stat } from 'node:fs/promises';
 import { ConfigError, UnsupportedPodError, describeError } from '../errors.ts';
-import { cgroupTextHasPod, isRuntimeHelperCgroup } from './cgroup.ts';
+import { cgroupTextHasPod, isRuntimeHelperCgroup, parseCgroupFile, podCgroupOf } from './cgroup.ts';
 import { NetnsPathChecker } from './netns-path.ts';
 import {
   DEFAULT_SANDBOXED_RUNTIMES,
@@ -50,6 +50,7 @@ export class ProcfsResolver implements NetnsResolver {
   readonly #nodeNetns: string[];
   #nodeInode: number | undefined;
   readonly #sandboxedClasses: readonly string[];
+  #scanning: Promise<Map<string, number[]>> | undefined;
 
   constructor(opts: ProcfsResolverOptions = {}) {
     this.#sandboxedClasses = opts.sandboxedRuntimeClasses ?? DEFAULT_SANDBOXED_RUNTIMES;
@@ -110,6 +111,24 @@ export class ProcfsResolver implements NetnsResolver {
   }
 
   async #podPids(uid: string, signal?: AbortSignal): Promise<number[]> {
+    throwIfAborted(signal, `scanning ${this.procRoot}`);
+    const scan = this.#scanning ??= this.#scan().finally(() => {
+      this.#scanning = undefined;
+    });
+    if (!signal) return (await scan).get(uid.toLowerCase()) ?? [];
+    return new Promise<number[]>((resolve, reject) => {
+      const onAbort = (): void => reject(resolveFailure('unavailable', `scanning ${this.procRoot}: aborted`, {}, signal.reason));
+      signal.addEventListener('abort', onAbort, { once: true });
+      scan.then((byPod) => resolve(byPod.get(uid.toLowerCase()) ?? []), reject).finally(() => signal.removeEventListener('abort', onAbort));
+    });
+  }
+
+  /**
+   * One pass over <procRoot>/*\/cgroup: pod UID -> pids in that pod's cgroup (runtime helpers
+   * left out). Shared by every resolution that starts while it runs: pods no process belongs to
+   * are re-resolved every probe period, and a scan per pod would grow as pods x processes.
+   */
+  async #scan(): Promise<Map<string, number[]>> {
     let entries: string[];
     try {
       entries = await readdir(this.procRoot);
@@ -117,19 +136,23 @@ export class ProcfsResolver implements NetnsResolver {
       throw resolveFailure('unavailable', `cannot list ${this.procRoot}: ${describeError(err)}`, {}, err);
     }
     const all = entries.filter((e) => /^\d+$/.test(e)).slice(0, this.#maxProcesses).map(Number);
-    const found: number[] = [];
+    const byPod = new Map<string, number[]>();
     let next = 0;
     const worker = async (): Promise<void> => {
       const buf = Buffer.allocUnsafe(MAX_CGROUP_BYTES);
       while (next < all.length) {
-        throwIfAborted(signal, `scanning ${this.procRoot}`);
         const pid = all[next++] as number;
         const text = await readSmall(`${this.procRoot}/${pid}/cgroup`, buf);
-        if (text && cgroupTextHasPod(text, uid) && !isRuntimeHelperCgroup(text)) found.push(pid);
+        if (!text || isRuntimeHelperCgroup(text)) continue;
+        for (const uid of podUidsOf(text)) {
+          const pids = byPod.get(uid);
+          if (pids) pids.push(pid);
+          else byPod.set(uid, [pid]);
+        }
       }
     };
     await Promise.all(Array.from({ length: this.#concurrency }, worker));
-    return found;
+    return byPod;
   }
 
   async #nodeNetnsInode(): Promise<number | undefined> {
@@ -158,6 +181,16 @@ export class ProcfsResolver implements NetnsResolver {
       return undefined;
     }
   }
+}
+
+/** The pod UIDs (lower-case) whose kubelet cgroup a /proc/<pid>/cgroup text names (cgroupTextHasPod, for every UID at once). */
+function podUidsOf(text: string): Set<string> {
+  const out = new Set<string>();
+  for (const line of parseCgroupFile(text)) {
+    const uid = podCgroupOf(line.path)?.uid;
+    if (uid) out.add(uid);
+  }
+  return out;
 }
 
 /** Reads at most buf.length bytes into `buf`; undefined when the process is gone. */

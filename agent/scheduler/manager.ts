@@ -181,8 +181,8 @@ export class ProbeManager {
         desired.set(probeKeyString(key), { container, probe, key });
       }
     }
-    for (const [id, w] of this.#workers) {
-      if (w.key.podUID === pod.uid && !desired.has(id)) this.#stopWorker(id, w);
+    for (const [id, w] of this.#workersOf(previous)) {
+      if (!desired.has(id)) this.#stopWorker(id, w);
     }
     const finished = this.#finished.get(pod.uid);
     // Terminal pods get no new workers (kubelet's ReconcilePod); existing ones see the phase and exit.
@@ -219,7 +219,24 @@ export class ProbeManager {
   }
 
   #stopPodWorkers(uid: string): void {
-    for (const [id, w] of this.#workers) if (w.key.podUID === uid) this.#stopWorker(id, w);
+    for (const [id, w] of this.#workersOf(this.#pods.get(uid))) this.#stopWorker(id, w);
+  }
+
+  /**
+   * The running workers of a pod, found from the version last synced (workers are only made from
+   * it): a scan of every worker per pod would make each sync quadratic in the node's pods.
+   */
+  #workersOf(pod: PodInfo | undefined): [string, ProbeWorker][] {
+    const out: [string, ProbeWorker][] = [];
+    if (!pod) return out;
+    for (const container of pod.containers) {
+      for (const probeType of PROBE_TYPES) {
+        const id = probeKeyString(keyOf(pod.uid, container.name, probeType));
+        const w = this.#workers.get(id);
+        if (w) out.push([id, w]);
+      }
+    }
+    return out;
   }
 
   #workerUpdated(w: ProbeWorker, significant: boolean): void {
