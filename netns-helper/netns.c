@@ -115,21 +115,31 @@ int allow_dirs_init(struct allow_dirs *a) {
   return allow_dirs_add(a, "/run/netns", &why) == 0 && allow_dirs_add(a, "/var/run/netns", &why) == 0 ? 0 : -1;
 }
 
-int allow_dirs_add(struct allow_dirs *a, const char *dir, const char **why) {
-  char tmp[ALLOW_DIR_MAX];
+/*
+ * Copies a directory flag into `out` (size `cap`) without trailing slashes (harmless in a flag:
+ * "/x/" means "/x") and checks it is canonical; returns its length, or -1 with `why` set.
+ */
+static long normalise_dir_flag(char *out, size_t cap, const char *dir, const char *too_long, const char **why) {
   size_t len = strlen(dir);
-  if (len >= sizeof tmp) {
-    *why = "directory path is too long";
+  if (len >= cap) {
+    *why = too_long;
     return -1;
   }
-  memcpy(tmp, dir, len + 1);
-  /* A trailing slash is harmless in a flag: accept "/x/" as "/x". */
-  while (len > 1 && tmp[len - 1] == '/') tmp[--len] = '\0';
-  const char *problem = canonical_problem(tmp, sizeof tmp);
+  memcpy(out, dir, len + 1);
+  while (len > 1 && out[len - 1] == '/') out[--len] = '\0';
+  const char *problem = canonical_problem(out, cap);
   if (problem) {
     *why = problem;
     return -1;
   }
+  return (long)len;
+}
+
+int allow_dirs_add(struct allow_dirs *a, const char *dir, const char **why) {
+  char tmp[ALLOW_DIR_MAX];
+  long n = normalise_dir_flag(tmp, sizeof tmp, dir, "directory path is too long", why);
+  if (n < 0) return -1;
+  size_t len = (size_t)n;
   if (strcmp(tmp, "/") == 0 || is_proc_path(tmp)) {
     *why = "directory may not be / or under /proc";
     return -1;
@@ -151,18 +161,9 @@ int allow_dirs_add(struct allow_dirs *a, const char *dir, const char **why) {
  */
 int allow_dirs_set_proc_root(struct allow_dirs *a, const char *dir, const char **why) {
   char tmp[PROC_ROOT_MAX];
-  size_t len = strlen(dir);
-  if (len >= sizeof tmp) {
-    *why = "proc root path is too long";
-    return -1;
-  }
-  memcpy(tmp, dir, len + 1);
-  while (len > 1 && tmp[len - 1] == '/') tmp[--len] = '\0';
-  const char *problem = canonical_problem(tmp, sizeof tmp);
-  if (problem) {
-    *why = problem;
-    return -1;
-  }
+  long n = normalise_dir_flag(tmp, sizeof tmp, dir, "proc root path is too long", why);
+  if (n < 0) return -1;
+  size_t len = (size_t)n;
   if (strcmp(tmp, "/") == 0 || (is_proc_path(tmp) && strcmp(tmp, "/proc") != 0)) {
     *why = "proc root may not be / or under /proc";
     return -1;

@@ -4,8 +4,9 @@
  * forked later included. /proc/<pid>/stat counts in 10 ms ticks, which at 150 probes is ±0.07 ms
  * per probe: too coarse next to a +0.15 ms target. Trees live below probe-agent-bench-<pid>/.
  */
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { pidAlive, removeCgroupTree } from '../support/cgroup-tree.ts';
 
 const PREFIX = 'probe-agent-bench-';
 
@@ -26,23 +27,7 @@ export function readCpuCounter(c: CpuCounter): number {
   }
 }
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
-function removeTree(dir: string): void {
-  for (const e of readdirSync(dir, { withFileTypes: true })) if (e.isDirectory()) removeTree(join(dir, e.name));
-  try {
-    rmdirSync(dir);
-  } catch {
-    // a task is still exiting; the next sweep removes it
-  }
-}
 
 /** The hierarchy to use and its counter file name, or undefined when none is writable. */
 function hierarchy(): { root: string; kind: CpuCounter['kind'] } | undefined {
@@ -70,7 +55,7 @@ export class CpuCgroups {
     try {
       for (const name of readdirSync(h.root)) {
         const pid = Number(name.slice(PREFIX.length));
-        if (name.startsWith(PREFIX) && Number.isInteger(pid) && !alive(pid)) removeTree(join(h.root, name));
+        if (name.startsWith(PREFIX) && Number.isInteger(pid) && !pidAlive(pid)) removeCgroupTree(join(h.root, name));
       }
       const base = join(h.root, `${PREFIX}${process.pid}`);
       mkdirSync(base, { recursive: true });
@@ -94,6 +79,6 @@ export class CpuCgroups {
 
   /** Removes every cgroup of this run (their tasks must have exited). */
   close(): void {
-    if (existsSync(this.#base)) removeTree(this.#base);
+    if (existsSync(this.#base)) removeCgroupTree(this.#base);
   }
 }

@@ -6,8 +6,9 @@
  * after this process and is removed by stop(); leftovers of a killed run are swept on the next.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { pidAlive, removeCgroupTree } from '../support/cgroup-tree.ts';
 
 const PREFIX = 'probe-agent-bench-';
 /** cgroup v1 pids hierarchy (hybrid hosts), the v2 unified mount of hybrid hosts, or a pure v2 host. */
@@ -26,30 +27,13 @@ export interface Sandboxes {
   stop(): Promise<void>;
 }
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
-/** Removes a cgroup tree bottom-up (cgroup dirs only go away with rmdir, once empty). */
-function removeTree(dir: string): void {
-  for (const e of readdirSync(dir, { withFileTypes: true })) if (e.isDirectory()) removeTree(join(dir, e.name));
-  try {
-    rmdirSync(dir);
-  } catch {
-    // still has a process (it is exiting); the next sweep gets it
-  }
-}
 
 /** Deletes bench cgroup trees whose owning bench process is gone. */
 function sweep(hierarchy: string): void {
   for (const name of readdirSync(hierarchy)) {
     const pid = Number(name.slice(PREFIX.length));
-    if (name.startsWith(PREFIX) && Number.isInteger(pid) && !alive(pid)) removeTree(join(hierarchy, name));
+    if (name.startsWith(PREFIX) && Number.isInteger(pid) && !pidAlive(pid)) removeCgroupTree(join(hierarchy, name));
   }
 }
 
@@ -94,7 +78,7 @@ export async function startSandboxes(pods: SandboxPod[]): Promise<Sandboxes> {
       c.once('exit', () => resolve());
       c.kill('SIGKILL');
     })));
-    if (existsSync(root)) removeTree(root);
+    if (existsSync(root)) removeCgroupTree(root);
   };
   try {
     for (const pod of pods) {

@@ -9,6 +9,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import path from 'node:path';
+import { removeCgroupTree } from '../support/cgroup-tree.ts';
 
 const LAB_ROOT = '/run/probe-agent-lab';
 const SLOTS_DIR = path.join(LAB_ROOT, 'ctrd-slots');
@@ -181,21 +182,10 @@ function mountsUnder(dir: string): string[] {
 function removeCgroups(prefix: string): void {
   for (const ctrl of listDir('/sys/fs/cgroup')) {
     const top = path.join('/sys/fs/cgroup', ctrl, prefix);
-    if (existsSync(top)) removeTree(top);
+    if (existsSync(top)) removeCgroupTree(top);
   }
 }
 
-/** Cgroup dirs are removed with rmdir only, deepest first (their files cannot be unlinked). */
-function removeTree(dir: string): void {
-  let entries: import('node:fs').Dirent[] = [];
-  try {
-    entries = readdirSync(dir, { withFileTypes: true });
-  } catch {
-    return;
-  }
-  for (const e of entries) if (e.isDirectory()) removeTree(path.join(dir, e.name));
-  quiet(() => rmdirSync(dir));
-}
 
 function cmdlineOf(pid: number): string {
   try {

@@ -6,8 +6,9 @@
  * a shared machine (the address resolver lists every one of them).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
+import { removeCgroupTree } from '../support/cgroup-tree.ts';
 
 const PIDS = '/sys/fs/cgroup/pids';
 const PREFIX = 'probe-agent-soak-';
@@ -22,7 +23,7 @@ export class PodCgroups {
     if (!existsSync(PIDS)) throw new Error(`${PIDS} is missing: the procfs soak needs the cgroup v1 pids hierarchy`);
     for (const e of readdirSync(PIDS)) {
       const m = new RegExp(`^${PREFIX}(\\d+)$`).exec(e);
-      if (m && !existsSync(`/proc/${m[1]}`)) removeTree(path.join(PIDS, e));
+      if (m && !existsSync(`/proc/${m[1]}`)) removeCgroupTree(path.join(PIDS, e));
     }
   }
 
@@ -55,22 +56,13 @@ export class PodCgroups {
       child.kill('SIGKILL');
       await gone;
     }
-    removeTree(path.join(this.root, 'kubepods', 'besteffort', `pod${uid}`));
+    removeCgroupTree(path.join(this.root, 'kubepods', 'besteffort', `pod${uid}`));
   }
 
   /** Kills every pause process and removes the whole tree. */
   async destroy(): Promise<void> {
     await Promise.all([...this.#pause.keys()].map((uid) => this.stop(uid)));
-    removeTree(this.root);
+    removeCgroupTree(this.root);
   }
 }
 
-function removeTree(dir: string): void {
-  if (!existsSync(dir)) return;
-  for (const e of readdirSync(dir, { withFileTypes: true })) if (e.isDirectory()) removeTree(path.join(dir, e.name));
-  try {
-    rmdirSync(dir);
-  } catch {
-    // a process still inside (killed, not yet reaped): the next sweep removes it
-  }
-}
