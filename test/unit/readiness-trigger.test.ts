@@ -55,7 +55,10 @@ function demoPod(h: Harness, state: ReturnType<typeof running>, podReady: boolea
 /** Advances `totalMs` in 2 s kubelet polls, each handing the manager a pod list as the pod source would. */
 async function pollFor(h: Harness, totalMs: number, podAt: (i: number) => PodInfo): Promise<void> {
   for (let i = 1; i * 2000 <= totalMs; i++) {
-    await h.step(2000);
+    // Two 1 s steps, each waiting for the real probes it started: one 2 s jump would let the manual
+    // clock run past a probe still in flight, and its queued follow-up would land a second late.
+    await h.step(1000);
+    await h.step(1000);
     await h.sync([podAt(i)]);
   }
 }
