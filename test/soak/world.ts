@@ -228,7 +228,9 @@ export class World {
 
   async #addPod(slot: NetnsSlot): Promise<void> {
     const name = `soak-${this.#nextPod++}`;
-    const uid = uidFor(`${NAMESPACE}/${name}`);
+    // The run's pid in the seed: two soaks on one machine (a developer's and a test's) must never
+    // share pod UIDs, or the procfs resolver rightly finds each pod in two netns and refuses it.
+    const uid = uidFor(`${process.pid}/${NAMESPACE}/${name}`);
     await this.#cgroups?.start(uid, slot.pod.name);
     this.pods.set(uid, { uid, name, slot, epoch: 0, changedAt: Date.now(), startedAt: '2025-11-20T08:00:05Z' });
     this.#count('pod-added');
