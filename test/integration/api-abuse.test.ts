@@ -163,7 +163,9 @@ describe('ProbeService abuse through the daemon socket', () => {
         expect(Object.keys(counts).sort()).toEqual(['OK', 'RESOURCE_EXHAUSTED']);
         expect(counts['OK']).toBeGreaterThanOrEqual(32);
         expect(counts['OK']).toBeLessThanOrEqual(64 * 3);
-        expect(slowestVersion).toBeLessThan(1500);
+        // Responsive, not fast: a Version call never waits out the flood (~4.5 s). 1.5 s failed on a
+        // shared machine at load 9; this is a liveness bound, performance is make bench's job.
+        expect(slowestVersion).toBeLessThan(3000);
         expect(peak - base.rssMB).toBeLessThan(200);
       }
       const m = (await agent.http('/metrics')).body;

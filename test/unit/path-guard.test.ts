@@ -176,10 +176,15 @@ describe('the TS mirror agrees with the helper', () => {
       segment,
       fc.constantFrom('', '', '/ns/net', '/ns/net/', '/ns/mnt', '/x'),
     ).map((parts) => parts.join(''));
-    const path = fc.oneof(anyPath, nearMiss);
+    // Accepted shapes under either proc root, so both roots' 'proc' verdicts are always exercised.
+    const procShaped = fc.tuple(fc.constantFrom('/proc/', `${HOST_PROC}/`), fc.integer({ min: 0, max: 5_000_000 }), fc.constantFrom('/ns/net', '/ns/net/', '/ns/mnt'))
+      .map(([root, pid, tail]) => `${root}${pid}${tail}`);
+    const path = fc.oneof(anyPath, nearMiss, procShaped);
     // Lines carry the paths to the helper: no newline, no NUL (JSON requests reject NUL), valid UTF-16.
     const sendable = (p: string): boolean => !/[\n\u0000]/.test(p) && !/[\ud800-\udfff]/.test(p);
-    const seed = Date.now();
+    // A fixed seed: the comparison is reproducible, and the coverage check below (every verdict
+    // reached by generated paths, for both proc roots) holds for it rather than for most seeds.
+    const seed = 20261121;
     const generated = fc.sample(path.filter(sendable), { numRuns: 3000, seed });
     const fixed = ['/run/netns/a', '/var/run/netns/b', `${EXTRA}/c`, '/proc/7/ns/net', '/proc/07/ns/net', '/proc/self/ns/net',
       '/run/netns', '/run/netns/', '/', '/proc', '/run/netns/a/b', `/${'a/'.repeat(2047)}a`, `/${'b/'.repeat(2046)}b`];
