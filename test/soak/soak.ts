@@ -218,7 +218,7 @@ async function judge(a: AgentHandle, world: World, report: SoakReport): Promise<
       if (late) report.late++;
       else report.incorrect++;
       wrong(report, {
-        at: now, pod: s.podName, probe: kind, got: `${s.result} (${s.lastReason ?? ''}: ${s.lastMessage.slice(0, 120)})`, want,
+        at: now, pod: s.podName, probe: kind, got: `${s.result} (${s.lastReason ?? ''}: ${s.lastMessage.slice(0, 400)})`, want,
         why: `${late ? 'late' : 'incorrect'}: server ${state} since ${now - since} ms, last probe ${now - s.lastProbeTime} ms ago`,
       });
     }
