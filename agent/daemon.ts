@@ -20,6 +20,8 @@ import { buildResolvers } from './netns/build-resolvers.ts';
 import { KubeletClient } from './pods/kubelet-client.ts';
 import { classifyPod } from './pods/pod-model.ts';
 import { PodSource } from './pods/source.ts';
+import { ContainerLocator, refreshPodsOf } from './pods/container-lookup.ts';
+import { CriResolver } from './netns/cri-resolver.ts';
 import type { PodInfo } from './pods/types.ts';
 import { PodProber } from './pod-prober.ts';
 import { FairLimiter } from './scheduler/limiter.ts';
@@ -107,6 +109,12 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       gates,
       kubeVersion: config.kubeProbeVersion,
       classify,
+      containers: new ContainerLocator({
+        pods: source,
+        runtime: built.resolvers.find((r): r is CriResolver => r instanceof CriResolver)?.client,
+        refreshPods: refreshPodsOf(source),
+        log,
+      }),
       log,
     });
     const manager = new ProbeManager({

@@ -13,6 +13,7 @@ import {
 import type { FeatureGates } from './featuregates.ts';
 import { silentLogger, type Logger } from './log.ts';
 import { outcomeOf, type NetnsResolverChain, type PodRef } from './netns/resolver.ts';
+import type { ContainerLocator } from './pods/container-lookup.ts';
 import type { ContainerInfo, NotOursReason, PodInfo } from './pods/types.ts';
 import { runProbe } from './probe/run.ts';
 import type { ProbeContext, ProbeHandler, ProbeOutcome, SocketFactory } from './probe/types.ts';
@@ -36,8 +37,13 @@ export interface PodProberOptions {
   gates: FeatureGates;
   kubeVersion: string;
   classify: (pod: PodInfo) => NotOursReason | undefined;
+  /** Finds pods by CRI container ID (the kubelet shim's requests); without it container_id is refused. */
+  containers?: ContainerLocator;
   log?: Logger;
 }
+
+/** How an API request names its pod (and container): exactly one way is set. */
+export type PodSelection = Pick<OnDemandProbeRequest, 'podUID' | 'podSandboxID' | 'podNamespace' | 'podName' | 'containerID' | 'containerName'>;
 
 /** Longest wait before a pod whose netns was not found is looked up again (the wait starts at two probe periods and doubles). */
 const UNRESOLVED_MAX_BACKOFF_MS = 30_000;
@@ -98,17 +104,8 @@ export class PodProber implements OnDemandProber {
 
   /** One-shot probe for the API; rejects with the typed errors the API maps to status codes. */
   async probe(req: OnDemandProbeRequest, signal?: AbortSignal): Promise<ProbeOutcome> {
-    const pod = this.#find(req);
-    const reason = this.#o.classify(pod);
-    if (reason !== undefined && UNPROBEABLE.has(reason)) {
-      throw new UnsupportedPodError(`pod ${pod.namespace}/${pod.name} is ${reason}: its probes stay with kubelet`, { uid: pod.uid, reason });
-    }
     if (req.handler.kind === 'exec') throw new InvalidProbeError('handler: exec probes are run by kubelet, not by probe-agent');
-    let container: ContainerInfo | undefined;
-    if (req.containerName) {
-      container = pod.containers.find((c) => c.name === req.containerName);
-      if (!container) throw new PodNotFoundError(`container "${req.containerName}" not found in pod ${pod.namespace}/${pod.name}`, { uid: pod.uid });
-    }
+    const { pod, container } = await this.locate(req, signal);
     const netns = await this.#resolve(pod, signal);
     const { value } = await this.#o.limiter.run(
       pod.uid,
@@ -118,6 +115,36 @@ export class PodProber implements OnDemandProber {
     return value;
   }
 
+  /**
+   * The pod (and container, when named) a request means, refused when its probes cannot be run
+   * from its netns. A container_id names both; a container_name given beside it must agree.
+   */
+  async locate(req: PodSelection, signal?: AbortSignal): Promise<{ pod: PodInfo; container: ContainerInfo | undefined }> {
+    let pod: PodInfo;
+    let containerName = req.containerName;
+    if (req.containerID) {
+      if (!this.#o.containers) throw new InvalidProbeError('container_id: this agent cannot look containers up', { field: 'container_id' });
+      const found = await this.#o.containers.locate(req.containerID, signal);
+      if (containerName && containerName !== found.containerName) {
+        throw new InvalidProbeError(`container_name: "${containerName}" but container_id names container "${found.containerName}"`, { field: 'container_name' });
+      }
+      pod = found.pod;
+      containerName = found.containerName;
+    } else {
+      pod = this.#find(req);
+    }
+    const reason = this.#o.classify(pod);
+    if (reason !== undefined && UNPROBEABLE.has(reason)) {
+      throw new UnsupportedPodError(`pod ${pod.namespace}/${pod.name} is ${reason}: its probes stay with kubelet`, { uid: pod.uid, reason });
+    }
+    let container: ContainerInfo | undefined;
+    if (containerName) {
+      container = pod.containers.find((c) => c.name === containerName);
+      if (!container) throw new PodNotFoundError(`container "${containerName}" not found in pod ${pod.namespace}/${pod.name}`, { uid: pod.uid });
+    }
+    return { pod, container };
+  }
+
   /** Forgets what was learnt about a pod (it is gone). */
   forget(uid: string): void {
     this.#o.resolver.invalidate(uid);
@@ -125,7 +152,7 @@ export class PodProber implements OnDemandProber {
     for (const [sandbox, owner] of this.#sandboxes) if (owner === uid) this.#sandboxes.delete(sandbox);
   }
 
-  #find(req: OnDemandProbeRequest): PodInfo {
+  #find(req: PodSelection): PodInfo {
     const { pods } = this.#o;
     let pod: PodInfo | undefined;
     let asked: string;

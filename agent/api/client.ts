@@ -5,10 +5,10 @@
  */
 import * as grpc from '@grpc/grpc-js';
 import { ProbeAgentError } from '../errors.ts';
-import type { ProbeHandler, ProbeOutcome } from '../probe/types.ts';
+import type { ProbeHandler, ProbeOutcome, ProbeType } from '../probe/types.ts';
 import type { ProbeEvent, ProbeStatus, StatusFilter } from '../scheduler/types.ts';
 import { API_VERSION } from '../version.ts';
-import { eventFromWire, filterToWire, outcomeFromWire, revisionFromWire, statusFromWire } from './convert.ts';
+import { eventFromWire, filterToWire, outcomeFromWire, probeTypeToWire, revisionFromWire, statusFromWire } from './convert.ts';
 import { handlerToWire } from './convert-request.ts';
 import {
   DEFAULT_SOCKET_PATH,
@@ -43,7 +43,7 @@ export interface AgentVersion {
 }
 
 /** How a probe request names its pod. */
-export type PodSelector = { uid: string } | { sandboxId: string } | { namespace: string; name: string };
+export type PodSelector = { uid: string } | { sandboxId: string } | { namespace: string; name: string } | { containerId: string };
 
 /** One on-demand probe through the agent. */
 export interface RemoteProbeRequest {
@@ -52,6 +52,8 @@ export interface RemoteProbeRequest {
   handler: ProbeHandler;
   /** Probe timeout; 0/absent = kubelet's default (1 s). */
   timeoutSeconds?: number;
+  /** Set by the kubelet shim: the agent records the result as this probe's status (on-demand mode). */
+  probeType?: ProbeType;
   /** Call deadline; default: the probe timeout plus 10 s for queueing. */
   deadlineMs?: number;
 }
@@ -130,10 +132,12 @@ export class ProbeApiClient {
     };
     if ('uid' in req.pod) wire.pod_uid = req.pod.uid;
     else if ('sandboxId' in req.pod) wire.pod_sandbox_id = req.pod.sandboxId;
+    else if ('containerId' in req.pod) wire.container_id = req.pod.containerId;
     else {
       wire.pod_namespace = req.pod.namespace;
       wire.pod_name = req.pod.name;
     }
+    if (req.probeType) wire.probe_type = probeTypeToWire(req.probeType);
     const deadline = req.deadlineMs ?? (req.timeoutSeconds || 1) * 1000 + DEFAULT_DEADLINE_MS;
     return outcomeFromWire(await this.#unary<WireProbeRequest, WireProbeResponse>('Probe', wire, deadline));
   }

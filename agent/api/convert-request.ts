@@ -6,7 +6,8 @@ import { InvalidProbeError } from '../errors.ts';
 import { parseProbe, PROBE_DEFAULTS, SPEC_LIMITS } from '../probe/spec.ts';
 import type { PortRef, ProbeHandler } from '../probe/types.ts';
 import type { OnDemandProbeRequest } from '../scheduler/types.ts';
-import { boundedId } from './convert.ts';
+import { normalizeContainerID } from '../pods/container-lookup.ts';
+import { boundedId, probeTypeFromWire } from './convert.ts';
 import type { WireIntOrString, WireProbeHandler, WireProbeRequest } from './proto.ts';
 
 function portToKubernetes(p: WireIntOrString | null | undefined): PortRef | undefined {
@@ -52,9 +53,10 @@ export function probeRequestFromWire(w: WireProbeRequest): OnDemandProbeRequest 
   const sandbox = w.pod_sandbox_id ?? '';
   const ns = w.pod_namespace ?? '';
   const name = w.pod_name ?? '';
-  const ways = [uid !== '', sandbox !== '', ns !== '' || name !== ''].filter(Boolean).length;
+  const containerID = w.container_id ?? '';
+  const ways = [uid !== '', sandbox !== '', ns !== '' || name !== '', containerID !== ''].filter(Boolean).length;
   if (ways !== 1) {
-    throw new InvalidProbeError('pod: give exactly one of pod_uid, pod_sandbox_id, or pod_namespace with pod_name', { field: 'pod_uid' });
+    throw new InvalidProbeError('pod: give exactly one of pod_uid, pod_sandbox_id, pod_namespace with pod_name, or container_id', { field: 'pod_uid' });
   }
   if ((ns === '') !== (name === '')) {
     const missing = ns === '' ? 'pod_namespace' : 'pod_name';
@@ -80,7 +82,15 @@ export function probeRequestFromWire(w: WireProbeRequest): OnDemandProbeRequest 
     req.podNamespace = boundedId(ns, 'pod_namespace');
     req.podName = boundedId(name, 'pod_name');
   }
+  if (containerID) req.containerID = normalizeContainerID(containerID);
   if (w.container_name) req.containerName = boundedId(w.container_name, 'container_name');
+  const probeType = probeTypeFromWire(w.probe_type);
+  if (probeType) {
+    if (!req.containerID && !req.containerName) {
+      throw new InvalidProbeError('probe_type: needs the container (container_id or container_name)', { field: 'probe_type' });
+    }
+    req.probeType = probeType;
+  }
   return req;
 }
 

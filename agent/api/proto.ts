@@ -114,6 +114,8 @@ export interface WireProbeRequest {
   timeout_seconds?: number;
   pod_namespace?: string;
   pod_name?: string;
+  container_id?: string;
+  probe_type?: WireProbeType | number;
 }
 export interface WireProbePhases {
   queue_seconds?: number;

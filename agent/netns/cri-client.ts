@@ -72,6 +72,39 @@ export interface CriPodSandboxConfig {
   };
 }
 
+export type CriContainerState = 'CONTAINER_CREATED' | 'CONTAINER_RUNNING' | 'CONTAINER_EXITED' | 'CONTAINER_UNKNOWN';
+
+/** One ListContainers item. */
+export interface CriContainer {
+  id: string;
+  podSandboxId: string;
+  metadata: { name: string; attempt: number } | null;
+  state: CriContainerState;
+  createdAt: string;
+  labels: Record<string, string>;
+  annotations: Record<string, string>;
+}
+
+/** ContainerFilter. */
+export interface CriContainerFilter {
+  id?: string;
+  state?: { state: CriContainerState };
+  podSandboxId?: string;
+  labelSelector?: Record<string, string>;
+}
+
+/** CreateContainer config (the subset in our proto), camelCase. */
+export interface CriContainerConfig {
+  metadata: { name: string; attempt?: number };
+  image: { image: string };
+  command?: string[];
+  args?: string[];
+  envs?: { key: string; value: string }[];
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+  logPath?: string;
+}
+
 type Callback = (err: grpc.ServiceError | null, res?: unknown) => void;
 type UnaryMethod = (req: unknown, md: grpc.Metadata, opts: grpc.CallOptions, cb: Callback) => grpc.ClientUnaryCall;
 type RuntimeServiceClient = grpc.Client & Record<string, UnaryMethod>;
@@ -136,6 +169,33 @@ export class CriClient {
   /** PodSandboxStatus; verbose adds the runtime's `info` map. */
   podSandboxStatus(podSandboxId: string, verbose: boolean, signal?: AbortSignal): Promise<CriPodSandboxStatusResponse> {
     return this.#call<CriPodSandboxStatusResponse>('PodSandboxStatus', { podSandboxId, verbose }, signal);
+  }
+
+  /** ListContainers with a filter (the agent looks a container up by its ID). */
+  async listContainers(filter: CriContainerFilter, signal?: AbortSignal): Promise<CriContainer[]> {
+    const res = await this.#call<{ containers: CriContainer[] }>('ListContainers', { filter }, signal);
+    return res.containers ?? [];
+  }
+
+  /** CreateContainer (test lab). */
+  async createContainer(podSandboxId: string, config: CriContainerConfig, sandboxConfig: CriPodSandboxConfig, deadlineMs?: number): Promise<string> {
+    const res = await this.#call<{ containerId: string }>('CreateContainer', { podSandboxId, config, sandboxConfig }, undefined, deadlineMs);
+    return res.containerId;
+  }
+
+  /** StartContainer (test lab). */
+  async startContainer(containerId: string, deadlineMs?: number): Promise<void> {
+    await this.#call('StartContainer', { containerId }, undefined, deadlineMs);
+  }
+
+  /** StopContainer (test lab); `timeout` seconds before SIGKILL. */
+  async stopContainer(containerId: string, timeout = 0, deadlineMs?: number): Promise<void> {
+    await this.#call('StopContainer', { containerId, timeout }, undefined, deadlineMs);
+  }
+
+  /** RemoveContainer (test lab). */
+  async removeContainer(containerId: string, deadlineMs?: number): Promise<void> {
+    await this.#call('RemoveContainer', { containerId }, undefined, deadlineMs);
   }
 
   /** RunPodSandbox (test lab; the agent never creates sandboxes). */

@@ -86,8 +86,12 @@ export interface OnDemandProbeRequest {
   /** With podName: the pod named by namespace/name (the API's third way; exactly one way is set). */
   podNamespace?: string;
   podName?: string;
+  /** CRI container ID (no runtime prefix): the fourth way of naming the pod; also names the container. */
+  containerID?: string;
   /** For named ports; required when the handler uses one. */
   containerName?: string;
+  /** Set by the kubelet shim: the result is recorded as this probe's status (on-demand mode). */
+  probeType?: ProbeType;
   handler: import('../probe/types.ts').ProbeHandler;
   /** Seconds; fractional when the API call's deadline capped the probe's own timeout. */
   timeoutSeconds: number;

@@ -57,6 +57,23 @@ export interface LabSandbox {
   cgroupParent: string;
 }
 
+/** A container to create in a lab sandbox. */
+export interface ContainerOptions {
+  name: string;
+  /** Default the pause image (it only sleeps). */
+  image?: string;
+  command?: string[];
+  attempt?: number;
+}
+
+/** A running container. */
+export interface LabContainer {
+  /** The runtime's ID (no "containerd://" prefix). */
+  id: string;
+  name: string;
+  sandboxId: string;
+}
+
 /** A running private containerd. */
 export interface ContainerdLab {
   slot: number;
@@ -74,6 +91,11 @@ export interface ContainerdLab {
   readonly pid: number | undefined;
   runSandbox(opts?: SandboxOptions): Promise<LabSandbox>;
   stopSandbox(id: string): Promise<void>;
+  /**
+   * Creates and starts a container in the sandbox, labelled as kubelet labels its containers
+   * (io.kubernetes.pod.*, io.kubernetes.container.name). Default image: the lab's pause image.
+   */
+  runContainer(sb: LabSandbox, opts: ContainerOptions): Promise<LabContainer>;
   removeSandbox(id: string): Promise<void>;
   /** Runs a command inside the sandbox's netns (nsenter --net=<path>; `ip netns exec` cannot reach the state dir). */
   exec(sb: LabSandbox, cmd: string, args: string[], timeoutMs?: number): Promise<{ code: number; stdout: string; stderr: string }>;
@@ -208,6 +230,26 @@ class Lab implements ContainerdLab {
       ipv4: ips.find((ip) => !ip.includes(':')) ?? '',
       ipv6: ips.find((ip) => ip.includes(':')) ?? '',
     };
+  }
+
+  async runContainer(sb: LabSandbox, opts: ContainerOptions): Promise<LabContainer> {
+    const podLabels = {
+      'io.kubernetes.pod.uid': sb.uid,
+      'io.kubernetes.pod.name': sb.name,
+      'io.kubernetes.pod.namespace': sb.namespace,
+    };
+    const id = await this.client.createContainer(sb.id, {
+      metadata: { name: opts.name, attempt: opts.attempt ?? 0 },
+      image: { image: opts.image ?? PAUSE_IMAGE_REF },
+      ...(opts.command ? { command: opts.command } : {}),
+      labels: { ...podLabels, 'io.kubernetes.container.name': opts.name },
+    }, {
+      metadata: { name: sb.name, uid: sb.uid, namespace: sb.namespace, attempt: sb.attempt },
+      labels: podLabels,
+      linux: { cgroupParent: sb.cgroupParent },
+    }, 30_000);
+    await this.client.startContainer(id, 30_000);
+    return { id, name: opts.name, sandboxId: sb.id };
   }
 
   async stopSandbox(id: string): Promise<void> {

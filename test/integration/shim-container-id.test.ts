@@ -1,0 +1,149 @@
+/**
+ * Probe by CRI container ID (the kubelet shim's way of naming a pod) through the running daemon,
+ * against a REAL containerd with real containers: a container kubelet's pod list shows, one the
+ * list does not show yet (kubelet probes right after start; the poll lags), one whose whole pod the
+ * poll has never seen, and IDs nobody knows. Then the locator in-process, to see that repeated
+ * probes of one container cost one runtime round trip.
+ */
+import { requireRoot } from '../support/root.ts';
+requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr']);
+
+import { spawn, type ChildProcess } from 'node:child_process';
+import * as grpc from '@grpc/grpc-js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ApiError } from '../../agent/api/client.ts';
+import { ContainerLocator } from '../../agent/pods/container-lookup.ts';
+import type { PodInfo } from '../../agent/pods/types.ts';
+import type { ProbeHandler } from '../../agent/probe/types.ts';
+import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
+import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
+import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { makePod } from '../support/pod-factory.ts';
+
+const NS = 'shim-cid';
+const PORT = 8080;
+const TCP: ProbeHandler = { kind: 'tcp', port: PORT };
+
+let ctrd: ContainerdLab;
+let kubelet: FakeKubelet;
+let agent: AgentHandle;
+const listeners: ChildProcess[] = [];
+let listed: LabSandbox;
+let unlisted: LabSandbox;
+let listedApp: LabContainer;
+let lateApp: LabContainer;
+let unlistedApp: LabContainer;
+
+/** A TCP listener on PORT inside the sandbox's netns (accepts and closes). */
+async function listenIn(sb: LabSandbox): Promise<void> {
+  const code = `require('net').createServer((s) => s.end()).listen(${PORT}, '::', () => console.log('ready'))`;
+  const child = spawn('nsenter', [`--net=${sb.netnsPath}`, '--', process.execPath, '-e', code], { stdio: ['ignore', 'pipe', 'inherit'] });
+  listeners.push(child);
+  await new Promise<void>((resolve, reject) => {
+    child.stdout!.once('data', () => resolve());
+    child.once('exit', (c) => reject(new Error(`listener in ${sb.name} exited (${c})`)));
+  });
+}
+
+/** The pod as kubelet lists it, with `app` carrying `containerID` (or no status at all). */
+function podFor(sb: LabSandbox, containerID?: string): Record<string, unknown> {
+  return makePod({
+    uid: sb.uid, name: sb.name, namespace: NS, ips: sb.ips, probe: 'none', port: PORT,
+    ...(containerID ? { containerID: `containerd://${containerID}` } : { noContainerStatuses: true }),
+  });
+}
+
+async function probeError(p: Promise<unknown>): Promise<ApiError> {
+  const err = await p.then(() => undefined, (e: unknown) => e);
+  expect(err).toBeInstanceOf(ApiError);
+  return err as ApiError;
+}
+
+beforeAll(async () => {
+  ctrd = await createContainerdLab();
+  [listed, unlisted] = await Promise.all([
+    ctrd.runSandbox({ name: 'listed', namespace: NS }),
+    ctrd.runSandbox({ name: 'unlisted', namespace: NS }),
+  ]);
+  [listedApp, lateApp, unlistedApp] = await Promise.all([
+    ctrd.runContainer(listed, { name: 'app' }),
+    ctrd.runContainer(listed, { name: 'late' }),
+    ctrd.runContainer(unlisted, { name: 'app' }),
+  ]);
+  await Promise.all([listenIn(listed), listenIn(unlisted)]);
+  const pod = podFor(listed, listedApp.id);
+  // 'late' is in the spec but kubelet's status does not list it yet.
+  (pod.spec as { containers: Record<string, unknown>[] }).containers.push({ name: 'late', image: 'x', ports: [{ name: 'late-port', containerPort: PORT }] });
+  kubelet = await FakeKubelet.start({ pods: [pod] });
+  agent = await startAgent({
+    kubeletUrl: kubelet.httpUrl,
+    resolvers: 'cri',
+    // A slow poll: the runtime path, not a lucky poll, must find the new containers.
+    pollInterval: '60s',
+    args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`],
+  });
+  await agent.waitForStatuses(() => true);
+}, 60_000);
+
+afterAll(async () => {
+  await agent?.stop('SIGKILL').catch(() => {});
+  await kubelet?.stop();
+  for (const l of listeners) l.kill('SIGKILL');
+  await ctrd?.destroy();
+});
+
+describe('Probe by container_id', () => {
+  it('finds a container kubelet lists, with or without the containerd:// prefix', async () => {
+    for (const containerId of [listedApp.id, `containerd://${listedApp.id}`]) {
+      const out = await agent.client.probe({ pod: { containerId }, handler: TCP });
+      expect(out.result, out.message).toBe('success');
+      expect(out.address).toContain(listed.ipv4);
+    }
+  });
+
+  it('finds a container the pod list does not show yet through the runtime, and sets container_name from its label', async () => {
+    const out = await agent.client.probe({ pod: { containerId: lateApp.id }, handler: { kind: 'tcp', port: 'late-port' } });
+    expect(out.result, out.message).toBe('success');
+    // A container_name that contradicts the ID is refused.
+    const err = await probeError(agent.client.probe({ pod: { containerId: lateApp.id }, containerName: 'app', handler: TCP }));
+    expect(err.grpcCode).toBe(grpc.status.INVALID_ARGUMENT);
+    expect(err.message).toMatch(/container_id names container "late"/);
+  });
+
+  it('probes a container whose pod the poll has never seen, from the runtime\'s view of the pod', async () => {
+    const out = await agent.client.probe({ pod: { containerId: unlistedApp.id }, handler: TCP });
+    expect(out.result, out.message).toBe('success');
+    expect(out.address).toContain(unlisted.ipv4);
+  });
+
+  it('answers NOT_FOUND for an unknown container and INVALID_ARGUMENT for a malformed ID or two ways of naming', async () => {
+    const unknown = await probeError(agent.client.probe({ pod: { containerId: 'f'.repeat(64) }, handler: TCP }));
+    expect(unknown.grpcCode).toBe(grpc.status.NOT_FOUND);
+    expect(unknown.message).toMatch(/container fffffffffffff is not known on this node \(the runtime has no such container\)/);
+    const bad = await probeError(agent.client.probe({ pod: { containerId: 'containerd://../etc' }, handler: TCP }));
+    expect(bad.grpcCode).toBe(grpc.status.INVALID_ARGUMENT);
+    // The agent is still fine afterwards.
+    expect((await agent.client.probe({ pod: { containerId: listedApp.id }, handler: TCP })).result).toBe('success');
+  });
+});
+
+describe('ContainerLocator against the runtime', () => {
+  it('costs one runtime lookup for many probes of one new container, and none for a listed one', async () => {
+    const listedPod = { uid: listed.uid, namespace: NS, name: listed.name, containers: [
+      { name: 'app', kind: 'regular', ports: [], probes: {}, state: { containerID: `containerd://${listedApp.id}`, running: true, terminated: false, ready: true, restartCount: 0 } },
+    ] } as unknown as PodInfo;
+    const pods = new Map([[listed.uid, listedPod]]);
+    const locator = new ContainerLocator({ pods: { get: (u) => pods.get(u), pods: () => [...pods.values()] }, runtime: ctrd.client });
+    for (let i = 0; i < 5; i++) {
+      expect((await locator.locate(listedApp.id)).from).toBe('pods');
+      const late = await locator.locate(lateApp.id);
+      expect(late).toMatchObject({ containerName: 'late', pod: { uid: listed.uid } });
+      const other = await locator.locate(`containerd://${unlistedApp.id}`);
+      expect(other.pod).toMatchObject({ uid: unlisted.uid, name: 'unlisted', namespace: NS, podIPs: unlisted.ips, hostNetwork: false });
+    }
+    expect(locator.runtimeLookups).toBe(2);
+    await expect(locator.locate('0'.repeat(64))).rejects.toThrow(/not known on this node/);
+    await expect(locator.locate('0'.repeat(64))).rejects.toThrow(/not known on this node/);
+    expect(locator.runtimeLookups).toBe(3);
+  });
+});
