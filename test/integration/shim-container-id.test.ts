@@ -176,3 +176,18 @@ describe('ContainerLocator against the runtime', () => {
     expect(locator.runtimeLookups).toBe(3);
   });
 });
+
+describe('container lookup metrics', () => {
+  it('counts lookups by how they ended: cached, pod list, runtime, not found, runtime unavailable', async () => {
+    const body = (await agent.http('/metrics')).body;
+    const value = (source: string): number => {
+      const m = new RegExp(`^probe_agent_container_lookups_total\\{source="${source}"\\} (\\S+)$`, 'm').exec(body);
+      return m ? Number(m[1]) : 0;
+    };
+    expect(value('pods')).toBeGreaterThanOrEqual(1);
+    expect(value('runtime')).toBeGreaterThanOrEqual(2);
+    expect(value('cache')).toBeGreaterThanOrEqual(3);
+    expect(value('not-found')).toBeGreaterThanOrEqual(2);
+    expect(value('unavailable')).toBe(1);
+  });
+});
