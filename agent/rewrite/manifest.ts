@@ -95,7 +95,12 @@ function transformYaml(text: string, direction: Direction, output: ManifestForma
     const source = text.slice(start, end);
     start = end;
     if (doc.errors.length > 0) throw new ManifestError(n, '', `not valid YAML: ${doc.errors[0]!.message}`);
-    const value: unknown = doc.toJS({ maxAliasCount: 100 });
+    let value: unknown;
+    try {
+      value = doc.toJS({ maxAliasCount: 100 });
+    } catch (err) {
+      throw new ManifestError(n, '', `cannot be read: ${(err as Error).message}`);
+    }
     const r = transformOne(value, direction, n);
     if (r.object !== null && r.object !== undefined) objects.push(r.object);
     if (!r.changed) {

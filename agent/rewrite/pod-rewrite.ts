@@ -167,6 +167,9 @@ const escapePointer = (s: string): string => s.replace(/~/g, '~0').replace(/\//g
 const unescapePointer = (s: string): string => s.replace(/~1/g, '/').replace(/~0/g, '~');
 const sameRequirement = (v: unknown): boolean => JSON.stringify(v) === JSON.stringify(SHIM_AFFINITY_REQUIREMENT);
 const requirement = (): Obj => ({ key: SHIM_NODE_LABEL, operator: 'In', values: [SHIM_NODE_LABEL_VALUE] });
+const OUR_TERM = JSON.stringify({ matchExpressions: [SHIM_AFFINITY_REQUIREMENT] });
+/** An array element the rewrite may have added: the requirement, or a term holding only it. */
+const isOurs = (v: unknown): boolean => sameRequirement(v) || JSON.stringify(v) === OUR_TERM;
 
 /**
  * Makes sure every required node selector term of `spec` demands the shim label; returns the JSON
@@ -235,8 +238,8 @@ function removePointer(root: Obj, pointer: string): void {
     else return;
   }
   if (Array.isArray(node)) {
-    // An appended requirement: remove it where it was put, or wherever it went since.
-    const i = sameRequirement(node[Number(last)]) ? Number(last) : node.findIndex(sameRequirement);
+    // An appended requirement or term: remove it where it was put, or wherever it went since.
+    const i = isOurs(node[Number(last)]) ? Number(last) : node.findIndex(isOurs);
     if (i >= 0) node.splice(i, 1);
   } else if (isObj(node)) {
     delete node[last];
