@@ -38,7 +38,16 @@ export interface RewriteRecord {
 export interface PodResult {
   pod: Obj;
   changed: boolean;
+  /** Why a pod with network probes or hooks was left as written (the agent cannot probe it). */
+  skipped?: string;
 }
+
+/**
+ * RuntimeClass names whose pods the agent leaves to kubelet (same list as the agent's
+ * DEFAULT_SANDBOXED_RUNTIMES in agent/netns/resolver.ts; a unit test keeps them equal): their
+ * network stack is not in a netns the agent can enter, so a rewritten probe could never pass.
+ */
+export const SANDBOXED_RUNTIME_CLASSES: readonly string[] = ['runsc', 'gvisor', 'kata', 'kata-qemu', 'kata-clh', 'kata-fc'];
 
 const PROBES: ReadonlyArray<readonly [field: string, kind: ShimKind]> = [
   ['livenessProbe', 'liveness'],
@@ -258,6 +267,7 @@ export function rewritePod(input: Obj, base = ''): PodResult {
   const pod = structuredClone(input);
   const { spec } = podParts(pod, base);
   if (!spec) return { pod: input, changed: false };
+  const skipped = notForTheAgent(spec);
   const handlers: Record<string, Obj> = {};
   let hasShimCommands = false;
   for (const slot of slots(spec, `${base}spec`)) {
@@ -267,6 +277,7 @@ export function rewritePod(input: Obj, base = ''): PodResult {
       continue;
     }
     if (key === null || !slot.network.includes(key)) continue;
+    if (skipped) return { pod: input, changed: false, skipped };
     const value = slot.holder[key];
     if (!isObj(value)) throw new RewriteError(`${slot.path}.${key}`, 'a handler must be an object');
     const original = { [key]: value };
@@ -302,6 +313,16 @@ export function rewritePod(input: Obj, base = ''): PodResult {
   };
   metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] = JSON.stringify(record);
   return { pod, changed: true };
+}
+
+/** Why the agent cannot run this pod's probes (so they stay with kubelet), or undefined. */
+function notForTheAgent(spec: Obj): string | undefined {
+  if (spec.hostNetwork === true) return 'hostNetwork pod: kubelet reaches it without crossing into a pod netns, its probes stay as written';
+  const rc = spec.runtimeClassName;
+  if (typeof rc === 'string' && SANDBOXED_RUNTIME_CLASSES.some((s) => s.toLowerCase() === rc.toLowerCase())) {
+    return `runtimeClassName "${rc}" is sandboxed: the agent cannot probe inside it, its probes stay as written`;
+  }
+  return undefined;
 }
 
 /** Undoes rewritePod: gives back the handlers and removes what the rewrite added. */

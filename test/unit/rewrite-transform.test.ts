@@ -7,7 +7,8 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { RewriteError } from '../../agent/rewrite/errors.ts';
 import { transformObject, REWRITTEN_KINDS } from '../../agent/rewrite/objects.ts';
-import { ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SHIM_NODE_LABEL, undoPod } from '../../agent/rewrite/pod-rewrite.ts';
+import { ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SANDBOXED_RUNTIME_CLASSES, SHIM_NODE_LABEL, undoPod } from '../../agent/rewrite/pod-rewrite.ts';
+import { DEFAULT_SANDBOXED_RUNTIMES } from '../../agent/netns/resolver.ts';
 import { decodeShimCommand, encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 
 type Obj = Record<string, any>;
@@ -100,6 +101,22 @@ describe('rewritePod', () => {
       expect(rewritePod(input).pod).toBe(input);
       expect(undoPod(input).pod).toBe(input);
     }
+  });
+
+  it('leaves hostNetwork and sandboxed-runtime pods to kubelet (the agent refuses them), saying why', () => {
+    const probe = { livenessProbe: { httpGet: { port: 80 } } };
+    const host = pod({ hostNetwork: true, containers: [web(probe)] });
+    expect(rewritePod(host)).toEqual({ pod: host, changed: false, skipped: expect.stringMatching(/^hostNetwork pod/) });
+    for (const rc of ['gvisor', 'Kata-QEMU', 'runsc']) {
+      const sandboxed = pod({ runtimeClassName: rc, containers: [web(probe)] });
+      expect(rewritePod(sandboxed)).toEqual({ pod: sandboxed, changed: false, skipped: `runtimeClassName "${rc}" is sandboxed: the agent cannot probe inside it, its probes stay as written` });
+    }
+    // Other runtime classes (runc-based) are the agent's.
+    expect(rewritePod(pod({ runtimeClassName: 'runc-fast', containers: [web(probe)] })).changed).toBe(true);
+    // Nothing to skip without network probes.
+    expect(rewritePod(pod({ hostNetwork: true, containers: [web()] })).skipped).toBeUndefined();
+    // The same list as the agent's own.
+    expect([...SANDBOXED_RUNTIME_CLASSES]).toEqual([...DEFAULT_SANDBOXED_RUNTIMES]);
   });
 
   it('records the originals and what it added in one annotation', () => {
