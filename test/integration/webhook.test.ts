@@ -118,6 +118,12 @@ function corpusPods(): Obj[] {
   return pods;
 }
 
+/** The CA of whichever pair is installed now (the rotation test swaps them). */
+async function currentCa(): Promise<string> {
+  const cert = readFileSync(CERT(), 'utf8');
+  return cert === pairs.a.cert ? pairs.a.ca : pairs.b.ca;
+}
+
 async function serving(ca: string): Promise<PeerCertificate> {
   return new Promise((resolve, reject) => {
     const s = connect({ host: '127.0.0.1', port: server.port, ca, servername: 'localhost' }, () => {
@@ -322,6 +328,50 @@ describe('probe-agent webhook (built CLI)', () => {
     const [code] = await once(child, 'exit');
     expect(code, stderr).toBe(0);
     expect(stderr).toMatch(/webhook listening/);
+  });
+
+  it('runs as the rewrite-webhook component deploys it: its args, its probe path and scheme, its webhook paths', async () => {
+    const kdir = mkdtempSync(path.join(dir, 'kustomize-'));
+    const rel = (p: string) => path.relative(kdir, path.join(REPO, 'deploy', p));
+    writeFileSync(path.join(kdir, 'kustomization.yaml'), `resources: [${rel('base')}]\ncomponents: [${rel('components/rewrite-webhook')}]\n`);
+    const objects = parseAllDocuments(execFileSync('kubectl', ['kustomize', kdir], { encoding: 'utf8' })).map((d) => d.toJS() as Obj);
+    const deployment = objects.find((o) => o.kind === 'Deployment')!;
+    const c = deployment.spec.template.spec.containers[0];
+    const mountPath = c.volumeMounts[0].mountPath as string;
+    const port = 20000 + Math.floor(Math.random() * 20000);
+    // The deployed args, with the Secret mount pointed at the test's files and a free port.
+    const args = (c.args as string[]).map((a) => a.replace(mountPath, dir).replace(/^--listen=:\d+$/, `--listen=127.0.0.1:${port}`));
+    expect(args).toContain(`--tls-cert-file=${CERT()}`);
+    const child = spawn(CLI, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr!.on('data', (d) => (stderr += d));
+    try {
+      const probe = c.readinessProbe.httpGet;
+      expect(probe.scheme).toBe('HTTPS');
+      expect((c.ports as Obj[]).find((p) => p.name === probe.port)?.containerPort).toBe(8443);
+      let health: Reply | undefined;
+      const deadline = Date.now() + 20_000;
+      while (Date.now() < deadline && child.exitCode === null) {
+        try {
+          health = await post(probe.path, '', { method: 'GET', port, ca: (await currentCa()) });
+          break;
+        } catch {
+          await new Promise((r) => setTimeout(r, 100));
+        }
+      }
+      expect(health?.status, stderr).toBe(200);
+      const pod = corpusPods().find((p) => JSON.stringify(p).includes('httpGet'))!;
+      const annotated = { ...pod, metadata: { ...pod.metadata, annotations: { [OPT_IN_ANNOTATION]: 'enabled' } } };
+      const config = objects.find((o) => o.kind === 'MutatingWebhookConfiguration')!;
+      for (const w of config.webhooks as Obj[]) {
+        const r = await post(w.clientConfig.service.path, JSON.stringify(review(annotated)), { port, ca: await currentCa() });
+        expect(r.json!.response.patchType, w.name).toBe('JSONPatch');
+      }
+    } finally {
+      child.kill('SIGTERM');
+    }
+    const [code] = await once(child, 'exit');
+    expect(code, stderr).toBe(0);
   });
 
   it('refuses to start, exit 2, on TLS files that do not load or a bad flag', () => {
