@@ -280,6 +280,10 @@ export function rewritePod(input: Obj, base = ''): PodResult {
     if (skipped) return { pod: input, changed: false, skipped };
     const value = slot.holder[key];
     if (!isObj(value)) throw new RewriteError(`${slot.path}.${key}`, 'a handler must be an object');
+    const foreign = foreignHost(value);
+    if (foreign !== undefined) {
+      return { pod: input, changed: false, skipped: `${slot.path}.${key}.host is ${JSON.stringify(foreign.slice(0, 64))}: the agent only probes the pod's own addresses, and Pod Security admission must still see that field` };
+    }
     const original = { [key]: value };
     const command = encodeShimCommand(slot.kind, original);
     if (command[2]!.length > MAX_ENCODED_HANDLER) {
@@ -313,6 +317,21 @@ export function rewritePod(input: Obj, base = ''): PodResult {
   };
   metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] = JSON.stringify(record);
   return { pod, changed: true };
+}
+
+/** Hosts Pod Security admission (KEP-4940) allows in probes and hooks; the agent reads them as the pod's own loopback. */
+const LOOPBACK_HOSTS = new Set(['', '127.0.0.1', '::1', 'localhost']);
+
+/**
+ * A `host` the rewrite must not hide inside the encoded command (undefined when there is none):
+ * Pod Security admission validates after mutating webhooks, so a rewritten pod would slip a
+ * node-side target past it; and the agent refuses such a host anyway.
+ */
+function foreignHost(handler: Obj): string | undefined {
+  const host = handler.host;
+  if (host === undefined || host === null) return undefined;
+  if (typeof host !== 'string') return String(host);
+  return LOOPBACK_HOSTS.has(host.toLowerCase()) ? undefined : host;
 }
 
 /** Why the agent cannot run this pod's probes (so they stay with kubelet), or undefined. */

@@ -170,11 +170,14 @@ describe('rewrite webhook over HTTPS', () => {
       expect(r.json).toMatchObject({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview' });
       expect(response.uid).toBe(req.request.uid);
       expect(response.allowed).toBe(true);
-      expect(response.warnings).toBeUndefined();
       if (JSON.stringify(expected[i]) === JSON.stringify(pod)) {
         expect(response.patch, pod.metadata.generateName).toBeUndefined();
+        // Pods left to kubelet say why; pods with nothing to rewrite say nothing.
+        if (pod.spec.hostNetwork || pod.spec.runtimeClassName) expect(response.warnings[0]).toMatch(/^probe-agent: probes left unchanged: (hostNetwork pod|runtimeClassName "gvisor")/);
+        else expect(response.warnings).toBeUndefined();
         continue;
       }
+      expect(response.warnings).toBeUndefined();
       rewritten++;
       expect(response.patchType).toBe('JSONPatch');
       const patch = JSON.parse(Buffer.from(response.patch, 'base64').toString('utf8'));
@@ -216,6 +219,8 @@ describe('rewrite webhook over HTTPS', () => {
       [review(base, { subResource: 'ephemeralcontainers' }), /not a pod \(Pod\/ephemeralcontainers\)/],
       [review({ ...base, spec: { ...base.spec, nodeName: 'node-a' } }), /bound to node node-a at creation/],
       [review(base, { object: null }), /no pod object/],
+      [review({ ...base, spec: { ...base.spec, hostNetwork: true } }), /^probe-agent: probes left unchanged: hostNetwork pod/],
+      [review({ ...base, spec: { ...base.spec, containers: [{ name: 'x', image: 'i', livenessProbe: { httpGet: { host: '10.0.0.1', port: 2379, path: '/metrics' } } }] } }), /^probe-agent: probes left unchanged: spec\.containers\[0\]\.livenessProbe\.httpGet\.host is "10\.0\.0\.1"/],
     ];
     for (const [req, warning] of cases) {
       const r = await post(MUTATE_PATH, JSON.stringify(req));

@@ -115,6 +115,12 @@ describe('rewritePod', () => {
     expect(rewritePod(pod({ runtimeClassName: 'runc-fast', containers: [web(probe)] })).changed).toBe(true);
     // Nothing to skip without network probes.
     expect(rewritePod(pod({ hostNetwork: true, containers: [web()] })).skipped).toBeUndefined();
+    // A host other than loopback stays visible to Pod Security admission: the whole pod is left as written.
+    const ssrf = pod({ containers: [web({ readinessProbe: { tcpSocket: { port: 80 } }, livenessProbe: { httpGet: { host: '169.254.169.254', path: '/latest/meta-data', port: 80 } } })] });
+    expect(rewritePod(ssrf)).toEqual({ pod: ssrf, changed: false, skipped: 'spec.containers[0].livenessProbe.httpGet.host is "169.254.169.254": the agent only probes the pod\'s own addresses, and Pod Security admission must still see that field' });
+    for (const host of ['127.0.0.1', '::1', 'localhost', 'LOCALHOST', '']) {
+      expect(rewritePod(pod({ containers: [web({ livenessProbe: { tcpSocket: { host, port: 80 } } })] })).changed, host).toBe(true);
+    }
     // The same list as the agent's own.
     expect([...SANDBOXED_RUNTIME_CLASSES]).toEqual([...DEFAULT_SANDBOXED_RUNTIMES]);
   });
