@@ -279,6 +279,18 @@ describe('rewrite webhook over HTTPS', () => {
     expect(health.status).toBe(200);
   });
 
+  it('counts every admission request by path and outcome on /metrics (after the tests above)', async () => {
+    const r = await post('/metrics', '', { method: 'GET' });
+    expect(r.status).toBe(200);
+    const value = (labels: string): number => Number(new RegExp(`^probe_agent_webhook_requests_total\\{${labels}\\} (\\d+)$`, 'm').exec(r.body)?.[1] ?? 0);
+    expect(value('path="/mutate",outcome="rewritten"')).toBeGreaterThanOrEqual(8);
+    expect(value('path="/mutate-annotated",outcome="rewritten"')).toBe(1);
+    expect(value('path="/mutate",outcome="refused"')).toBe(3);
+    expect(value('path="/mutate",outcome="bad-request"')).toBe(4);
+    expect(value('path="/mutate",outcome="too-large"')).toBe(2);
+    expect(r.body).toMatch(/^probe_agent_webhook_request_duration_seconds_count\{path="\/mutate"\} \d+$/m);
+  });
+
   it('serves a rotated certificate to new connections without a restart, and keeps the old one when the new files do not load', async () => {
     const before = await serving(pairs.a.ca);
     expect(before.issuer.CN).toBe('probe-agent test CA a');
