@@ -235,7 +235,13 @@ function ensureShimAffinity(spec: Obj, base: string): string[] {
   return added;
 }
 
-/** Removes what a JSON pointer names from `root` (which the caller owns); an array element only if it is our requirement. */
+/**
+ * Removes what the rewrite created at a JSON pointer of `root` (which the caller owns). Only the
+ * rewrite's own parts go: an appended requirement or term is removed where it was put (or wherever
+ * it went since); a created map loses the shim requirements inside it and then goes only if
+ * nothing else is left, so what someone added there after the rewrite (pod anti-affinity, another
+ * annotation) stays.
+ */
 function removePointer(root: Obj, pointer: string): void {
   const keys = pointer.split('/').slice(1).map(unescapePointer);
   const last = keys.pop();
@@ -247,12 +253,24 @@ function removePointer(root: Obj, pointer: string): void {
     else return;
   }
   if (Array.isArray(node)) {
-    // An appended requirement or term: remove it where it was put, or wherever it went since.
     const i = isOurs(node[Number(last)]) ? Number(last) : node.findIndex(isOurs);
     if (i >= 0) node.splice(i, 1);
-  } else if (isObj(node)) {
-    delete node[last];
+  } else if (isObj(node) && last in node) {
+    if (stripOurs(node[last])) delete node[last];
   }
+}
+
+/** Removes the shim requirements (and terms holding only them) inside a created value; true when nothing else is left. */
+function stripOurs(value: unknown): boolean {
+  if (Array.isArray(value)) {
+    for (let i = value.length - 1; i >= 0; i--) if (isOurs(value[i]) || stripOurs(value[i])) value.splice(i, 1);
+    return value.length === 0;
+  }
+  if (isObj(value)) {
+    for (const [k, v] of Object.entries(value)) if (stripOurs(v)) delete value[k];
+    return Object.keys(value).length === 0;
+  }
+  return false;
 }
 
 /** Splits a pod-like object into metadata/spec; `base` prefixes field paths in messages (e.g. `spec.template.`). */

@@ -211,6 +211,21 @@ describe('rewritePod', () => {
     expect(undone).toEqual({ metadata: { name: 'p' }, spec: { containers: [web({ livenessProbe: { httpGet: { port: 80 } }, readinessProbe: { tcpSocket: { port: 81 } } })] } });
   });
 
+  it('keeps what someone added inside the parts the rewrite created (pod anti-affinity, another annotation, another term)', () => {
+    const input = pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] });
+    const edited = structuredClone(rewritePod(input).pod);
+    const podAntiAffinity = { preferredDuringSchedulingIgnoredDuringExecution: [{ weight: 1, podAffinityTerm: { topologyKey: 'zone' } }] };
+    edited.spec.affinity.podAntiAffinity = podAntiAffinity;
+    edited.metadata.annotations['team'] = 'shop';
+    const undone = undoPod(edited).pod;
+    expect(undone.spec.containers).toEqual(input.spec.containers);
+    expect(undone.spec.affinity).toEqual({ podAntiAffinity });
+    expect(undone.metadata.annotations).toEqual({ team: 'shop' });
+    const withTerm = structuredClone(rewritePod(input).pod);
+    withTerm.spec.affinity.nodeAffinity[REQ].nodeSelectorTerms[0].matchExpressions.push({ key: 'disk', operator: 'In', values: ['ssd'] });
+    expect(undoPod(withTerm).pod.spec.affinity).toEqual({ nodeAffinity: { [REQ]: { nodeSelectorTerms: [{ matchExpressions: [{ key: 'disk', operator: 'In', values: ['ssd'] }] }] } } });
+  });
+
   it('undoes from the commands themselves when the annotation was stripped (affinity stays: it was not recorded)', () => {
     const input = pod({ containers: [web({ livenessProbe: { httpGet: { path: '/x', port: 80 } } })] });
     const out = structuredClone(rewritePod(input).pod);
