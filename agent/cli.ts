@@ -7,6 +7,8 @@ import { registerStatusCommand } from './cli/status-command.ts';
 import { registerWatchCommand } from './cli/watch-command.ts';
 import { registerAuditCommand } from './cli/audit-command.ts';
 import { registerHookCommand } from './cli/hook-command.ts';
+import { registerRewriteCommand } from './cli/rewrite-command.ts';
+import { registerWebhookCommand } from './cli/webhook-command.ts';
 import { FEATURES, type FeatureSpec } from './featuregates.ts';
 import { AGENT_NAME, AGENT_VERSION, API_VERSION } from './version.ts';
 
@@ -27,6 +29,8 @@ registerStatusCommand(program);
 registerWatchCommand(program);
 registerAuditCommand(program);
 registerHookCommand(program);
+registerRewriteCommand(program);
+registerWebhookCommand(program);
 
 program
   .command('feature-gates')
