@@ -14,7 +14,8 @@ import { fileURLToPath } from 'node:url';
 import { Command, type Option } from 'commander';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseAllDocuments } from 'yaml';
-import { DEFAULT_SOCKET, parseRunConfig, registerRunCommand, type RunConfig } from '../../agent/cli/run-command.ts';
+import { registerRunCommand } from '../../agent/cli/run-command.ts';
+import { DEFAULT_SOCKET, parseRunConfig, type RunConfig } from '../../agent/config/run-config.ts';
 import { DEFAULT_CRI_ENDPOINTS } from '../../agent/netns/cri-endpoint.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));

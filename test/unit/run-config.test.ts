@@ -1,7 +1,8 @@
 /** `probe-agent run` flag validation: clear errors at start, defaults as documented. */
 import { describe, expect, it } from 'vitest';
-import { parseListenAddress, parseRunConfig } from '../../agent/cli/run-command.ts';
-import { parseDuration } from '../../agent/cli/duration.ts';
+import { parseRunConfig } from '../../agent/config/run-config.ts';
+import { parseListenAddress } from '../../agent/config/listen-address.ts';
+import { parseDuration } from '../../agent/config/duration.ts';
 import { ConfigError } from '../../agent/errors.ts';
 
 const base = {
@@ -57,8 +58,15 @@ describe('parseRunConfig', () => {
   });
 
   it('disables the metrics listener with an empty address', () => {
-    expect(parseListenAddress('', 'metrics-address')).toBeUndefined();
-    expect(parseListenAddress('[::1]:9809', 'metrics-address')).toEqual({ host: '::1', port: 9809 });
+    expect(parseRunConfig({ ...base, metricsAddress: '' }, { HOST_IP: '192.0.2.7' }).metricsAddress).toBeUndefined();
+    expect(parseRunConfig({ ...base, metricsAddress: '[::1]:9809' }, { HOST_IP: '192.0.2.7' }).metricsAddress).toEqual({ host: '::1', port: 9809 });
+    expect(() => parseListenAddress('', '--metrics-address')).toThrow(/--metrics-address/);
+  });
+
+  it('fills every value a command does not declare from its default (audit has no --socket, no poll interval)', () => {
+    const cfg = parseRunConfig({ kubeletUrl: 'http://127.0.0.1:10255' }, {});
+    expect(cfg).toMatchObject({ socket: '/run/probe-agent/probe.sock', kubeletPollIntervalMs: 5000, maxConcurrentProbes: 64, metricsAddress: { host: '127.0.0.1', port: 9809 } });
+    expect(cfg.kubeletTokenFile).toBeUndefined();
   });
 });
 
