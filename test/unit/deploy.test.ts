@@ -301,7 +301,7 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
 
   it('ships monitors only when asked, selecting the agent pods and their metrics port', () => {
     const podLabels = ds().spec.template.metadata.labels;
-    const matches = (sel: Obj, labels: Obj) => Object.entries(sel.matchLabels ?? {}).every(([k, val]) => labels?.[k] === val);
+    const matches = (sel: Obj, labels: Obj) => Object.keys(sel.matchLabels ?? {}).length > 0 && Object.entries(sel.matchLabels).every(([k, val]) => labels?.[k] === val);
     const pm = docs().filter((o) => o.kind === 'PodMonitor');
     const sm = docs().filter((o) => o.kind === 'ServiceMonitor');
     expect(pm.length).toBe(has('pod-monitor') ? 1 : 0);

@@ -256,7 +256,8 @@ describe('ProbeManager', () => {
     await new Promise((r) => setTimeout(r, 50));
     const t = performance.now();
     await h.manager.stop();
-    expect(performance.now() - t).toBeLessThan(1_000);
+    // Aborted, not waited for: the probe's timeout is 30 s.
+    expect(performance.now() - t).toBeLessThan(10_000);
     expect(h.manager.workerCount()).toBe(0);
     expect(h.observer.stopped).toHaveLength(1);
     // The aborted run is not recorded as a result.
