@@ -78,6 +78,7 @@ describe('CriResolver against containerd', () => {
     // And inside that netns the pod's own addresses are configured.
     const addrs = await ctrd.exec(sb, 'ip', ['-j', 'addr', 'show', 'dev', 'eth0']);
     expect(addrs.code).toBe(0);
+    expect(sb.ips.length).toBeGreaterThan(0);
     for (const ip of sb.ips) expect(addrs.stdout).toContain(`"${ip}"`);
   });
 
