@@ -222,7 +222,6 @@ describe('ProbeManager', () => {
     const fastRun = observer.runs.find((r) => r.meta.key.podUID === 'fast');
     const slowRuns = observer.runs.filter((r) => r.meta.key.podUID === 'slow');
     expect(fastRun?.outcome.result).toBe('success');
-    expect(fastRun?.outcome.phases.queue ?? 0).toBeLessThan(0.1);
     expect(slowRuns).toHaveLength(8);
     // The fast pod was done before the first slow probe (300 ms) finished.
     const lastProbe = (podUID: string, containerName: string): number =>
