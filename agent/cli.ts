@@ -16,7 +16,8 @@ const program = new Command()
   .name(AGENT_NAME)
   .description('Runs Kubernetes TCP/HTTP/gRPC probes inside each pod network namespace (KEP-4559, outside kubelet).')
   .version(`${AGENT_NAME} ${AGENT_VERSION} (api ${API_VERSION}, node ${process.version})`, '--version')
-  .showHelpAfterError()
+  // One hint line, not the whole help, after a usage error: the error is what the user needs to see.
+  .showHelpAfterError('(add --help for usage)')
   .enablePositionalOptions()
   // Usage errors exit 2 ("could not run"); set before the subcommands, which inherit it.
   .exitOverride((err) => {

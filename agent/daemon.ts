@@ -3,7 +3,7 @@
  * results store, the ProbeService socket and the metrics/health listener, and shuts them down in
  * order on SIGTERM (stop taking work, drain, exit 0 within the grace period).
  */
-import type { RunConfig } from './cli/run-command.ts';
+import { kubeletClientOptions, type RunConfig } from './config/run-config.ts';
 import { describeError } from './errors.ts';
 import { createLogger, type Logger } from './log.ts';
 import { ProbeApiServer } from './api/server.ts';
@@ -81,16 +81,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     const limiter = new FairLimiter({ maxInFlight: config.maxConcurrentProbes, maxQueued: config.maxQueuedProbes });
     metrics.agent.setLimiterSource(() => ({ inFlight: limiter.inFlight, queued: limiter.queued }));
 
-    const client = new KubeletClient({
-      url: config.kubeletUrl,
-      caFile: config.kubeletCaFile,
-      insecureTLS: config.kubeletInsecureTls,
-      tlsServerName: config.kubeletTlsServerName,
-      tokenFile: config.kubeletTokenFile,
-      timeoutMs: config.kubeletTimeoutMs,
-      maxResponseBytes: config.kubeletMaxResponseBytes,
-      log,
-    });
+    const client = new KubeletClient(kubeletClientOptions(config, log));
     cleanups.push(() => client.close());
     const source = new PodSource({
       client,

@@ -3,6 +3,8 @@
  * types: results, statuses, events, filters, outcomes. Handlers and requests: convert-request.ts.
  */
 import { InvalidProbeError } from '../errors.ts';
+// Messages in responses are capped so one chatty probe cannot bloat every status and event.
+import { boundMessage } from '../probe/message.ts';
 import type { ProbeOutcome, ProbePhases, ProbeResult, ProbeType, FailureReason } from '../probe/types.ts';
 import type { ProbeEvent, ProbeStatus, StatusFilter, ThresholdResult } from '../scheduler/types.ts';
 import type {
@@ -17,8 +19,6 @@ import type {
   WireStatusFilter,
 } from './proto.ts';
 
-/** Messages in responses are capped so one chatty probe cannot bloat every status and event. */
-export const MAX_MESSAGE_CHARS = 1024;
 /** Longest pod UID, sandbox ID, namespace, name or container name accepted in a request. */
 export const MAX_ID_CHARS = 256;
 
@@ -99,10 +99,6 @@ export function revisionFromWire(rev: WireInt64 | undefined, field = 'revision')
   return n;
 }
 
-function cap(text: string): string {
-  return text.length > MAX_MESSAGE_CHARS ? text.slice(0, MAX_MESSAGE_CHARS - 1) + '…' : text;
-}
-
 /** A stored status as a wire ProbeStatus. */
 export function statusToWire(s: ProbeStatus): WireProbeStatus {
   return {
@@ -115,7 +111,7 @@ export function statusToWire(s: ProbeStatus): WireProbeStatus {
     result: resultToWire(s.result),
     consecutive: s.consecutive,
     last_probe_time: msToNanos(s.lastProbeTime),
-    last_message: cap(s.lastMessage),
+    last_message: boundMessage(s.lastMessage),
     last_reason: s.lastReason ?? '',
     started: s.started,
     ready: s.ready,
@@ -218,7 +214,7 @@ export function outcomeToWire(o: ProbeOutcome): WireProbeResponse {
   }
   return {
     result: resultToWire(o.result),
-    message: cap(o.message),
+    message: boundMessage(o.message),
     duration_seconds: o.durationSeconds,
     phases,
     reason: o.reason ?? '',

@@ -5,7 +5,7 @@
  */
 import { ProbeAgentError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
-import type { RunConfig } from '../cli/run-command.ts';
+import { kubeletClientOptions, type RunConfig } from '../config/run-config.ts';
 import { ResidentHelper } from '../netns/helper.ts';
 import { NodeSocketFactory } from '../netns/node-sockets.ts';
 import { NetnsResolverChain } from '../netns/resolver.ts';
@@ -33,16 +33,7 @@ export interface RunAuditOptions {
 /** Audits the node described by `config`; rejects with AuditSetupError when it cannot run. */
 export async function runAudit(config: RunConfig, opts: RunAuditOptions = {}): Promise<AuditReport> {
   const log = opts.log ?? silentLogger;
-  const kubelet = new KubeletClient({
-    url: config.kubeletUrl,
-    ...(config.kubeletCaFile ? { caFile: config.kubeletCaFile } : {}),
-    insecureTLS: config.kubeletInsecureTls,
-    ...(config.kubeletTlsServerName ? { tlsServerName: config.kubeletTlsServerName } : {}),
-    ...(config.kubeletTokenFile ? { tokenFile: config.kubeletTokenFile } : {}),
-    timeoutMs: config.kubeletTimeoutMs,
-    maxResponseBytes: config.kubeletMaxResponseBytes,
-    log,
-  });
+  const kubelet = new KubeletClient(kubeletClientOptions(config, log));
   let listed: ReturnType<typeof parsePodList>;
   try {
     listed = parsePodList(await kubelet.getPods(opts.signal));

@@ -9,9 +9,8 @@ import { DEFAULT_AUDIT_CONCURRENCY, MAX_AUDIT_CONCURRENCY, messageOf } from '../
 import { EXIT_CANNOT_AUDIT, renderJson, renderTable, type AuditExitCode } from '../audit/report.ts';
 import { ConfigError } from '../errors.ts';
 import { createLogger } from '../log.ts';
-import { addKubeletAndNetnsFlags, parseRunConfig } from './run-command.ts';
-
-type Raw = Record<string, string | boolean | string[] | undefined>;
+import { parseRunConfig, type RawFlags } from '../config/run-config.ts';
+import { addKubeletAndNetnsFlags } from './run-command.ts';
 
 /** Adds `audit` to the program. */
 export function registerAuditCommand(program: Command): void {
@@ -21,12 +20,12 @@ export function registerAuditCommand(program: Command): void {
   addKubeletAndNetnsFlags(cmd)
     .addOption(new Option('--output <format>', 'text (a table) or json').choices(['text', 'json']).default('text'))
     .addOption(new Option('--concurrency <n>', `probes audited at once (1..${MAX_AUDIT_CONCURRENCY})`).default(String(DEFAULT_AUDIT_CONCURRENCY)))
-    .action(async (raw: Raw, self: Command) => {
+    .action(async (raw: RawFlags, self: Command) => {
       process.exitCode = await auditCommand(raw, self);
     });
 }
 
-async function auditCommand(raw: Raw, self: Command): Promise<AuditExitCode> {
+async function auditCommand(raw: RawFlags, self: Command): Promise<AuditExitCode> {
   try {
     const config = parseRunConfig(raw, process.env);
     const concurrency = Number(raw.concurrency);

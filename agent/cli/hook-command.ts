@@ -9,7 +9,7 @@ import { describeError, InvalidProbeError } from '../errors.ts';
 import { runLifecycleHandler, type HookOutcome, type LifecycleHook } from '../probe/lifecycle.ts';
 import { parseProbeText } from '../probe/spec.ts';
 import { DEFAULT_KUBE_PROBE_VERSION } from '../version.ts';
-import { parseDuration } from './duration.ts';
+import { parseDuration } from '../config/duration.ts';
 import { collect, EXIT_ERROR, EXIT_FAILURE, EXIT_SUCCESS, openLocalContext, type LocalContextOptions } from './probe-command.ts';
 
 interface HookOptions extends LocalContextOptions {
@@ -28,8 +28,8 @@ export function registerHookCommand(program: Command): void {
     .requiredOption('--netns <path>', 'network namespace to run the hook inside: /proc/PID/ns/net or /run/netns/NAME')
     .addOption(new Option('--hook <hook>', 'which hook (only wording differs: kubelet treats both alike)').choices(['postStart', 'preStop']).default('postStart'))
     .option('--timeout <duration>', 'time allowed for the hook (kubelet has none of its own; 0 = the agent cap of 1h)', '0')
-    .option('--pod-ip <ip>', "the pod's own IP (repeatable; default: read from inside the netns)", collect, [])
-    .option('--container-port <name=port>', 'a named container port, for handlers that use port names (repeatable)', collect, [])
+    .option('--pod-ip <ip>', "the pod's own IP (repeatable; default: read from inside the netns)", collect)
+    .option('--container-port <name=port>', 'a named container port, for handlers that use port names (repeatable)', collect)
     .addOption(new Option('--output <format>', 'output format').choices(['text', 'json']).default('text'))
     .option('--kube-probe-version <major.minor>', 'version in User-Agent: kube-lifecycle/<v>', DEFAULT_KUBE_PROBE_VERSION)
     .option('--feature-gates <gates>', 'Name=true|false,... (see `probe-agent feature-gates`)')
@@ -49,7 +49,7 @@ async function hookCommand(opts: HookOptions): Promise<number> {
       throw new InvalidProbeError(`--spec: a lifecycle hook here is httpGet or tcpSocket, got ${handler.kind} (kubelet runs exec and sleep hooks itself)`);
     }
     const timeoutSeconds = opts.timeout === '0' ? 0 : parseDuration(opts.timeout, '--timeout') / 1000;
-    const { ctx, close } = await openLocalContext(opts, timeoutSeconds);
+    const { ctx, close } = await openLocalContext(opts, timeoutSeconds, handler);
     try {
       outcome = await runLifecycleHandler(handler, { ...ctx, hook: opts.hook });
     } finally {

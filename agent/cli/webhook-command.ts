@@ -8,7 +8,7 @@ import { ConfigError, describeError } from '../errors.ts';
 import { createLogger, type LogFormat, type LogLevel } from '../log.ts';
 import { parseListenAddress } from '../metrics/http-server.ts';
 import { DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TLS_RELOAD_INTERVAL_MS, startWebhookServer } from '../webhook/server.ts';
-import { parseDuration } from './duration.ts';
+import { parseDuration } from '../config/duration.ts';
 
 /** Where the component mounts the serving certificate (a kubernetes.io/tls Secret). */
 export const DEFAULT_TLS_DIR = '/etc/probe-agent/webhook-tls';

@@ -9,6 +9,7 @@ import type { NotOursReason } from '../pods/types.ts';
 import { PROBE_TYPES, type ProbeOutcome } from '../probe/types.ts';
 import type { ProbeRunMeta, ResultsReader, ThresholdResult } from '../scheduler/types.ts';
 import type { ProbeMetrics } from './probe-metrics.ts';
+import { validSeconds } from './seconds.ts';
 
 /** Kubelet polls and netns resolutions are network/IPC round trips bounded by their own timeouts (~10 s). */
 export const CALL_BUCKETS: readonly number[] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
@@ -332,10 +333,6 @@ export class AgentMetrics {
 
 function oneOf<T extends string>(value: string | undefined, allowed: readonly T[], fallback = 'other'): string {
   return value !== undefined && (allowed as readonly string[]).includes(value) ? value : fallback;
-}
-
-function validSeconds(v: number): boolean {
-  return typeof v === 'number' && Number.isFinite(v) && v >= 0;
 }
 
 function count(v: number | undefined): number {

@@ -6,22 +6,20 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { isIP } from 'node:net';
 import { promisify } from 'node:util';
 import { gzip as gzipCb } from 'node:zlib';
 import type { Registry } from 'prom-client';
 import { ConfigError, describeError } from '../errors.ts';
+import { DEFAULT_METRICS_ADDRESS, parseListenAddress } from '../config/listen-address.ts';
 import { silentLogger, type Logger } from '../log.ts';
 import type { HealthKind, HealthRegistry, HealthReport } from './health.ts';
 
 const gzip = promisify(gzipCb);
 
-/**
- * Default listen address. Loopback, so pods cannot reach it; 9809 sits next to the CSI
- * livenessprobe's 9808 and is not a kubelet/kube-proxy port. Prometheus scrapes it through
- * hostNetwork (or the operator sets --metrics-address to the node IP).
- */
-export const DEFAULT_METRICS_ADDRESS = '127.0.0.1:9809';
+// Default listen address: loopback, so pods cannot reach it; 9809 sits next to the CSI
+// livenessprobe's 9808 and is not a kubelet/kube-proxy port. Prometheus scrapes it through
+// hostNetwork (or the operator sets --metrics-address to the node IP).
+export { DEFAULT_METRICS_ADDRESS, parseListenAddress } from '../config/listen-address.ts';
 
 /** What startMetricsServer needs. */
 export interface MetricsServerOptions {
@@ -53,24 +51,10 @@ export interface MetricsServer {
   close(): Promise<void>;
 }
 
-/** Parses a listen address; rejects anything ambiguous with a ConfigError. */
-export function parseListenAddress(text: string): { host: string; port: number } {
-  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:[\]]*)):(\d{1,5})$/.exec(text.trim());
-  if (!m) throw new ConfigError(`metrics address "${text}": want host:port, [ipv6]:port or :port`, { address: text });
-  const host = m[1] ?? m[2] ?? '';
-  const port = Number(m[3]);
-  if (port > 65535) throw new ConfigError(`metrics address "${text}": port must be 0..65535`, { address: text });
-  if (m[1] !== undefined && isIP(host) !== 6) throw new ConfigError(`metrics address "${text}": "${host}" is not an IPv6 address`, { address: text });
-  if (host !== '' && m[1] === undefined && isIP(host) === 0 && !/^[a-zA-Z0-9.-]{1,253}$/.test(host)) {
-    throw new ConfigError(`metrics address "${text}": invalid host "${host}"`, { address: text });
-  }
-  return { host, port };
-}
-
 /** Starts the listener; rejects with ConfigError when the address cannot be bound. */
 export async function startMetricsServer(opts: MetricsServerOptions): Promise<MetricsServer> {
   const given = opts.address ?? DEFAULT_METRICS_ADDRESS;
-  const { host, port } = typeof given === 'string' ? parseListenAddress(given) : given;
+  const { host, port } = typeof given === 'string' ? parseListenAddress(given, 'metrics address') : given;
   const shown = typeof given === 'string' ? given : `${host.includes(':') ? `[${host}]` : host}:${port}`;
   const log = (opts.log ?? silentLogger).child({ component: 'metrics-http' });
   const maxConcurrent = opts.maxConcurrent ?? 16;

@@ -18,6 +18,7 @@ import type { FailureReason, ProbeOutcome, ProbePhases, ProbeType } from '../pro
 import { PROBE_TYPES } from '../probe/types.ts';
 import type { ProbeObserver, ProbeRunMeta, ResultsReader } from '../scheduler/types.ts';
 import { BoundCounter, BoundHistogram, type CounterSeries, type HistogramSeries } from './bound-series.ts';
+import { validSeconds } from './seconds.ts';
 
 /**
  * Kubelet's prober_probe_duration_seconds sets no buckets, so client_golang's DefBuckets apply;
@@ -283,10 +284,6 @@ export class ProbeMetrics implements ProbeObserver {
 
 function workerKey(meta: ProbeRunMeta): string {
   return `${meta.key.podUID}\u0000${meta.key.containerName}\u0000${meta.key.probeType}`;
-}
-
-function validSeconds(v: number | undefined): v is number {
-  return typeof v === 'number' && Number.isFinite(v) && v >= 0;
 }
 
 /**

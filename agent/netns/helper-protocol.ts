@@ -143,11 +143,8 @@ export function discardHandle(handle: unknown): void {
   if (handle && typeof (handle as RawHandle).close === 'function') (handle as RawHandle).close();
 }
 
-/** Checks a numeric option; throws ConfigError naming it. */
-export function boundedInt(v: number, min: number, max: number, name: string): number {
-  if (!Number.isInteger(v) || v < min || v > max) throw new ConfigError(`${name} must be an integer in ${min}..${max}, not ${v}`);
-  return v;
-}
+// Numeric option checks are shared by every module; re-exported for the helper clients.
+export { boundedInt } from '../config/bounds.ts';
 
 /** Keeps the last few stderr lines of a helper, bounded, for error messages and logs. */
 export class StderrTail {

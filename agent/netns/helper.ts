@@ -223,6 +223,9 @@ export class ResidentHelper implements SocketFactory {
       stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
       serialization: 'json',
       env: {},
+      // Its own process group: a SIGTERM/SIGINT to the agent's group (a terminal's Ctrl-C, a stop of
+      // the whole group) is the agent's to handle; the helper exits when the agent closes its channel.
+      detached: true,
     });
     this.#child = child;
     this.#childReady = false;

@@ -4,6 +4,7 @@
  */
 import { readFileSync, statSync } from 'node:fs';
 import { Client, errors as undiciErrors } from 'undici';
+import { boundedInt } from '../config/bounds.ts';
 import { ConfigError, ProbeAgentError, describeError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
 
@@ -73,8 +74,8 @@ export class KubeletClient {
     if (opts.insecureTLS && opts.caFile) {
       throw new ConfigError('kubelet: give either a CA file or insecure TLS, not both');
     }
-    this.#timeoutMs = positiveInt(opts.timeoutMs ?? DEFAULT_KUBELET_TIMEOUT_MS, 'kubelet request timeout (ms)');
-    this.#maxBytes = positiveInt(opts.maxResponseBytes ?? DEFAULT_MAX_RESPONSE_BYTES, 'kubelet max response bytes');
+    this.#timeoutMs = boundedInt(opts.timeoutMs ?? DEFAULT_KUBELET_TIMEOUT_MS, 1, 3_600_000, 'kubelet request timeout (ms)');
+    this.#maxBytes = boundedInt(opts.maxResponseBytes ?? DEFAULT_MAX_RESPONSE_BYTES, 1, 1 << 30, 'kubelet max response bytes');
     let ca: string | undefined;
     if (opts.caFile) {
       try {
@@ -202,11 +203,6 @@ function parseKubeletUrl(raw: string): URL {
   if (url.username || url.password) throw new ConfigError('kubelet URL must not hold credentials: use the token file');
   if (url.search || url.hash) throw new ConfigError(`kubelet URL ${raw} must not have a query or fragment`);
   return url;
-}
-
-function positiveInt(value: number, what: string): number {
-  if (!Number.isInteger(value) || value <= 0) throw new ConfigError(`${what} must be a positive integer, got ${value}`);
-  return value;
 }
 
 function tooLarge(max: number, url: string): KubeletError {

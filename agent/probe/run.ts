@@ -7,13 +7,13 @@ import { InvalidProbeError, describeError } from '../errors.ts';
 import { Deadline, type ProberResult } from './connect.ts';
 import { probeGrpc } from './grpc.ts';
 import { probeHttp } from './http.ts';
+import { boundMessage } from './message.ts';
 import { SPEC_LIMITS } from './spec.ts';
 import { TargetError, planTargets } from './target.ts';
 import { probeTcp } from './tcp.ts';
 import type { FailureReason, ProbeContext, ProbeHandler, ProbeOutcome } from './types.ts';
 
-/** Messages are for people and events; a body or error text longer than this is cut. */
-export const MAX_MESSAGE_BYTES = 1024;
+export { MAX_MESSAGE_BYTES, boundMessage } from './message.ts';
 
 /** Runs `handler` in `ctx` and reports kubelet's result; never throws. */
 export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promise<ProbeOutcome> {
@@ -64,20 +64,4 @@ export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promis
   } finally {
     deadline.dispose();
   }
-}
-
-/** Cuts `text` to MAX_MESSAGE_BYTES of UTF-8 without splitting a character. */
-export function boundMessage(text: string): string {
-  if (Buffer.byteLength(text, 'utf8') <= MAX_MESSAGE_BYTES) return text;
-  const marker = '… (truncated)';
-  const budget = MAX_MESSAGE_BYTES - Buffer.byteLength(marker, 'utf8');
-  let out = '';
-  let used = 0;
-  for (const ch of text) {
-    const n = Buffer.byteLength(ch, 'utf8');
-    if (used + n > budget) break;
-    out += ch;
-    used += n;
-  }
-  return out + marker;
 }

@@ -104,12 +104,28 @@ export function parseProbeText(text: string, opts: ParseProbeOptions = {}): Prob
   let doc: unknown;
   try {
     // YAML 1.2 is a superset of JSON, so one parser covers both; aliases are capped against billion-laughs.
-    doc = parseYaml(text, { maxAliasCount: 16, prettyErrors: false, uniqueKeys: true });
+    // logLevel 'error': a YAML warning (an unknown tag, a %YAML directive) must not reach stderr as a
+    // process warning; what the document means is checked below either way.
+    doc = parseYaml(text, { maxAliasCount: 16, prettyErrors: false, uniqueKeys: true, logLevel: 'error' });
   } catch (err) {
+    // Text that starts like JSON was meant as JSON: say where the JSON breaks, not what the YAML parser saw.
+    const json = /^\s*[{[]/.test(text) ? jsonSyntaxError(text) : undefined;
+    if (json !== undefined) throw new InvalidProbeError(`probe document is not valid JSON: ${json}`);
     const msg = err instanceof Error ? err.message.split('\n')[0] : String(err);
-    throw new InvalidProbeError(`probe document is not valid JSON or YAML: ${msg}`);
+    throw new InvalidProbeError(`probe document is not valid YAML: ${msg}`);
   }
   return parseProbe(doc, opts);
+}
+
+/** JSON.parse's message for `text` (with its position; the end of the input when the text stops short), or undefined when it parses. */
+function jsonSyntaxError(text: string): string | undefined {
+  try {
+    JSON.parse(text);
+    return undefined;
+  } catch (err) {
+    const msg = err instanceof Error ? err.message : String(err);
+    return /position \d+/.test(msg) ? msg : `${msg} at position ${text.length} (the end of the input)`;
+  }
 }
 
 /** Returns the one handler of a Probe-shaped object; exactly one is required, as in validateHandler. */

@@ -8,6 +8,7 @@
 import type { Clock } from './clock.ts';
 import { realClock } from './clock.ts';
 import { OverloadedError } from '../errors.ts';
+import { boundedInt } from '../config/bounds.ts';
 
 /** Options for FairLimiter. */
 export interface FairLimiterOptions {
@@ -39,12 +40,6 @@ interface Waiter {
 
 const HARD_MAX = 1_000_000;
 
-function boundedInt(value: number, name: string, min: number): number {
-  if (!Number.isFinite(value) || Math.floor(value) !== value || value < min || value > HARD_MAX) {
-    throw new RangeError(`${name} must be an integer in [${min}, ${HARD_MAX}], got ${value}`);
-  }
-  return value;
-}
 
 /** Fair concurrency limiter keyed by owner (pod UID). */
 export class FairLimiter {
@@ -61,12 +56,13 @@ export class FairLimiter {
   #queued = 0;
 
   constructor(opts: FairLimiterOptions) {
-    this.maxInFlight = boundedInt(opts.maxInFlight, 'maxInFlight', 1);
-    this.maxQueued = boundedInt(opts.maxQueued, 'maxQueued', 0);
+    this.maxInFlight = boundedInt(opts.maxInFlight, 1, HARD_MAX, 'maxInFlight');
+    this.maxQueued = boundedInt(opts.maxQueued, 0, HARD_MAX, 'maxQueued');
     this.maxInFlightPerOwner = boundedInt(
       opts.maxInFlightPerOwner ?? Math.max(1, Math.floor(this.maxInFlight / 2)),
-      'maxInFlightPerOwner',
       1,
+      HARD_MAX,
+      'maxInFlightPerOwner',
     );
     this.#clock = opts.clock ?? realClock;
   }

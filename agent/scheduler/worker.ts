@@ -11,6 +11,7 @@
 import { describeError } from '../errors.ts';
 import type { Logger } from '../log.ts';
 import type { ContainerInfo, ContainerProbe, PodInfo } from '../pods/types.ts';
+import { boundMessage } from '../probe/message.ts';
 import type { FailureReason, ProbeOutcome, ProbeSpec, ProbeType } from '../probe/types.ts';
 import type { Clock, TimerHandle } from './clock.ts';
 import { errorOutcome, runGuarded } from './guarded-run.ts';
@@ -47,7 +48,6 @@ export const INITIAL_RESULT: Record<ProbeType, ThresholdResult> = {
 
 /** A container that started this long before the agent keeps its state until a real result (kubelet: 10 s). */
 export const RESTART_GRACE_MS = 10_000;
-const MAX_MESSAGE = 1024;
 /** Period used by a worker whose spec could not be parsed: it only re-announces the error. */
 const INVALID_SPEC_PERIOD_MS = 10_000;
 
@@ -338,7 +338,7 @@ export class ProbeWorker {
     const before = this.#visible();
     const holdBefore = this.#onHold;
     this.#lastProbeTime = this.#host.clock.now();
-    this.#lastMessage = outcome.message.length > MAX_MESSAGE ? outcome.message.slice(0, MAX_MESSAGE) : outcome.message;
+    this.#lastMessage = boundMessage(outcome.message);
     this.#lastReason = outcome.reason;
     if (outcome.result === 'error') {
       this.#erroring = true;

@@ -166,8 +166,9 @@ describe('Probe', () => {
     const elapsed = performance.now() - t0;
     expect(got.code).toBe(grpc.status.DEADLINE_EXCEEDED);
     expect(elapsed).toBeGreaterThanOrEqual(290);
-    expect(elapsed).toBeLessThan(800);
-    await until(() => fx.server.stats().probesInFlight === 0 && prober.limiter.inFlight === 0, 300, 'the aborted probe to release its slot');
+    // Cut by the 300 ms call deadline, not by the probe's own 10 s timeout.
+    expect(elapsed).toBeLessThan(5000);
+    await until(() => fx.server.stats().probesInFlight === 0 && prober.limiter.inFlight === 0, 5000, 'the aborted probe to release its slot');
     // A probe timeout inside the deadline is the probe's own result: FAILURE, not a status code.
     const own = await client.probe({ pod: { uid: 'uid-web' }, handler: { kind: 'http', port: HANG, path: '/', scheme: 'HTTP', headers: [] }, timeoutSeconds: 1, deadlineMs: 5000 });
     expect(own).toMatchObject({ result: 'failure', reason: 'timeout' });
@@ -308,7 +309,7 @@ describe('socket, health, reflection, shutdown', () => {
       await until(() => f.server.stats().probesInFlight === 1, 2000, 'probe in flight');
       const t0 = performance.now();
       const stopping = f.server.stop();
-      await until(() => healthSeen.includes('NOT_SERVING'), 1000, 'NOT_SERVING');
+      await until(() => healthSeen.includes('NOT_SERVING'), 5000, 'NOT_SERVING');
       await w.done;
       expect(w.error?.grpcCode).toBe(grpc.status.UNAVAILABLE);
       expect(w.error?.message).toMatch(/resume from revision 1/);
@@ -316,7 +317,7 @@ describe('socket, health, reflection, shutdown', () => {
       await stopping;
       const took = performance.now() - t0;
       expect(took).toBeGreaterThan(500);
-      expect(took).toBeLessThan(3000);
+      expect(took).toBeLessThan(10_000);
       await expect(stat(f.socket)).rejects.toMatchObject({ code: 'ENOENT' });
       const after = await codeOf(c.version(1000));
       expect(after.code).toBe(grpc.status.UNAVAILABLE);
@@ -335,9 +336,10 @@ describe('socket, health, reflection, shutdown', () => {
       await until(() => f.server.stats().probesInFlight === 1, 2000, 'probe in flight');
       const t0 = performance.now();
       await f.server.stop();
-      expect(performance.now() - t0).toBeLessThan(1000);
+      // Cut by the 300 ms grace period, not by the probe's 20 s timeout.
+      expect(performance.now() - t0).toBeLessThan(10_000);
       expect([grpc.status.CANCELLED, grpc.status.UNAVAILABLE, grpc.status.INTERNAL]).toContain((await hung).code);
-      await until(() => f.server.stats().probesInFlight === 0 && prober.limiter.inFlight === 0, 500, 'the probe to be aborted');
+      await until(() => f.server.stats().probesInFlight === 0 && prober.limiter.inFlight === 0, 5000, 'the probe to be aborted');
     } finally {
       c.close();
       await f.close();

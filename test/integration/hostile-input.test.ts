@@ -124,7 +124,8 @@ function expectValidSpec(spec: ProbeSpec): void {
 function parseTextTimed(text: string, opts?: ParseProbeOptions): ProbeSpec | InvalidProbeError {
   const t0 = performance.now();
   const out = specOrInvalid(() => parseProbeText(text, opts));
-  expect(performance.now() - t0, `parsing ${JSON.stringify(text.slice(0, 80))}`).toBeLessThan(1000);
+  // A hang guard (an alias bomb would take minutes), not a speed target.
+  expect(performance.now() - t0, `parsing ${JSON.stringify(text.slice(0, 80))}`).toBeLessThan(10_000);
   return out;
 }
 

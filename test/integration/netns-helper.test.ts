@@ -226,7 +226,7 @@ describe('resident helper lifecycle', () => {
       // Stopped, it cannot answer: the request is surely in flight when SIGKILL lands.
       process.kill(pid, 'SIGSTOP');
       const inFlight = h.createSocket(a.netns, 4);
-      await waitFor(() => h.stats().inFlight === 1, 1000);
+      await waitFor(() => h.stats().inFlight === 1, 5000);
       process.kill(pid, 'SIGKILL');
       await expect(inFlight).rejects.toThrow(/^netns helper exited \(signal SIGKILL\) before answering$/);
       const echo = await echoOver(await h.createSocket(a.netns, 4), a.ipv4, server.ports.http as number);

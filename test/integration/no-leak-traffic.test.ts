@@ -179,7 +179,7 @@ describe('the daemon probing every kind of probe for several periods', () => {
     const ok = (s: ProbeStatus[], pod: string, c: string): boolean => byContainer(s, pod, c)?.result === 'success';
     await agent.waitForStatuses((s) => s.length === 11 && s.every((x) => x.lastProbeTime > 0), 30_000);
     // Several periods of every probe.
-    const statuses = await agent.waitForStatuses((s) => s.every((x) => x.lastProbeTime > started + 3500), 30_000);
+    const statuses = await agent.waitForStatuses((s) => s.length === 11 && s.every((x) => x.lastProbeTime > started + 3500), 30_000);
 
     expect(await nodeCounters()).toEqual({ node_to_pods: 0, routed_between_pods: 0, bridged_between_pods: 0 });
     expect(await lab.nodeToPodDrops()).toBe(0);

@@ -6,11 +6,12 @@
  * Everything is removed at the end, and on Ctrl-C. DEMO_KEEP=1 keeps the agent running until Ctrl-C.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { createLab, type Lab, type LabPod } from './lab.ts';
+import { LAB_ROOT } from './slots.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod } from '../support/pod-factory.ts';
 
@@ -31,6 +32,8 @@ let lab: Lab | undefined;
 let kubelet: FakeKubelet | undefined;
 let agent: ChildProcess | undefined;
 const scratch = mkdtempSync(join(tmpdir(), 'probe-agent-demo-'));
+/** The lab's state directory (slots, cached certificate, compile cache) is the demo's to remove only if the demo made it. */
+const labRootExisted = existsSync(LAB_ROOT);
 
 async function cleanup(): Promise<void> {
   if (agent && agent.exitCode === null) {
@@ -40,6 +43,20 @@ async function cleanup(): Promise<void> {
   await kubelet?.stop().catch(() => {});
   await lab?.destroy().catch(() => {});
   rmSync(scratch, { recursive: true, force: true });
+  removeLabRoot();
+}
+
+/** Removes LAB_ROOT when the demo created it and no other lab holds a slot in it; otherwise says why it stays. */
+function removeLabRoot(): void {
+  if (!existsSync(LAB_ROOT)) return;
+  const claimed = (dir: string): string[] => (existsSync(join(LAB_ROOT, dir)) ? readdirSync(join(LAB_ROOT, dir)) : []);
+  const others = [...claimed('slots'), ...claimed('ctrd-slots')];
+  if (!labRootExisted && others.length === 0) {
+    rmSync(LAB_ROOT, { recursive: true, force: true });
+    return;
+  }
+  const why = labRootExisted ? 'it was there before the demo' : `other labs hold slots in it (${others.join(', ')})`;
+  console.log(`kept ${LAB_ROOT} (lab slots, cached test certificate, compile cache): ${why}`);
 }
 
 for (const sig of ['SIGINT', 'SIGTERM'] as const) {

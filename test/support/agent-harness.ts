@@ -21,6 +21,8 @@ export interface AgentOptions {
   env?: NodeJS.ProcessEnv;
   /** Milliseconds to wait for the socket and metrics listener (default 15 s). */
   startTimeoutMs?: number;
+  /** Run the agent in its own process group (pid = pgid), so a test can signal the whole group. */
+  detached?: boolean;
 }
 
 /** A running agent process. */
@@ -48,7 +50,6 @@ export async function startAgent(opts: AgentOptions): Promise<AgentHandle> {
     join(ROOT, 'agent/cli.ts'),
     'run',
     `--kubelet-url=${opts.kubeletUrl}`,
-    '--kubelet-token-file=',
     `--kubelet-poll-interval=${opts.pollInterval ?? '500ms'}`,
     `--netns-resolvers=${opts.resolvers ?? 'address'}`,
     `--socket=${socket}`,
@@ -56,7 +57,7 @@ export async function startAgent(opts: AgentOptions): Promise<AgentHandle> {
     '--log-format=json',
     ...(opts.args ?? []),
   ];
-  const proc = spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...opts.env } });
+  const proc = spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...opts.env }, detached: opts.detached === true });
   const logs: Record<string, unknown>[] = [];
   let partial = '';
   let metricsUrl = '';

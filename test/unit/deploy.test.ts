@@ -14,7 +14,8 @@ import { fileURLToPath } from 'node:url';
 import { Command, type Option } from 'commander';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseAllDocuments } from 'yaml';
-import { DEFAULT_SOCKET, parseRunConfig, registerRunCommand, type RunConfig } from '../../agent/cli/run-command.ts';
+import { registerRunCommand } from '../../agent/cli/run-command.ts';
+import { DEFAULT_SOCKET, parseRunConfig, type RunConfig } from '../../agent/config/run-config.ts';
 import { DEFAULT_CRI_ENDPOINTS } from '../../agent/netns/cri-endpoint.ts';
 import { registerWebhookCommand } from '../../agent/cli/webhook-command.ts';
 import { MUTATE_ANNOTATED_PATH, MUTATE_PATH, OPT_IN_ANNOTATION, OPT_IN_NAMESPACE_LABEL, OPT_IN_VALUE } from '../../agent/webhook/admission.ts';
@@ -302,7 +303,7 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
 
   it('ships monitors only when asked, selecting the agent pods and their metrics port', () => {
     const podLabels = ds().spec.template.metadata.labels;
-    const matches = (sel: Obj, labels: Obj) => Object.entries(sel.matchLabels ?? {}).every(([k, val]) => labels?.[k] === val);
+    const matches = (sel: Obj, labels: Obj) => Object.keys(sel.matchLabels ?? {}).length > 0 && Object.entries(sel.matchLabels).every(([k, val]) => labels?.[k] === val);
     const pm = docs().filter((o) => o.kind === 'PodMonitor');
     const sm = docs().filter((o) => o.kind === 'ServiceMonitor');
     expect(pm.length).toBe(has('pod-monitor') ? 1 : 0);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { OverloadedError } from '../../agent/errors.ts';
+import { ConfigError, OverloadedError } from '../../agent/errors.ts';
 import { ManualClock } from '../../agent/scheduler/clock.ts';
 import { FairLimiter } from '../../agent/scheduler/limiter.ts';
 
@@ -123,9 +123,9 @@ describe('FairLimiter', () => {
   });
 
   it('rejects nonsense limits', () => {
-    expect(() => new FairLimiter({ maxInFlight: 0, maxQueued: 1 })).toThrow(RangeError);
-    expect(() => new FairLimiter({ maxInFlight: 1.5, maxQueued: 1 })).toThrow(RangeError);
-    expect(() => new FairLimiter({ maxInFlight: 1, maxQueued: -1 })).toThrow(RangeError);
-    expect(() => new FairLimiter({ maxInFlight: Number.NaN, maxQueued: 1 })).toThrow(RangeError);
+    expect(() => new FairLimiter({ maxInFlight: 0, maxQueued: 1 })).toThrow(ConfigError);
+    expect(() => new FairLimiter({ maxInFlight: 1.5, maxQueued: 1 })).toThrow(ConfigError);
+    expect(() => new FairLimiter({ maxInFlight: 1, maxQueued: -1 })).toThrow(ConfigError);
+    expect(() => new FairLimiter({ maxInFlight: Number.NaN, maxQueued: 1 })).toThrow(ConfigError);
   });
 });

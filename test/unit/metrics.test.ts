@@ -371,7 +371,7 @@ describe('health registry', () => {
     try {
       const t0 = performance.now();
       const r = await h.runOne('readyz', 'helper');
-      expect(performance.now() - t0).toBeLessThan(1000);
+      expect(performance.now() - t0).toBeLessThan(10_000);
       expect(r).toEqual({ name: 'helper', ok: false, reason: 'timed out after 0.1s' });
       expect(aborted).toBe(true);
     } finally {

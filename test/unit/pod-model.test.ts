@@ -253,7 +253,8 @@ describe('parsePodList tolerance and strictness', () => {
     expect(a.errors).toEqual([]);
     expect(a.pods).toHaveLength(5000);
     expect(new Set(a.pods.map((p) => p.uid)).size).toBe(5000);
-    expect(elapsed).toBeLessThan(3000);
+    // A liveness bound (no quadratic blow-up); parse speed is measured by make bench.
+    expect(elapsed).toBeLessThan(30_000);
     const b = parsePodList(structuredClone(raw));
     expect(a.pods.every((p, i) => deepEqual(p, b.pods[i]))).toBe(true);
   });

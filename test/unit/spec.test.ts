@@ -135,8 +135,29 @@ describe('parseProbeText', () => {
     expect(spec.periodSeconds).toBe(5);
   });
 
-  it('reports a syntax error as InvalidProbeError', () => {
-    expect(errorOf(() => parseProbeText('{"tcpSocket": {"port": 80}')).message).toMatch(/^probe document is not valid JSON or YAML/);
+  it('reports broken JSON as a JSON error with its position, not as a YAML parser message', () => {
+    expect(errorOf(() => parseProbeText('{"tcpSocket": {"port": 80}')).message).toBe(
+      "probe document is not valid JSON: Expected ',' or '}' after property value in JSON at position 26 (line 1 column 27)",
+    );
+    expect(errorOf(() => parseProbeText('{"tcpSocket": {"port": ')).message).toBe(
+      'probe document is not valid JSON: Unexpected end of JSON input at position 23 (the end of the input)',
+    );
+    // A YAML flow mapping that is not JSON is still YAML.
+    expect(parseProbeText('{tcpSocket: {port: 80}}').handler).toEqual({ kind: 'tcp', port: 80 });
+  });
+
+  it('emits no process warning for YAML the parser only warns about', async () => {
+    const seen: Error[] = [];
+    const onWarning = (w: Error): void => void seen.push(w);
+    process.on('warning', onWarning);
+    try {
+      expect(errorOf(() => parseProbeText('!!js/function "function(){}"')).message).toMatch(/object/);
+      expect(parseProbeText('%YAML 1.1\n---\ntcpSocket: {port: 1}\n').handler).toEqual({ kind: 'tcp', port: 1 });
+      await new Promise((r) => setImmediate(r));
+    } finally {
+      process.off('warning', onWarning);
+    }
+    expect(seen.map((w) => `${w.name}: ${w.message}`)).toEqual([]);
   });
 
   it('refuses oversized documents before parsing', () => {
@@ -145,7 +166,7 @@ describe('parseProbeText', () => {
 
   it('refuses YAML alias bombs', () => {
     const bomb = 'a: &a ["x","x","x","x","x","x","x","x","x"]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ntcpSocket: {port: 1}\n';
-    expect(errorOf(() => parseProbeText(bomb)).message).toMatch(/not valid JSON or YAML/);
+    expect(errorOf(() => parseProbeText(bomb)).message).toMatch(/not valid YAML/);
   });
 
   it('validates after parsing', () => {

@@ -35,12 +35,8 @@ describe('resolvePort (kubelet ResolveContainerPort)', () => {
     expect(() => resolvePort('metrics', undefined)).toThrow(TargetError);
   });
   it('checks the resolved number', () => expect(() => resolvePort('bad', ports)).toThrow('invalid port number: 0'));
-  it('carries the reason', () => {
-    try {
-      resolvePort('x', []);
-    } catch (err) {
-      expect((err as TargetError).reason).toBe('port-unresolved');
-    }
+  it('carries the reason', async () => {
+    expect((await refused(Promise.resolve().then(() => resolvePort('x', [])))).reason).toBe('port-unresolved');
   });
 });
 

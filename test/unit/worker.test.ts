@@ -355,7 +355,7 @@ describe('worker building blocks', () => {
     const out = await runGuarded(hung, limiter, p, c, spec, new AbortController(), 50);
     expect(out).toMatchObject({ result: 'error', reason: 'other' });
     expect(out.message).toContain('did not return');
-    expect(performance.now() - t).toBeLessThan(1_000);
+    expect(performance.now() - t).toBeLessThan(10_000);
     expect(String(abortedWith)).toContain('watchdog');
     // The abandoned prober still holds its slot until it really ends.
     expect(limiter.inFlight).toBe(1);
