@@ -197,7 +197,7 @@ describe('the daemon probing every kind of probe for several periods', () => {
     for (const c of ['redirect4', 'redirect6']) {
       expect(byContainer(statuses, 'web', c), c).toMatchObject({ result: 'success', lastMessage: expect.stringMatching(/^Probe terminated redirects, Response body: redirect to http:\/\//) });
     }
-    for (const c of ['host4', 'host6']) expect(byContainer(statuses, 'web', c), c).toMatchObject({ result: 'error', lastReason: 'host-refused' });
+    for (const c of ['host4', 'host6']) expect(byContainer(statuses, 'web', c), c).toMatchObject({ result: 'failure', ready: false, lastReason: 'host-refused' });
   }, 60_000);
 });
 
