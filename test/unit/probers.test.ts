@@ -19,7 +19,8 @@ import { Deadline } from '../../agent/probe/connect.ts';
 import { decodeHealthStatus, encodeHealthCheckRequest, goDuration, grpcFrame, percentDecode } from '../../agent/probe/grpc-wire.ts';
 import { probeHttp } from '../../agent/probe/http.ts';
 import { runProbe } from '../../agent/probe/run.ts';
-import type { HttpGetHandler, ProbeContext, ProbeHandler } from '../../agent/probe/types.ts';
+import type { HttpGetHandler, ProbeContext, ProbeHandler, SocketFactory } from '../../agent/probe/types.ts';
+import { HelperError } from '../../agent/errors.ts';
 
 const sockets = new NodeSocketFactory();
 const closers: (() => Promise<void> | void)[] = [];
@@ -141,6 +142,7 @@ const RAW: Record<string, (s: net.Socket) => void> = {
   '/continue': (s) => s.end('HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'),
   '/early-hints': (s) => s.end('HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 100\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n'),
   '/six-1xx': (s) => s.end('HTTP/1.1 102 Processing\r\n\r\n'.repeat(6) + 'HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n'),
+  '/after-500ms': (s) => void setTimeout(() => s.end('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'), 500),
   '/untrimmed': (s) => s.end('HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n  ok \n\t\n'),
   '/reset-body': (s) => {
     s.write('HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial');
@@ -369,6 +371,30 @@ describe('HTTP prober', () => {
     ['/untrimmed', 'success', '  ok \n\t\n'],
   ])('skips 1xx before the final response and keeps the body as read: %s', async (path, result, message) => {
     expect(await run(httpGet(rawPort, path))).toMatchObject({ result, message });
+  });
+
+  it('time spent waiting for the netns helper is not the target\'s: only connect and protocol count against timeoutSeconds', async () => {
+    const slow = (ms: number): SocketFactory => ({
+      mode: 'slow-helper',
+      createSocket: async (netns, family, signal) => {
+        await new Promise<void>((resolve, reject) => {
+          const t = setTimeout(resolve, ms);
+          signal?.addEventListener('abort', () => {
+            clearTimeout(t);
+            reject(new HelperError('aborted while waiting', {}));
+          }, { once: true });
+        });
+        return sockets.createSocket(netns, family, signal);
+      },
+    });
+    // 700 ms of helper plus a 500 ms answer: 1.2 s of wall time, 0.5 s of it the target's.
+    const ok = await run(httpGet(rawPort, '/after-500ms'), { sockets: slow(700) });
+    expect(ok).toMatchObject({ result: 'success', message: 'ok' });
+    expect(ok.phases.helper).toBeGreaterThanOrEqual(0.65);
+    // A helper slower than the whole timeout: our trouble, an error (thrown away by the worker), never a failure.
+    const tooSlow = await run(httpGet(rawPort, '/continue'), { sockets: slow(1500) });
+    expect(tooSlow).toMatchObject({ result: 'error', reason: 'helper-error' });
+    expect(await run({ kind: 'tcp', port: rawPort }, { sockets: slow(1500) })).toMatchObject({ result: 'error', reason: 'helper-error' });
   });
 
   it('more than five 1xx responses fail as in Go', async () => {
