@@ -149,10 +149,24 @@ export class ProbeWorker {
     };
   }
 
-  /** Hands over fresher pod and container objects; they are read at the next probe. */
+  /**
+   * Hands over fresher pod and container objects; they are read at the next probe. A liveness or
+   * startup worker of a pod that is being deleted stops here and now (kubelet's
+   * StopLivenessAndStartup): a probe in flight is aborted and its result never counts.
+   */
   update(pod: PodInfo, container: ContainerInfo): void {
     this.#pod = pod;
     this.#container = container;
+    if (pod.deletionTimestamp !== undefined && this.key.probeType !== 'Readiness' && this.#started && !this.#stopped) {
+      this.#terminating();
+    }
+  }
+
+  /** kubelet's step 7 of doProbe, taken as soon as the deletion is seen: a quiet Success, then the worker ends. */
+  #terminating(): void {
+    if (this.#containerID !== '') this.#set('success', 'pod is terminating');
+    this.stop();
+    this.#host.workerExited(this);
   }
 
   /** Starts probing: after a jitter of [0, period) when the agent started less than a period ago. */

@@ -3,7 +3,7 @@
  * ManualClock, with real TCP probes against a server on 127.0.0.1 that the test opens and closes.
  */
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import type { ProbeSpec, ProbeType } from '../../agent/probe/types.ts';
+import type { ProbeOutcome, ProbeSpec, ProbeType } from '../../agent/probe/types.ts';
 import { ManualClock, realClock } from '../../agent/scheduler/clock.ts';
 import { errorOutcome, runGuarded } from '../../agent/scheduler/guarded-run.ts';
 import type { RunProbe } from '../../agent/scheduler/guarded-run.ts';
@@ -195,6 +195,24 @@ describe('ProbeWorker (kubelet worker.go rules)', () => {
     expect(hh.manager.workerCount()).toBe(1);
     expect(hh.observer.runsOf('Liveness')).toBe(livenessRuns);
     expect(hh.status('u1', 'app', 'Readiness')?.lastProbeTime).toBe(hh.now());
+  });
+
+  it('stops liveness and startup the moment the deletion is seen: a probe in flight never counts (kubelet StopLivenessAndStartup)', async () => {
+    let release: ((o: ProbeOutcome) => void) | undefined;
+    const blocked: RunProbe = () => new Promise<ProbeOutcome>((resolve) => (release = resolve));
+    const hh = harness({ runProbe: blocked });
+    const c = (): ReturnType<typeof container> => container('app', { Liveness: tcpProbe(server.port, { failureThreshold: 1 }) }, running('c1', hh.t0));
+    hh.manager.sync([pod('u1', [c()])]);
+    for (let i = 0; i < 5 && !release; i++) await new Promise((r) => setImmediate(r));
+    expect(release).toBeDefined();
+    hh.manager.sync([pod('u1', [c()], { deletionTimestamp: hh.now() })]);
+    // No clock step, no probe period: the worker is gone already.
+    expect(hh.manager.workerCount()).toBe(0);
+    release?.({ result: 'failure', reason: 'refused', message: 'dial tcp: connect: connection refused', durationSeconds: 0, phases: { total: 0 } });
+    await hh.idle();
+    expect(eventsOf(hh, 'Liveness')).toEqual(['unknown', 'success', 'removed']);
+    expect(hh.events.some((e) => e.status.onHold)).toBe(false);
+    expect(hh.observer.runsOf('Liveness')).toBe(0);
   });
 
   it('stops every worker of a pod that reached phase Succeeded or Failed', async () => {
