@@ -17,6 +17,8 @@ import { ResidentHelper } from './netns/helper.ts';
 import { NodeSocketFactory } from './netns/node-sockets.ts';
 import { NetnsResolverChain } from './netns/resolver.ts';
 import { buildResolvers } from './netns/build-resolvers.ts';
+import { CriResolver } from './netns/cri-resolver.ts';
+import { criSandboxGoing, type SandboxGoing } from './sandbox-going.ts';
 import { KubeletClient } from './pods/kubelet-client.ts';
 import { classifyPod } from './pods/pod-model.ts';
 import { PodSource } from './pods/source.ts';
@@ -108,6 +110,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       kubeVersion: config.kubeProbeVersion,
       classify,
       log,
+      sandboxGoing: sandboxGoingOf(built.resolvers),
     });
     const manager = new ProbeManager({
       runProbe: prober.runForWorker,
@@ -218,4 +221,10 @@ async function runCleanups(cleanups: (() => Promise<void> | void)[], log: Logger
     }
   }
   cleanups.length = 0;
+}
+
+/** The runtime's view of stopped sandboxes, when a CRI resolver is configured. */
+function sandboxGoingOf(resolvers: readonly unknown[]): SandboxGoing | undefined {
+  const cri = resolvers.find((r): r is CriResolver => r instanceof CriResolver);
+  return cri ? criSandboxGoing(cri.client) : undefined;
 }

@@ -15,9 +15,10 @@ import { silentLogger, type Logger } from './log.ts';
 import { outcomeOf, type NetnsResolverChain, type PodRef } from './netns/resolver.ts';
 import type { ContainerInfo, NotOursReason, PodInfo } from './pods/types.ts';
 import { runProbe } from './probe/run.ts';
-import type { ProbeContext, ProbeHandler, ProbeOutcome, SocketFactory } from './probe/types.ts';
+import type { ProbeContext, ProbeHandler, ProbeOutcome, ProbeSpec, SocketFactory } from './probe/types.ts';
 import { errorOutcome, type RunProbe } from './scheduler/guarded-run.ts';
 import type { FairLimiter } from './scheduler/limiter.ts';
+import type { SandboxGoing } from './sandbox-going.ts';
 import type { OnDemandProber, OnDemandProbeRequest } from './scheduler/types.ts';
 
 /** Where the prober finds pods (the pod source's last good set). */
@@ -37,6 +38,8 @@ export interface PodProberOptions {
   kubeVersion: string;
   classify: (pod: PodInfo) => NotOursReason | undefined;
   log?: Logger;
+  /** Asks the runtime whether a pod's sandbox stopped (agent/sandbox-going.ts); absent = never asked. */
+  sandboxGoing?: SandboxGoing;
 }
 
 /** Longest wait before a pod whose netns was not found is looked up again (the wait starts at two probe periods and doubles). */
@@ -49,6 +52,12 @@ function unresolvedKey(pod: PodInfo): string {
 
 /** Pod reasons the API refuses with FAILED_PRECONDITION (exec-only and probe-less pods are fine on demand). */
 const UNPROBEABLE: ReadonlySet<NotOursReason> = new Set(['host-network', 'sandboxed-runtime']);
+
+/** Whether `spec` is the container's liveness or startup probe (whose failures restart it). */
+function decidesRestart(container: ContainerInfo, spec: ProbeSpec): boolean {
+  const { Liveness, Startup } = container.probes;
+  return (Liveness?.ok === true && Liveness.spec === spec) || (Startup?.ok === true && Startup.spec === spec);
+}
 
 /** Runs probes inside the netns of pods known on this node. */
 export class PodProber implements OnDemandProber {
@@ -93,7 +102,14 @@ export class PodProber implements OnDemandProber {
       }
       return errorOutcome(reason, message);
     }
-    return this.#run(pod, container, spec.handler, spec.timeoutSeconds, netns, signal);
+    const outcome = await this.#run(pod, container, spec.handler, spec.timeoutSeconds, netns, signal);
+    if (outcome.result !== 'failure' || !this.#o.sandboxGoing || signal.aborted || !decidesRestart(container, spec)) return outcome;
+    // A liveness or startup failure restarts the container. If the runtime already stopped the
+    // pod's sandbox, the pod is going and the failure is its shutdown: an error, thrown away.
+    const going = await this.#o.sandboxGoing(pod.uid, signal).catch(() => undefined);
+    if (going === undefined) return outcome;
+    this.#o.resolver.invalidate(pod.uid);
+    return { ...outcome, result: 'error', reason: 'netns-gone', message: `pod is going (${going}); not counted: ${outcome.message}` };
   };
 
   /** One-shot probe for the API; rejects with the typed errors the API maps to status codes. */
