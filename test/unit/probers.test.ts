@@ -121,6 +121,9 @@ function handler(tlsPort: () => number) {
       };
       res.on('close', () => (bigBodyBytesWritten = sent));
       pump();
+    } else if (u.pathname === '/write-continue') {
+      res.writeContinue();
+      res.writeHead(200).end('after continue');
     } else if (u.pathname === '/secret') {
       res.writeHead(500).end('TOP-SECRET-BODY');
     } else if (u.pathname === '/hang') {
@@ -395,6 +398,11 @@ describe('HTTP prober', () => {
     const tooSlow = await run(httpGet(rawPort, '/continue'), { sockets: slow(1500) });
     expect(tooSlow).toMatchObject({ result: 'error', reason: 'helper-error' });
     expect(await run({ kind: 'tcp', port: rawPort }, { sockets: slow(1500) })).toMatchObject({ result: 'error', reason: 'helper-error' });
+  });
+
+  it('skips a 100 Continue over HTTP and HTTPS alike (node:http writeContinue)', async () => {
+    expect(await run(httpGet(httpPort, '/write-continue'))).toMatchObject({ result: 'success', message: 'after continue' });
+    expect(await run(httpGet(httpsPort, '/write-continue', { scheme: 'HTTPS' }))).toMatchObject({ result: 'success', message: 'after continue' });
   });
 
   it('more than five 1xx responses fail as in Go', async () => {
