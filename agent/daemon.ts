@@ -17,11 +17,12 @@ import { ResidentHelper } from './netns/helper.ts';
 import { NodeSocketFactory } from './netns/node-sockets.ts';
 import { NetnsResolverChain } from './netns/resolver.ts';
 import { buildResolvers } from './netns/build-resolvers.ts';
+import { CriResolver } from './netns/cri-resolver.ts';
+import { criSandboxGoing, type SandboxGoing } from './sandbox-going.ts';
 import { KubeletClient } from './pods/kubelet-client.ts';
 import { classifyPod } from './pods/pod-model.ts';
 import { PodSource } from './pods/source.ts';
 import { ContainerLocator, refreshPodsOf } from './pods/container-lookup.ts';
-import { CriResolver } from './netns/cri-resolver.ts';
 import type { PodInfo } from './pods/types.ts';
 import { PodProber } from './pod-prober.ts';
 import { FairLimiter } from './scheduler/limiter.ts';
@@ -110,6 +111,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       // On-demand mode: results of probes kubelet drives through the shim feed those probes' workers.
       onShimResult: (key, containerID, outcome) => manager.deliver(key, containerID, outcome),
       log,
+      sandboxGoing: sandboxGoingOf(built.resolvers),
     });
     const manager = new ProbeManager({
       runProbe: prober.runForWorker,
@@ -220,4 +222,10 @@ async function runCleanups(cleanups: (() => Promise<void> | void)[], log: Logger
     }
   }
   cleanups.length = 0;
+}
+
+/** The runtime's view of stopped sandboxes, when a CRI resolver is configured. */
+function sandboxGoingOf(resolvers: readonly unknown[]): SandboxGoing | undefined {
+  const cri = resolvers.find((r): r is CriResolver => r instanceof CriResolver);
+  return cri ? criSandboxGoing(cri.client) : undefined;
 }

@@ -16,9 +16,10 @@ import { outcomeOf, type NetnsResolverChain, type PodRef } from './netns/resolve
 import type { ContainerLocator } from './pods/container-lookup.ts';
 import type { ContainerInfo, NotOursReason, PodInfo } from './pods/types.ts';
 import { runProbe } from './probe/run.ts';
-import type { ProbeContext, ProbeHandler, ProbeOutcome, SocketFactory } from './probe/types.ts';
+import type { ProbeContext, ProbeHandler, ProbeOutcome, ProbeSpec, SocketFactory } from './probe/types.ts';
 import { errorOutcome, type RunProbe } from './scheduler/guarded-run.ts';
 import type { FairLimiter } from './scheduler/limiter.ts';
+import type { SandboxGoing } from './sandbox-going.ts';
 import type { OnDemandHookRequest, OnDemandProber, OnDemandProbeRequest, ProbeKey } from './scheduler/types.ts';
 import { runLifecycleHandler, type HookOutcome } from './probe/lifecycle.ts';
 
@@ -46,6 +47,8 @@ export interface PodProberOptions {
    */
   onShimResult?: (key: ProbeKey, containerID: string, outcome: ProbeOutcome) => void;
   log?: Logger;
+  /** Asks the runtime whether a pod's sandbox stopped (agent/sandbox-going.ts); absent = never asked. */
+  sandboxGoing?: SandboxGoing;
 }
 
 /** How an API request names its pod (and container): exactly one way is set. */
@@ -61,6 +64,12 @@ function unresolvedKey(pod: PodInfo): string {
 
 /** Pod reasons the API refuses with FAILED_PRECONDITION (exec-only and probe-less pods are fine on demand). */
 const UNPROBEABLE: ReadonlySet<NotOursReason> = new Set(['host-network', 'sandboxed-runtime']);
+
+/** Whether `spec` is the container's liveness or startup probe (whose failures restart it). */
+function decidesRestart(container: ContainerInfo, spec: ProbeSpec): boolean {
+  const { Liveness, Startup } = container.probes;
+  return (Liveness?.ok === true && Liveness.spec === spec) || (Startup?.ok === true && Startup.spec === spec);
+}
 
 /** Runs probes inside the netns of pods known on this node. */
 export class PodProber implements OnDemandProber {
@@ -105,7 +114,14 @@ export class PodProber implements OnDemandProber {
       }
       return errorOutcome(reason, message);
     }
-    return this.#run(pod, container, spec.handler, spec.timeoutSeconds, netns, signal);
+    const outcome = await this.#run(pod, container, spec.handler, spec.timeoutSeconds, netns, signal);
+    if (outcome.result !== 'failure' || !this.#o.sandboxGoing || signal.aborted || !decidesRestart(container, spec)) return outcome;
+    // A liveness or startup failure restarts the container. If the runtime already stopped the
+    // pod's sandbox, the pod is going and the failure is its shutdown: an error, thrown away.
+    const going = await this.#o.sandboxGoing(pod.uid, signal).catch(() => undefined);
+    if (going === undefined) return outcome;
+    this.#o.resolver.invalidate(pod.uid);
+    return { ...outcome, result: 'error', reason: 'netns-gone', message: `pod is going (${going}); not counted: ${outcome.message}` };
   };
 
   /** One-shot probe for the API; rejects with the typed errors the API maps to status codes. */

@@ -178,7 +178,7 @@ export class AgentMetrics {
     for (const state of POD_STATES) this.#pods.set({ state }, 0);
     new Gauge({
       name: 'probe_agent_workers',
-      help: 'Probe workers by probe type and current thresholded result (success, failure, unknown, error).',
+      help: 'Probe workers by probe type and current thresholded result (success, failure, unknown), or error while the latest run errored (thrown away, decision unchanged).',
       labelNames: ['probe_type', 'result'] as const,
       registers,
       collect() {
@@ -307,7 +307,7 @@ export class AgentMetrics {
     const counts = new Map<string, number>();
     try {
       for (const status of this.#resultsSource.list()) {
-        const k = `${status.key.probeType}\u0000${status.result}`;
+        const k = `${status.key.probeType}\u0000${status.erroring ? 'error' : status.result}`;
         counts.set(k, (counts.get(k) ?? 0) + 1);
       }
     } catch (err) {

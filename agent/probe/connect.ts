@@ -12,14 +12,23 @@ import { joinHostPort } from './target.ts';
 /** RFC 8305 "Connection Attempt Delay": start the next address after this long without an answer. */
 export const ATTEMPT_DELAY_MS = 250;
 
-/** One probe's time budget: an absolute end plus an AbortSignal that fires at the end or when the caller aborts. */
+/**
+ * One probe's time budget: an AbortSignal that fires when the target has had `timeoutMs`, or when the
+ * caller aborts. Time the agent spends on itself while no socket exists yet (the netns helper's
+ * fork/setns/socket round trip on a loaded node) is held out of that budget (hold/release): kubelet's
+ * timeout is for the target. The held time has its own budget of `timeoutMs`; running out of it
+ * aborts with why() 'helper', which callers report as an error (ours), never a failure.
+ */
 export class Deadline {
   readonly startedAt: number;
-  readonly endsAt: number;
+  /** When the target's budget ends; moves later by every held interval. */
+  endsAt: number;
   readonly timeoutMs: number;
   readonly signal: AbortSignal;
   readonly #controller = new AbortController();
-  readonly #timer: NodeJS.Timeout;
+  #timer: NodeJS.Timeout;
+  #heldAt: number | undefined;
+  #heldMs = 0;
   readonly #parent: AbortSignal | undefined;
   readonly #onParentAbort = (): void => this.#controller.abort(new DeadlineAbort('aborted'));
 
@@ -28,26 +37,51 @@ export class Deadline {
     this.timeoutMs = timeoutMs;
     this.endsAt = this.startedAt + timeoutMs;
     this.signal = this.#controller.signal;
-    this.#timer = setTimeout(() => this.#controller.abort(new DeadlineAbort('timeout')), timeoutMs);
+    this.#timer = this.#arm('timeout', timeoutMs);
     this.#parent = parent;
     if (parent?.aborted) this.#onParentAbort();
     else parent?.addEventListener('abort', this.#onParentAbort, { once: true });
   }
 
-  /** Milliseconds left (never negative). */
+  /** Milliseconds the target has left (never negative); frozen while held. */
   remainingMs(): number {
-    return Math.max(0, this.endsAt - performance.now());
+    return Math.max(0, this.endsAt - (this.#heldAt ?? performance.now()));
   }
 
-  /** Seconds since the deadline started. */
+  /** Seconds since the deadline started (wall time, held time included). */
   elapsedSeconds(): number {
     return (performance.now() - this.startedAt) / 1000;
   }
 
-  /** Why the signal fired: our own timeout, or the caller aborting; undefined while running. */
-  why(): 'timeout' | 'aborted' | undefined {
+  /** Milliseconds held out of the target's budget so far. */
+  heldMs(): number {
+    return this.#heldMs + (this.#heldAt === undefined ? 0 : performance.now() - this.#heldAt);
+  }
+
+  /** Why the signal fired: the target's timeout, our own helper being too slow, or the caller aborting; undefined while running. */
+  why(): 'timeout' | 'helper' | 'aborted' | undefined {
     const r = this.signal.reason;
     return this.signal.aborted ? (r instanceof DeadlineAbort ? r.why : 'aborted') : undefined;
+  }
+
+  /** Stops the target's clock (we are waiting on ourselves). Idempotent. */
+  hold(): void {
+    if (this.#heldAt !== undefined || this.signal.aborted) return;
+    this.#heldAt = performance.now();
+    clearTimeout(this.#timer);
+    this.#timer = this.#arm('helper', Math.max(0, this.timeoutMs - this.#heldMs));
+  }
+
+  /** Restarts the target's clock where hold() stopped it. Idempotent. */
+  release(): void {
+    if (this.#heldAt === undefined) return;
+    const held = performance.now() - this.#heldAt;
+    this.#heldAt = undefined;
+    this.#heldMs += held;
+    this.endsAt += held;
+    if (this.signal.aborted) return;
+    clearTimeout(this.#timer);
+    this.#timer = this.#arm('timeout', Math.max(0, this.endsAt - performance.now()));
   }
 
   /** Stops the timer and detaches from the parent signal; call once the probe is over. */
@@ -55,13 +89,17 @@ export class Deadline {
     clearTimeout(this.#timer);
     this.#parent?.removeEventListener('abort', this.#onParentAbort);
   }
+
+  #arm(why: 'timeout' | 'helper', ms: number): NodeJS.Timeout {
+    return setTimeout(() => this.#controller.abort(new DeadlineAbort(why)), ms);
+  }
 }
 
-/** The abort reason a Deadline uses, so listeners can tell a timeout from a caller abort. */
+/** The abort reason a Deadline uses, so listeners can tell a timeout from a slow helper or a caller abort. */
 export class DeadlineAbort extends Error {
-  readonly why: 'timeout' | 'aborted';
-  constructor(why: 'timeout' | 'aborted') {
-    super(why === 'timeout' ? 'probe deadline exceeded' : 'probe aborted');
+  readonly why: 'timeout' | 'helper' | 'aborted';
+  constructor(why: 'timeout' | 'helper' | 'aborted') {
+    super(why === 'timeout' ? 'probe deadline exceeded' : why === 'helper' ? 'netns helper too slow' : 'probe aborted');
     this.why = why;
   }
 }
@@ -154,7 +192,7 @@ function timeoutError(address: ConnectAddress): ConnectError {
 
 /** The deadline passed while the socket factory still had not delivered a socket. */
 function helperTimeoutError(address: ConnectAddress, deadline: Deadline): ConnectError {
-  return new ConnectError('error', 'helper-error', address, `netns helper did not hand over a socket within the probe timeout (${deadline.timeoutMs} ms)`);
+  return new ConnectError('error', 'helper-error', address, `netns helper did not hand over a socket within ${deadline.timeoutMs} ms (not counted against the probe's timeout)`);
 }
 
 interface Attempt {
@@ -186,6 +224,7 @@ export function connectTo(addresses: readonly ConnectAddress[], via: ConnectVia,
     const finish = (winner: Attempt | undefined, err?: ConnectError): void => {
       if (settled) return;
       settled = true;
+      deadline.release();
       clearTimeout(staggerTimer);
       deadline.signal.removeEventListener('abort', onDeadline);
       for (const a of attempts) {
@@ -213,7 +252,9 @@ export function connectTo(addresses: readonly ConnectAddress[], via: ConnectVia,
     const onDeadline = (): void => {
       // The primary address is the one kubelet would have dialled: report it unless it already failed differently.
       const primary = attempts[0];
-      if (deadline.why() === 'aborted') finish(undefined, new ConnectError('error', 'other', first, 'probe aborted'));
+      const why = deadline.why();
+      if (why === 'aborted') finish(undefined, new ConnectError('error', 'other', first, 'probe aborted'));
+      else if (why === 'helper') finish(undefined, helperTimeoutError(first, deadline));
       else if (primary?.error) finish(undefined, primary.error);
       // Not one socket arrived: the time went to our helper, not to the target. A failure here would
       // count toward failureThreshold and could restart a healthy container over our own trouble.
@@ -260,6 +301,8 @@ export function connectTo(addresses: readonly ConnectAddress[], via: ConnectVia,
       }
       attempt.helperSeconds = (performance.now() - t0) / 1000;
       attempt.readyAt = performance.now();
+      // A socket exists: from here on the time is the target's.
+      deadline.release();
       if (settled) {
         socket.destroy();
         return;
@@ -284,6 +327,8 @@ export function connectTo(addresses: readonly ConnectAddress[], via: ConnectVia,
       return;
     }
     deadline.signal.addEventListener('abort', onDeadline, { once: true });
+    // Until a socket arrives, the time is ours (helper fork/setns), not the target's.
+    deadline.hold();
     startNext();
   });
 }

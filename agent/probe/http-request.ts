@@ -3,6 +3,7 @@
  * net/http), and Go's client redirect rules with kubelet's RedirectChecker. Pure functions: no I/O.
  */
 import type { HttpHeader } from './types.ts';
+import { GoUrlError, resolveGoLocation, splitGoHost, type GoUrl } from './go-url.ts';
 import { joinHostPort } from './target.ts';
 
 /** kubelet: ReadAtMost(body, 10 KiB); more is not an error. */
@@ -162,26 +163,31 @@ export function decideRedirect(
   initial: HeaderMap,
 ): RedirectDecision {
   if (!FOLLOWED.has(status) || !location) return { action: 'use' };
-  let target: URL;
+  let target: GoUrl;
   try {
-    target = new URL(location, current.url);
-  } catch {
-    return { action: 'fail', reason: 'protocol', message: `failed to parse Location header ${JSON.stringify(location)}` };
+    target = resolveGoLocation(location, { scheme: current.scheme, host: authorityOf(current), pathAndQuery: current.pathAndQuery });
+  } catch (err) {
+    const why = err instanceof GoUrlError ? err.message : String(err);
+    return { action: 'fail', reason: 'protocol', message: `Get ${JSON.stringify(current.url)}: failed to parse Location header ${JSON.stringify(location)}: ${why}` };
   }
-  const hostname = stripBrackets(target.hostname);
-  // kubelet compares hostnames only (port ignored) with the FIRST request: another host ends the chain as a Warning.
-  if (hostname.toLowerCase() !== first.hostname.toLowerCase() && !sameIP(hostname, first.hostname)) return { action: 'use' };
+  // kubelet compares URL.Hostname() of the new request with the FIRST one's (port ignored), as Go
+  // keeps them: case-sensitive, IPv6 as written. Another host ends the chain as a Warning.
+  if (target.hostname !== splitGoHost(authorityOf(first)).hostname) return { action: 'use' };
   if (hops >= MAX_REDIRECTS) {
     return { action: 'fail', reason: 'redirects', message: `Get ${JSON.stringify(location)}: stopped after ${MAX_REDIRECTS} redirects` };
   }
-  const scheme = target.protocol.slice(0, -1);
+  const scheme = target.scheme;
+  const url = `${scheme}://${target.host}${target.pathAndQuery}`;
   if (scheme !== 'http' && scheme !== 'https') {
-    return { action: 'fail', reason: 'protocol', message: `Get ${JSON.stringify(target.href)}: unsupported protocol scheme ${JSON.stringify(scheme)}` };
+    return { action: 'fail', reason: 'protocol', message: `Get ${JSON.stringify(url)}: unsupported protocol scheme ${JSON.stringify(scheme)}` };
   }
   const port = target.port ? Number(target.port) : scheme === 'https' ? 443 : 80;
-  const authority = rawAuthority(location) ?? authorityOf(current);
-  const pathAndQuery = (target.pathname || '/') + target.search;
-  const url = `${scheme}://${authority}${pathAndQuery}`;
+  if (!Number.isInteger(port) || port < 1 || port > 65535) {
+    return { action: 'fail', reason: 'protocol', message: `Get ${JSON.stringify(url)}: dial tcp: address ${target.host}: invalid port` };
+  }
+  const authority = target.host;
+  const pathAndQuery = target.pathAndQuery;
+  const hostname = target.hostname;
   const headers = initial.clone();
   // Go keeps a caller-set Host only across relative redirects (golang/go#22233); otherwise the new URL's host.
   const customHost = initial.get('Host');
@@ -195,27 +201,6 @@ export function decideRedirect(
   };
 }
 
-/** The authority written in an absolute or scheme-relative Location (userinfo dropped), as Go's URL.Host keeps it. */
-function rawAuthority(location: string): string | undefined {
-  const m = /^(?:[a-zA-Z][a-zA-Z0-9+.-]*:)?\/\/([^/?#]*)/.exec(location);
-  if (!m) return undefined;
-  const auth = m[1] as string;
-  return auth.slice(auth.lastIndexOf('@') + 1);
-}
-
 function authorityOf(r: ProbeRequest): string {
   return /^[a-z]+:\/\/([^/]*)/.exec(r.url)?.[1] ?? joinHostPort(r.hostname, r.port);
-}
-
-function stripBrackets(h: string): string {
-  return h.startsWith('[') && h.endsWith(']') ? h.slice(1, -1) : h;
-}
-
-function sameIP(a: string, b: string): boolean {
-  if (!a.includes(':') || !b.includes(':')) return false;
-  try {
-    return new URL(`http://[${a}]/`).hostname === new URL(`http://[${b}]/`).hostname;
-  } catch {
-    return false;
-  }
 }

@@ -10,7 +10,7 @@ import type { Socket } from 'node:net';
 import { Client } from 'undici';
 import { describeError } from '../errors.ts';
 import { ConnectError, connectTo, type Deadline, type ProberResult } from './connect.ts';
-import { MAX_BODY_BYTES, buildHeaderMap, buildProbeRequest, decideRedirect, type ProbeRequest } from './http-request.ts';
+import { MAX_BODY_BYTES, buildHeaderMap, buildProbeRequest, decideRedirect, type ProbeRequest, type RedirectDecision } from './http-request.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
 import type { FailureReason, HttpGetHandler } from './types.ts';
 
@@ -49,11 +49,21 @@ function withoutStackTraces<T extends Socket>(socket: T): T {
   return socket;
 }
 
-/** The status, Location and capped body of one hop. */
+/** Go's maxBodySlurpSize: a followed redirect's body is drained this far, if small or of unknown length. */
+export const REDIRECT_SLURP_BYTES = 2 * 1024;
+/** Go's max1xxResponses: more informational responses than this before the final one is an error. */
+export const MAX_1XX_RESPONSES = 5;
+
+/** What a hop's response means for the chain (decided from status and Location before the body is read). */
+export type Decide = (status: number, location: string | undefined) => RedirectDecision;
+
+/** One hop's outcome: its status, the decision, and (for a response we use) the capped body or the error reading it. */
 export interface HopResponse {
   status: number;
-  location: string | undefined;
+  decision: RedirectDecision;
   body: string;
+  /** kubelet: ReadAtMost failed (not the cap): a prober error, thrown away. */
+  bodyError?: HopError;
 }
 
 /** A hop that ended without a response; `kind` 'error' = we could not run it at all. */
@@ -76,18 +86,22 @@ export async function probeHttp(handler: HttpGetHandler, plan: TargetPlan, deadl
   let address: string | undefined;
   for (let hops = 1; ; hops++) {
     let res: HopResponse;
+    const current = req;
+    const decide: Decide = (status, location) => decideRedirect(first, current, status, location, hops, initial);
     try {
-      res = await exchange(req, plan, deadline, phases, (a) => (address = a));
+      res = await exchange(req, plan, deadline, phases, (a) => (address = a), decide);
     } catch (err) {
       const e = err instanceof HopError ? err : new HopError('failure', 'other', `Get ${JSON.stringify(req.url)}: ${describeError(err)}`);
       return { result: e.kind, reason: e.reason, message: e.message, address, phases };
     }
-    const decision = decideRedirect(first, req, res.status, res.location, hops, initial);
+    const decision = res.decision;
     if (decision.action === 'fail') return { result: 'failure', reason: decision.reason, message: decision.message, address, phases };
     if (decision.action === 'follow') {
       req = decision.next;
       continue;
     }
+    // kubelet: `return probe.Failure, "", err` -- a prober error, retried and then thrown away.
+    if (res.bodyError) return { result: 'error', reason: res.bodyError.reason, message: res.bodyError.message, address, phases };
     if (res.status >= 200 && res.status < 300) return { result: 'success', message: res.body, address, phases };
     if (res.status >= 300 && res.status < 400) {
       return { result: 'warning', message: `Probe terminated redirects, Response body: ${res.body}`, address, phases };
@@ -97,13 +111,14 @@ export async function probeHttp(handler: HttpGetHandler, plan: TargetPlan, deadl
   }
 }
 
-/** One request on a new connection (also lifecycle.ts's hooks). Throws HopError with Go's wording. */
+/** One request on a new connection. Throws HopError with Go's wording. */
 export async function exchange(
   req: ProbeRequest,
   plan: TargetPlan,
   deadline: Deadline,
   phases: ProberResult['phases'],
   setAddress: (a: string) => void,
+  decide: Decide,
 ): Promise<HopResponse> {
   const prefix = `Get ${JSON.stringify(req.url)}`;
   const addresses = plan.ips.map((ip) => ({ ip, port: req.port }));
@@ -131,7 +146,7 @@ export async function exchange(
       phases.tls = (phases.tls ?? 0) + (performance.now() - t0) / 1000;
     }
 
-    const ready = withoutStackTraces(socket);
+    const ready = skipInformational(withoutStackTraces(socket));
     client = new Client(`${req.scheme}://${joinHostPort(req.hostname, req.port)}`, {
       // undici hangs when its connect callback runs synchronously: always hand the socket over on a later tick.
       connect: (_opts, cb) => void setImmediate(() => cb(null, ready)),
@@ -150,16 +165,27 @@ export async function exchange(
     const locationHeader = res.headers['location'];
     const location = Array.isArray(locationHeader) ? locationHeader[0] : locationHeader;
     const status = res.statusCode;
-    // A failure's body is never shown, and a redirect we follow is never shown: don't read them.
-    const wanted = status >= 200 && status < 400;
-    const body = wanted ? await readCapped(res.body, deadline) : '';
-    if (!wanted) {
-      // undici's body emits an AbortError when destroyed unread; without a listener that would crash the agent.
-      res.body.on('error', () => {});
-      res.body.destroy();
+    const decision = decide(status, location);
+    let body = '';
+    let bodyError: HopError | undefined;
+    if (decision.action === 'use') {
+      // kubelet reads every final response's body (ReadAtMost 10 KiB), whatever the status.
+      try {
+        body = await readCapped(res.body, deadline, MAX_BODY_BYTES);
+      } catch (err) {
+        bodyError = bodyReadError(err, deadline);
+      }
+    } else if (decision.action === 'follow' || decision.reason === 'redirects') {
+      // Go drains a redirect's body before the next request, only when small or of unknown length,
+      // and ignores what goes wrong (a stall still uses up the deadline, as in Go).
+      const length = contentLength(res.headers['content-length']);
+      if (length === -1 || length <= REDIRECT_SLURP_BYTES) await readCapped(res.body, deadline, REDIRECT_SLURP_BYTES).catch(() => '');
+      else discard(res.body);
+    } else {
+      discard(res.body);
     }
     finished = true;
-    return { status, location, body };
+    return bodyError ? { status, decision, body, bodyError } : { status, decision, body };
   } catch (err) {
     if (err instanceof HopError) throw err;
     throw mapHttpError(err, prefix, deadline);
@@ -182,27 +208,108 @@ function utf8OnTheWire(value: string): string {
   return /[^\u0000-\u007f]/.test(value) ? Buffer.from(value, 'utf8').toString('latin1') : value;
 }
 
-/** Reads at most MAX_BODY_BYTES; more is not an error (kubelet logs it at V(4)). */
-async function readCapped(body: AsyncIterable<Buffer> & { destroy(): void }, deadline: Deadline): Promise<string> {
+/** Reads at most `limit` bytes; more is not an error (kubelet logs it at V(4)). Rejects with the read error. */
+async function readCapped(body: AsyncIterable<Buffer> & { destroy(): void }, _deadline: Deadline, limit: number): Promise<string> {
   const chunks: Buffer[] = [];
   let size = 0;
   try {
     for await (const chunk of body) {
-      const room = MAX_BODY_BYTES - size;
+      const room = limit - size;
       chunks.push(chunk.length > room ? chunk.subarray(0, room) : chunk);
       size += Math.min(chunk.length, room);
-      if (size >= MAX_BODY_BYTES) break;
+      if (size >= limit) break;
     }
-  } catch (err) {
-    if (deadline.why() === 'timeout') {
-      throw new HopError('failure', 'timeout', 'context deadline exceeded (Client.Timeout or context cancellation while reading body)');
-    }
-    throw err;
   } finally {
-    (body as unknown as NodeJS.EventEmitter).on('error', () => {});
-    body.destroy();
+    discard(body);
   }
   return Buffer.concat(chunks).toString('utf8');
+}
+
+/** Destroys a body we are done with; undici's body emits an AbortError when destroyed unread, which must not crash the agent. */
+function discard(body: { destroy(): void }): void {
+  (body as unknown as NodeJS.EventEmitter).on('error', () => {});
+  body.destroy();
+}
+
+/** Go's resp.ContentLength: -1 when absent or unparsable. */
+function contentLength(header: string | string[] | undefined): number {
+  const v = Array.isArray(header) ? header[0] : header;
+  return v !== undefined && /^[0-9]+$/.test(v.trim()) ? Number(v.trim()) : -1;
+}
+
+/** A body read error in Go's words (the error kubelet's prober logs and throws away). */
+function bodyReadError(err: unknown, deadline: Deadline): HopError {
+  const why = deadline.why();
+  if (why === 'timeout') return new HopError('error', 'timeout', 'context deadline exceeded (Client.Timeout or context cancellation while reading body)');
+  if (why === 'aborted') return new HopError('error', 'other', 'probe aborted');
+  const code = (err as NodeJS.ErrnoException | undefined)?.code ?? '';
+  const message = describeError(err);
+  if (code === 'ECONNRESET' || /ECONNRESET/.test(message)) return new HopError('error', 'reset', 'read: connection reset by peer');
+  if (code.startsWith('HPE_') || (err instanceof Error && err.name === 'HTTPParserError')) return new HopError('error', 'protocol', 'malformed chunked encoding');
+  if (code === 'UND_ERR_SOCKET' || code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH' || /other side closed|closed/.test(message)) {
+    return new HopError('error', 'protocol', 'unexpected EOF');
+  }
+  return new HopError('error', 'other', message);
+}
+
+/**
+ * Go's client reads and skips 1xx informational responses (but 101) before the final one, at most
+ * MAX_1XX_RESPONSES of them; undici rejects a `100 Continue` to a request that did not ask for one
+ * ("bad response"). The bytes of those responses are dropped here, before undici's parser sees them:
+ * the response is the first thing on a one-request connection, so they can only come first.
+ */
+function skipInformational<T extends Socket>(socket: T): T {
+  let head: Buffer | undefined = Buffer.alloc(0);
+  let skipped = 0;
+  const push = socket.push;
+  socket.push = function pushWithout1xx(this: T, chunk: unknown, encoding?: BufferEncoding): boolean {
+    if (head === undefined) return push.call(this, chunk, encoding);
+    if (!Buffer.isBuffer(chunk)) {
+      // End of stream (or a non-buffer chunk): whatever was held goes first, untouched.
+      const held = head;
+      head = undefined;
+      if (held.length > 0) push.call(this, held);
+      return push.call(this, chunk, encoding);
+    }
+    head = Buffer.concat([head, chunk]);
+    for (;;) {
+      const start = head.subarray(0, STATUS_PREFIX.length).toString('latin1');
+      if (start.length < STATUS_PREFIX.length) {
+        if (mayBeInformational(start)) return true;
+        break;
+      }
+      if (!mayBeInformational(start) || start.startsWith('101', 9)) break;
+      const end = head.indexOf('\r\n\r\n');
+      if (end === -1) {
+        if (head.length <= MAX_HEADER_BYTES) return true;
+        break;
+      }
+      if (++skipped > MAX_1XX_RESPONSES) {
+        head = undefined;
+        this.destroy(Object.assign(new Error('net/http: too many 1xx informational responses'), { code: 'TOO_MANY_1XX' }));
+        return false;
+      }
+      head = head.subarray(end + 4);
+    }
+    const rest = head;
+    head = undefined;
+    return push.call(this, rest, encoding);
+  } as T['push'];
+  return socket;
+}
+
+/** The start of an informational status line: "HTTP/1.x 1yz " ('#' is any digit; the last is a space or CR). */
+const STATUS_PREFIX = 'HTTP/1.# 1## ';
+
+/** Whether `text` (at most STATUS_PREFIX long) is, or may still become, the start of a 1xx status line. */
+function mayBeInformational(text: string): boolean {
+  for (let i = 0; i < text.length; i++) {
+    const want = STATUS_PREFIX[i] as string;
+    const c = text[i] as string;
+    const ok = want === '#' ? c >= '0' && c <= '9' : i === STATUS_PREFIX.length - 1 ? c === ' ' || c === '\r' : c === want;
+    if (!ok) return false;
+  }
+  return true;
 }
 
 /** Wraps a connected socket in TLS the way kubelet's transport does: no verification, SNI only for names. */
@@ -269,6 +376,7 @@ function mapHttpError(err: unknown, prefix: string, deadline: Deadline): HopErro
   if (code.startsWith('HPE_') || err instanceof Error && err.name === 'HTTPParserError') {
     return new HopError('failure', 'protocol', `${prefix}: net/http: HTTP/1.x transport connection broken: malformed HTTP response`);
   }
+  if (code === 'TOO_MANY_1XX' || /too many 1xx/.test(message)) return new HopError('failure', 'protocol', `${prefix}: net/http: too many 1xx informational responses`);
   if (code === 'UND_ERR_HEADERS_OVERFLOW') {
     return new HopError('failure', 'protocol', `${prefix}: net/http: server response headers exceeded ${MAX_HEADER_BYTES} bytes; aborted`);
   }

@@ -20,7 +20,7 @@
 import { performance } from 'node:perf_hooks';
 import { InvalidProbeError, describeError } from '../errors.ts';
 import { Deadline } from './connect.ts';
-import { HopError, exchange, type HopResponse } from './http.ts';
+import { HopError, exchange, type Decide, type HopResponse } from './http.ts';
 import { buildHeaderMap, buildProbeRequest, decideRedirect, type HeaderMap, type ProbeRequest } from './http-request.ts';
 import { boundMessage } from './run.ts';
 import { SPEC_LIMITS } from './spec.ts';
@@ -143,13 +143,15 @@ async function follow(first: ProbeRequest, initial: HeaderMap, plan: TargetPlan,
   let address: string | undefined;
   for (let hops = 1; ; hops++) {
     let res: HopResponse;
+    const current = req;
+    const decide: Decide = (status, location) => decideRedirect(first, current, status, location, hops, initial);
     try {
-      res = await exchange(req, plan, deadline, phases, (a) => (address = a));
+      res = await exchange(req, plan, deadline, phases, (a) => (address = a), decide);
     } catch (err) {
       const error = err instanceof HopError ? err : new HopError('failure', 'other', `Get ${JSON.stringify(req.url)}: ${describeError(err)}`);
       return { kind: 'hop-error', error, address };
     }
-    const decision = decideRedirect(first, req, res.status, res.location, hops, initial);
+    const decision = res.decision;
     if (decision.action === 'fail') return { kind: 'client-error', reason: decision.reason, message: decision.message, address };
     if (decision.action === 'use') return { kind: 'response', status: res.status, address };
     req = decision.next;

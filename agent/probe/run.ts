@@ -22,7 +22,8 @@ export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promis
     const total = (performance.now() - started) / 1000;
     const outcome: ProbeOutcome = {
       result: r.result,
-      message: boundMessage(r.result === 'success' ? r.message.trim() : r.message),
+      // kubelet's output is the body as read (ReadAtMost), untrimmed; only our cap applies.
+      message: boundMessage(r.message),
       durationSeconds: total,
       phases: { ...r.phases, total },
     };

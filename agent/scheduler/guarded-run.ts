@@ -50,7 +50,8 @@ export async function runGuarded(
   }
   const held = permit;
   if (held) void running.then(() => held.release(), () => held.release());
-  const outcome = await watch(running, spec.timeoutSeconds * 1000 + watchdogGraceMs, controller);
+  // A probe may take its timeout for the target plus as long again waiting on the netns helper (connect.ts Deadline).
+  const outcome = await watch(running, 2 * spec.timeoutSeconds * 1000 + watchdogGraceMs, controller);
   return held ? { ...outcome, phases: { ...outcome.phases, queue: held.waitedMs / 1000 } } : outcome;
 }
 

@@ -8,8 +8,9 @@ export interface ProbeKey {
 }
 
 /**
- * The thresholded result kubelet would hold for a probe.
- * 'error' = the probe cannot run (unknown named port, netns unresolvable...): explicit instead of silent.
+ * The thresholded result kubelet would hold for a probe. Workers never publish 'error': like kubelet
+ * they throw a prober error away (ProbeStatus.erroring shows it); the value stays for the wire enum
+ * and for clients.
  */
 export type ThresholdResult = 'success' | 'failure' | 'unknown' | 'error';
 
@@ -31,6 +32,11 @@ export interface ProbeStatus {
   ready: boolean;
   /** Worker is paused (liveness failure or startup decided) until a new container ID. */
   onHold: boolean;
+  /**
+   * The latest run could not be made (our trouble: netns, helper, queue, named port) and was thrown
+   * away as kubelet does; `result` is the unchanged decision, lastMessage/lastReason say why.
+   */
+  erroring?: boolean;
 }
 
 /** One change in the results store; `revision` increases by one per event across the store. */

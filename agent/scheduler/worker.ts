@@ -4,9 +4,10 @@
  * or a decided startup probe, thresholds over consecutive raw results, start-time based initial
  * delay, startup gating, jitter after an agent restart and manual readiness triggers.
  *
- * One intended difference: a probe that cannot run (result 'error') is not thrown away silently.
- * It shows as result 'error' with the reason in lastMessage, but it never counts toward
- * failureThreshold (liveness never fails on our own trouble) and never counts as success.
+ * A probe that cannot run (result 'error': our trouble, not the target's) is retried up to
+ * MAX_PROBE_TRIES times and then thrown away, as kubelet's prober.go and doProbe do: it never
+ * changes the published decision, the thresholds or the run count. It is still reported: the
+ * observer (metrics) sees every try, and the status carries its message and reason.
  */
 import { describeError } from '../errors.ts';
 import type { Logger } from '../log.ts';
@@ -48,6 +49,8 @@ export const INITIAL_RESULT: Record<ProbeType, ThresholdResult> = {
 
 /** A container that started this long before the agent keeps its state until a real result (kubelet: 10 s). */
 export const RESTART_GRACE_MS = 10_000;
+/** kubelet's maxProbeRetries: a probe that errored is tried again at once, this many tries in all. */
+export const MAX_PROBE_TRIES = 3;
 /** Period used by a worker whose spec could not be parsed: it only re-announces the error. */
 const INVALID_SPEC_PERIOD_MS = 10_000;
 
@@ -68,14 +71,15 @@ export class ProbeWorker {
   #containerID = '';
   /** kubelet's cached result for #containerID; undefined = no cache entry. */
   #cached: ThresholdResult | undefined;
-  /** The latest run could not be made: shown as 'error' on top of #cached. */
-  #erroring = false;
   #lastRaw: 'success' | 'failure' | undefined;
   #run = 0;
   #onHold = false;
   #lastProbeTime = 0;
   #lastMessage = '';
   #lastReason: FailureReason | undefined;
+  /** The latest run errored and was thrown away (shown, never part of the decision). */
+  #erroredBefore = false;
+  #lastErrorReason: FailureReason | undefined;
 
   #started = false;
   #stopped = false;
@@ -128,7 +132,6 @@ export class ProbeWorker {
   /** kubelet's cache lookup: the visible result for `containerID`, or undefined when there is no entry for it. */
   resultFor(containerID: string): ThresholdResult | undefined {
     if (!containerID || containerID !== this.#containerID) return undefined;
-    if (this.#erroring) return 'error';
     return this.#cached;
   }
 
@@ -145,13 +148,28 @@ export class ProbeWorker {
       lastMessage: this.#lastMessage,
       lastReason: this.#lastReason,
       onHold: this.#onHold,
+      erroring: this.#erroredBefore,
     };
   }
 
-  /** Hands over fresher pod and container objects; they are read at the next probe. */
+  /**
+   * Hands over fresher pod and container objects; they are read at the next probe. A liveness or
+   * startup worker of a pod that is being deleted stops here and now (kubelet's
+   * StopLivenessAndStartup): a probe in flight is aborted and its result never counts.
+   */
   update(pod: PodInfo, container: ContainerInfo): void {
     this.#pod = pod;
     this.#container = container;
+    if (pod.deletionTimestamp !== undefined && this.key.probeType !== 'Readiness' && this.#started && !this.#stopped) {
+      this.#terminating();
+    }
+  }
+
+  /** kubelet's step 7 of doProbe, taken as soon as the deletion is seen: a quiet Success, then the worker ends. */
+  #terminating(): void {
+    if (this.#containerID !== '') this.#set('success', 'pod is terminating');
+    this.stop();
+    this.#host.workerExited(this);
   }
 
   /** Starts probing: after a jitter of [0, period) when the agent started less than a period ago. */
@@ -202,7 +220,7 @@ export class ProbeWorker {
       const listed = st !== undefined && bareID(st.containerID) === bareID(containerID);
       this.#containerID = listed ? st.containerID : containerID;
       // As #doProbe on a new container ID (and kubelet): the initial value; the run counter carries over.
-      this.#erroring = false;
+      this.#erroredBefore = false;
       const longRunning = listed && st.running && st.startedAt !== undefined && st.startedAt < this.#host.agentStart - RESTART_GRACE_MS;
       this.#cached = longRunning ? undefined : INITIAL_RESULT[this.key.probeType];
     } else {
@@ -223,7 +241,7 @@ export class ProbeWorker {
   }
 
   #visible(): ThresholdResult {
-    return this.#erroring ? 'error' : (this.#cached ?? 'unknown');
+    return this.#cached ?? 'unknown';
   }
 
   #begin(): void {
@@ -280,7 +298,7 @@ export class ProbeWorker {
 
     if (state.containerID !== this.#containerID) {
       this.#containerID = state.containerID;
-      this.#erroring = false;
+      this.#erroredBefore = false;
       this.#onHold = false;
       this.#lastMessage = '';
       this.#lastReason = undefined;
@@ -313,20 +331,25 @@ export class ProbeWorker {
     const started = this.#host.containerStarted(this);
     if (started ? this.key.probeType === 'Startup' : this.key.probeType !== 'Startup') return true;
 
-    const outcome = this.#spec
-      ? await this.#runOnce(pod, container, this.#spec)
-      : errorOutcome('invalid-spec', this.probe.ok ? 'exec probes are run by kubelet' : this.probe.error);
-    if (this.#stopped) return false;
-    if (this.meta) this.#safeObserve(() => this.#host.observer?.probeRun(this.meta as ProbeRunMeta, outcome));
-    this.#record(outcome);
-    return true;
+    if (!this.#spec) {
+      this.#record(errorOutcome('invalid-spec', this.probe.ok ? 'exec probes are run by kubelet' : this.probe.error));
+      return true;
+    }
+    for (let tries = 1; ; tries++) {
+      const outcome = await this.#runOnce(pod, container, this.#spec);
+      if (this.#stopped) return false;
+      if (this.meta) this.#safeObserve(() => this.#host.observer?.probeRun(this.meta as ProbeRunMeta, outcome));
+      if (outcome.result !== 'error' || tries >= MAX_PROBE_TRIES) {
+        this.#record(outcome);
+        return true;
+      }
+    }
   }
 
   /** kubelet's resultsManager.Set: writes the cached value (no thresholds). */
   #set(result: ThresholdResult, message: string): void {
     const before = this.#visible();
     this.#cached = result;
-    this.#erroring = false;
     const changedMessage = this.#lastMessage !== message;
     this.#lastMessage = message;
     this.#lastReason = undefined;
@@ -340,10 +363,8 @@ export class ProbeWorker {
     this.#lastProbeTime = this.#host.clock.now();
     this.#lastMessage = boundMessage(outcome.message);
     this.#lastReason = outcome.reason;
-    if (outcome.result === 'error') {
-      this.#erroring = true;
-    } else {
-      this.#erroring = false;
+    // kubelet's doProbe: a prober error is thrown away (only its message and reason are shown).
+    if (outcome.result !== 'error') {
       const raw = outcome.result === 'failure' ? 'failure' : 'success';
       if (this.#lastRaw === raw) this.#run++;
       else {
@@ -362,6 +383,16 @@ export class ProbeWorker {
       }
     }
     const after = this.#visible();
+    if (outcome.result === 'error') {
+      // Reported (kubelet: an "errored" event per run), but once per streak of the same reason.
+      if (!this.#erroredBefore || this.#lastErrorReason !== outcome.reason) {
+        this.#host.logger.warn('probe errored; result kept', { ...this.key, kept: after, reason: outcome.reason, message: this.#lastMessage });
+      }
+      this.#erroredBefore = true;
+      this.#lastErrorReason = outcome.reason;
+    } else {
+      this.#erroredBefore = false;
+    }
     if (after !== before) {
       this.#host.logger.info('probe result changed', { ...this.key, from: before, to: after, message: this.#lastMessage });
     } else if (this.#host.logger.enabled('debug')) {

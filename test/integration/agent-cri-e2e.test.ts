@@ -199,7 +199,7 @@ describe('probe-agent run with the CRI resolver against containerd', () => {
     const statuses = await agent.waitForStatuses((s) => find(s, 'secure', 'Readiness')?.lastReason === 'unsupported-pod');
     expect(statuses.filter((s) => s.podName === 'hostnet' || s.podName === 'gvisor')).toEqual([]);
     const sec = find(statuses, 'secure', 'Readiness');
-    expect(sec).toMatchObject({ result: 'error', ready: false });
+    expect(sec).toMatchObject({ onHold: false, consecutive: 0 });
     expect(sec?.lastMessage).toMatch(/runtime handler "runsc" \(sandboxed\)/);
     // Not a packet reached the server in the runsc sandbox, from inside or out.
     expect(await counted(secure, 'inside')).toBe(0);
@@ -229,9 +229,9 @@ describe('probe-agent run with the CRI resolver against containerd', () => {
         const w = find(s, 'web', 'Readiness');
         return l?.lastReason === 'netns-unresolved' && (w?.lastProbeTime ?? 0) > before.lastProbeTime + 2000;
       });
-      expect(find(during, 'late', 'Readiness')?.result).toBe('error');
+      expect(find(during, 'late', 'Readiness')).toMatchObject({ onHold: false, consecutive: 0 });
       expect(find(during, 'late', 'Readiness')?.lastMessage).toContain(`CRI endpoint ${ctrd.endpoint} unavailable`);
-      expect(find(during, 'late', 'Liveness')).toMatchObject({ result: 'error', lastReason: 'netns-unresolved' });
+      expect(find(during, 'late', 'Liveness')).toMatchObject({ onHold: false, consecutive: 0, lastReason: 'netns-unresolved' });
       // The runtime is down, the pods are not: web is still probed inside its netns, and still ready.
       expect(find(during, 'web', 'Readiness')).toMatchObject({ result: 'success', ready: true });
       expect(find(during, 'web', 'Liveness')?.result).toBe('success');

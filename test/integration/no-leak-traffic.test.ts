@@ -197,7 +197,11 @@ describe('the daemon probing every kind of probe for several periods', () => {
     for (const c of ['redirect4', 'redirect6']) {
       expect(byContainer(statuses, 'web', c), c).toMatchObject({ result: 'success', lastMessage: expect.stringMatching(/^Probe terminated redirects, Response body: redirect to http:\/\//) });
     }
-    for (const c of ['host4', 'host6']) expect(byContainer(statuses, 'web', c), c).toMatchObject({ result: 'error', lastReason: 'host-refused' });
+    // A refused host is a prober error: reported, thrown away (the decision keeps its initial value, never a failure).
+    for (const c of ['host4', 'host6']) {
+      expect(byContainer(statuses, 'web', c), c).toMatchObject({ lastReason: 'host-refused', onHold: false });
+      expect(byContainer(statuses, 'web', c)?.result, c).not.toBe('failure');
+    }
   }, 60_000);
 });
 

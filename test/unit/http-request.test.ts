@@ -150,10 +150,37 @@ describe('redirects (Go client + kubelet RedirectChecker)', () => {
     expect(decideRedirect(first, second, 302, 'http://10.0.0.1:1/b', 2, map).action).toBe('follow');
   });
 
-  it('IPv6 hostnames compare without brackets and canonicalised', () => {
+  it('compares hostnames as Go keeps them: IPv6 without brackets but as written, case-sensitive', () => {
     const { map: m6, req: f6 } = request([], 'fd00::5', 80);
-    expect(decideRedirect(f6, f6, 302, 'http://[fd00:0::5]:81/x', 1, m6).action).toBe('follow');
+    expect(decideRedirect(f6, f6, 302, 'http://[fd00::5]:81/x', 1, m6).action).toBe('follow');
+    // Go's URL.Hostname() is the raw text: another spelling of the same address is another host.
+    expect(decideRedirect(f6, f6, 302, 'http://[fd00:0::5]:81/x', 1, m6).action).toBe('use');
+    expect(decideRedirect(f6, f6, 302, 'http://[FD00::5]/x', 1, m6).action).toBe('use');
     expect(decideRedirect(f6, f6, 302, 'http://[fd00::6]/x', 1, m6).action).toBe('use');
+    const { map: mn, req: fn } = request([], 'app.local', 80);
+    expect(decideRedirect(fn, fn, 302, 'http://app.local:81/x', 1, mn).action).toBe('follow');
+    expect(decideRedirect(fn, fn, 302, 'http://App.Local/x', 1, mn).action).toBe('use');
+  });
+
+  it('keeps the Location host as written in the next URL, and a scheme-relative Location on the same host is followed', () => {
+    const next = follow(first, 302, '//10.0.0.1:9000/p?q=1');
+    expect(next.url).toBe('http://10.0.0.1:9000/p?q=1');
+    expect(follow(first, 302, 'HTTP://10.0.0.1:8080/up').url).toBe('http://10.0.0.1:8080/up');
+    expect(follow(first, 302, 'other').url).toBe('http://10.0.0.1:8080/other');
+  });
+
+  it.each([
+    ['http://10.0.0.1:abc/', 'parse "http://10.0.0.1:abc/": invalid port ":abc" after host'],
+    ['http://[fd00::1/', 'parse "http://[fd00::1/": missing \']\' in host'],
+    ['http://10.0.0 .1/', 'parse "http://10.0.0 .1/": invalid character " " in host name'],
+    [':foo', 'parse ":foo": missing protocol scheme'],
+    ['a:b/c'.replace('a:', '1a:'), 'parse "1a:b/c": first path segment in URL cannot contain colon'],
+  ])('a Location Go cannot parse fails with Go\'s text: %j', (location, why) => {
+    expect(decideRedirect(first, first, 302, location, 1, map)).toEqual({
+      action: 'fail',
+      reason: 'protocol',
+      message: `Get "http://10.0.0.1:8080/healthz": failed to parse Location header ${JSON.stringify(location)}: ${why}`,
+    });
   });
 
   it('uses non-followed 3xx statuses and 3xx without Location as the response', () => {

@@ -180,10 +180,10 @@ describe('ProbeManager', () => {
     expect(h.observer.runsOf('Liveness')).toBe(1);
   });
 
-  it('shows a probe whose spec could not be parsed as an error, without running anything', async () => {
+  it('shows a probe whose spec could not be parsed by its reason, keeps the initial value, runs nothing', async () => {
     const h = harness();
     await h.sync([pod('u1', [container('app', { Readiness: { ok: false, error: 'readinessProbe.httpGet.port: must be 1-65535' } }, running('a', h.t0))])]);
-    expect(h.status('u1', 'app', 'Readiness')).toMatchObject({ result: 'error', ready: false, lastReason: 'invalid-spec' });
+    expect(h.status('u1', 'app', 'Readiness')).toMatchObject({ result: 'failure', ready: false, lastReason: 'invalid-spec' });
     expect(h.status('u1', 'app', 'Readiness')?.lastMessage).toContain('must be 1-65535');
     expect(h.observer.runs).toHaveLength(0);
     expect(h.observer.started).toHaveLength(0);
@@ -234,15 +234,16 @@ describe('ProbeManager', () => {
     expect(Math.max(...slowRuns.map((r) => r.outcome.phases.queue ?? 0))).toBeGreaterThan(0.5);
   });
 
-  it('a full queue shows as error queue-full, never as a probe failure', async () => {
+  it('a full queue is a prober error (reason queue-full): reported, thrown away, never a probe failure', async () => {
     const slowServer = await ToggleServer.start({ httpDelayMs: 200 });
     cleanups.push(() => slowServer.down());
     const h = harness({ limiter: new FairLimiter({ maxInFlight: 1, maxQueued: 1 }) });
     const containers = ['a', 'b', 'c'].map((n) => container(n, { Liveness: httpProbe(slowServer.port, { failureThreshold: 1 }) }, running(n, h.t0)));
     await h.sync([pod('u1', containers)]);
     const statuses = h.store.list();
-    expect(statuses.filter((s) => s.result === 'error' && s.lastReason === 'queue-full')).toHaveLength(1);
-    expect(statuses.filter((s) => s.result === 'success')).toHaveLength(2);
+    expect(statuses.filter((s) => s.lastReason === 'queue-full')).toHaveLength(1);
+    expect(statuses.filter((s) => s.result === 'success')).toHaveLength(3);
+    expect(h.observer.runs.filter((r) => r.outcome.reason === 'queue-full')).toHaveLength(3);
     expect(statuses.some((s) => s.result === 'failure' || s.onHold)).toBe(false);
   });
 

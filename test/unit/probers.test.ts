@@ -19,7 +19,8 @@ import { Deadline } from '../../agent/probe/connect.ts';
 import { decodeHealthStatus, encodeHealthCheckRequest, goDuration, grpcFrame, percentDecode } from '../../agent/probe/grpc-wire.ts';
 import { probeHttp } from '../../agent/probe/http.ts';
 import { runProbe } from '../../agent/probe/run.ts';
-import type { HttpGetHandler, ProbeContext, ProbeHandler } from '../../agent/probe/types.ts';
+import type { HttpGetHandler, ProbeContext, ProbeHandler, SocketFactory } from '../../agent/probe/types.ts';
+import { HelperError } from '../../agent/errors.ts';
 
 const sockets = new NodeSocketFactory();
 const closers: (() => Promise<void> | void)[] = [];
@@ -120,6 +121,9 @@ function handler(tlsPort: () => number) {
       };
       res.on('close', () => (bigBodyBytesWritten = sent));
       pump();
+    } else if (u.pathname === '/write-continue') {
+      res.writeContinue();
+      res.writeHead(200).end('after continue');
     } else if (u.pathname === '/secret') {
       res.writeHead(500).end('TOP-SECRET-BODY');
     } else if (u.pathname === '/hang') {
@@ -133,7 +137,34 @@ function handler(tlsPort: () => number) {
   };
 }
 
+/**
+ * Byte-exact HTTP/1.1 responses, by request path, for what node:http will not send (1xx before the
+ * final response, a body cut short or reset, a stall after the status line).
+ */
+const RAW: Record<string, (s: net.Socket) => void> = {
+  '/continue': (s) => s.end('HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'),
+  '/early-hints': (s) => s.end('HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 100\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n'),
+  '/six-1xx': (s) => s.end('HTTP/1.1 102 Processing\r\n\r\n'.repeat(6) + 'HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n'),
+  '/after-500ms': (s) => void setTimeout(() => s.end('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'), 500),
+  '/untrimmed': (s) => s.end('HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n  ok \n\t\n'),
+  '/reset-body': (s) => {
+    s.write('HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial');
+    setTimeout(() => s.resetAndDestroy(), 50);
+  },
+  '/short-body': (s) => s.end('HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial'),
+  '/stall-500': (s) => void s.write('HTTP/1.1 500 Internal Server Error\r\nContent-Length: 100\r\n\r\nx'),
+  '/reset-503': (s) => {
+    s.write('HTTP/1.1 503 Service Unavailable\r\nContent-Length: 100\r\n\r\nx');
+    setTimeout(() => s.resetAndDestroy(), 50);
+  },
+  // A followed redirect whose body never ends: Go drains (up to 2 KiB) a body of unknown length, so the deadline runs out.
+  '/redirect-stall-unknown': (s) => void s.write('HTTP/1.1 302 Found\r\nLocation: /continue\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nmoved\r\n'),
+  // The same with a big declared length: Go does not read it and follows at once.
+  '/redirect-stall-big': (s) => void s.write('HTTP/1.1 302 Found\r\nLocation: /continue\r\nContent-Length: 100000\r\n\r\nmoved'),
+};
+
 let httpPort = 0;
+let rawPort = 0;
 let httpsPort = 0;
 let v6OnlyPort = 0;
 let hangPort = 0;
@@ -152,6 +183,24 @@ beforeAll(async () => {
   httpPort = await listen(http.createServer(h), '::');
   httpsPort = await listen(https.createServer({ key: readFileSync(join(certDir, 'key.pem')), cert: readFileSync(join(certDir, 'cert.pem')) }, h), '::');
   hangPort = await listen(net.createServer((s) => s.resume()), '::');
+  rawPort = await listen(
+    net.createServer((s) => {
+      let buf = '';
+      s.on('data', (d) => {
+        buf += d.toString('latin1');
+        const end = buf.indexOf('\r\n\r\n');
+        if (end === -1) return;
+        s.removeAllListeners('data');
+        s.resume();
+        const path = buf.split(' ')[1] ?? '/';
+        const reply = RAW[path];
+        if (reply) reply(s);
+        else s.end('HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n');
+      });
+      s.on('error', () => {});
+    }),
+    '::',
+  );
   garbagePort = await listen(net.createServer((s) => s.resume().end('this is not HTTP at all\r\n\r\n')), '::');
   eofPort = await listen(net.createServer((s) => s.once('data', () => s.end())), '::');
   v6OnlyPort = await listen(http.createServer(h), '::1', { ipv6Only: true });
@@ -312,10 +361,69 @@ describe('HTTP prober', () => {
     expect(took).toBeLessThan(10_000);
   });
 
-  it('a body that stops coming times out too', async () => {
+  it('a body that stops coming after a 2xx is a prober error (kubelet: ReadAtMost fails, the result is thrown away)', async () => {
     const out = await run(httpGet(httpPort, '/slow-body'));
-    expect(out).toMatchObject({ result: 'failure', reason: 'timeout' });
-    expect(out.message).toContain('while reading body');
+    expect(out).toMatchObject({
+      result: 'error', reason: 'timeout',
+      message: 'context deadline exceeded (Client.Timeout or context cancellation while reading body)',
+    });
+  });
+
+  it.each([
+    ['/continue', 'success', 'ok'],
+    ['/early-hints', 'success', ''],
+    ['/untrimmed', 'success', '  ok \n\t\n'],
+  ])('skips 1xx before the final response and keeps the body as read: %s', async (path, result, message) => {
+    expect(await run(httpGet(rawPort, path))).toMatchObject({ result, message });
+  });
+
+  it('time spent waiting for the netns helper is not the target\'s: only connect and protocol count against timeoutSeconds', async () => {
+    const slow = (ms: number): SocketFactory => ({
+      mode: 'slow-helper',
+      createSocket: async (netns, family, signal) => {
+        await new Promise<void>((resolve, reject) => {
+          const t = setTimeout(resolve, ms);
+          signal?.addEventListener('abort', () => {
+            clearTimeout(t);
+            reject(new HelperError('aborted while waiting', {}));
+          }, { once: true });
+        });
+        return sockets.createSocket(netns, family, signal);
+      },
+    });
+    // 700 ms of helper plus a 500 ms answer: 1.2 s of wall time, 0.5 s of it the target's.
+    const ok = await run(httpGet(rawPort, '/after-500ms'), { sockets: slow(700) });
+    expect(ok).toMatchObject({ result: 'success', message: 'ok' });
+    expect(ok.phases.helper).toBeGreaterThanOrEqual(0.65);
+    // A helper slower than the whole timeout: our trouble, an error (thrown away by the worker), never a failure.
+    const tooSlow = await run(httpGet(rawPort, '/continue'), { sockets: slow(1500) });
+    expect(tooSlow).toMatchObject({ result: 'error', reason: 'helper-error' });
+    expect(await run({ kind: 'tcp', port: rawPort }, { sockets: slow(1500) })).toMatchObject({ result: 'error', reason: 'helper-error' });
+  });
+
+  it('skips a 100 Continue over HTTP and HTTPS alike (node:http writeContinue)', async () => {
+    expect(await run(httpGet(httpPort, '/write-continue'))).toMatchObject({ result: 'success', message: 'after continue' });
+    expect(await run(httpGet(httpsPort, '/write-continue', { scheme: 'HTTPS' }))).toMatchObject({ result: 'success', message: 'after continue' });
+  });
+
+  it('more than five 1xx responses fail as in Go', async () => {
+    expect(await run(httpGet(rawPort, '/six-1xx'))).toMatchObject({
+      result: 'failure', reason: 'protocol', message: `Get "http://127.0.0.1:${rawPort}/six-1xx": net/http: too many 1xx informational responses`,
+    });
+  });
+
+  it.each([
+    ['/reset-body', 'reset', 'read: connection reset by peer'],
+    ['/short-body', 'protocol', 'unexpected EOF'],
+    ['/stall-500', 'timeout', 'context deadline exceeded (Client.Timeout or context cancellation while reading body)'],
+    ['/reset-503', 'reset', 'read: connection reset by peer'],
+  ])('a body read error is a prober error whatever the status (kubelet reads every body): %s', async (path, reason, message) => {
+    expect(await run(httpGet(rawPort, path))).toMatchObject({ result: 'error', reason, message });
+  });
+
+  it('a followed redirect\'s body is drained as Go drains it: unknown length read (a stall times out), big length skipped', async () => {
+    expect(await run(httpGet(rawPort, '/redirect-stall-unknown'))).toMatchObject({ result: 'failure', reason: 'timeout' });
+    expect(await run(httpGet(rawPort, '/redirect-stall-big'))).toMatchObject({ result: 'success', message: 'ok' });
   });
 
   it('a TCP server that accepts but never speaks times out', async () => {

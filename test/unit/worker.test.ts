@@ -3,13 +3,14 @@
  * ManualClock, with real TCP probes against a server on 127.0.0.1 that the test opens and closes.
  */
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import type { ProbeSpec, ProbeType } from '../../agent/probe/types.ts';
+import type { ProbeOutcome, ProbeSpec, ProbeType } from '../../agent/probe/types.ts';
 import { ManualClock, realClock } from '../../agent/scheduler/clock.ts';
-import { runGuarded } from '../../agent/scheduler/guarded-run.ts';
+import { errorOutcome, runGuarded } from '../../agent/scheduler/guarded-run.ts';
 import type { RunProbe } from '../../agent/scheduler/guarded-run.ts';
 import { FairLimiter } from '../../agent/scheduler/limiter.ts';
 import { Ticker } from '../../agent/scheduler/ticker.ts';
-import { Harness, ToggleServer, container, pod, running, tcpProbe } from '../support/scheduler-harness.ts';
+import { MAX_PROBE_TRIES } from '../../agent/scheduler/worker.ts';
+import { Harness, ToggleServer, container, pod, realRunProbe, running, tcpProbe } from '../support/scheduler-harness.ts';
 
 const PERIOD = 10_000;
 let server: ToggleServer;
@@ -196,6 +197,24 @@ describe('ProbeWorker (kubelet worker.go rules)', () => {
     expect(hh.status('u1', 'app', 'Readiness')?.lastProbeTime).toBe(hh.now());
   });
 
+  it('stops liveness and startup the moment the deletion is seen: a probe in flight never counts (kubelet StopLivenessAndStartup)', async () => {
+    let release: ((o: ProbeOutcome) => void) | undefined;
+    const blocked: RunProbe = () => new Promise<ProbeOutcome>((resolve) => (release = resolve));
+    const hh = harness({ runProbe: blocked });
+    const c = (): ReturnType<typeof container> => container('app', { Liveness: tcpProbe(server.port, { failureThreshold: 1 }) }, running('c1', hh.t0));
+    hh.manager.sync([pod('u1', [c()])]);
+    for (let i = 0; i < 5 && !release; i++) await new Promise((r) => setImmediate(r));
+    expect(release).toBeDefined();
+    hh.manager.sync([pod('u1', [c()], { deletionTimestamp: hh.now() })]);
+    // No clock step, no probe period: the worker is gone already.
+    expect(hh.manager.workerCount()).toBe(0);
+    release?.({ result: 'failure', reason: 'refused', message: 'dial tcp: connect: connection refused', durationSeconds: 0, phases: { total: 0 } });
+    await hh.idle();
+    expect(eventsOf(hh, 'Liveness')).toEqual(['unknown', 'success', 'removed']);
+    expect(hh.events.some((e) => e.status.onHold)).toBe(false);
+    expect(hh.observer.runsOf('Liveness')).toBe(0);
+  });
+
   it('stops every worker of a pod that reached phase Succeeded or Failed', async () => {
     const hh = harness();
     const c = (): ReturnType<typeof container> => container('app', { Liveness: tcpProbe(server.port), Readiness: tcpProbe(server.port) }, running('c1', hh.t0));
@@ -254,18 +273,21 @@ describe('ProbeWorker (kubelet worker.go rules)', () => {
     expect(hh.manager.trigger({ podUID: 'u1', containerName: 'nope', probeType: 'Liveness' })).toBe(false);
   });
 
-  it('shows a probe that cannot run as error: never counted as failure, never ready', async () => {
+  it('throws a probe that cannot run away (kubelet): the initial values stay, the error is only reported', async () => {
     const hh = harness();
     const probes = { Liveness: tcpProbe('web', { failureThreshold: 1 }), Readiness: tcpProbe('web') };
     const c = (ports: { name: string; containerPort: number }[]): ReturnType<typeof container> =>
       container('app', probes, running('c1', hh.t0), { ports });
     await hh.sync([pod('u1', [c([])])]);
     for (let i = 0; i < 3; i++) await hh.step(PERIOD);
-    expect(hh.status('u1', 'app', 'Liveness')).toMatchObject({ result: 'error', onHold: false, lastReason: 'port-unresolved' });
+    expect(hh.status('u1', 'app', 'Liveness')).toMatchObject({ result: 'success', onHold: false, lastReason: 'port-unresolved' });
     expect(hh.status('u1', 'app', 'Liveness')?.lastMessage).toContain('port "web" not found');
-    expect(hh.status('u1', 'app', 'Readiness')).toMatchObject({ result: 'error', ready: false });
-    expect(eventsOf(hh, 'Liveness')).not.toContain('failure');
-    expect(hh.observer.runs.filter((r) => r.outcome.result === 'error').length).toBeGreaterThanOrEqual(8);
+    expect(hh.status('u1', 'app', 'Readiness')).toMatchObject({ result: 'failure', ready: false, lastReason: 'port-unresolved' });
+    expect(eventsOf(hh, 'Liveness')).toEqual(['unknown', 'success']);
+    // 4 passes x 2 probes (plus readiness triggers) x kubelet's 3 tries each, every try reported to the observer (metrics).
+    const errors = hh.observer.runs.filter((r) => r.outcome.result === 'error').length;
+    expect(errors).toBeGreaterThanOrEqual(4 * 2 * 3);
+    expect(errors % MAX_PROBE_TRIES).toBe(0);
 
     await hh.sync([pod('u1', [c([{ name: 'web', containerPort: server.port }])])]);
     await hh.step(PERIOD);
@@ -282,11 +304,41 @@ describe('ProbeWorker (kubelet worker.go rules)', () => {
     await hh.sync([pod('u1', [c([{ name: 'web', containerPort: server.port }])])]); // failure 1
     await hh.sync([pod('u1', [c([])])]);
     await hh.step(PERIOD); // error
-    expect(hh.status('u1', 'app', 'Liveness')).toMatchObject({ result: 'error', consecutive: 1 });
+    expect(hh.status('u1', 'app', 'Liveness')).toMatchObject({ result: 'success', consecutive: 1, lastReason: 'port-unresolved' });
     await hh.sync([pod('u1', [c([{ name: 'web', containerPort: server.port }])])]);
     await hh.step(PERIOD); // failure 2
     expect(hh.status('u1', 'app', 'Liveness')).toMatchObject({ result: 'failure', onHold: true });
-    expect(eventsOf(hh, 'Liveness')).toEqual(['unknown', 'success', 'error', 'failure']);
+    expect(eventsOf(hh, 'Liveness')).toEqual(['unknown', 'success', 'failure']);
+  });
+
+  it('after an agent restart, an errored first probe leaves a long-running ready container ready (restart grace kept)', async () => {
+    let calls = 0;
+    const erroring: RunProbe = async () => {
+      calls++;
+      return errorOutcome('helper-error', 'netns helper is starting');
+    };
+    const hh = harness({ agentStartOffsetMs: 0, random: () => 0, runProbe: erroring });
+    const probes = { Readiness: tcpProbe(server.port), Liveness: tcpProbe(server.port, { failureThreshold: 1 }) };
+    await hh.sync([pod('u1', [container('app', probes, running('c1', hh.now(), 3_600_000, { ready: true }))], { podReady: true })]);
+    await hh.step(1);
+    expect(calls).toBeGreaterThanOrEqual(2 * MAX_PROBE_TRIES);
+    expect(calls % MAX_PROBE_TRIES).toBe(0);
+    expect(hh.status('u1', 'app', 'Readiness')).toMatchObject({ ready: true, lastReason: 'helper-error' });
+    expect(hh.status('u1', 'app', 'Liveness')?.result).not.toBe('failure');
+    expect(hh.events.filter((e) => e.status.key.probeType === 'Readiness').map((e) => e.status.ready)).not.toContain(false);
+  });
+
+  it('retries an errored probe at once, up to 3 tries, and uses the first real result (kubelet runProbeWithRetries)', async () => {
+    let calls = 0;
+    const real = realRunProbe();
+    const flaky: RunProbe = async (p, c, spec, signal) => {
+      calls++;
+      return calls <= 2 ? errorOutcome('queue-full', 'queue full') : real(p, c, spec, signal);
+    };
+    const hh = harness({ runProbe: flaky });
+    await hh.sync([pod('u1', [container('app', { Readiness: tcpProbe(server.port) }, running('c1', hh.t0))])]);
+    expect(hh.observer.runs.slice(0, 3).map((r) => r.outcome.result)).toEqual(['error', 'error', 'success']);
+    expect(hh.status('u1', 'app', 'Readiness')).toMatchObject({ result: 'success', ready: true });
   });
 });
 
