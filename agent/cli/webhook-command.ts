@@ -44,12 +44,7 @@ async function webhookCommand(raw: Raw): Promise<number> {
   const log = createLogger({ level: raw.logLevel, format: raw.logFormat });
   let server;
   try {
-    let address;
-    try {
-      address = parseListenAddress(raw.listen);
-    } catch (err) {
-      throw new ConfigError(`--listen: ${describeError(err).replace(/^metrics address /, '')}`);
-    }
+    const address = parseListenAddress(raw.listen, '--listen');
     const tlsReloadIntervalMs = parseDuration(raw.tlsReloadInterval, '--tls-reload-interval');
     if (tlsReloadIntervalMs < 100) throw new ConfigError('--tls-reload-interval: at least 100ms');
     const maxRequestBytes = Number(raw.maxRequestBytes);

@@ -402,6 +402,6 @@ describe('probe-agent webhook (built CLI)', () => {
     expect(missing.stderr).toMatch(/cannot read the TLS certificate .*none\.crt: .*ENOENT/);
     const listen = spawnSync(CLI, ['webhook', '--listen', 'nowhere', '--tls-cert-file', CERT(), '--tls-key-file', KEY()], { encoding: 'utf8' });
     expect(listen.status).toBe(2);
-    expect(listen.stderr).toMatch(/--listen: "nowhere": want host:port/);
+    expect(listen.stderr).toMatch(/--listen: want host:port.*got "nowhere"/);
   });
 });
