@@ -6,6 +6,7 @@ import { registerRunCommand } from './cli/run-command.ts';
 import { registerStatusCommand } from './cli/status-command.ts';
 import { registerWatchCommand } from './cli/watch-command.ts';
 import { registerAuditCommand } from './cli/audit-command.ts';
+import { registerShimCommand } from './cli/shim-command.ts';
 import { FEATURES, type FeatureSpec } from './featuregates.ts';
 import { AGENT_NAME, AGENT_VERSION, API_VERSION } from './version.ts';
 
@@ -25,6 +26,7 @@ registerProbeCommand(program);
 registerStatusCommand(program);
 registerWatchCommand(program);
 registerAuditCommand(program);
+registerShimCommand(program);
 
 program
   .command('feature-gates')
