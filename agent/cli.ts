@@ -7,6 +7,7 @@ import { registerStatusCommand } from './cli/status-command.ts';
 import { registerWatchCommand } from './cli/watch-command.ts';
 import { registerAuditCommand } from './cli/audit-command.ts';
 import { registerShimCommand } from './cli/shim-command.ts';
+import { registerHookCommand } from './cli/hook-command.ts';
 import { FEATURES, type FeatureSpec } from './featuregates.ts';
 import { AGENT_NAME, AGENT_VERSION, API_VERSION } from './version.ts';
 
@@ -27,6 +28,7 @@ registerStatusCommand(program);
 registerWatchCommand(program);
 registerAuditCommand(program);
 registerShimCommand(program);
+registerHookCommand(program);
 
 program
   .command('feature-gates')

@@ -115,6 +115,8 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
         refreshPods: refreshPodsOf(source),
         log,
       }),
+      // On-demand mode: results of probes kubelet drives through the shim feed those probes' workers.
+      onShimResult: (key, containerID, outcome) => manager.deliver(key, containerID, outcome),
       log,
     });
     const manager = new ProbeManager({

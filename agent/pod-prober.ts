@@ -19,7 +19,8 @@ import { runProbe } from './probe/run.ts';
 import type { ProbeContext, ProbeHandler, ProbeOutcome, SocketFactory } from './probe/types.ts';
 import { errorOutcome, type RunProbe } from './scheduler/guarded-run.ts';
 import type { FairLimiter } from './scheduler/limiter.ts';
-import type { OnDemandProber, OnDemandProbeRequest } from './scheduler/types.ts';
+import type { OnDemandHookRequest, OnDemandProber, OnDemandProbeRequest, ProbeKey } from './scheduler/types.ts';
+import { runLifecycleHandler, type HookOutcome } from './probe/lifecycle.ts';
 
 /** Where the prober finds pods (the pod source's last good set). */
 export interface PodLookup {
@@ -39,6 +40,11 @@ export interface PodProberOptions {
   classify: (pod: PodInfo) => NotOursReason | undefined;
   /** Finds pods by CRI container ID (the kubelet shim's requests); without it container_id is refused. */
   containers?: ContainerLocator;
+  /**
+   * On-demand mode: called with the outcome of every Probe call that carries a probe type (the kubelet
+   * shim's), for the probe's status. Must not throw.
+   */
+  onShimResult?: (key: ProbeKey, containerID: string, outcome: ProbeOutcome) => void;
   log?: Logger;
 }
 
@@ -105,13 +111,20 @@ export class PodProber implements OnDemandProber {
   /** One-shot probe for the API; rejects with the typed errors the API maps to status codes. */
   async probe(req: OnDemandProbeRequest, signal?: AbortSignal): Promise<ProbeOutcome> {
     if (req.handler.kind === 'exec') throw new InvalidProbeError('handler: exec probes are run by kubelet, not by probe-agent');
-    const { pod, container } = await this.locate(req, signal);
+    const { pod, container, containerID } = await this.locate(req, signal);
     const netns = await this.#resolve(pod, signal);
     const { value } = await this.#o.limiter.run(
       pod.uid,
       () => this.#run(pod, container, req.handler, req.timeoutSeconds, netns, signal),
       signal,
     );
+    if (req.probeType && container && containerID && this.#o.onShimResult) {
+      try {
+        this.#o.onShimResult({ podUID: pod.uid, containerName: container.name, probeType: req.probeType }, containerID, value);
+      } catch (err) {
+        this.#log.warn('recording a shim probe result failed', { pod: `${pod.namespace}/${pod.name}`, err: describeError(err) });
+      }
+    }
     return value;
   }
 
@@ -119,9 +132,10 @@ export class PodProber implements OnDemandProber {
    * The pod (and container, when named) a request means, refused when its probes cannot be run
    * from its netns. A container_id names both; a container_name given beside it must agree.
    */
-  async locate(req: PodSelection, signal?: AbortSignal): Promise<{ pod: PodInfo; container: ContainerInfo | undefined }> {
+  async locate(req: PodSelection, signal?: AbortSignal): Promise<{ pod: PodInfo; container: ContainerInfo | undefined; containerID: string | undefined }> {
     let pod: PodInfo;
     let containerName = req.containerName;
+    let containerID: string | undefined;
     if (req.containerID) {
       if (!this.#o.containers) throw new InvalidProbeError('container_id: this agent cannot look containers up', { field: 'container_id' });
       const found = await this.#o.containers.locate(req.containerID, signal);
@@ -130,6 +144,7 @@ export class PodProber implements OnDemandProber {
       }
       pod = found.pod;
       containerName = found.containerName;
+      containerID = found.containerID;
     } else {
       pod = this.#find(req);
     }
@@ -141,8 +156,22 @@ export class PodProber implements OnDemandProber {
     if (containerName) {
       container = pod.containers.find((c) => c.name === containerName);
       if (!container) throw new PodNotFoundError(`container "${containerName}" not found in pod ${pod.namespace}/${pod.name}`, { uid: pod.uid });
+      containerID ??= container.state?.containerID || undefined;
     }
-    return { pod, container };
+    return { pod, container, containerID };
+  }
+
+  /**
+   * One lifecycle hook for the API (kubelet's semantics, agent/probe/lifecycle.ts); rejects like
+   * probe(). Hooks take no probe slot: one that hangs for its whole time must not starve probes (the
+   * API bounds hooks in flight instead).
+   */
+  async runHook(req: OnDemandHookRequest, signal?: AbortSignal): Promise<HookOutcome> {
+    const { pod, container } = await this.locate(req, signal);
+    const netns = await this.#resolve(pod, signal);
+    const outcome = await runLifecycleHandler(req.handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal), hook: req.hook });
+    if (outcome.reason === 'netns-gone') this.#o.resolver.invalidate(pod.uid);
+    return outcome;
   }
 
   /** Forgets what was learnt about a pod (it is gone). */
@@ -192,16 +221,9 @@ export class PodProber implements OnDemandProber {
     }
   }
 
-  async #run(
-    pod: PodInfo,
-    container: ContainerInfo | undefined,
-    handler: ProbeHandler,
-    timeoutSeconds: number,
-    netns: string,
-    signal?: AbortSignal,
-  ): Promise<ProbeOutcome> {
+  #context(pod: PodInfo, container: ContainerInfo | undefined, timeoutSeconds: number, netns: string, signal?: AbortSignal): ProbeContext {
     const { gates } = this.#o;
-    const ctx: ProbeContext = {
+    return {
       netns,
       podIPs: pod.podIPs,
       containerPorts: container?.ports,
@@ -213,7 +235,18 @@ export class PodProber implements OnDemandProber {
       happyEyeballs: gates.enabled('HappyEyeballs'),
       signal,
     };
-    const outcome = await runProbe(handler, ctx);
+  }
+
+  async #run(
+    pod: PodInfo,
+    container: ContainerInfo | undefined,
+    handler: ProbeHandler,
+    timeoutSeconds: number,
+    netns: string,
+    signal?: AbortSignal,
+  ): Promise<ProbeOutcome> {
+    const { gates } = this.#o;
+    const outcome = await runProbe(handler, this.#context(pod, container, timeoutSeconds, netns, signal));
     if (outcome.reason === 'netns-gone') {
       // The pod's sandbox was replaced or removed: resolve afresh next time.
       this.#o.resolver.invalidate(pod.uid);

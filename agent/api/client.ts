@@ -5,14 +5,16 @@
  */
 import * as grpc from '@grpc/grpc-js';
 import { ProbeAgentError } from '../errors.ts';
-import type { ProbeHandler, ProbeOutcome, ProbeType } from '../probe/types.ts';
+import type { HttpGetHandler, ProbeHandler, ProbeOutcome, ProbeType, TcpSocketHandler } from '../probe/types.ts';
 import type { ProbeEvent, ProbeStatus, StatusFilter } from '../scheduler/types.ts';
 import { API_VERSION } from '../version.ts';
 import { eventFromWire, filterToWire, outcomeFromWire, probeTypeToWire, revisionFromWire, statusFromWire } from './convert.ts';
-import { handlerToWire } from './convert-request.ts';
+import { handlerToWire, lifecycleHandlerToWire } from './convert-request.ts';
 import {
   DEFAULT_SOCKET_PATH,
   loadProbeApi,
+  type WireLifecycleRequest,
+  type WireLifecycleResponse,
   type WireListResponse,
   type WireProbeRequest,
   type WireProbeResponse,
@@ -55,6 +57,18 @@ export interface RemoteProbeRequest {
   /** Set by the kubelet shim: the agent records the result as this probe's status (on-demand mode). */
   probeType?: ProbeType;
   /** Call deadline; default: the probe timeout plus 10 s for queueing. */
+  deadlineMs?: number;
+}
+
+/** One lifecycle hook through the agent (RunLifecycleHandler). */
+export interface RemoteHookRequest {
+  pod: { uid: string } | { sandboxId: string } | { containerId: string };
+  containerName?: string;
+  handler: HttpGetHandler | TcpSocketHandler;
+  hook: 'postStart' | 'preStop';
+  /** 0/absent: no limit of its own (the call deadline applies). */
+  timeoutSeconds?: number;
+  /** Call deadline; default: none when timeoutSeconds is 0, else the timeout plus 10 s. */
   deadlineMs?: number;
 }
 
@@ -142,6 +156,26 @@ export class ProbeApiClient {
     return outcomeFromWire(await this.#unary<WireProbeRequest, WireProbeResponse>('Probe', wire, deadline));
   }
 
+  /**
+   * RunLifecycleHandler RPC: a hook kubelet counts as failed resolves with result 'failure'; one the
+   * agent could not run rejects with ApiError (or resolves 'error' for netns/helper trouble mid-run).
+   */
+  async runLifecycleHandler(req: RemoteHookRequest): Promise<{ result: 'success' | 'failure' | 'error' | 'unknown'; message: string; durationSeconds: number }> {
+    const wire: WireLifecycleRequest = {
+      handler: lifecycleHandlerToWire(req.handler),
+      hook: req.hook === 'postStart' ? 'LIFECYCLE_HOOK_POST_START' : 'LIFECYCLE_HOOK_PRE_STOP',
+      timeout_seconds: req.timeoutSeconds ?? 0,
+      container_name: req.containerName ?? '',
+    };
+    if ('uid' in req.pod) wire.pod_uid = req.pod.uid;
+    else if ('sandboxId' in req.pod) wire.pod_sandbox_id = req.pod.sandboxId;
+    else wire.container_id = req.pod.containerId;
+    const deadline = req.deadlineMs ?? (req.timeoutSeconds ? req.timeoutSeconds * 1000 + DEFAULT_DEADLINE_MS : Infinity);
+    const res = await this.#unary<WireLifecycleRequest, WireLifecycleResponse>('RunLifecycleHandler', wire, deadline);
+    const result = res.result === 'PROBE_RESULT_SUCCESS' ? 'success' : res.result === 'PROBE_RESULT_FAILURE' ? 'failure' : res.result === 'PROBE_RESULT_ERROR' ? 'error' : 'unknown';
+    return { result, message: res.message, durationSeconds: res.duration_seconds };
+  }
+
   /** ListProbeStatus RPC. */
   async listStatus(filter: StatusFilter = {}, deadlineMs = DEFAULT_DEADLINE_MS): Promise<StatusList> {
     const res = await this.#unary<object, WireListResponse>('ListProbeStatus', { filter: filterToWire(filter) }, deadlineMs);
@@ -189,6 +223,7 @@ export class ProbeApiClient {
     this.#client.close();
   }
 
+  /** `deadlineMs` Infinity: no call deadline. */
   #unary<Req, Res>(method: string, arg: Req, deadlineMs: number): Promise<Res> {
     const def = this.#service[method] as grpc.MethodDefinition<Req, Res>;
     return new Promise((resolve, reject) => {
@@ -198,7 +233,7 @@ export class ProbeApiClient {
         def.responseDeserialize,
         arg,
         new grpc.Metadata(),
-        { deadline: Date.now() + deadlineMs },
+        Number.isFinite(deadlineMs) ? { deadline: Date.now() + deadlineMs } : {},
         (err, res) => (err || res === undefined ? reject(toApiError(method, err)) : resolve(res)),
       );
     });

@@ -4,11 +4,12 @@
  */
 import { InvalidProbeError } from '../errors.ts';
 import { parseProbe, PROBE_DEFAULTS, SPEC_LIMITS } from '../probe/spec.ts';
-import type { PortRef, ProbeHandler } from '../probe/types.ts';
-import type { OnDemandProbeRequest } from '../scheduler/types.ts';
+import type { HttpGetHandler, PortRef, ProbeHandler, TcpSocketHandler } from '../probe/types.ts';
+import type { LifecycleHook } from '../probe/lifecycle.ts';
+import type { OnDemandHookRequest, OnDemandProbeRequest } from '../scheduler/types.ts';
 import { normalizeContainerID } from '../pods/container-lookup.ts';
 import { boundedId, probeTypeFromWire } from './convert.ts';
-import type { WireIntOrString, WireProbeHandler, WireProbeRequest } from './proto.ts';
+import type { WireIntOrString, WireLifecycleHandler, WireLifecycleRequest, WireProbeHandler, WireProbeRequest } from './proto.ts';
 
 function portToKubernetes(p: WireIntOrString | null | undefined): PortRef | undefined {
   if (!p) return undefined;
@@ -118,4 +119,43 @@ export function handlerToWire(h: ProbeHandler): WireProbeHandler {
     case 'exec':
       throw new InvalidProbeError('exec: exec probes are run by kubelet, never through probe-agent', { field: 'exec' });
   }
+}
+
+const HOOKS: Record<string, LifecycleHook> = { LIFECYCLE_HOOK_POST_START: 'postStart', LIFECYCLE_HOOK_PRE_STOP: 'preStop', '1': 'postStart', '2': 'preStop' };
+
+/** Validates a wire RunLifecycleHandlerRequest; throws InvalidProbeError naming the field. */
+export function lifecycleRequestFromWire(w: WireLifecycleRequest): OnDemandHookRequest {
+  const uid = w.pod_uid ?? '';
+  const sandbox = w.pod_sandbox_id ?? '';
+  const containerID = w.container_id ?? '';
+  if ([uid, sandbox, containerID].filter((x) => x !== '').length !== 1) {
+    throw new InvalidProbeError('pod: give exactly one of pod_uid, pod_sandbox_id or container_id', { field: 'pod_uid' });
+  }
+  const hook = HOOKS[String(w.hook ?? '')];
+  if (!hook) throw new InvalidProbeError(`hook: must be LIFECYCLE_HOOK_POST_START or LIFECYCLE_HOOK_PRE_STOP, got ${JSON.stringify(w.hook ?? 'unset')}`, { field: 'hook' });
+  const h = w.handler;
+  if (!h || (!h.http_get && !h.tcp_socket)) throw new InvalidProbeError('handler: required (http_get or tcp_socket)', { field: 'handler' });
+  let parsed: ProbeHandler;
+  try {
+    parsed = parseProbe(handlerToKubernetes(h), { allowHandlerOnly: true, fieldPath: 'handler' }).handler;
+  } catch (err) {
+    throw err instanceof InvalidProbeError ? toProtoFieldPath(err) : err;
+  }
+  if (parsed.kind !== 'http' && parsed.kind !== 'tcp') throw new InvalidProbeError('handler: must be http_get or tcp_socket', { field: 'handler' });
+  const t = w.timeout_seconds ?? 0;
+  if (!Number.isInteger(t) || t < 0 || t > SPEC_LIMITS.maxTimeoutSeconds) {
+    throw new InvalidProbeError(`timeout_seconds: must be 0 (no limit of its own) or 1..${SPEC_LIMITS.maxTimeoutSeconds}, got ${t}`, { field: 'timeout_seconds' });
+  }
+  const req: OnDemandHookRequest = { handler: parsed, hook, timeoutSeconds: t };
+  if (uid) req.podUID = boundedId(uid, 'pod_uid');
+  if (sandbox) req.podSandboxID = boundedId(sandbox, 'pod_sandbox_id');
+  if (containerID) req.containerID = normalizeContainerID(containerID);
+  if (w.container_name) req.containerName = boundedId(w.container_name, 'container_name');
+  return req;
+}
+
+/** A lifecycle handler (http or tcp) as a wire LifecycleHandler (for clients). */
+export function lifecycleHandlerToWire(h: HttpGetHandler | TcpSocketHandler): WireLifecycleHandler {
+  const w = handlerToWire(h);
+  return h.kind === 'http' ? { http_get: w.http_get ?? null } : { tcp_socket: w.tcp_socket ?? null };
 }

@@ -117,6 +117,25 @@ export interface WireProbeRequest {
   container_id?: string;
   probe_type?: WireProbeType | number;
 }
+export type WireLifecycleHook = 'LIFECYCLE_HOOK_UNSPECIFIED' | 'LIFECYCLE_HOOK_POST_START' | 'LIFECYCLE_HOOK_PRE_STOP';
+export interface WireLifecycleHandler {
+  http_get?: WireHttpGetAction | null;
+  tcp_socket?: WireTcpSocketAction | null;
+}
+export interface WireLifecycleRequest {
+  pod_uid?: string;
+  pod_sandbox_id?: string;
+  container_name?: string;
+  handler?: WireLifecycleHandler | null;
+  hook?: WireLifecycleHook | number;
+  timeout_seconds?: number;
+  container_id?: string;
+}
+export interface WireLifecycleResponse {
+  result: WireProbeResult;
+  message: string;
+  duration_seconds: number;
+}
 export interface WireProbePhases {
   queue_seconds?: number;
   helper_seconds?: number;

@@ -16,11 +16,14 @@ import type { OnDemandProber, ProbeStatus, ResultsReader } from '../scheduler/ty
 import { AGENT_NAME, AGENT_VERSION, API_VERSION } from '../version.ts';
 import { filterFromWire, revisionFromWire, statusToWire } from './convert.ts';
 import { RpcError, grpcStatusFor, handleProbeCall, type ProbeCallGate } from './probe-call.ts';
+import { handleLifecycleCall } from './lifecycle-call.ts';
 import {
   DEFAULT_SOCKET_PATH,
   LOADER_OPTIONS,
   SERVICE_NAME,
   loadProbeApi,
+  type WireLifecycleRequest,
+  type WireLifecycleResponse,
   type WireListRequest,
   type WireListResponse,
   type WireProbeRequest,
@@ -107,6 +110,8 @@ export class ProbeApiServer {
   readonly #version: ApiVersionInfo;
   #socketIno: number | undefined;
   readonly #probeGate: ProbeCallGate;
+  /** Hooks in flight: they take no probe slot, so they have their own bound. */
+  readonly #hookGate: ProbeCallGate = { inFlight: 0, max: 32 };
   #unaryInFlight = 0;
   #idleWaiters: (() => void)[] = [];
   #stopping: Promise<void> | undefined;
@@ -132,6 +137,10 @@ export class ProbeApiServer {
       Probe: this.#unary('Probe', (call: grpc.ServerUnaryCall<WireProbeRequest, WireProbeResponse>) => this.#probeRpc(call)),
       ListProbeStatus: this.#unary('ListProbeStatus', (call: grpc.ServerUnaryCall<WireListRequest, WireListResponse>) => this.#listRpc(call)),
       WatchProbeEvents: (call: grpc.ServerWritableStream<WireWatchRequest, WireWatchResponse>) => this.#watchRpc(call),
+      RunLifecycleHandler: this.#unary('RunLifecycleHandler', (call: grpc.ServerUnaryCall<WireLifecycleRequest, WireLifecycleResponse>) => {
+        if (this.#stopping) throw new RpcError(grpc.status.UNAVAILABLE, 'probe-agent is shutting down');
+        return handleLifecycleCall(call, this.#opts.prober, this.#hookGate);
+      }),
     });
     this.#health = new HealthImplementation({ '': 'SERVING', [SERVICE_NAME]: 'SERVING' });
     this.#health.addToServer(this.#server);

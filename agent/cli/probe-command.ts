@@ -63,7 +63,8 @@ export function registerProbeCommand(program: Command): void {
     });
 }
 
-function collect(value: string, previous: string[]): string[] {
+/** Commander's collector for repeatable options. */
+export function collect(value: string, previous: string[]): string[] {
   return [...previous, value];
 }
 
@@ -91,6 +92,19 @@ async function probeCommand(opts: ProbeOptions): Promise<number> {
 
 async function probeLocally(opts: ProbeOptions, spec: ReturnType<typeof parseProbeText>): Promise<ProbeOutcome> {
   if (!opts.fromNode && !opts.netns) throw new InvalidProbeError('give --netns (or --pod, or --from-node)');
+  const { ctx, close } = await openLocalContext(opts, spec.timeoutSeconds);
+  try {
+    return await runProbe(spec.handler, ctx);
+  } finally {
+    await close();
+  }
+}
+
+/** What openLocalContext reads of the command's options (`probe` and `hook` share them). */
+export type LocalContextOptions = Pick<ProbeOptions, 'netns' | 'podIp' | 'containerPort' | 'fromNode' | 'directSpawn' | 'kubeProbeVersion' | 'featureGates' | 'legacyHostField' | 'helperPath'>;
+
+/** A probe context for --netns (or --from-node): the helper, the pod IPs from inside the netns, named ports, gates. */
+export async function openLocalContext(opts: LocalContextOptions, timeoutSeconds: number): Promise<{ ctx: ProbeContext; close: () => Promise<void> }> {
   const gates = parseFeatureGates(
     [opts.featureGates, opts.legacyHostField ? 'LegacyHostFieldProbes=true' : undefined].filter(Boolean).join(','),
   );
@@ -112,16 +126,17 @@ async function probeLocally(opts: ProbeOptions, spec: ReturnType<typeof parsePro
       netns: opts.fromNode ? undefined : opts.netns,
       podIPs,
       containerPorts: opts.containerPort.map(parseNamedPort),
-      timeoutSeconds: spec.timeoutSeconds,
+      timeoutSeconds,
       sockets,
       nodeSockets,
       kubeVersion: opts.kubeProbeVersion,
       hostFieldPolicy: gates.enabled('LegacyHostFieldProbes') ? 'legacy-node' : 'refuse',
       happyEyeballs: gates.enabled('HappyEyeballs'),
     };
-    return await runProbe(spec.handler, ctx);
-  } finally {
+    return { ctx, close };
+  } catch (err) {
     await close();
+    throw err;
   }
 }
 

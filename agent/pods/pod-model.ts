@@ -7,6 +7,8 @@ import { describeError } from '../errors.ts';
 import { parseProbe } from '../probe/spec.ts';
 import { PROBE_TYPES, type ProbeType } from '../probe/types.ts';
 import { KubeletError } from './kubelet-client.ts';
+import { ShimCommandError } from '../rewrite/shim-command.ts';
+import { unwrapShimProbe } from './shim-probe.ts';
 import type { ContainerInfo, ContainerPort, ContainerProbe, ContainerState, NotOursReason, PodInfo } from './types.ts';
 
 /** A pod of the list that could not be used; identity fields are whatever could be read. */
@@ -161,9 +163,12 @@ function parseContainer(
     const rawProbe = c[field];
     if (rawProbe === undefined || rawProbe === null) continue;
     try {
-      probes[type] = { ok: true, spec: parseProbe(rawProbe, { probeType: type, fieldPath: `${path}.${field}` }) };
+      const unwrapped = unwrapShimProbe(rawProbe, type);
+      const spec = parseProbe(unwrapped ?? rawProbe, { probeType: type, fieldPath: `${path}.${field}` });
+      probes[type] = unwrapped ? { ok: true, spec, shim: true } : { ok: true, spec };
     } catch (err) {
-      probes[type] = { ok: false, error: describeError(err) };
+      const where = err instanceof ShimCommandError ? `${path}.${field}.exec.command: ` : '';
+      probes[type] = { ok: false, error: `${where}${describeError(err)}` };
     }
   }
   const info: ContainerInfo = { name: cname, kind, ports, probes };

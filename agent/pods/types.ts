@@ -7,8 +7,12 @@ export interface ContainerPort {
   protocol?: string;
 }
 
-/** The probe of one type on one container: parsed, or the reason it could not be. */
-export type ContainerProbe = { ok: true; spec: ProbeSpec } | { ok: false; error: string };
+/**
+ * The probe of one type on one container: parsed, or the reason it could not be. `shim`: the probe
+ * was rewritten into probe-agent's exec command; kubelet drives it through the kubelet shim and
+ * `spec` holds the original handler (on-demand mode).
+ */
+export type ContainerProbe = { ok: true; spec: ProbeSpec; shim?: true } | { ok: false; error: string };
 
 /** The runtime state of one container, from pod status (may lag for non-static pods). */
 export interface ContainerState {

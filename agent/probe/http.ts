@@ -50,14 +50,14 @@ function withoutStackTraces<T extends Socket>(socket: T): T {
 }
 
 /** The status, Location and capped body of one hop. */
-interface HopResponse {
+export interface HopResponse {
   status: number;
   location: string | undefined;
   body: string;
 }
 
 /** A hop that ended without a response; `kind` 'error' = we could not run it at all. */
-class HopError extends Error {
+export class HopError extends Error {
   readonly kind: 'failure' | 'error';
   readonly reason: FailureReason;
   constructor(kind: 'failure' | 'error', reason: FailureReason, message: string) {
@@ -97,8 +97,8 @@ export async function probeHttp(handler: HttpGetHandler, plan: TargetPlan, deadl
   }
 }
 
-/** One request on a new connection. Throws HopError with Go's wording. */
-async function exchange(
+/** One request on a new connection (also lifecycle.ts's hooks). Throws HopError with Go's wording. */
+export async function exchange(
   req: ProbeRequest,
   plan: TargetPlan,
   deadline: Deadline,

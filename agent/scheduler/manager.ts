@@ -9,7 +9,7 @@ import { silentLogger } from '../log.ts';
 import type { Logger } from '../log.ts';
 import type { ContainerInfo, ContainerProbe, NotOursReason, PodInfo } from '../pods/types.ts';
 import { PROBE_TYPES } from '../probe/types.ts';
-import type { ProbeType } from '../probe/types.ts';
+import type { ProbeOutcome, ProbeType } from '../probe/types.ts';
 import type { Clock } from './clock.ts';
 import { realClock } from './clock.ts';
 import type { FairLimiter } from './limiter.ts';
@@ -129,6 +129,16 @@ export class ProbeManager {
   /** Requests an immediate run of one worker (resets its period); false when unknown or already pending. */
   trigger(key: ProbeKey): boolean {
     return this.#workers.get(probeKeyString(key))?.trigger() ?? false;
+  }
+
+  /**
+   * On-demand mode: a result the kubelet shim obtained for one probe. Taken only by a worker whose
+   * probe is shim-driven in the pod spec; false otherwise (unknown pod or container, a probe the
+   * agent runs itself, a worker that ended).
+   */
+  deliver(key: ProbeKey, containerID: string, outcome: ProbeOutcome): boolean {
+    if (this.#stopped) return false;
+    return this.#workers.get(probeKeyString(key))?.deliver(containerID, outcome) ?? false;
   }
 
   /** Resolves once no probe is in flight, including aborted runs of stopped workers. */

@@ -97,6 +97,18 @@ export interface OnDemandProbeRequest {
   timeoutSeconds: number;
 }
 
+/** A lifecycle hook to run for the API's RunLifecycleHandler (the pod named as in OnDemandProbeRequest). */
+export interface OnDemandHookRequest {
+  podUID?: string;
+  podSandboxID?: string;
+  containerID?: string;
+  containerName?: string;
+  handler: import('../probe/lifecycle.ts').LifecycleHandlerSpec;
+  hook: import('../probe/lifecycle.ts').LifecycleHook;
+  /** Seconds; 0 = no limit of its own; fractional when the call deadline capped it. */
+  timeoutSeconds: number;
+}
+
 /**
  * Runs one-shot probes for the API. Rejects with PodNotFoundError, UnsupportedPodError,
  * NetnsUnavailableError, OverloadedError or InvalidProbeError; a probe that fails resolves
@@ -104,4 +116,6 @@ export interface OnDemandProbeRequest {
  */
 export interface OnDemandProber {
   probe(req: OnDemandProbeRequest, signal?: AbortSignal): Promise<import('../probe/types.ts').ProbeOutcome>;
+  /** Runs one lifecycle hook (same rejections); absent = RunLifecycleHandler is UNIMPLEMENTED. */
+  runHook?(req: OnDemandHookRequest, signal?: AbortSignal): Promise<import('../probe/lifecycle.ts').HookOutcome>;
 }

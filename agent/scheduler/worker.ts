@@ -60,6 +60,8 @@ export class ProbeWorker {
   readonly #host: WorkerHost;
   readonly #spec: ProbeSpec | undefined;
   readonly #periodMs: number;
+  /** On-demand mode: kubelet drives this probe through the shim; no timers, results come from deliver(). */
+  readonly #shimDriven: boolean;
   #pod: PodInfo;
   #container: ContainerInfo;
 
@@ -91,6 +93,7 @@ export class ProbeWorker {
     this.#pod = pod;
     this.#container = container;
     this.#spec = probe.ok && probe.spec.handler.kind !== 'exec' ? probe.spec : undefined;
+    this.#shimDriven = probe.ok && probe.shim === true && this.#spec !== undefined;
     const kind = this.#spec?.handler.kind;
     this.meta = kind && kind !== 'exec' ? { key, namespace: pod.namespace, podName: pod.name, protocol: kind } : undefined;
     this.#periodMs = this.#spec ? Math.max(1, this.#spec.periodSeconds) * 1000 : INVALID_SPEC_PERIOD_MS;
@@ -156,6 +159,7 @@ export class ProbeWorker {
     if (this.#started || this.#stopped) return;
     this.#started = true;
     this.#notifyObserver('workerStarted');
+    if (this.#shimDriven) return;
     const clock = this.#host.clock;
     if (this.#periodMs > clock.now() - this.#host.agentStart) {
       this.#jitterTimer = clock.setTimeout(() => this.#begin(), Math.floor(clock.random() * this.#periodMs));
@@ -179,6 +183,40 @@ export class ProbeWorker {
     this.#clearTimers();
     this.#inflight?.abort(new Error('probe worker stopped'));
     if (this.#started) this.#notifyObserver('workerStopped');
+  }
+
+  /** True when kubelet drives this probe through the shim (on-demand mode). */
+  get shimDriven(): boolean {
+    return this.#shimDriven;
+  }
+
+  /**
+   * On-demand mode (docs/design.md): a result kubelet obtained through the shim for this probe of
+   * container `containerID`. Kubelet decided to probe (its own delay, startup gating and hold
+   * rules), so only the container-ID reset and the thresholds apply here. False when not taken.
+   */
+  deliver(containerID: string, outcome: ProbeOutcome): boolean {
+    if (this.#stopped || !this.#shimDriven || !this.#started) return false;
+    if (bareID(containerID) !== bareID(this.#containerID)) {
+      const st = this.#container.state;
+      const listed = st !== undefined && bareID(st.containerID) === bareID(containerID);
+      this.#containerID = listed ? st.containerID : containerID;
+      this.#erroring = false;
+      this.#onHold = false;
+      this.#lastRaw = undefined;
+      this.#run = 0;
+      const longRunning = listed && st.running && st.startedAt !== undefined && st.startedAt < this.#host.agentStart - RESTART_GRACE_MS;
+      this.#cached = longRunning ? undefined : INITIAL_RESULT[this.key.probeType];
+    } else {
+      // The pod list caught up: use its spelling ("containerd://..."), which started/ready compare with.
+      const listedID = this.#container.state?.containerID;
+      if (listedID && bareID(listedID) === bareID(containerID)) this.#containerID = listedID;
+    }
+    // A decided liveness or startup probe is on hold in kubelet too: a later result means a new decision.
+    this.#onHold = false;
+    if (this.meta) this.#safeObserve(() => this.#host.observer?.probeRun(this.meta as ProbeRunMeta, outcome));
+    this.#record(outcome);
+    return true;
   }
 
   /** Resolves once no probe of this worker is in flight. */
@@ -362,4 +400,10 @@ export class ProbeWorker {
       this.#host.logger.warn('probe observer threw', { ...this.key, err: describeError(err) });
     }
   }
+}
+
+/** A container ID without its "<runtime>://" prefix. */
+function bareID(id: string): string {
+  const i = id.indexOf('://');
+  return i >= 0 ? id.slice(i + 3) : id;
 }

@@ -127,6 +127,17 @@ describe('Probe by container_id', () => {
   });
 });
 
+describe('RunLifecycleHandler by container_id', () => {
+  it('runs a hook for a container the poll has not shown, and answers NOT_FOUND for an unknown one', async () => {
+    // The listener accepts and closes: an HTTP hook reaches it (so the pod was found) and fails on the EOF.
+    const out = await agent.client.runLifecycleHandler({ pod: { containerId: `containerd://${unlistedApp.id}` }, hook: 'postStart', handler: { kind: 'http', port: PORT, path: '/', scheme: 'HTTP', headers: [] }, timeoutSeconds: 5 });
+    expect(out.result, out.message).toBe('failure');
+    expect(out.message).toMatch(new RegExp(`HTTP lifecycle hook \\(/\\) failed - error: Get "http://${unlisted.ipv4.replace(/\./g, '\\.')}:${PORT}/"`));
+    const err = await probeError(agent.client.runLifecycleHandler({ pod: { containerId: 'e'.repeat(64) }, hook: 'preStop', handler: { kind: 'tcp', port: PORT } }));
+    expect(err.grpcCode).toBe(grpc.status.NOT_FOUND);
+  });
+});
+
 describe('ContainerLocator against the runtime', () => {
   it('costs one runtime lookup for many probes of one new container, and none for a listed one', async () => {
     const listedPod = { uid: listed.uid, namespace: NS, name: listed.name, containers: [

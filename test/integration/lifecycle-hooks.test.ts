@@ -1,0 +1,197 @@
+/**
+ * HTTP lifecycle hooks with kubelet's semantics (agent/probe/lifecycle.ts) inside a lab pod's netns,
+ * against a real server that records every request, behind the lab's node->pod drop rule: every
+ * outcome kubelet distinguishes, then RunLifecycleHandler over the daemon's real socket, then the
+ * `probe-agent hook` command's exit codes.
+ */
+import { requireRoot } from '../support/root.ts';
+requireRoot(['ip', 'nft', 'openssl']);
+
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import * as grpc from '@grpc/grpc-js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ApiError } from '../../agent/api/client.ts';
+import { ResidentHelper } from '../../agent/netns/helper.ts';
+import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
+import { runLifecycleHandler, type HookContext, type HookOutcome, type LifecycleHandlerSpec } from '../../agent/probe/lifecycle.ts';
+import type { HttpGetHandler } from '../../agent/probe/types.ts';
+import { ensureLabCert } from '../lab/certs.ts';
+import { createLab, type Lab, type LabPod } from '../lab/lab.ts';
+import { startRecordingServer, type RecordingServer } from '../lab/recording-server.ts';
+import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
+import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { makePod } from '../support/pod-factory.ts';
+
+const run = promisify(execFile);
+const ROOT = new URL('../..', import.meta.url).pathname;
+const KUBE = '1.34';
+
+let lab: Lab;
+let pod: LabPod;
+let helper: ResidentHelper;
+let srv: RecordingServer;
+let kubelet: FakeKubelet;
+let agent: AgentHandle;
+let httpPort: number;
+let httpsPort: number;
+
+function ctx(timeoutSeconds = 2): HookContext {
+  return {
+    netns: pod.netns, podIPs: pod.ips, containerPorts: [{ name: 'web', containerPort: httpPort }], timeoutSeconds,
+    sockets: helper, nodeSockets: new NodeSocketFactory(), kubeVersion: KUBE, hostFieldPolicy: 'refuse', happyEyeballs: false, hook: 'postStart',
+  };
+}
+
+function http(path: string, extra: Partial<HttpGetHandler> = {}): HttpGetHandler {
+  return { kind: 'http', port: httpPort, path, scheme: 'HTTP', headers: [], ...extra };
+}
+
+async function hook(h: LifecycleHandlerSpec, timeoutSeconds = 2): Promise<HookOutcome> {
+  return runLifecycleHandler(h, ctx(timeoutSeconds));
+}
+
+beforeAll(async () => {
+  lab = await createLab({ pods: 1, policy: 'drop', tag: 'lifecycle-hooks.test' });
+  pod = lab.pods[0] as LabPod;
+  helper = await ResidentHelper.start();
+  const cert = ensureLabCert();
+  srv = await startRecordingServer(pod.name, { http: 0, https: 0, cert: cert.certPath, key: cert.keyPath });
+  httpPort = srv.ports.http as number;
+  httpsPort = srv.ports.https as number;
+  kubelet = await FakeKubelet.start({ pods: [makePod({ uid: 'a3b1c2d4-0000-4000-8000-00000000beef', name: 'hooked', namespace: 'hooks', ips: pod.ips, port: httpPort, probe: 'none' })] });
+  agent = await startAgent({ kubeletUrl: kubelet.httpUrl });
+}, 60_000);
+
+afterAll(async () => {
+  await agent?.stop('SIGKILL').catch(() => {});
+  await kubelet?.stop();
+  await srv?.stop();
+  await helper?.close();
+  await lab?.destroy();
+});
+
+describe('runLifecycleHandler (kubelet lifecycle semantics) in a pod netns', () => {
+  it('sends kubelet\'s request with User-Agent kube-lifecycle/<v>, succeeds on 2xx and never reports the body', async () => {
+    const before = srv.hits.length;
+    const out = await hook(http('/hello?x=1', { port: 'web' }));
+    expect(out).toMatchObject({ result: 'success', status: 200, message: '' });
+    const hit = (await srv.waitFor(before + 1))[before];
+    expect(hit).toMatchObject({ method: 'GET', url: '/hello?x=1', tls: false });
+    expect(hit?.headers['user-agent']).toBe(`kube-lifecycle/${KUBE}`);
+    expect(hit?.headers['accept']).toBe('*/*');
+    expect(hit?.headers['host']).toBe(`${pod.ipv4}:${httpPort}`);
+    // The handler's own User-Agent wins, as in kubelet.
+    await hook(http('/ua', { headers: [{ name: 'User-Agent', value: 'mine/1' }] }));
+    expect((await srv.waitFor(before + 2))[before + 1]?.headers['user-agent']).toBe('mine/1');
+    expect(JSON.stringify(out)).not.toContain('SECRET');
+  });
+
+  it('counts any HTTP status as a success: 3xx, 4xx and 5xx do not fail a hook', async () => {
+    for (const code of [301, 404, 500, 503]) {
+      const out = await hook(http(code === 301 ? `/redirect?code=301&to=${encodeURIComponent('http://elsewhere.invalid/x')}` : `/status/${code}`));
+      expect(out, `status ${code}`).toMatchObject({ result: 'success', status: code });
+    }
+  });
+
+  it('follows a same-host redirect and fails after 10 of them, like kubelet\'s redirect checker', async () => {
+    const n = srv.hits.length;
+    const out = await hook(http('/redirect?code=302&to=/status/204'));
+    expect(out).toMatchObject({ result: 'success', status: 204 });
+    expect((await srv.waitFor(n + 2)).slice(n).map((h) => h.url)).toEqual(['/redirect?code=302&to=/status/204', '/status/204']);
+    const loop = await hook(http('/loop'));
+    expect(loop).toMatchObject({ result: 'failure', reason: 'redirects' });
+    expect(loop.message).toMatch(/stopped after 10 redirects/);
+    expect((await srv.waitFor(n + 12)).slice(n + 2).map((h) => h.url)).toEqual(Array(10).fill('/loop'));
+  });
+
+  it('fails on a refused connection and on its own timeout', async () => {
+    const refused = await hook(http('/', { port: 1 }));
+    expect(refused).toMatchObject({ result: 'failure', reason: 'refused' });
+    expect(refused.message).toMatch(/^HTTP lifecycle hook \(\/\) failed - error: Get "http:\/\/.*:1\/": dial tcp .*connection refused/);
+    const slow = await hook(http('/hang'), 1);
+    expect(slow).toMatchObject({ result: 'failure', reason: 'timeout' });
+    expect(slow.durationSeconds).toBeGreaterThanOrEqual(0.9);
+  });
+
+  it('speaks HTTPS without verifying, and retries over HTTP when an HTTPS request gets an HTTP answer (no Authorization)', async () => {
+    const n = srv.hits.length;
+    const tls = await hook(http('/secure', { port: httpsPort, scheme: 'HTTPS' }));
+    expect(tls).toMatchObject({ result: 'success', status: 200 });
+    expect((await srv.waitFor(n + 1))[n]).toMatchObject({ url: '/secure', tls: true });
+
+    const before = n + 1;
+    const fallback = await hook(http('/fallback', { scheme: 'HTTPS', headers: [{ name: 'Authorization', value: 'Bearer t0ken' }] }));
+    expect(fallback).toMatchObject({ result: 'success', status: 200, fellBackToHttp: true });
+    expect(fallback.message).toMatch(/got HTTP response, retry with HTTP succeeded/);
+    const hits = (await srv.waitFor(before + 1)).slice(before);
+    await new Promise((r) => setTimeout(r, 100));
+    expect(srv.hits.slice(before)).toHaveLength(1);
+    expect(hits[0]).toMatchObject({ url: '/fallback', tls: false });
+    expect(hits[0]?.headers['authorization']).toBeUndefined();
+  });
+
+  it('fails the deprecated tcpSocket hook, as kubelet does, without sending a request', async () => {
+    const before = srv.hits.length;
+    const out = await hook({ kind: 'tcp', port: httpPort });
+    expect(out).toMatchObject({ result: 'failure', reason: 'invalid-spec' });
+    expect(out.message).toMatch(/invalid handler: tcpSocket/);
+    expect(srv.hits.length).toBe(before);
+  });
+
+  it('never sent a packet across the node->pod rule', async () => {
+    expect(await lab.nodeToPodDrops()).toBe(0);
+  });
+});
+
+describe('RunLifecycleHandler over the agent socket', () => {
+  const uid = 'a3b1c2d4-0000-4000-8000-00000000beef';
+
+  it('runs the hook in the pod netns: a 500 is a success, a refused port a failure', async () => {
+    const n = srv.hits.length;
+    const ok = await agent.client.runLifecycleHandler({ pod: { uid }, containerName: 'app', hook: 'preStop', handler: http('/status/500', { port: 'http' }), timeoutSeconds: 5 });
+    expect(ok.result).toBe('success');
+    const hit = (await srv.waitFor(n + 1))[n];
+    expect(hit?.url).toBe('/status/500');
+    expect(hit?.headers['user-agent']).toMatch(/^kube-lifecycle\/\d+\.\d+$/);
+    const refused = await agent.client.runLifecycleHandler({ pod: { uid }, hook: 'postStart', handler: http('/', { port: 1 }), timeoutSeconds: 2 });
+    expect(refused.result).toBe('failure');
+    expect(refused.message).toMatch(/connection refused/);
+    const tcp = await agent.client.runLifecycleHandler({ pod: { uid }, hook: 'postStart', handler: { kind: 'tcp', port: httpPort } });
+    expect(tcp.result).toBe('failure');
+  });
+
+  it('answers NOT_FOUND for an unknown pod and DEADLINE_EXCEEDED when the call deadline cuts a hook short', async () => {
+    const err = await agent.client.runLifecycleHandler({ pod: { uid: 'no-such-pod' }, hook: 'preStop', handler: http('/') }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ApiError);
+    expect((err as ApiError).grpcCode).toBe(grpc.status.NOT_FOUND);
+    const cut = await agent.client.runLifecycleHandler({ pod: { uid }, hook: 'preStop', handler: http('/hang'), deadlineMs: 500 }).catch((e: unknown) => e);
+    expect((cut as ApiError).grpcCode).toBe(grpc.status.DEADLINE_EXCEEDED);
+    // The agent still answers.
+    expect((await agent.client.runLifecycleHandler({ pod: { uid }, hook: 'preStop', handler: http('/') })).result).toBe('success');
+  });
+});
+
+describe('probe-agent hook', () => {
+  async function cli(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+    try {
+      const { stdout, stderr } = await run(process.execPath, [`${ROOT}agent/cli.ts`, 'hook', '--netns', pod.netns, ...args], { timeout: 30_000 });
+      return { code: 0, stdout, stderr };
+    } catch (err) {
+      const e = err as { code: number; stdout: string; stderr: string };
+      return { code: e.code, stdout: e.stdout, stderr: e.stderr };
+    }
+  }
+
+  it('exits 0 on success, 1 on a failed hook, 2 when it cannot run', async () => {
+    const ok = await cli(['--spec', JSON.stringify({ httpGet: { path: '/status/503', port: httpPort } }), '--hook', 'preStop', '--output', 'json']);
+    expect(ok.code, ok.stderr).toBe(0);
+    expect(JSON.parse(ok.stdout)).toMatchObject({ hook: 'preStop', result: 'success', status: 503 });
+    const failed = await cli(['--spec', `{httpGet: {path: /, port: 1}}`]);
+    expect(failed.code).toBe(1);
+    expect(failed.stdout).toMatch(/^postStart failure: HTTP lifecycle hook/);
+    const bad = await cli(['--spec', '{grpc: {port: 1}}']);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toMatch(/httpGet or tcpSocket/);
+  });
+});
