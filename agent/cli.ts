@@ -8,6 +8,8 @@ import { registerWatchCommand } from './cli/watch-command.ts';
 import { registerAuditCommand } from './cli/audit-command.ts';
 import { registerShimCommand } from './cli/shim-command.ts';
 import { registerHookCommand } from './cli/hook-command.ts';
+import { registerRewriteCommand } from './cli/rewrite-command.ts';
+import { registerWebhookCommand } from './cli/webhook-command.ts';
 import { FEATURES, type FeatureSpec } from './featuregates.ts';
 import { AGENT_NAME, AGENT_VERSION, API_VERSION } from './version.ts';
 
@@ -29,6 +31,8 @@ registerWatchCommand(program);
 registerAuditCommand(program);
 registerShimCommand(program);
 registerHookCommand(program);
+registerRewriteCommand(program);
+registerWebhookCommand(program);
 
 program
   .command('feature-gates')

@@ -16,6 +16,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseAllDocuments } from 'yaml';
 import { DEFAULT_SOCKET, parseRunConfig, registerRunCommand, type RunConfig } from '../../agent/cli/run-command.ts';
 import { DEFAULT_CRI_ENDPOINTS } from '../../agent/netns/cri-endpoint.ts';
+import { registerWebhookCommand } from '../../agent/cli/webhook-command.ts';
+import { MUTATE_ANNOTATED_PATH, MUTATE_PATH, OPT_IN_ANNOTATION, OPT_IN_NAMESPACE_LABEL, OPT_IN_VALUE } from '../../agent/webhook/admission.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const DEPLOY = path.join(ROOT, 'deploy');
@@ -149,7 +151,7 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
   const downward = () => (pod().hostNetwork ? { ...NODE, POD_IP: NODE.HOST_IP } : NODE);
 
   it('renders objects with apiVersion, kind, name, and the right namespace', () => {
-    const clusterScoped = new Set(['Namespace', 'ClusterRole', 'ClusterRoleBinding']);
+    const clusterScoped = new Set(['Namespace', 'ClusterRole', 'ClusterRoleBinding', 'MutatingWebhookConfiguration']);
     expect(docs().length).toBeGreaterThan(4);
     for (const o of docs()) {
       expect(typeof o.apiVersion, JSON.stringify(o).slice(0, 80)).toBe('string');
@@ -358,6 +360,92 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     expect(set.stderr).toBe('');
     expect(set.stdout).toContain('ip daddr @pod_v4 meta l4proto tcp counter reject with tcp reset');
     expect(set.stdout).toContain('ct state new oifname "cali*" jump guard');
+  });
+});
+
+describe('rewrite-webhook component', () => {
+  const docs = () => rendered.get('rewrite-webhook')!;
+  const one = (kind: string) => {
+    const found = docs().filter((o) => o.kind === kind);
+    expect(found, kind).toHaveLength(1);
+    return found[0]!;
+  };
+  const deployment = () => one('Deployment');
+  const container = () => deployment().spec.template.spec.containers[0];
+  /** The container's args parsed by the real `webhook` command definition. */
+  function webhookFlags(): Record<string, string> {
+    const program = new Command().exitOverride();
+    registerWebhookCommand(program);
+    let raw: Record<string, string> | undefined;
+    program.commands.find((c) => c.name() === 'webhook')!.action((opts: Record<string, string>) => { raw = opts; });
+    program.parse(container().args, { from: 'user' });
+    return raw!;
+  }
+
+  it('runs `probe-agent webhook` with flags it has, unprivileged, with the agent image', () => {
+    const c = container();
+    expect(c.args[0]).toBe('webhook');
+    const flags = webhookFlags();
+    expect(flags.listen).toBe(':8443');
+    const agentImage = rendered.get('base')!.find((o) => o.kind === 'DaemonSet').spec.template.spec.containers[0].image;
+    expect(c.image).toBe(agentImage);
+    const spec = deployment().spec.template.spec;
+    expect(spec.hostNetwork ?? false).toBe(false);
+    expect(spec.automountServiceAccountToken).toBe(false);
+    expect(spec.securityContext.runAsNonRoot).toBe(true);
+    expect(c.securityContext).toEqual({ allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } });
+    expect((spec.volumes as Obj[]).every((vol) => !vol.hostPath)).toBe(true);
+    expect(deployment().spec.replicas).toBeGreaterThanOrEqual(2);
+    const heap = /--max-old-space-size=(\d+)/.exec((c.env as Obj[]).find((e) => e.name === 'NODE_OPTIONS')?.value ?? '');
+    expect(Number(heap?.[1])).toBeLessThan(mib(c.resources.limits.memory) * 0.75);
+  });
+
+  it('reads its certificate from the Secret cert-manager renews, and cert-manager injects the CA for that Service name', () => {
+    const flags = webhookFlags();
+    const c = container();
+    const mount = (c.volumeMounts as Obj[]).find((m) => flags.tlsCertFile!.startsWith(`${m.mountPath}/`));
+    expect(mount?.readOnly).toBe(true);
+    expect(path.dirname(flags.tlsKeyFile!)).toBe(mount!.mountPath);
+    expect(path.basename(flags.tlsCertFile!)).toBe('tls.crt');
+    expect(path.basename(flags.tlsKeyFile!)).toBe('tls.key');
+    const volume = (deployment().spec.template.spec.volumes as Obj[]).find((vol) => vol.name === mount!.name);
+    const cert = one('Certificate');
+    expect(volume?.secret?.secretName).toBe(cert.spec.secretName);
+    const svc = one('Service');
+    expect(cert.spec.dnsNames).toContain(`${svc.metadata.name}.${svc.metadata.namespace}.svc`);
+    expect(docs().find((o) => o.kind === 'Issuer' && o.metadata.name === cert.spec.issuerRef.name)).toBeDefined();
+    expect(one('MutatingWebhookConfiguration').metadata.annotations['cert-manager.io/inject-ca-from']).toBe(`${cert.metadata.namespace}/${cert.metadata.name}`);
+  });
+
+  it('routes both webhooks to the server paths through the Service, failing open, pods CREATE only', () => {
+    const svc = one('Service');
+    const labels = deployment().spec.template.metadata.labels;
+    for (const [k, val] of Object.entries(svc.spec.selector)) expect(labels[k]).toBe(val);
+    const port = (container().ports as Obj[]).find((p) => p.name === svc.spec.ports[0].targetPort);
+    expect(`:${port?.containerPort}`).toBe(webhookFlags().listen);
+    const config = one('MutatingWebhookConfiguration');
+    expect(config.webhooks.map((w: Obj) => w.clientConfig.service.path)).toEqual([MUTATE_PATH, MUTATE_ANNOTATED_PATH]);
+    for (const w of config.webhooks as Obj[]) {
+      expect(w.clientConfig.service).toMatchObject({ name: svc.metadata.name, namespace: svc.metadata.namespace, port: svc.spec.ports[0].port });
+      expect(w.failurePolicy).toBe('Ignore');
+      expect(w.sideEffects).toBe('None');
+      expect(w.timeoutSeconds).toBeLessThanOrEqual(5);
+      expect(w.admissionReviewVersions).toEqual(['v1']);
+      expect(w.rules).toEqual([{ operations: ['CREATE'], apiGroups: [''], apiVersions: ['v1'], resources: ['pods'], scope: 'Namespaced' }]);
+      // Never its own namespace: a rewritten webhook pod would wait for a shim-labelled node for itself.
+      expect(w.namespaceSelector.matchExpressions).toContainEqual({ key: 'kubernetes.io/metadata.name', operator: 'NotIn', values: ['kube-system', deployment().metadata.namespace] });
+    }
+    const [byNamespace, byAnnotation] = config.webhooks as Obj[];
+    expect(byNamespace!.namespaceSelector.matchExpressions).toContainEqual({ key: OPT_IN_NAMESPACE_LABEL, operator: 'In', values: [OPT_IN_VALUE] });
+    expect(byAnnotation!.namespaceSelector.matchExpressions).toContainEqual({ key: OPT_IN_NAMESPACE_LABEL, operator: 'NotIn', values: [OPT_IN_VALUE] });
+    const cel = byAnnotation!.matchConditions[0].expression as string;
+    expect(cel).toContain(`object.metadata.annotations['${OPT_IN_ANNOTATION}'] == '${OPT_IN_VALUE}'`);
+    expect(cel).toContain(`'${OPT_IN_ANNOTATION}' in object.metadata.annotations`);
+  });
+
+  it('leaves the agent DaemonSet exactly as the base renders it', () => {
+    const ds = (name: string) => rendered.get(name)!.find((o) => o.kind === 'DaemonSet');
+    expect(ds('rewrite-webhook')).toEqual(ds('base'));
   });
 });
 

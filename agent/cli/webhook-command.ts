@@ -1,0 +1,68 @@
+/**
+ * `probe-agent webhook`: the mutating admission webhook that applies `probe-agent rewrite` to pods
+ * as they are created (docs/rewrite.md, deploy/components/rewrite-webhook). Runs until SIGTERM.
+ * Exit status: 0 after a clean stop, 2 it could not start (bad flag, TLS files, address in use).
+ */
+import { Command, Option } from 'commander';
+import { ConfigError, describeError } from '../errors.ts';
+import { createLogger, type LogFormat, type LogLevel } from '../log.ts';
+import { parseListenAddress } from '../metrics/http-server.ts';
+import { DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TLS_RELOAD_INTERVAL_MS, startWebhookServer } from '../webhook/server.ts';
+import { parseDuration } from './duration.ts';
+
+/** Where the component mounts the serving certificate (a kubernetes.io/tls Secret). */
+export const DEFAULT_TLS_DIR = '/etc/probe-agent/webhook-tls';
+
+interface Raw {
+  listen: string;
+  tlsCertFile: string;
+  tlsKeyFile: string;
+  tlsReloadInterval: string;
+  maxRequestBytes: string;
+  logLevel: LogLevel;
+  logFormat: LogFormat;
+}
+
+/** Adds `webhook` to the program. */
+export function registerWebhookCommand(program: Command): void {
+  program
+    .command('webhook')
+    .description('serve the rewrite as a mutating admission webhook (AdmissionReview v1, HTTPS)')
+    .option('--listen <host:port>', 'HTTPS listen address', ':8443')
+    .option('--tls-cert-file <file>', 'serving certificate (PEM, chain allowed); re-read when it changes', `${DEFAULT_TLS_DIR}/tls.crt`)
+    .option('--tls-key-file <file>', 'its private key (PEM); re-read when it changes', `${DEFAULT_TLS_DIR}/tls.key`)
+    .option('--tls-reload-interval <duration>', 'how often the TLS files are checked for a rotation', `${DEFAULT_TLS_RELOAD_INTERVAL_MS / 1000}s`)
+    .option('--max-request-bytes <n>', 'largest AdmissionReview accepted', String(DEFAULT_MAX_REQUEST_BYTES))
+    .addOption(new Option('--log-level <level>', 'log level').choices(['error', 'warn', 'info', 'debug', 'trace']).default('info'))
+    .addOption(new Option('--log-format <format>', 'log format on stderr').choices(['json', 'text']).default('json'))
+    .action(async (raw: Raw) => {
+      process.exitCode = await webhookCommand(raw);
+    });
+}
+
+async function webhookCommand(raw: Raw): Promise<number> {
+  const log = createLogger({ level: raw.logLevel, format: raw.logFormat });
+  let server;
+  try {
+    let address;
+    try {
+      address = parseListenAddress(raw.listen);
+    } catch (err) {
+      throw new ConfigError(`--listen: ${describeError(err).replace(/^metrics address /, '')}`);
+    }
+    const tlsReloadIntervalMs = parseDuration(raw.tlsReloadInterval, '--tls-reload-interval');
+    if (tlsReloadIntervalMs < 100) throw new ConfigError('--tls-reload-interval: at least 100ms');
+    const maxRequestBytes = Number(raw.maxRequestBytes);
+    if (!Number.isInteger(maxRequestBytes) || maxRequestBytes < 1024) throw new ConfigError(`--max-request-bytes: want an integer >= 1024, got "${raw.maxRequestBytes}"`);
+    server = await startWebhookServer({ ...address, certFile: raw.tlsCertFile, keyFile: raw.tlsKeyFile, tlsReloadIntervalMs, maxRequestBytes, log });
+  } catch (err) {
+    process.stderr.write(`probe-agent webhook: cannot start: ${describeError(err)}\n`);
+    return 2;
+  }
+  const signal = await new Promise<string>((resolve) => {
+    for (const s of ['SIGTERM', 'SIGINT'] as const) process.once(s, () => resolve(s));
+  });
+  log.info('stopping', { signal });
+  await server.close();
+  return 0;
+}

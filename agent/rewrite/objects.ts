@@ -1,0 +1,70 @@
+/**
+ * Finds the pods in a Kubernetes object: a Pod, the pod template of a workload (Deployment,
+ * StatefulSet, DaemonSet, ReplicaSet, ReplicationController, Job, PodTemplate), a CronJob's job
+ * template, and the items of a List. Other kinds pass through unchanged. Pure, like pod-rewrite.ts.
+ */
+import { RewriteError } from './errors.ts';
+import { isObj, rewritePod, undoPod, type PodResult } from './pod-rewrite.ts';
+
+export type Direction = 'rewrite' | 'undo';
+
+/** An object with whether the transform changed anything. */
+export interface ObjectResult {
+  object: unknown;
+  changed: boolean;
+}
+
+type Obj = Record<string, unknown>;
+
+/** Where the pod sits in each kind that has one: the keys from the object to the pod template. */
+const TEMPLATE_PATHS: Record<string, readonly string[]> = {
+  Pod: [],
+  PodTemplate: ['template'],
+  Deployment: ['spec', 'template'],
+  StatefulSet: ['spec', 'template'],
+  DaemonSet: ['spec', 'template'],
+  ReplicaSet: ['spec', 'template'],
+  ReplicationController: ['spec', 'template'],
+  Job: ['spec', 'template'],
+  CronJob: ['spec', 'jobTemplate', 'spec', 'template'],
+};
+
+/** The kinds whose pods the rewrite reaches (List items included). */
+export const REWRITTEN_KINDS = Object.keys(TEMPLATE_PATHS);
+
+/** Whether an object is a list of objects (`kind: List`, or any `...List` with items). */
+const isList = (o: Obj): boolean => typeof o.kind === 'string' && o.kind.endsWith('List') && Array.isArray(o.items);
+
+/** Applies the rewrite (or its undo) to every pod in `object`. `path` prefixes field paths in errors. */
+export function transformObject(object: unknown, direction: Direction, path = ''): ObjectResult {
+  if (object === null || object === undefined) return { object, changed: false };
+  if (!isObj(object)) throw new RewriteError(path, 'a Kubernetes object must be a map');
+  const prefix = path ? `${path}.` : '';
+  if (isList(object)) {
+    const items = object.items as unknown[];
+    let changed = false;
+    const out = items.map((item, i) => {
+      const r = transformObject(item, direction, `${prefix}items[${i}]`);
+      changed ||= r.changed;
+      return r.object;
+    });
+    return changed ? { object: { ...object, items: out }, changed } : { object, changed: false };
+  }
+  const keys = typeof object.kind === 'string' ? TEMPLATE_PATHS[object.kind] : undefined;
+  if (!keys) return { object, changed: false };
+  // Walk down to the template, keeping every level's key order on the way back up.
+  const chain: Obj[] = [object];
+  for (const [i, k] of keys.entries()) {
+    const next = chain[i]![k];
+    if (next === undefined || next === null) return { object, changed: false };
+    if (!isObj(next)) throw new RewriteError(prefix + keys.slice(0, i + 1).join('.'), 'must be an object');
+    chain.push(next);
+  }
+  const base = keys.length ? `${prefix}${keys.join('.')}.` : prefix;
+  const pod = chain.at(-1)!;
+  const r: PodResult = direction === 'rewrite' ? rewritePod(pod, base) : undoPod(pod, base);
+  if (!r.changed) return { object, changed: false };
+  let rebuilt: Obj = r.pod;
+  for (let i = keys.length - 1; i >= 0; i--) rebuilt = { ...chain[i], [keys[i]!]: rebuilt };
+  return { object: rebuilt, changed: true };
+}

@@ -1,0 +1,329 @@
+/**
+ * The rewrite of one pod (a Pod or a pod template: `{ metadata, spec }`), and its undo. Pure: takes
+ * plain JSON values, returns new ones, never mutates its input, does no I/O.
+ *
+ * Rewrite: every httpGet/tcpSocket/grpc probe and every httpGet/tcpSocket lifecycle hook of every
+ * container and init container (sidecars included) becomes `exec: { command: encodeShimCommand(...) }`,
+ * in the same place among the probe's keys; the rest of the probe is untouched. A required node
+ * affinity on `probe-agent.io/shim In [ready]` keeps the pod off nodes without the shim. What was
+ * replaced and what was added is recorded in the `probe-agent.io/original-handlers` annotation, so
+ * the undo gives back the input exactly (same values, same key order).
+ */
+import { decodeShimCommand, encodeShimCommand, isShimCommand, MAX_ENCODED_HANDLER, ShimCommandError, type ShimKind } from './shim-command.ts';
+import { RewriteError } from './errors.ts';
+
+/** Annotation holding the originals of the rewritten handlers and what the rewrite added (JSON). */
+export const ORIGINAL_HANDLERS_ANNOTATION = 'probe-agent.io/original-handlers';
+/** Node label the shim installer sets once the shim runs on the node. */
+export const SHIM_NODE_LABEL = 'probe-agent.io/shim';
+export const SHIM_NODE_LABEL_VALUE = 'ready';
+/** The node selector requirement ANDed into every required node selector term of a rewritten pod. */
+export const SHIM_AFFINITY_REQUIREMENT = Object.freeze({ key: SHIM_NODE_LABEL, operator: 'In', values: Object.freeze([SHIM_NODE_LABEL_VALUE]) });
+
+/** Version of the annotation's format. */
+const RECORD_VERSION = 1;
+
+type Obj = Record<string, unknown>;
+
+/** The content of the annotation. */
+export interface RewriteRecord {
+  v: number;
+  /** `<container>/<field>` (e.g. `web/livenessProbe`, `web/lifecycle/preStop`) -> the original handler. */
+  handlers: Record<string, Obj>;
+  /** JSON pointers, relative to the pod, of what the rewrite created; the undo removes them in reverse order. */
+  added: string[];
+}
+
+/** A pod (or pod template) with whether the transform changed anything. */
+export interface PodResult {
+  pod: Obj;
+  changed: boolean;
+}
+
+const PROBES: ReadonlyArray<readonly [field: string, kind: ShimKind]> = [
+  ['livenessProbe', 'liveness'],
+  ['readinessProbe', 'readiness'],
+  ['startupProbe', 'startup'],
+];
+const HOOKS: ReadonlyArray<readonly [field: string, kind: ShimKind]> = [
+  ['postStart', 'postStart'],
+  ['preStop', 'preStop'],
+];
+/** Handlers the rewrite replaces, and every handler a probe or hook may hold (to refuse two at once). */
+const PROBE_NETWORK = ['httpGet', 'tcpSocket', 'grpc'];
+const PROBE_ALL = ['exec', ...PROBE_NETWORK];
+const HOOK_NETWORK = ['httpGet', 'tcpSocket'];
+const HOOK_ALL = ['exec', 'sleep', ...HOOK_NETWORK];
+/** Ephemeral containers may not have probes or hooks (API validation), so only these two lists. */
+const CONTAINER_LISTS = ['initContainers', 'containers'] as const;
+
+/** One probe or hook slot of a container: where it is and which kind of shim command it gets. */
+interface Slot {
+  /** Object holding the handler keys (the probe, or the lifecycle hook). */
+  holder: Obj;
+  /** Replaces `holder` in its parent (keeps the parent's key order). */
+  set: (next: Obj) => void;
+  kind: ShimKind;
+  network: readonly string[];
+  all: readonly string[];
+  /** Key in the record. */
+  key: string;
+  /** Field path for messages. */
+  path: string;
+}
+
+export const isObj = (v: unknown): v is Obj => v !== null && typeof v === 'object' && !Array.isArray(v);
+
+/** A copy of `obj` with `oldKey` replaced by `entries`, at the same position. */
+function replaceKey(obj: Obj, oldKey: string, entries: Array<[string, unknown]>): Obj {
+  const out: Obj = {};
+  for (const [k, v] of Object.entries(obj)) {
+    if (k === oldKey) for (const [nk, nv] of entries) out[nk] = nv;
+    else out[k] = v;
+  }
+  return out;
+}
+
+/** Visits every probe and hook slot of the (already cloned) pod spec, validating the containers on the way. */
+function* slots(spec: Obj, base: string): Generator<Slot> {
+  const names = new Set<string>();
+  for (const list of CONTAINER_LISTS) {
+    const containers = spec[list];
+    if (containers === undefined || containers === null) continue;
+    if (!Array.isArray(containers)) throw new RewriteError(`${base}.${list}`, 'not a list');
+    for (const [i, c] of containers.entries()) {
+      const cpath = `${base}.${list}[${i}]`;
+      if (!isObj(c)) throw new RewriteError(cpath, 'a container must be an object');
+      const name = c.name;
+      if (typeof name !== 'string' || name === '') throw new RewriteError(`${cpath}.name`, 'a container needs a name');
+      if (names.has(name)) throw new RewriteError(`${cpath}.name`, `container name "${name}" is used twice`);
+      names.add(name);
+      for (const [field, kind] of PROBES) {
+        const probe = c[field];
+        if (probe === undefined || probe === null) continue;
+        if (!isObj(probe)) throw new RewriteError(`${cpath}.${field}`, 'a probe must be an object');
+        yield { holder: probe, set: (next) => (c[field] = next), kind, network: PROBE_NETWORK, all: PROBE_ALL, key: `${name}/${field}`, path: `${cpath}.${field}` };
+      }
+      const lifecycle = c.lifecycle;
+      if (lifecycle === undefined || lifecycle === null) continue;
+      if (!isObj(lifecycle)) throw new RewriteError(`${cpath}.lifecycle`, 'must be an object');
+      for (const [field, kind] of HOOKS) {
+        const hook = lifecycle[field];
+        if (hook === undefined || hook === null) continue;
+        if (!isObj(hook)) throw new RewriteError(`${cpath}.lifecycle.${field}`, 'a lifecycle hook must be an object');
+        yield { holder: hook, set: (next) => (lifecycle[field] = next), kind, network: HOOK_NETWORK, all: HOOK_ALL, key: `${name}/lifecycle/${field}`, path: `${cpath}.lifecycle.${field}` };
+      }
+    }
+  }
+}
+
+/** The single handler key a slot holds (null when it holds none), refusing two at once as the API does. */
+function handlerKey(slot: Slot): string | null {
+  const present = slot.all.filter((k) => slot.holder[k] !== undefined && slot.holder[k] !== null);
+  if (present.length > 1) throw new RewriteError(slot.path, `more than one handler (${present.join(', ')}); the API allows exactly one`);
+  return present[0] ?? null;
+}
+
+/** The shim command a slot's exec handler holds, decoded and checked against the slot; null when it is not ours. */
+function shimHandlerOf(slot: Slot): Obj | null {
+  const exec = slot.holder.exec;
+  if (!isObj(exec) || !Array.isArray(exec.command) || !isShimCommand(exec.command as string[])) return null;
+  const path = `${slot.path}.exec.command`;
+  if (!exec.command.every((a) => typeof a === 'string')) throw new RewriteError(path, 'probe-agent command arguments must be strings');
+  let decoded;
+  try {
+    decoded = decodeShimCommand(exec.command as string[]);
+  } catch (err) {
+    if (err instanceof ShimCommandError) throw new RewriteError(path, err.message);
+    throw err;
+  }
+  if (decoded!.kind !== slot.kind) throw new RewriteError(path, `probe-agent command is for "${decoded!.kind}" but sits in a ${slot.kind} slot`);
+  return decoded!.handler;
+}
+
+/** Reads the annotation; a malformed one is an error (the undo would not be exact). */
+function readRecord(metadata: Obj | undefined, base: string): RewriteRecord | null {
+  const annotations = metadata?.annotations;
+  if (!isObj(annotations)) return null;
+  const raw = annotations[ORIGINAL_HANDLERS_ANNOTATION];
+  if (raw === undefined) return null;
+  const path = `${base}metadata.annotations["${ORIGINAL_HANDLERS_ANNOTATION}"]`;
+  if (typeof raw !== 'string') throw new RewriteError(path, 'must be a string');
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(raw);
+  } catch (err) {
+    throw new RewriteError(path, `not JSON: ${(err as Error).message}`);
+  }
+  if (!isObj(parsed) || parsed.v !== RECORD_VERSION || !isObj(parsed.handlers) || !Array.isArray(parsed.added)) {
+    throw new RewriteError(path, `not a version ${RECORD_VERSION} record ({"v":1,"handlers":{...},"added":[...]})`);
+  }
+  for (const [k, h] of Object.entries(parsed.handlers)) if (!isObj(h)) throw new RewriteError(path, `handler ${JSON.stringify(k)} is not an object`);
+  for (const p of parsed.added) if (typeof p !== 'string' || !p.startsWith('/')) throw new RewriteError(path, `added entry ${JSON.stringify(p)} is not a JSON pointer`);
+  return parsed as unknown as RewriteRecord;
+}
+
+const escapePointer = (s: string): string => s.replace(/~/g, '~0').replace(/\//g, '~1');
+const unescapePointer = (s: string): string => s.replace(/~1/g, '/').replace(/~0/g, '~');
+const sameRequirement = (v: unknown): boolean => JSON.stringify(v) === JSON.stringify(SHIM_AFFINITY_REQUIREMENT);
+const requirement = (): Obj => ({ key: SHIM_NODE_LABEL, operator: 'In', values: [SHIM_NODE_LABEL_VALUE] });
+const OUR_TERM = JSON.stringify({ matchExpressions: [SHIM_AFFINITY_REQUIREMENT] });
+/** An array element the rewrite may have added: the requirement, or a term holding only it. */
+const isOurs = (v: unknown): boolean => sameRequirement(v) || JSON.stringify(v) === OUR_TERM;
+
+/**
+ * Makes sure every required node selector term of `spec` demands the shim label; returns the JSON
+ * pointers (relative to the pod) of what it created. Mutates `spec`, which the caller owns.
+ */
+function ensureShimAffinity(spec: Obj, base: string): string[] {
+  const added: string[] = [];
+  const at = (...keys: string[]) => '/spec/' + keys.map(escapePointer).join('/');
+  const REQ = 'requiredDuringSchedulingIgnoredDuringExecution';
+  const term = (): Obj => ({ matchExpressions: [requirement()] });
+  if (spec.affinity === undefined || spec.affinity === null) {
+    spec.affinity = { nodeAffinity: { [REQ]: { nodeSelectorTerms: [term()] } } };
+    return [at('affinity')];
+  }
+  if (!isObj(spec.affinity)) throw new RewriteError(`${base}spec.affinity`, 'must be an object');
+  const affinity = spec.affinity;
+  if (affinity.nodeAffinity === undefined || affinity.nodeAffinity === null) {
+    affinity.nodeAffinity = { [REQ]: { nodeSelectorTerms: [term()] } };
+    return [at('affinity', 'nodeAffinity')];
+  }
+  if (!isObj(affinity.nodeAffinity)) throw new RewriteError(`${base}spec.affinity.nodeAffinity`, 'must be an object');
+  const nodeAffinity = affinity.nodeAffinity;
+  if (nodeAffinity[REQ] === undefined || nodeAffinity[REQ] === null) {
+    nodeAffinity[REQ] = { nodeSelectorTerms: [term()] };
+    return [at('affinity', 'nodeAffinity', REQ)];
+  }
+  const required = nodeAffinity[REQ];
+  const rpath = `${base}spec.affinity.nodeAffinity.${REQ}`;
+  if (!isObj(required)) throw new RewriteError(rpath, 'must be an object');
+  if (required.nodeSelectorTerms === undefined || required.nodeSelectorTerms === null) {
+    required.nodeSelectorTerms = [term()];
+    return [at('affinity', 'nodeAffinity', REQ, 'nodeSelectorTerms')];
+  }
+  const terms = required.nodeSelectorTerms;
+  if (!Array.isArray(terms)) throw new RewriteError(`${rpath}.nodeSelectorTerms`, 'must be a list');
+  if (terms.length === 0) {
+    terms.push(term());
+    return [at('affinity', 'nodeAffinity', REQ, 'nodeSelectorTerms', '0')];
+  }
+  // Terms are ORed: the requirement must be in each of them, or a pod could match a shim-less node through another term.
+  for (const [i, t] of terms.entries()) {
+    const tpath = `${rpath}.nodeSelectorTerms[${i}]`;
+    if (!isObj(t)) throw new RewriteError(tpath, 'must be an object');
+    if (t.matchExpressions === undefined || t.matchExpressions === null) {
+      t.matchExpressions = [requirement()];
+      added.push(at('affinity', 'nodeAffinity', REQ, 'nodeSelectorTerms', String(i), 'matchExpressions'));
+      continue;
+    }
+    if (!Array.isArray(t.matchExpressions)) throw new RewriteError(`${tpath}.matchExpressions`, 'must be a list');
+    if (t.matchExpressions.some(sameRequirement)) continue;
+    t.matchExpressions.push(requirement());
+    added.push(at('affinity', 'nodeAffinity', REQ, 'nodeSelectorTerms', String(i), 'matchExpressions', String(t.matchExpressions.length - 1)));
+  }
+  return added;
+}
+
+/** Removes what a JSON pointer names from `root` (which the caller owns); an array element only if it is our requirement. */
+function removePointer(root: Obj, pointer: string): void {
+  const keys = pointer.split('/').slice(1).map(unescapePointer);
+  const last = keys.pop();
+  if (last === undefined) return;
+  let node: unknown = root;
+  for (const k of keys) {
+    if (Array.isArray(node)) node = node[Number(k)];
+    else if (isObj(node)) node = node[k];
+    else return;
+  }
+  if (Array.isArray(node)) {
+    // An appended requirement or term: remove it where it was put, or wherever it went since.
+    const i = isOurs(node[Number(last)]) ? Number(last) : node.findIndex(isOurs);
+    if (i >= 0) node.splice(i, 1);
+  } else if (isObj(node)) {
+    delete node[last];
+  }
+}
+
+/** Splits a pod-like object into metadata/spec; `base` prefixes field paths in messages (e.g. `spec.template.`). */
+function podParts(pod: Obj, base: string): { spec: Obj | null } {
+  if (pod.spec === undefined || pod.spec === null) return { spec: null };
+  if (!isObj(pod.spec)) throw new RewriteError(`${base}spec`, 'must be an object');
+  return { spec: pod.spec };
+}
+
+/** Rewrites the network probes and hooks of a pod or pod template. `base` prefixes field paths in errors. */
+export function rewritePod(input: Obj, base = ''): PodResult {
+  const pod = structuredClone(input);
+  const { spec } = podParts(pod, base);
+  if (!spec) return { pod: input, changed: false };
+  const handlers: Record<string, Obj> = {};
+  let hasShimCommands = false;
+  for (const slot of slots(spec, `${base}spec`)) {
+    const key = handlerKey(slot);
+    if (key === 'exec') {
+      if (shimHandlerOf(slot)) hasShimCommands = true;
+      continue;
+    }
+    if (key === null || !slot.network.includes(key)) continue;
+    const value = slot.holder[key];
+    if (!isObj(value)) throw new RewriteError(`${slot.path}.${key}`, 'a handler must be an object');
+    const original = { [key]: value };
+    const command = encodeShimCommand(slot.kind, original);
+    if (command[2]!.length > MAX_ENCODED_HANDLER) {
+      throw new RewriteError(`${slot.path}.${key}`, `handler is ${command[2]!.length} bytes encoded, the shim accepts at most ${MAX_ENCODED_HANDLER}`);
+    }
+    handlers[slot.key] = original;
+    slot.set(replaceKey(slot.holder, key, [['exec', { command }]]));
+    hasShimCommands = true;
+  }
+  if (!hasShimCommands) return { pod: input, changed: false };
+
+  const existing = readRecord(isObj(pod.metadata) ? pod.metadata : undefined, base);
+  const added = ensureShimAffinity(spec, base);
+  if (Object.keys(handlers).length === 0 && added.length === 0) return { pod: input, changed: false };
+
+  if (pod.metadata === undefined || pod.metadata === null) {
+    pod.metadata = {};
+    added.push('/metadata');
+  }
+  if (!isObj(pod.metadata)) throw new RewriteError(`${base}metadata`, 'must be an object');
+  const metadata = pod.metadata;
+  if (metadata.annotations === undefined || metadata.annotations === null) {
+    metadata.annotations = {};
+    if (!added.includes('/metadata')) added.push('/metadata/annotations');
+  }
+  if (!isObj(metadata.annotations)) throw new RewriteError(`${base}metadata.annotations`, 'must be an object');
+  const record: RewriteRecord = {
+    v: RECORD_VERSION,
+    handlers: { ...existing?.handlers, ...handlers },
+    added: [...(existing?.added ?? []), ...added],
+  };
+  metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] = JSON.stringify(record);
+  return { pod, changed: true };
+}
+
+/** Undoes rewritePod: gives back the handlers and removes what the rewrite added. */
+export function undoPod(input: Obj, base = ''): PodResult {
+  const pod = structuredClone(input);
+  const metadata = isObj(pod.metadata) ? pod.metadata : undefined;
+  const record = readRecord(metadata, base);
+  const { spec } = podParts(pod, base);
+  let changed = false;
+  if (spec) {
+    for (const slot of slots(spec, `${base}spec`)) {
+      if (handlerKey(slot) !== 'exec') continue;
+      const decoded = shimHandlerOf(slot);
+      if (!decoded) continue;
+      // The annotation is the record of what was written; the command itself is the fallback when it was stripped.
+      const original = record?.handlers[slot.key] ?? decoded;
+      slot.set(replaceKey(slot.holder, 'exec', Object.entries(original)));
+      changed = true;
+    }
+  }
+  if (!record) return changed ? { pod, changed } : { pod: input, changed: false };
+  delete (metadata!.annotations as Obj)[ORIGINAL_HANDLERS_ANNOTATION];
+  for (const pointer of [...record.added].reverse()) removePointer(pod, pointer);
+  return { pod, changed: true };
+}

@@ -1,0 +1,80 @@
+/**
+ * `probe-agent rewrite` as users run it (bin/probe-agent on the built dist/): the round trip over
+ * the manifest corpus (test/fixtures/rewrite/) gives every file back byte for byte, through a file
+ * and through stdin; exit status 2 with file, document and field for bad input.
+ */
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CLI, REPO, requireBuiltCli } from '../support/built-cli.ts';
+
+const CORPUS = path.join(REPO, 'test/fixtures/rewrite');
+const FILES = readdirSync(CORPUS).sort();
+
+function run(args: string[], input?: string): { status: number | null; stdout: string; stderr: string } {
+  const r = spawnSync(CLI, args, { input, encoding: 'utf8', maxBuffer: 64 * 1024 * 1024 });
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+let scratch: string;
+beforeAll(() => {
+  requireBuiltCli(['agent/rewrite', 'agent/cli']);
+  scratch = mkdtempSync(path.join(tmpdir(), 'probe-agent-rewrite-cli-'));
+});
+afterAll(() => {
+  if (scratch) rmSync(scratch, { recursive: true, force: true });
+});
+
+describe('probe-agent rewrite (built CLI)', () => {
+  it.each(FILES)('%s: rewrite then --undo gives the file back exactly', (file) => {
+    const original = readFileSync(path.join(CORPUS, file), 'utf8');
+    const rewritten = run(['rewrite', '-f', path.join(CORPUS, file)]);
+    expect(rewritten.stderr).toBe('');
+    expect(rewritten.status).toBe(0);
+    if (file !== 'exec-only.yaml') {
+      expect(rewritten.stdout).not.toBe(original);
+      expect(rewritten.stdout).toContain('/.probe-agent/v1');
+      expect(rewritten.stdout).toContain('probe-agent.io/shim');
+    } else {
+      expect(rewritten.stdout).toBe(original);
+    }
+    const again = run(['rewrite', '-f', '-'], rewritten.stdout);
+    expect(again.stdout).toBe(rewritten.stdout);
+    const undone = run(['rewrite', '--undo', '-f', '-'], rewritten.stdout);
+    expect(undone.stderr).toBe('');
+    expect(undone.status).toBe(0);
+    expect(undone.stdout).toBe(original);
+  });
+
+  it('writes the format asked for', () => {
+    const json = run(['rewrite', '-f', path.join(CORPUS, 'list.yaml'), '--output', 'json']);
+    expect(json.status).toBe(0);
+    expect(JSON.parse(json.stdout).kind).toBe('List');
+    const yaml = run(['rewrite', '-f', path.join(CORPUS, 'api-deployment.json'), '--output', 'yaml']);
+    expect(yaml.status).toBe(0);
+    expect(yaml.stdout).toMatch(/^apiVersion: apps\/v1\nkind: Deployment\n/);
+    const bad = run(['rewrite', '-f', path.join(CORPUS, 'list.yaml'), '--output', 'xml']);
+    expect(bad.status).toBe(2);
+    expect(bad.stderr).toMatch(/--output.*xml/);
+  });
+
+  it('exits 2 naming the file, the document and the field for bad input, writing nothing to stdout', () => {
+    const file = path.join(scratch, 'bad.yaml');
+    writeFileSync(file, readFileSync(path.join(CORPUS, 'cleanup-cronjob.yaml'), 'utf8') + '---\napiVersion: apps/v1\nkind: Deployment\nspec:\n  template:\n    spec:\n      containers:\n        - name: a\n          readinessProbe:\n            httpGet: {port: 1}\n            grpc: {port: 2}\n');
+    const r = run(['rewrite', '-f', file]);
+    expect(r.status).toBe(2);
+    expect(r.stdout).toBe('');
+    expect(r.stderr).toBe(`probe-agent rewrite: ${file}: document 2: spec.template.spec.containers[0].readinessProbe: more than one handler (httpGet, grpc); the API allows exactly one\n`);
+    const stdin = run(['rewrite', '-f', '-'], 'kind: Pod\nspec: {containers: [{name: a, livenessProbe: {exec: {command: [/.probe-agent/v1, liveness, "!!"]}}}]}\n');
+    expect(stdin.status).toBe(2);
+    expect(stdin.stderr).toMatch(/^probe-agent rewrite: <stdin>: document 1: spec\.containers\[0\]\.livenessProbe\.exec\.command: probe-agent exec command: handler is not base64url\n$/);
+    const missing = run(['rewrite', '-f', path.join(scratch, 'nope.yaml')]);
+    expect(missing.status).toBe(2);
+    expect(missing.stderr).toMatch(/cannot read .*nope\.yaml: .*ENOENT/);
+    const noFile = run(['rewrite']);
+    expect(noFile.status).toBe(2);
+    expect(noFile.stderr).toMatch(/--filename/);
+  });
+});

@@ -1,0 +1,336 @@
+/**
+ * The rewrite webhook over real HTTPS with real AdmissionReview v1 JSON: the returned JSONPatch,
+ * applied by an independent RFC 6902 implementation, gives exactly what `probe-agent rewrite`
+ * (the built CLI) makes of the same pods; opt-in and opt-out; certificate rotation seen by new
+ * connections; bad requests answered clearly while the server keeps serving; and the
+ * `probe-agent webhook` process itself (start, health, clean stop, refusing bad TLS files).
+ */
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { request, type RequestOptions } from 'node:https';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { connect, type PeerCertificate } from 'node:tls';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseAllDocuments } from 'yaml';
+import { transformObject } from '../../agent/rewrite/objects.ts';
+import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
+import { MUTATE_ANNOTATED_PATH, MUTATE_PATH, OPT_IN_ANNOTATION } from '../../agent/webhook/admission.ts';
+import { startWebhookServer, type WebhookServer } from '../../agent/webhook/server.ts';
+import { CLI, REPO, requireBuiltCli } from '../support/built-cli.ts';
+import { applyJsonPatch } from '../support/json-patch-apply.ts';
+
+type Obj = Record<string, any>;
+const CORPUS = path.join(REPO, 'test/fixtures/rewrite');
+
+let dir: string;
+let server: WebhookServer;
+/** CA-signed serving pairs: `a` and `b` from two different CAs, so a rotation is visible. */
+const pairs: Record<'a' | 'b', { cert: string; key: string; ca: string }> = {} as never;
+const CERT = () => path.join(dir, 'tls.crt');
+const KEY = () => path.join(dir, 'tls.key');
+
+function openssl(args: string[]): void {
+  execFileSync('openssl', args, { stdio: ['ignore', 'ignore', 'pipe'] });
+}
+
+function makePair(name: 'a' | 'b'): void {
+  const p = (f: string) => path.join(dir, `${name}-${f}`);
+  openssl(['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', p('ca.key'), '-out', p('ca.crt'), '-days', '2', '-subj', `/CN=probe-agent test CA ${name}`]);
+  openssl(['req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', p('tls.key'), '-out', p('tls.csr'), '-subj', '/CN=probe-agent-webhook.probe-agent.svc']);
+  writeFileSync(p('ext'), 'subjectAltName=DNS:probe-agent-webhook.probe-agent.svc,DNS:localhost,IP:127.0.0.1\n');
+  openssl(['x509', '-req', '-in', p('tls.csr'), '-CA', p('ca.crt'), '-CAkey', p('ca.key'), '-CAcreateserial', '-out', p('tls.crt'), '-days', '2', '-extfile', p('ext')]);
+  pairs[name] = { cert: readFileSync(p('tls.crt'), 'utf8'), key: readFileSync(p('tls.key'), 'utf8'), ca: readFileSync(p('ca.crt'), 'utf8') };
+}
+
+/** Replaces the serving files the way a Secret volume update does: new files renamed into place. */
+function install(name: 'a' | 'b'): void {
+  writeFileSync(`${CERT()}.new`, pairs[name].cert);
+  writeFileSync(`${KEY()}.new`, pairs[name].key);
+  renameSync(`${KEY()}.new`, KEY());
+  renameSync(`${CERT()}.new`, CERT());
+}
+
+interface Reply { status: number; body: string; json?: Obj }
+
+/** One request on a new TLS connection, verifying the server against `ca`. */
+function post(pathName: string, body: string | Buffer, opts: { method?: string; ca?: string; headers?: Record<string, string>; port?: number } = {}): Promise<Reply> {
+  return new Promise((resolve, reject) => {
+    const o: RequestOptions = {
+      host: '127.0.0.1', port: opts.port ?? server.port, path: pathName, method: opts.method ?? 'POST', ca: opts.ca ?? pairs.a.ca, agent: false,
+      headers: { 'content-type': 'application/json', ...opts.headers },
+    };
+    const req = request(o, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        const text = Buffer.concat(chunks).toString('utf8');
+        let json: Obj | undefined;
+        try { json = JSON.parse(text); } catch { /* plain text answers */ }
+        resolve({ status: res.statusCode ?? 0, body: text, ...(json ? { json } : {}) });
+      });
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+/** A real AdmissionReview v1 request as kube-apiserver sends it for a pod CREATE. */
+function review(pod: Obj, overrides: Obj = {}): Obj {
+  return {
+    apiVersion: 'admission.k8s.io/v1',
+    kind: 'AdmissionReview',
+    request: {
+      uid: `705ab4f5-6393-11e8-b7cc-${Math.random().toString(16).slice(2, 14).padEnd(12, '0')}`,
+      kind: { group: '', version: 'v1', kind: 'Pod' },
+      resource: { group: '', version: 'v1', resource: 'pods' },
+      requestKind: { group: '', version: 'v1', kind: 'Pod' },
+      requestResource: { group: '', version: 'v1', resource: 'pods' },
+      name: pod.metadata?.name ?? '',
+      namespace: 'shop',
+      operation: 'CREATE',
+      userInfo: { username: 'system:serviceaccount:kube-system:replicaset-controller', uid: 'a7e0a0d5-0c2f-4c5e-9a8f-0d9d1b1f2a3c', groups: ['system:serviceaccounts', 'system:serviceaccounts:kube-system', 'system:authenticated'] },
+      object: pod,
+      oldObject: null,
+      dryRun: false,
+      options: { kind: 'CreateOptions', apiVersion: 'meta.k8s.io/v1', fieldManager: 'kube-controller-manager' },
+      ...overrides,
+    },
+  };
+}
+
+/** Every pod of the corpus, as the Pod a controller would create from it (what the API server sends). */
+function corpusPods(): Obj[] {
+  const pods: Obj[] = [];
+  const add = (o: Obj | null): void => {
+    if (!o || typeof o !== 'object') return;
+    if (o.kind === 'List') return o.items.forEach(add);
+    const template = o.kind === 'Pod' ? o : o.kind === 'CronJob' ? o.spec?.jobTemplate?.spec?.template : o.spec?.template;
+    if (!template?.spec) return;
+    pods.push({ apiVersion: 'v1', kind: 'Pod', metadata: { generateName: `${o.metadata?.name ?? 'x'}-`, namespace: 'shop', ...template.metadata }, spec: { ...template.spec, restartPolicy: template.spec.restartPolicy ?? 'Always', dnsPolicy: 'ClusterFirst', schedulerName: 'default-scheduler', enableServiceLinks: true } });
+  };
+  for (const f of readdirSync(CORPUS).sort()) {
+    const text = readFileSync(path.join(CORPUS, f), 'utf8');
+    if (f.endsWith('.json')) add(JSON.parse(text));
+    else for (const d of parseAllDocuments(text)) add(d.toJS());
+  }
+  return pods;
+}
+
+async function serving(ca: string): Promise<PeerCertificate> {
+  return new Promise((resolve, reject) => {
+    const s = connect({ host: '127.0.0.1', port: server.port, ca, servername: 'localhost' }, () => {
+      const cert = s.getPeerCertificate();
+      s.end();
+      resolve(cert);
+    });
+    s.on('error', reject);
+  });
+}
+
+beforeAll(async () => {
+  requireBuiltCli(['agent/rewrite', 'agent/webhook', 'agent/cli']);
+  dir = mkdtempSync(path.join(tmpdir(), 'probe-agent-webhook-'));
+  makePair('a');
+  makePair('b');
+  install('a');
+  server = await startWebhookServer({ host: '127.0.0.1', port: 0, certFile: CERT(), keyFile: KEY(), tlsReloadIntervalMs: 100, maxRequestBytes: 256 * 1024 });
+});
+
+afterAll(async () => {
+  await server?.close();
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+describe('rewrite webhook over HTTPS', () => {
+  it('patches every corpus pod into exactly what `probe-agent rewrite` makes of it', async () => {
+    const pods = corpusPods();
+    expect(pods.length).toBeGreaterThanOrEqual(10);
+    const cli = spawnSync(CLI, ['rewrite', '-f', '-', '--output', 'json'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'List', items: pods }), encoding: 'utf8' });
+    expect(cli.stderr).toBe('');
+    expect(cli.status).toBe(0);
+    const expected = JSON.parse(cli.stdout).items as Obj[];
+    let rewritten = 0;
+    for (const [i, pod] of pods.entries()) {
+      const req = review(pod);
+      const r = await post(MUTATE_PATH, JSON.stringify(req));
+      expect(r.status).toBe(200);
+      const response = r.json!.response;
+      expect(r.json).toMatchObject({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview' });
+      expect(response.uid).toBe(req.request.uid);
+      expect(response.allowed).toBe(true);
+      expect(response.warnings).toBeUndefined();
+      if (JSON.stringify(expected[i]) === JSON.stringify(pod)) {
+        expect(response.patch, pod.metadata.generateName).toBeUndefined();
+        continue;
+      }
+      rewritten++;
+      expect(response.patchType).toBe('JSONPatch');
+      const patch = JSON.parse(Buffer.from(response.patch, 'base64').toString('utf8'));
+      const patched = applyJsonPatch(pod, patch);
+      expect(patched, pod.metadata.generateName).toEqual(expected[i]);
+      // And the undo of the patched pod is the pod the API server sent.
+      expect(transformObject(patched, 'undo').object).toEqual(pod);
+    }
+    expect(rewritten).toBeGreaterThanOrEqual(8);
+  });
+
+  it('is idempotent: a pod already rewritten gets no patch', async () => {
+    const pod = corpusPods()[0]!;
+    const once = transformObject(pod, 'rewrite').object as Obj;
+    expect(once.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).toBeDefined();
+    const r = await post(MUTATE_PATH, JSON.stringify(review(once)));
+    expect(r.json!.response).toEqual({ uid: expect.any(String), allowed: true });
+  });
+
+  it('rewrites on the annotated path only pods that opt in, and never pods that opt out', async () => {
+    const pod = corpusPods().find((p) => JSON.stringify(p).includes('httpGet'))!;
+    const plain = await post(MUTATE_ANNOTATED_PATH, JSON.stringify(review(pod)));
+    expect(plain.json!.response.patch).toBeUndefined();
+    const annotate = (value: string) => ({ ...pod, metadata: { ...pod.metadata, annotations: { ...pod.metadata.annotations, [OPT_IN_ANNOTATION]: value } } });
+    const optedIn = await post(MUTATE_ANNOTATED_PATH, JSON.stringify(review(annotate('enabled'))));
+    expect(optedIn.json!.response.patchType).toBe('JSONPatch');
+    for (const p of [MUTATE_PATH, MUTATE_ANNOTATED_PATH]) {
+      const optedOut = await post(p, JSON.stringify(review(annotate('disabled'))));
+      expect(optedOut.json!.response).toEqual({ uid: expect.any(String), allowed: true });
+    }
+  });
+
+  it('allows, unpatched and with a clear warning, what it cannot or must not rewrite', async () => {
+    const base = corpusPods().find((p) => JSON.stringify(p).includes('httpGet'))!;
+    const cases: Array<[Obj, RegExp]> = [
+      [review({ ...base, spec: { ...base.spec, containers: [{ name: 'x', image: 'i', livenessProbe: { httpGet: { port: 1 }, tcpSocket: { port: 2 } } }] } }), /^probe-agent: probes left unchanged: spec\.containers\[0\]\.livenessProbe: more than one handler \(httpGet, tcpSocket\)/],
+      [review({ ...base, spec: { ...base.spec, containers: [{ name: 'x', image: 'i', readinessProbe: { exec: { command: ['/.probe-agent/v1', 'readiness', '***'] } } }] } }), /spec\.containers\[0\]\.readinessProbe\.exec\.command: probe-agent exec command: handler is not base64url/],
+      [review({ apiVersion: 'v1', kind: 'ConfigMap', data: {} }, { kind: { group: '', version: 'v1', kind: 'ConfigMap' }, resource: { group: '', version: 'v1', resource: 'configmaps' } }), /^probe-agent: not a pod \(ConfigMap\): left unchanged$/],
+      [review(base, { subResource: 'ephemeralcontainers' }), /not a pod \(Pod\/ephemeralcontainers\)/],
+      [review({ ...base, spec: { ...base.spec, nodeName: 'node-a' } }), /bound to node node-a at creation/],
+      [review(base, { object: null }), /no pod object/],
+    ];
+    for (const [req, warning] of cases) {
+      const r = await post(MUTATE_PATH, JSON.stringify(req));
+      expect(r.status).toBe(200);
+      expect(r.json!.response.allowed).toBe(true);
+      expect(r.json!.response.patch).toBeUndefined();
+      expect(r.json!.response.warnings).toHaveLength(1);
+      expect(r.json!.response.warnings[0]).toMatch(warning);
+    }
+    const update = await post(MUTATE_PATH, JSON.stringify(review(base, { operation: 'UPDATE', oldObject: base })));
+    expect(update.json!.response).toEqual({ uid: expect.any(String), allowed: true });
+  });
+
+  it('answers requests that are not AdmissionReviews with a clear HTTP error and keeps serving', async () => {
+    const expectations: Array<[Promise<Reply>, number, RegExp]> = [
+      [post(MUTATE_PATH, '{"apiVersion": '), 400, /^request body is not JSON: /],
+      [post(MUTATE_PATH, JSON.stringify({ ...review({}), apiVersion: 'admission.k8s.io/v1beta1' })), 400, /want apiVersion admission\.k8s\.io\/v1, kind AdmissionReview; got admission\.k8s\.io\/v1beta1/],
+      [post(MUTATE_PATH, JSON.stringify({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', request: { kind: {} } })), 400, /request has no uid/],
+      [post(MUTATE_PATH, '[]'), 400, /not an AdmissionReview object/],
+      [post(MUTATE_PATH, '', { method: 'GET' }), 405, /takes POST/],
+      [post('/validate', '{}'), 404, /no such path \/validate/],
+      [post('/healthz', '', { method: 'GET' }), 200, /^ok\n$/],
+    ];
+    for (const [reply, status, body] of expectations) {
+      const r = await reply;
+      expect(r.status, r.body).toBe(status);
+      expect(r.body).toMatch(body);
+    }
+  });
+
+  it('refuses an oversized body (declared or streamed) with 413 and keeps serving', async () => {
+    const big = Buffer.alloc(300 * 1024, 0x20);
+    const declared = await post(MUTATE_PATH, big);
+    expect(declared.status).toBe(413);
+    expect(declared.body).toBe(`request body larger than ${256 * 1024} bytes\n`);
+    // Chunked: no content-length, the limit is found while reading.
+    const streamed = await new Promise<Reply>((resolve, reject) => {
+      const req = request({ host: '127.0.0.1', port: server.port, path: MUTATE_PATH, method: 'POST', ca: pairs.a.ca, agent: false, headers: { 'transfer-encoding': 'chunked' } }, (res) => {
+        let text = '';
+        res.on('data', (c) => (text += c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: text }));
+      });
+      req.on('error', reject);
+      // Keep writing until the server answers; it must not wait for the end.
+      const chunk = Buffer.alloc(64 * 1024, 0x20);
+      const pump = (): void => {
+        if (req.destroyed || req.writableEnded) return;
+        if (req.write(chunk)) setImmediate(pump);
+        else req.once('drain', pump);
+      };
+      req.on('response', () => req.destroy());
+      pump();
+    });
+    expect(streamed.status).toBe(413);
+    const health = await post('/healthz', '', { method: 'GET' });
+    expect(health.status).toBe(200);
+  });
+
+  it('serves a rotated certificate to new connections without a restart, and keeps the old one when the new files do not load', async () => {
+    const before = await serving(pairs.a.ca);
+    expect(before.issuer.CN).toBe('probe-agent test CA a');
+    install('b');
+    const deadline = Date.now() + 10_000;
+    let after: PeerCertificate | undefined;
+    while (Date.now() < deadline) {
+      try {
+        after = await serving(pairs.b.ca);
+        break;
+      } catch {
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+    expect(after?.issuer.CN).toBe('probe-agent test CA b');
+    const r = await post(MUTATE_PATH, JSON.stringify(review(corpusPods()[0]!)), { ca: pairs.b.ca });
+    expect(r.status).toBe(200);
+    // A half-written rotation (key of a, certificate of b): refused, b stays in use.
+    writeFileSync(KEY(), pairs.a.key);
+    expect(server.reloadTls()).toBe(false);
+    expect((await serving(pairs.b.ca)).issuer.CN).toBe('probe-agent test CA b');
+    writeFileSync(KEY(), pairs.b.key);
+    install('a');
+    expect(server.reloadTls()).toBe(true);
+    expect((await serving(pairs.a.ca)).issuer.CN).toBe('probe-agent test CA a');
+  });
+});
+
+describe('probe-agent webhook (built CLI)', () => {
+  it('starts, answers /healthz and an AdmissionReview, and stops cleanly on SIGTERM', async () => {
+    const port = 20000 + Math.floor(Math.random() * 20000);
+    const child = spawn(CLI, ['webhook', '--listen', `127.0.0.1:${port}`, '--tls-cert-file', CERT(), '--tls-key-file', KEY(), '--log-format', 'text'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr!.on('data', (d) => (stderr += d));
+    try {
+      const deadline = Date.now() + 20_000;
+      let health: Reply | undefined;
+      while (Date.now() < deadline && child.exitCode === null) {
+        try {
+          health = await post('/healthz', '', { method: 'GET', port });
+          break;
+        } catch {
+          await new Promise((r) => setTimeout(r, 100));
+        }
+      }
+      expect(health?.status, stderr).toBe(200);
+      const r = await post(MUTATE_PATH, JSON.stringify(review(corpusPods()[0]!)), { port });
+      expect(r.json!.response.patchType).toBe('JSONPatch');
+    } finally {
+      child.kill('SIGTERM');
+    }
+    const [code] = await once(child, 'exit');
+    expect(code, stderr).toBe(0);
+    expect(stderr).toMatch(/webhook listening/);
+  });
+
+  it('refuses to start, exit 2, on TLS files that do not load or a bad flag', () => {
+    const garbage = path.join(dir, 'garbage.crt');
+    writeFileSync(garbage, 'not a certificate\n');
+    const bad = spawnSync(CLI, ['webhook', '--listen', '127.0.0.1:0', '--tls-cert-file', garbage, '--tls-key-file', KEY()], { encoding: 'utf8' });
+    expect(bad.status).toBe(2);
+    expect(bad.stderr).toMatch(/^probe-agent webhook: cannot start: the TLS certificate .*garbage\.crt and key .*tls\.key do not load: /);
+    const missing = spawnSync(CLI, ['webhook', '--tls-cert-file', path.join(dir, 'none.crt'), '--tls-key-file', KEY()], { encoding: 'utf8' });
+    expect(missing.status).toBe(2);
+    expect(missing.stderr).toMatch(/cannot read the TLS certificate .*none\.crt: .*ENOENT/);
+    const listen = spawnSync(CLI, ['webhook', '--listen', 'nowhere', '--tls-cert-file', CERT(), '--tls-key-file', KEY()], { encoding: 'utf8' });
+    expect(listen.status).toBe(2);
+    expect(listen.stderr).toMatch(/--listen: "nowhere": want host:port/);
+  });
+});

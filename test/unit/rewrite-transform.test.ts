@@ -1,0 +1,320 @@
+/**
+ * The pod transform (agent/rewrite/pod-rewrite.ts, objects.ts): what is rewritten and what is
+ * not, the shim node affinity in every shape of existing affinity, the undo record, exact undo
+ * (values and key order), idempotence, every kind with a pod template, and bad input.
+ */
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { RewriteError } from '../../agent/rewrite/errors.ts';
+import { transformObject, REWRITTEN_KINDS } from '../../agent/rewrite/objects.ts';
+import { ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SHIM_NODE_LABEL, undoPod } from '../../agent/rewrite/pod-rewrite.ts';
+import { decodeShimCommand, encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+
+type Obj = Record<string, any>;
+const SHIM_REQ = { key: SHIM_NODE_LABEL, operator: 'In', values: ['ready'] };
+const REQ = 'requiredDuringSchedulingIgnoredDuringExecution';
+
+/** JSON text: equal only when values AND key order are equal. */
+const exact = (v: unknown): string => JSON.stringify(v);
+
+function deepFreeze<T>(v: T): T {
+  if (v && typeof v === 'object') {
+    for (const x of Object.values(v)) deepFreeze(x);
+    Object.freeze(v);
+  }
+  return v;
+}
+
+function pod(spec: Obj, metadata: Obj | null = { name: 'p' }): Obj {
+  return deepFreeze(metadata === null ? { spec } : { metadata, spec });
+}
+
+const web = (extra: Obj = {}): Obj => ({ name: 'web', image: 'nginx', ...extra });
+
+/** Rewrites, checks the undo gives the input back exactly and that a second rewrite changes nothing. */
+function rewriteChecked(input: Obj): Obj {
+  const r = rewritePod(input);
+  expect(r.changed).toBe(true);
+  expect(rewritePod(r.pod)).toEqual({ pod: r.pod, changed: false });
+  const u = undoPod(r.pod);
+  expect(u.changed).toBe(true);
+  expect(exact(u.pod)).toBe(exact(input));
+  return r.pod;
+}
+
+describe('rewritePod', () => {
+  it('turns every network probe into a shim exec in the same place, leaving the rest of the probe as written', () => {
+    const liveness = { initialDelaySeconds: 5, httpGet: { path: '/healthz', port: 'http', httpHeaders: [{ name: 'X', value: 'y' }] }, periodSeconds: 7, timeoutSeconds: 2, failureThreshold: 4, terminationGracePeriodSeconds: 12 };
+    const readiness = { grpc: { port: 9090, service: 's' }, successThreshold: 2 };
+    const startup = { tcpSocket: { port: 8080 }, failureThreshold: 30 };
+    const out = rewriteChecked(pod({ containers: [web({ livenessProbe: liveness, readinessProbe: readiness, startupProbe: startup })] }));
+    const c = out.spec.containers[0];
+    expect(Object.keys(c.livenessProbe)).toEqual(['initialDelaySeconds', 'exec', 'periodSeconds', 'timeoutSeconds', 'failureThreshold', 'terminationGracePeriodSeconds']);
+    expect(c.livenessProbe.exec).toEqual({ command: encodeShimCommand('liveness', { httpGet: liveness.httpGet }) });
+    expect(c.livenessProbe.terminationGracePeriodSeconds).toBe(12);
+    expect(decodeShimCommand(c.readinessProbe.exec.command)).toEqual({ kind: 'readiness', handler: { grpc: { port: 9090, service: 's' } } });
+    expect(decodeShimCommand(c.startupProbe.exec.command)).toEqual({ kind: 'startup', handler: { tcpSocket: { port: 8080 } } });
+    expect(c.readinessProbe.successThreshold).toBe(2);
+    expect(c.startupProbe.failureThreshold).toBe(30);
+  });
+
+  it('keeps a named port named (the agent resolves it)', () => {
+    const out = rewriteChecked(pod({ containers: [web({ ports: [{ name: 'http', containerPort: 80 }], readinessProbe: { httpGet: { port: 'http' } } })] }));
+    expect(decodeShimCommand(out.spec.containers[0].readinessProbe.exec.command)!.handler).toEqual({ httpGet: { port: 'http' } });
+  });
+
+  it('rewrites httpGet and tcpSocket hooks, leaves exec and sleep hooks', () => {
+    const out = rewriteChecked(pod({
+      containers: [
+        web({ lifecycle: { postStart: { httpGet: { path: '/warm', port: 80, scheme: 'HTTPS' } }, preStop: { tcpSocket: { port: 80 } } } }),
+        { name: 'side', image: 'x', lifecycle: { postStart: { exec: { command: ['true'] } }, preStop: { sleep: { seconds: 5 } } }, livenessProbe: { tcpSocket: { port: 1 } } },
+      ],
+    }));
+    const [a, b] = out.spec.containers;
+    expect(decodeShimCommand(a.lifecycle.postStart.exec.command)).toEqual({ kind: 'postStart', handler: { httpGet: { path: '/warm', port: 80, scheme: 'HTTPS' } } });
+    expect(decodeShimCommand(a.lifecycle.preStop.exec.command)).toEqual({ kind: 'preStop', handler: { tcpSocket: { port: 80 } } });
+    expect(b.lifecycle).toEqual({ postStart: { exec: { command: ['true'] } }, preStop: { sleep: { seconds: 5 } } });
+  });
+
+  it('rewrites native sidecars (init containers with restartPolicy Always)', () => {
+    const out = rewriteChecked(pod({
+      initContainers: [{ name: 'init', image: 'x' }, { name: 'proxy', image: 'envoy', restartPolicy: 'Always', startupProbe: { httpGet: { path: '/ready', port: 9901 } }, lifecycle: { preStop: { httpGet: { path: '/drain', port: 9901 } } } }],
+      containers: [web()],
+    }));
+    expect(out.spec.initContainers[0]).toEqual({ name: 'init', image: 'x' });
+    expect(decodeShimCommand(out.spec.initContainers[1].startupProbe.exec.command)!.kind).toBe('startup');
+    expect(decodeShimCommand(out.spec.initContainers[1].lifecycle.preStop.exec.command)!.kind).toBe('preStop');
+    const record = JSON.parse(out.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]);
+    expect(Object.keys(record.handlers)).toEqual(['proxy/startupProbe', 'proxy/lifecycle/preStop']);
+  });
+
+  it('passes pods without network probes or hooks through untouched: same object, no annotation, no affinity', () => {
+    for (const input of [
+      pod({ containers: [web()] }),
+      pod({ containers: [web({ livenessProbe: { exec: { command: ['cat', '/tmp/ok'] }, periodSeconds: 3 } })] }),
+      pod({ containers: [web({ lifecycle: { preStop: { sleep: { seconds: 3 } } } })] }),
+      pod({ containers: [web({ readinessProbe: { periodSeconds: 3 } })] }),
+      deepFreeze({ metadata: { name: 'no-spec' } }),
+    ]) {
+      expect(rewritePod(input)).toEqual({ pod: input, changed: false });
+      expect(rewritePod(input).pod).toBe(input);
+      expect(undoPod(input).pod).toBe(input);
+    }
+  });
+
+  it('records the originals and what it added in one annotation', () => {
+    const out = rewriteChecked(pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] }));
+    expect(JSON.parse(out.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION])).toEqual({
+      v: 1,
+      handlers: { 'web/livenessProbe': { httpGet: { port: 80 } } },
+      added: ['/spec/affinity', '/metadata/annotations'],
+    });
+  });
+
+  it('keeps existing annotations and adds its own after them; creates metadata for a template without it', () => {
+    const out = rewriteChecked(pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] }, { name: 'p', annotations: { a: '1' } }));
+    expect(Object.keys(out.metadata.annotations)).toEqual(['a', ORIGINAL_HANDLERS_ANNOTATION]);
+    const bare = rewriteChecked(pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] }, null));
+    expect(JSON.parse(bare.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).added).toEqual(['/spec/affinity', '/metadata']);
+  });
+
+  describe('shim node affinity', () => {
+    const probe = { livenessProbe: { tcpSocket: { port: 80 } } };
+    const withAffinity = (affinity: unknown) => pod({ containers: [web(probe)], affinity });
+    const terms = (out: Obj) => out.spec.affinity.nodeAffinity[REQ].nodeSelectorTerms;
+
+    it('is created when the pod has no affinity', () => {
+      const out = rewriteChecked(pod({ containers: [web(probe)] }));
+      expect(out.spec.affinity).toEqual({ nodeAffinity: { [REQ]: { nodeSelectorTerms: [{ matchExpressions: [SHIM_REQ] }] } } });
+    });
+
+    it('is ANDed into every existing required term, including a term with only matchFields', () => {
+      const out = rewriteChecked(withAffinity({
+        nodeAffinity: { [REQ]: { nodeSelectorTerms: [
+          { matchExpressions: [{ key: 'kubernetes.io/arch', operator: 'In', values: ['amd64'] }] },
+          { matchFields: [{ key: 'metadata.name', operator: 'In', values: ['node-b'] }] },
+        ] } },
+      }));
+      expect(terms(out)).toEqual([
+        { matchExpressions: [{ key: 'kubernetes.io/arch', operator: 'In', values: ['amd64'] }, SHIM_REQ] },
+        { matchFields: [{ key: 'metadata.name', operator: 'In', values: ['node-b'] }], matchExpressions: [SHIM_REQ] },
+      ]);
+    });
+
+    it('adds a required term beside preferred terms and pod (anti-)affinity, which stay as written', () => {
+      const preferred = [{ weight: 1, preference: { matchExpressions: [{ key: 'zone', operator: 'In', values: ['a'] }] } }];
+      const podAntiAffinity = { preferredDuringSchedulingIgnoredDuringExecution: [{ weight: 100, podAffinityTerm: { topologyKey: 'kubernetes.io/hostname' } }] };
+      const out = rewriteChecked(withAffinity({ podAntiAffinity, nodeAffinity: { preferredDuringSchedulingIgnoredDuringExecution: preferred } }));
+      expect(out.spec.affinity.podAntiAffinity).toEqual(podAntiAffinity);
+      expect(out.spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution).toEqual(preferred);
+      expect(terms(out)).toEqual([{ matchExpressions: [SHIM_REQ] }]);
+      const onlyPod = rewriteChecked(withAffinity({ podAntiAffinity }));
+      expect(terms(onlyPod)).toEqual([{ matchExpressions: [SHIM_REQ] }]);
+    });
+
+    it('fills an empty or missing term list', () => {
+      expect(terms(rewriteChecked(withAffinity({ nodeAffinity: { [REQ]: { nodeSelectorTerms: [] } } })))).toEqual([{ matchExpressions: [SHIM_REQ] }]);
+      expect(terms(rewriteChecked(withAffinity({ nodeAffinity: { [REQ]: {} } })))).toEqual([{ matchExpressions: [SHIM_REQ] }]);
+    });
+
+    it('is not added twice when the pod already demands the label', () => {
+      const affinity = { nodeAffinity: { [REQ]: { nodeSelectorTerms: [{ matchExpressions: [SHIM_REQ] }] } } };
+      const out = rewriteChecked(withAffinity(affinity));
+      expect(out.spec.affinity).toEqual(affinity);
+      expect(JSON.parse(out.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).added).toEqual(['/metadata/annotations']);
+    });
+
+    it('is restored by a rewrite when someone removed it from a rewritten pod, and the undo still comes back exact', () => {
+      const input = pod({ containers: [web(probe)] });
+      const once = rewritePod(input).pod;
+      const stripped = structuredClone(once);
+      delete stripped.spec.affinity;
+      const again = rewritePod(stripped);
+      expect(again.changed).toBe(true);
+      expect(again.pod.spec.affinity).toEqual(once.spec.affinity);
+      expect(exact(undoPod(again.pod).pod)).toBe(exact(input));
+    });
+  });
+
+  it('merges a later rewrite (a probe added after the first) into the record, and the undo restores both', () => {
+    const first = rewritePod(pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] })).pod;
+    const edited = structuredClone(first);
+    edited.spec.containers[0].readinessProbe = { tcpSocket: { port: 81 } };
+    const second = rewritePod(edited);
+    expect(second.changed).toBe(true);
+    const record = JSON.parse(second.pod.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]);
+    expect(Object.keys(record.handlers)).toEqual(['web/livenessProbe', 'web/readinessProbe']);
+    const undone = undoPod(second.pod).pod;
+    expect(undone).toEqual({ metadata: { name: 'p' }, spec: { containers: [web({ livenessProbe: { httpGet: { port: 80 } }, readinessProbe: { tcpSocket: { port: 81 } } })] } });
+  });
+
+  it('undoes from the commands themselves when the annotation was stripped (affinity stays: it was not recorded)', () => {
+    const input = pod({ containers: [web({ livenessProbe: { httpGet: { path: '/x', port: 80 } } })] });
+    const out = structuredClone(rewritePod(input).pod);
+    delete out.metadata.annotations;
+    const undone = undoPod(out).pod;
+    expect(undone.spec.containers).toEqual(input.spec.containers);
+  });
+
+  it('never mutates its input', () => {
+    const input = pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] });
+    const copy = structuredClone(input);
+    const out = rewritePod(input).pod; // input is deep-frozen: a mutation would throw
+    undoPod(out);
+    expect(input).toEqual(copy);
+  });
+
+  describe('bad input', () => {
+    it.each([
+      [{ containers: {} }, 'spec.containers: not a list'],
+      [{ containers: ['web'] }, 'spec.containers[0]: a container must be an object'],
+      [{ containers: [{ image: 'x' }] }, 'spec.containers[0].name: a container needs a name'],
+      [{ initContainers: [{ name: 'a' }], containers: [{ name: 'a' }] }, 'spec.containers[0].name: container name "a" is used twice'],
+      [{ containers: [web({ livenessProbe: 'httpGet' })] }, 'spec.containers[0].livenessProbe: a probe must be an object'],
+      [{ containers: [web({ livenessProbe: { httpGet: { port: 1 }, tcpSocket: { port: 1 } } })] }, 'spec.containers[0].livenessProbe: more than one handler (httpGet, tcpSocket)'],
+      [{ containers: [web({ readinessProbe: { httpGet: '/healthz' } })] }, 'spec.containers[0].readinessProbe.httpGet: a handler must be an object'],
+      [{ containers: [web({ lifecycle: [] })] }, 'spec.containers[0].lifecycle: must be an object'],
+      [{ containers: [web({ lifecycle: { preStop: { exec: { command: ['x'] }, httpGet: { port: 1 } } } })] }, 'spec.containers[0].lifecycle.preStop: more than one handler (exec, httpGet)'],
+      [{ containers: [web({ livenessProbe: { exec: { command: ['/.probe-agent/v1', 'liveness', '%%%'] } } })] }, 'spec.containers[0].livenessProbe.exec.command: probe-agent exec command: handler is not base64url'],
+      [{ containers: [web({ livenessProbe: { exec: { command: encodeShimCommand('readiness', { tcpSocket: { port: 1 } }) } } })] }, 'probe-agent command is for "readiness" but sits in a liveness slot'],
+      [{ containers: [web({ livenessProbe: { httpGet: { port: 1, path: '/'.repeat(20_000) } } })] }, 'the shim accepts at most 16384'],
+      [{ containers: [web({ livenessProbe: { tcpSocket: { port: 1 } } })], affinity: { nodeAffinity: { [REQ]: { nodeSelectorTerms: {} } } } }, `spec.affinity.nodeAffinity.${REQ}.nodeSelectorTerms: must be a list`],
+    ])('refuses %j with a field path', (spec, message) => {
+      expect(() => rewritePod(pod(spec))).toThrow(RewriteError);
+      expect(() => rewritePod(pod(spec))).toThrow(message);
+    });
+
+    it.each([
+      ['not json', 'not JSON'],
+      ['{"v":2,"handlers":{},"added":[]}', 'not a version 1 record'],
+      ['{"v":1,"handlers":{"a":1},"added":[]}', 'handler "a" is not an object'],
+      ['{"v":1,"handlers":{},"added":["x"]}', 'added entry "x" is not a JSON pointer'],
+    ])('refuses a malformed undo record %s', (value, message) => {
+      const input = rewritePod(pod({ containers: [web({ livenessProbe: { tcpSocket: { port: 1 } } })] })).pod;
+      const broken = structuredClone(input);
+      broken.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] = value;
+      expect(() => undoPod(broken)).toThrow(`metadata.annotations["${ORIGINAL_HANDLERS_ANNOTATION}"]: ${message}`);
+    });
+  });
+
+  it('round-trips and is idempotent on generated pods', () => {
+    const handlerArb = fc.oneof(
+      fc.constant(undefined),
+      fc.record({ httpGet: fc.record({ path: fc.string(), port: fc.oneof(fc.integer({ min: 1, max: 65535 }), fc.constantFrom('http', 'grpc')) }) }),
+      fc.record({ tcpSocket: fc.record({ port: fc.integer({ min: 1, max: 65535 }) }) }),
+      fc.record({ grpc: fc.record({ port: fc.integer({ min: 1, max: 65535 }) }) }),
+      fc.record({ exec: fc.record({ command: fc.array(fc.string(), { minLength: 1, maxLength: 3 }) }) }),
+    );
+    const probeArb = fc.option(fc.tuple(handlerArb, fc.integer({ min: 1, max: 60 })).map(([h, period]) => ({ ...(h ?? {}), periodSeconds: period })), { nil: undefined });
+    const containerArb = (name: string) => fc.record({ livenessProbe: probeArb, readinessProbe: probeArb, startupProbe: probeArb }).map((p) => {
+      const c: Obj = { name, image: 'img' };
+      for (const [k, v] of Object.entries(p)) if (v !== undefined) c[k] = v;
+      return c;
+    });
+    fc.assert(
+      fc.property(containerArb('a'), containerArb('b'), fc.boolean(), (a, b, sidecar) => {
+        const input = deepFreeze(sidecar ? { metadata: { name: 'g' }, spec: { initContainers: [{ ...a, restartPolicy: 'Always' }], containers: [b] } } : { metadata: { name: 'g' }, spec: { containers: [a, b] } });
+        const r = rewritePod(input);
+        const network = /"(httpGet|tcpSocket|grpc)"/.test(JSON.stringify(input));
+        expect(r.changed).toBe(network);
+        expect(/"(httpGet|tcpSocket|grpc)"/.test(JSON.stringify(r.pod.spec))).toBe(false);
+        expect(rewritePod(r.pod).changed).toBe(false);
+        expect(exact(undoPod(r.pod).pod)).toBe(exact(input));
+      }),
+      { seed: 13, numRuns: 300 },
+    );
+  });
+});
+
+describe('transformObject', () => {
+  const template = { metadata: { labels: { app: 'x' } }, spec: { containers: [web({ readinessProbe: { httpGet: { port: 80 } } })] } };
+  const shapes: Record<string, Obj> = {
+    Pod: { apiVersion: 'v1', kind: 'Pod', ...template },
+    PodTemplate: { apiVersion: 'v1', kind: 'PodTemplate', metadata: { name: 't' }, template },
+    Deployment: { apiVersion: 'apps/v1', kind: 'Deployment', metadata: { name: 'd' }, spec: { replicas: 1, template, strategy: {} } },
+    StatefulSet: { apiVersion: 'apps/v1', kind: 'StatefulSet', metadata: { name: 's' }, spec: { template } },
+    DaemonSet: { apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'ds' }, spec: { template } },
+    ReplicaSet: { apiVersion: 'apps/v1', kind: 'ReplicaSet', metadata: { name: 'rs' }, spec: { template } },
+    ReplicationController: { apiVersion: 'v1', kind: 'ReplicationController', metadata: { name: 'rc' }, spec: { template } },
+    Job: { apiVersion: 'batch/v1', kind: 'Job', metadata: { name: 'j' }, spec: { template } },
+    CronJob: { apiVersion: 'batch/v1', kind: 'CronJob', metadata: { name: 'cj' }, spec: { schedule: '* * * * *', jobTemplate: { spec: { template } } } },
+  };
+  const podOf = (o: Obj): Obj => (o.kind === 'Pod' ? o : o.kind === 'PodTemplate' ? o.template : o.kind === 'CronJob' ? o.spec.jobTemplate.spec.template : o.spec.template);
+
+  it.each(REWRITTEN_KINDS)('rewrites the pod template of a %s, in place, and undoes it exactly', (kind) => {
+    const input = deepFreeze(shapes[kind]!);
+    const r = transformObject(input, 'rewrite');
+    expect(r.changed).toBe(true);
+    const out = r.object as Obj;
+    expect(Object.keys(out)).toEqual(Object.keys(input));
+    expect(podOf(out).spec.containers[0].readinessProbe.exec).toBeDefined();
+    expect(podOf(out).metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).toBeDefined();
+    if (kind !== 'Pod') expect(out.metadata).toEqual(input.metadata);
+    expect(transformObject(out, 'rewrite').changed).toBe(false);
+    expect(exact(transformObject(out, 'undo').object)).toBe(exact(input));
+  });
+
+  it('rewrites List items and passes other kinds through', () => {
+    const list = deepFreeze({ apiVersion: 'v1', kind: 'List', items: [shapes.Pod, { apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: 'c' }, data: { livenessProbe: 'x' } }, { kind: 'Service', spec: { template: template } }] });
+    const r = transformObject(list, 'rewrite');
+    const items = (r.object as Obj).items;
+    expect(items[0].spec.containers[0].readinessProbe.exec).toBeDefined();
+    expect(items[1]).toBe(list.items[1]);
+    expect(items[2]).toBe(list.items[2]);
+    expect(exact(transformObject(r.object, 'undo').object)).toBe(exact(list));
+  });
+
+  it('passes workloads without a template and other kinds through unchanged', () => {
+    for (const o of [{ kind: 'Deployment', metadata: { name: 'x' } }, { kind: 'Secret', data: {} }, { kind: 'CronJob', spec: { jobTemplate: {} } }, { spec: { template } }]) {
+      expect(transformObject(o, 'rewrite')).toEqual({ object: o, changed: false });
+    }
+  });
+
+  it('names the full field path of a bad field', () => {
+    const bad = { kind: 'CronJob', spec: { jobTemplate: { spec: { template: { spec: { containers: [web({ livenessProbe: { grpc: 9090 } })] } } } } } };
+    expect(() => transformObject(bad, 'rewrite')).toThrow('spec.jobTemplate.spec.template.spec.containers[0].livenessProbe.grpc: a handler must be an object');
+    expect(() => transformObject({ kind: 'List', items: [{}, bad] }, 'rewrite')).toThrow('items[1].spec.jobTemplate.spec.template.spec.containers[0]');
+    expect(() => transformObject({ kind: 'Deployment', spec: { template: [] } }, 'rewrite')).toThrow('spec.template: must be an object');
+    expect(() => transformObject('Pod', 'rewrite')).toThrow('a Kubernetes object must be a map');
+  });
+});
