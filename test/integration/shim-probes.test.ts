@@ -185,6 +185,25 @@ describe('rewritten probes answered inside the pod netns, the node->pod path dro
   });
 });
 
+describe('rewritten HTTP/TCP hooks (kubelet sends exec hooks with timeout 0)', () => {
+  it('a postStart httpGet hook runs inside the netns: exit 0; a refused one: a non-zero exit kubelet counts as a failed hook', async () => {
+    const outside = await counted('outside');
+    const ok = exit(await k.execSync(app.id, encodeShimCommand('postStart', { httpGet: { path: '/echo', port: HTTP } }), 0));
+    expect(ok.exitCode).toBe(0);
+    const stop = exit(await k.execSync(app.id, encodeShimCommand('preStop', { httpGet: { path: '/healthz', port: 'http' } }), 0));
+    expect(stop.exitCode).toBe(0);
+    const refused = exit(await k.execSync(app.id, encodeShimCommand('postStart', { httpGet: { path: '/', port: 1 } }), 0));
+    expect(refused.exitCode).not.toBe(0);
+    expect(refused.stdout).toMatch(/refused/);
+    expect(await counted('outside')).toBe(outside);
+  });
+
+  it('a hook for an unknown container: NOT_FOUND (a failed hook for kubelet, nothing crashes)', async () => {
+    const e = grpcError(await k.execSync('e'.repeat(64), encodeShimCommand('preStop', { httpGet: { path: '/', port: HTTP } }), 0));
+    expect(e.code).toBe(grpc.status.NOT_FOUND);
+  });
+});
+
 describe('answers kubelet discards (gRPC errors, never DEADLINE_EXCEEDED)', () => {
   it('an unknown container: NOT_FOUND', async () => {
     const e = grpcError(await probe('readiness', { httpGet: { path: '/healthz', port: HTTP } }, 1, 'f'.repeat(64)));
