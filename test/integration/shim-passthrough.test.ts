@@ -106,6 +106,22 @@ describe('kubelet-shaped calls through the shim', () => {
     expect(listed.ok && listed.msg.containers.find((c) => c.id === containerId)?.state).toBe('CONTAINER_RUNNING');
   });
 
+  it('passes ImageService calls (not in our proto subset) through as raw bytes, byte-identical', async () => {
+    const raw = (c: KubeletCri, method: string): Promise<{ ok: boolean; bytes?: Buffer; code?: number; details?: string }> => new Promise((resolve) => {
+      c.client.makeUnaryRequest(`/runtime.v1.ImageService/${method}`, (b: Buffer) => b, (b: Buffer) => b, Buffer.alloc(0), { deadline: Date.now() + 10_000 },
+        (err, res) => resolve(err ? { ok: false, code: err.code, details: err.details } : { ok: true, bytes: res as Buffer }));
+    });
+    for (const method of ['ListImages', 'ImageFsInfo']) {
+      const [a, b] = [await raw(viaShim, method), await raw(direct, method)];
+      expect(a.ok, `${method}: ${a.details}`).toBe(true);
+      expect(a.bytes!.length).toBe(b.bytes!.length);
+    }
+    // ListImages: the busybox and pause images, the same bytes both ways when the order is stable.
+    const [a, b] = [await raw(viaShim, 'ListImages'), await raw(direct, 'ListImages')];
+    expect(a.bytes!.includes(Buffer.from(BUSYBOX_IMAGE_REF))).toBe(true);
+    expect(a.bytes!.length).toBe(b.bytes!.length);
+  });
+
   it('passes gRPC errors through unchanged (unknown container, malformed request)', async () => {
     same(await viaShim.call('ContainerStatus', { containerId: 'no-such-container' }), await direct.call('ContainerStatus', { containerId: 'no-such-container' }));
     const a = await viaShim.call('ContainerStatus', { containerId: '' });
