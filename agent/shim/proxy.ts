@@ -76,6 +76,7 @@ export class CriShim {
   readonly #log: ShimLog;
   readonly #server: http2.Http2Server;
   readonly #sessions = new Set<http2.ServerHttp2Session>();
+  readonly #warned = new Map<string, { at: number; suppressed: number }>();
 
   constructor(config: ShimConfig) {
     this.config = { ...DEFAULTS, ...config } as Required<Omit<ShimConfig, 'log'>>;
@@ -128,6 +129,21 @@ export class CriShim {
     }
   }
 
+  /**
+   * Warnings, at most one per message every 10 s (with the count suppressed meanwhile): a dead
+   * agent or runtime would otherwise log once per kubelet call.
+   */
+  #warn(msg: string, fields: Record<string, unknown>): void {
+    const now = Date.now();
+    const seen = this.#warned.get(msg);
+    if (seen && now - seen.at < 10_000) {
+      seen.suppressed++;
+      return;
+    }
+    this.#warned.set(msg, { at: now, suppressed: 0 });
+    this.#log('warn', msg, seen?.suppressed ? { ...fields, suppressed: seen.suppressed } : fields);
+  }
+
   #onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): void {
     stream.on('error', () => {});
     if (headers[':path'] === EXEC_SYNC_PATH) this.#bufferExecSync(stream, headers);
@@ -149,19 +165,18 @@ export class CriShim {
     }
     let trailers: http2.OutgoingHttpHeaders | undefined;
     up.on('response', (h) => {
-      if (stream.destroyed) return;
+      if (stream.destroyed || stream.closed || stream.headersSent) return;
       // A trailers-only answer (a gRPC error) ends the stream in its headers.
-      if (h['grpc-status'] !== undefined) stream.respond(h, { endStream: true });
-      else stream.respond(h, { waitForTrailers: true });
+      guarded(() => stream.respond(h, h['grpc-status'] !== undefined ? { endStream: true } : { waitForTrailers: true }));
     });
     up.on('trailers', (t) => {
       trailers = t;
     });
     stream.on('wantTrailers', () => {
-      stream.sendTrailers(trailers ?? { 'grpc-status': String(GrpcCode.UNAVAILABLE), 'grpc-message': 'probe-agent shim: runtime closed the stream without a status' });
+      guarded(() => stream.sendTrailers(trailers ?? { 'grpc-status': String(GrpcCode.UNAVAILABLE), 'grpc-message': 'probe-agent shim: runtime closed the stream without a status' }));
     });
     up.on('data', (chunk: Buffer) => {
-      if (!stream.destroyed && !stream.write(chunk)) {
+      if (!stream.destroyed && !stream.closed && !stream.write(chunk)) {
         up.pause();
         stream.once('drain', () => up.resume());
       }
@@ -174,14 +189,14 @@ export class CriShim {
     });
     up.on('close', () => {
       // The runtime reset the stream: reset kubelet's with the same code.
-      if (!stream.destroyed && !stream.writableEnded && up.rstCode !== undefined && up.rstCode !== http2.constants.NGHTTP2_NO_ERROR) {
-        if (stream.headersSent) stream.close(up.rstCode);
+      if (!stream.destroyed && !stream.closed && !stream.writableEnded && up.rstCode !== undefined && up.rstCode !== http2.constants.NGHTTP2_NO_ERROR) {
+        if (stream.headersSent) guarded(() => stream.close(up.rstCode));
         else this.#runtimeUnavailable(stream, new Error(`runtime reset the stream (code ${up.rstCode})`));
       }
     });
     stream.on('close', () => {
       // Kubelet cancelled (e.g. a GetContainerEvents watch ends): tell the runtime.
-      if (!up.closed) up.close(http2.constants.NGHTTP2_CANCEL);
+      if (!up.closed) guarded(() => up.close(http2.constants.NGHTTP2_CANCEL));
     });
     if (body !== null) {
       up.end(body);
@@ -200,10 +215,10 @@ export class CriShim {
     this.stats.runtimeErrors++;
     if (stream.destroyed || stream.closed) return;
     if (stream.headersSent) {
-      stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR);
+      guarded(() => stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR));
       return;
     }
-    this.#log('warn', 'runtime unavailable', { runtime: this.config.runtimeSocket, error: err.message });
+    this.#warn('runtime unavailable', { runtime: this.config.runtimeSocket, error: err.message });
     respondError(stream, GrpcCode.UNAVAILABLE, `probe-agent shim: runtime ${this.config.runtimeSocket} unavailable: ${err.message}`);
   }
 
@@ -256,9 +271,9 @@ export class CriShim {
     }
     if (answer.kind === 'error') {
       this.stats.agentErrors++;
-      this.#log('warn', 'rewritten handler not run', { containerId: req.containerId, code: answer.grpcCode, error: answer.message });
+      this.#warn('rewritten handler not run', { containerId: req.containerId, code: answer.grpcCode, error: answer.message });
     }
-    if (stream.destroyed || stream.closed) return;
+    if (stream.destroyed || stream.closed || stream.headersSent) return;
     if (answer.kind === 'error') respondError(stream, answer.grpcCode, answer.message);
     else respondExecSync(stream, answer.exitCode, answer.stdout);
   }
@@ -325,17 +340,29 @@ function readExecSync(body: Buffer): ExecSyncRequest | null {
   }
 }
 
+/** Runs an HTTP/2 stream operation that may race with the peer closing the stream; such a race is not an error. */
+function guarded(op: () => void): void {
+  try {
+    op();
+  } catch {
+    // the stream closed meanwhile (ERR_HTTP2_INVALID_STREAM and friends): nothing left to tell
+  }
+}
+
 function respondError(stream: http2.ServerHttp2Stream, code: number, message: string): void {
-  stream.respond({
+  if (stream.destroyed || stream.closed || stream.headersSent) return;
+  guarded(() => stream.respond({
     ':status': 200,
     'content-type': 'application/grpc',
     'grpc-status': String(code),
     'grpc-message': encodeGrpcMessage(message.slice(0, 1024)),
-  }, { endStream: true });
+  }, { endStream: true }));
 }
 
 function respondExecSync(stream: http2.ServerHttp2Stream, exitCode: number, stdout: string): void {
-  stream.respond({ ':status': 200, 'content-type': 'application/grpc' }, { waitForTrailers: true });
-  stream.once('wantTrailers', () => stream.sendTrailers({ 'grpc-status': '0' }));
-  stream.end(grpcFrame(encodeExecSyncResponse(exitCode, stdout)));
+  guarded(() => {
+    stream.respond({ ':status': 200, 'content-type': 'application/grpc' }, { waitForTrailers: true });
+    stream.once('wantTrailers', () => guarded(() => stream.sendTrailers({ 'grpc-status': '0' })));
+    stream.end(grpcFrame(encodeExecSyncResponse(exitCode, stdout)));
+  });
 }
