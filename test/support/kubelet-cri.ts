@@ -40,7 +40,7 @@ export class KubeletCri {
         (v: object) => def.requestSerialize(v),
         (b: Buffer) => b,
         req,
-        { deadline: Date.now() + deadlineMs },
+        { deadline: deadlineMs === Infinity ? Infinity : Date.now() + deadlineMs },
         (err, raw) => {
           if (err) resolve({ ok: false, code: err.code, details: err.details });
           else resolve({ ok: true, raw: raw as Buffer, msg: def.responseDeserialize(raw as Buffer) as T });
@@ -49,9 +49,13 @@ export class KubeletCri {
     });
   }
 
-  /** ExecSync as kubelet makes it: timeout in seconds in the request, deadline 2 min + timeout. */
+  /**
+   * ExecSync as kubelet makes it: timeout in seconds in the request; deadline 2 min + timeout, or
+   * none at all for timeout 0 (exec hooks), as cri-client's ExecSync does.
+   */
   execSync(containerId: string, cmd: string[], timeoutSeconds: number): Promise<CriAnswer<{ stdout: Buffer; stderr: Buffer; exitCode: number }>> {
-    return this.call('ExecSync', { containerId, cmd, timeout: timeoutSeconds }, KUBELET_RUNTIME_REQUEST_TIMEOUT_MS + timeoutSeconds * 1000);
+    const deadline = timeoutSeconds === 0 ? Infinity : KUBELET_RUNTIME_REQUEST_TIMEOUT_MS + timeoutSeconds * 1000;
+    return this.call('ExecSync', { containerId, cmd, timeout: timeoutSeconds }, deadline);
   }
 
   /** GetContainerEvents: a server stream; returns the call so a test can read and cancel it. */
