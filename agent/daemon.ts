@@ -113,6 +113,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
         pods: source,
         runtime: built.resolvers.find((r): r is CriResolver => r instanceof CriResolver)?.client,
         refreshPods: refreshPodsOf(source),
+        onLookup: (how) => metrics.agent.containerLookup(how),
         log,
       }),
       // On-demand mode: results of probes kubelet drives through the shim feed those probes' workers.

@@ -118,7 +118,8 @@ export class PodProber implements OnDemandProber {
       () => this.#run(pod, container, req.handler, req.timeoutSeconds, netns, signal),
       signal,
     );
-    if (req.probeType && container && containerID && this.#o.onShimResult) {
+    // A call its caller gave up on is not a result kubelet will see: record nothing for it.
+    if (req.probeType && container && containerID && this.#o.onShimResult && !signal?.aborted) {
       try {
         this.#o.onShimResult({ podUID: pod.uid, containerName: container.name, probeType: req.probeType }, containerID, value);
       } catch (err) {

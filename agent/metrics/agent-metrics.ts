@@ -21,6 +21,8 @@ export const KUBELET_ERROR_KINDS = ['unreachable', 'timeout', 'http-status', 'to
 export const NETNS_RESOLVERS = ['cri', 'procfs', 'address'] as const;
 /** Netns resolution outcomes (agent/netns/resolver.ts). */
 export const NETNS_OUTCOMES = ['ok', 'not-found', 'unavailable', 'unsupported', 'ambiguous', 'invalid'] as const;
+/** How a CRI container ID (the kubelet shim's requests) was found, or why not (agent/pods/container-lookup.ts). */
+export const CONTAINER_LOOKUP_SOURCES = ['cache', 'pods', 'runtime', 'refresh', 'not-found', 'unavailable'] as const;
 /** Why a pod is left to kubelet (NotOursReason), plus 'ours'. */
 export const POD_STATES = ['ours', 'no-network-probes', 'exec-only', 'host-network', 'sandboxed-runtime'] as const;
 const THRESHOLD_RESULTS: readonly ThresholdResult[] = ['success', 'failure', 'unknown', 'error'];
@@ -66,6 +68,7 @@ export class AgentMetrics {
   readonly #helperSpawns: Counter<'mode' | 'result'>;
   readonly #helperSpawnSeconds: Histogram<'mode'>;
   readonly #helperRestarts: Counter;
+  readonly #containerLookups: Counter;
   readonly #kubeletPollSeconds: Histogram<'result'>;
   readonly #kubeletPollErrors: Counter<'kind'>;
   readonly #kubeletLastSuccess: Gauge;
@@ -132,6 +135,12 @@ export class AgentMetrics {
       name: 'probe_agent_netns_resolutions_total',
       help: 'Pod network namespace lookups by resolver (cri, procfs, address) and outcome.',
       labelNames: ['resolver', 'outcome'] as const,
+      registers,
+    });
+    this.#containerLookups = new Counter({
+      name: 'probe_agent_container_lookups_total',
+      help: 'Container ID lookups (kubelet shim requests) by source: cache, pods (pod list), runtime (CRI), refresh (after a re-poll), not-found, unavailable.',
+      labelNames: ['source'] as const,
       registers,
     });
     this.#netnsSeconds = new Histogram({
@@ -235,6 +244,11 @@ export class AgentMetrics {
       this.#netnsResolutions.inc({ resolver: r, outcome: oneOf(outcome, NETNS_OUTCOMES) });
       if (validSeconds(seconds)) this.#netnsSeconds.observe({ resolver: r }, seconds);
     });
+  }
+
+  /** One container ID lookup and how it ended. */
+  containerLookup(source: string): void {
+    this.#guard('containerLookup', () => this.#containerLookups.inc({ source: oneOf(source, CONTAINER_LOOKUP_SOURCES) }));
   }
 
   /** Where in-flight/queued probe counts come from (the limiter); read at scrape time. */

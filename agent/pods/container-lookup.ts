@@ -54,8 +54,13 @@ export interface ContainerLocatorOptions {
   runtimePodTtlMs?: number;
   /** How long an unknown ID is answered from memory (default 2 s). */
   negativeTtlMs?: number;
+  /** Called once per lookup with how it ended (metrics); must not throw. */
+  onLookup?: (source: LookupSource) => void;
   log?: Logger;
 }
+
+/** How a lookup ended: where the container was found, or why it was not. */
+export type LookupSource = 'cache' | 'pods' | 'runtime' | 'refresh' | 'not-found' | 'unavailable';
 
 /** Longest container ID accepted: CRI IDs are 64 hex characters; leave room for other runtimes. */
 const MAX_ID_LENGTH = 128;
@@ -103,12 +108,15 @@ export class ContainerLocator {
   async locate(rawID: string, signal?: AbortSignal): Promise<LocatedContainer> {
     const id = normalizeContainerID(rawID);
     const cached = this.#fromCache(id);
-    if (cached) return cached;
+    if (cached) return this.#counted('cache', cached);
     const scanned = this.#scan(id);
-    if (scanned) return scanned;
+    if (scanned) return this.#counted('pods', scanned);
     const unknownUntil = this.#unknown.get(id);
     if (unknownUntil !== undefined) {
-      if (Date.now() < unknownUntil) throw this.#notFound(id);
+      if (Date.now() < unknownUntil) {
+        this.#count('not-found');
+        throw this.#notFound(id);
+      }
       this.#unknown.delete(id);
     }
     // Concurrent probes of one new container share one runtime lookup.
@@ -117,7 +125,26 @@ export class ContainerLocator {
       p = this.#slowPath(id, signal).finally(() => this.#inflight.delete(id));
       this.#inflight.set(id, p);
     }
-    return p;
+    try {
+      const found = await p;
+      return this.#counted(found.from === 'runtime' ? 'runtime' : 'refresh', found);
+    } catch (err) {
+      this.#count(err instanceof NetnsUnavailableError ? 'unavailable' : 'not-found');
+      throw err;
+    }
+  }
+
+  #counted(source: LookupSource, found: LocatedContainer): LocatedContainer {
+    this.#count(source);
+    return found;
+  }
+
+  #count(source: LookupSource): void {
+    try {
+      this.#o.onLookup?.(source);
+    } catch {
+      // Metrics never break a lookup.
+    }
   }
 
   /** Entries cached (tests). */

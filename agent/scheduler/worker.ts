@@ -201,10 +201,8 @@ export class ProbeWorker {
       const st = this.#container.state;
       const listed = st !== undefined && bareID(st.containerID) === bareID(containerID);
       this.#containerID = listed ? st.containerID : containerID;
+      // As #doProbe on a new container ID (and kubelet): the initial value; the run counter carries over.
       this.#erroring = false;
-      this.#onHold = false;
-      this.#lastRaw = undefined;
-      this.#run = 0;
       const longRunning = listed && st.running && st.startedAt !== undefined && st.startedAt < this.#host.agentStart - RESTART_GRACE_MS;
       this.#cached = longRunning ? undefined : INITIAL_RESULT[this.key.probeType];
     } else {

@@ -139,6 +139,15 @@ describe('runLifecycleHandler (kubelet lifecycle semantics) in a pod netns', () 
     expect(srv.hits.length).toBe(before);
   });
 
+  it('applies the probes\' host-field policy: the pod\'s loopback is fine, another host is refused', async () => {
+    const n = srv.hits.length;
+    const lo = await hook(http('/via-lo', { host: '127.0.0.1' }));
+    expect(lo).toMatchObject({ result: 'success', status: 200 });
+    expect((await srv.waitFor(n + 1))[n]?.headers['host']).toBe(`127.0.0.1:${httpPort}`);
+    const other = await hook(http('/elsewhere', { host: lab.gatewayV4 }));
+    expect(other).toMatchObject({ result: 'error', reason: 'host-refused' });
+  });
+
   it('never sent a packet across the node->pod rule', async () => {
     expect(await lab.nodeToPodDrops()).toBe(0);
   });

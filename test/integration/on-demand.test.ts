@@ -111,11 +111,30 @@ describe('on-demand mode', () => {
     expect(srv.count('/live')).toBe(0);
   });
 
+  it('streams the change the shim\'s results cause to watchers', async () => {
+    const { revision, instanceId } = await agent.client.listStatus({ podUID: UID });
+    const ac = new AbortController();
+    const seen = (async () => {
+      for await (const m of agent.client.watch({ filter: { podUID: UID }, fromRevision: revision, instanceId, signal: ac.signal })) {
+        if (m.kind === 'event' && m.event.status.key.containerName === 'app' && m.event.status.key.probeType === 'Readiness' && m.event.status.result === 'failure') return m.event;
+      }
+      return undefined;
+    })();
+    // Readiness failureThreshold is 3 (the default): three failed shim probes flip it.
+    const fail = { kind: 'http' as const, port, path: '/status/500', scheme: 'HTTP' as const, headers: [] };
+    for (let i = 0; i < 3; i++) await agent.client.probe({ pod: { containerId: APP_ID }, probeType: 'Readiness', handler: fail });
+    const timer = setTimeout(() => ac.abort(), 10_000);
+    const event = await seen;
+    clearTimeout(timer);
+    ac.abort();
+    expect(event).toMatchObject({ type: 'changed', previous: 'success', status: { ready: false, consecutive: 3 } });
+  });
+
   it('does not record an ad-hoc probe (no probe_type)', async () => {
     const before = status((await agent.client.listStatus({ podUID: UID })).statuses, 'app', 'Readiness');
     await agent.client.probe({ pod: { uid: UID }, containerName: 'app', handler: { kind: 'http', port, path: '/status/500', scheme: 'HTTP', headers: [] } });
     const after = status((await agent.client.listStatus({ podUID: UID })).statuses, 'app', 'Readiness');
     expect(after?.lastProbeTime).toBe(before?.lastProbeTime);
-    expect(after?.result).toBe('success');
+    expect(after?.result).toBe('failure');
   });
 });

@@ -127,6 +127,24 @@ describe('Probe by container_id', () => {
   });
 });
 
+describe('container_id while the runtime is down', () => {
+  it('still finds containers it knows, and answers UNAVAILABLE (not NOT_FOUND) for one it cannot ask about', async () => {
+    await ctrd.stopContainerd();
+    try {
+      // Listed in the pod list, and learnt from the runtime earlier: no runtime call needed.
+      expect((await agent.client.probe({ pod: { containerId: listedApp.id }, handler: TCP })).result).toBe('success');
+      expect((await agent.client.probe({ pod: { containerId: lateApp.id }, handler: TCP })).result).toBe('success');
+      const err = await probeError(agent.client.probe({ pod: { containerId: '1'.repeat(64) }, handler: TCP }));
+      expect(err.grpcCode).toBe(grpc.status.UNAVAILABLE);
+      expect(err.message).toMatch(/not in kubelet's pod list yet and the runtime cannot be asked/);
+    } finally {
+      await ctrd.startContainerd();
+    }
+    const back = await probeError(agent.client.probe({ pod: { containerId: '2'.repeat(64) }, handler: TCP }));
+    expect(back.grpcCode).toBe(grpc.status.NOT_FOUND);
+  }, 30_000);
+});
+
 describe('RunLifecycleHandler by container_id', () => {
   it('runs a hook for a container the poll has not shown, and answers NOT_FOUND for an unknown one', async () => {
     // The listener accepts and closes: an HTTP hook reaches it (so the pod was found) and fails on the EOF.
@@ -156,5 +174,20 @@ describe('ContainerLocator against the runtime', () => {
     await expect(locator.locate('0'.repeat(64))).rejects.toThrow(/not known on this node/);
     await expect(locator.locate('0'.repeat(64))).rejects.toThrow(/not known on this node/);
     expect(locator.runtimeLookups).toBe(3);
+  });
+});
+
+describe('container lookup metrics', () => {
+  it('counts lookups by how they ended: cached, pod list, runtime, not found, runtime unavailable', async () => {
+    const body = (await agent.http('/metrics')).body;
+    const value = (source: string): number => {
+      const m = new RegExp(`^probe_agent_container_lookups_total\\{source="${source}"\\} (\\S+)$`, 'm').exec(body);
+      return m ? Number(m[1]) : 0;
+    };
+    expect(value('pods')).toBeGreaterThanOrEqual(1);
+    expect(value('runtime')).toBeGreaterThanOrEqual(2);
+    expect(value('cache')).toBeGreaterThanOrEqual(3);
+    expect(value('not-found')).toBeGreaterThanOrEqual(2);
+    expect(value('unavailable')).toBe(1);
   });
 });
