@@ -36,6 +36,7 @@ async function rewriteCommand(raw: { filename: string; undo?: boolean; output?: 
   try {
     const result = transformManifest(text, raw.undo ? 'undo' : 'rewrite', raw.output ? { output: raw.output } : {});
     process.stdout.write(result.text);
+    for (const note of result.notes) process.stderr.write(`probe-agent rewrite: ${name}: ${note}\n`);
     return 0;
   } catch (err) {
     if (!(err instanceof ManifestError)) throw err;

@@ -10,7 +10,7 @@
  */
 import { Document, isMap, isScalar, isSeq, parseAllDocuments, stringify, type Node } from 'yaml';
 import { RewriteError } from './errors.ts';
-import { transformObject, type Direction } from './objects.ts';
+import { transformObject, type Direction, type ObjectResult } from './objects.ts';
 
 export type ManifestFormat = 'yaml' | 'json';
 
@@ -30,6 +30,8 @@ export interface ManifestResult {
   inputFormat: ManifestFormat;
   /** Documents (or JSON objects) the transform changed. */
   changed: number;
+  /** Pods left as written on purpose, as `document <n>: <field path>: <why>`. */
+  notes: string[];
 }
 
 export interface ManifestOptions {
@@ -50,7 +52,7 @@ export function transformManifest(text: string, direction: Direction, options: M
   return inputFormat === 'json' ? transformJson(text, direction, output) : transformYaml(text, direction, output);
 }
 
-function transformOne(value: unknown, direction: Direction, document: number): { object: unknown; changed: boolean } {
+function transformOne(value: unknown, direction: Direction, document: number): ObjectResult {
   try {
     return transformObject(value, direction);
   } catch (err) {
@@ -68,9 +70,10 @@ function transformJson(text: string, direction: Direction, output: ManifestForma
   }
   if (Array.isArray(value)) throw new ManifestError(1, '', 'a JSON manifest must be one object (use a List for several)');
   const r = transformOne(value, direction, 1);
-  if (output === 'yaml') return { text: stringify(r.object, { lineWidth: 0 }), inputFormat: 'json', changed: r.changed ? 1 : 0 };
-  if (!r.changed) return { text, inputFormat: 'json', changed: 0 };
-  return { text: printJson(r.object, jsonIndent(text)) + (text.endsWith('\n') ? '\n' : ''), inputFormat: 'json', changed: 1 };
+  const notes = (r.notes ?? []).map((n) => `document 1: ${n}`);
+  if (output === 'yaml') return { text: stringify(r.object, { lineWidth: 0 }), inputFormat: 'json', changed: r.changed ? 1 : 0, notes };
+  if (!r.changed) return { text, inputFormat: 'json', changed: 0, notes };
+  return { text: printJson(r.object, jsonIndent(text)) + (text.endsWith('\n') ? '\n' : ''), inputFormat: 'json', changed: 1, notes };
 }
 
 /** The indentation of a JSON text (its second line's), or '' when it is on one line. */
@@ -84,8 +87,9 @@ function printJson(value: unknown, indent: string): string {
 
 function transformYaml(text: string, direction: Direction, output: ManifestFormat): ManifestResult {
   const docs = parseAllDocuments(text, { prettyErrors: false });
-  if (!Array.isArray(docs)) return { text, inputFormat: 'yaml', changed: 0 }; // only comments
+  if (!Array.isArray(docs)) return { text, inputFormat: 'yaml', changed: 0, notes: [] }; // only comments
   let changed = 0;
+  const notes: string[] = [];
   let start = 0;
   const pieces: string[] = [];
   const objects: unknown[] = [];
@@ -102,6 +106,7 @@ function transformYaml(text: string, direction: Direction, output: ManifestForma
       throw new ManifestError(n, '', `cannot be read: ${(err as Error).message}`);
     }
     const r = transformOne(value, direction, n);
+    for (const note of r.notes ?? []) notes.push(`document ${n}: ${note}`);
     if (r.object !== null && r.object !== undefined) objects.push(r.object);
     if (!r.changed) {
       pieces.push(source);
@@ -115,9 +120,9 @@ function transformYaml(text: string, direction: Direction, output: ManifestForma
   }
   if (output === 'json') {
     const value = objects.length === 1 ? objects[0] : { apiVersion: 'v1', kind: 'List', items: objects };
-    return { text: printJson(value, '  ') + '\n', inputFormat: 'yaml', changed };
+    return { text: printJson(value, '  ') + '\n', inputFormat: 'yaml', changed, notes };
   }
-  return { text: pieces.join(''), inputFormat: 'yaml', changed };
+  return { text: pieces.join(''), inputFormat: 'yaml', changed, notes };
 }
 
 /** Whether a document writes `key:\n  - item` (indented) rather than `key:\n- item`. */

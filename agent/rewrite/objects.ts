@@ -12,6 +12,8 @@ export type Direction = 'rewrite' | 'undo';
 export interface ObjectResult {
   object: unknown;
   changed: boolean;
+  /** Pods left as written on purpose, as `<field path>: <why>`. */
+  notes?: string[];
 }
 
 type Obj = Record<string, unknown>;
@@ -43,12 +45,15 @@ export function transformObject(object: unknown, direction: Direction, path = ''
   if (isList(object)) {
     const items = object.items as unknown[];
     let changed = false;
+    const notes: string[] = [];
     const out = items.map((item, i) => {
       const r = transformObject(item, direction, `${prefix}items[${i}]`);
       changed ||= r.changed;
+      if (r.notes) notes.push(...r.notes);
       return r.object;
     });
-    return changed ? { object: { ...object, items: out }, changed } : { object, changed: false };
+    const result: ObjectResult = changed ? { object: { ...object, items: out }, changed } : { object, changed: false };
+    return notes.length ? { ...result, notes } : result;
   }
   const keys = typeof object.kind === 'string' ? TEMPLATE_PATHS[object.kind] : undefined;
   if (!keys) return { object, changed: false };
@@ -63,7 +68,7 @@ export function transformObject(object: unknown, direction: Direction, path = ''
   const base = keys.length ? `${prefix}${keys.join('.')}.` : prefix;
   const pod = chain.at(-1)!;
   const r: PodResult = direction === 'rewrite' ? rewritePod(pod, base) : undoPod(pod, base);
-  if (!r.changed) return { object, changed: false };
+  if (!r.changed) return r.skipped ? { object, changed: false, notes: [`${base}spec: left unchanged: ${r.skipped}`] } : { object, changed: false };
   let rebuilt: Obj = r.pod;
   for (let i = keys.length - 1; i >= 0; i--) rebuilt = { ...chain[i], [keys[i]!]: rebuilt };
   return { object: rebuilt, changed: true };

@@ -38,7 +38,16 @@ export interface RewriteRecord {
 export interface PodResult {
   pod: Obj;
   changed: boolean;
+  /** Why a pod with network probes or hooks was left as written (the agent cannot probe it). */
+  skipped?: string;
 }
+
+/**
+ * RuntimeClass names whose pods the agent leaves to kubelet (same list as the agent's
+ * DEFAULT_SANDBOXED_RUNTIMES in agent/netns/resolver.ts; a unit test keeps them equal): their
+ * network stack is not in a netns the agent can enter, so a rewritten probe could never pass.
+ */
+export const SANDBOXED_RUNTIME_CLASSES: readonly string[] = ['runsc', 'gvisor', 'kata', 'kata-qemu', 'kata-clh', 'kata-fc'];
 
 const PROBES: ReadonlyArray<readonly [field: string, kind: ShimKind]> = [
   ['livenessProbe', 'liveness'],
@@ -226,7 +235,13 @@ function ensureShimAffinity(spec: Obj, base: string): string[] {
   return added;
 }
 
-/** Removes what a JSON pointer names from `root` (which the caller owns); an array element only if it is our requirement. */
+/**
+ * Removes what the rewrite created at a JSON pointer of `root` (which the caller owns). Only the
+ * rewrite's own parts go: an appended requirement or term is removed where it was put (or wherever
+ * it went since); a created map loses the shim requirements inside it and then goes only if
+ * nothing else is left, so what someone added there after the rewrite (pod anti-affinity, another
+ * annotation) stays.
+ */
 function removePointer(root: Obj, pointer: string): void {
   const keys = pointer.split('/').slice(1).map(unescapePointer);
   const last = keys.pop();
@@ -238,12 +253,24 @@ function removePointer(root: Obj, pointer: string): void {
     else return;
   }
   if (Array.isArray(node)) {
-    // An appended requirement or term: remove it where it was put, or wherever it went since.
     const i = isOurs(node[Number(last)]) ? Number(last) : node.findIndex(isOurs);
     if (i >= 0) node.splice(i, 1);
-  } else if (isObj(node)) {
-    delete node[last];
+  } else if (isObj(node) && last in node) {
+    if (stripOurs(node[last])) delete node[last];
   }
+}
+
+/** Removes the shim requirements (and terms holding only them) inside a created value; true when nothing else is left. */
+function stripOurs(value: unknown): boolean {
+  if (Array.isArray(value)) {
+    for (let i = value.length - 1; i >= 0; i--) if (isOurs(value[i]) || stripOurs(value[i])) value.splice(i, 1);
+    return value.length === 0;
+  }
+  if (isObj(value)) {
+    for (const [k, v] of Object.entries(value)) if (stripOurs(v)) delete value[k];
+    return Object.keys(value).length === 0;
+  }
+  return false;
 }
 
 /** Splits a pod-like object into metadata/spec; `base` prefixes field paths in messages (e.g. `spec.template.`). */
@@ -258,6 +285,7 @@ export function rewritePod(input: Obj, base = ''): PodResult {
   const pod = structuredClone(input);
   const { spec } = podParts(pod, base);
   if (!spec) return { pod: input, changed: false };
+  const skipped = notForTheAgent(spec);
   const handlers: Record<string, Obj> = {};
   let hasShimCommands = false;
   for (const slot of slots(spec, `${base}spec`)) {
@@ -267,8 +295,13 @@ export function rewritePod(input: Obj, base = ''): PodResult {
       continue;
     }
     if (key === null || !slot.network.includes(key)) continue;
+    if (skipped) return { pod: input, changed: false, skipped };
     const value = slot.holder[key];
     if (!isObj(value)) throw new RewriteError(`${slot.path}.${key}`, 'a handler must be an object');
+    const foreign = foreignHost(value);
+    if (foreign !== undefined) {
+      return { pod: input, changed: false, skipped: `${slot.path}.${key}.host is ${JSON.stringify(foreign.slice(0, 64))}: the agent only probes the pod's own addresses, and Pod Security admission must still see that field` };
+    }
     const original = { [key]: value };
     const command = encodeShimCommand(slot.kind, original);
     if (command[2]!.length > MAX_ENCODED_HANDLER) {
@@ -302,6 +335,31 @@ export function rewritePod(input: Obj, base = ''): PodResult {
   };
   metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] = JSON.stringify(record);
   return { pod, changed: true };
+}
+
+/** Hosts Pod Security admission (KEP-4940) allows in probes and hooks; the agent reads them as the pod's own loopback. */
+const LOOPBACK_HOSTS = new Set(['', '127.0.0.1', '::1', 'localhost']);
+
+/**
+ * A `host` the rewrite must not hide inside the encoded command (undefined when there is none):
+ * Pod Security admission validates after mutating webhooks, so a rewritten pod would slip a
+ * node-side target past it; and the agent refuses such a host anyway.
+ */
+function foreignHost(handler: Obj): string | undefined {
+  const host = handler.host;
+  if (host === undefined || host === null) return undefined;
+  if (typeof host !== 'string') return String(host);
+  return LOOPBACK_HOSTS.has(host.toLowerCase()) ? undefined : host;
+}
+
+/** Why the agent cannot run this pod's probes (so they stay with kubelet), or undefined. */
+function notForTheAgent(spec: Obj): string | undefined {
+  if (spec.hostNetwork === true) return 'hostNetwork pod: kubelet reaches it without crossing into a pod netns, its probes stay as written';
+  const rc = spec.runtimeClassName;
+  if (typeof rc === 'string' && SANDBOXED_RUNTIME_CLASSES.some((s) => s.toLowerCase() === rc.toLowerCase())) {
+    return `runtimeClassName "${rc}" is sandboxed: the agent cannot probe inside it, its probes stay as written`;
+  }
+  return undefined;
 }
 
 /** Undoes rewritePod: gives back the handlers and removes what the rewrite added. */

@@ -95,7 +95,7 @@ export function admit(review: unknown, mode: OptInMode): { review: AdmissionRevi
     if (err instanceof RewriteError) return warn('refused', `probes left unchanged: ${err.message}`);
     return warn('refused', `probes left unchanged: internal error: ${describeError(err)}`);
   }
-  if (!result.changed) return answer('unchanged');
+  if (!result.changed) return result.skipped ? warn('skipped', `probes left unchanged: ${result.skipped}`) : answer('unchanged');
   const patch = Buffer.from(JSON.stringify(diffJson(pod, result.pod))).toString('base64');
   return answer('rewritten', { patchType: 'JSONPatch', patch });
 }

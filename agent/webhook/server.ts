@@ -8,6 +8,7 @@ import type { AddressInfo } from 'node:net';
 import { describeError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
 import { admit, AdmissionRequestError, MUTATE_ANNOTATED_PATH, MUTATE_PATH, type OptInMode } from './admission.ts';
+import { WebhookMetrics, type RequestOutcome } from './metrics.ts';
 import { loadTlsPair, TlsFileWatcher } from './tls-files.ts';
 
 /** Largest AdmissionReview accepted: a pod is at most ~1.5 MiB in etcd, the review wraps it once. */
@@ -38,8 +39,9 @@ const ROUTES: Record<string, OptInMode> = { [MUTATE_PATH]: 'all', [MUTATE_ANNOTA
 export async function startWebhookServer(opts: WebhookServerOptions): Promise<WebhookServer> {
   const log = (opts.log ?? silentLogger).child({ component: 'webhook' });
   const maxBytes = opts.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES;
+  const metrics = new WebhookMetrics();
   const server: Server = createServer({ ...loadTlsPair(opts.certFile, opts.keyFile), minVersion: 'TLSv1.2' }, (req, res) => {
-    handle(req, res, maxBytes, log).catch((err: unknown) => {
+    handle(req, res, maxBytes, log, metrics).catch((err: unknown) => {
       log.error('webhook request failed', { error: describeError(err) });
       if (!res.headersSent) reply(res, 500, 'text/plain', `internal error: ${describeError(err)}\n`);
       else res.destroy();
@@ -81,15 +83,19 @@ function reply(res: ServerResponse, status: number, type: string, body: string):
   res.end(body);
 }
 
-async function handle(req: IncomingMessage, res: ServerResponse, maxBytes: number, log: Logger): Promise<void> {
+async function handle(req: IncomingMessage, res: ServerResponse, maxBytes: number, log: Logger, metrics: WebhookMetrics): Promise<void> {
   const path = (req.url ?? '/').split('?')[0]!;
   if (path === '/healthz') {
     reply(res, 200, 'text/plain', 'ok\n');
     return;
   }
+  if (path === '/metrics' && req.method === 'GET') {
+    reply(res, 200, metrics.registry.contentType, await metrics.registry.metrics());
+    return;
+  }
   const mode = ROUTES[path];
   if (!mode) {
-    reply(res, 404, 'text/plain', `no such path ${path.slice(0, 64)}: want ${MUTATE_PATH}, ${MUTATE_ANNOTATED_PATH} or /healthz\n`);
+    reply(res, 404, 'text/plain', `no such path ${path.slice(0, 64)}: want ${MUTATE_PATH}, ${MUTATE_ANNOTATED_PATH}, /healthz or /metrics\n`);
     return;
   }
   if (req.method !== 'POST') {
@@ -97,7 +103,10 @@ async function handle(req: IncomingMessage, res: ServerResponse, maxBytes: numbe
     reply(res, 405, 'text/plain', `${path} takes POST\n`);
     return;
   }
+  const started = process.hrtime.bigint();
+  const done = (outcome: RequestOutcome): void => metrics.observe(path, outcome, Number(process.hrtime.bigint() - started) / 1e9);
   const tooLarge = (): void => {
+    done('too-large');
     // Answer without reading the rest; the connection closes after the answer.
     res.setHeader('connection', 'close');
     reply(res, 413, 'text/plain', `request body larger than ${maxBytes} bytes\n`);
@@ -112,6 +121,7 @@ async function handle(req: IncomingMessage, res: ServerResponse, maxBytes: numbe
     body = JSON.parse(raw.toString('utf8'));
   } catch (err) {
     reply(res, 400, 'text/plain', `request body is not JSON: ${describeError(err)}\n`);
+    done('bad-request');
     return;
   }
   try {
@@ -120,9 +130,14 @@ async function handle(req: IncomingMessage, res: ServerResponse, maxBytes: numbe
     log.debug('admission', { uid: r.uid, outcome, ...(detail ? { detail } : {}) });
     if (outcome === 'refused') log.warn('pod not rewritten', { uid: r.uid, reason: detail });
     reply(res, 200, 'application/json', JSON.stringify(review));
+    done(outcome);
   } catch (err) {
-    if (!(err instanceof AdmissionRequestError)) throw err;
+    if (!(err instanceof AdmissionRequestError)) {
+      done('internal-error');
+      throw err;
+    }
     reply(res, 400, 'text/plain', `not an admission.k8s.io/v1 AdmissionReview: ${err.message}\n`);
+    done('bad-request');
   }
 }
 

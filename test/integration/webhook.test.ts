@@ -118,6 +118,12 @@ function corpusPods(): Obj[] {
   return pods;
 }
 
+/** The CA of whichever pair is installed now (the rotation test swaps them). */
+async function currentCa(): Promise<string> {
+  const cert = readFileSync(CERT(), 'utf8');
+  return cert === pairs.a.cert ? pairs.a.ca : pairs.b.ca;
+}
+
 async function serving(ca: string): Promise<PeerCertificate> {
   return new Promise((resolve, reject) => {
     const s = connect({ host: '127.0.0.1', port: server.port, ca, servername: 'localhost' }, () => {
@@ -148,8 +154,12 @@ describe('rewrite webhook over HTTPS', () => {
     const pods = corpusPods();
     expect(pods.length).toBeGreaterThanOrEqual(10);
     const cli = spawnSync(CLI, ['rewrite', '-f', '-', '--output', 'json'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'List', items: pods }), encoding: 'utf8' });
-    expect(cli.stderr).toBe('');
     expect(cli.status).toBe(0);
+    // The hostNetwork and gVisor pods of left-to-kubelet.yaml are noted and left alone, by both.
+    expect(cli.stderr.trim().split('\n').map((l) => l.replace(/items\[\d+\]/, 'items[i]'))).toEqual([
+      'probe-agent rewrite: <stdin>: document 1: items[i].spec: left unchanged: hostNetwork pod: kubelet reaches it without crossing into a pod netns, its probes stay as written',
+      'probe-agent rewrite: <stdin>: document 1: items[i].spec: left unchanged: runtimeClassName "gvisor" is sandboxed: the agent cannot probe inside it, its probes stay as written',
+    ]);
     const expected = JSON.parse(cli.stdout).items as Obj[];
     let rewritten = 0;
     for (const [i, pod] of pods.entries()) {
@@ -160,11 +170,14 @@ describe('rewrite webhook over HTTPS', () => {
       expect(r.json).toMatchObject({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview' });
       expect(response.uid).toBe(req.request.uid);
       expect(response.allowed).toBe(true);
-      expect(response.warnings).toBeUndefined();
       if (JSON.stringify(expected[i]) === JSON.stringify(pod)) {
         expect(response.patch, pod.metadata.generateName).toBeUndefined();
+        // Pods left to kubelet say why; pods with nothing to rewrite say nothing.
+        if (pod.spec.hostNetwork || pod.spec.runtimeClassName) expect(response.warnings[0]).toMatch(/^probe-agent: probes left unchanged: (hostNetwork pod|runtimeClassName "gvisor")/);
+        else expect(response.warnings).toBeUndefined();
         continue;
       }
+      expect(response.warnings).toBeUndefined();
       rewritten++;
       expect(response.patchType).toBe('JSONPatch');
       const patch = JSON.parse(Buffer.from(response.patch, 'base64').toString('utf8'));
@@ -206,6 +219,8 @@ describe('rewrite webhook over HTTPS', () => {
       [review(base, { subResource: 'ephemeralcontainers' }), /not a pod \(Pod\/ephemeralcontainers\)/],
       [review({ ...base, spec: { ...base.spec, nodeName: 'node-a' } }), /bound to node node-a at creation/],
       [review(base, { object: null }), /no pod object/],
+      [review({ ...base, spec: { ...base.spec, hostNetwork: true } }), /^probe-agent: probes left unchanged: hostNetwork pod/],
+      [review({ ...base, spec: { ...base.spec, containers: [{ name: 'x', image: 'i', livenessProbe: { httpGet: { host: '10.0.0.1', port: 2379, path: '/metrics' } } }] } }), /^probe-agent: probes left unchanged: spec\.containers\[0\]\.livenessProbe\.httpGet\.host is "10\.0\.0\.1"/],
     ];
     for (const [req, warning] of cases) {
       const r = await post(MUTATE_PATH, JSON.stringify(req));
@@ -264,6 +279,18 @@ describe('rewrite webhook over HTTPS', () => {
     expect(health.status).toBe(200);
   });
 
+  it('counts every admission request by path and outcome on /metrics (after the tests above)', async () => {
+    const r = await post('/metrics', '', { method: 'GET' });
+    expect(r.status).toBe(200);
+    const value = (labels: string): number => Number(new RegExp(`^probe_agent_webhook_requests_total\\{${labels}\\} (\\d+)$`, 'm').exec(r.body)?.[1] ?? 0);
+    expect(value('path="/mutate",outcome="rewritten"')).toBeGreaterThanOrEqual(8);
+    expect(value('path="/mutate-annotated",outcome="rewritten"')).toBe(1);
+    expect(value('path="/mutate",outcome="refused"')).toBe(3);
+    expect(value('path="/mutate",outcome="bad-request"')).toBe(4);
+    expect(value('path="/mutate",outcome="too-large"')).toBe(2);
+    expect(r.body).toMatch(/^probe_agent_webhook_request_duration_seconds_count\{path="\/mutate"\} \d+$/m);
+  });
+
   it('serves a rotated certificate to new connections without a restart, and keeps the old one when the new files do not load', async () => {
     const before = await serving(pairs.a.ca);
     expect(before.issuer.CN).toBe('probe-agent test CA a');
@@ -318,6 +345,50 @@ describe('probe-agent webhook (built CLI)', () => {
     const [code] = await once(child, 'exit');
     expect(code, stderr).toBe(0);
     expect(stderr).toMatch(/webhook listening/);
+  });
+
+  it('runs as the rewrite-webhook component deploys it: its args, its probe path and scheme, its webhook paths', async () => {
+    const kdir = mkdtempSync(path.join(dir, 'kustomize-'));
+    const rel = (p: string) => path.relative(kdir, path.join(REPO, 'deploy', p));
+    writeFileSync(path.join(kdir, 'kustomization.yaml'), `resources: [${rel('base')}]\ncomponents: [${rel('components/rewrite-webhook')}]\n`);
+    const objects = parseAllDocuments(execFileSync('kubectl', ['kustomize', kdir], { encoding: 'utf8' })).map((d) => d.toJS() as Obj);
+    const deployment = objects.find((o) => o.kind === 'Deployment')!;
+    const c = deployment.spec.template.spec.containers[0];
+    const mountPath = c.volumeMounts[0].mountPath as string;
+    const port = 20000 + Math.floor(Math.random() * 20000);
+    // The deployed args, with the Secret mount pointed at the test's files and a free port.
+    const args = (c.args as string[]).map((a) => a.replace(mountPath, dir).replace(/^--listen=:\d+$/, `--listen=127.0.0.1:${port}`));
+    expect(args).toContain(`--tls-cert-file=${CERT()}`);
+    const child = spawn(CLI, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr!.on('data', (d) => (stderr += d));
+    try {
+      const probe = c.readinessProbe.httpGet;
+      expect(probe.scheme).toBe('HTTPS');
+      expect((c.ports as Obj[]).find((p) => p.name === probe.port)?.containerPort).toBe(8443);
+      let health: Reply | undefined;
+      const deadline = Date.now() + 20_000;
+      while (Date.now() < deadline && child.exitCode === null) {
+        try {
+          health = await post(probe.path, '', { method: 'GET', port, ca: (await currentCa()) });
+          break;
+        } catch {
+          await new Promise((r) => setTimeout(r, 100));
+        }
+      }
+      expect(health?.status, stderr).toBe(200);
+      const pod = corpusPods().find((p) => JSON.stringify(p).includes('httpGet'))!;
+      const annotated = { ...pod, metadata: { ...pod.metadata, annotations: { [OPT_IN_ANNOTATION]: 'enabled' } } };
+      const config = objects.find((o) => o.kind === 'MutatingWebhookConfiguration')!;
+      for (const w of config.webhooks as Obj[]) {
+        const r = await post(w.clientConfig.service.path, JSON.stringify(review(annotated)), { port, ca: await currentCa() });
+        expect(r.json!.response.patchType, w.name).toBe('JSONPatch');
+      }
+    } finally {
+      child.kill('SIGTERM');
+    }
+    const [code] = await once(child, 'exit');
+    expect(code, stderr).toBe(0);
   });
 
   it('refuses to start, exit 2, on TLS files that do not load or a bad flag', () => {

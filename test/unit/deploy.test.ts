@@ -396,6 +396,9 @@ describe('rewrite-webhook component', () => {
     expect(c.securityContext).toEqual({ allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } });
     expect((spec.volumes as Obj[]).every((vol) => !vol.hostPath)).toBe(true);
     expect(deployment().spec.replicas).toBeGreaterThanOrEqual(2);
+    const pdb = one('PodDisruptionBudget');
+    expect(pdb.spec.minAvailable).toBe(1);
+    for (const [k, val] of Object.entries(pdb.spec.selector.matchLabels)) expect(deployment().spec.template.metadata.labels[k]).toBe(val);
     const heap = /--max-old-space-size=(\d+)/.exec((c.env as Obj[]).find((e) => e.name === 'NODE_OPTIONS')?.value ?? '');
     expect(Number(heap?.[1])).toBeLessThan(mib(c.resources.limits.memory) * 0.75);
   });

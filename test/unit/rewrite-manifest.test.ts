@@ -14,6 +14,8 @@ import { decodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 
 const CORPUS = fileURLToPath(new URL('../fixtures/rewrite/', import.meta.url));
 const FILES = readdirSync(CORPUS).sort();
+/** Corpus files the rewrite must leave byte for byte. */
+const UNCHANGED = new Set(['exec-only.yaml', 'left-to-kubelet.yaml']);
 const read = (f: string): string => readFileSync(path.join(CORPUS, f), 'utf8');
 const docsOf = (text: string): unknown[] => parseAllDocuments(text).map((d) => d.toJS());
 /** Every handler key left anywhere in a pod spec (a ConfigMap's text does not count: it is a string). */
@@ -49,13 +51,13 @@ describe('manifest corpus', () => {
     const original = read(file);
     const rewritten = transformManifest(original, 'rewrite');
     expect(rewritten.inputFormat).toBe(file.endsWith('.json') ? 'json' : 'yaml');
-    expect(transformManifest(rewritten.text, 'rewrite')).toEqual({ text: rewritten.text, inputFormat: rewritten.inputFormat, changed: 0 });
+    expect(transformManifest(rewritten.text, 'rewrite')).toEqual({ text: rewritten.text, inputFormat: rewritten.inputFormat, changed: 0, notes: rewritten.notes });
     expect(transformManifest(rewritten.text, 'undo').text).toBe(original);
     // The undo of an original is the original.
     expect(transformManifest(original, 'undo').text).toBe(original);
   });
 
-  it.each(FILES.filter((f) => f !== 'exec-only.yaml'))('%s: no network handler is left in a pod and every command carries one of the originals', (file) => {
+  it.each(FILES.filter((f) => !UNCHANGED.has(f)))('%s: no network handler is left in a pod and every command carries one of the originals', (file) => {
     const original = read(file);
     const out = transformManifest(original, 'rewrite', { output: 'json' });
     expect(out.changed).toBeGreaterThan(0);
@@ -81,7 +83,18 @@ describe('manifest corpus', () => {
 
   it('leaves a manifest with nothing to rewrite byte for byte, odd spacing and flow maps included', () => {
     const original = read('exec-only.yaml');
-    expect(transformManifest(original, 'rewrite')).toEqual({ text: original, inputFormat: 'yaml', changed: 0 });
+    expect(transformManifest(original, 'rewrite')).toEqual({ text: original, inputFormat: 'yaml', changed: 0, notes: [] });
+  });
+
+  it('leaves hostNetwork and sandboxed pods to kubelet, byte for byte, and says so', () => {
+    const original = read('left-to-kubelet.yaml');
+    const out = transformManifest(original, 'rewrite');
+    expect(out.text).toBe(original);
+    expect(out.changed).toBe(0);
+    expect(out.notes).toEqual([
+      'document 1: spec.template.spec: left unchanged: hostNetwork pod: kubelet reaches it without crossing into a pod netns, its probes stay as written',
+      'document 2: spec.template.spec: left unchanged: runtimeClassName "gvisor" is sandboxed: the agent cannot probe inside it, its probes stay as written',
+    ]);
   });
 
   it('keeps comments and the document layout of a rewritten document', () => {

@@ -7,7 +7,8 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { RewriteError } from '../../agent/rewrite/errors.ts';
 import { transformObject, REWRITTEN_KINDS } from '../../agent/rewrite/objects.ts';
-import { ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SHIM_NODE_LABEL, undoPod } from '../../agent/rewrite/pod-rewrite.ts';
+import { ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SANDBOXED_RUNTIME_CLASSES, SHIM_NODE_LABEL, undoPod } from '../../agent/rewrite/pod-rewrite.ts';
+import { DEFAULT_SANDBOXED_RUNTIMES } from '../../agent/netns/resolver.ts';
 import { decodeShimCommand, encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 
 type Obj = Record<string, any>;
@@ -102,6 +103,28 @@ describe('rewritePod', () => {
     }
   });
 
+  it('leaves hostNetwork and sandboxed-runtime pods to kubelet (the agent refuses them), saying why', () => {
+    const probe = { livenessProbe: { httpGet: { port: 80 } } };
+    const host = pod({ hostNetwork: true, containers: [web(probe)] });
+    expect(rewritePod(host)).toEqual({ pod: host, changed: false, skipped: expect.stringMatching(/^hostNetwork pod/) });
+    for (const rc of ['gvisor', 'Kata-QEMU', 'runsc']) {
+      const sandboxed = pod({ runtimeClassName: rc, containers: [web(probe)] });
+      expect(rewritePod(sandboxed)).toEqual({ pod: sandboxed, changed: false, skipped: `runtimeClassName "${rc}" is sandboxed: the agent cannot probe inside it, its probes stay as written` });
+    }
+    // Other runtime classes (runc-based) are the agent's.
+    expect(rewritePod(pod({ runtimeClassName: 'runc-fast', containers: [web(probe)] })).changed).toBe(true);
+    // Nothing to skip without network probes.
+    expect(rewritePod(pod({ hostNetwork: true, containers: [web()] })).skipped).toBeUndefined();
+    // A host other than loopback stays visible to Pod Security admission: the whole pod is left as written.
+    const ssrf = pod({ containers: [web({ readinessProbe: { tcpSocket: { port: 80 } }, livenessProbe: { httpGet: { host: '169.254.169.254', path: '/latest/meta-data', port: 80 } } })] });
+    expect(rewritePod(ssrf)).toEqual({ pod: ssrf, changed: false, skipped: 'spec.containers[0].livenessProbe.httpGet.host is "169.254.169.254": the agent only probes the pod\'s own addresses, and Pod Security admission must still see that field' });
+    for (const host of ['127.0.0.1', '::1', 'localhost', 'LOCALHOST', '']) {
+      expect(rewritePod(pod({ containers: [web({ livenessProbe: { tcpSocket: { host, port: 80 } } })] })).changed, host).toBe(true);
+    }
+    // The same list as the agent's own.
+    expect([...SANDBOXED_RUNTIME_CLASSES]).toEqual([...DEFAULT_SANDBOXED_RUNTIMES]);
+  });
+
   it('records the originals and what it added in one annotation', () => {
     const out = rewriteChecked(pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] }));
     expect(JSON.parse(out.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION])).toEqual({
@@ -186,6 +209,21 @@ describe('rewritePod', () => {
     expect(Object.keys(record.handlers)).toEqual(['web/livenessProbe', 'web/readinessProbe']);
     const undone = undoPod(second.pod).pod;
     expect(undone).toEqual({ metadata: { name: 'p' }, spec: { containers: [web({ livenessProbe: { httpGet: { port: 80 } }, readinessProbe: { tcpSocket: { port: 81 } } })] } });
+  });
+
+  it('keeps what someone added inside the parts the rewrite created (pod anti-affinity, another annotation, another term)', () => {
+    const input = pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] });
+    const edited = structuredClone(rewritePod(input).pod);
+    const podAntiAffinity = { preferredDuringSchedulingIgnoredDuringExecution: [{ weight: 1, podAffinityTerm: { topologyKey: 'zone' } }] };
+    edited.spec.affinity.podAntiAffinity = podAntiAffinity;
+    edited.metadata.annotations['team'] = 'shop';
+    const undone = undoPod(edited).pod;
+    expect(undone.spec.containers).toEqual(input.spec.containers);
+    expect(undone.spec.affinity).toEqual({ podAntiAffinity });
+    expect(undone.metadata.annotations).toEqual({ team: 'shop' });
+    const withTerm = structuredClone(rewritePod(input).pod);
+    withTerm.spec.affinity.nodeAffinity[REQ].nodeSelectorTerms[0].matchExpressions.push({ key: 'disk', operator: 'In', values: ['ssd'] });
+    expect(undoPod(withTerm).pod.spec.affinity).toEqual({ nodeAffinity: { [REQ]: { nodeSelectorTerms: [{ matchExpressions: [{ key: 'disk', operator: 'In', values: ['ssd'] }] }] } } });
   });
 
   it('undoes from the commands themselves when the annotation was stripped (affinity stays: it was not recorded)', () => {
