@@ -121,6 +121,9 @@ beforeAll(async () => {
   await guard(pod);
   server = await startPodServer(pod);
   const spec = makePod({ uid: pod.uid, name: pod.name, namespace: NS, ips: pod.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` });
+  // The pod as the rewrite leaves it: its readiness probe is probe-agent's exec command (on-demand mode).
+  const container = (spec.spec as { containers: Record<string, unknown>[] }).containers[0]!;
+  container.readinessProbe = { exec: { command: encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } }) }, periodSeconds: 1, timeoutSeconds: 1 };
   kubelet = await FakeKubelet.start({ pods: [spec] });
   agent = await startTheAgent();
   shim = new CriShim({ listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: probeLink, agentGraceMs: 1000, hookAgentWaitMs: 1500, log: () => {} });
@@ -175,6 +178,17 @@ describe('rewritten probes answered inside the pod netns, the node->pod path dro
 
     expect(await counted('outside')).toBe(outside);
     expect(await counted('inside')).toBeGreaterThan(inside);
+  });
+
+  it('the agent records what kubelet ran through the shim as the rewritten probe\'s status (on-demand mode), without probing it on its own', async () => {
+    const before = await counted('inside');
+    // No timer traffic for the rewritten probe (period 1 s): nothing reaches the pod while nobody calls the shim.
+    await new Promise((r) => setTimeout(r, 1500));
+    expect(await counted('inside')).toBe(before);
+    expect(exit(await probe('readiness', { httpGet: { path: '/healthz', port: HTTP } })).exitCode).toBe(0);
+    const statuses = await agent!.waitForStatuses((all) => all.some((x) => x.podName === 'web' && x.key.probeType === 'Readiness' && x.result === 'success' && x.lastProbeTime > 0));
+    const st = statuses.find((x) => x.podName === 'web' && x.key.probeType === 'Readiness')!;
+    expect(st.ready).toBe(true);
   });
 
   it('a target that times out is a Failure by exit code, never gRPC DEADLINE_EXCEEDED', async () => {
