@@ -34,7 +34,7 @@ beforeAll(async () => {
   const version = RUNTIME_SERVICE['Version'] as grpc.MethodDefinition<object, object>;
   runtime.register(version.path, (_c: unknown, cb: grpc.sendUnaryData<object>) => cb(null, { version: '0.1.0', runtimeName: 'stand-in', runtimeVersion: '1', runtimeApiVersion: 'v1' }), version.responseSerialize, version.requestDeserialize, 'unary');
   const exec = RUNTIME_SERVICE['ExecSync'] as grpc.MethodDefinition<object, object>;
-  runtime.register(exec.path, (c: grpc.ServerUnaryCall<{ cmd: string[] }, object>, cb: grpc.sendUnaryData<object>) => cb(null, { stdout: Buffer.from(c.request.cmd.join(' ')), exitCode: 0 }), exec.responseSerialize, exec.requestDeserialize, 'unary');
+  runtime.register(exec.path, (c: grpc.ServerUnaryCall<{ cmd: string[] }, object>, cb: grpc.sendUnaryData<object>) => cb(null, { stdout: Buffer.from(c.request.cmd.join(' ')), exitCode: 0 }), exec.responseSerialize, exec.requestDeserialize as grpc.deserialize<{ cmd: string[] }>, 'unary');
   await new Promise<void>((r, j) => runtime.bindAsync(`unix:${path.join(scratch, 'rt.sock')}`, grpc.ServerCredentials.createInsecure(), (e) => (e ? j(e) : r())));
   hungAgent = net.createServer((s) => hungSockets.push(s));
   await new Promise<void>((r) => hungAgent.listen(path.join(scratch, 'hung-agent.sock'), r));
