@@ -7,6 +7,7 @@
  * that one call. Kubelet's ordinary calls never wait on the agent.
  */
 import * as http2 from 'node:http2';
+import * as net from 'node:net';
 import { chmodSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
 import { decodeShimCommand, isShimCommand, ShimCommandError, type ShimKind } from '../rewrite/shim-command.ts';
@@ -97,7 +98,11 @@ export class CriShim {
     const p = this.config.listenPath;
     mkdirSync(path.dirname(p), { recursive: true, mode: 0o755 });
     try {
-      if (lstatSync(p).isSocket()) unlinkSync(p);
+      if (lstatSync(p).isSocket()) {
+        // A live shim owns it: never take kubelet's endpoint from under a running one.
+        if (await socketAnswers(p)) throw new Error(`${p} is in use by a running process (another shim?)`);
+        unlinkSync(p);
+      }
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
     }
@@ -326,6 +331,20 @@ export class CriShim {
       }
     }
   }
+}
+
+/** Whether something accepts connections on a unix socket (a stale socket file refuses them). */
+function socketAnswers(p: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = net.connect(p);
+    const done = (v: boolean): void => {
+      s.destroy();
+      resolve(v);
+    };
+    s.once('connect', () => done(true));
+    s.once('error', () => done(false));
+    s.setTimeout(1000, () => done(false));
+  });
 }
 
 /** Decodes a buffered ExecSync body; null when it is not one uncompressed, well-formed message we can read. */

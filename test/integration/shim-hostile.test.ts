@@ -6,7 +6,8 @@
  * shim's edges; real containerd is in shim-passthrough.test.ts); the hung agent is a socket that
  * accepts and never answers.
  */
-import { mkdtempSync, rmSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { lstatSync, mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -53,6 +54,19 @@ afterAll(async () => {
 });
 
 describe('the shim under bad input', () => {
+  it('a second shim refuses to take the socket of a running one; a stale socket file is replaced', async () => {
+    const second = new CriShim({ listenPath: shim.config.listenPath, runtimeSocket: path.join(scratch, 'rt.sock'), probeSocket: path.join(scratch, 'x.sock'), log: () => {} });
+    await expect(second.listen()).rejects.toThrow(/in use by a running process/);
+    await stillServes();
+    // A socket file nobody listens on (a shim killed with SIGKILL) is taken over.
+    const stale = path.join(scratch, 'stale.sock');
+    spawnSync(process.execPath, ['-e', `require('net').createServer().listen(${JSON.stringify(stale)}, () => process.kill(process.pid, 'SIGKILL'))`]);
+    expect(lstatSync(stale).isSocket()).toBe(true);
+    const third = new CriShim({ listenPath: stale, runtimeSocket: path.join(scratch, 'rt.sock'), probeSocket: path.join(scratch, 'x.sock'), log: () => {} });
+    await third.listen();
+    await third.close(100);
+  });
+
   it('bytes that are not HTTP/2 only cost that connection', async () => {
     for (const junk of [Buffer.from('GET / HTTP/1.1\r\nHost: x\r\n\r\n'), Buffer.alloc(4096, 0xff), Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x04\x08')]) {
       await new Promise<void>((resolve) => {
