@@ -124,13 +124,15 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     kubelet = await FakeKubelet.start({ pods: [makePod({ uid: pod.uid, name: pod.name, namespace: 'bench', ips: pod.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` })] });
     const agentSock = path.join(scratch, 'probe.sock');
     const cli = o.cli ?? path.join(REPO, 'dist/cli.js');
-    const agent = await spawnLogged(process.execPath, [...launcherNodeFlags(), cli, 'run', `--kubelet-url=${kubelet.httpUrl}`, '--kubelet-token-file=',
+    // BENCH_SHIM_PROFILE=<dir>: CPU profiles of the agent and the shim (summarise with cpuprofile.ts).
+    const prof = (name: string): string[] => (process.env.BENCH_SHIM_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_SHIM_PROFILE}`, `--cpu-prof-name=${name}.cpuprofile`] : []);
+    const agent = await spawnLogged(process.execPath, [...launcherNodeFlags(), ...prof('agent'), cli, 'run', `--kubelet-url=${kubelet.httpUrl}`, '--kubelet-token-file=',
       '--netns-resolvers=cri', `--cri-endpoint=${lab.endpoint}`, `--netns-dir=${lab.netnsDir}`, `--socket=${agentSock}`, '--metrics-address=127.0.0.1:0', '--log-format=json'],
     /metrics listener started/, 'agent');
     procs.push(agent);
     const shimSock = path.join(scratch, 'cri.sock');
     const tShim = performance.now();
-    const shim = await spawnLogged(process.execPath, [path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
+    const shim = await spawnLogged(process.execPath, [...prof('shim'), path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
     const startupMs = round(performance.now() - tShim, 1);
     procs.push(shim);
     const viaShim = new KubeletCri(shimSock);
@@ -235,6 +237,9 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     return result;
   } finally {
     for (const c of clients) c.close();
+    // SIGTERM first, so profiling processes write their profiles; then make sure.
+    for (const p of procs) p.kill('SIGTERM');
+    await new Promise((r) => setTimeout(r, process.env.BENCH_SHIM_PROFILE ? 3000 : 200));
     for (const p of procs) p.kill('SIGKILL');
     await kubelet?.stop();
     await lab?.destroy();
