@@ -23,14 +23,21 @@ export function registerShimCommand(program: Command): void {
     .option('--hook-deadline <duration>', 'longest an HTTP/TCP hook may take through the agent', '2m')
     .option('--hook-agent-wait <duration>', 'how long a hook waits for an agent that is not listening', '10s')
     .action(async (o: { listen: string; runtimeEndpoint: string; probeSocket: string; agentGrace: string; hookDeadline: string; hookAgentWait: string }) => {
-      const { runShim } = await import('../shim/main.ts');
-      await runShim({
-        listen: o.listen,
-        runtimeEndpoint: o.runtimeEndpoint,
-        probeSocket: o.probeSocket,
-        agentGraceMs: parseDuration(o.agentGrace, '--agent-grace'),
-        hookDeadlineMs: parseDuration(o.hookDeadline, '--hook-deadline'),
-        hookAgentWaitMs: parseDuration(o.hookAgentWait, '--hook-agent-wait'),
-      });
+      try {
+        const flags = {
+          listen: o.listen,
+          runtimeEndpoint: o.runtimeEndpoint,
+          probeSocket: o.probeSocket,
+          agentGraceMs: parseDuration(o.agentGrace, '--agent-grace'),
+          hookDeadlineMs: parseDuration(o.hookDeadline, '--hook-deadline'),
+          hookAgentWaitMs: parseDuration(o.hookAgentWait, '--hook-agent-wait'),
+        };
+        const { runShim } = await import('../shim/main.ts');
+        await runShim(flags);
+      } catch (err) {
+        // Could not start (bad flag, socket in use or not creatable): say why, exit 2 like every command that could not run.
+        process.stderr.write(`probe-agent shim: ${(err as Error).message}\n`);
+        process.exit(2);
+      }
     });
 }

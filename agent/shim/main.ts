@@ -35,12 +35,12 @@ export async function runShim(flags: ShimFlags): Promise<CriShim> {
   if (flags.hookDeadlineMs !== undefined) config.hookDeadlineMs = flags.hookDeadlineMs;
   if (flags.hookAgentWaitMs !== undefined) config.hookAgentWaitMs = flags.hookAgentWaitMs;
   const shim = new CriShim(config);
-  // The shim holds no state: an unexpected error in one call is logged and the rest go on, since
-  // exiting would cut kubelet off its runtime until systemd restarts us.
+  await shim.listen();
+  // Once serving, the shim holds no state: an unexpected error in one call is logged and the rest
+  // go on, since exiting would cut kubelet off its runtime until systemd restarts us.
   process.on('uncaughtException', (err) => {
     process.stderr.write(`${JSON.stringify({ time: new Date().toISOString(), level: 'error', msg: 'unexpected error', error: err.stack ?? String(err) })}\n`);
   });
-  await shim.listen();
   process.stderr.write(`${JSON.stringify({
     time: new Date().toISOString(), level: 'info', msg: 'shim listening',
     listen: config.listenPath, runtime: config.runtimeSocket, probeSocket: config.probeSocket,

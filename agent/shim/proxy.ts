@@ -8,7 +8,7 @@
  */
 import * as http2 from 'node:http2';
 import * as net from 'node:net';
-import { chmodSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
+import { chmodSync, existsSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
 import { decodeShimCommand, isShimCommand, ShimCommandError, type ShimKind } from '../rewrite/shim-command.ts';
 import { encodeGrpcMessage, grpcFrame, readSingleGrpcFrame, WireError } from '../api/protowire.ts';
@@ -96,7 +96,9 @@ export class CriShim {
   /** Listens on the shim socket (mode 0600; a stale socket file is replaced). */
   async listen(): Promise<void> {
     const p = this.config.listenPath;
-    mkdirSync(path.dirname(p), { recursive: true, mode: 0o755 });
+    const dir = path.dirname(p);
+    // Non-recursive when the parent exists: Node's recursive mkdir spins forever under /proc.
+    if (!existsSync(dir)) mkdirSync(dir, { recursive: !existsSync(path.dirname(dir)), mode: 0o755 });
     try {
       if (lstatSync(p).isSocket()) {
         // A live shim owns it: never take kubelet's endpoint from under a running one.

@@ -53,6 +53,20 @@ afterAll(async () => {
   if (scratch) rmSync(scratch, { recursive: true, force: true });
 });
 
+describe('probe-agent shim refuses to start with a clear message and exit 2', () => {
+  const CLI = new URL('../../agent/cli.ts', import.meta.url).pathname;
+  it.each([
+    [['--agent-grace', 'soon'], /--agent-grace: invalid duration "soon"/],
+    [['--runtime-endpoint', 'tcp://10.0.0.1:1234'], /unsupported endpoint "tcp:\/\/10.0.0.1:1234": only unix sockets/],
+    [['--listen', 'unix:///proc/no-such-dir/cri.sock'], /ENOENT.*\/proc\/no-such-dir/],
+  ])('%j', (args, message) => {
+    const r = spawnSync(process.execPath, [CLI, 'shim', ...args], { encoding: 'utf8', timeout: 20_000 });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toMatch(/^probe-agent shim: /);
+    expect(r.stderr).toMatch(message);
+  });
+});
+
 describe('the shim under bad input', () => {
   it('a second shim refuses to take the socket of a running one; a stale socket file is replaced', async () => {
     const second = new CriShim({ listenPath: shim.config.listenPath, runtimeSocket: path.join(scratch, 'rt.sock'), probeSocket: path.join(scratch, 'x.sock'), log: () => {} });
