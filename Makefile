@@ -10,13 +10,13 @@ export PATH := $(TOOLS)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 
 # Debian packages the build, the tests, the demo and the benchmark rely on.
 SYSTEM_PACKAGES := gcc libc6-dev make iproute2 nftables procps psmisc openssl ca-certificates \
-	containerd runc containernetworking-plugins prometheus prometheus-blackbox-exporter
+	containerd runc containernetworking-plugins prometheus prometheus-blackbox-exporter systemd
 
 HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: build deps system-deps node test test-unit demo bench soak clean helper typecheck
+.PHONY: build deps system-deps node test test-unit demo bench bench-shim soak clean helper typecheck
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -75,6 +75,10 @@ demo: build
 ## bench: side-by-side probe cost and latency (in-netns paths vs direct vs blackbox_exporter).
 bench: build
 	node test/bench/bench.ts
+
+## bench-shim: only the kubelet-shim part of the bench (BENCH_QUICK=1, BENCH_SHIM_* knobs; see test/bench/shim.ts).
+bench-shim: build
+	node test/bench/shim.ts
 
 ## soak: long churn run (SOAK_MINUTES, default 10).
 soak: build

@@ -14,6 +14,7 @@ import { checkTargets, machineInfo, renderMarkdown, type BenchResult } from './r
 import { measurePoint, measureResolverCost, type ResolverCost, type ScalePoint } from './scale.ts';
 import { createScaleEnv } from './scale-env.ts';
 import { runSideBySide } from './sidebyside.ts';
+import { renderShimMarkdown, runShimBench, shimBenchOptions, type ShimBenchResult } from './shim.ts';
 import { round } from './stats.ts';
 
 const log = (line: string): void => void process.stderr.write(`[bench] ${line}\n`);
@@ -72,6 +73,8 @@ async function main(): Promise<void> {
       log,
     });
     const scaled = cfg.scale ? await runScale(cfg, build.cli) : undefined;
+    // The kubelet shim (test/bench/shim.ts); BENCH_SHIM=0 skips it.
+    const shim: ShimBenchResult | undefined = process.env.BENCH_SHIM === '0' ? undefined : await runShimBench({ ...shimBenchOptions(process.env, log), cli: build.cli });
     machine.loadAverageAtEnd = os.loadavg().map((x) => round(x, 2));
     const { jsonPath, markdownPath, ...config } = cfg;
     const result: BenchResult = {
@@ -84,7 +87,8 @@ async function main(): Promise<void> {
     };
     if (scaled) result.scale = scaled.scale;
     if (scaled?.profile) result.profile = scaled.profile;
-    const markdown = renderMarkdown(result);
+    if (shim) Object.assign(result, { shim });
+    const markdown = renderMarkdown(result) + (shim ? renderShimMarkdown(shim) : '');
     mkdirSync(dirname(jsonPath), { recursive: true });
     mkdirSync(dirname(markdownPath), { recursive: true });
     writeFileSync(jsonPath, `${JSON.stringify(result, null, 2)}\n`);

@@ -25,7 +25,8 @@ let benchPid = 0;
 
 beforeAll(() => {
   const run = spawnSync(process.execPath, [BENCH], {
-    env: { ...process.env, BENCH_QUICK: '1', BENCH_OUT: out },
+    // The shim part has its own smoke test (shim-bench-smoke.test.ts).
+    env: { ...process.env, BENCH_QUICK: '1', BENCH_OUT: out, BENCH_SHIM: '0' },
     encoding: 'utf8',
     timeout: 150_000,
   });

@@ -2,7 +2,9 @@
  * `make demo`: a throw-away demo node. Three network-namespace "pods" on a bridge (dual-stack)
  * with real HTTP, TCP and gRPC servers, an nftables rule that drops node->pod traffic (a
  * NetworkPolicy world without the kubelet hole), then: the pods' probes fail from the node,
- * pass through probe-agent, and the agent runs as a DaemonSet would against a test kubelet.
+ * pass through probe-agent, and the agent runs as a DaemonSet would against a test kubelet; then
+ * the kubelet shim on a real containerd pod (demo-shim.ts): a pod rewritten, kubelet's ExecSync
+ * answered through the shim from inside the netns, the same probe from the node failing.
  * Everything is removed at the end, and on Ctrl-C. DEMO_KEEP=1 keeps the agent running until Ctrl-C.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
@@ -14,6 +16,7 @@ import { createLab, type Lab, type LabPod } from './lab.ts';
 import { LAB_ROOT } from './slots.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod } from '../support/pod-factory.ts';
+import { shimDemo } from './demo-shim.ts';
 
 const run = promisify(execFile);
 const root = new URL('../..', import.meta.url).pathname;
@@ -140,6 +143,8 @@ async function main(): Promise<void> {
 
   const dropped = await lab.nodeToPodDrops();
   console.log(bold('[4] the node->pod rule dropped ') + `${dropped} packets (all from step 1); the agent's probes never crossed it.`);
+  // DEMO_SHIM=0 skips the kubelet-shim story (it needs containerd).
+  if (process.env.DEMO_SHIM !== '0') await shimDemo(cli, scratch, bold);
   if (process.env.DEMO_KEEP) {
     console.log(`\nagent running (socket ${socket}); try: bin/probe-agent watch --socket=${socket}   Ctrl-C to clean up`);
     await new Promise(() => {});

@@ -53,6 +53,11 @@ function requireKubectl(): void {
   if (major < 4) throw new Error(`kubectl's kustomize is "${kustomize || 'unknown'}", components need v4+; ${hint}`);
 }
 
+/** Objects of the kubelet-shim component's installer (its own workload, role and account). */
+function isShimInstaller(o: Obj): boolean {
+  return String(o.metadata?.name ?? '').startsWith('probe-agent-shim-installer');
+}
+
 function render(v: Variant): Obj[] {
   let dir: string;
   if (v.overlay) {
@@ -288,14 +293,15 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
   });
 
   it('grants get on nodes/pods only (nodes/proxy only with the fallback), to its own service account', () => {
-    const roles = docs().filter((o) => o.kind === 'ClusterRole' || o.kind === 'Role');
+    // The shim installer (kubelet-shim component) is a separate workload with its own role, checked below.
+    const roles = docs().filter((o) => (o.kind === 'ClusterRole' || o.kind === 'Role') && !isShimInstaller(o));
     const rules = roles.flatMap((r) => r.rules as Obj[]);
     const expected = [{ apiGroups: [''], resources: ['nodes/pods'], verbs: ['get'] }];
     if (has('nodes-proxy-fallback')) expected.push({ apiGroups: [''], resources: ['nodes/proxy'], verbs: ['get'] });
     expect(rules).toEqual(expected);
     const sa = docs().find((o) => o.kind === 'ServiceAccount');
     expect(pod().serviceAccountName).toBe(sa?.metadata.name);
-    for (const b of docs().filter((o) => o.kind === 'ClusterRoleBinding')) {
+    for (const b of docs().filter((o) => o.kind === 'ClusterRoleBinding' && !isShimInstaller(o))) {
       expect(roles.map((r) => r.metadata.name)).toContain(b.roleRef.name);
       expect(b.subjects).toEqual([{ kind: 'ServiceAccount', name: sa?.metadata.name, namespace: sa?.metadata.namespace }]);
     }
@@ -319,6 +325,21 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
       expect(svc?.spec.ports.map((p: Obj) => p.targetPort)).toEqual(['metrics']);
       expect(m.spec.endpoints.map((e: Obj) => e.port)).toEqual(svc?.spec.ports.map((p: Obj) => p.name));
     }
+  });
+
+  if (has('kubelet-shim')) it('installs the shim with patch on nodes only, its own service account, and the installer files it runs', () => {
+    const own = docs().filter(isShimInstaller);
+    const role = own.find((o) => o.kind === 'ClusterRole')!;
+    expect(role.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['patch'] }]);
+    const binding = own.find((o) => o.kind === 'ClusterRoleBinding')!;
+    expect(binding.subjects).toEqual([{ kind: 'ServiceAccount', name: 'probe-agent-shim-installer', namespace: v.namespace ?? 'probe-agent' }]);
+    const ds = own.find((o) => o.kind === 'DaemonSet')!;
+    const spec = ds.spec.template.spec as Obj;
+    expect(spec.serviceAccountName).toBe('probe-agent-shim-installer');
+    const cm = docs().find((o) => o.kind === 'ConfigMap' && String(o.metadata.name).startsWith('probe-agent-shim-installer'))!;
+    expect(Object.keys(cm.data).sort()).toEqual(['install-shim.sh', 'label-node.mjs', 'probe-agent-shim.service']);
+    expect(spec.volumes.find((vol: Obj) => vol.name === 'installer').configMap.name).toBe(cm.metadata.name);
+    expect(spec.containers[0].command).toEqual(['/bin/bash', '/installer/install-shim.sh', 'install']);
   });
 
   if (has('nftables-close-hole')) it('wires the close-hole sidecar to the agent and to its script', () => {

@@ -1,0 +1,39 @@
+// Helpers for install-shim.sh, run with the image's node:
+//   node label-node.mjs probe <socket>         exit 0 when the socket accepts a connection
+//   node label-node.mjs label ready|absent     set or remove probe-agent.io/shim on $NODE_NAME
+// The label is a JSON merge patch on the Node through the API server, with the pod's service
+// account (RBAC: patch on nodes). KUBERNETES_API_URL overrides the in-cluster address (tests).
+import { readFileSync } from 'node:fs';
+import net from 'node:net';
+
+const LABEL = 'probe-agent.io/shim';
+const SA = '/var/run/secrets/kubernetes.io/serviceaccount';
+const [, , cmd, arg] = process.argv;
+
+function probe(socket) {
+  const s = net.connect(socket);
+  const t = setTimeout(() => process.exit(1), 2000);
+  s.on('connect', () => { clearTimeout(t); s.destroy(); process.exit(0); });
+  s.on('error', () => process.exit(1));
+}
+
+async function label(state) {
+  const node = process.env.NODE_NAME;
+  if (!node) throw new Error('NODE_NAME is not set (downward API spec.nodeName)');
+  const base = process.env.KUBERNETES_API_URL
+    ?? `https://${process.env.KUBERNETES_SERVICE_HOST}:${process.env.KUBERNETES_SERVICE_PORT}`;
+  const headers = { 'Content-Type': 'application/merge-patch+json', Accept: 'application/json' };
+  const tokenFile = process.env.TOKEN_FILE ?? `${SA}/token`;
+  try { headers.Authorization = `Bearer ${readFileSync(tokenFile, 'utf8').trim()}`; } catch { /* tests: no token */ }
+  const body = JSON.stringify({ metadata: { labels: { [LABEL]: state === 'ready' ? 'ready' : null } } });
+  const res = await fetch(`${base}/api/v1/nodes/${encodeURIComponent(node)}`, { method: 'PATCH', headers, body, signal: AbortSignal.timeout(10_000) });
+  if (!res.ok) throw new Error(`PATCH node ${node}: HTTP ${res.status} ${(await res.text()).slice(0, 200)}`);
+}
+
+if (cmd === 'probe') probe(arg);
+else if (cmd === 'label' && (arg === 'ready' || arg === 'absent')) {
+  label(arg).catch((err) => { process.stderr.write(`label-node: ${err.message}\n`); process.exit(1); });
+} else {
+  process.stderr.write('usage: label-node.mjs probe <socket> | label ready|absent\n');
+  process.exit(2);
+}

@@ -1,0 +1,308 @@
+/**
+ * The kubelet shim in `make bench` (and alone: `node test/bench/shim.ts`, BENCH_QUICK=1 for a
+ * quick run; prints markdown, writes JSON to BENCH_SHIM_OUT or the temp dir). On the lab's real
+ * containerd, with the real agent and the shim as separate processes:
+ *
+ *  - the shim path: a kubelet-shaped ExecSync of a rewritten HTTP probe through the shim to the
+ *    agent and back; CPU of shim + agent + helper per probe, latency; beside (a), the agent's own
+ *    in-netns probe of the same target (runProbe with the resident helper, in this process);
+ *  - a real exec probe: ExecSync of /bin/true in the busybox container, CPU of containerd and its
+ *    runc shims (runc and the exec'd process are their reaped children);
+ *  - the shim's overhead on kubelet's ordinary calls with N pod sandboxes (default 250), each
+ *    with a container: ListContainers, ListPodSandbox, PodSandboxStatus, ContainerStatus, p50/p99
+ *    direct vs through the shim, and the shim's own CPU per call.
+ * CPU is the kernel's accounting from /proc (utime+stime, + reaped children), as procstat.ts reads it.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
+import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
+import { POD_SERVER_PATH } from '../lab/server.ts';
+import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { KubeletCri } from '../support/kubelet-cri.ts';
+import { makePod } from '../support/pod-factory.ts';
+import { launcherNodeFlags } from './agent-process.ts';
+import { REPO } from './build.ts';
+import { ResidentHelper } from '../../agent/netns/helper.ts';
+import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
+import { runProbe } from '../../agent/probe/run.ts';
+import type { ProbeContext, ProbeHandler } from '../../agent/probe/types.ts';
+import { cmdlineOf, findChild, totalCpuMs } from './procstat.ts';
+import { quantile, round } from './stats.ts';
+import type { TargetCheck } from './report.ts';
+
+/** How much to measure. */
+export interface ShimBenchOptions {
+  sandboxes: number;
+  probes: number;
+  execs: number;
+  callsPerMethod: number;
+  /** `node <cli> run` starts the agent (default: the built dist/cli.js). */
+  cli?: string;
+  log: (line: string) => void;
+}
+
+/** Latency and CPU of one measured series. */
+export interface Series { n: number; p50Ms: number; p99Ms: number; cpuMsPerCall: number }
+
+/** What latest.json holds under `shim`. */
+export interface ShimBenchResult {
+  sandboxes: number;
+  startupMs: number;
+  /** Kubelet-shaped ExecSync of a rewritten http probe through shim + agent; cpu split by process. */
+  shimPath: Series & { shimCpuMs: number; agentCpuMs: number; unexpected: number };
+  /** (a): the agent's own in-netns probe of the same target, resident helper. */
+  inNetns: Series;
+  /** ExecSync of /bin/true in the busybox container, straight to containerd. */
+  realExec: Series & { containerdCpuMs: number; runcShimCpuMs: number };
+  /** Per ordinary CRI method: direct and through the shim; cpuMsPerCall of `shim` = the shim process only. */
+  ordinary: Record<string, { direct: Series; shim: Series; addedP50Ms: number; addedP99Ms: number }>;
+  targets: TargetCheck[];
+}
+
+const HTTP = 8080;
+
+function series(lat: number[], cpuMs: number): Series {
+  const s = [...lat].sort((a, b) => a - b);
+  return { n: lat.length, p50Ms: round(quantile(s, 0.5)), p99Ms: round(quantile(s, 0.99)), cpuMsPerCall: round(cpuMs / Math.max(1, lat.length)) };
+}
+
+function spawnLogged(cmd: string, args: string[], ready: RegExp, what: string): Promise<ChildProcess> {
+  const child = spawn(cmd, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  let tail = '';
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`${what} did not start: ${tail}`)), 30_000);
+    child.stderr!.on('data', (d: Buffer) => {
+      tail = (tail + d.toString()).slice(-2000);
+      if (ready.test(tail)) {
+        clearTimeout(t);
+        resolve(child);
+      }
+    });
+    child.once('exit', (c) => reject(new Error(`${what} exited (${c}): ${tail}`)));
+  });
+}
+
+/** containerd-shim-runc-v2 processes serving this lab's containerd. */
+function runcShimPids(lab: ContainerdLab): number[] {
+  return readdirSync('/proc').filter((d) => /^\d+$/.test(d)).map(Number).filter((pid) => {
+    const argv = cmdlineOf(pid);
+    return (argv[0] ?? '').includes('containerd-shim') && argv.includes(lab.socket);
+  });
+}
+
+/** Runs the shim part of the bench. */
+export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult> {
+  const scratch = mkdtempSync(path.join(tmpdir(), 'probe-agent-shim-bench-'));
+  const procs: ChildProcess[] = [];
+  let lab: ContainerdLab | undefined;
+  let kubelet: FakeKubelet | undefined;
+  const clients: KubeletCri[] = [];
+  try {
+    lab = await createContainerdLab();
+    importBusyboxImage(lab.socket);
+    const t0 = Date.now();
+    const pod = await lab.runSandbox({ name: 'bench-web', namespace: 'bench' });
+    const app = await lab.runContainer(pod, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
+    const others: { sb: LabSandbox; c: LabContainer }[] = [];
+    for (let i = 1; i < o.sandboxes; i += 8) {
+      const batch = await Promise.all(Array.from({ length: Math.min(8, o.sandboxes - i) }, async (_, j) => {
+        const sb = await lab!.runSandbox({ name: `bench-${i + j}`, namespace: 'bench' });
+        return { sb, c: await lab!.runContainer(sb, { name: 'app' }) };
+      }));
+      others.push(...batch);
+    }
+    o.log(`shim: ${o.sandboxes} sandboxes with a container each in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
+
+    const server = spawn('nsenter', [`--net=${pod.netnsPath}`, '--', process.execPath, POD_SERVER_PATH, JSON.stringify({ http: HTTP })], { stdio: ['pipe', 'pipe', 'ignore'] });
+    procs.push(server);
+    await new Promise<void>((resolve) => server.stdout!.on('data', (d: Buffer) => { if (d.toString().includes('ready')) resolve(); }));
+
+    kubelet = await FakeKubelet.start({ pods: [makePod({ uid: pod.uid, name: pod.name, namespace: 'bench', ips: pod.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` })] });
+    const agentSock = path.join(scratch, 'probe.sock');
+    const cli = o.cli ?? path.join(REPO, 'dist/cli.js');
+    // BENCH_SHIM_PROFILE=<dir>: CPU profiles of the agent and the shim (summarise with cpuprofile.ts).
+    const prof = (name: string): string[] => (process.env.BENCH_SHIM_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_SHIM_PROFILE}`, `--cpu-prof-name=${name}.cpuprofile`] : []);
+    const agent = await spawnLogged(process.execPath, [...launcherNodeFlags(), ...prof('agent'), cli, 'run', `--kubelet-url=${kubelet.httpUrl}`, '--kubelet-token-file=',
+      '--netns-resolvers=cri', `--cri-endpoint=${lab.endpoint}`, `--netns-dir=${lab.netnsDir}`, `--socket=${agentSock}`, '--metrics-address=127.0.0.1:0', '--log-format=json'],
+    /metrics listener started/, 'agent');
+    procs.push(agent);
+    const shimSock = path.join(scratch, 'cri.sock');
+    const tShim = performance.now();
+    const shim = await spawnLogged(process.execPath, [...prof('shim'), path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
+    const startupMs = round(performance.now() - tShim, 1);
+    procs.push(shim);
+    const viaShim = new KubeletCri(shimSock);
+    const direct = new KubeletCri(lab.socket);
+    clients.push(viaShim, direct);
+
+    // --- the shim path vs (a) ---
+    const cmd = encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } });
+    for (let i = 0; i < Math.min(50, o.probes); i++) await viaShim.execSync(app.id, cmd, 1);
+    const helperPid = (): number | undefined => findChild(agent.pid!, (argv) => argv.some((a) => a.includes('netns-helper')));
+    const agentCpu = (): number => totalCpuMs(agent.pid!) + (helperPid() ? totalCpuMs(helperPid()!) : 0);
+    const client0 = { shim: totalCpuMs(shim.pid!), agent: agentCpu() };
+    const lat: number[] = [];
+    let unexpected = 0;
+    for (let i = 0; i < o.probes; i++) {
+      const t = performance.now();
+      const r = await viaShim.execSync(app.id, cmd, 1);
+      lat.push(performance.now() - t);
+      if (!r.ok || r.msg.exitCode !== 0) unexpected++;
+    }
+    const shimCpu = totalCpuMs(shim.pid!) - client0.shim;
+    const agentCpuUsed = agentCpu() - client0.agent;
+    const shimPath = { ...series(lat, shimCpu + agentCpuUsed), shimCpuMs: round(shimCpu / o.probes), agentCpuMs: round(agentCpuUsed / o.probes), unexpected };
+    o.log(`shim path: ${shimPath.cpuMsPerCall} ms CPU/probe (shim ${shimPath.shimCpuMs}, agent+helper ${shimPath.agentCpuMs}), p50 ${shimPath.p50Ms} ms`);
+
+    // (a): runProbe with the resident helper in this process, allowed into containerd's netns dir.
+    const helper = await ResidentHelper.start({ allowDirs: [lab.netnsDir], maxInFlight: 512 });
+    const ctx: ProbeContext = {
+      netns: pod.netnsPath, podIPs: [pod.ipv4, pod.ipv6].filter(Boolean), timeoutSeconds: 1, sockets: helper,
+      nodeSockets: new NodeSocketFactory(), kubeVersion: '1.34', hostFieldPolicy: 'refuse', happyEyeballs: true,
+    };
+    const handler: ProbeHandler = { kind: 'http', port: HTTP, path: '/healthz', scheme: 'HTTP', headers: [] };
+    for (let i = 0; i < Math.min(50, o.probes); i++) {
+      const r = await runProbe(handler, ctx);
+      if (r.result !== 'success') throw new Error(`(a) in-netns probe of ${pod.ipv4}:${HTTP}: ${r.result} ${r.message}`);
+    }
+    const aHelper = helper.stats().pid!;
+    const a0 = totalCpuMs('self') + totalCpuMs(aHelper);
+    const aLat: number[] = [];
+    for (let i = 0; i < o.probes; i++) {
+      const t = performance.now();
+      await runProbe(handler, ctx);
+      aLat.push(performance.now() - t);
+    }
+    const inNetns = series(aLat, totalCpuMs('self') + totalCpuMs(aHelper) - a0);
+    await helper.close();
+    o.log(`(a) in-netns, same target: ${inNetns.cpuMsPerCall} ms CPU/probe, p50 ${inNetns.p50Ms} ms`);
+
+    // --- a real exec probe ---
+    const shims = runcShimPids(lab);
+    const ctrdCpu = (): number => totalCpuMs(lab!.pid!);
+    const shimsCpu = (): number => shims.reduce((s, p) => s + totalCpuMs(p), 0);
+    for (let i = 0; i < Math.min(10, o.execs); i++) await direct.execSync(app.id, ['/bin/true'], 1);
+    const e0 = { c: ctrdCpu(), s: shimsCpu() };
+    const eLat: number[] = [];
+    for (let i = 0; i < o.execs; i++) {
+      const t = performance.now();
+      await direct.execSync(app.id, ['/bin/true'], 1);
+      eLat.push(performance.now() - t);
+    }
+    const eC = ctrdCpu() - e0.c;
+    const eS = shimsCpu() - e0.s;
+    const realExec = { ...series(eLat, eC + eS), containerdCpuMs: round(eC / o.execs), runcShimCpuMs: round(eS / o.execs) };
+    o.log(`real exec probe: ${realExec.cpuMsPerCall} ms CPU (containerd ${realExec.containerdCpuMs}, runc shims ${realExec.runcShimCpuMs}), p50 ${realExec.p50Ms} ms`);
+
+    // --- ordinary calls, direct vs through the shim, interleaved ---
+    const targets = [{ sb: pod, c: app }, ...others];
+    const methods: Record<string, (i: number) => [string, object]> = {
+      ListContainers: () => ['ListContainers', {}],
+      ListPodSandbox: () => ['ListPodSandbox', {}],
+      PodSandboxStatus: (i) => ['PodSandboxStatus', { podSandboxId: targets[i % targets.length]!.sb.id }],
+      ContainerStatus: (i) => ['ContainerStatus', { containerId: targets[i % targets.length]!.c.id }],
+    };
+    const ordinary: ShimBenchResult['ordinary'] = {};
+    const rounds = 4;
+    const per = Math.max(1, Math.floor(o.callsPerMethod / rounds));
+    for (const [name, mk] of Object.entries(methods)) {
+      const lats = { direct: [] as number[], shim: [] as number[] };
+      let shimCpuUsed = 0;
+      for (let i = 0; i < 20; i++) await viaShim.call(...mk(i));
+      for (let r = 0; r < rounds; r++) {
+        for (const way of ['direct', 'shim'] as const) {
+          const c = way === 'shim' ? viaShim : direct;
+          const s0 = totalCpuMs(shim.pid!);
+          for (let i = 0; i < per; i++) {
+            const t = performance.now();
+            const res = await c.call(...mk(i));
+            lats[way].push(performance.now() - t);
+            if (!res.ok) throw new Error(`${name} ${way}: ${res.details}`);
+          }
+          if (way === 'shim') shimCpuUsed += totalCpuMs(shim.pid!) - s0;
+        }
+      }
+      const d = series(lats.direct, 0);
+      const s = series(lats.shim, shimCpuUsed);
+      ordinary[name] = { direct: d, shim: s, addedP50Ms: round(s.p50Ms - d.p50Ms), addedP99Ms: round(s.p99Ms - d.p99Ms) };
+      o.log(`${name}: direct p50 ${d.p50Ms} / p99 ${d.p99Ms} ms, shim p50 ${s.p50Ms} / p99 ${s.p99Ms} ms, shim CPU ${s.cpuMsPerCall} ms/call`);
+    }
+
+    const result: ShimBenchResult = { sandboxes: o.sandboxes, startupMs, shimPath, inNetns, realExec, ordinary, targets: [] };
+    result.targets = shimTargets(result);
+    return result;
+  } finally {
+    for (const c of clients) c.close();
+    // SIGTERM first, so profiling processes write their profiles; then make sure.
+    for (const p of procs) p.kill('SIGTERM');
+    await new Promise((r) => setTimeout(r, process.env.BENCH_SHIM_PROFILE ? 3000 : 200));
+    for (const p of procs) p.kill('SIGKILL');
+    await kubelet?.stop();
+    await lab?.destroy();
+    rmSync(scratch, { recursive: true, force: true });
+  }
+}
+
+/** The issue's targets for the shim. */
+export function shimTargets(r: ShimBenchResult): TargetCheck[] {
+  const t: TargetCheck[] = [{
+    target: 'shim path CPU/probe (shim + agent + helper), http',
+    measured: `${r.shimPath.cpuMsPerCall} ms (a ${r.inNetns.cpuMsPerCall}, +${round(r.shimPath.cpuMsPerCall - r.inNetns.cpuMsPerCall)})`,
+    limit: `<= a + 0.5 = ${round(r.inNetns.cpuMsPerCall + 0.5)} ms`,
+    pass: r.shimPath.cpuMsPerCall <= r.inNetns.cpuMsPerCall + 0.5,
+  }];
+  for (const [m, x] of Object.entries(r.ordinary)) {
+    t.push({ target: `shim CPU per ${m} (${r.sandboxes} pods)`, measured: `${x.shim.cpuMsPerCall} ms`, limit: '<= 0.2 ms', pass: x.shim.cpuMsPerCall <= 0.2 });
+    t.push({ target: `shim added p50, ${m}`, measured: `${x.addedP50Ms} ms (${x.direct.p50Ms} -> ${x.shim.p50Ms})`, limit: '<= 0.3 ms', pass: x.addedP50Ms <= 0.3 });
+  }
+  return t;
+}
+
+/** The markdown section for docs/bench-latest.md. */
+export function renderShimMarkdown(r: ShimBenchResult): string {
+  const L: string[] = ['', '## The kubelet shim', ''];
+  L.push(`Real containerd (the lab's), the real agent (\`probe-agent run\`, CRI resolver) and the shim (\`node dist/shim/main.js\`, listening ${r.startupMs} ms after spawn) as separate processes; sequential calls from a kubelet-shaped grpc-js client. CPU from /proc (utime+stime + reaped children).`, '');
+  L.push('| path | calls | CPU ms/call | p50 ms | p99 ms |', '| --- | --- | --- | --- | --- |');
+  L.push(`| shim path: rewritten http probe, ExecSync -> shim -> agent -> helper | ${r.shimPath.n} | ${r.shimPath.cpuMsPerCall} (shim ${r.shimPath.shimCpuMs}, agent+helper ${r.shimPath.agentCpuMs}) | ${r.shimPath.p50Ms} | ${r.shimPath.p99Ms} |`);
+  L.push(`| (a) the agent's own in-netns probe, same target | ${r.inNetns.n} | ${r.inNetns.cpuMsPerCall} | ${r.inNetns.p50Ms} | ${r.inNetns.p99Ms} |`);
+  L.push(`| real exec probe: ExecSync /bin/true in busybox (containerd + runc shim + runc) | ${r.realExec.n} | ${r.realExec.cpuMsPerCall} (containerd ${r.realExec.containerdCpuMs}, runc shims ${r.realExec.runcShimCpuMs}) | ${r.realExec.p50Ms} | ${r.realExec.p99Ms} |`);
+  L.push('', `Kubelet's ordinary calls with ${r.sandboxes} pod sandboxes (a container each), direct vs through the shim:`, '');
+  L.push('| call | direct p50 / p99 ms | shim p50 / p99 ms | added p50 / p99 ms | shim CPU ms/call |', '| --- | --- | --- | --- | --- |');
+  for (const [m, x] of Object.entries(r.ordinary)) {
+    L.push(`| ${m} | ${x.direct.p50Ms} / ${x.direct.p99Ms} | ${x.shim.p50Ms} / ${x.shim.p99Ms} | ${x.addedP50Ms} / ${x.addedP99Ms} | ${x.shim.cpuMsPerCall} |`);
+  }
+  L.push('', '| target | measured | limit | verdict |', '| --- | --- | --- | --- |');
+  for (const t of r.targets) L.push(`| ${t.target} | ${t.measured} | ${t.limit} | ${t.pass === null ? 'n/a' : t.pass ? 'PASS' : '**MISS**'} |`);
+  return `${L.join('\n')}\n`;
+}
+
+/** Options from BENCH_* variables. */
+export function shimBenchOptions(env: NodeJS.ProcessEnv, log: (l: string) => void): ShimBenchOptions {
+  const quick = env.BENCH_QUICK === '1' || env.BENCH_QUICK === 'true';
+  const n = (k: string, d: number): number => (env[k] ? Number(env[k]) : d);
+  return {
+    sandboxes: n('BENCH_SHIM_PODS', quick ? 4 : 250),
+    probes: n('BENCH_SHIM_PROBES', quick ? 40 : 1000),
+    execs: n('BENCH_SHIM_EXECS', quick ? 10 : 200),
+    callsPerMethod: n('BENCH_SHIM_CALLS', quick ? 40 : 1000),
+    log,
+  };
+}
+
+if (process.argv[1] && path.resolve(process.argv[1]) === path.resolve(new URL(import.meta.url).pathname)) {
+  const log = (l: string): void => void process.stderr.write(`[bench] ${l}\n`);
+  runShimBench(shimBenchOptions(process.env, log)).then((r) => {
+    const out = process.env.BENCH_SHIM_OUT ?? mkdtempSync(path.join(tmpdir(), 'probe-agent-shim-bench-out-'));
+    mkdirSync(out, { recursive: true });
+    writeFileSync(path.join(out, 'shim.json'), `${JSON.stringify(r, null, 2)}\n`);
+    process.stdout.write(renderShimMarkdown(r));
+    log(`wrote ${path.join(out, 'shim.json')}`);
+  }, (err: Error) => {
+    process.stderr.write(`shim bench failed: ${err.stack}\n`);
+    process.exitCode = 1;
+  });
+}

@@ -1,0 +1,52 @@
+/**
+ * The shim's import graph stays small and never reaches the agent's internals: starting from
+ * agent/shim/main.ts, every import is a Node built-in or one of the few modules listed here. If
+ * the agent crashes or grows, kubelet's runtime path is unaffected; the installed shim needs no
+ * node_modules (the installer copies dist/ and node only).
+ */
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+
+const AGENT = fileURLToPath(new URL('../../agent/', import.meta.url));
+const ALLOWED = [
+  'shim/main.ts', 'shim/proxy.ts', 'shim/answer.ts', 'shim/deadline.ts', 'shim/exec-sync.ts', 'shim/upstream.ts',
+  'api/protowire.ts', 'api/handler-wire.ts', 'api/shim-client.ts', 'rewrite/shim-command.ts',
+];
+
+function graph(entry: string): { modules: Set<string>; packages: Set<string> } {
+  const modules = new Set<string>();
+  const packages = new Set<string>();
+  const todo = [entry];
+  while (todo.length) {
+    const file = todo.pop()!;
+    if (modules.has(file)) continue;
+    modules.add(file);
+    const src = readFileSync(path.join(AGENT, file), 'utf8');
+    for (const m of src.matchAll(/^\s*(?:import|export)\s[^'"]*?from\s+'([^']+)'|import\(\s*'([^']+)'\s*\)/gm)) {
+      const spec = (m[1] ?? m[2])!;
+      if (spec.startsWith('.')) todo.push(path.relative(AGENT, path.resolve(path.dirname(path.join(AGENT, file)), spec)));
+      else packages.add(spec);
+    }
+  }
+  return { modules, packages };
+}
+
+describe('the shim import graph', () => {
+  it('reaches only the shim, the lean ProbeService client and the command contract', () => {
+    const { modules } = graph('shim/main.ts');
+    expect([...modules].sort()).toEqual([...ALLOWED].sort());
+  });
+
+  it('uses Node built-ins only (no npm package, so no node_modules on the host)', () => {
+    const { packages } = graph('shim/main.ts');
+    for (const p of packages) expect(p, p).toMatch(/^node:/);
+  });
+
+  it('the CLI command loads the shim lazily', () => {
+    const src = readFileSync(path.join(AGENT, 'cli/shim-command.ts'), 'utf8');
+    expect(src).toMatch(/await import\('\.\.\/shim\/main\.ts'\)/);
+    expect(src).not.toMatch(/^import .*\.\.\/shim\//m);
+  });
+});
