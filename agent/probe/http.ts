@@ -10,7 +10,7 @@ import type { Socket } from 'node:net';
 import { Client } from 'undici';
 import { describeError } from '../errors.ts';
 import { ConnectError, connectTo, type Deadline, type ProberResult } from './connect.ts';
-import { MAX_BODY_BYTES, buildHeaderMap, buildProbeRequest, decideRedirect, type ProbeRequest, type RedirectDecision } from './http-request.ts';
+import { MAX_BODY_BYTES, buildHeaderMap, buildProbeRequest, decideRedirect, type HeaderMap, type ProbeRequest, type RedirectDecision } from './http-request.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
 import type { FailureReason, HttpGetHandler } from './types.ts';
 
@@ -82,7 +82,37 @@ export async function probeHttp(handler: HttpGetHandler, plan: TargetPlan, deadl
   const initial = buildHeaderMap(handler.headers, kubeVersion);
   const first = buildProbeRequest(handler.scheme, plan.host, plan.port, handler.path, initial);
   const phases: ProberResult['phases'] = {};
-  let req: ProbeRequest = first;
+  const end = await followRedirects(first, initial, plan, deadline, phases);
+  const address = end.address;
+  if (end.kind === 'hop-error') return { result: end.error.kind, reason: end.error.reason, message: end.error.message, address, phases };
+  if (end.kind === 'client-error') return { result: 'failure', reason: end.reason, message: end.message, address, phases };
+  const res = end.response;
+  // kubelet: `return probe.Failure, "", err` -- a prober error, retried and then thrown away.
+  if (res.bodyError) return { result: 'error', reason: res.bodyError.reason, message: res.bodyError.message, address, phases };
+  if (res.status >= 200 && res.status < 300) return { result: 'success', message: res.body, address, phases };
+  if (res.status >= 300 && res.status < 400) {
+    return { result: 'warning', message: `Probe terminated redirects, Response body: ${res.body}`, address, phases };
+  }
+  // kubernetes#99425: a failure's message must never carry the body (it ends up in events).
+  return { result: 'failure', reason: 'status', message: `HTTP probe failed with statuscode: ${res.status}`, address, phases };
+}
+
+/** How a redirect chain ended, with the address that answered or was tried last. */
+export type RedirectChainEnd =
+  | { kind: 'response'; response: HopResponse; address: string | undefined }
+  | { kind: 'hop-error'; error: HopError; address: string | undefined }
+  /** The redirect checker refused the chain (too many hops): Go's Client.Do error. */
+  | { kind: 'client-error'; reason: FailureReason; message: string; address: string | undefined };
+
+/** Go's Client.Do with kubelet's redirect checker: one exchange per hop until a response is used or the chain fails. */
+export async function followRedirects(
+  first: ProbeRequest,
+  initial: HeaderMap,
+  plan: TargetPlan,
+  deadline: Deadline,
+  phases: ProberResult['phases'],
+): Promise<RedirectChainEnd> {
+  let req = first;
   let address: string | undefined;
   for (let hops = 1; ; hops++) {
     let res: HopResponse;
@@ -91,23 +121,13 @@ export async function probeHttp(handler: HttpGetHandler, plan: TargetPlan, deadl
     try {
       res = await exchange(req, plan, deadline, phases, (a) => (address = a), decide);
     } catch (err) {
-      const e = err instanceof HopError ? err : new HopError('failure', 'other', `Get ${JSON.stringify(req.url)}: ${describeError(err)}`);
-      return { result: e.kind, reason: e.reason, message: e.message, address, phases };
+      const error = err instanceof HopError ? err : new HopError('failure', 'other', `Get ${JSON.stringify(req.url)}: ${describeError(err)}`);
+      return { kind: 'hop-error', error, address };
     }
     const decision = res.decision;
-    if (decision.action === 'fail') return { result: 'failure', reason: decision.reason, message: decision.message, address, phases };
-    if (decision.action === 'follow') {
-      req = decision.next;
-      continue;
-    }
-    // kubelet: `return probe.Failure, "", err` -- a prober error, retried and then thrown away.
-    if (res.bodyError) return { result: 'error', reason: res.bodyError.reason, message: res.bodyError.message, address, phases };
-    if (res.status >= 200 && res.status < 300) return { result: 'success', message: res.body, address, phases };
-    if (res.status >= 300 && res.status < 400) {
-      return { result: 'warning', message: `Probe terminated redirects, Response body: ${res.body}`, address, phases };
-    }
-    // kubernetes#99425: a failure's message must never carry the body (it ends up in events).
-    return { result: 'failure', reason: 'status', message: `HTTP probe failed with statuscode: ${res.status}`, address, phases };
+    if (decision.action === 'fail') return { kind: 'client-error', reason: decision.reason, message: decision.message, address };
+    if (decision.action === 'use') return { kind: 'response', response: res, address };
+    req = decision.next;
   }
 }
 

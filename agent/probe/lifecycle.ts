@@ -1,7 +1,7 @@
 /**
  * kubelet's HTTP lifecycle hooks (pkg/kubelet/lifecycle/handlers.go, kubelet 1.31+ with
  * ConsistentHTTPGetHandlers locked on), run from inside the pod's netns with the probes' HTTP
- * machinery (http.ts exchange, http-request.ts request and redirect rules):
+ * machinery (http.ts followRedirects, http-request.ts request and redirect rules):
  *
  * - the request is kubelet's probe request with User-Agent `kube-lifecycle/<major.minor>` unless the
  *   handler sets one (NewRequestForHTTPGetAction(..., "lifecycle"));
@@ -20,8 +20,8 @@
 import { performance } from 'node:perf_hooks';
 import { InvalidProbeError, describeError } from '../errors.ts';
 import { Deadline } from './connect.ts';
-import { HopError, exchange, type Decide, type HopResponse } from './http.ts';
-import { buildHeaderMap, buildProbeRequest, decideRedirect, type HeaderMap, type ProbeRequest } from './http-request.ts';
+import { followRedirects } from './http.ts';
+import { buildHeaderMap, buildProbeRequest, type HeaderMap } from './http-request.ts';
 import { boundMessage } from './run.ts';
 import { SPEC_LIMITS } from './spec.ts';
 import { TargetError, planTargets, type TargetPlan } from './target.ts';
@@ -94,16 +94,16 @@ export async function runLifecycleHandler(handler: LifecycleHandlerSpec, ctx: Ho
     }
     const headers = lifecycleHeaders(handler, ctx.kubeVersion);
     const first = buildProbeRequest(handler.scheme, plan.host, plan.port, handler.path, headers);
-    let end = await follow(first, headers, plan, deadline, phases);
+    let end = await followRedirects(first, headers, plan, deadline, phases);
     let fellBack = false;
     if (end.kind === 'hop-error' && handler.scheme === 'HTTPS' && end.error.reason === 'tls' && HTTP_ANSWER_TO_TLS.test(end.error.message)) {
       const plain = headers.clone();
       plain.delete('Authorization');
-      end = await follow(buildProbeRequest('HTTP', plan.host, plan.port, handler.path, plain), plain, plan, deadline, phases);
+      end = await followRedirects(buildProbeRequest('HTTP', plan.host, plan.port, handler.path, plain), plain, plan, deadline, phases);
       fellBack = end.kind === 'response';
     }
     if (end.kind === 'response') {
-      const out: Omit<HookOutcome, 'durationSeconds' | 'phases'> = { result: 'success', message: '', status: end.status, address: end.address };
+      const out: Omit<HookOutcome, 'durationSeconds' | 'phases'> = { result: 'success', message: '', status: end.response.status, address: end.address };
       if (fellBack) {
         out.fellBackToHttp = true;
         out.message = `request to HTTPS lifecycle hook ${first.hostHeader} got HTTP response, retry with HTTP succeeded`;
@@ -130,30 +130,4 @@ function lifecycleHeaders(handler: HttpGetHandler, kubeVersion: string): HeaderM
   const ownUA = handler.headers.some((x) => x.name.toLowerCase() === 'user-agent');
   if (!ownUA) h.set('User-Agent', lifecycleUserAgent(kubeVersion));
   return h;
-}
-
-type ChainEnd =
-  | { kind: 'response'; status: number; address: string | undefined }
-  | { kind: 'hop-error'; error: HopError; address: string | undefined }
-  | { kind: 'client-error'; reason: FailureReason; message: string; address: string | undefined };
-
-/** Go's Client.Do with kubelet's redirect checker: the response that ends the chain, or its error. */
-async function follow(first: ProbeRequest, initial: HeaderMap, plan: TargetPlan, deadline: Deadline, phases: ProbePhases): Promise<ChainEnd> {
-  let req = first;
-  let address: string | undefined;
-  for (let hops = 1; ; hops++) {
-    let res: HopResponse;
-    const current = req;
-    const decide: Decide = (status, location) => decideRedirect(first, current, status, location, hops, initial);
-    try {
-      res = await exchange(req, plan, deadline, phases, (a) => (address = a), decide);
-    } catch (err) {
-      const error = err instanceof HopError ? err : new HopError('failure', 'other', `Get ${JSON.stringify(req.url)}: ${describeError(err)}`);
-      return { kind: 'hop-error', error, address };
-    }
-    const decision = res.decision;
-    if (decision.action === 'fail') return { kind: 'client-error', reason: decision.reason, message: decision.message, address };
-    if (decision.action === 'use') return { kind: 'response', status: res.status, address };
-    req = decision.next;
-  }
 }
