@@ -12,7 +12,6 @@
  * Run as `ip netns exec <ns> node test/lab/conformance-server.ts` (or startConformanceServer());
  * prints `ready {ports}` once listening; exits when stdin closes.
  */
-import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
 import * as http from 'node:http';
@@ -23,6 +22,7 @@ import { fileURLToPath } from 'node:url';
 import * as grpc from '@grpc/grpc-js';
 import { HealthImplementation, service as healthService } from 'grpc-health-check';
 import { ensureLabCert } from './certs.ts';
+import { startNetnsScript } from './netns-script.ts';
 
 /** The ports a conformance server listens on. */
 export interface ConformancePorts {
@@ -182,33 +182,8 @@ export interface ConformanceServer {
 
 /** Starts this server inside the named netns (a lab pod's `name`) and waits until every port listens. */
 export async function startConformanceServer(netnsName: string): Promise<ConformanceServer> {
-  const child = spawn('ip', ['netns', 'exec', netnsName, process.execPath, fileURLToPath(import.meta.url)]);
-  let stderr = '';
-  child.stderr.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4096)));
-  child.stdin.on('error', () => {});
-  const exited = new Promise<void>((resolve) => child.once('close', () => resolve()));
-  const ports = await new Promise<ConformancePorts>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`conformance server not ready in 20 s: ${stderr}`)), 20_000);
-    createInterface({ input: child.stdout }).on('line', (line) => {
-      if (!line.startsWith('ready ')) return;
-      clearTimeout(timer);
-      resolve(JSON.parse(line.slice(6)) as ConformancePorts);
-    });
-    void exited.then(() => {
-      clearTimeout(timer);
-      reject(new Error(`conformance server exited before ready: ${stderr}`));
-    });
-  });
-  return {
-    ports,
-    stop: async () => {
-      if (child.exitCode !== null || child.signalCode !== null) return;
-      child.stdin.end();
-      const kill = setTimeout(() => child.kill('SIGKILL'), 2000);
-      await exited;
-      clearTimeout(kill);
-    },
-  };
+  const started = await startNetnsScript<ConformancePorts>('conformance server', netnsName, fileURLToPath(import.meta.url), [], 20_000);
+  return { ports: started.ready, stop: started.stop };
 }
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {

@@ -13,13 +13,13 @@
  * startHostileServer()); prints `ready {ports}` once listening. Stdin lines: `stats` answers
  * `stats {json}` (open connections and bytes written per behaviour). Exits when stdin closes.
  */
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { once } from 'node:events';
 import * as http2 from 'node:http2';
 import * as net from 'node:net';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import { startNetnsScript } from './netns-script.ts';
 
 /** The behaviours, each a port key in the options and in the ready line. */
 export const HOSTILE_BEHAVIOURS = ['endlessBody', 'dripBody', 'hugeHeaders', 'garbageH2', 'rstStream', 'rstAfterHeaders'] as const;
@@ -181,40 +181,20 @@ export interface HostileServer {
 
 /** Starts hostile-server.ts inside the named netns (e.g. a lab pod's `name`) and waits until it listens. */
 export async function startHostileServer(netnsName: string, opts: HostileOptions): Promise<HostileServer> {
-  const child: ChildProcessWithoutNullStreams = spawn('ip', ['netns', 'exec', netnsName, process.execPath, fileURLToPath(import.meta.url), JSON.stringify(opts)]);
-  let stderr = '';
-  child.stderr.on('data', (d: Buffer) => { stderr = (stderr + d.toString()).slice(-4096); });
-  child.stdin.on('error', () => {});
-  const exited = new Promise<void>((resolve) => child.once('close', () => resolve()));
-  const lines = createInterface({ input: child.stdout });
   const waiters: ((s: HostileStats) => void)[] = [];
-  const ready = new Promise<HostileOptions>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`hostile server not ready in 10 s: ${stderr}`)), 10_000);
-    lines.on('line', (line) => {
-      if (line.startsWith('ready ')) {
-        clearTimeout(timer);
-        resolve(JSON.parse(line.slice(6)) as HostileOptions);
-      } else if (line.startsWith('stats ')) {
-        waiters.shift()?.(JSON.parse(line.slice(6)) as HostileStats);
-      }
-    });
-    void exited.then(() => { clearTimeout(timer); reject(new Error(`hostile server exited before ready: ${stderr}`)); });
-  });
-  const ports = await ready;
+  const onLine = (line: string): void => {
+    if (line.startsWith('stats ')) waiters.shift()?.(JSON.parse(line.slice(6)) as HostileStats);
+  };
+  const started = await startNetnsScript<HostileOptions>('hostile server', netnsName, fileURLToPath(import.meta.url), [JSON.stringify(opts)], 10_000, onLine);
+  const child = started.child;
   return {
     pid: child.pid as number,
-    ports,
+    ports: started.ready,
     stats: () => new Promise((resolve) => {
       waiters.push(resolve);
       child.stdin.write('stats\n');
     }),
-    stop: async () => {
-      if (child.exitCode !== null || child.signalCode !== null) return;
-      child.stdin.end();
-      const kill = setTimeout(() => child.kill('SIGKILL'), 2000);
-      await exited;
-      clearTimeout(kill);
-    },
+    stop: started.stop,
   };
 }
 
