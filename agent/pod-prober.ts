@@ -13,7 +13,7 @@ import {
 import type { FeatureGates } from './featuregates.ts';
 import { silentLogger, type Logger } from './log.ts';
 import { outcomeOf, type NetnsResolverChain, type PodRef } from './netns/resolver.ts';
-import type { ContainerLocator } from './pods/container-lookup.ts';
+import type { ContainerLocator, PodIndex } from './pods/container-lookup.ts';
 import type { ContainerInfo, NotOursReason, PodInfo } from './pods/types.ts';
 import { runProbe } from './probe/run.ts';
 import type { ProbeContext, ProbeHandler, ProbeOutcome, ProbeSpec, SocketFactory } from './probe/types.ts';
@@ -23,15 +23,10 @@ import type { SandboxGoing } from './sandbox-going.ts';
 import type { OnDemandHookRequest, OnDemandProber, OnDemandProbeRequest, ProbeKey } from './scheduler/types.ts';
 import { runLifecycleHandler, type HookOutcome } from './probe/lifecycle.ts';
 
-/** Where the prober finds pods (the pod source's last good set). */
-export interface PodLookup {
-  get(uid: string): PodInfo | undefined;
-  pods(): PodInfo[];
-}
-
 /** Dependencies of PodProber. */
 export interface PodProberOptions {
-  pods: PodLookup;
+  /** Where the prober finds pods (the pod source's last good set). */
+  pods: PodIndex;
   resolver: NetnsResolverChain;
   limiter: FairLimiter;
   sockets: SocketFactory;
