@@ -97,17 +97,21 @@ async function probeLocally(opts: ProbeOptions, spec: ReturnType<typeof parsePro
   const nodeSockets = new NodeSocketFactory();
   let sockets: SocketFactory = nodeSockets;
   let close = async (): Promise<void> => {};
+  let helper: ResidentHelper | undefined;
   if (!opts.fromNode) {
     if (opts.directSpawn) {
       sockets = new SpawnHelper({ helperPath: opts.helperPath });
     } else {
-      const helper = await ResidentHelper.start({ helperPath: opts.helperPath });
-      sockets = helper;
-      close = () => helper.close();
+      const resident = await ResidentHelper.start({ helperPath: opts.helperPath });
+      helper = resident;
+      sockets = resident;
+      close = () => resident.close();
     }
   }
   try {
-    const podIPs = opts.podIp.length > 0 ? opts.podIp : opts.netns ? await readNetnsAddresses(opts.netns) : [];
+    const podIPs = opts.podIp.length > 0
+      ? opts.podIp
+      : opts.netns ? await readNetnsAddresses(opts.netns, { helper, helperPath: opts.helperPath }) : [];
     const ctx: ProbeContext = {
       netns: opts.fromNode ? undefined : opts.netns,
       podIPs,

@@ -80,12 +80,14 @@ export async function measurePoint(env: ScaleEnv, cli: string, pods: number, per
   const agent = await startAgent({ cli, kubeletUrl: env.kubelet.httpUrl, resolver: env.resolver, dir: env.dir });
   let point: Omit<ScalePoint, 'exitCode'>;
   try {
-    await waitResolved(agent, pods, 180_000);
+    // Idle (0 pods): nothing to resolve; let start-up settle (first polls, JIT) before the window.
+    if (pods > 0) await waitResolved(agent, pods, 180_000);
+    else await sleep(5000);
     const coldCpu = agent.cpuMs();
     const coldStart = { seconds: round((Date.now() - spawned) / 1000, 1), cpuSeconds: round((coldCpu.agent + coldCpu.helper) / 1000, 2) };
     // A worker whose first run waited for its pod's resolution holds one tick (Go's ticker buffer)
     // and runs again at once: one more period after the last resolution, that backlog is gone.
-    await sleep(periodSeconds * 1000 + 1000);
+    if (pods > 0) await sleep(periodSeconds * 1000 + 1000);
     const m0 = await agent.scrape();
     const c0 = agent.cpuMs();
     const t0 = performance.now();
