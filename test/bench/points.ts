@@ -16,7 +16,7 @@ const maxPods = Math.max(1, ...points.map(([p]) => p));
 const env = await createScaleEnv(maxPods, resolver, (l) => process.stderr.write(`${l}\n`));
 try {
   if (process.env.BENCH_RESOLVER_COST !== '0') {
-    for (const r of ['procfs', 'address'] as const) process.stdout.write(`${JSON.stringify(await measureResolverCost(env, r, 10, maxPods))}\n`);
+    for (const r of ['procfs', 'address'] as const) process.stdout.write(`${JSON.stringify(await measureResolverCost(env, r, maxPods))}\n`);
   }
   for (const [pods, period] of points) {
     const pt = await measurePoint(env, build.cli, pods, period, seconds);

@@ -6,6 +6,7 @@
  */
 import { readdirSync } from 'node:fs';
 import { AddressResolver } from '../../agent/netns/address-resolver.ts';
+import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { ProcfsResolver } from '../../agent/netns/procfs-resolver.ts';
 import type { NetnsResolver } from '../../agent/netns/resolver.ts';
 import { startAgent, sumOf, type AgentProcess, type MetricSamples } from './agent-process.ts';
@@ -15,8 +16,11 @@ import { round } from './stats.ts';
 
 /** prom-client samples the loop every 10 ms and reports whole intervals: subtract one for the delay. */
 export const PROM_LOOP_RESOLUTION_MS = 10;
-/** The resolver chain's cache TTL (agent/netns/resolver.ts DEFAULT_TTL_MS). */
-export const RESOLVER_TTL_SECONDS = 60;
+/**
+ * The resolver chain's mean cache TTL: DEFAULT_TTL_MS (60 s) shortened by a random share of up to
+ * DEFAULT_TTL_JITTER (0.25) in agent/netns/resolver.ts, so 52.5 s on average.
+ */
+export const RESOLVER_TTL_SECONDS = 60 * (1 - 0.25 / 2);
 
 /** One point of the curve. */
 export interface ScalePoint {
@@ -26,6 +30,8 @@ export interface ScalePoint {
   windowSeconds: number;
   /** Agent + helper CPU over the window, % of one core. */
   cpuPercent: number;
+  /** One resolver refresh of these pods amortised over the mean cache TTL (set by the caller), % of one core. */
+  resolverCpuPercent?: number;
   helperCpuPercent: number;
   rssMB: number;
   peakRssMB: number;
@@ -44,16 +50,18 @@ export interface ScalePoint {
   exitCode: number | null;
 }
 
-/** What one resolution costs. */
+/** What one refresh of every pod's netns costs (the pods of a refresh share the resolver's scans). */
 export interface ResolverCost {
   resolver: 'procfs' | 'address';
-  /** Netns files (address) or processes (procfs) each resolution examines. */
+  /** Netns files (address) or processes (procfs) one scan examines. */
   examined: number;
-  sampled: number;
-  cpuMsPerResolve: number;
-  wallMsPerResolve: number;
-  /** For the largest curve point: pods × cpuMsPerResolve per TTL, as % of one core. */
-  amortizedPercentAt: { pods: number; percent: number };
+  /** Pods resolved in the refresh. */
+  pods: number;
+  cpuMsPerRefresh: number;
+  wallMsPerRefresh: number;
+  cpuMsPerPod: number;
+  /** cpuMsPerRefresh over the mean cache TTL, as % of one core. */
+  amortizedPercent: number;
 }
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
@@ -126,28 +134,38 @@ export async function measurePoint(env: ScaleEnv, cli: string, pods: number, per
   return { ...point, exitCode: await agent.stop() };
 }
 
-/** Resolves `sample` pods with the agent's own resolver class and charges this process's CPU (children included). */
-export async function measureResolverCost(env: ScaleEnv, resolver: 'procfs' | 'address', sample: number, largestCurvePoint: number): Promise<ResolverCost> {
-  const r: NetnsResolver = resolver === 'procfs' ? new ProcfsResolver() : new AddressResolver();
-  const picked = env.pods.filter((_, i) => i % Math.max(1, Math.floor(env.pods.length / sample)) === 0).slice(0, sample);
+/**
+ * One refresh: every one of `pods` pods resolved, one after another, with a fresh instance of the
+ * agent's own resolver class (its scans shared as in the daemon), charging this process's CPU and
+ * its reaped children's (the address resolver's helper is closed, so reaped, before the count).
+ */
+export async function measureResolverCost(env: ScaleEnv, resolver: 'procfs' | 'address', pods: number): Promise<ResolverCost> {
+  const picked = env.pods.slice(0, pods);
   const cpu = (): number => {
     const ru = process.resourceUsage();
     return (ru.userCPUTime + ru.systemCPUTime) / 1000 + cpuOf('self').childrenMs;
   };
   const c0 = cpu();
   const t0 = performance.now();
-  for (const p of picked) {
-    const res = await r.resolve({ uid: p.uid, namespace: 'bench', name: p.name, podIPs: p.lab.ips });
-    if (!res.path) throw new Error(`resolver ${resolver} found no netns for ${p.name}`);
+  const helper = resolver === 'address' ? await ResidentHelper.start() : undefined;
+  try {
+    const r: NetnsResolver = helper ? new AddressResolver({ addresses: helper }) : new ProcfsResolver();
+    for (const p of picked) {
+      const res = await r.resolve({ uid: p.uid, namespace: 'bench', name: p.name, podIPs: p.lab.ips });
+      if (!res.path) throw new Error(`resolver ${resolver} found no netns for ${p.name}`);
+    }
+  } finally {
+    await helper?.close();
   }
-  const cpuMs = (cpu() - c0) / picked.length;
+  const cpuMs = cpu() - c0;
   const examined = resolver === 'address' ? readdirSync('/run/netns').length : readdirSync('/proc').filter((e) => /^\d+$/.test(e)).length;
   return {
     resolver,
     examined,
-    sampled: picked.length,
-    cpuMsPerResolve: round(cpuMs, 2),
-    wallMsPerResolve: round((performance.now() - t0) / picked.length, 1),
-    amortizedPercentAt: { pods: largestCurvePoint, percent: round((largestCurvePoint * cpuMs) / (RESOLVER_TTL_SECONDS * 1000) * 100, 2) },
+    pods: picked.length,
+    cpuMsPerRefresh: round(cpuMs, 1),
+    wallMsPerRefresh: round(performance.now() - t0, 1),
+    cpuMsPerPod: round(cpuMs / Math.max(1, picked.length), 3),
+    amortizedPercent: round(cpuMs / (RESOLVER_TTL_SECONDS * 1000) * 100, 3),
   };
 }
