@@ -9,7 +9,7 @@ import type { BenchConfig } from './config.ts';
 import type { ProfileResult } from './profile.ts';
 import { PATH_LETTER, PATHS, type PathName } from './driver.ts';
 import { KINDS, VARIANT_NAMES, type Kind } from './mix.ts';
-import type { ResolverCost, ScalePoint } from './scale.ts';
+import { PROM_LOOP_RESOLUTION_MS, type ResolverCost, type ScalePoint } from './scale.ts';
 import type { SideBySideResult } from './sidebyside.ts';
 import { round } from './stats.ts';
 
@@ -201,7 +201,7 @@ export function renderMarkdown(r: BenchResult): string {
   if (r.scale) {
     L.push('', `## Scale curve: \`probe-agent run\` against the test kubelet (netns resolver: ${r.scale.resolver})`, '');
     const flags = launcherNodeFlags();
-    L.push(`The agent runs with bin/probe-agent's node flags (${flags.length ? flags.map((f) => `\`${f}\``).join(' ') : 'none'}). 3 probes per pod (HTTP liveness + gRPC readiness on the app, TCP readiness on a sidecar), kubelet poll 5 s. Measured over a steady window that starts once every pod was resolved and the first period (start jitter) is over. CPU = agent + helper (children included) from /proc; loop p99 = nodejs_eventloop_lag_p99_seconds over the window minus its 10 ms sampling interval (raw value in brackets).`, '');
+    L.push(`The agent runs with bin/probe-agent's node flags (${flags.length ? flags.map((f) => `\`${f}\``).join(' ') : 'none'}). 3 probes per pod (HTTP liveness + gRPC readiness on the app, TCP readiness on a sidecar), kubelet poll 5 s. Measured over a steady window that starts once every pod was resolved and the first period (start jitter) is over. CPU = agent + helper (children included) from /proc; loop p99 = nodejs_eventloop_lag_p99_seconds over the window minus its ${PROM_LOOP_RESOLUTION_MS} ms sampling interval (raw value in brackets).`, '');
     L.push(row(['pods x probes', 'period', 'probes/s (expected)', 'CPU % of a core: window (helper) + resolver', 'RSS MB (peak)', 'heap used / total MB', 'loop p99 ms (raw)', 'non-success', 'cold start s (CPU s)']));
     L.push(row(Array(9).fill('---')));
     for (const pt of r.scale.points) {

@@ -7,6 +7,7 @@
 import { readdirSync } from 'node:fs';
 import { AddressResolver } from '../../agent/netns/address-resolver.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
+import { EVENT_LOOP_MONITOR_PRECISION_MS } from '../../agent/metrics/registry.ts';
 import { ProcfsResolver } from '../../agent/netns/procfs-resolver.ts';
 import type { NetnsResolver } from '../../agent/netns/resolver.ts';
 import { startAgent, sumOf, type AgentProcess, type MetricSamples } from './agent-process.ts';
@@ -14,8 +15,8 @@ import { cpuOf } from './procstat.ts';
 import { PROBES_PER_POD, type ScaleEnv } from './scale-env.ts';
 import { round } from './stats.ts';
 
-/** prom-client samples the loop every 10 ms and reports whole intervals: subtract one for the delay. */
-export const PROM_LOOP_RESOLUTION_MS = 10;
+/** prom-client samples the loop every EVENT_LOOP_MONITOR_PRECISION_MS and reports whole intervals: subtract one for the delay. */
+export const PROM_LOOP_RESOLUTION_MS = EVENT_LOOP_MONITOR_PRECISION_MS;
 /**
  * The resolver chain's mean cache TTL: DEFAULT_TTL_MS (60 s) shortened by a random share of up to
  * DEFAULT_TTL_JITTER (0.25) in agent/netns/resolver.ts, so 52.5 s on average.
@@ -88,9 +89,10 @@ export async function measurePoint(env: ScaleEnv, cli: string, pods: number, per
   const agent = await startAgent({ cli, kubeletUrl: env.kubelet.httpUrl, resolver: env.resolver, dir: env.dir });
   let point: Omit<ScalePoint, 'exitCode'>;
   try {
-    // Idle (0 pods): nothing to resolve; let start-up settle (first polls, JIT) before the window.
+    // Idle (0 pods): nothing to resolve; start-up work (V8's compile and GC threads settling after
+    // the first polls) still shows 10 to 20 s in, so the idle window starts 30 s after spawn.
     if (pods > 0) await waitResolved(agent, pods, 180_000);
-    else await sleep(5000);
+    else await sleep(30_000);
     const coldCpu = agent.cpuMs();
     const coldStart = { seconds: round((Date.now() - spawned) / 1000, 1), cpuSeconds: round((coldCpu.agent + coldCpu.helper) / 1000, 2) };
     // A worker whose first run waited for its pod's resolution holds one tick (Go's ticker buffer)
