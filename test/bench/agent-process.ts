@@ -82,6 +82,8 @@ export async function startAgent(opts: AgentStartOptions): Promise<AgentProcess>
   const args = [
     ...launcherNodeFlags(),
     ...(opts.nodeFlags ?? []),
+    // BENCH_NODE_FLAGS: extra flags for trying a launcher change (later flags win in V8).
+    ...(process.env.BENCH_NODE_FLAGS ?? '').split(' ').filter(Boolean),
     opts.cli,
     'run',
     `--kubelet-url=${opts.kubeletUrl}`,
