@@ -68,6 +68,8 @@ export class KubeletClient {
   readonly #origin: string;
   readonly #servername: string | undefined;
   readonly #path: string;
+  /** The last answer's body and what it parsed to: an unchanged pod list is not parsed again. */
+  #last: { text: string; json: unknown } | undefined;
   readonly #timeoutMs: number;
   readonly #maxBytes: number;
   readonly #token: TokenFile | undefined;
@@ -108,7 +110,10 @@ export class KubeletClient {
       : new http.Agent({ keepAlive: true, maxSockets: 1 });
   }
 
-  /** GET /pods: resolves with the parsed JSON; rejects with KubeletError (or the caller's abort reason). */
+  /**
+   * GET /pods: resolves with the parsed JSON (the very same object as last time when the answer is
+   * byte-identical: treat it as read-only); rejects with KubeletError (or the caller's abort reason).
+   */
   async getPods(signal?: AbortSignal): Promise<unknown> {
     signal?.throwIfAborted();
     const headers: Record<string, string> = { accept: 'application/json', 'user-agent': 'probe-agent' };
@@ -141,8 +146,13 @@ export class KubeletClient {
         chunks.push(chunk as Buffer);
       }
       const text = Buffer.concat(chunks).toString('utf8');
+      // Between pod changes kubelet answers the same bytes every poll: return the same object,
+      // which the pod source recognises and skips (issue 14: 3 ms of parsing at 250 pods per poll).
+      if (this.#last?.text === text) return this.#last.json;
       try {
-        return JSON.parse(text) as unknown;
+        const json = JSON.parse(text) as unknown;
+        this.#last = { text, json };
+        return json;
       } catch (err) {
         throw new KubeletError('malformed', `kubelet /pods answered with invalid JSON: ${describeError(err)}`, { url: this.url, bytes: text.length });
       }

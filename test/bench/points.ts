@@ -20,7 +20,7 @@ try {
   }
   for (const [pods, period] of points) {
     const pt = await measurePoint(env, build.cli, pods, period, seconds);
-    process.stdout.write(`${pods}x3@${period}s: cpu ${pt.cpuPercent}% (helper ${pt.helperCpuPercent}) probes/s ${pt.probesPerSecond}/${pt.expectedProbesPerSecond} rss ${pt.rssMB} peak ${pt.peakRssMB} heap ${pt.heap.usedMB}/${pt.heap.totalMB} loop ${pt.loopP99RawMs} nonSuccess ${pt.nonSuccess}\n`);
+    process.stdout.write(`${pods}x3@${period}s: cpu ${pt.cpuPercent}% (helper ${pt.helperCpuPercent}) probes/s ${pt.probesPerSecond}/${pt.expectedProbesPerSecond} rss ${pt.rssMB} (anon ${pt.rssSplitMB?.anon} file ${pt.rssSplitMB?.file}) peak ${pt.peakRssMB} heap ${pt.heap.usedMB}/${pt.heap.totalMB} loop ${pt.loopP99RawMs} nonSuccess ${pt.nonSuccess}\n`);
   }
 } finally {
   await env.destroy();

@@ -207,7 +207,7 @@ export function renderMarkdown(r: BenchResult): string {
     for (const pt of r.scale.points) {
       const cpu = `${pt.cpuPercent} (${pt.helperCpuPercent})${pt.resolverCpuPercent !== undefined ? ` + ${pt.resolverCpuPercent}` : ''}`;
       L.push(row([pt.pods === 0 ? 'idle (0 pods)' : `${pt.pods} x ${pt.probesPerPod}`, pt.pods === 0 ? '-' : `${pt.periodSeconds} s`, `${pt.probesPerSecond} (${pt.expectedProbesPerSecond})`, cpu,
-        `${pt.rssMB} (${pt.peakRssMB})`, `${pt.heap.usedMB} / ${pt.heap.totalMB}`, `${ms(pt.loopP99Ms, 2)} (${ms(pt.loopP99RawMs, 2)})`, pt.nonSuccess, `${pt.coldStart.seconds} (${pt.coldStart.cpuSeconds})`]));
+        `${pt.rssMB} (${pt.peakRssMB})${pt.rssSplitMB ? `; anon ${pt.rssSplitMB.anon}, file ${pt.rssSplitMB.file}` : ''}`, `${pt.heap.usedMB} / ${pt.heap.totalMB}`, `${ms(pt.loopP99Ms, 2)} (${ms(pt.loopP99RawMs, 2)})`, pt.nonSuccess, `${pt.coldStart.seconds} (${pt.coldStart.cpuSeconds})`]));
     }
     const over = r.scale.points.filter((pt) => pt.pods > 0 && pt.probesPerSecond > pt.expectedProbesPerSecond * 1.05);
     const under = r.scale.points.filter((pt) => pt.pods > 0 && pt.probesPerSecond < pt.expectedProbesPerSecond * 0.95);

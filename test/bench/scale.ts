@@ -36,6 +36,8 @@ export interface ScalePoint {
   helperCpuPercent: number;
   rssMB: number;
   peakRssMB: number;
+  /** RSS split at the window's end: anonymous (the agent's own) and file-backed (mostly the node binary, shared and clean). */
+  rssSplitMB?: { anon: number; file: number };
   /** V8 heap at the end of the window, from the agent's own nodejs_* metrics (MB). */
   heap: { usedMB: number; totalMB: number; externalMB: number };
   /** nodejs_eventloop_lag_p99_seconds over the window, as exported (includes the 10 ms sampling interval). */
@@ -117,6 +119,7 @@ export async function measurePoint(env: ScaleEnv, cli: string, pods: number, per
       helperCpuPercent: pct(c1.helper - c0.helper),
       rssMB: round(mem.rssMB, 1),
       peakRssMB: round(mem.peakMB, 1),
+      rssSplitMB: { anon: round(mem.anonMB, 1), file: round(mem.fileMB, 1) },
       heap: {
         usedMB: round(sumOf(m1, 'nodejs_heap_size_used_bytes') / 2 ** 20, 1),
         totalMB: round(sumOf(m1, 'nodejs_heap_size_total_bytes') / 2 ** 20, 1),
