@@ -38,7 +38,8 @@ async function runScale(cfg: ReturnType<typeof benchConfig>, cli: string): Promi
     resolverCost.push(await measureResolverCost(env, cfg.resolver === 'procfs' ? 'address' : 'procfs', largest));
     const points: ScalePoint[] = [];
     // Idle first: the agent with no pods at all.
-    const idle = await measurePoint(env, cli, 0, 10, cfg.scaleSeconds);
+    // A longer window for idle: /proc counts 10 ms ticks, and idle is a few ticks per 10 s.
+    const idle = await measurePoint(env, cli, 0, 10, cfg.quick ? cfg.scaleSeconds : Math.max(30, cfg.scaleSeconds), cfg.quick ? 2000 : 30_000);
     points.push(idle);
     log(`idle: ${idle.cpuPercent} % CPU, RSS ${idle.rssMB} MB`);
     for (const period of cfg.scalePeriods) {

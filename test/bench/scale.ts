@@ -85,7 +85,7 @@ export async function waitResolved(agent: AgentProcess, pods: number, timeoutMs:
 }
 
 /** Runs the daemon at one (pods, period) point and measures a steady window. */
-export async function measurePoint(env: ScaleEnv, cli: string, pods: number, periodSeconds: number, windowSeconds: number): Promise<ScalePoint> {
+export async function measurePoint(env: ScaleEnv, cli: string, pods: number, periodSeconds: number, windowSeconds: number, idleSettleMs = 30_000): Promise<ScalePoint> {
   env.kubelet.setPods(env.podList(pods, periodSeconds));
   const spawned = Date.now();
   const agent = await startAgent({ cli, kubeletUrl: env.kubelet.httpUrl, resolver: env.resolver, dir: env.dir });
@@ -94,7 +94,7 @@ export async function measurePoint(env: ScaleEnv, cli: string, pods: number, per
     // Idle (0 pods): nothing to resolve; start-up work (V8's compile and GC threads settling after
     // the first polls) still shows 10 to 20 s in, so the idle window starts 30 s after spawn.
     if (pods > 0) await waitResolved(agent, pods, 180_000);
-    else await sleep(30_000);
+    else await sleep(idleSettleMs);
     const coldCpu = agent.cpuMs();
     const coldStart = { seconds: round((Date.now() - spawned) / 1000, 1), cpuSeconds: round((coldCpu.agent + coldCpu.helper) / 1000, 2) };
     // A worker whose first run waited for its pod's resolution holds one tick (Go's ticker buffer)
