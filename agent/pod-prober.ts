@@ -87,9 +87,9 @@ export class PodProber implements OnDemandProber {
 
   /** The RunProbe workers call: never throws; netns trouble becomes an 'error' outcome with a reason. */
   readonly runForWorker: RunProbe = async (pod, container, spec, signal) => {
-    const key = unresolvedKey(pod);
     const miss = this.#unresolved.get(pod.uid);
-    if (miss && miss.key === key && Date.now() < miss.retryAt) return errorOutcome('netns-unresolved', miss.message);
+    // The key (string building) only for a pod that missed: not on every probe of a resolved pod.
+    if (miss && miss.key === unresolvedKey(pod) && Date.now() < miss.retryAt) return errorOutcome('netns-unresolved', miss.message);
     let netns: string;
     try {
       netns = await this.#resolve(pod, signal);
@@ -98,6 +98,7 @@ export class PodProber implements OnDemandProber {
       const reason = err instanceof UnsupportedPodError ? 'unsupported-pod' : 'netns-unresolved';
       const message = describeError(err);
       if (outcomeOf(err) === 'not-found' && !signal.aborted) {
+        const key = unresolvedKey(pod);
         const failures = miss?.key === key ? miss.failures + 1 : 1;
         // Two periods, then four...: each failure skips more of this probe's runs. Jittered, so that
         // pods which failed together (a burst of new pods) do not come back together.

@@ -34,7 +34,7 @@ struct allow_dirs {
 
 /* Why a socket could not be made: the stage that failed, its errno and a message. */
 struct ns_result {
-  const char *stage; /* validate | open | nstype | setns | socket | busy | request | child */
+  const char *stage; /* validate | open | nstype | setns | socket | netlink | busy | request | child */
   int err;
   char msg[320];
 };
@@ -73,6 +73,13 @@ int netns_open(const char *path, const struct allow_dirs *a, struct ns_result *r
 int netns_make_socket(const char *path, int family, const struct allow_dirs *a, struct ns_result *r);
 int family_to_af(int family);
 
+/*
+ * addrs.c: enters the netns for good (child-safe; the caller exits right after) and formats the
+ * answer line {"id":N,"ok":true,"addrs":[...]} with its global and site-scope addresses;
+ * 0 with `r` set on failure.
+ */
+size_t netns_addresses_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir, struct ns_result *r);
+
 /* channel.c. The formatting and sending functions are child-safe and return -errno on failure. */
 size_t format_handle_line(char *buf, size_t cap, uint64_t id);
 size_t format_error_line(char *buf, size_t cap, uint64_t id, const struct ns_result *r);
@@ -81,8 +88,11 @@ int chan_send_wait(int chan, const char *line, size_t len, int fd, int timeout_m
 int channel_fd_from_env(const char **why);
 
 /* jsonreq.c */
+enum request_op { OP_SOCKET = 0, OP_ADDRS = 1 };
 struct request {
   int has_id;
+  int has_op;
+  enum request_op op;
   uint64_t id;
   int has_cmd;
   char cmd[40];

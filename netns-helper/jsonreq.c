@@ -1,6 +1,6 @@
 /*
- * A strict little JSON reader for the one shape the agent sends, {"id":N,"netns":"...",
- * "family":4|6}, and for Node's own {"cmd":"NODE_..."} lines. Unknown keys are skipped.
+ * A strict little JSON reader for the shapes the agent sends, {"id":N,"netns":"...",
+ * "family":4|6} and {"id":N,"op":"addrs","netns":"..."}, and for Node's own {"cmd":"NODE_..."} lines. Unknown keys are skipped.
  */
 #include "helper.h"
 
@@ -194,6 +194,13 @@ int parse_request(const char *line, size_t len, struct request *req, const char 
     } else if (strcmp(key, "cmd") == 0) {
       r = read_string(&c, req->cmd, sizeof req->cmd);
       req->has_cmd = r == 0;
+    } else if (strcmp(key, "op") == 0) {
+      char op[16];
+      r = read_string(&c, op, sizeof op);
+      if (r == 0 && strcmp(op, "socket") == 0) req->op = OP_SOCKET;
+      else if (r == 0 && strcmp(op, "addrs") == 0) req->op = OP_ADDRS;
+      else r = fail(&c, "unknown op");
+      req->has_op = r == 0;
     } else if (strcmp(key, "family") == 0) {
       uint64_t f;
       r = read_uint(&c, &f);

@@ -33,6 +33,8 @@
 #include <unistd.h>
 
 #define OUT_LINE_MAX 1024
+/* An address list: about 90 IPv6 addresses; the child's stack holds it (see CHILD_STACK_BYTES). */
+#define ADDRS_LINE_MAX 4096
 /*
  * The child's deepest frame (open_dir_entry) holds about 13 KiB of path buffers; the rest is
  * margin. Only the pages a child touches become resident, and blocks are reused LIFO.
@@ -44,6 +46,7 @@
 /* What one child works on: written before clone(), read-only for the child, kept until it is reaped. */
 struct child_job {
   uint64_t id;
+  enum request_op op;
   int family;
   enum path_kind kind;
   const char *dir; /* an entry of the allow list (never changes after start) */
@@ -157,6 +160,13 @@ static int child_main(void *arg) {
   sys_prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (sys_getppid() != job->parent) return 4;
   struct ns_result r = {0};
+  if (job->op == OP_ADDRS) {
+    /* A plain line (no fd); a netns's address list can be longer than a socket's answer. */
+    char line[ADDRS_LINE_MAX];
+    size_t len = netns_addresses_line(line, sizeof line, job->id, job->netns, job->kind, job->dir, &r);
+    if (len == 0) len = format_error_line(line, sizeof line, job->id, &r);
+    return len > 0 && chan_send_wait(job->chan, line, len, -1, job->timeout_ms) == 0 ? 0 : 3;
+  }
   int s = netns_socket_checked(job->netns, job->kind, job->dir, job->family, &r);
   char line[OUT_LINE_MAX];
   size_t len = s >= 0 ? format_handle_line(line, sizeof line, job->id) : format_error_line(line, sizeof line, job->id, &r);
@@ -182,6 +192,7 @@ static void spawn_child(struct resident *rs, const struct request *req, enum pat
   }
   struct child_job *job = job_of(rs, block);
   job->id = req->id;
+  job->op = req->op;
   job->family = (int)req->family;
   job->kind = kind;
   job->dir = rs->allow->dirs[dir_index];
@@ -253,8 +264,8 @@ static void handle_line(struct resident *rs, const char *line, size_t len) {
     fprintf(stderr, "probe-agent-netns-helper: dropping a request without an id\n");
     return;
   }
-  if (!req.has_netns || !req.has_family || (req.family != 4 && req.family != 6)) {
-    ns_fail(&r, "request", EINVAL, "malformed request: want netns and family 4 or 6");
+  if (req.op == OP_ADDRS ? !req.has_netns : (!req.has_netns || !req.has_family || (req.family != 4 && req.family != 6))) {
+    ns_fail(&r, "request", EINVAL, req.op == OP_ADDRS ? "malformed request: want netns" : "malformed request: want netns and family 4 or 6");
     reply_error(rs, req.id, &r);
     return;
   }
@@ -265,7 +276,8 @@ static void handle_line(struct resident *rs, const char *line, size_t len) {
     reply_error(rs, req.id, &r);
     return;
   }
-  if (rs->opts->warm) make_warm(rs, &req, kind, dir_index);
+  /* Reading addresses is not on a probe's path: always a child, even --warm (its dump may be slow). */
+  if (rs->opts->warm && req.op == OP_SOCKET) make_warm(rs, &req, kind, dir_index);
   else spawn_child(rs, &req, kind, dir_index);
 }
 

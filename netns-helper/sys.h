@@ -81,6 +81,9 @@ static inline int sys_socket(int domain, int type, int protocol) {
 static inline long sys_sendmsg(int fd, const struct msghdr *mh, int flags) {
   return sys_call6(SYS_sendmsg, fd, SYS_ARG(mh), flags, 0, 0, 0);
 }
+static inline long sys_recvmsg(int fd, struct msghdr *mh, int flags) {
+  return sys_call6(SYS_recvmsg, fd, SYS_ARG(mh), flags, 0, 0, 0);
+}
 static inline int sys_ppoll(struct pollfd *fds, nfds_t n, const struct timespec *timeout) {
   /* The kernel's sigset size (8 bytes), not glibc's sigset_t; no mask is passed anyway. */
   return (int)sys_call6(SYS_ppoll, SYS_ARG(fds), SYS_ARG(n), SYS_ARG(timeout), 0, 8, 0);

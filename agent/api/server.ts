@@ -6,7 +6,7 @@
 import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import * as grpc from '@grpc/grpc-js';
-import { ReflectionService } from '@grpc/reflection';
+import { createRequire } from 'node:module';
 import * as protoLoader from '@grpc/proto-loader';
 import { HealthImplementation, protoPath as healthProtoPath } from 'grpc-health-check';
 import { InvalidProbeError, describeError } from '../errors.ts';
@@ -147,6 +147,8 @@ export class ProbeApiServer {
     if (opts.reflection) {
       // Describe the health service too, so that grpcurl can call it by name.
       const health = protoLoader.loadSync(healthProtoPath, LOADER_OPTIONS);
+      // Loaded only when asked for (off by default): the daemon need not carry it (issue 14).
+      const { ReflectionService } = createRequire(import.meta.url)('@grpc/reflection') as typeof import('@grpc/reflection');
       new ReflectionService({ ...api.packageDefinition, ...health }).addToServer(this.#server);
     }
   }

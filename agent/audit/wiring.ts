@@ -45,12 +45,6 @@ export async function runAudit(config: RunConfig, opts: RunAuditOptions = {}): P
 
   const closers: (() => Promise<void> | void)[] = [];
   try {
-    const built = await buildResolvers(config, log);
-    closers.push(built.close);
-    if (built.resolvers.length === 0) {
-      throw new AuditSetupError(`no usable netns resolver (configured: ${config.netnsResolvers.join(', ')}): give --cri-endpoint or add procfs/address to --netns-resolvers`);
-    }
-    const chain = new NetnsResolverChain(built.resolvers, { log });
     let helper: Promise<ResidentHelper> | undefined;
     const netnsSockets = (): Promise<SocketFactory> => {
       helper ??= ResidentHelper.start({
@@ -67,6 +61,18 @@ export async function runAudit(config: RunConfig, opts: RunAuditOptions = {}): P
       });
       return helper;
     };
+    const built = await buildResolvers(config, log, {
+      // The address resolver reads each netns's addresses through the helper: started only then.
+      readAddresses: async (netns, signal) => {
+        await netnsSockets();
+        return (await (helper as Promise<ResidentHelper>)).readAddresses(netns, signal);
+      },
+    });
+    closers.push(built.close);
+    if (built.resolvers.length === 0) {
+      throw new AuditSetupError(`no usable netns resolver (configured: ${config.netnsResolvers.join(', ')}): give --cri-endpoint or add procfs/address to --netns-resolvers`);
+    }
+    const chain = new NetnsResolverChain(built.resolvers, { log });
     return await auditPods({
       pods: listed.pods,
       parseErrors: listed.errors,

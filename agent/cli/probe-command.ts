@@ -133,17 +133,19 @@ export async function openLocalContext(
   const nodeSockets = new NodeSocketFactory();
   let sockets: SocketFactory = nodeSockets;
   let close = async (): Promise<void> => {};
+  let helper: ResidentHelper | undefined;
   if (!opts.fromNode) {
     if (opts.directSpawn) {
       sockets = new SpawnHelper({ helperPath: opts.helperPath });
     } else {
-      const helper = await ResidentHelper.start({ helperPath: opts.helperPath });
-      sockets = helper;
-      close = () => helper.close();
+      const resident = await ResidentHelper.start({ helperPath: opts.helperPath });
+      helper = resident;
+      sockets = resident;
+      close = () => resident.close();
     }
   }
   try {
-    const podIPs = givenIPs.length > 0 ? givenIPs : opts.netns ? await netnsAddresses(opts.netns) : [];
+    const podIPs = givenIPs.length > 0 ? givenIPs : opts.netns ? await netnsAddresses(opts.netns, helper, opts.helperPath) : [];
     if (needsPodIP && podIPs.length === 0) {
       throw new InvalidProbeError(`netns "${opts.netns}" has no global address to probe: give the pod's IP with --pod-ip`);
     }
@@ -177,9 +179,9 @@ async function checkNetnsPath(netns: string): Promise<void> {
 }
 
 /** The netns's own addresses, or one line saying they could not be read (never the text of the program that read them). */
-async function netnsAddresses(netns: string): Promise<string[]> {
+async function netnsAddresses(netns: string, helper: ResidentHelper | undefined, helperPath: string | undefined): Promise<string[]> {
   try {
-    return await readNetnsAddresses(netns);
+    return await readNetnsAddresses(netns, { helper, helperPath });
   } catch {
     throw new InvalidProbeError(`cannot read the pod's addresses inside netns "${netns}": give them with --pod-ip`, { netns });
   }

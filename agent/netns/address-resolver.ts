@@ -1,15 +1,16 @@
 /**
  * Last-resort resolver: find the named netns whose interfaces hold the pod's IPs. Node cannot
- * enter a netns itself (threads), so each netns is listed with `ip -n <name> -j addr` (or
- * `nsenter --net=<path> ip -j addr` for extra dirs). Costly, hence last in the chain and cached.
- * Exactly one netns must hold the pod's IPs; overlapping addresses (multi-network, stale netns)
- * are refused rather than guessed.
+ * enter a netns itself (threads), so the netns helper reads each netns's addresses (one netlink
+ * dump inside it, no process run); the node's own come from getifaddrs. One listing per refresh
+ * serves every pod: O(netns), not O(pods × netns). Exactly one netns must hold the pod's IPs;
+ * overlapping addresses (multi-network, stale netns) are refused rather than guessed.
  */
-import { execFile } from 'node:child_process';
+import { statSync } from 'node:fs';
 import { readdir, realpath, stat } from 'node:fs/promises';
-import { isIP } from 'node:net';
+import { networkInterfaces } from 'node:os';
 import path from 'node:path';
 import { UnsupportedPodError, describeError } from '../errors.ts';
+import { canonicalIp } from './ip.ts';
 import { NetnsPathChecker } from './netns-path.ts';
 import {
   DEFAULT_SANDBOXED_RUNTIMES,
@@ -23,8 +24,17 @@ import {
   type PodRef,
 } from './resolver.ts';
 
+export { canonicalIp };
+
+/** Reads a netns's own global and site-scope addresses (the resident helper does, through netlink). */
+export interface NetnsAddressReader {
+  readAddresses(netns: string, signal?: AbortSignal): Promise<string[]>;
+}
+
 /** Options of the address resolver. */
 export interface AddressResolverOptions {
+  /** Who reads a netns's addresses: the resident netns helper. */
+  addresses: NetnsAddressReader;
   /** Directories whose netns files are searched; default the checker's dirs. */
   dirs?: readonly string[];
   pathChecker?: NetnsPathChecker;
@@ -40,6 +50,11 @@ export interface AddressResolverOptions {
   nameFilter?: RegExp;
   /** How long a listing may answer "not found" for pods whose IPs it does not hold; default 2000 ms, 0 = always list. */
   missReuseMs?: number;
+  /**
+   * How long a listing answers for pods whose IPs it holds: the pods of one refresh share one
+   * listing (the netns found is re-checked by path and inode anyway); default 30 s, 0 = always list.
+   */
+  hitReuseMs?: number;
   /** Pods with one of these runtimeClassNames are refused (UnsupportedPodError); default DEFAULT_SANDBOXED_RUNTIMES. */
   sandboxedRuntimeClasses?: readonly string[];
 }
@@ -56,15 +71,13 @@ interface AddressScan {
 }
 
 const DEFAULT_MISS_REUSE_MS = 2000;
+const DEFAULT_HIT_REUSE_MS = 30_000;
 
 /** True when the node or any listed netns holds one of `ips`. */
 function holdsAny(scan: AddressScan, ips: string[]): boolean {
   return ips.some((ip) => scan.node?.has(ip) || scan.namespaces.some((ns) => ns.addrs.has(ip)));
 }
 
-/** iproute2's netns dir: `ip -n NAME` finds NAME only there. */
-const IP_NETNS_DIR = '/run/netns';
-const MAX_OUTPUT = 1024 * 1024;
 
 /** Resolves a pod's netns by matching status.podIPs to interface addresses. */
 export class AddressResolver implements NetnsResolver {
@@ -78,10 +91,13 @@ export class AddressResolver implements NetnsResolver {
   readonly #nameFilter: RegExp | undefined;
   readonly #sandboxedClasses: readonly string[];
   readonly #missReuseMs: number;
+  readonly #hitReuseMs: number;
+  readonly #reader: NetnsAddressReader;
   #scanning: Promise<AddressScan> | undefined;
   #lastScan: { at: number; scan: AddressScan } | undefined;
 
-  constructor(opts: AddressResolverOptions = {}) {
+  constructor(opts: AddressResolverOptions) {
+    this.#reader = opts.addresses;
     this.#sandboxedClasses = opts.sandboxedRuntimeClasses ?? DEFAULT_SANDBOXED_RUNTIMES;
     this.#checker = opts.pathChecker ?? new NetnsPathChecker(opts.dirs ? { extraDirs: opts.dirs } : {});
     this.#dirs = opts.dirs ?? this.#checker.dirs;
@@ -91,6 +107,7 @@ export class AddressResolver implements NetnsResolver {
     this.#checkNode = opts.checkNodeAddresses ?? true;
     this.#nameFilter = opts.nameFilter;
     this.#missReuseMs = Math.max(0, opts.missReuseMs ?? DEFAULT_MISS_REUSE_MS);
+    this.#hitReuseMs = Math.max(0, opts.hitReuseMs ?? DEFAULT_HIT_REUSE_MS);
   }
 
   /** Lists every netns's addresses and returns the one netns holding the pod's IPs. */
@@ -105,7 +122,7 @@ export class AddressResolver implements NetnsResolver {
       return c;
     });
 
-    const scan = (await this.#reusableMiss(want)) ?? await raceSignal(this.#sharedScan(), signal, who);
+    const scan = this.#reusableHit(want) ?? (await this.#reusableMiss(want)) ?? await raceSignal(this.#sharedScan(), signal, who);
     if (scan.node) {
       const clash = want.find((ip) => scan.node?.has(ip));
       if (clash) throw new UnsupportedPodError(`pod ${who}: IP ${clash} is a node address (hostNetwork): probed by kubelet, not by us`, { uid: pod.uid });
@@ -141,6 +158,29 @@ export class AddressResolver implements NetnsResolver {
   }
 
   /**
+   * The last listing, when it is recent and holds all of `want` in exactly one netns and nowhere
+   * else: what the pods of one refresh (jittered over the cache TTL) share. The netns it names is
+   * re-checked (path, inode) before use; a netns replaced since falls through to a new listing.
+   */
+  #reusableHit(want: string[]): AddressScan | undefined {
+    const last = this.#lastScan;
+    if (!last || Date.now() - last.at >= this.#hitReuseMs || last.scan.errors.length > 0) return undefined;
+    const scan = last.scan;
+    if (want.some((ip) => scan.node?.has(ip))) return undefined;
+    const holders = new Set(scan.namespaces.filter((ns) => want.some((ip) => ns.addrs.has(ip))).map((ns) => ns.ino));
+    if (holders.size !== 1) return undefined;
+    const [ino] = holders;
+    const held = scan.namespaces.filter((ns) => ns.ino === ino);
+    if (!held.every((ns) => want.every((ip) => ns.addrs.has(ip)))) return undefined;
+    // A netns replaced since (sandbox recreated) must be found afresh, not reported gone.
+    try {
+      return held.every((ns) => statSync(ns.file).ino === ino) ? scan : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /**
    * The last listing, when it may answer "not found" again for `want`: it is recent, complete, holds
    * none of the IPs, and no netns file appeared or went since (a readdir, no process). A pod whose
    * IPs no netns holds is asked about every probe period; anything found is confirmed afresh.
@@ -173,11 +213,7 @@ export class AddressResolver implements NetnsResolver {
   }
 
   async #scan(): Promise<AddressScan> {
-    const node = this.#checkNode
-      ? await this.#list(undefined).catch((err: unknown) => {
-          throw resolveFailure('unavailable', `cannot list the node's addresses: ${describeError(err)}`, {}, err);
-        })
-      : undefined;
+    const node = this.#checkNode ? nodeAddresses() : undefined;
     const files = await this.#netnsFiles();
     const namespaces: AddressScan['namespaces'] = [];
     const errors: string[] = [];
@@ -191,7 +227,7 @@ export class AddressResolver implements NetnsResolver {
           namespaces.push({ index, file, ino, addrs: await this.#list(file) });
         } catch (err) {
           // A netns deleted meanwhile holds nobody's IPs; one that cannot be read (stale mount,
-          // `ip` timing out) might: it makes a miss uncertain. Neither may block the others.
+          // the helper timing out) might: it makes a miss uncertain. Neither may block the others.
           if (!(await stat(file).then(() => true, () => false))) continue;
           errors.push(`${file}: ${describeError(err)}`);
         }
@@ -224,38 +260,24 @@ export class AddressResolver implements NetnsResolver {
     return out;
   }
 
-  /** Canonical global/site addresses of a netns (undefined: the node's own). */
-  async #list(file: string | undefined): Promise<Set<string>> {
-    let cmd: string;
-    let args: string[];
-    if (file === undefined) {
-      [cmd, args] = ['ip', ['-j', 'addr', 'show']];
-    } else if (path.posix.dirname(file) === IP_NETNS_DIR) {
-      [cmd, args] = ['ip', ['-n', path.posix.basename(file), '-j', 'addr', 'show']];
-    } else {
-      [cmd, args] = ['nsenter', [`--net=${file}`, '--', 'ip', '-j', 'addr', 'show']];
-    }
-    const stdout = await new Promise<string>((resolve, reject) => {
-      execFile(cmd, args, { timeout: this.#timeoutMs, maxBuffer: MAX_OUTPUT, env: { PATH: process.env['PATH'] ?? '/usr/sbin:/usr/bin:/sbin:/bin' } },
-        (err, out, errOut) => (err ? reject(new Error(`${cmd} failed: ${String(errOut).trim() || err.message}`)) : resolve(out)));
-    });
-    const out = new Set<string>();
-    let links: { addr_info?: { local?: string; scope?: string }[] }[];
-    try {
-      links = JSON.parse(stdout || '[]');
-    } catch {
-      throw new Error(`${cmd}: output is not JSON`);
-    }
-    for (const link of Array.isArray(links) ? links : []) {
-      for (const a of link.addr_info ?? []) {
-        // Loopback and link-local addresses are the same in every netns: never evidence.
-        if (!a.local || a.scope === 'host' || a.scope === 'link') continue;
-        const c = canonicalIp(a.local);
-        if (c) out.add(c);
-      }
-    }
-    return out;
+  /** Canonical global/site addresses of a netns, read by the helper inside it. */
+  async #list(file: string): Promise<Set<string>> {
+    return new Set(await this.#reader.readAddresses(file, AbortSignal.timeout(this.#timeoutMs)));
   }
+}
+
+/** The node's own global/site addresses (the agent runs in the node's netns): getifaddrs, no process. */
+function nodeAddresses(): Set<string> {
+  const out = new Set<string>();
+  for (const list of Object.values(networkInterfaces())) {
+    for (const a of list ?? []) {
+      // Loopback and link-local addresses are the same in every netns: never evidence.
+      if (a.internal || a.address.startsWith('fe80:') || a.address.startsWith('169.254.')) continue;
+      const c = canonicalIp(a.address.split('%')[0] as string);
+      if (c) out.add(c);
+    }
+  }
+  return out;
 }
 
 /** Waits for a shared scan, or rejects as soon as this caller's `signal` aborts. */
@@ -273,19 +295,4 @@ function raceSignal<T>(p: Promise<T>, signal: AbortSignal | undefined, who: stri
     signal.addEventListener('abort', onAbort, { once: true });
     p.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
   });
-}
-
-/** One spelling per address: IPv6 compressed lower-case, IPv4 dotted quad; undefined if not an IP. */
-export function canonicalIp(ip: string): string | undefined {
-  if (typeof ip !== 'string' || ip.length > 64) return undefined;
-  const v = isIP(ip);
-  if (v === 4) return ip.split('.').map(Number).join('.');
-  if (v === 6) {
-    try {
-      return new URL(`http://[${ip}]/`).hostname.slice(1, -1);
-    } catch {
-      return undefined;
-    }
-  }
-  return undefined;
 }

@@ -5,7 +5,7 @@
  */
 import { describeError } from '../errors.ts';
 import type { Logger } from '../log.ts';
-import { AddressResolver } from './address-resolver.ts';
+import { AddressResolver, type NetnsAddressReader } from './address-resolver.ts';
 import { detectCriEndpoint } from './cri-endpoint.ts';
 import { CriResolver } from './cri-resolver.ts';
 import { NetnsPathChecker } from './netns-path.ts';
@@ -21,8 +21,15 @@ export interface ResolverConfig {
   sandboxedRuntimeHandlers: string[];
 }
 
-/** Resolvers in order, plus a close() for the CRI channel they may hold. */
-export async function buildResolvers(config: ResolverConfig, log: Logger): Promise<{ resolvers: NetnsResolver[]; close: () => void }> {
+/**
+ * Resolvers in order, plus a close() for the CRI channel they may hold. `addresses` (the resident
+ * netns helper) reads a netns's addresses for the address resolver.
+ */
+export async function buildResolvers(
+  config: ResolverConfig,
+  log: Logger,
+  addresses: NetnsAddressReader,
+): Promise<{ resolvers: NetnsResolver[]; close: () => void }> {
   const pathChecker = new NetnsPathChecker({ extraDirs: config.netnsDirs, procRoot: config.procRoot });
   const sandboxed = config.sandboxedRuntimeHandlers;
   const resolvers: NetnsResolver[] = [];
@@ -44,7 +51,7 @@ export async function buildResolvers(config: ResolverConfig, log: Logger): Promi
     } else if (name === 'procfs') {
       resolvers.push(new ProcfsResolver({ procRoot: config.procRoot, pathChecker, sandboxedRuntimeClasses: sandboxed }));
     } else {
-      resolvers.push(new AddressResolver({ pathChecker, sandboxedRuntimeClasses: sandboxed }));
+      resolvers.push(new AddressResolver({ addresses, pathChecker, sandboxedRuntimeClasses: sandboxed }));
     }
   }
   return { resolvers, close: () => closers.forEach((c) => c()) };

@@ -1,18 +1,20 @@
 /**
- * The resident netns helper client: one long-lived helper process (started once, restarted
- * with capped backoff when it dies) that starts a tiny child per socket (a clone sharing the
- * helper's small memory, see netns-helper/README.md); each socket arrives as a handle on Node's
- * IPC channel. No fork from Node per probe, so the event loop never pays the agent's page-table
- * copy. See netns-helper/resident.c for the other side.
+ * The resident netns helper client: the request table over one long-lived helper process
+ * (helper-process.ts starts it, restarts it with capped backoff and kills it when silent). The
+ * helper starts a tiny child per request (a clone sharing its small memory, see
+ * netns-helper/README.md): a socket arrives as a handle on Node's IPC channel, a netns's address
+ * list as a plain message. No fork from Node per probe, so the event loop never pays the agent's
+ * page-table copy. See netns-helper/resident.c for the other side.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
 import type { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { HelperError, describeError } from '../errors.ts';
 import { type Logger, silentLogger } from '../log.ts';
 import type { SocketFactory } from '../probe/types.ts';
+import { canonicalIp } from './ip.ts';
+import { HelperProcess } from './helper-process.ts';
 import {
-  StderrTail, abortError, boundedInt, checkHelperBinary, checkRequest, discardHandle, isHelperReply, ownNetnsPath,
+  abortError, boundedInt, checkHelperBinary, checkRequest, discardHandle, isHelperReply, ownNetnsPath,
   replyToError, resolveHelperPath, socketFromHandle,
 } from './helper-protocol.ts';
 import { DEFAULT_NETNS_DIRS, DEFAULT_PROC_ROOT, allowedNetnsDirs, normaliseProcRoot } from './path-guard.ts';
@@ -42,7 +44,7 @@ export interface ResidentHelperOptions {
   restartBackoffMs?: { initial: number; max: number };
   /** Called each time a dead helper is restarted (for probe_agent_* metrics). */
   onRestart?: (reason: string) => void;
-  /** Called once per settled request: ok = a socket was delivered. Caller aborts are not reported. */
+  /** Called once per settled socket request: ok = a socket was delivered. Caller aborts are not reported. */
   onRequest?: (durationSeconds: number, ok: boolean) => void;
 }
 
@@ -50,7 +52,7 @@ export interface ResidentHelperOptions {
 export interface ResidentHelperStats {
   /** Current helper pid, when one runs. */
   pid?: number;
-  /** Requests handed to a helper (each one child process in resident mode). */
+  /** Requests handed to a helper (each one child process, except sockets in warm mode). */
   spawned: number;
   /** Times a dead helper was started again. */
   restarts: number;
@@ -60,14 +62,18 @@ export interface ResidentHelperStats {
   failures: number;
 }
 
+/** What a request asks the helper for, and what it settles with. */
+type Ask =
+  | { kind: 'socket'; family: 4 | 6; resolve: (s: Socket) => void }
+  | { kind: 'addrs'; resolve: (addrs: string[]) => void };
+
 interface Pending {
   id: number;
   netns: string;
-  family: 4 | 6;
+  ask: Ask;
   startedAt: number;
   sent: boolean;
   sentAt: number;
-  resolve: (s: Socket) => void;
   reject: (e: Error) => void;
   timer: NodeJS.Timeout;
   signal?: AbortSignal;
@@ -76,14 +82,13 @@ interface Pending {
 
 const SELF_TEST_TIMEOUT_MS = 3000;
 const ACCEPTED_PATHS_MAX = 4096;
-/** A helper that lived this long is healthy again: the next death restarts it quickly. */
-const HEALTHY_AFTER_MS = 30_000;
+/** Bound on the addresses one netns may report (the helper's answer line holds about 90). */
+const MAX_ADDRESSES = 128;
 
 /** SocketFactory backed by the resident helper (mode 'resident', or 'warm' with the gate on). */
 export class ResidentHelper implements SocketFactory {
   readonly mode: 'resident' | 'warm';
   readonly helperPath: string;
-  readonly #args: string[];
   readonly #allowDirs: string[];
   readonly procRoot: string;
   /** The agent's own netns as named under procRoot: what the self-test asks for. */
@@ -91,45 +96,51 @@ export class ResidentHelper implements SocketFactory {
   readonly #log: Logger;
   readonly #maxInFlight: number;
   readonly #timeoutMs: number;
-  readonly #backoff: { initial: number; max: number };
-  readonly #onRestart?: (reason: string) => void;
   readonly #onRequest?: (durationSeconds: number, ok: boolean) => void;
+  readonly #process: HelperProcess;
   readonly #pending = new Map<number, Pending>();
-  #child?: ChildProcess;
-  #childReady = false;
-  #childUpAt = 0;
-  #nextDelay: number;
-  #restartTimer?: NodeJS.Timeout;
-  #silenceTimer?: NodeJS.Timeout;
-  #downReason = 'not started';
   #nextId = 1;
-  #lastMessageAt = 0;
   #closed = false;
   /** Netns paths the path guard accepted: the guard is pure, so a repeat (every probe of a pod) skips it. */
   readonly #acceptedPaths = new Set<string>();
-  #stats = { spawned: 0, restarts: 0, failures: 0 };
+  #stats = { spawned: 0, failures: 0 };
 
   private constructor(opts: ResidentHelperOptions) {
     this.helperPath = resolveHelperPath(opts.helperPath);
     this.#allowDirs = allowedNetnsDirs(opts.allowDirs ?? []);
     this.mode = opts.warm ? 'warm' : 'resident';
-    this.#args = ['--resident', ...(opts.warm ? ['--warm'] : [])];
-    for (const d of this.#allowDirs.filter((x) => !DEFAULT_NETNS_DIRS.includes(x))) this.#args.push('--allow-dir', d);
+    const args = ['--resident', ...(opts.warm ? ['--warm'] : [])];
+    for (const d of this.#allowDirs.filter((x) => !DEFAULT_NETNS_DIRS.includes(x))) args.push('--allow-dir', d);
     this.procRoot = normaliseProcRoot(opts.procRoot ?? DEFAULT_PROC_ROOT, this.#allowDirs);
-    if (this.procRoot !== DEFAULT_PROC_ROOT) this.#args.push('--proc-root', this.procRoot);
+    if (this.procRoot !== DEFAULT_PROC_ROOT) args.push('--proc-root', this.procRoot);
     this.#log = (opts.log ?? silentLogger).child({ component: 'netns-helper', mode: this.mode });
     this.#maxInFlight = boundedInt(opts.maxInFlight ?? 128, 1, 65_536, 'maxInFlight');
     // The helper's own cap is a safety net above ours: a child that answered may still be exiting.
-    this.#args.push('--max-children', String(Math.min(4096, this.#maxInFlight + 64)));
+    args.push('--max-children', String(Math.min(4096, this.#maxInFlight + 64)));
     this.#timeoutMs = boundedInt(opts.requestTimeoutMs ?? 5000, 10, 60_000, 'requestTimeoutMs');
     const backoff = opts.restartBackoffMs ?? { initial: 100, max: 10_000 };
-    this.#backoff = {
-      initial: boundedInt(backoff.initial, 1, 60_000, 'restartBackoffMs.initial'),
-      max: boundedInt(backoff.max, backoff.initial, 600_000, 'restartBackoffMs.max'),
-    };
-    this.#nextDelay = this.#backoff.initial;
-    this.#onRestart = opts.onRestart;
     this.#onRequest = opts.onRequest;
+    this.#process = new HelperProcess({
+      path: this.helperPath,
+      args,
+      log: this.#log,
+      backoff: {
+        initial: boundedInt(backoff.initial, 1, 60_000, 'restartBackoffMs.initial'),
+        max: boundedInt(backoff.max, backoff.initial, 600_000, 'restartBackoffMs.max'),
+      },
+      silenceMs: this.#timeoutMs,
+    }, {
+      onUp: () => {
+        for (const p of this.#pending.values()) this.#send(p);
+      },
+      onDown: (reason, pid) => {
+        for (const p of [...this.#pending.values()]) {
+          if (p.sent) this.#fail(p, new HelperError(`${reason} before answering`, { netns: p.netns, pid }));
+        }
+      },
+      onMessage: (msg, handle) => this.#onMessage(msg, handle),
+      onRestart: opts.onRestart,
+    });
   }
 
   /** Starts the helper and proves it works by making a socket in the agent's own netns. */
@@ -138,7 +149,7 @@ export class ResidentHelper implements SocketFactory {
     await checkHelperBinary(helper.helperPath);
     helper.#ownNetns = await ownNetnsPath(helper.procRoot);
     try {
-      await helper.#spawn();
+      await helper.#process.start();
     } catch (err) {
       await helper.close();
       throw err;
@@ -149,7 +160,7 @@ export class ResidentHelper implements SocketFactory {
       await helper.close();
       throw new HelperError(`netns helper self-test failed: ${err instanceof Error ? err.message : String(err)}`, { path: helper.helperPath }, { cause: err });
     }
-    helper.#log.info('netns helper started', { pid: helper.#child?.pid, path: helper.helperPath });
+    helper.#log.info('netns helper started', { pid: helper.#process.pid, path: helper.helperPath });
     return helper;
   }
 
@@ -161,11 +172,31 @@ export class ResidentHelper implements SocketFactory {
 
   /** Counters for metrics and tests. */
   stats(): ResidentHelperStats {
-    return { pid: this.#child?.pid, ...this.#stats, inFlight: this.#pending.size };
+    return { pid: this.#process.pid, ...this.#stats, restarts: this.#process.restarts, inFlight: this.#pending.size };
   }
 
   /** An unconnected TCP socket made inside `netns`; the caller must connect or destroy it. */
   createSocket(netns: string | undefined, family: 4 | 6, signal?: AbortSignal): Promise<Socket> {
+    return new Promise<Socket>((resolve, reject) => this.#request(netns, { kind: 'socket', family, resolve }, signal, reject));
+  }
+
+  /**
+   * The global and site-scope addresses of the interfaces inside `netns` (canonical spelling),
+   * read by the helper with one netlink dump inside the netns: no process run per netns.
+   */
+  readAddresses(netns: string, signal?: AbortSignal): Promise<string[]> {
+    return new Promise<string[]>((resolve, reject) => this.#request(netns, { kind: 'addrs', resolve }, signal, reject));
+  }
+
+  /** Stops the helper (it exits when its channel closes) and rejects whatever is in flight. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    for (const p of [...this.#pending.values()]) this.#fail(p, new HelperError('netns helper closed', { netns: p.netns }));
+    await this.#process.close();
+  }
+
+  #request(netns: string | undefined, ask: Ask, signal: AbortSignal | undefined, reject: (e: Error) => void): void {
+    const family = ask.kind === 'socket' ? ask.family : 4;
     try {
       if (this.#closed) throw new HelperError('netns helper is closed');
       if (netns === undefined || (family !== 4 && family !== 6) || !this.#acceptedPaths.has(netns)) {
@@ -179,120 +210,32 @@ export class ResidentHelper implements SocketFactory {
         throw new HelperError(`netns helper is overloaded: ${this.#maxInFlight} requests in flight`, { netns });
       }
     } catch (err) {
-      return Promise.reject(err);
+      reject(err as Error);
+      return;
     }
-    return new Promise<Socket>((resolve, reject) => {
-      const id = this.#nextId++;
-      const p: Pending = {
-        id, netns: netns as string, family, startedAt: performance.now(), sent: false, sentAt: 0, resolve, reject, signal,
-        timer: setTimeout(() => this.#onTimeout(p), this.#timeoutMs),
-      };
-      if (signal) {
-        p.onAbort = () => this.#fail(p, abortError(signal), true);
-        signal.addEventListener('abort', p.onAbort, { once: true });
-      }
-      this.#pending.set(id, p);
-      this.#send(p);
-    });
-  }
-
-  /** Stops the helper (it exits when its channel closes) and rejects whatever is in flight. */
-  async close(): Promise<void> {
-    this.#closed = true;
-    clearTimeout(this.#restartTimer);
-    clearTimeout(this.#silenceTimer);
-    for (const p of [...this.#pending.values()]) this.#fail(p, new HelperError('netns helper closed', { netns: p.netns }));
-    const child = this.#child;
-    if (!child || child.exitCode !== null || child.signalCode !== null) return;
-    await new Promise<void>((resolve) => {
-      const kill = setTimeout(() => child.kill('SIGKILL'), 2000);
-      // 'exit', not 'close': after our own disconnect() Node never emits 'close' (it counts
-      // the channel as closed only when it reads EOF from the other side).
-      child.once('exit', () => {
-        clearTimeout(kill);
-        resolve();
-      });
-      if (child.connected) child.disconnect();
-      else child.kill('SIGKILL');
-    });
-  }
-
-  #spawn(): Promise<void> {
-    const stderr = new StderrTail((line) => this.#log.warn('netns helper stderr', { line }));
-    const child = spawn(this.helperPath, this.#args, {
-      stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
-      serialization: 'json',
-      env: {},
-      // Its own process group: a SIGTERM/SIGINT to the agent's group (a terminal's Ctrl-C, a stop of
-      // the whole group) is the agent's to handle; the helper exits when the agent closes its channel.
-      detached: true,
-    });
-    this.#child = child;
-    this.#childReady = false;
-    child.stderr?.on('data', (chunk: Buffer) => stderr.push(chunk));
-    child.on('message', (msg: unknown, handle: unknown) => this.#onMessage(msg, handle));
-    return new Promise<void>((resolve, reject) => {
-      let started = false;
-      child.once('spawn', () => {
-        started = true;
-        this.#childReady = true;
-        this.#childUpAt = performance.now();
-        this.#downReason = '';
-        for (const p of this.#pending.values()) this.#send(p);
-        resolve();
-      });
-      child.on('error', (err) => {
-        if (!started) reject(new HelperError(`cannot start the netns helper "${this.helperPath}": ${describeError(err)}`, {}, { cause: err }));
-        else this.#log.warn('netns helper channel error', { err });
-      });
-      // 'close', not 'exit': only then have all of the helper's messages been delivered.
-      child.on('close', (code, signal) => {
-        const how = signal ? `signal ${signal}` : `code ${code}`;
-        const said = stderr.text();
-        this.#onClose(child, `netns helper exited (${how})${said ? `: ${said}` : ''}`);
-        if (!started) reject(new HelperError(`cannot start the netns helper "${this.helperPath}": exited (${how})${said ? `: ${said}` : ''}`));
-      });
-    });
-  }
-
-  #onClose(child: ChildProcess, reason: string): void {
-    if (this.#child !== child) return;
-    this.#child = undefined;
-    this.#childReady = false;
-    this.#downReason = reason;
-    for (const p of [...this.#pending.values()]) {
-      if (p.sent) this.#fail(p, new HelperError(`${reason} before answering`, { netns: p.netns, pid: child.pid }));
+    const id = this.#nextId++;
+    const p: Pending = {
+      id, netns: netns as string, ask, startedAt: performance.now(), sent: false, sentAt: 0, reject, signal,
+      timer: setTimeout(() => this.#onTimeout(p), this.#timeoutMs),
+    };
+    if (signal) {
+      p.onAbort = () => this.#fail(p, abortError(signal), true);
+      signal.addEventListener('abort', p.onAbort, { once: true });
     }
-    if (this.#closed) return;
-    if (performance.now() - this.#childUpAt > HEALTHY_AFTER_MS) this.#nextDelay = this.#backoff.initial;
-    const delay = this.#nextDelay;
-    this.#nextDelay = Math.min(this.#nextDelay * 2, this.#backoff.max);
-    this.#log.warn('netns helper died; restarting', { reason, delayMs: delay, waiting: this.#pending.size });
-    this.#restartTimer = setTimeout(() => this.#restart(reason), delay);
-  }
-
-  #restart(reason: string): void {
-    if (this.#closed) return;
-    this.#stats.restarts++;
-    this.#notify(() => this.#onRestart?.(reason));
-    this.#spawn().catch((err: unknown) => {
-      this.#log.error('netns helper restart failed', { err: describeError(err) });
-    });
+    this.#pending.set(id, p);
+    this.#send(p);
   }
 
   #send(p: Pending): void {
-    const child = this.#child;
-    if (p.sent || !child || !this.#childReady || !child.connected) return;
+    if (p.sent || !this.#process.ready) return;
     p.sent = true;
     p.sentAt = performance.now();
     this.#stats.spawned++;
-    child.send({ id: p.id, netns: p.netns, family: p.family }, (err) => {
-      if (err) this.#fail(p, new HelperError(`cannot send a request to the netns helper: ${describeError(err)}`, { netns: p.netns }));
-    });
+    const msg = p.ask.kind === 'socket' ? { id: p.id, netns: p.netns, family: p.ask.family } : { id: p.id, op: 'addrs', netns: p.netns };
+    this.#process.send(msg, (err) => this.#fail(p, new HelperError(`cannot send a request to the netns helper: ${describeError(err)}`, { netns: p.netns })));
   }
 
   #onMessage(msg: unknown, handle: unknown): void {
-    this.#lastMessageAt = performance.now();
     const p = isHelperReply(msg) ? this.#pending.get(msg.id) : undefined;
     if (!p || !isHelperReply(msg)) {
       // A late answer (timed out, aborted) or noise: its socket must not leak.
@@ -302,57 +245,38 @@ export class ResidentHelper implements SocketFactory {
     }
     if (!msg.ok) {
       discardHandle(handle);
-      return this.#fail(p, replyToError(p.netns, p.family, msg));
+      return this.#fail(p, replyToError(p.netns, p.ask.kind === 'socket' ? p.ask.family : 4, msg));
+    }
+    if (p.ask.kind === 'addrs') {
+      discardHandle(handle);
+      const addrs = addressesOf(msg);
+      if (!addrs) return this.#fail(p, new HelperError('netns helper answered without a valid address list', { netns: p.netns }));
+      this.#finish(p);
+      return p.ask.resolve(addrs);
     }
     if (!handle) return this.#fail(p, new HelperError('netns helper answered without a socket', { netns: p.netns }));
     this.#finish(p);
     this.#notify(() => this.#onRequest?.((performance.now() - p.startedAt) / 1000, true));
-    p.resolve(socketFromHandle(handle));
+    p.ask.resolve(socketFromHandle(handle));
   }
 
   #onTimeout(p: Pending): void {
-    const child = this.#child;
     const wasSent = p.sent;
     this.#fail(p, this.#timeoutError(p));
-    if (wasSent && child) this.#killIfSilent(child, p.sentAt);
-  }
-
-  /**
-   * Callers mostly give up first (a probe deadline is shorter than the request timeout), which
-   * cancels the request's own timer: keep timing the helper for them, or a helper that went silent
-   * would never be noticed and every later probe would fail on it.
-   */
-  #watchSilence(sentAt: number): void {
-    const child = this.#child;
-    if (!child || this.#silenceTimer || this.#closed) return;
-    this.#silenceTimer = setTimeout(() => {
-      this.#silenceTimer = undefined;
-      this.#killIfSilent(child, sentAt);
-    }, Math.max(0, sentAt + this.#timeoutMs - performance.now()));
-    this.#silenceTimer.unref();
-  }
-
-  #killIfSilent(child: ChildProcess, sentAt: number): void {
-    // After the poll phase, answers already queued on the channel have been read: if the
-    // helper still said nothing since `sentAt`, it is stuck; replace it.
-    setImmediate(() => {
-      if (this.#child !== child || this.#closed || this.#lastMessageAt >= sentAt) return;
-      this.#log.error('netns helper stopped answering; killing it', { pid: child.pid, timeoutMs: this.#timeoutMs });
-      child.kill('SIGKILL');
-    });
+    if (wasSent) this.#process.killIfSilent(p.sentAt);
   }
 
   #timeoutError(p: Pending): HelperError {
-    const why = p.sent ? 'did not answer' : `is unavailable (${this.#downReason || 'starting'})`;
+    const why = p.sent ? 'did not answer' : `is unavailable (${this.#process.downReason || 'starting'})`;
     return new HelperError(`netns helper ${why} within ${this.#timeoutMs} ms`, { netns: p.netns });
   }
 
   #fail(p: Pending, err: Error, aborted = false): void {
     if (!this.#finish(p)) return;
-    if (aborted && p.sent) this.#watchSilence(p.sentAt);
+    if (aborted && p.sent) this.#process.watchSilence(p.sentAt);
     if (!aborted) {
       this.#stats.failures++;
-      this.#notify(() => this.#onRequest?.((performance.now() - p.startedAt) / 1000, false));
+      if (p.ask.kind === 'socket') this.#notify(() => this.#onRequest?.((performance.now() - p.startedAt) / 1000, false));
     }
     p.reject(err);
   }
@@ -374,4 +298,17 @@ export class ResidentHelper implements SocketFactory {
     if (p.onAbort) p.signal?.removeEventListener('abort', p.onAbort);
     return true;
   }
+}
+
+/** The canonical addresses of an `addrs` answer; undefined when it is not a bounded list of IPs. */
+function addressesOf(msg: unknown): string[] | undefined {
+  const list = (msg as { addrs?: unknown }).addrs;
+  if (!Array.isArray(list) || list.length > MAX_ADDRESSES) return undefined;
+  const out: string[] = [];
+  for (const a of list) {
+    const c = typeof a === 'string' ? canonicalIp(a) : undefined;
+    if (!c) return undefined;
+    if (!out.includes(c)) out.push(c);
+  }
+  return out;
 }

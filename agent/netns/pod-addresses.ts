@@ -1,35 +1,22 @@
 /**
- * Reads a netns's own global addresses, for the one-shot CLI when --pod-ip is not given.
- * Spawning nsenter from Node is fine here (once per CLI run); the daemon never does this:
- * it takes pod IPs from kubelet's pod status.
+ * Reads a netns's own global addresses, for the one-shot CLI when --pod-ip is not given: through
+ * the resident netns helper (one netlink dump inside the netns), never an `ip`/`nsenter` process.
+ * The daemon takes pod IPs from kubelet's pod status instead.
  */
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
+import { isIPv6 } from 'node:net';
 import { NetnsError, describeError } from '../errors.ts';
+import { ResidentHelper } from './helper.ts';
 
-const run = promisify(execFile);
-
-interface IpAddrJson {
-  ifname?: string;
-  addr_info?: { family?: string; local?: string; scope?: string }[];
-}
-
-/** Global-scope IPv4 then IPv6 addresses of the interfaces inside `netns`. */
-export async function readNetnsAddresses(netns: string): Promise<string[]> {
-  let stdout: string;
+/** Global-scope IPv4 then IPv6 addresses of the interfaces inside `netns`; starts a helper when none is given. */
+export async function readNetnsAddresses(netns: string, opts: { helper?: ResidentHelper; helperPath?: string } = {}): Promise<string[]> {
+  const helper = opts.helper ?? await ResidentHelper.start(opts.helperPath ? { helperPath: opts.helperPath } : {});
   try {
-    ({ stdout } = await run('nsenter', [`--net=${netns}`, 'ip', '-j', 'addr', 'show', 'scope', 'global'], { timeout: 5000 }));
+    const addrs = await helper.readAddresses(netns, AbortSignal.timeout(5000));
+    return [...addrs.filter((a) => !isIPv6(a)), ...addrs.filter((a) => isIPv6(a))];
   } catch (err) {
+    if (err instanceof NetnsError) throw err;
     throw new NetnsError('enter', `cannot read addresses inside netns "${netns}": ${describeError(err)}`, { netns });
+  } finally {
+    if (!opts.helper) await helper.close();
   }
-  const links = JSON.parse(stdout) as IpAddrJson[];
-  const v4: string[] = [];
-  const v6: string[] = [];
-  for (const link of links) {
-    for (const a of link.addr_info ?? []) {
-      if (!a.local) continue;
-      (a.family === 'inet6' ? v6 : v4).push(a.local);
-    }
-  }
-  return [...v4, ...v6];
 }

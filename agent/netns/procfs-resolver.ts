@@ -4,6 +4,7 @@
  * one netns, so the processes must agree (by netns inode); disagreement is refused as ambiguous.
  * The agent needs the host's /proc (hostPID, or a mount) for this to see pod processes.
  */
+import { closeSync, openSync, readSync } from 'node:fs';
 import { open, readdir, stat } from 'node:fs/promises';
 import { ConfigError, UnsupportedPodError, describeError } from '../errors.ts';
 import { cgroupTextHasPod, isRuntimeHelperCgroup, parseCgroupFile, podCgroupOf } from './cgroup.ts';
@@ -26,8 +27,12 @@ export interface ProcfsResolverOptions {
   procRoot?: string;
   /** Cap on processes examined per scan; default 65536. */
   maxProcesses?: number;
-  /** Parallel cgroup file reads; default 16. */
+  /** Parallel cgroup file reads; default 16. (Unused: scans read in synchronous batches; kept for compatibility.) */
   concurrency?: number;
+  /** How long a scan answers for pods it found processes of (each pid is re-checked); default 30 s, 0 = always scan. */
+  hitReuseMs?: number;
+  /** How long a scan answers "no process" for a pod; default 0 = always scan. */
+  missReuseMs?: number;
   pathChecker?: NetnsPathChecker;
   /**
    * The node's netns, to recognise host-network pods. Default: <procRoot>/1/ns/net, else the
@@ -39,18 +44,33 @@ export interface ProcfsResolverOptions {
 }
 
 const MAX_CGROUP_BYTES = 64 * 1024;
+/**
+ * Processes read per event-loop turn. procfs files are in memory: a synchronous open/read/close
+ * is about 10 µs where the fs/promises round trips cost about 60 µs of CPU each; a batch keeps
+ * the loop blocked for about a millisecond at a time.
+ */
+const SCAN_BATCH = 128;
+const DEFAULT_HIT_REUSE_MS = 30_000;
+/*
+ * A miss is not reused by default: a runtime may move a new process into the pod's cgroup after
+ * it started, so no cheap check tells a stale miss from a true one, and a new pod must be found
+ * at once. Concurrent misses still share one scan.
+ */
+const DEFAULT_MISS_REUSE_MS = 0;
 
 /** Resolves a pod's netns from its processes' cgroups. */
 export class ProcfsResolver implements NetnsResolver {
   readonly name = 'procfs' as const;
   readonly procRoot: string;
   readonly #maxProcesses: number;
-  readonly #concurrency: number;
   readonly #checker: NetnsPathChecker;
   readonly #nodeNetns: string[];
   #nodeInode: number | undefined;
   readonly #sandboxedClasses: readonly string[];
   #scanning: Promise<Map<string, number[]>> | undefined;
+  #lastScan: { at: number; byPod: Map<string, number[]> } | undefined;
+  readonly #hitReuseMs: number;
+  readonly #missReuseMs: number;
 
   constructor(opts: ProcfsResolverOptions = {}) {
     this.#sandboxedClasses = opts.sandboxedRuntimeClasses ?? DEFAULT_SANDBOXED_RUNTIMES;
@@ -60,7 +80,8 @@ export class ProcfsResolver implements NetnsResolver {
     }
     this.procRoot = this.#checker.procRoot;
     this.#maxProcesses = Math.max(1, opts.maxProcesses ?? 65_536);
-    this.#concurrency = Math.min(64, Math.max(1, opts.concurrency ?? 16));
+    this.#hitReuseMs = Math.max(0, opts.hitReuseMs ?? DEFAULT_HIT_REUSE_MS);
+    this.#missReuseMs = Math.max(0, opts.missReuseMs ?? DEFAULT_MISS_REUSE_MS);
     this.#nodeNetns = opts.nodeNetnsPath ? [opts.nodeNetnsPath] : [`${this.procRoot}/1/ns/net`, '/proc/self/ns/net'];
   }
 
@@ -68,8 +89,32 @@ export class ProcfsResolver implements NetnsResolver {
   async resolve(pod: PodRef, signal?: AbortSignal): Promise<NetnsResolution> {
     checkPodRef(pod);
     refuseSandboxedRuntimeClass(pod, this.#sandboxedClasses);
+    const reused = this.#reusable(pod.uid);
+    if (reused?.length === 0) return this.#resolveFrom(pod, reused, signal);
+    if (reused) {
+      // The pods of one refresh share a recent scan; anything it says is checked again below, and
+      // a pod whose processes all went since is looked up in a new scan rather than reported missing.
+      try {
+        return await this.#resolveFrom(pod, reused, signal);
+      } catch (err) {
+        if (err instanceof UnsupportedPodError) throw err;
+      }
+    }
+    return this.#resolveFrom(pod, await this.#podPids(pod.uid, signal), signal);
+  }
+
+  /** The pids a recent scan lists for `uid` (empty: a recent scan found none), or undefined when a new scan is due. */
+  #reusable(uid: string): number[] | undefined {
+    const last = this.#lastScan;
+    if (!last) return undefined;
+    const age = Date.now() - last.at;
+    const pids = last.byPod.get(uid.toLowerCase());
+    if (pids) return age < this.#hitReuseMs ? pids : undefined;
+    return age < this.#missReuseMs ? [] : undefined;
+  }
+
+  async #resolveFrom(pod: PodRef, pids: number[], signal?: AbortSignal): Promise<NetnsResolution> {
     const who = podLabel(pod);
-    const pids = await this.#podPids(pod.uid, signal);
     if (pids.length === 0) throw resolveFailure('not-found', `pod ${who}: no process in the pod's cgroup under ${this.procRoot}`, { uid: pod.uid });
 
     const byInode = new Map<number, number[]>();
@@ -112,7 +157,10 @@ export class ProcfsResolver implements NetnsResolver {
 
   async #podPids(uid: string, signal?: AbortSignal): Promise<number[]> {
     throwIfAborted(signal, `scanning ${this.procRoot}`);
-    const scan = this.#scanning ??= this.#scan().finally(() => {
+    const scan = this.#scanning ??= this.#scan().then((byPod) => {
+      this.#lastScan = { at: Date.now(), byPod };
+      return byPod;
+    }).finally(() => {
       this.#scanning = undefined;
     });
     if (!signal) return (await scan).get(uid.toLowerCase()) ?? [];
@@ -137,12 +185,11 @@ export class ProcfsResolver implements NetnsResolver {
     }
     const all = entries.filter((e) => /^\d+$/.test(e)).slice(0, this.#maxProcesses).map(Number);
     const byPod = new Map<string, number[]>();
-    let next = 0;
-    const worker = async (): Promise<void> => {
-      const buf = Buffer.allocUnsafe(MAX_CGROUP_BYTES);
-      while (next < all.length) {
-        const pid = all[next++] as number;
-        const text = await readSmall(`${this.procRoot}/${pid}/cgroup`, buf);
+    const buf = Buffer.allocUnsafe(MAX_CGROUP_BYTES);
+    for (let next = 0; next < all.length; next += SCAN_BATCH) {
+      if (next > 0) await new Promise<void>((resolve) => setImmediate(resolve));
+      for (const pid of all.slice(next, next + SCAN_BATCH)) {
+        const text = readSmallSync(`${this.procRoot}/${pid}/cgroup`, buf);
         if (!text || isRuntimeHelperCgroup(text)) continue;
         for (const uid of podUidsOf(text)) {
           const pids = byPod.get(uid);
@@ -150,8 +197,7 @@ export class ProcfsResolver implements NetnsResolver {
           else byPod.set(uid, [pid]);
         }
       }
-    };
-    await Promise.all(Array.from({ length: this.#concurrency }, worker));
+    }
     return byPod;
   }
 
@@ -191,6 +237,31 @@ function podUidsOf(text: string): Set<string> {
     if (uid) out.add(uid);
   }
   return out;
+}
+
+/** readSmall, synchronously: for procfs files, which never wait for a disk. */
+function readSmallSync(file: string, buf: Buffer): string | undefined {
+  let fd: number | undefined;
+  try {
+    fd = openSync(file, 'r');
+    let len = 0;
+    for (;;) {
+      const n = readSync(fd, buf, len, buf.length - len, null);
+      len += n;
+      if (n === 0 || len >= buf.length) break;
+    }
+    return buf.toString('utf8', 0, len);
+  } catch {
+    return undefined;
+  } finally {
+    if (fd !== undefined) {
+      try {
+        closeSync(fd);
+      } catch {
+        // already gone
+      }
+    }
+  }
 }
 
 /** Reads at most buf.length bytes into `buf`; undefined when the process is gone. */

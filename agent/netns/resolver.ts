@@ -119,6 +119,11 @@ export interface NetnsResolverChainOptions {
   onResolve?: (resolver: ResolverName, outcome: ResolveOutcome, seconds: number) => void;
   /** How long a resolution is trusted before the resolvers are asked again; default 60 s. */
   cacheTtlMs?: number;
+  /**
+   * Each entry's TTL is shortened by a random share of up to this (0..0.5; default 0.25), so pods
+   * resolved together (agent start, a node's pods at once) do not all refresh in the same second.
+   */
+  cacheTtlJitter?: number;
   /** Cap on cached pods; the oldest entry is dropped beyond it. Default 4096. */
   maxCacheEntries?: number;
 }
@@ -133,6 +138,7 @@ interface CacheEntry {
 }
 
 const DEFAULT_TTL_MS = 60_000;
+const DEFAULT_TTL_JITTER = 0.25;
 const DEFAULT_MAX_ENTRIES = 4096;
 
 /**
@@ -148,6 +154,7 @@ export class NetnsResolverChain {
   readonly #log: Logger;
   readonly #onResolve: NetnsResolverChainOptions['onResolve'];
   readonly #ttlMs: number;
+  readonly #ttlJitter: number;
   readonly #maxEntries: number;
   readonly #cache = new Map<string, CacheEntry>();
   readonly #inflight = new Map<string, Promise<NetnsResolution>>();
@@ -160,6 +167,7 @@ export class NetnsResolverChain {
     this.#log = (opts.log ?? silentLogger).child({ component: 'netns-resolver' });
     this.#onResolve = opts.onResolve;
     this.#ttlMs = Math.max(0, opts.cacheTtlMs ?? DEFAULT_TTL_MS);
+    this.#ttlJitter = Math.min(0.5, Math.max(0, opts.cacheTtlJitter ?? DEFAULT_TTL_JITTER));
     this.#maxEntries = Math.max(1, opts.maxCacheEntries ?? DEFAULT_MAX_ENTRIES);
   }
 
@@ -286,7 +294,8 @@ export class NetnsResolverChain {
       resolution,
       inode: resolution.inode,
       podIPs: ipKey(pod.podIPs),
-      expiresAt: Date.now() + this.#ttlMs,
+      // Jittered downwards only: the TTL stays an upper bound.
+      expiresAt: Date.now() + this.#ttlMs * (1 - this.#ttlJitter * Math.random()),
     });
   }
 

@@ -201,12 +201,19 @@ export class PodSource extends EventEmitter<PodSourceEvents> {
     return Math.min(this.maxBackoffMs, this.pollIntervalMs * 2 ** exp);
   }
 
+  /** The last pod list object and its parse (see #poll). */
+  #lastJson: { json: unknown; parsed: ReturnType<typeof parsePodList> } | undefined;
+
   async #poll(): Promise<void> {
     const started = performance.now();
     let parsed: ReturnType<typeof parsePodList>;
     try {
       const json = await this.#client.getPods(this.#stop.signal);
-      parsed = parsePodList(json, this.#limits);
+      // The client hands back the same object for a byte-identical answer: reuse its parse, so
+      // unchanged pods keep their PodInfo objects and every consumer can skip them by identity.
+      const last = this.#lastJson;
+      parsed = last !== undefined && json === last.json ? last.parsed : parsePodList(json, this.#limits);
+      this.#lastJson = { json, parsed };
     } catch (err) {
       if (this.#stop.signal.aborted) return;
       this.#failed(err, (performance.now() - started) / 1000);

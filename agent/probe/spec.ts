@@ -3,7 +3,13 @@
  * kubelet's defaults (SetDefaults_Probe) and the checks of Kubernetes API validation
  * (validateProbe / validateHandler), plus the size bounds a node agent needs.
  */
-import { parse as parseYaml } from 'yaml';
+import { createRequire } from 'node:module';
+
+/**
+ * The YAML parser, loaded on first use: only the one-shot CLI parses probe text, and the daemon
+ * would otherwise carry its 70 modules (several MB of RSS) for nothing (issue 14).
+ */
+const parseYaml = (text: string, opts: object): unknown => (createRequire(import.meta.url)('yaml') as typeof import('yaml')).parse(text, opts);
 import { InvalidProbeError } from '../errors.ts';
 import type { HttpHeader, PortRef, ProbeHandler, ProbeSpec, ProbeType } from './types.ts';
 

@@ -179,7 +179,8 @@ export class ProbeManager {
     }
     this.#notOurs.delete(pod.uid);
     const previous = this.#pods.get(pod.uid);
-    const changed = previous === undefined || JSON.stringify(previous) !== JSON.stringify(pod);
+    // The pod source hands back the same object for a pod unchanged since the last poll.
+    const changed = previous === undefined || (previous !== pod && JSON.stringify(previous) !== JSON.stringify(pod));
     this.#pods.set(pod.uid, pod);
 
     const desired = new Map<string, { container: ContainerInfo; probe: ContainerProbe; key: ProbeKey }>();

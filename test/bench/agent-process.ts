@@ -47,7 +47,7 @@ export interface AgentProcess {
   /** Agent + helper CPU in ms, children of both included (the helper's forks, the resolver's `ip` runs). */
   cpuMs(): { agent: number; helper: number };
   /** Agent + helper resident memory in MB, now and at peak. */
-  rss(): { rssMB: number; peakMB: number };
+  rss(): { rssMB: number; peakMB: number; anonMB: number; fileMB: number };
   scrape(): Promise<MetricSamples>;
   /** SIGTERM, then SIGKILL after `graceMs`; resolves with the exit code. */
   stop(graceMs?: number): Promise<number | null>;
@@ -82,6 +82,8 @@ export async function startAgent(opts: AgentStartOptions): Promise<AgentProcess>
   const args = [
     ...launcherNodeFlags(),
     ...(opts.nodeFlags ?? []),
+    // BENCH_NODE_FLAGS: extra flags for trying a launcher change (later flags win in V8).
+    ...(process.env.BENCH_NODE_FLAGS ?? '').split(' ').filter(Boolean),
     opts.cli,
     'run',
     `--kubelet-url=${opts.kubeletUrl}`,
@@ -121,8 +123,8 @@ export async function startAgent(opts: AgentStartOptions): Promise<AgentProcess>
     rss() {
       const a = rssOf(pid);
       const h = helperPid();
-      const hr = h ? rssOf(h) : { rssMB: 0, peakMB: 0 };
-      return { rssMB: a.rssMB + hr.rssMB, peakMB: a.peakMB + hr.peakMB };
+      const hr = h ? rssOf(h) : { rssMB: 0, peakMB: 0, anonMB: 0, fileMB: 0 };
+      return { rssMB: a.rssMB + hr.rssMB, peakMB: a.peakMB + hr.peakMB, anonMB: a.anonMB + hr.anonMB, fileMB: a.fileMB + hr.fileMB };
     },
     async scrape() {
       const res = await fetch(metricsUrl, { signal: AbortSignal.timeout(5000) });

@@ -28,14 +28,26 @@ async function runScale(cfg: ReturnType<typeof benchConfig>, cli: string): Promi
     const setupSeconds = round((Date.now() - t0) / 1000, 1);
     const largest = Math.max(...cfg.scalePods);
     const resolverCost: ResolverCost[] = [];
-    // Both resolvers, whichever the agent uses: the address one is what the issue suggested.
-    resolverCost.push(await measureResolverCost(env, 'procfs', cfg.quick ? 2 : 10, largest));
-    resolverCost.push(await measureResolverCost(env, 'address', cfg.quick ? 1 : 2, largest));
+    // Both resolvers at the largest point, whichever the agent uses; the curve's own resolver at
+    // every point, so each point's CPU can include its amortised refresh.
+    const refresh = new Map<number, ResolverCost>();
+    for (const pods of [...new Set(cfg.scalePods)].sort((a, b) => a - b)) {
+      const c = await measureResolverCost(env, cfg.resolver, pods);
+      refresh.set(pods, c);
+      if (pods === largest) resolverCost.push(c);
+    }
+    resolverCost.push(await measureResolverCost(env, cfg.resolver === 'procfs' ? 'address' : 'procfs', largest));
     const points: ScalePoint[] = [];
+    // Idle first: the agent with no pods at all.
+    // A longer window for idle: /proc counts 10 ms ticks, and idle is a few ticks per 10 s.
+    const idle = await measurePoint(env, cli, 0, 10, cfg.quick ? cfg.scaleSeconds : Math.max(30, cfg.scaleSeconds), cfg.quick ? 2000 : 30_000);
+    points.push(idle);
+    log(`idle: ${idle.cpuPercent} % CPU, RSS ${idle.rssMB} MB`);
     for (const period of cfg.scalePeriods) {
       for (const pods of cfg.scalePods) {
         const t = Date.now();
         const pt = await measurePoint(env, cli, pods, period, cfg.scaleSeconds);
+        pt.resolverCpuPercent = refresh.get(pods)?.amortizedPercent;
         points.push(pt);
         log(`scale ${pods} x 3 @${period}s: ${pt.cpuPercent} % CPU, ${pt.probesPerSecond}/s, RSS ${pt.rssMB} MB (${((Date.now() - t) / 1000).toFixed(0)} s)`);
       }

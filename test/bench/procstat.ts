@@ -45,15 +45,16 @@ export function totalCpuMs(pid: number | 'self'): number {
 }
 
 /** Current and peak resident set of a process, in MB (0 when it has exited). */
-export function rssOf(pid: number | 'self'): { rssMB: number; peakMB: number } {
+export function rssOf(pid: number | 'self'): { rssMB: number; peakMB: number; anonMB: number; fileMB: number } {
   let text: string;
   try {
     text = readFileSync(`/proc/${pid}/status`, 'utf8');
   } catch {
-    return { rssMB: 0, peakMB: 0 };
+    return { rssMB: 0, peakMB: 0, anonMB: 0, fileMB: 0 };
   }
   const kb = (key: string): number => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, 'm').exec(text)?.[1] ?? 0);
-  return { rssMB: kb('VmRSS') / 1024, peakMB: kb('VmHWM') / 1024 };
+  // RssFile is mostly the node binary's clean, shared pages; RssAnon is the agent's own memory.
+  return { rssMB: kb('VmRSS') / 1024, peakMB: kb('VmHWM') / 1024, anonMB: kb('RssAnon') / 1024, fileMB: (kb('RssFile') + kb('RssShmem')) / 1024 };
 }
 
 /** Restarts the kernel's peak-RSS counter (VmHWM) of `pid`: writes 5 to clear_refs (Linux >= 4.0). */

@@ -45,7 +45,7 @@ export async function profileAgent(env: ScaleEnv, cli: string, pods: number, per
   let to: number;
   let cpuPercent: number;
   try {
-    await waitResolved(agent, pods, 180_000);
+    if (pods > 0) await waitResolved(agent, pods, 180_000);
     await sleep(periodSeconds * 1000 + 1000);
     const c0 = agent.cpuMs();
     from = (Date.now() - spawned) / 1000;
@@ -63,13 +63,14 @@ export async function profileAgent(env: ScaleEnv, cli: string, pods: number, per
 
 if (import.meta.main) {
   const pods = Number(process.env.BENCH_PROFILE_PODS ?? 250);
+  const period = Number(process.env.BENCH_PROFILE_PERIOD ?? 1);
   const seconds = Number(process.env.BENCH_PROFILE_SECONDS ?? 20);
   const resolver = process.env.BENCH_RESOLVER === 'address' ? 'address' : 'procfs';
   const build = await buildForBench({ fromSource: process.env.BENCH_TS === '1' });
-  const env = await createScaleEnv(pods, resolver, (l) => process.stderr.write(`${l}\n`));
+  const env = await createScaleEnv(Math.max(1, pods), resolver, (l) => process.stderr.write(`${l}\n`));
   try {
-    const r = await profileAgent(env, build.cli, pods, 1, seconds);
-    process.stdout.write(`${pods} pods x 3 probes @1s, profiler on: agent + helper ${r.cpuPercent} % of a core\n\n${r.markdown}\n`);
+    const r = await profileAgent(env, build.cli, pods, period, seconds);
+    process.stdout.write(`${pods} pods x 3 probes @${period}s, profiler on: agent + helper ${r.cpuPercent} % of a core\n\n${r.markdown}\n`);
   } finally {
     await env.destroy();
     build.cleanup();

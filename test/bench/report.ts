@@ -9,7 +9,7 @@ import type { BenchConfig } from './config.ts';
 import type { ProfileResult } from './profile.ts';
 import { PATH_LETTER, PATHS, type PathName } from './driver.ts';
 import { KINDS, VARIANT_NAMES, type Kind } from './mix.ts';
-import type { ResolverCost, ScalePoint } from './scale.ts';
+import { PROM_LOOP_RESOLUTION_MS, type ResolverCost, type ScalePoint } from './scale.ts';
 import type { SideBySideResult } from './sidebyside.ts';
 import { round } from './stats.ts';
 
@@ -84,7 +84,7 @@ export function checkTargets(sbs: SideBySideResult, scale: BenchResult['scale'])
     const d = p.node.kinds[kind].cpuMsPerProbe;
     const a = p.resident.kinds[kind].cpuMsPerProbe;
     const b = p.warm.kinds[kind].cpuMsPerProbe;
-    out.push({ target: `(a) default CPU/probe, ${kind}`, measured: `${ms(a)} ms (d ${ms(d)}, +${ms(a - d)})`, limit: `<= d + 0.25 = ${ms(d + 0.25)} ms`, pass: a <= d + 0.25 });
+    out.push({ target: `(a) default CPU/probe, ${kind}`, measured: `${ms(a)} ms (d ${ms(d)}, +${ms(a - d)})`, limit: `<= d + 0.15 = ${ms(d + 0.15)} ms`, pass: a <= d + 0.15 });
     out.push({ target: `(b) warm CPU/probe, ${kind}`, measured: `${ms(b)} ms (d ${ms(d)}, +${ms(b - d)})`, limit: `<= d + 0.15 = ${ms(d + 0.15)} ms`, pass: b <= d + 0.15 });
   }
   for (const kind of KINDS) {
@@ -93,12 +93,19 @@ export function checkTargets(sbs: SideBySideResult, scale: BenchResult['scale'])
     out.push({ target: `(a) default CPU/probe <= blackbox, ${kind}`, measured: `${ms(a)} ms vs ${ms(e)} ms`, limit: '<= (e)', pass: a <= e });
   }
   const at = (pods: number, period: number): ScalePoint | undefined => scale?.points.find((x) => x.pods === pods && x.periodSeconds === period);
-  const p10 = at(250, 10);
-  out.push({ target: '250 pods x 3 @10s: CPU', measured: p10 ? `${p10.cpuPercent} % of a core` : 'not run', limit: '<= 5 %', pass: p10 ? p10.cpuPercent <= 5 : null });
-  out.push({ target: '250 pods x 3 @10s: peak RSS (agent + helper)', measured: p10 ? `${p10.peakRssMB} MB (now ${p10.rssMB})` : 'not run', limit: '<= 120 MB', pass: p10 ? p10.peakRssMB <= 120 : null });
-  const p1 = at(250, 1);
-  out.push({ target: '250 pods x 3 @1s: CPU', measured: p1 ? `${p1.cpuPercent} % of a core` : 'not run', limit: '<= 50 %', pass: p1 ? p1.cpuPercent <= 50 : null });
-  for (const pt of scale?.points ?? []) {
+  // CPU targets include the amortised resolver refresh (issue 14); RSS is judged at the window's end and at peak.
+  const cpuOf = (pt: ScalePoint): number => round(pt.cpuPercent + (pt.resolverCpuPercent ?? 0), 2);
+  const cpuText = (pt: ScalePoint): string => `${cpuOf(pt)} % of a core (window ${pt.cpuPercent} + resolver ${pt.resolverCpuPercent ?? 0})`;
+  const idle = at(0, 10);
+  out.push({ target: 'idle (0 pods): CPU', measured: idle ? `${idle.cpuPercent} % of a core` : 'not run', limit: '<= 0.2 %', pass: idle ? idle.cpuPercent <= 0.2 : null });
+  out.push({ target: 'idle (0 pods): RSS (agent + helper)', measured: idle ? `${idle.rssMB} MB (peak ${idle.peakRssMB})` : 'not run', limit: '<= 90 MB', pass: idle ? idle.rssMB <= 90 : null });
+  for (const [period, cpu, rss] of [[10, 4, 120], [1, 30, 140]] as const) {
+    const pt = at(250, period);
+    out.push({ target: `250 pods x 3 @${period}s: CPU`, measured: pt ? cpuText(pt) : 'not run', limit: `<= ${cpu} %`, pass: pt ? cpuOf(pt) <= cpu : null });
+    out.push({ target: `250 pods x 3 @${period}s: RSS (agent + helper)`, measured: pt ? `${pt.rssMB} MB (peak ${pt.peakRssMB})` : 'not run', limit: `<= ${rss} MB`, pass: pt ? pt.peakRssMB <= rss : null });
+    if (pt) out.push({ target: `250 pods x 3 @${period}s: keeps up`, measured: `${pt.probesPerSecond}/s of ${pt.expectedProbesPerSecond}`, limit: '>= 95 %', pass: pt.probesPerSecond >= 0.95 * pt.expectedProbesPerSecond });
+  }
+  for (const pt of (scale?.points ?? []).filter((x) => x.pods > 0)) {
     out.push({ target: `event-loop p99, ${pt.pods} x 3 @${pt.periodSeconds}s`, measured: `${ms(pt.loopP99Ms, 2)} ms (raw ${ms(pt.loopP99RawMs, 2)})`, limit: '<= 5 ms', pass: pt.loopP99Ms <= 5 });
   }
   const d = p.node.paced;
@@ -194,23 +201,24 @@ export function renderMarkdown(r: BenchResult): string {
   if (r.scale) {
     L.push('', `## Scale curve: \`probe-agent run\` against the test kubelet (netns resolver: ${r.scale.resolver})`, '');
     const flags = launcherNodeFlags();
-    L.push(`The agent runs with bin/probe-agent's node flags (${flags.length ? flags.map((f) => `\`${f}\``).join(' ') : 'none'}). 3 probes per pod (HTTP liveness + gRPC readiness on the app, TCP readiness on a sidecar), kubelet poll 5 s. Measured over a steady window that starts once every pod was resolved and the first period (start jitter) is over. CPU = agent + helper (children included) from /proc; loop p99 = nodejs_eventloop_lag_p99_seconds over the window minus its 10 ms sampling interval (raw value in brackets).`, '');
-    L.push(row(['pods x probes', 'period', 'probes/s (expected)', 'CPU % of a core (helper)', 'RSS MB (peak)', 'heap used / total MB', 'loop p99 ms (raw)', 'non-success', 'cold start s (CPU s)']));
+    L.push(`The agent runs with bin/probe-agent's node flags (${flags.length ? flags.map((f) => `\`${f}\``).join(' ') : 'none'}). 3 probes per pod (HTTP liveness + gRPC readiness on the app, TCP readiness on a sidecar), kubelet poll 5 s. Measured over a steady window that starts once every pod was resolved and the first period (start jitter) is over. CPU = agent + helper (children included) from /proc; loop p99 = nodejs_eventloop_lag_p99_seconds over the window minus its ${PROM_LOOP_RESOLUTION_MS} ms sampling interval (raw value in brackets).`, '');
+    L.push(row(['pods x probes', 'period', 'probes/s (expected)', 'CPU % of a core: window (helper) + resolver', 'RSS MB (peak)', 'heap used / total MB', 'loop p99 ms (raw)', 'non-success', 'cold start s (CPU s)']));
     L.push(row(Array(9).fill('---')));
     for (const pt of r.scale.points) {
-      L.push(row([`${pt.pods} x ${pt.probesPerPod}`, `${pt.periodSeconds} s`, `${pt.probesPerSecond} (${pt.expectedProbesPerSecond})`, `${pt.cpuPercent} (${pt.helperCpuPercent})`,
-        `${pt.rssMB} (${pt.peakRssMB})`, `${pt.heap.usedMB} / ${pt.heap.totalMB}`, `${ms(pt.loopP99Ms, 2)} (${ms(pt.loopP99RawMs, 2)})`, pt.nonSuccess, `${pt.coldStart.seconds} (${pt.coldStart.cpuSeconds})`]));
+      const cpu = `${pt.cpuPercent} (${pt.helperCpuPercent})${pt.resolverCpuPercent !== undefined ? ` + ${pt.resolverCpuPercent}` : ''}`;
+      L.push(row([pt.pods === 0 ? 'idle (0 pods)' : `${pt.pods} x ${pt.probesPerPod}`, pt.pods === 0 ? '-' : `${pt.periodSeconds} s`, `${pt.probesPerSecond} (${pt.expectedProbesPerSecond})`, cpu,
+        `${pt.rssMB} (${pt.peakRssMB})${pt.rssSplitMB ? `; anon ${pt.rssSplitMB.anon}, file ${pt.rssSplitMB.file}` : ''}`, `${pt.heap.usedMB} / ${pt.heap.totalMB}`, `${ms(pt.loopP99Ms, 2)} (${ms(pt.loopP99RawMs, 2)})`, pt.nonSuccess, `${pt.coldStart.seconds} (${pt.coldStart.cpuSeconds})`]));
     }
-    const over = r.scale.points.filter((pt) => pt.probesPerSecond > pt.expectedProbesPerSecond * 1.05);
-    const under = r.scale.points.filter((pt) => pt.probesPerSecond < pt.expectedProbesPerSecond * 0.95);
+    const over = r.scale.points.filter((pt) => pt.pods > 0 && pt.probesPerSecond > pt.expectedProbesPerSecond * 1.05);
+    const under = r.scale.points.filter((pt) => pt.pods > 0 && pt.probesPerSecond < pt.expectedProbesPerSecond * 0.95);
     if (over.length) L.push('', `**More probes than the periods ask for** at ${over.map((pt) => `${pt.pods} x 3 @${pt.periodSeconds}s`).join(', ')}: workers ran extra probes (see docs/benchmark.md, "Findings"); CPU above includes them.`);
     if (under.length) L.push('', `**Fewer probes than the periods ask for** at ${under.map((pt) => `${pt.pods} x 3 @${pt.periodSeconds}s`).join(', ')}: the agent did not keep up.`);
     if (r.scale.resolverCost.length) {
-      L.push('', 'Netns resolution is cached for 60 s, so it recurs outside the windows above. One resolution, measured with the agent\'s resolver classes on this node:', '');
-      L.push(row(['resolver', 'examines', 'CPU ms / resolve', 'wall ms / resolve', 'amortised over the 60 s TTL']));
-      L.push(row(Array(5).fill('---')));
+      L.push('', 'Netns resolution is cached (60 s TTL, jittered down by up to 25 %: 52.5 s on average), so it recurs outside the windows above; the "+ resolver" share in the CPU column is one refresh of that point\'s pods amortised over the mean TTL. One refresh of every pod at the largest point, measured with the agent\'s resolver classes on this node (the pods of a refresh share the resolver\'s scans):', '');
+      L.push(row(['resolver', 'examines', 'pods', 'CPU ms / refresh', 'wall ms / refresh', 'CPU ms / pod', 'amortised over the TTL']));
+      L.push(row(Array(7).fill('---')));
       for (const c of r.scale.resolverCost) {
-        L.push(row([c.resolver, `${c.examined} ${c.resolver === 'address' ? 'netns' : 'processes'}`, c.cpuMsPerResolve, c.wallMsPerResolve, `${c.amortizedPercentAt.percent} % of a core at ${c.amortizedPercentAt.pods} pods`]));
+        L.push(row([c.resolver, `${c.examined} ${c.resolver === 'address' ? 'netns' : 'processes'}`, c.pods, c.cpuMsPerRefresh, c.wallMsPerRefresh, c.cpuMsPerPod, `${c.amortizedPercent} % of a core`]));
       }
     }
   }

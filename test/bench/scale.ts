@@ -6,6 +6,8 @@
  */
 import { readdirSync } from 'node:fs';
 import { AddressResolver } from '../../agent/netns/address-resolver.ts';
+import { ResidentHelper } from '../../agent/netns/helper.ts';
+import { EVENT_LOOP_MONITOR_PRECISION_MS } from '../../agent/metrics/registry.ts';
 import { ProcfsResolver } from '../../agent/netns/procfs-resolver.ts';
 import type { NetnsResolver } from '../../agent/netns/resolver.ts';
 import { startAgent, sumOf, type AgentProcess, type MetricSamples } from './agent-process.ts';
@@ -13,10 +15,13 @@ import { cpuOf } from './procstat.ts';
 import { PROBES_PER_POD, type ScaleEnv } from './scale-env.ts';
 import { round } from './stats.ts';
 
-/** prom-client samples the loop every 10 ms and reports whole intervals: subtract one for the delay. */
-export const PROM_LOOP_RESOLUTION_MS = 10;
-/** The resolver chain's cache TTL (agent/netns/resolver.ts DEFAULT_TTL_MS). */
-export const RESOLVER_TTL_SECONDS = 60;
+/** prom-client samples the loop every EVENT_LOOP_MONITOR_PRECISION_MS and reports whole intervals: subtract one for the delay. */
+export const PROM_LOOP_RESOLUTION_MS = EVENT_LOOP_MONITOR_PRECISION_MS;
+/**
+ * The resolver chain's mean cache TTL: DEFAULT_TTL_MS (60 s) shortened by a random share of up to
+ * DEFAULT_TTL_JITTER (0.25) in agent/netns/resolver.ts, so 52.5 s on average.
+ */
+export const RESOLVER_TTL_SECONDS = 60 * (1 - 0.25 / 2);
 
 /** One point of the curve. */
 export interface ScalePoint {
@@ -26,9 +31,13 @@ export interface ScalePoint {
   windowSeconds: number;
   /** Agent + helper CPU over the window, % of one core. */
   cpuPercent: number;
+  /** One resolver refresh of these pods amortised over the mean cache TTL (set by the caller), % of one core. */
+  resolverCpuPercent?: number;
   helperCpuPercent: number;
   rssMB: number;
   peakRssMB: number;
+  /** RSS split at the window's end: anonymous (the agent's own) and file-backed (mostly the node binary, shared and clean). */
+  rssSplitMB?: { anon: number; file: number };
   /** V8 heap at the end of the window, from the agent's own nodejs_* metrics (MB). */
   heap: { usedMB: number; totalMB: number; externalMB: number };
   /** nodejs_eventloop_lag_p99_seconds over the window, as exported (includes the 10 ms sampling interval). */
@@ -44,16 +53,18 @@ export interface ScalePoint {
   exitCode: number | null;
 }
 
-/** What one resolution costs. */
+/** What one refresh of every pod's netns costs (the pods of a refresh share the resolver's scans). */
 export interface ResolverCost {
   resolver: 'procfs' | 'address';
-  /** Netns files (address) or processes (procfs) each resolution examines. */
+  /** Netns files (address) or processes (procfs) one scan examines. */
   examined: number;
-  sampled: number;
-  cpuMsPerResolve: number;
-  wallMsPerResolve: number;
-  /** For the largest curve point: pods × cpuMsPerResolve per TTL, as % of one core. */
-  amortizedPercentAt: { pods: number; percent: number };
+  /** Pods resolved in the refresh. */
+  pods: number;
+  cpuMsPerRefresh: number;
+  wallMsPerRefresh: number;
+  cpuMsPerPod: number;
+  /** cpuMsPerRefresh over the mean cache TTL, as % of one core. */
+  amortizedPercent: number;
 }
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
@@ -74,18 +85,21 @@ export async function waitResolved(agent: AgentProcess, pods: number, timeoutMs:
 }
 
 /** Runs the daemon at one (pods, period) point and measures a steady window. */
-export async function measurePoint(env: ScaleEnv, cli: string, pods: number, periodSeconds: number, windowSeconds: number): Promise<ScalePoint> {
+export async function measurePoint(env: ScaleEnv, cli: string, pods: number, periodSeconds: number, windowSeconds: number, idleSettleMs = 30_000): Promise<ScalePoint> {
   env.kubelet.setPods(env.podList(pods, periodSeconds));
   const spawned = Date.now();
   const agent = await startAgent({ cli, kubeletUrl: env.kubelet.httpUrl, resolver: env.resolver, dir: env.dir });
   let point: Omit<ScalePoint, 'exitCode'>;
   try {
-    await waitResolved(agent, pods, 180_000);
+    // Idle (0 pods): nothing to resolve; start-up work (V8's compile and GC threads settling after
+    // the first polls) still shows 10 to 20 s in, so the idle window starts 30 s after spawn.
+    if (pods > 0) await waitResolved(agent, pods, 180_000);
+    else await sleep(idleSettleMs);
     const coldCpu = agent.cpuMs();
     const coldStart = { seconds: round((Date.now() - spawned) / 1000, 1), cpuSeconds: round((coldCpu.agent + coldCpu.helper) / 1000, 2) };
     // A worker whose first run waited for its pod's resolution holds one tick (Go's ticker buffer)
     // and runs again at once: one more period after the last resolution, that backlog is gone.
-    await sleep(periodSeconds * 1000 + 1000);
+    if (pods > 0) await sleep(periodSeconds * 1000 + 1000);
     const m0 = await agent.scrape();
     const c0 = agent.cpuMs();
     const t0 = performance.now();
@@ -105,6 +119,7 @@ export async function measurePoint(env: ScaleEnv, cli: string, pods: number, per
       helperCpuPercent: pct(c1.helper - c0.helper),
       rssMB: round(mem.rssMB, 1),
       peakRssMB: round(mem.peakMB, 1),
+      rssSplitMB: { anon: round(mem.anonMB, 1), file: round(mem.fileMB, 1) },
       heap: {
         usedMB: round(sumOf(m1, 'nodejs_heap_size_used_bytes') / 2 ** 20, 1),
         totalMB: round(sumOf(m1, 'nodejs_heap_size_total_bytes') / 2 ** 20, 1),
@@ -124,28 +139,38 @@ export async function measurePoint(env: ScaleEnv, cli: string, pods: number, per
   return { ...point, exitCode: await agent.stop() };
 }
 
-/** Resolves `sample` pods with the agent's own resolver class and charges this process's CPU (children included). */
-export async function measureResolverCost(env: ScaleEnv, resolver: 'procfs' | 'address', sample: number, largestCurvePoint: number): Promise<ResolverCost> {
-  const r: NetnsResolver = resolver === 'procfs' ? new ProcfsResolver() : new AddressResolver();
-  const picked = env.pods.filter((_, i) => i % Math.max(1, Math.floor(env.pods.length / sample)) === 0).slice(0, sample);
+/**
+ * One refresh: every one of `pods` pods resolved, one after another, with a fresh instance of the
+ * agent's own resolver class (its scans shared as in the daemon), charging this process's CPU and
+ * its reaped children's (the address resolver's helper is closed, so reaped, before the count).
+ */
+export async function measureResolverCost(env: ScaleEnv, resolver: 'procfs' | 'address', pods: number): Promise<ResolverCost> {
+  const picked = env.pods.slice(0, pods);
   const cpu = (): number => {
     const ru = process.resourceUsage();
     return (ru.userCPUTime + ru.systemCPUTime) / 1000 + cpuOf('self').childrenMs;
   };
   const c0 = cpu();
   const t0 = performance.now();
-  for (const p of picked) {
-    const res = await r.resolve({ uid: p.uid, namespace: 'bench', name: p.name, podIPs: p.lab.ips });
-    if (!res.path) throw new Error(`resolver ${resolver} found no netns for ${p.name}`);
+  const helper = resolver === 'address' ? await ResidentHelper.start() : undefined;
+  try {
+    const r: NetnsResolver = helper ? new AddressResolver({ addresses: helper }) : new ProcfsResolver();
+    for (const p of picked) {
+      const res = await r.resolve({ uid: p.uid, namespace: 'bench', name: p.name, podIPs: p.lab.ips });
+      if (!res.path) throw new Error(`resolver ${resolver} found no netns for ${p.name}`);
+    }
+  } finally {
+    await helper?.close();
   }
-  const cpuMs = (cpu() - c0) / picked.length;
+  const cpuMs = cpu() - c0;
   const examined = resolver === 'address' ? readdirSync('/run/netns').length : readdirSync('/proc').filter((e) => /^\d+$/.test(e)).length;
   return {
     resolver,
     examined,
-    sampled: picked.length,
-    cpuMsPerResolve: round(cpuMs, 2),
-    wallMsPerResolve: round((performance.now() - t0) / picked.length, 1),
-    amortizedPercentAt: { pods: largestCurvePoint, percent: round((largestCurvePoint * cpuMs) / (RESOLVER_TTL_SECONDS * 1000) * 100, 2) },
+    pods: picked.length,
+    cpuMsPerRefresh: round(cpuMs, 1),
+    wallMsPerRefresh: round(performance.now() - t0, 1),
+    cpuMsPerPod: round(cpuMs / Math.max(1, picked.length), 3),
+    amortizedPercent: round(cpuMs / (RESOLVER_TTL_SECONDS * 1000) * 100, 3),
   };
 }

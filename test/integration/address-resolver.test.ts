@@ -12,13 +12,15 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NetnsError, NetnsUnavailableError, UnsupportedPodError } from '../../agent/errors.ts';
 import { AddressResolver, canonicalIp } from '../../agent/netns/address-resolver.ts';
+import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { isSameNetns, NetnsPathChecker } from '../../agent/netns/netns-path.ts';
 import { outcomeOf, type PodRef } from '../../agent/netns/resolver.ts';
 import { createLab, type Lab, type LabPod } from '../lab/lab.ts';
 
 let lab: Lab;
 let resolver: AddressResolver;
-let scratch: string | undefined;
+let helper: ResidentHelper;
+let scratch: string;
 const bindMounts: string[] = [];
 
 function ref(podIPs: string[]): PodRef {
@@ -40,7 +42,11 @@ function pod(i: number): LabPod {
 
 beforeAll(async () => {
   lab = await createLab({ pods: 3, policy: 'none', tag: 'address-resolver.test' });
-  resolver = new AddressResolver({ nameFilter: new RegExp(`^pa${lab.id}p\\d+$`) });
+  scratch = mkdtempSync('/run/probe-agent-lab/addr-test-');
+  // The helper reads each netns's addresses (netlink inside it); scratch holds a bind-mounted alias.
+  helper = await ResidentHelper.start({ allowDirs: [scratch] });
+  // hitReuseMs 0: every resolve lists afresh, so a duplicate added by a test is seen at once.
+  resolver = new AddressResolver({ addresses: helper, hitReuseMs: 0, nameFilter: new RegExp(`^pa${lab.id}p\\d+$`) });
 });
 
 afterAll(async () => {
@@ -52,6 +58,7 @@ afterAll(async () => {
     }
   }
   if (scratch) rmSync(scratch, { recursive: true, force: true });
+  await helper?.close();
   await lab?.destroy();
 });
 
@@ -89,6 +96,14 @@ describe('AddressResolver', () => {
     expect((await resolver.resolve(ref(a.ips))).path).toBe(a.netns);
   });
 
+  it('lists every netns once per refresh: the pods resolved after it share the listing', async () => {
+    const shared = new AddressResolver({ addresses: helper, nameFilter: new RegExp(`^pa${lab.id}p\\d+$`) });
+    const before = helper.stats().spawned;
+    for (const p of lab.pods) expect((await shared.resolve(ref(p.ips))).path).toBe(p.netns);
+    // One helper request per netns for the first pod, none for the others (3 pods: 3, not 9).
+    expect(helper.stats().spawned - before).toBe(lab.pods.length);
+  });
+
   it('reports not-found for an IP no netns holds', async () => {
     const err = await rejection(resolver.resolve(ref([`10.250.${lab.id}.250`])));
     expect(outcomeOf(err)).toBe('not-found');
@@ -112,17 +127,17 @@ describe('AddressResolver', () => {
     expect(outcomeOf(await rejection(resolver.resolve(ref([]))))).toBe('not-found');
   });
 
-  it('counts one netns mounted under two names once, and reads netns outside /run/netns via nsenter', async () => {
+  it('counts one netns mounted under two names once, and reads netns outside /run/netns', async () => {
     const p = pod(2);
-    scratch = mkdtempSync('/run/probe-agent-lab/addr-test-');
     const alias = path.join(scratch, 'alias');
     writeFileSync(alias, '');
     execFileSync('mount', ['--bind', p.netns, alias]);
     bindMounts.push(alias);
     const filter = new RegExp(`^(pa${lab.id}p\\d+|alias)$`);
-    const both = new AddressResolver({ dirs: ['/run/netns', scratch], nameFilter: filter });
+    const both = new AddressResolver({ addresses: helper, dirs: ['/run/netns', scratch], nameFilter: filter });
     expect((await both.resolve(ref(p.ips))).path).toBe(p.netns);
     const extraOnly = new AddressResolver({
+      addresses: helper,
       dirs: [scratch],
       nameFilter: filter,
       pathChecker: new NetnsPathChecker({ dirs: [scratch] }),

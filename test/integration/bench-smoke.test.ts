@@ -74,8 +74,14 @@ describe('make bench, quick mode', () => {
 
   it('ran the real daemon for the scale point and measured it from /proc and /metrics', () => {
     const scale = result.scale!;
-    expect(scale.points).toHaveLength(result.config.scalePods.length * result.config.scalePeriods.length);
-    for (const pt of scale.points) {
+    // The idle point (0 pods) comes first, then pods × periods.
+    expect(scale.points).toHaveLength(1 + result.config.scalePods.length * result.config.scalePeriods.length);
+    const [idle, ...loaded] = scale.points;
+    expect(idle!.pods).toBe(0);
+    expect(idle!.probesPerSecond).toBe(0);
+    expect(idle!.rssMB).toBeGreaterThan(0);
+    expect(idle!.exitCode).toBe(0);
+    for (const pt of loaded) {
       expect(pt.cpuPercent).toBeGreaterThan(0);
       expect(pt.probesPerSecond).toBeGreaterThan(0);
       expect(pt.rssMB).toBeGreaterThan(0);
@@ -84,7 +90,8 @@ describe('make bench, quick mode', () => {
       expect(pt.exitCode).toBe(0);
     }
     expect(scale.resolverCost.map((c) => c.resolver).sort()).toEqual(['address', 'procfs']);
-    for (const c of scale.resolverCost) expect(c.cpuMsPerResolve).toBeGreaterThan(0);
+    for (const c of scale.resolverCost) expect(c.cpuMsPerRefresh).toBeGreaterThan(0);
+    for (const pt of loaded) expect(pt.resolverCpuPercent).toBeGreaterThan(0);
   });
 
   it('wrote the target table and the markdown, and cleaned up after itself', () => {

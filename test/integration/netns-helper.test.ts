@@ -217,6 +217,25 @@ describe('bad netns references', () => {
   });
 });
 
+describe('reading a netns\'s addresses (netlink inside the netns, no process run)', () => {
+  it.each([['resident'], ['warm']] as const)('%s: returns the pod\'s own global addresses, canonical, and nothing of the node', async (mode) => {
+    const h = mode === 'resident' ? resident : warm;
+    const addrs = await h.readAddresses(a.netns);
+    expect(addrs).toContain(a.ipv4);
+    expect(addrs).toContain(a.ipv6);
+    expect(addrs).not.toContain(b.ipv4);
+    // Loopback and link-local are the same in every netns: never reported.
+    expect(addrs.some((x) => x === '127.0.0.1' || x === '::1' || x.startsWith('fe80:'))).toBe(false);
+    expect(await h.readAddresses(`/proc/${server.pid}/ns/net`)).toEqual(addrs);
+  });
+
+  it('refuses what createSocket refuses, with the same typed errors', async () => {
+    await expect(resident.readAddresses(`/run/netns/pa-missing-${process.pid}`)).rejects.toMatchObject({ kind: 'gone' });
+    await expect(resident.readAddresses('/etc/passwd')).rejects.toMatchObject({ kind: 'invalid' });
+    await expect(resident.readAddresses(join(scratch, 'regular'))).rejects.toMatchObject({ kind: 'invalid' });
+  });
+});
+
 describe('resident helper lifecycle', () => {
   it('fails an in-flight request when the helper is killed, then restarts and serves the next one', async () => {
     const restarts: string[] = [];

@@ -97,6 +97,24 @@ describe('snapshots and diffs', () => {
     expect(h.diffs).toHaveLength(1);
   });
 
+  it('hands out the same PodInfo objects while kubelet answers the same bytes, new ones after a change', async () => {
+    kubelet.setPods(makePods(2));
+    const h = startSource();
+    await h.source.synced();
+    const first = h.source.get(h.source.pods()[0]!.uid);
+    await expect.poll(() => h.snapshots.length, { timeout: 3000 }).toBeGreaterThanOrEqual(3);
+    // Unchanged answer: not parsed again, so consumers (the probe manager) can skip pods by identity.
+    expect(h.source.get(first!.uid)).toBe(first);
+    expect(h.snapshots.at(-1)!.pods).toContain(first);
+    const pods = makePods(2);
+    (pods[0]!['metadata'] as Record<string, unknown>)['resourceVersion'] = '424242';
+    kubelet.setPods(pods);
+    const seen = h.snapshots.length;
+    await expect.poll(() => h.snapshots.length, { timeout: 3000 }).toBeGreaterThanOrEqual(seen + 2);
+    expect(h.source.get(first!.uid)).not.toBe(first);
+    expect(h.source.get(first!.uid)).toEqual(first);
+  });
+
   it('reports added, updated and removed pods by UID', async () => {
     kubelet.setPods([makePod({ name: 'keep' }), makePod({ name: 'change' }), makePod({ name: 'gone' })]);
     const h = startSource();
