@@ -20,7 +20,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: build deps system-deps node test test-unit demo bench soak clean helper typecheck image
+.PHONY: build deps system-deps node test test-unit test-deployed demo bench soak clean helper typecheck image
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -65,9 +65,14 @@ build: system-deps deps $(HELPER) dist/.built
 typecheck: deps
 	tsc -p tsconfig.json --noEmit
 
-## test: the whole suite (unit and root integration tests against real netns, nftables, containerd, Prometheus).
-test: build
+## test: the whole suite (unit and root integration tests against real netns, nftables, containerd, Prometheus,
+## and the image from `make image` run through containerd with the DaemonSet's posture: test/deployed/).
+test: build image
 	vitest run
+
+## test-deployed: only the image run as deployed (test/deployed/).
+test-deployed: build image
+	vitest run test/deployed
 
 test-unit: build
 	vitest run test/unit
