@@ -26,7 +26,7 @@ import { createContainerdLab, kubeletCgroupParent, type ContainerdLab, type LabS
 import { slotLayout } from '../lab/containerd-sweep.ts';
 import { POD_SERVER_PATH } from '../lab/server.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
-import { makePod } from '../support/pod-factory.ts';
+import { makePod, makePods } from '../support/pod-factory.ts';
 import { CriPodRunner, type ContainerState } from './cri-pod.ts';
 import { containerConfig, quantity, sandboxConfig, type PodPlacement } from './kubelet-translate.ts';
 
@@ -292,7 +292,8 @@ describe('the image run through containerd with the rendered DaemonSet posture',
       const { stdout } = await run(path.join(REPO, 'bin/probe-agent'), ['status', '--socket', path.join(socketDir, 'probe.sock'), '--output', 'json'], { timeout: 10_000 });
       const list = JSON.parse(stdout) as { statuses: { pod: string; probeType?: string; result: string; ready?: boolean }[] };
       const ready = list.statuses.filter((s) => s.result === 'success');
-      return apps.every((a) => ready.some((s) => s.pod === a.name)) ? list : undefined;
+      // Readiness and liveness of both pods.
+      return apps.every((a) => ready.filter((s) => s.pod === a.name).length >= 2) ? list : undefined;
     }, 90_000).catch(async (err: Error) => { throw new Error(`${err.message}\nagent log: ${await logTail(agentPod!, 0)}`); });
     console.log(`both pods probed successfully ${(performance.now() - t).toFixed(0)} ms after the pod started`);
     expect(status.statuses.filter((s) => s.result === 'success').length).toBeGreaterThanOrEqual(4);
@@ -341,6 +342,57 @@ describe('the image run through containerd with the rendered DaemonSet posture',
     expect(hex(sproc, 'NoNewPrivs')).toBe('1');
     expect(hex(sproc, 'Seccomp')).toBe('2');
   });
+});
+
+describe('memory under the manifest limit', () => {
+  it('the largest PodList the manifest accepts is parsed inside the container: no OOM kill, usage at most 75 % of the limit', async () => {
+    const id = agentPod!.containerIds[0] as string;
+    const st = await runner.status(id);
+    // The pod's cgroup (the container's parent) outlives an OOM-killed container and counts it.
+    const cg = path.dirname(memoryCgroup(st));
+    const agent = ((template.spec as Obj).containers as Obj[]).find((c) => c.name === 'agent') as Obj;
+    const limit = quantity(((agent.resources as Obj).limits as Obj).memory);
+    const envMax = (agent.env as Obj[]).find((e) => e.name === 'PROBE_AGENT_KUBELET_MAX_RESPONSE_BYTES')?.value;
+    const maxBytes = Number(process.env.DEPLOYED_PODLIST_BYTES ?? envMax ?? 64 * 1024 * 1024);
+    // The agent accepts at most 5000 pods (agent/pods/pod-model.ts) and maxBytes of JSON: the
+    // largest accepted list is 5000 pods padded (with an annotation) to just under maxBytes. The
+    // filler pods carry no probes; their cost is the response and its parse, which a real list
+    // pays too. The two real pods keep being probed.
+    const real = apps.map(appPod);
+    const count = 5000 - real.length;
+    const bare = JSON.stringify(makePods(count, { probe: 'none', namespace: 'filler' })).length + JSON.stringify(real).length;
+    const pad = Math.max(0, Math.floor((maxBytes * 0.98 - bare) / count) - 40);
+    const filler = makePods(count, { probe: 'none', namespace: 'filler' });
+    for (const f of filler) ((f.metadata as Obj).annotations as Obj | undefined ?? ((f.metadata as Obj).annotations = {}) as Obj)['lab.probe-agent.io/pad'] = 'x'.repeat(pad);
+    const body = JSON.stringify({ kind: 'PodList', apiVersion: 'v1', metadata: {}, items: [...real, ...filler] });
+    expect(Buffer.byteLength(body)).toBeLessThan(maxBytes);
+    writeFileSync(path.join(cg, 'memory.max_usage_in_bytes'), '0');
+    const oomBefore = Number(/oom_kill (\d+)/.exec(readFileSync(path.join(cg, 'memory.oom_control'), 'utf8'))?.[1] ?? 0);
+    kubelet.setPods([...real, ...filler]);
+    const seen = kubelet.requestCount;
+    let errors: string[] = [];
+    let ours = '';
+    const outcome = await waitFor('five polls of the large PodList', async () => {
+      if ((await runner.status(id)).state !== 'CONTAINER_RUNNING') return 'exited';
+      return kubelet.requestCount >= seen + 5 ? 'polled' : undefined;
+    }, 120_000).catch((err: Error) => err.message);
+    const after = await runner.status(id);
+    if (after.state === 'CONTAINER_RUNNING') {
+      const metrics = (await httpGet('/metrics')).body;
+      errors = metrics.split('\n').filter((l) => l.startsWith('probe_agent_kubelet_poll_errors_total{') && !l.endsWith(' 0'));
+      ours = String([...metrics.matchAll(/^probe_agent_pods\{[^}]*\} (\d+)/gm)].reduce((n, m) => n + Number(m[1]), 0));
+    }
+    kubelet.setPods(real);
+    const max = Number(readFileSync(path.join(cg, 'memory.max_usage_in_bytes'), 'utf8'));
+    const oom = Number(/oom_kill (\d+)/.exec(readFileSync(path.join(cg, 'memory.oom_control'), 'utf8'))?.[1] ?? 0);
+    console.log(`PodList ${(Buffer.byteLength(body) / 2 ** 20).toFixed(1)} MiB (${real.length + filler.length} pods): ${outcome} ${after.reason}; pod cgroup max usage ${(max / 2 ** 20).toFixed(1)} MiB of ${(limit / 2 ** 20).toFixed(0)} MiB, oom kills ${oom - oomBefore}`);
+    expect(after.state, `${outcome}: ${await logTail(agentPod!, 0, 4)}`).toBe('CONTAINER_RUNNING');
+    expect(oom - oomBefore).toBe(0);
+    expect(after.reason).not.toBe('OOMKilled');
+    expect(errors, await logTail(agentPod!, 0, 3)).toEqual([]);
+    expect(ours).toBe('5000');
+    expect(max).toBeLessThanOrEqual(limit * 0.75);
+  }, 240_000);
 });
 
 describe('a missing privilege', () => {
