@@ -14,7 +14,7 @@ requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'kubectl']);
 
 import { execFile, execFileSync, spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { chownSync, existsSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { chownSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, realpathSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import * as net from 'node:net';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
@@ -65,13 +65,14 @@ async function freePort(): Promise<number> {
 }
 
 /** kustomize overlay: the shipped base and components plus what differs on this lab node. */
-function renderOverlay(dir: string, lay: ReturnType<typeof slotLayout>): Obj[] {
+function renderOverlay(dir: string, lay: ReturnType<typeof slotLayout>, components = ['containerd', 'host-network', 'nftables-close-hole']): Obj[] {
   const rel = (p: string): string => path.relative(dir, path.join(REPO, 'deploy', p));
+  const closeHole = components.includes('nftables-close-hole');
   writeFileSync(path.join(dir, 'kustomization.yaml'), `resources: [${rel('base')}]
-components: [${['containerd', 'host-network', 'nftables-close-hole'].map((c) => rel(`components/${c}`)).join(', ')}]
+components: [${components.map((c) => rel(`components/${c}`)).join(', ')}]
 patches:
   - path: node.yaml
-  # As docs/deploy.md tells operators: the pod CIDRs and the interface to this node's pods.
+${closeHole ? `  # As docs/deploy.md tells operators: the pod CIDRs and the interface to this node's pods.
   - target:
       kind: ConfigMap
       name: probe-agent-close-hole
@@ -80,7 +81,7 @@ patches:
       - {op: replace, path: /data/CLOSE_HOLE_POD_INTERFACES, value: "${lay.bridge}"}
       - {op: replace, path: /data/CLOSE_HOLE_INTERVAL, value: "1"}
       - {op: add, path: /data/CLOSE_HOLE_TABLE, value: "${table}"}
-`);
+` : ''}`);
   // The lab node's containerd keeps its socket and state in a private dir, not /run/containerd
   // (pod netns paths then carry that dir: mount it at the same path, as the component says);
   // the kubelet listens on loopback; the host paths live in this test's scratch dir.
@@ -111,7 +112,7 @@ spec:
               mountPath: ${path.join(ctrd.dir, 'state')}
               readOnly: true
               mountPropagation: HostToContainer
-        - name: close-hole
+${closeHole ? `        - name: close-hole
           env:
             - name: POD_IP
               valueFrom:
@@ -119,7 +120,7 @@ spec:
                   fieldPath: status.podIP
             - name: CLOSE_HOLE_AGENT_ADDRESS
               value: "$(POD_IP):${metricsPort}"
-      volumes:
+` : ''}      volumes:
         - name: probe-socket-dir
           hostPath:
             path: ${socketDir}
@@ -423,7 +424,7 @@ describe('a missing privilege', () => {
 
 describe('least privilege: a non-root agent', () => {
   /** The DaemonSet's agent alone, as `uid`, on a fresh socket dir and port; returns its exit and log once it stops or after 20 s. */
-  async function runAs(label: string, edit: (agent: Obj) => void, image?: string, socketOwner?: number): Promise<{ state: string; exitCode: number; log: string }> {
+  async function runAs(label: string, edit: (agent: Obj) => void, image?: string, socketOwner?: number, waitMs = 20_000): Promise<{ state: string; exitCode: number; log: string }> {
     const tpl = structuredClone(template);
     const spec = tpl.spec as Obj;
     spec.containers = (spec.containers as Obj[]).filter((c) => c.name === 'agent');
@@ -444,7 +445,7 @@ describe('least privilege: a non-root agent', () => {
     const st = await waitFor(`${label} to exit`, async () => {
       const s2 = await runner.status(id);
       return s2.state === 'CONTAINER_EXITED' ? s2 : undefined;
-    }, 20_000).catch(() => runner.status(id));
+    }, waitMs).catch(() => runner.status(id));
     const log = await logTail(pod, 0, 4);
     console.log(`${label}: ${st.state} exit ${st.exitCode}: ${log.split('\n').filter((l) => /"level":"(error|warn)"/.test(l)).join(' | ').slice(0, 900)}`);
     return { state: st.state, exitCode: st.exitCode, log };
@@ -481,7 +482,8 @@ describe('least privilege: a non-root agent', () => {
     const withCaps = await runAs('filecaps', nonRoot, `probe-agent:${VERSION}-filecaps`);
     expect(withCaps.log).toMatch(/listen EACCES: permission denied \/run\/probe-agent\/probe\.sock/);
     // ... and with that directory handed to the agent's uid, the runtime's CRI socket (root:root 0660).
-    const withDir = await runAs('filecaps-dir', nonRoot, `probe-agent:${VERSION}-filecaps`, 65534);
+    // It stays up (the status check below is what matters), so do not wait long for an exit.
+    const withDir = await runAs('filecaps-dir', nonRoot, `probe-agent:${VERSION}-filecaps`, 65534, 2000);
     // allowPrivilegeEscalation: false sets no_new_privs, and the kernel then ignores file capabilities.
     const nnp = await runAs('filecaps-nnp', (agent) => {
       nonRoot(agent);
@@ -507,4 +509,65 @@ describe('least privilege: a non-root agent', () => {
       expect(mine.map((s) => s.lastMessage).join(' ')).toMatch(/CRI endpoint unix:\/\/\/run\/containerd\/containerd\.sock unavailable/);
     }
   }, 180_000);
+});
+
+describe('the other components that change privileges or mounts', () => {
+  /** Renders base + components (plus this node's overlay), starts the agent alone, waits for both pods probed. */
+  async function runVariant(label: string, components: string[]): Promise<{ proc: string; hostPid: boolean }> {
+    const dir = path.join(scratch, `overlay-${label}`);
+    mkdirSync(dir);
+    const objs = renderOverlay(dir, slotLayout(ctrd.slot), components);
+    const tpl = ((objs.find((o) => o.kind === 'DaemonSet') as Obj).spec as Obj).template as Obj;
+    const spec = tpl.spec as Obj;
+    const port = await freePort();
+    const sockDir = path.join(scratch, `sock-${label}`);
+    spec.volumes = (spec.volumes as Obj[]).map((v) => (v.name === 'probe-socket-dir' ? { name: v.name, hostPath: { path: sockDir, type: 'DirectoryOrCreate' } } : v));
+    const agent = (spec.containers as Obj[])[0] as Obj;
+    agent.env = (agent.env as Obj[]).map((e) => (e.name === 'PROBE_AGENT_METRICS_ADDRESS' ? { ...e, value: `$(POD_IP):${port}` } : e));
+    const pod = await startAgentPod(tpl, `probe-agent-${label}`);
+    await waitFor(`${label}: both pods probed`, async () => {
+      if ((await runner.status(pod.containerIds[0] as string)).state !== 'CONTAINER_RUNNING') throw new Error(await logTail(pod, 0));
+      const { stdout } = await run(path.join(REPO, 'bin/probe-agent'), ['status', '--socket', path.join(sockDir, 'probe.sock'), '--output', 'json'], { timeout: 10_000 });
+      const list = (JSON.parse(stdout) as { statuses: { pod: string; result: string }[] }).statuses;
+      return apps.every((a) => list.filter((x) => x.pod === a.name && x.result === 'success').length >= 2) ? true : undefined;
+    }, 60_000);
+    const st = await runner.status(pod.containerIds[0] as string);
+    const proc = readFileSync(`/proc/${agentPid(st.pid)}/status`, 'utf8');
+    const hostPid = readlinkSync(`/proc/${st.pid}/ns/pid`) === readlinkSync('/proc/self/ns/pid');
+    await runner.removePod(pod.sandboxId);
+    pods.splice(pods.indexOf(pod.sandboxId), 1);
+    return { proc, hostPid };
+  }
+
+  it('procfs-resolver: host PID namespace, SYS_ADMIN and SYS_PTRACE only, and it probes', async () => {
+    const r = await runVariant('procfs', ['containerd', 'host-network', 'procfs-resolver']);
+    expect(r.hostPid).toBe(true);
+    // CAP_SYS_ADMIN (21) and CAP_SYS_PTRACE (19).
+    expect(hex(r.proc, 'CapBnd')).toBe('0000000000280000');
+    expect(hex(r.proc, 'Seccomp')).toBe('2');
+  }, 120_000);
+
+  it('privileged: every capability, no seccomp filter, and it probes', async () => {
+    const r = await runVariant('privileged', ['containerd', 'host-network', 'privileged']);
+    expect(r.hostPid).toBe(false);
+    expect(hex(r.proc, 'CapEff')).toBe(hex(readFileSync('/proc/self/status', 'utf8'), 'CapBnd'));
+    expect(hex(r.proc, 'Seccomp')).toBe('0');
+  }, 120_000);
+
+  it('base alone and crio: the rendered template translates into CRI requests (not run: the agent pod network cannot reach the loopback kubelet; no CRI-O here)', () => {
+    for (const components of [[], ['crio'], ['crio', 'procfs-resolver', 'privileged']]) {
+      const dir = mkdtempSync(path.join(scratch, 'overlay-x-'));
+      const objs = renderOverlay(dir, slotLayout(ctrd.slot), components);
+      const tpl = ((objs.find((o) => o.kind === 'DaemonSet') as Obj).spec as Obj).template as Obj;
+      // Not run, so the paths stay as written (/var/run/crio does not exist here).
+      const place = { ...placement('probe-agent-x', randomUUID()), hostPath: (p: string) => p };
+      const sb = sandboxConfig(tpl, place);
+      const c = containerConfig(tpl, 'agent', place);
+      const ns = ((sb.linux as Obj).securityContext as Obj).namespaceOptions as Obj;
+      expect(ns.network).toBe('POD');
+      const mounts = (c.mounts as { containerPath: string; propagation: string }[]);
+      expect(mounts.find((m) => m.containerPath === '/run/netns')?.propagation).toBe('PROPAGATION_HOST_TO_CONTAINER');
+      if (components.includes('crio')) expect(mounts.find((m) => m.containerPath === '/var/run/crio')?.propagation).toBe('PROPAGATION_HOST_TO_CONTAINER');
+    }
+  });
 });
