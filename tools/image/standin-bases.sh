@@ -28,7 +28,10 @@ NPM_DIR=tools/image/node_modules/npm
 STORE_PREFIX=localhost/probe-agent-standin/node
 APT_CLEAN='rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true'
 
-[[ -x $NODE_DIR/bin/node ]] || { echo "error: $NODE_DIR/bin/node missing: run make node" >&2; exit 1; }
+# `make node` installs the pinned Node only when the machine's is older; the stand-ins always need it.
+if [[ ! -x $NODE_DIR/bin/node ]]; then
+  (cd tools/node && npm ci --no-audit --no-fund --loglevel=error) >&2
+fi
 if [[ ! -f $NPM_DIR/package.json || tools/image/package-lock.json -nt $NPM_DIR/package.json ]]; then
   (cd tools/image && npm ci --no-audit --no-fund --loglevel=error --ignore-scripts) >&2
 fi
