@@ -102,9 +102,14 @@ standin() {
   ctr=""
 }
 
-# Stand-ins built from older inputs are only disk space now.
-buildah images --format '{{.Repository}}:{{.Tag}}' 2>/dev/null | grep "^$STORE_PREFIX:" | grep -v -- "-$key\$" \
-  | xargs -r buildah rmi -f >/dev/null 2>&1 || true
+# Stand-ins built from older inputs are only disk space now, and so are the layer-cache images
+# of builds on top of them (dangling once their base is gone).
+stale=$(buildah images --format '{{.Name}}:{{.Tag}}' 2>/dev/null | grep "^$STORE_PREFIX:" | grep -v -- "-$key\$" || true)
+if [[ -n $stale ]]; then
+  echo "removing stale stand-ins: $stale" >&2
+  xargs -r buildah rmi -f <<<"$stale" >/dev/null 2>&1 || true
+  buildah rmi --prune >/dev/null 2>&1 || true
+fi
 
 standin 24 "$BUILD_PACKAGES" build; build_ref=$ref
 standin 24-slim "$RUNTIME_PACKAGES" slim; runtime_ref=$ref
