@@ -12,11 +12,15 @@ export PATH := $(TOOLS)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 SYSTEM_PACKAGES := gcc libc6-dev make iproute2 nftables procps psmisc openssl ca-certificates \
 	containerd runc containernetworking-plugins prometheus prometheus-blackbox-exporter systemd
 
+# Only `make image` needs these: buildah builds the Dockerfile without a Docker daemon, and
+# mmdebstrap makes the Debian root filesystems of the node:24 / node:24-slim stand-ins.
+IMAGE_PACKAGES := buildah mmdebstrap
+
 HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: build deps system-deps node test test-unit demo bench bench-shim soak clean helper typecheck
+.PHONY: build deps system-deps node test test-unit test-deployed demo bench bench-shim soak clean helper typecheck image
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -61,9 +65,14 @@ build: system-deps deps $(HELPER) dist/.built
 typecheck: deps
 	tsc -p tsconfig.json --noEmit
 
-## test: the whole suite (unit and root integration tests against real netns, nftables, containerd, Prometheus).
-test: build
+## test: the whole suite (unit and root integration tests against real netns, nftables, containerd, Prometheus,
+## and the image from `make image` run through containerd with the DaemonSet's posture: test/deployed/).
+test: build image
 	vitest run
+
+## test-deployed: only the image run as deployed (test/deployed/).
+test-deployed: build image
+	vitest run test/deployed
 
 test-unit: build
 	vitest run test/unit
@@ -84,5 +93,13 @@ bench-shim: build
 soak: build
 	node test/soak/soak.ts
 
+## image: build/probe-agent-image.tar (OCI archive, probe-agent:<version>) from the Dockerfile with
+## buildah, on local stand-ins for node:24 / node:24-slim (cached in buildah's store by their inputs).
+image: .tools/.image-deps .tools/bin/node
+	bash tools/image/build-image.sh
+.tools/.image-deps: Makefile
+	@bash test/lab/install-system-deps.sh $(IMAGE_PACKAGES)
+	@mkdir -p .tools && touch $@
+
 clean:
-	rm -rf dist netns-helper/build node_modules .tools
+	rm -rf build dist netns-helper/build node_modules .tools
