@@ -372,15 +372,15 @@ describe('netns helper faults', () => {
   it('a killed resident helper fails its in-flight requests with a reason and is restarted at once', async () => {
     const resident = await waitFor('the resident helper', () => helperPid(agent));
     const holder = await holdChildrenOf(resident);
-    const pending = probeVia(agent, 'steady', { kind: 'tcp', port: srvA.ports.http as number }, 5);
+    // One address, so one socket: with both families, Happy Eyeballs' second attempt can reach the
+    // restarted helper and (rightly) succeed, which is not what this test looks at.
+    const pending = probeVia(agent, 'steady', { kind: 'tcp', port: srvA.ports.http as number, host: podA.ipv4 }, 5);
     await waitFor('a held child', () => holder.held.length > 0);
     process.kill(resident, 'SIGKILL');
     const { out, wall } = await pending;
     await holder.release();
     expect(out).toMatchObject({ result: 'error', reason: 'helper-error' });
-    // The request in flight sees the exit; one sent just after the kill (Happy Eyeballs' second
-    // family) sees the broken channel first. Both name the helper's death.
-    expect(out.message).toMatch(/netns helper exited \(signal SIGKILL\) before answering|cannot send a request to the netns helper: write EPIPE/);
+    expect(out.message).toMatch(/netns helper exited \(signal SIGKILL\) before answering/);
     expect(wall).toBeLessThan(4.5);
     const next = await waitFor('a new resident helper', () => { const p = helperPid(agent); return p !== resident && p; }, 3000);
     expect(next).not.toBe(resident);

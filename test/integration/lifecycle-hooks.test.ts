@@ -88,10 +88,13 @@ describe('runLifecycleHandler (kubelet lifecycle semantics) in a pod netns', () 
   });
 
   it('counts any HTTP status as a success: 3xx, 4xx and 5xx do not fail a hook', async () => {
+    const before = srv.hits.length;
     for (const code of [301, 404, 500, 503]) {
       const out = await hook(http(code === 301 ? `/redirect?code=301&to=${encodeURIComponent('http://elsewhere.invalid/x')}` : `/status/${code}`));
       expect(out, `status ${code}`).toMatchObject({ result: 'success', status: code });
     }
+    // The server records a hit after answering it: wait for all four, so the next test counts from here.
+    expect((await srv.waitFor(before + 4)).slice(before).map((h) => h.url).at(-1)).toBe('/status/503');
   });
 
   it('follows a same-host redirect and fails after 10 of them, like kubelet\'s redirect checker', async () => {
