@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # probe-agent image: the compiled agent (dist/), its production node_modules, the static netns
-# helper, and the programs the agent and its close-hole sidecar run (ip, nsenter, nft, bash).
+# helper, and the programs its close-hole sidecar and the shim installer run (nft, nsenter, bash).
 #
 #   docker build -t registry.example.com/platform/probe-agent:0.1.0 .
 #   docker buildx build --platform linux/amd64,linux/arm64 -t ... --push .
@@ -25,13 +25,32 @@ RUN make -C netns-helper clean all \
  && ./netns-helper/build/probe-agent-netns-helper --version
 RUN npm prune --omit=dev --no-audit --no-fund
 
-FROM ${RUNTIME_IMAGE}
-# iproute2 and util-linux (nsenter): the address resolver lists addresses inside pod netns.
+# The runtime root: node:24-slim with the programs the image needs, without npm, corepack, yarn
+# and Node's headers and docs (nothing runs them), and with a stripped Node binary. The final
+# stage copies this root into one layer, so what is removed here is really gone from the image.
 # nftables: the nftables-close-hole sidecar. tini: PID 1 that forwards SIGTERM and reaps the
-# helper's orphaned children, which Node as PID 1 would leave as zombies.
+# helper's orphaned children, which Node as PID 1 would leave as zombies. util-linux (nsenter,
+# Essential in Debian, listed for the record): the shim installer reaches the host's systemd.
+FROM ${RUNTIME_IMAGE} AS runtime-root
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iproute2 util-linux nftables tini \
- && rm -rf /var/lib/apt/lists/*
+ && apt-get install -y --no-install-recommends nftables tini util-linux \
+ && rm -rf /var/lib/apt/lists/* \
+ && rm -rf /usr/local/lib/node_modules /usr/local/bin/npm /usr/local/bin/npx /usr/local/bin/corepack \
+      /usr/local/bin/yarn /usr/local/bin/yarnpkg /opt/yarn-* /usr/local/include/node \
+      /usr/local/share/doc/node /usr/local/share/man/man1/node.1 /usr/local/share/systemtap
+
+# strip(1) lives in the build image (binutils); the binary is the runtime image's own Node.
+# Stripping drops the symbol tables only (the dynamic symbols addons link against stay).
+FROM ${BUILD_IMAGE} AS node-stripped
+COPY --from=runtime-root /usr/local/bin/node /node
+RUN strip --strip-all /node && /node --version
+
+FROM runtime-root AS runtime-flat
+COPY --from=node-stripped /node /usr/local/bin/node
+
+FROM scratch
+COPY --from=runtime-flat / /
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # The agent finds dist/, proto/, package.json and the helper relative to each other, so the
 # layout below mirrors the repository (see test/unit/deploy.test.ts).
 WORKDIR /opt/probe-agent
