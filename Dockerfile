@@ -25,31 +25,47 @@ RUN make -C netns-helper clean all \
  && ./netns-helper/build/probe-agent-netns-helper --version
 RUN npm prune --omit=dev --no-audit --no-fund
 
-# The runtime root: node:24-slim with the programs the image needs, without npm, corepack, yarn
-# and Node's headers and docs (nothing runs them), and with a stripped Node binary. The final
-# stage copies this root into one layer, so what is removed here is really gone from the image.
-# nftables: the nftables-close-hole sidecar. tini: PID 1 that forwards SIGTERM and reaps the
-# helper's orphaned children, which Node as PID 1 would leave as zombies. util-linux (nsenter,
-# Essential in Debian, listed for the record): the shim installer reaches the host's systemd.
-FROM ${RUNTIME_IMAGE} AS runtime-root
+# The runtime packages on node:24-slim. nftables: the nftables-close-hole sidecar. tini: PID 1
+# that forwards SIGTERM and reaps the helper's orphaned children, which Node as PID 1 would leave
+# as zombies. util-linux (nsenter; Essential in Debian, listed for the record): the shim
+# installer reaches the host's systemd through it.
+FROM ${RUNTIME_IMAGE} AS runtime-packages
 RUN apt-get update \
  && apt-get install -y --no-install-recommends nftables tini util-linux \
- && rm -rf /var/lib/apt/lists/* \
- && rm -rf /usr/local/lib/node_modules /usr/local/bin/npm /usr/local/bin/npx /usr/local/bin/corepack \
-      /usr/local/bin/yarn /usr/local/bin/yarnpkg /opt/yarn-* /usr/local/include/node \
-      /usr/local/share/doc/node /usr/local/share/man/man1/node.1 /usr/local/share/systemtap
+ && rm -rf /var/lib/apt/lists/*
 
 # strip(1) lives in the build image (binutils); the binary is the runtime image's own Node.
 # Stripping drops the symbol tables only (the dynamic symbols addons link against stay).
 FROM ${BUILD_IMAGE} AS node-stripped
-COPY --from=runtime-root /usr/local/bin/node /node
+COPY --from=runtime-packages /usr/local/bin/node /node
 RUN strip --strip-all /node && /node --version
 
-FROM runtime-root AS runtime-flat
+# The runtime root: only the programs the image runs (Node; tini; nft for the close-hole
+# sidecar; bash, coreutils, sed, grep, cmp and nsenter for its scripts and the shim installer)
+# with the shared libraries they load (ldd), the merged-/usr links and the account files. No
+# package manager, perl or npm: nothing runs them, and the slim base alone weighed 218 MB.
+FROM runtime-packages AS runtime-root
 COPY --from=node-stripped /node /usr/local/bin/node
+RUN set -eu; r=/runtime; \
+    mkdir -p "$r/usr/local/bin" "$r/etc" "$r/run" "$r/var" "$r/root"; mkdir -m 1777 "$r/tmp"; \
+    for d in bin sbin lib lib32 lib64 libx32; do \
+      if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$r/$d"; mkdir -p "$r/$(readlink -f "/$d")"; fi; \
+    done; \
+    progs="/usr/local/bin/node $(for p in tini nft nsenter bash dash sed grep cmp; do command -v "$p"; done) $(dpkg -L coreutils | grep -E '^/(usr/)?s?bin/.')"; \
+    for f in $progs; do cp -L --parents "$f" "$r"; done; \
+    ln -sf dash "$r/usr/bin/sh"; \
+    for l in $( (ldd $progs 2>/dev/null || true) | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// && $2 ~ /^\(/ { print $1 }' | sort -u); do \
+      cp -L --parents "$l" "$r"; \
+    done; \
+    for f in /etc/passwd /etc/group /etc/nsswitch.conf /etc/ld.so.cache /etc/services /etc/protocols /etc/os-release; do \
+      if [ -e "$f" ]; then cp -L "$f" "$r/etc/"; fi; \
+    done; \
+    chroot "$r" /bin/sh -c 'for c in "node --version" "bash --version" "nft --version" "nsenter --version" "tini --version" \
+      "sed --version" "grep -E --version" "cmp --version" "timeout 5 true" "env true"; do $c >/tmp/check || exit 1; done'; \
+    rm -f "$r/tmp/check"
 
 FROM scratch
-COPY --from=runtime-flat / /
+COPY --from=runtime-root /runtime /
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # The agent finds dist/, proto/, package.json and the helper relative to each other, so the
 # layout below mirrors the repository (see test/unit/deploy.test.ts).

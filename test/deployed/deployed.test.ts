@@ -469,7 +469,8 @@ describe('least privilege: a non-root agent', () => {
     // does not do this).
     const ref = `localhost/probe-agent:${VERSION}-filecaps`;
     const tar = path.join(scratch, 'filecaps.tar');
-    const ctr = execFileSync('buildah', ['from', `localhost/probe-agent:${VERSION}`], { encoding: 'utf8' }).trim();
+    // From the archive under test: buildah's localhost/ tag is shared by every checkout here.
+    const ctr = execFileSync('buildah', ['from', '--quiet', `oci-archive:${IMAGE_TAR}`], { encoding: 'utf8' }).trim();
     try {
       const mnt = execFileSync('buildah', ['mount', ctr], { encoding: 'utf8' }).trim();
       execFileSync('setcap', ['cap_sys_admin+ep', path.join(mnt, 'opt/probe-agent/netns-helper/build/probe-agent-netns-helper')]);
