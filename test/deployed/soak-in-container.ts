@@ -83,12 +83,13 @@ export function memoryLine(m: ContainerMemory): string {
     `${(m.agentRssFileBytes / MiB).toFixed(1)} MiB file-backed; OOM kills ${m.oomKills}`;
 }
 
-/** The in-container verdicts on top of the soak's: no OOM kill, peak RSS at most 75 % of the limit. */
+/** The in-container verdicts on top of the soak's: no OOM kill, peak RSS and cgroup peak at most 75 % of the limit. */
 export function memoryVerdicts(m: ContainerMemory): string[] {
   const out: string[] = [];
   if (m.oomKills > 0) out.push(`${m.oomKills} OOM kills in the agent's cgroup`);
   if (!(m.agentPeakRssBytes > 0)) out.push('no RSS figure for the agent');
   if (m.agentPeakRssBytes > m.limitBytes * 0.75) out.push(`agent peak RSS ${(m.agentPeakRssBytes / MiB).toFixed(1)} MiB above 75 % of the ${m.limitBytes / MiB} MiB limit`);
+  if (m.peakUsageBytes > m.limitBytes * 0.75) out.push(`cgroup peak ${(m.peakUsageBytes / MiB).toFixed(1)} MiB above 75 % of the ${m.limitBytes / MiB} MiB limit`);
   return out;
 }
 
