@@ -24,6 +24,8 @@ COPY netns-helper ./netns-helper
 RUN make -C netns-helper clean all \
  && ./netns-helper/build/probe-agent-netns-helper --version
 RUN npm prune --omit=dev --no-audit --no-fund
+# Type declarations and source maps: nothing reads them at run time (10 MB of node_modules).
+RUN find node_modules -type f \( -name '*.d.ts' -o -name '*.d.mts' -o -name '*.d.cts' -o -name '*.map' \) -delete
 
 # The runtime packages on node:24-slim. nftables: the nftables-close-hole sidecar. tini: PID 1
 # that forwards SIGTERM and reaps the helper's orphaned children, which Node as PID 1 would leave

@@ -32,5 +32,5 @@ rm -f "$out" "$out.tmp"
 buildah push --quiet "$id" "oci-archive:$out.tmp:docker.io/library/$name"
 mv "$out.tmp" "$out"
 
-size=$(buildah images --format '{{.ID}} {{.Size}}' | awk -v id="${id#sha256:}" 'index(id, $1) == 1 { sub(/^[^ ]+ /, ""); print; exit }')
+size=$(buildah images --format '{{.ID}} {{.Size}}' | awk -v id="${id#sha256:}" 'index(id, $1) == 1 { sub(/^[^ ]+ +/, ""); print; exit }')
 echo "image $name: $size uncompressed (buildah), archive $out $(du -m "$out" | cut -f1) MB"
