@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # probe-agent image: the compiled agent (dist/), its production node_modules, the static netns
-# helper, and the programs the agent and its close-hole sidecar run (ip, nsenter, nft, bash).
+# helper, and the programs its close-hole sidecar and the shim installer run (nft, nsenter, bash).
 #
 #   docker build -t registry.example.com/platform/probe-agent:0.1.0 .
 #   docker buildx build --platform linux/amd64,linux/arm64 -t ... --push .
@@ -24,14 +24,51 @@ COPY netns-helper ./netns-helper
 RUN make -C netns-helper clean all \
  && ./netns-helper/build/probe-agent-netns-helper --version
 RUN npm prune --omit=dev --no-audit --no-fund
+# Type declarations and source maps: nothing reads them at run time (10 MB of node_modules).
+RUN find node_modules -type f \( -name '*.d.ts' -o -name '*.d.mts' -o -name '*.d.cts' -o -name '*.map' \) -delete
 
-FROM ${RUNTIME_IMAGE}
-# iproute2 and util-linux (nsenter): the address resolver lists addresses inside pod netns.
-# nftables: the nftables-close-hole sidecar. tini: PID 1 that forwards SIGTERM and reaps the
-# helper's orphaned children, which Node as PID 1 would leave as zombies.
+# The runtime packages on node:24-slim. nftables: the nftables-close-hole sidecar. tini: PID 1
+# that forwards SIGTERM and reaps the helper's orphaned children, which Node as PID 1 would leave
+# as zombies. util-linux (nsenter; Essential in Debian, listed for the record): the shim
+# installer reaches the host's systemd through it.
+FROM ${RUNTIME_IMAGE} AS runtime-packages
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iproute2 util-linux nftables tini \
+ && apt-get install -y --no-install-recommends nftables tini util-linux \
  && rm -rf /var/lib/apt/lists/*
+
+# strip(1) lives in the build image (binutils); the binary is the runtime image's own Node.
+# Stripping drops the symbol tables only (the dynamic symbols addons link against stay).
+FROM ${BUILD_IMAGE} AS node-stripped
+COPY --from=runtime-packages /usr/local/bin/node /node
+RUN strip --strip-all /node && /node --version
+
+# The runtime root: only the programs the image runs (Node; tini; nft for the close-hole
+# sidecar; bash, coreutils, sed, grep, cmp and nsenter for its scripts and the shim installer)
+# with the shared libraries they load (ldd), the merged-/usr links and the account files. No
+# package manager, perl or npm: nothing runs them (node:24-slim with them weighs over 200 MB).
+FROM runtime-packages AS runtime-root
+COPY --from=node-stripped /node /usr/local/bin/node
+RUN set -eu; r=/runtime; \
+    mkdir -p "$r/usr/local/bin" "$r/etc" "$r/run" "$r/var" "$r/root"; mkdir -m 1777 "$r/tmp"; \
+    for d in bin sbin lib lib32 lib64 libx32; do \
+      if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$r/$d"; mkdir -p "$r/$(readlink -f "/$d")"; fi; \
+    done; \
+    progs="/usr/local/bin/node $(for p in tini nft nsenter bash dash sed grep cmp; do command -v "$p"; done) $(dpkg -L coreutils | grep -E '^/(usr/)?s?bin/.')"; \
+    for f in $progs; do cp -L --parents "$f" "$r"; done; \
+    ln -sf dash "$r/usr/bin/sh"; \
+    for l in $( (ldd $progs 2>/dev/null || true) | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// && $2 ~ /^\(/ { print $1 }' | sort -u); do \
+      cp -L --parents "$l" "$r"; \
+    done; \
+    for f in /etc/passwd /etc/group /etc/nsswitch.conf /etc/ld.so.cache /etc/services /etc/protocols /etc/os-release; do \
+      if [ -e "$f" ]; then cp -L "$f" "$r/etc/"; fi; \
+    done; \
+    chroot "$r" /bin/sh -c 'for c in "node --version" "bash --version" "nft --version" "nsenter --version" "tini --version" \
+      "sed --version" "grep -E --version" "cmp --version" "timeout 5 true" "env true"; do $c >/tmp/check || exit 1; done'; \
+    rm -f "$r/tmp/check"
+
+FROM scratch
+COPY --from=runtime-root /runtime /
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # The agent finds dist/, proto/, package.json and the helper relative to each other, so the
 # layout below mirrors the repository (see test/unit/deploy.test.ts).
 WORKDIR /opt/probe-agent

@@ -7,7 +7,8 @@
  * their netns, serve its socket on the host path and its metrics, answer `probe-agent status` from
  * the host; the close-hole sidecar must program the node's nftables. The posture the runtime
  * applied (capabilities, seccomp, no_new_privs, read-only root, memory limit) is read back from
- * the kernel. Without SYS_ADMIN the agent must say so and stop, not hang.
+ * the kernel. Without SYS_ADMIN the agent must say so and stop, not hang. The kubelet-shim
+ * installer DaemonSet runs from the same image against a scratch host root.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'kubectl']);
@@ -20,6 +21,7 @@ import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import * as http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseAllDocuments } from 'yaml';
 import { createContainerdLab, kubeletCgroupParent, type ContainerdLab, type LabSandbox } from '../lab/containerd.ts';
@@ -154,9 +156,9 @@ function placement(name: string, uid: string): PodPlacement {
 }
 
 /** Starts the pod template (possibly edited) through CRI like kubelet; returns its ids. */
-async function startAgentPod(tpl: Obj, name: string): Promise<{ sandboxId: string; containerIds: string[]; place: PodPlacement }> {
+async function startAgentPod(tpl: Obj, name: string, maps?: PodPlacement['configMaps']): Promise<{ sandboxId: string; containerIds: string[]; place: PodPlacement }> {
   const uid = randomUUID();
-  const place = placement(name, uid);
+  const place = { ...placement(name, uid), ...(maps ? { configMaps: maps } : {}) };
   mkdirSync(place.logDir, { recursive: true });
   const names = ((tpl.spec as Obj).containers as Obj[]).map((c) => String(c.name));
   const ids = await runner.runPod(sandboxConfig(tpl, place), names.map((n) => containerConfig(tpl, n, place)));
@@ -467,7 +469,8 @@ describe('least privilege: a non-root agent', () => {
     // does not do this).
     const ref = `localhost/probe-agent:${VERSION}-filecaps`;
     const tar = path.join(scratch, 'filecaps.tar');
-    const ctr = execFileSync('buildah', ['from', `localhost/probe-agent:${VERSION}`], { encoding: 'utf8' }).trim();
+    // From the archive under test: buildah's localhost/ tag is shared by every checkout here.
+    const ctr = execFileSync('buildah', ['from', '--quiet', `oci-archive:${IMAGE_TAR}`], { encoding: 'utf8' }).trim();
     try {
       const mnt = execFileSync('buildah', ['mount', ctr], { encoding: 'utf8' }).trim();
       execFileSync('setcap', ['cap_sys_admin+ep', path.join(mnt, 'opt/probe-agent/netns-helper/build/probe-agent-netns-helper')]);
@@ -575,4 +578,92 @@ describe('the other components that change privileges or mounts', () => {
       if (components.includes('crio')) expect(mounts.find((m) => m.containerPath === '/var/run/crio')?.propagation).toBe('PROPAGATION_HOST_TO_CONTAINER');
     }
   });
+});
+
+describe('the kubelet-shim installer from the same image', () => {
+  it('installs the shim release and its unit into the host root the manifest mounts, reaches the host systemctl through nsenter, and labels the node', async () => {
+    const dir = path.join(scratch, 'overlay-shim');
+    mkdirSync(dir);
+    const objs = renderOverlay(dir, slotLayout(ctrd.slot), ['kubelet-shim']);
+    const ds = objs.find((o) => o.kind === 'DaemonSet' && (o.metadata as Obj).name === 'probe-agent-shim-installer') as Obj;
+    const tpl = structuredClone((ds.spec as Obj).template as Obj);
+    const spec = tpl.spec as Obj;
+    const maps = Object.fromEntries(objs.filter((o) => o.kind === 'ConfigMap').map((o) => [String((o.metadata as Obj).name), o.data as Record<string, string>]));
+    // The node's root is a scratch directory: every hostPath volume points below it, mounted
+    // where the manifest mounts the host (/host/...).
+    const hostRoot = path.join(scratch, 'shim-host');
+    mkdirSync(path.join(hostRoot, 'etc/systemd/system'), { recursive: true });
+    spec.volumes = (spec.volumes as Obj[]).map((v) => (v.hostPath ? { ...v, hostPath: { ...(v.hostPath as Obj), path: path.join(hostRoot, String((v.hostPath as Obj).path)) } } : v));
+    // systemd is not PID 1 here, and this machine's PID 1 cannot be entered (its /proc/1/ns
+    // deny even root): the installer's own nsenter goes into the namespaces of this test's
+    // process instead (a host process, seen through hostPID) and runs a recorder there in
+    // place of systemctl. The API server is a recorder of the label
+    // patches, on the lab bridge's address (the installer pod is on the pod network).
+    const stubs = path.join(scratch, 'shim-stubs');
+    mkdirSync(stubs);
+    const calls = path.join(stubs, 'systemctl.log');
+    writeFileSync(path.join(stubs, 'systemctl'), `#!/bin/sh\necho "$*" >> ${calls}\n`, { mode: 0o755 });
+    const bridgeIp = /inet (\S+)\//.exec(execFileSync('ip', ['-4', '-o', 'addr', 'show', 'dev', slotLayout(ctrd.slot).bridge], { encoding: 'utf8' }))?.[1];
+    expect(bridgeIp).toBeTruthy();
+    const patches: { node: string; body: unknown; auth: string }[] = [];
+    const api = http.createServer((req, res) => {
+      let body = '';
+      req.on('data', (c: Buffer) => (body += c.toString()));
+      req.on('end', () => {
+        const m = /^\/api\/v1\/nodes\/([^/]+)$/.exec(req.url ?? '');
+        if (req.method !== 'PATCH' || !m || req.headers['content-type'] !== 'application/merge-patch+json') return void res.writeHead(400).end('unexpected request');
+        patches.push({ node: decodeURIComponent(m[1] as string), body: JSON.parse(body), auth: String(req.headers.authorization ?? '') });
+        res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+      });
+    });
+    await new Promise<void>((r) => api.listen(0, bridgeIp, r));
+    const installer = ((spec.containers as Obj[])[0]) as Obj;
+    installer.env = [...(installer.env as Obj[]),
+      { name: 'SYSTEMCTL', value: `nsenter --target ${process.pid} --mount --uts --ipc --net --pid -- ${path.join(stubs, 'systemctl')}` },
+      { name: 'KUBERNETES_API_URL', value: `http://${bridgeIp}:${(api.address() as net.AddressInfo).port}` },
+      // One pass of the label loop, then exit: the test reads the outcome from the exit code.
+      { name: 'ONESHOT', value: '1' }];
+    const runInstaller = async (name: string): Promise<void> => {
+      const pod = await startAgentPod(tpl, name, maps);
+      const id = pod.containerIds[0] as string;
+      const st = await waitFor(`${name} to finish`, async () => {
+        const s = await runner.status(id);
+        return s.state === 'CONTAINER_EXITED' ? s : undefined;
+      }, 60_000);
+      console.log(`${name}: exit ${st.exitCode}: ${(await logTail(pod, 0, 6)).replace(/\n/g, ' | ').slice(0, 700)}`);
+      expect(st.exitCode, await logTail(pod, 0)).toBe(0);
+    };
+    try {
+      const kubeletConfig = path.join(hostRoot, 'var/lib/kubelet/config.yaml');
+      mkdirSync(path.dirname(kubeletConfig), { recursive: true });
+      writeFileSync(kubeletConfig, 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/probe-agent/cri.sock\n');
+      await runInstaller('shim-installer');
+      const cur = path.join(hostRoot, 'opt/probe-agent-shim/current');
+      expect(readlinkSync(cur)).toBe(`releases/${VERSION}`);
+      for (const f of ['node', 'package.json', 'dist/shim/main.js', 'dist/shim/proxy.js', 'dist/rewrite/shim-command.js']) expect(existsSync(path.join(cur, f)), f).toBe(true);
+      expect(existsSync(path.join(cur, 'node_modules'))).toBe(false);
+      expect(readFileSync(path.join(hostRoot, 'etc/systemd/system/probe-agent-shim.service'), 'utf8'))
+        .toBe(readFileSync(path.join(REPO, 'deploy/components/kubelet-shim/probe-agent-shim.service'), 'utf8'));
+      // The recorder ran in the host's namespaces: only hostPID (to see the host process) and
+      // privileged (setns into its namespaces) make its path, on the host's filesystem, reachable.
+      expect(readFileSync(calls, 'utf8').trim().split('\n')).toEqual(['daemon-reload', 'enable probe-agent-shim.service', 'restart probe-agent-shim.service']);
+      // kubelet points at the shim, but the shim is not up (nothing started the unit): no label.
+      expect(patches.at(-1)).toMatchObject({ node: 'lab-node', body: { metadata: { labels: { 'probe-agent.io/shim': null } } }, auth: `Bearer ${TOKEN}` });
+      // The copied Node (the image's own) runs the installed shim on the host, as the unit would.
+      const shim = spawn(path.join(cur, 'node'), [path.join(cur, 'dist/shim/main.js'), '--listen', `unix://${path.join(hostRoot, 'run/probe-agent/cri.sock')}`,
+        '--runtime-endpoint', ctrd.endpoint, '--probe-socket', path.join(scratch, 'shim-no-agent.sock')], { stdio: ['ignore', 'ignore', 'pipe'], cwd: '/' });
+      try {
+        await new Promise<void>((resolve, reject) => {
+          shim.stderr.on('data', (d: Buffer) => { if (d.toString().includes('shim listening')) resolve(); });
+          shim.once('exit', (c) => reject(new Error(`installed shim exited (${c})`)));
+        });
+        await runInstaller('shim-installer-2');
+        expect(patches.at(-1)?.body).toEqual({ metadata: { labels: { 'probe-agent.io/shim': 'ready' } } });
+      } finally {
+        shim.kill('SIGKILL');
+      }
+    } finally {
+      api.close();
+    }
+  }, 120_000);
 });

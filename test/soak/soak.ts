@@ -34,7 +34,15 @@ export interface SoakOptions {
   log: (line: string) => void;
   /** Extra environment for the agent process (e.g. NODE_OPTIONS to cap its heap). */
   agentEnv?: NodeJS.ProcessEnv;
+  /**
+   * Starts the agent some other way than as a host process (test/deployed/containerized-agent.ts:
+   * the image in a container with the DaemonSet's posture); it must find the pods' netns with `resolver`.
+   */
+  startAgent?: (kubelet: FakeKubelet) => Promise<SoakAgent>;
 }
+
+/** What the soak needs of a running agent: its process (host PID), its API, its metrics, and a way to stop it. */
+export type SoakAgent = Pick<AgentHandle, 'pid' | 'client' | 'http' | 'waitForStatuses' | 'stop'>;
 
 /** The agent process at one instant (minimums over a few samples, to skip in-flight sockets). */
 export interface ProcessFigures {
@@ -93,10 +101,12 @@ export async function runSoak(o: SoakOptions): Promise<SoakReport> {
   const rand = mulberry32(o.seed);
   const kubelet = await FakeKubelet.start({ pods: [] });
   const world = new World({ pods: o.pods, labs: o.labs, netnsPerLab: o.netnsPerLab, kubelet, resolver: o.resolver, tag: 'soak', log: o.log });
-  let agent: AgentHandle | undefined;
+  let agent: SoakAgent | undefined;
   try {
     await world.start();
-    agent = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: o.resolver, pollInterval: '1s', env: o.agentEnv ?? DAEMONSET_ENV });
+    agent = o.startAgent
+      ? await o.startAgent(kubelet)
+      : await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: o.resolver, pollInterval: '1s', env: o.agentEnv ?? DAEMONSET_ENV });
     const a = agent;
     o.log(`soak: ${o.pods} pods x 3 probes on ${world.slots.length} netns (${o.labs} labs), ${o.resolver} resolver, agent pid ${a.pid}, seed ${o.seed}`);
     // Every probe has run; a result that is wrong already will be judged like any other.
@@ -175,7 +185,7 @@ async function churnOnce(world: World, rand: () => number): Promise<void> {
 }
 
 /** One look at every status: counts the judged ones and the wrong ones (see SETTLE_MS). */
-async function judge(a: AgentHandle, world: World, report: SoakReport): Promise<void> {
+async function judge(a: SoakAgent, world: World, report: SoakReport): Promise<void> {
   let statuses: ProbeStatus[];
   try {
     statuses = (await a.client.listStatus({ namespace: NAMESPACE }, 5000)).statuses;
@@ -262,7 +272,7 @@ async function figures(pid: number): Promise<ProcessFigures> {
 }
 
 /** Raw probe runs so far (every result, every reason). */
-async function probesRun(a: AgentHandle): Promise<number> {
+async function probesRun(a: SoakAgent): Promise<number> {
   const body = (await a.http('/metrics')).body;
   let total = 0;
   for (const line of body.split('\n')) {

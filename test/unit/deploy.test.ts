@@ -469,17 +469,26 @@ describe('Dockerfile', () => {
     layout.set(path.posix.resolve(workdir, dst), from ? path.posix.relative('/src', src) : src.replace(/^\.\//, ''));
   }
 
-  it('is multi-stage: a node:24 build stage and a small node:24 runtime, as root, under tini', () => {
-    expect(stages.length).toBe(2);
+  it('is multi-stage: a node:24 build stage, a runtime root from node:24-slim cut to what runs, as root, under tini', () => {
+    // build, runtime-packages, node-stripped, runtime-root, and the final stage from scratch.
+    expect(stages).toEqual(['FROM ${BUILD_IMAGE} AS build', 'FROM ${RUNTIME_IMAGE} AS runtime-packages', 'FROM ${BUILD_IMAGE} AS node-stripped',
+      'FROM runtime-packages AS runtime-root', 'FROM scratch']);
     expect(lines).toContain('ARG BUILD_IMAGE=node:24');
     expect(lines).toContain('ARG RUNTIME_IMAGE=node:24-slim');
     expect(lines.some((l) => l.includes('npm ci'))).toBe(true);
     expect(lines.some((l) => l.includes('npx tsc -p tsconfig.json'))).toBe(true);
     expect(lines.some((l) => l.includes('make -C netns-helper'))).toBe(true);
     expect(lines.some((l) => l.includes('npm prune --omit=dev'))).toBe(true);
+    expect(lines.some((l) => l.includes('strip --strip-all /node'))).toBe(true);
     expect(readFileSync(path.join(ROOT, 'netns-helper/Makefile'), 'utf8')).toMatch(/-static/);
-    const apt = runtime.find((l) => l.includes('apt-get install'))!;
-    for (const pkg of ['iproute2', 'util-linux', 'nftables', 'tini']) expect(apt.split(/\s+/)).toContain(pkg);
+    // The agent runs no ip or nsenter itself (addresses come from the helper over netlink): only
+    // the sidecar's nft, tini, and the shim installer's nsenter.
+    const apt = lines.find((l) => l.includes('apt-get install'))!.split(/\s+/);
+    for (const pkg of ['util-linux', 'nftables', 'tini']) expect(apt).toContain(pkg);
+    expect(apt).not.toContain('iproute2');
+    const root = lines.find((l) => l.includes('progs='))!;
+    for (const prog of ['/usr/local/bin/node', 'tini', 'nft', 'nsenter', 'bash', 'sed', 'grep', 'coreutils']) expect(root).toContain(prog);
+    expect(runtime[1]).toBe('COPY --from=runtime-root /runtime /');
     expect(runtime).toContain('USER 0:0');
     expect(runtime).toContain('ENTRYPOINT ["/usr/bin/tini", "--", "/opt/probe-agent/bin/probe-agent"]');
     expect(layout.get('/opt/probe-agent/bin')).toBe('bin');

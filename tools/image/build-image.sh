@@ -18,17 +18,19 @@ echo "building $name from BUILD_IMAGE=$BUILD_IMAGE RUNTIME_IMAGE=$RUNTIME_IMAGE"
 
 # --layers: unchanged steps (the npm ci of an unchanged lockfile, the runtime apt-get) come from
 # buildah's cache on the next run. chroot isolation: no runtime or CNI setup needed to build.
+# --iidfile: the archive is made from the image this build produced, by ID: buildah's store (and
+# so the localhost/ tag) is shared by every checkout on the machine.
+mkdir -p build
 buildah build --quiet --layers --isolation chroot --pull-never \
   --build-arg BUILD_IMAGE="$BUILD_IMAGE" --build-arg RUNTIME_IMAGE="$RUNTIME_IMAGE" \
-  -f Dockerfile -t "localhost/$name" . >/dev/null
+  --iidfile build/probe-agent-image.iid -f Dockerfile -t "localhost/$name" . >/dev/null
+id=$(cat build/probe-agent-image.iid)
 
-mkdir -p build
 rm -f "$out" "$out.tmp"
 # The reference inside the archive is the name kubelet asks CRI for: probe-agent:<v> normalises
 # to docker.io/library/probe-agent:<v>.
-buildah push --quiet "localhost/$name" "oci-archive:$out.tmp:docker.io/library/$name"
+buildah push --quiet "$id" "oci-archive:$out.tmp:docker.io/library/$name"
 mv "$out.tmp" "$out"
 
-size=$(buildah inspect --type image --format '{{.FromImageID}}' "localhost/$name" >/dev/null 2>&1; \
-       buildah images --format '{{.Size}}' "localhost/$name" | head -1)
+size=$(buildah images --format '{{.ID}} {{.Size}}' | awk -v id="${id#sha256:}" 'index(id, $1) == 1 { sub(/^[^ ]+ +/, ""); print; exit }')
 echo "image $name: $size uncompressed (buildah), archive $out $(du -m "$out" | cut -f1) MB"
