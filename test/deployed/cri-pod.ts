@@ -1,13 +1,11 @@
 /**
  * Starts a translated pod on a real CRI runtime the way kubelet's SyncPod does: RunPodSandbox,
  * then CreateContainer + StartContainer for each container, with the sandbox config passed along.
- * Speaks test/deployed/cri-containers.proto (the container half of the CRI).
+ * Speaks the project's CRI subset, proto/cri/runtime_v1.proto.
  */
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
-import { fileURLToPath } from 'node:url';
-
-const PROTO = fileURLToPath(new URL('./cri-containers.proto', import.meta.url));
+import { CRI_PROTO_PATH } from '../../agent/netns/cri-client.ts';
 
 type Obj = Record<string, unknown>;
 type Unary = (req: Obj, meta: grpc.Metadata, opts: grpc.CallOptions, cb: (err: grpc.ServiceError | null, res: Obj) => void) => void;
@@ -29,7 +27,7 @@ export class CriPodRunner {
   readonly #client: grpc.Client & Record<string, Unary>;
 
   constructor(socketPath: string) {
-    const def = protoLoader.loadSync(PROTO, { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true });
+    const def = protoLoader.loadSync(CRI_PROTO_PATH, { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true });
     const pkg = grpc.loadPackageDefinition(def) as unknown as { runtime: { v1: { RuntimeService: grpc.ServiceClientConstructor } } };
     this.#client = new pkg.runtime.v1.RuntimeService(`unix://${socketPath}`, grpc.credentials.createInsecure()) as unknown as grpc.Client & Record<string, Unary>;
   }
