@@ -5,23 +5,19 @@
  * containerd, in a kubelet-shaped cgroup with the manifest's memory limit. The handle speaks to it
  * as a host process handle would (host PID, socket, metrics), and reads its memory cgroup.
  */
-import { execFileSync } from 'node:child_process';
-import { mkdirSync, readFileSync, readdirSync, realpathSync, writeFileSync } from 'node:fs';
-import * as net from 'node:net';
+import { mkdirSync, readFileSync, readdirSync, realpathSync } from 'node:fs';
 import path from 'node:path';
 import { randomUUID } from 'node:crypto';
-import { fileURLToPath } from 'node:url';
-import { parseAllDocuments } from 'yaml';
 import { ProbeApiClient } from '../../agent/api/client.ts';
 import type { ProbeStatus } from '../../agent/scheduler/types.ts';
 import { kubeletCgroupParent, type ContainerdLab } from '../lab/containerd.ts';
 import type { FakeKubelet } from '../support/fake-kubelet.ts';
 import type { SoakAgent } from '../soak/soak.ts';
 import { snapshot } from '../soak/observe.ts';
-import type { CriPodRunner, ContainerState } from './cri-pod.ts';
+import { agentPid, freePort, memoryCgroup, renderDeploy } from './agent-pod.ts';
+import type { CriPodRunner } from './cri-pod.ts';
 import { containerConfig, quantity, sandboxConfig, type PodPlacement } from './kubelet-translate.ts';
 
-const REPO = fileURLToPath(new URL('../..', import.meta.url));
 type Obj = Record<string, unknown>;
 
 /** The container's memory as the kernel accounted it (cgroup v1 memory controller). */
@@ -65,26 +61,12 @@ export interface ContainerizedAgentOptions {
   name?: string;
 }
 
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const port = (s.address() as net.AddressInfo).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
-
 /** Renders deploy/base + components with this node's patch; returns the objects. */
 function render(dir: string, components: string[], env: Record<string, string>, metricsPort: number, socketDir: string): Obj[] {
-  const rel = (p: string): string => path.relative(dir, path.join(REPO, 'deploy', p));
-  writeFileSync(path.join(dir, 'kustomization.yaml'), `resources: [${rel('base')}]
-components: [${components.map((c) => rel(`components/${c}`)).join(', ')}]
-patches:
-  - path: node.yaml
-`);
   // POD_IP first: a strategic-merge patch puts the entries it names first, and the metrics
   // address expands $(POD_IP) (see docs/deploy.md).
   const envYaml = Object.entries(env).map(([k, v]) => `            - name: ${k}\n              value: ${JSON.stringify(v)}\n`).join('');
-  writeFileSync(path.join(dir, 'node.yaml'), `apiVersion: apps/v1
+  return renderDeploy(dir, components, `apiVersion: apps/v1
 kind: DaemonSet
 metadata:
   name: probe-agent
@@ -106,18 +88,6 @@ ${envYaml}      volumes:
             path: ${socketDir}
             type: DirectoryOrCreate
 `);
-  const out = execFileSync('kubectl', ['kustomize', dir], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
-  return parseAllDocuments(out).map((d) => d.toJS() as Obj).filter(Boolean);
-}
-
-/** The agent (tini's child) of the container's main process. */
-function agentPid(tiniPid: number): number {
-  const children = readFileSync(`/proc/${tiniPid}/task/${tiniPid}/children`, 'utf8').trim().split(/\s+/).map(Number);
-  return children.find((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('probe-agent')) ?? 0;
-}
-
-function memoryCgroup(st: ContainerState): string {
-  return path.join('/sys/fs/cgroup/memory', String((st.spec.linux as Obj).cgroupsPath));
 }
 
 /** Renders, translates and starts the agent pod; resolves once its socket answers. */

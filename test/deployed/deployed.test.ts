@@ -23,13 +23,13 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import * as http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { parseAllDocuments } from 'yaml';
 import { createContainerdLab, kubeletCgroupParent, type ContainerdLab, type LabSandbox } from '../lab/containerd.ts';
 import { slotLayout } from '../lab/containerd-sweep.ts';
 import { POD_SERVER_PATH } from '../lab/server.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod, makePods } from '../support/pod-factory.ts';
-import { CriPodRunner, type ContainerState } from './cri-pod.ts';
+import { agentPid, freePort, memoryCgroup, renderDeploy } from './agent-pod.ts';
+import { CriPodRunner } from './cri-pod.ts';
 import { containerConfig, quantity, sandboxConfig, type PodPlacement } from './kubelet-translate.ts';
 
 const run = promisify(execFile);
@@ -57,24 +57,10 @@ let apps: LabSandbox[] = [];
 const servers: ChildProcessWithoutNullStreams[] = [];
 const pods: string[] = [];
 
-/** A free TCP port on the node (the agent pod shares the node's netns). */
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const port = (s.address() as net.AddressInfo).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
-
 /** kustomize overlay: the shipped base and components plus what differs on this lab node. */
 function renderOverlay(dir: string, lay: ReturnType<typeof slotLayout>, components = ['containerd', 'host-network', 'nftables-close-hole']): Obj[] {
-  const rel = (p: string): string => path.relative(dir, path.join(REPO, 'deploy', p));
   const closeHole = components.includes('nftables-close-hole');
-  writeFileSync(path.join(dir, 'kustomization.yaml'), `resources: [${rel('base')}]
-components: [${components.map((c) => rel(`components/${c}`)).join(', ')}]
-patches:
-  - path: node.yaml
-${closeHole ? `  # As docs/deploy.md tells operators: the pod CIDRs and the interface to this node's pods.
+  const closeHolePatch = closeHole ? `  # As docs/deploy.md tells operators: the pod CIDRs and the interface to this node's pods.
   - target:
       kind: ConfigMap
       name: probe-agent-close-hole
@@ -83,11 +69,11 @@ ${closeHole ? `  # As docs/deploy.md tells operators: the pod CIDRs and the inte
       - {op: replace, path: /data/CLOSE_HOLE_POD_INTERFACES, value: "${lay.bridge}"}
       - {op: replace, path: /data/CLOSE_HOLE_INTERVAL, value: "1"}
       - {op: add, path: /data/CLOSE_HOLE_TABLE, value: "${table}"}
-` : ''}`);
+` : '';
   // The lab node's containerd keeps its socket and state in a private dir, not /run/containerd
   // (pod netns paths then carry that dir: mount it at the same path, as the component says);
   // the kubelet listens on loopback; the host paths live in this test's scratch dir.
-  writeFileSync(path.join(dir, 'node.yaml'), `apiVersion: apps/v1
+  return renderDeploy(dir, components, `apiVersion: apps/v1
 kind: DaemonSet
 metadata:
   name: probe-agent
@@ -133,9 +119,7 @@ ${closeHole ? `        - name: close-hole
           hostPath:
             path: ${path.join(ctrd.dir, 'state')}
             type: Directory
-`);
-  const out = execFileSync('kubectl', ['kustomize', dir], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
-  return parseAllDocuments(out).map((d) => d.toJS() as Obj).filter(Boolean);
+`, closeHolePatch);
 }
 
 function placement(name: string, uid: string): PodPlacement {
@@ -179,17 +163,6 @@ async function logTail(pod: { containerIds: string[]; place: PodPlacement }, ind
 
 function hex(status: string, field: string): string {
   return new RegExp(`^${field}:\\s*(\\S+)`, 'm').exec(status)?.[1] ?? '';
-}
-
-/** The main process of the container and the agent (tini's child). */
-function agentPid(tiniPid: number): number {
-  const children = readFileSync(`/proc/${tiniPid}/task/${tiniPid}/children`, 'utf8').trim().split(/\s+/).map(Number);
-  return children.find((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('probe-agent')) ?? 0;
-}
-
-function memoryCgroup(st: ContainerState): string {
-  const cg = String((st.spec.linux as Obj).cgroupsPath);
-  return path.join('/sys/fs/cgroup/memory', cg);
 }
 
 async function waitFor<T>(what: string, fn: () => Promise<T | undefined> | T | undefined, timeoutMs = 60_000): Promise<T> {
