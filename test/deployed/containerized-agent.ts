@@ -12,6 +12,7 @@ import { ProbeApiClient } from '../../agent/api/client.ts';
 import type { ProbeStatus } from '../../agent/scheduler/types.ts';
 import { kubeletCgroupParent, type ContainerdLab } from '../lab/containerd.ts';
 import type { FakeKubelet } from '../support/fake-kubelet.ts';
+import { pollStatuses } from '../support/agent-harness.ts';
 import type { SoakAgent } from '../soak/soak.ts';
 import { snapshot } from '../soak/observe.ts';
 import { agentPid, freePort, memoryCgroup, renderDeploy } from './agent-pod.ts';
@@ -175,20 +176,8 @@ export async function startContainerizedAgent(o: ContainerizedAgentOptions): Pro
     containerId: id,
     memory,
     logTail,
-    async waitForStatuses(pred: (s: ProbeStatus[]) => boolean, timeoutMs = 15_000): Promise<ProbeStatus[]> {
-      const end = Date.now() + timeoutMs;
-      let last: ProbeStatus[] = [];
-      for (;;) {
-        try {
-          last = (await client.listStatus({}, 2000)).statuses;
-          if (pred(last)) return last;
-        } catch {
-          // agent busy
-        }
-        if (Date.now() > end) throw new Error(`condition not met in ${timeoutMs} ms; ${last.length} statuses; log: ${logTail(3)}`);
-        await new Promise((r) => setTimeout(r, 200));
-      }
-    },
+    waitForStatuses: (pred: (s: ProbeStatus[]) => boolean, timeoutMs = 15_000): Promise<ProbeStatus[]> =>
+      pollStatuses(client, pred, timeoutMs, 200, (last) => `${last.length} statuses; log: ${logTail(3)}`),
     async http(p: string) {
       const res = await fetch(`http://127.0.0.1:${metricsPort}${p}`, { signal: AbortSignal.timeout(10_000) });
       return { status: res.status, body: await res.text() };

@@ -43,6 +43,25 @@ export interface AgentHandle {
 }
 
 /** Starts the agent and waits until its socket and metrics listener are up. */
+/**
+ * Lists the agent's statuses every `intervalMs` until `pred` holds; past `timeoutMs` throws with
+ * `detail` of the last list. A failed list (agent busy or restarting) is retried.
+ */
+export async function pollStatuses(client: ProbeApiClient, pred: (s: ProbeStatus[]) => boolean, timeoutMs: number, intervalMs: number, detail: (last: ProbeStatus[]) => string): Promise<ProbeStatus[]> {
+  const end = Date.now() + timeoutMs;
+  let last: ProbeStatus[] = [];
+  for (;;) {
+    try {
+      last = (await client.listStatus({}, 2000)).statuses;
+      if (pred(last)) return last;
+    } catch {
+      // agent busy or restarting
+    }
+    if (Date.now() > end) throw new Error(`condition not met in ${timeoutMs} ms; ${detail(last)}`);
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+}
+
 export async function startAgent(opts: AgentOptions): Promise<AgentHandle> {
   const dir = mkdtempSync(join(tmpdir(), 'probe-agent-e2e-'));
   const socket = join(dir, 'probe.sock');
@@ -112,20 +131,8 @@ export async function startAgent(opts: AgentOptions): Promise<AgentHandle> {
     metricsUrl,
     logs,
     client,
-    async waitForStatuses(pred, timeoutMs = 15_000) {
-      const end = Date.now() + timeoutMs;
-      let last: ProbeStatus[] = [];
-      for (;;) {
-        try {
-          last = (await client.listStatus({}, 2000)).statuses;
-          if (pred(last)) return last;
-        } catch {
-          // agent busy or restarting
-        }
-        if (Date.now() > end) throw new Error(`condition not met in ${timeoutMs} ms; last statuses: ${JSON.stringify(last.map((s) => [s.podName, s.key.probeType, s.result, s.lastMessage]))}`);
-        await new Promise((r) => setTimeout(r, 100));
-      }
-    },
+    waitForStatuses: (pred, timeoutMs = 15_000) => pollStatuses(client, pred, timeoutMs, 100,
+      (last) => `last statuses: ${JSON.stringify(last.map((s) => [s.podName, s.key.probeType, s.result, s.lastMessage]))}`),
     async http(path) {
       const res = await fetch(`${metricsUrl}${path}`);
       return { status: res.status, body: await res.text() };
