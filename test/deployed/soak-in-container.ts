@@ -16,7 +16,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 import { requireRoot } from '../support/root.ts';
-import { markdown, runSoak, verdicts, type SoakOptions, type SoakReport } from '../soak/soak.ts';
+import { markdown, runSoak, soakSizeFromEnv, verdicts, type SoakOptions, type SoakReport } from '../soak/soak.ts';
 import { CriPodRunner } from './cri-pod.ts';
 import { startContainerizedAgent, type ContainerizedAgent, type ContainerMemory } from './containerized-agent.ts';
 
@@ -95,17 +95,10 @@ export function memoryVerdicts(m: ContainerMemory): string[] {
 
 async function main(): Promise<void> {
   requireRoot(['ip', 'nft', 'containerd', 'ctr', 'kubectl']);
-  const minutes = Number(process.env['SOAK_MINUTES'] ?? 10);
-  const pods = Number(process.env['SOAK_PODS'] ?? 100);
-  if (!(minutes > 0 && minutes <= 24 * 60) || !Number.isInteger(pods) || pods < 1 || pods > 500) {
-    throw new Error('SOAK_MINUTES must be in (0, 1440] and SOAK_PODS an integer 1..500');
-  }
-  const netns = Math.max(2, Math.ceil(pods / 5));
-  const labs = Math.max(2, Math.ceil(netns / 64));
-  const seed = Number(process.env['SOAK_SEED'] ?? Date.now() % 1_000_000);
+  const size = soakSizeFromEnv();
   const started = Date.now();
   const { report, memory, logTail } = await runSoakInContainer({
-    minutes, pods, labs, netnsPerLab: Math.ceil(netns / labs), seed, tickMs: 2000, recreateEveryMs: 60_000,
+    ...size,
     log: (l) => process.stderr.write(`${new Date().toISOString()} ${l}\n`),
   });
   process.stdout.write(`${markdown(report)}\n\ntimeline [s, fds, children, zombies, RSS MB, CPU %, queued]: ${JSON.stringify(report.timeline)}\n${memoryLine(memory)}\n`);

@@ -325,8 +325,8 @@ export function markdown(r: SoakReport): string {
   ].join('\n');
 }
 
-async function main(): Promise<void> {
-  requireRoot(['ip', 'nft']);
+/** The soak's size and pace from SOAK_MINUTES, SOAK_PODS and SOAK_SEED, as both soak entry points take them. */
+export function soakSizeFromEnv(): Pick<SoakOptions, 'minutes' | 'pods' | 'labs' | 'netnsPerLab' | 'seed' | 'tickMs' | 'recreateEveryMs'> {
   const minutes = Number(process.env['SOAK_MINUTES'] ?? 10);
   const pods = Number(process.env['SOAK_PODS'] ?? 100);
   if (!(minutes > 0 && minutes <= 24 * 60) || !Number.isInteger(pods) || pods < 1 || pods > 500) {
@@ -335,11 +335,17 @@ async function main(): Promise<void> {
   const netns = Math.max(2, Math.ceil(pods / 5));
   const labs = Math.max(2, Math.ceil(netns / 64));
   const seed = Number(process.env['SOAK_SEED'] ?? Date.now() % 1_000_000);
+  return { minutes, pods, labs, netnsPerLab: Math.ceil(netns / labs), seed, tickMs: 2000, recreateEveryMs: 60_000 };
+}
+
+async function main(): Promise<void> {
+  requireRoot(['ip', 'nft']);
+  const size = soakSizeFromEnv();
   const resolver = process.env['SOAK_RESOLVER'] ?? 'procfs';
   if (resolver !== 'procfs' && resolver !== 'address') throw new Error('SOAK_RESOLVER must be procfs or address');
   const started = Date.now();
   const report = await runSoak({
-    minutes, pods, labs, netnsPerLab: Math.ceil(netns / labs), seed, tickMs: 2000, recreateEveryMs: 60_000, resolver,
+    ...size, resolver,
     log: (l) => process.stderr.write(`${new Date().toISOString()} ${l}\n`),
   });
   process.stdout.write(`${markdown(report)}\n\ntimeline [s, fds, children, zombies, RSS MB, CPU %, queued]: ${JSON.stringify(report.timeline)}\n`);
