@@ -38,6 +38,32 @@ ${extraPatches}`);
   return parseAllDocuments(out).map((d) => d.toJS() as Obj).filter(Boolean);
 }
 
+/**
+ * The head of a node patch (node.yaml) of the probe-agent DaemonSet, up to the agent container's
+ * env list: POD_IP, then the metrics address on it. A strategic-merge patch puts the entries it
+ * names first: POD_IP must come before the value that expands $(POD_IP), or kubelet leaves it
+ * unexpanded (see docs/deploy.md). Callers append further env entries at the same indentation.
+ */
+export function agentPatchHead(metricsPort: number): string {
+  return `apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: probe-agent
+spec:
+  template:
+    spec:
+      containers:
+        - name: agent
+          env:
+            - name: POD_IP
+              valueFrom:
+                fieldRef:
+                  fieldPath: status.podIP
+            - name: PROBE_AGENT_METRICS_ADDRESS
+              value: "$(POD_IP):${metricsPort}"
+`;
+}
+
 /** The agent: tini's child in the container's main process. */
 export function agentPid(tiniPid: number): number {
   const children = readFileSync(`/proc/${tiniPid}/task/${tiniPid}/children`, 'utf8').trim().split(/\s+/).map(Number);

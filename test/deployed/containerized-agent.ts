@@ -15,7 +15,7 @@ import type { FakeKubelet } from '../support/fake-kubelet.ts';
 import { pollStatuses } from '../support/agent-harness.ts';
 import type { SoakAgent } from '../soak/soak.ts';
 import { snapshot } from '../soak/observe.ts';
-import { agentPid, freePort, memoryCgroup, renderDeploy } from './agent-pod.ts';
+import { agentPatchHead, agentPid, freePort, memoryCgroup, renderDeploy } from './agent-pod.ts';
 import type { CriPodRunner } from './cri-pod.ts';
 import { containerConfig, quantity, sandboxConfig, type PodPlacement } from './kubelet-translate.ts';
 
@@ -64,26 +64,8 @@ export interface ContainerizedAgentOptions {
 
 /** Renders deploy/base + components with this node's patch; returns the objects. */
 function render(dir: string, components: string[], env: Record<string, string>, metricsPort: number, socketDir: string): Obj[] {
-  // POD_IP first: a strategic-merge patch puts the entries it names first, and the metrics
-  // address expands $(POD_IP) (see docs/deploy.md).
   const envYaml = Object.entries(env).map(([k, v]) => `            - name: ${k}\n              value: ${JSON.stringify(v)}\n`).join('');
-  return renderDeploy(dir, components, `apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: probe-agent
-spec:
-  template:
-    spec:
-      containers:
-        - name: agent
-          env:
-            - name: POD_IP
-              valueFrom:
-                fieldRef:
-                  fieldPath: status.podIP
-            - name: PROBE_AGENT_METRICS_ADDRESS
-              value: "$(POD_IP):${metricsPort}"
-${envYaml}      volumes:
+  return renderDeploy(dir, components, `${agentPatchHead(metricsPort)}${envYaml}      volumes:
         - name: probe-socket-dir
           hostPath:
             path: ${socketDir}

@@ -28,7 +28,7 @@ import { slotLayout } from '../lab/containerd-sweep.ts';
 import { POD_SERVER_PATH } from '../lab/server.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod, makePods } from '../support/pod-factory.ts';
-import { agentPid, freePort, memoryCgroup, renderDeploy } from './agent-pod.ts';
+import { agentPatchHead, agentPid, freePort, memoryCgroup, renderDeploy } from './agent-pod.ts';
 import { CriPodRunner } from './cri-pod.ts';
 import { containerConfig, quantity, sandboxConfig, type PodPlacement } from './kubelet-translate.ts';
 
@@ -73,25 +73,7 @@ function renderOverlay(dir: string, lay: ReturnType<typeof slotLayout>, componen
   // The lab node's containerd keeps its socket and state in a private dir, not /run/containerd
   // (pod netns paths then carry that dir: mount it at the same path, as the component says);
   // the kubelet listens on loopback; the host paths live in this test's scratch dir.
-  return renderDeploy(dir, components, `apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: probe-agent
-spec:
-  template:
-    spec:
-      containers:
-        - name: agent
-          env:
-            # A strategic-merge patch puts the entries it names first: POD_IP must come before
-            # the value that expands $(POD_IP), or kubelet leaves it unexpanded.
-            - name: POD_IP
-              valueFrom:
-                fieldRef:
-                  fieldPath: status.podIP
-            - name: PROBE_AGENT_METRICS_ADDRESS
-              value: "$(POD_IP):${metricsPort}"
-            - name: PROBE_AGENT_KUBELET_URL
+  return renderDeploy(dir, components, `${agentPatchHead(metricsPort)}            - name: PROBE_AGENT_KUBELET_URL
               value: ${kubelet.httpsUrl}
             - name: PROBE_AGENT_NETNS_DIR
               value: ${ctrd.netnsDir}
