@@ -75,6 +75,8 @@ let srvA: RunningServer;
 let srvC: RunningServer;
 let hostile: HostileServer;
 let kubelet: FakeKubelet;
+/** The pods the fake kubelet serves (a test that needs the helper to itself swaps them out and back). */
+let allPods: Record<string, unknown>[];
 let agent: AgentHandle;
 
 const sha = (s: string): string => createHash('sha256').update(s).digest('hex');
@@ -217,8 +219,7 @@ beforeAll(async () => {
   ]);
   const a = srvA.ports;
   const h = hostile.ports;
-  kubelet = await FakeKubelet.start({
-    pods: [
+  allPods = [
       withLiveness(podWithProbes('steady', podA.ips, { app: { httpGet: { path: '/healthz', port: a.http } } })),
       podWithProbes('slow', podA.ips, {
         slowloris: { httpGet: { path: '/slowloris', port: a.http } },
@@ -234,8 +235,8 @@ beforeAll(async () => {
         rstlate: { grpc: { port: h.rstAfterHeaders } },
       }),
       podWithProbes('doomed', podC.ips, { app: { tcpSocket: { port: srvC.ports.http } } }),
-    ],
-  });
+  ];
+  kubelet = await FakeKubelet.start({ pods: allPods });
   agent = await startAgent({ kubeletUrl: kubelet.httpUrl, pollInterval: '300ms' });
   await agent.waitForStatuses((s) => s.length === 12 && s.every((x) => x.lastProbeTime > 0), 30_000);
 });
@@ -371,22 +372,35 @@ describe('netns helper faults', () => {
 
   it('a killed resident helper fails its in-flight requests with a reason and is restarted at once', async () => {
     const resident = await waitFor('the resident helper', () => helperPid(agent));
-    const holder = await holdChildrenOf(resident);
+    // No probe workers meanwhile, so the held child is this test's request and not a timer probe's
+    // (whose kill would let this request go to the restarted helper and rightly succeed).
+    kubelet.setPods([makePod({ name: 'steady', namespace: NS, ips: podA.ips, probe: 'none' })]);
+    await agent.waitForStatuses((l) => l.length === 0, 10_000);
     // One address, so one socket: with both families, Happy Eyeballs' second attempt can reach the
     // restarted helper and (rightly) succeed, which is not what this test looks at.
-    const pending = probeVia(agent, 'steady', { kind: 'tcp', port: srvA.ports.http as number, host: podA.ipv4 }, 5);
-    await waitFor('a held child', () => holder.held.length > 0);
-    process.kill(resident, 'SIGKILL');
-    const { out, wall } = await pending;
-    await holder.release();
-    expect(out).toMatchObject({ result: 'error', reason: 'helper-error' });
-    expect(out.message).toMatch(/netns helper exited \(signal SIGKILL\) before answering/);
-    expect(wall).toBeLessThan(4.5);
-    const next = await waitFor('a new resident helper', () => { const p = helperPid(agent); return p !== resident && p; }, 3000);
-    expect(next).not.toBe(resident);
-    expect((await probeVia(agent, 'steady', { kind: 'tcp', port: srvA.ports.http as number })).out).toMatchObject({ result: 'success' });
-    expect((await agent.http('/metrics')).body).toMatch(/^probe_agent_helper_restarts_total(\{[^}]*\})? 1$/m);
-    expect(await healthz(agent)).toBe(200);
+    const target = { kind: 'tcp', port: srvA.ports.http as number, host: podA.ipv4 } as const;
+    try {
+      // Resolved and cached first, so no netns address lookup is in flight in the helper either.
+      expect((await probeVia(agent, 'steady', target)).out).toMatchObject({ result: 'success' });
+      await waitFor('no helper child in flight', () => childrenOf(resident).length === 0 || undefined);
+      const holder = await holdChildrenOf(resident);
+      const pending = probeVia(agent, 'steady', target, 5);
+      await waitFor('a held child', () => holder.held.length > 0);
+      process.kill(resident, 'SIGKILL');
+      const { out, wall } = await pending;
+      await holder.release();
+      expect(out).toMatchObject({ result: 'error', reason: 'helper-error' });
+      expect(out.message).toMatch(/netns helper exited \(signal SIGKILL\) before answering/);
+      expect(wall).toBeLessThan(4.5);
+      const next = await waitFor('a new resident helper', () => { const p = helperPid(agent); return p !== resident && p; }, 3000);
+      expect(next).not.toBe(resident);
+      expect((await probeVia(agent, 'steady', { kind: 'tcp', port: srvA.ports.http as number })).out).toMatchObject({ result: 'success' });
+      expect((await agent.http('/metrics')).body).toMatch(/^probe_agent_helper_restarts_total(\{[^}]*\})? 1$/m);
+      expect(await healthz(agent)).toBe(200);
+    } finally {
+      kubelet.setPods(allPods);
+      await agent.waitForStatuses((l) => l.length === 12 && l.every((x) => x.lastProbeTime > 0), 30_000);
+    }
   });
 
   it('a stuck resident helper is replaced, and meanwhile probes end as helper errors within their deadline', async () => {
