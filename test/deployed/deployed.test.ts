@@ -17,6 +17,7 @@ import { execFile, execFileSync, spawn, type ChildProcessWithoutNullStreams } fr
 import { randomUUID } from 'node:crypto';
 import { chownSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, realpathSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import * as net from 'node:net';
+import { connectFromNode } from '../lab/net.ts';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -167,15 +168,6 @@ async function httpGet(p: string): Promise<{ status: number; body: string }> {
   return { status: res.status, body: await res.text() };
 }
 
-function connectFromNode(host: string, port: number): Promise<string> {
-  return new Promise((resolve) => {
-    const s = net.connect({ host, port });
-    const done = (r: string): void => { s.destroy(); resolve(r); };
-    s.setTimeout(2000, () => done('timeout'));
-    s.once('connect', () => done('connected'));
-    s.once('error', (e: NodeJS.ErrnoException) => done(e.code ?? e.message));
-  });
-}
 
 /** test/lab/pod-server.ts inside a sandbox's netns. */
 async function startServer(sb: LabSandbox): Promise<void> {
@@ -266,7 +258,7 @@ describe('the image run through containerd with the rendered DaemonSet posture',
   it('the close-hole sidecar programs the node nftables table: the node cannot reach the pods, the agent still probes', async () => {
     await waitFor(`nft table inet ${table}`, async () => (await run('nft', ['list', 'table', 'inet', table]).then(() => true, () => undefined)), 30_000)
       .catch(async (err: Error) => { throw new Error(`${err.message}\nsidecar log: ${await logTail(agentPod!, 1)}`); });
-    for (const a of apps) expect(await connectFromNode(a.ipv4, APP_PORT)).toBe('ECONNREFUSED');
+    for (const a of apps) expect((await connectFromNode(a.ipv4, APP_PORT)).result).toBe('ECONNREFUSED');
     const before = await httpGet('/metrics');
     const count = (body: string): number => [...body.matchAll(/^prober_probe_total\{[^}]*result="successful"[^}]*\} (\d+)/gm)].reduce((n, m) => n + Number(m[1]), 0);
     await waitFor('more successful probes with the hole closed', async () => (count((await httpGet('/metrics')).body) > count(before.body) + 2 ? true : undefined), 20_000);

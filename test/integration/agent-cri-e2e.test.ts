@@ -13,7 +13,7 @@ import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
-import * as net from 'node:net';
+import { connectFromNode } from '../lab/net.ts';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -130,16 +130,6 @@ function sample(body: string, name: string, want: Record<string, string>): numbe
   return undefined;
 }
 
-/** 'connected' or the error code of a connect from the node's netns. */
-function connectFromNode(host: string, port: number): Promise<string> {
-  return new Promise((resolve) => {
-    const s = net.connect({ host, port });
-    const done = (r: string): void => { s.destroy(); resolve(r); };
-    s.setTimeout(2000, () => done('timeout'));
-    s.once('connect', () => done('connected'));
-    s.once('error', (e: NodeJS.ErrnoException) => done(e.code ?? e.message));
-  });
-}
 
 beforeAll(async () => {
   const t = performance.now();
@@ -187,7 +177,7 @@ describe('probe-agent run with the CRI resolver against containerd', () => {
     // The probes arrived from inside the sandbox (on lo); from the node the port is closed.
     expect(await counted(web, 'inside')).toBeGreaterThan(0);
     expect(await counted(web, 'outside')).toBe(0);
-    expect(await connectFromNode(web.ipv4, PORT)).toBe('ECONNREFUSED');
+    expect((await connectFromNode(web.ipv4, PORT)).result).toBe('ECONNREFUSED');
     expect(await counted(web, 'outside')).toBeGreaterThan(0);
 
     const metrics = (await agent.http('/metrics')).body;

@@ -11,30 +11,16 @@ requireRoot(['ip', 'nft', 'bash', 'timeout']);
 
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import * as net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { Registry } from 'prom-client';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { HealthRegistry } from '../../agent/metrics/health.ts';
 import { startMetricsServer, type MetricsServer } from '../../agent/metrics/http-server.ts';
 import { createLab, type Lab, type RunningServer } from '../lab/lab.ts';
+import { connectFromNode } from '../lab/net.ts';
 
 const SCRIPT = fileURLToPath(new URL('../../deploy/components/nftables-close-hole/close-hole.sh', import.meta.url));
 
-/** A TCP connect from the test process (the node netns): 'connected' or the error code, and how long it took. */
-function connectFromNode(host: string, port: number, timeoutMs = 1000): Promise<{ result: string; ms: number }> {
-  const start = Date.now();
-  return new Promise((resolve) => {
-    const s = net.connect({ host, port });
-    const done = (result: string): void => {
-      s.destroy();
-      resolve({ result, ms: Date.now() - start });
-    };
-    s.setTimeout(timeoutMs, () => done('timeout'));
-    s.on('connect', () => done('connected'));
-    s.on('error', (e: NodeJS.ErrnoException) => done(e.code ?? e.message));
-  });
-}
 
 async function waitFor(what: string, cond: () => boolean | Promise<boolean>, timeoutMs = 4000): Promise<number> {
   const start = Date.now();
@@ -121,12 +107,12 @@ describe('close-hole sidecar script', () => {
     start();
     await waitFor('the first unready check', () => output.includes('agent not ready'));
     expect(tablePresent()).toBe(false);
-    expect((await connectFromNode(pod.ipv4, httpPort())).result).toBe('connected');
+    expect((await connectFromNode(pod.ipv4, httpPort(), 1000)).result).toBe('connected');
 
     ready = true;
     await waitFor('the table', tablePresent);
     for (const ip of pod.ips) {
-      const { result, ms } = await connectFromNode(ip, httpPort());
+      const { result, ms } = await connectFromNode(ip, httpPort(), 1000);
       expect(result, ip).not.toBe('connected');
       expect(result, `${ip}: refused at once, not by timeout (${ms} ms)`).not.toBe('timeout');
     }
@@ -146,7 +132,7 @@ describe('close-hole sidecar script', () => {
     const unreadyAt = Date.now();
     await waitFor('fail open', () => !tablePresent(), 5000);
     expect(Date.now() - unreadyAt).toBeGreaterThanOrEqual(900);
-    expect((await connectFromNode(pod.ipv4, httpPort())).result).toBe('connected');
+    expect((await connectFromNode(pod.ipv4, httpPort(), 1000)).result).toBe('connected');
 
     ready = true;
     await waitFor('the table again', tablePresent);
@@ -154,7 +140,7 @@ describe('close-hole sidecar script', () => {
     expect(await stop()).toBe(0);
     expect(Date.now() - stoppedAt).toBeLessThan(10_000);
     expect(tablePresent()).toBe(false);
-    expect((await connectFromNode(pod.ipv6, httpPort())).result).toBe('connected');
+    expect((await connectFromNode(pod.ipv6, httpPort(), 1000)).result).toBe('connected');
   });
 
   it('leaves exempt ports open, only guards the listed interfaces, watches an IPv6 agent address', async () => {
@@ -162,14 +148,14 @@ describe('close-hole sidecar script', () => {
     ready = true;
     start({ CLOSE_HOLE_EXEMPT_TCP_PORTS: String(tcpPort()), CLOSE_HOLE_AGENT_ADDRESS: `[::1]:${metricsV6.port}` });
     await waitFor('the table', tablePresent);
-    expect((await connectFromNode(pod.ipv4, tcpPort())).result).toBe('connected');
-    expect((await connectFromNode(pod.ipv4, httpPort())).result).not.toBe('connected');
+    expect((await connectFromNode(pod.ipv4, tcpPort(), 1000)).result).toBe('connected');
+    expect((await connectFromNode(pod.ipv4, httpPort(), 1000)).result).not.toBe('connected');
     expect(await stop()).toBe(0);
 
     // Another interface pattern: the lab bridge is not a pod interface, so nothing is refused.
     start({ CLOSE_HOLE_POD_INTERFACES: `pa${lab.id}zz*` });
     await waitFor('the table', tablePresent);
-    expect((await connectFromNode(pod.ipv4, httpPort())).result).toBe('connected');
+    expect((await connectFromNode(pod.ipv4, httpPort(), 1000)).result).toBe('connected');
   });
 
   it('refuses settings nft rejects, before touching the ruleset', async () => {

@@ -7,7 +7,7 @@
  * the shim's answer (answer.ts) is checked against what kubelet's exec prober makes of it; the
  * agent slow, killed and restarted never disturbs ordinary CRI calls.
  */
-import { createConnection } from 'node:net';
+import { connectFromNode } from '../lab/net.ts';
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 
@@ -159,16 +159,9 @@ afterAll(async () => {
 describe('rewritten probes answered inside the pod netns, the node->pod path dropped', () => {
   it('the node cannot reach the pod (the hole is closed)', async () => {
     const before = await counted('outside');
-    // A plain socket destroyed after 1.5 s: fetch would leave its connect running in the pool,
+    // A socket destroyed after 1.5 s: fetch would leave its connect running in the pool,
     // retransmitting SYNs into the next test's packet counts.
-    const res = await new Promise<string>((resolve) => {
-      const sock = createConnection({ host: pod.ipv4, port: HTTP });
-      const done = (what: string): void => { clearTimeout(timer); sock.destroy(); resolve(what); };
-      const timer = setTimeout(() => done('timeout'), 1500);
-      sock.once('connect', () => done('reached'));
-      sock.once('error', (e) => done(e.message));
-    });
-    expect(res).not.toBe('reached');
+    expect((await connectFromNode(pod.ipv4, HTTP, 1500)).result).not.toBe('connected');
     expect(await counted('outside')).toBeGreaterThan(before);
   });
 

@@ -4,6 +4,7 @@
  * per pod, one for nft), which is what keeps a 3-pod lab well under half a second.
  */
 import { spawn } from 'node:child_process';
+import { connect } from 'node:net';
 import { LabError, type SlotNames } from './slots.ts';
 
 /** The node->pod rule: drop (time out), reject with TCP reset (fail fast), or no rule at all. */
@@ -134,4 +135,23 @@ export function sumCounters(nftJson: string): number {
     }
   }
   return total;
+}
+
+/**
+ * A TCP connect from the test process (the node's netns): 'connected', 'timeout' or the error code,
+ * and how long it took. The socket is destroyed at once, so a dropped SYN is not retransmitted into
+ * a later measurement (as a fetch left to its pool would).
+ */
+export function connectFromNode(host: string, port: number, timeoutMs = 2000): Promise<{ result: string; ms: number }> {
+  const start = Date.now();
+  return new Promise((resolve) => {
+    const s = connect({ host, port });
+    const done = (result: string): void => {
+      s.destroy();
+      resolve({ result, ms: Date.now() - start });
+    };
+    s.setTimeout(timeoutMs, () => done('timeout'));
+    s.once('connect', () => done('connected'));
+    s.once('error', (e: NodeJS.ErrnoException) => done(e.code ?? e.message));
+  });
 }
