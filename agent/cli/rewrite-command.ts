@@ -6,7 +6,7 @@
 import { createReadStream } from 'node:fs';
 import { Command, Option } from 'commander';
 import { describeError } from '../errors.ts';
-import { ManifestError, transformManifest, type ManifestFormat } from '../rewrite/manifest.ts';
+import type { ManifestFormat } from '../rewrite/manifest.ts';
 
 /** Largest manifest read, so a mistaken `-f /dev/zero` fails instead of eating the memory. */
 export const MAX_MANIFEST_BYTES = 64 * 1024 * 1024;
@@ -33,6 +33,9 @@ async function rewriteCommand(raw: { filename: string; undo?: boolean; output?: 
     process.stderr.write(`probe-agent rewrite: cannot read ${name}: ${describeError(err)}\n`);
     return 2;
   }
+  // Loaded here, not at start-up: the YAML parser is only for this command (every other command,
+  // the daemon included, would carry it otherwise).
+  const { ManifestError, transformManifest } = await import('../rewrite/manifest.ts');
   try {
     const result = transformManifest(text, raw.undo ? 'undo' : 'rewrite', raw.output ? { output: raw.output } : {});
     process.stdout.write(result.text);

@@ -6,8 +6,8 @@
 import { Command, Option } from 'commander';
 import { ConfigError, describeError } from '../errors.ts';
 import { createLogger, type LogFormat, type LogLevel } from '../log.ts';
-import { parseListenAddress } from '../metrics/http-server.ts';
-import { DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TLS_RELOAD_INTERVAL_MS, startWebhookServer } from '../webhook/server.ts';
+import { parseListenAddress } from '../config/listen-address.ts';
+import { DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TLS_RELOAD_INTERVAL_MS } from '../webhook/defaults.ts';
 import { parseDuration } from '../config/duration.ts';
 
 /** Where the component mounts the serving certificate (a kubernetes.io/tls Secret). */
@@ -49,6 +49,8 @@ async function webhookCommand(raw: Raw): Promise<number> {
     if (tlsReloadIntervalMs < 100) throw new ConfigError('--tls-reload-interval: at least 100ms');
     const maxRequestBytes = Number(raw.maxRequestBytes);
     if (!Number.isInteger(maxRequestBytes) || maxRequestBytes < 1024) throw new ConfigError(`--max-request-bytes: want an integer >= 1024, got "${raw.maxRequestBytes}"`);
+    // Loaded here: the daemon and the other commands never need the webhook server.
+    const { startWebhookServer } = await import('../webhook/server.ts');
     server = await startWebhookServer({ ...address, certFile: raw.tlsCertFile, keyFile: raw.tlsKeyFile, tlsReloadIntervalMs, maxRequestBytes, log });
   } catch (err) {
     process.stderr.write(`probe-agent webhook: cannot start: ${describeError(err)}\n`);

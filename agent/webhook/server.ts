@@ -10,10 +10,7 @@ import { silentLogger, type Logger } from '../log.ts';
 import { admit, AdmissionRequestError, MUTATE_ANNOTATED_PATH, MUTATE_PATH, type OptInMode } from './admission.ts';
 import { WebhookMetrics, type RequestOutcome } from './metrics.ts';
 import { loadTlsPair, TlsFileWatcher } from './tls-files.ts';
-
-/** Largest AdmissionReview accepted: a pod is at most ~1.5 MiB in etcd, the review wraps it once. */
-export const DEFAULT_MAX_REQUEST_BYTES = 3 * 1024 * 1024;
-export const DEFAULT_TLS_RELOAD_INTERVAL_MS = 10_000;
+import { DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TLS_RELOAD_INTERVAL_MS } from './defaults.ts';
 
 export interface WebhookServerOptions {
   host: string;
