@@ -125,7 +125,9 @@ describe('close-hole sidecar script', () => {
     expect(counters).toMatch(/"packets": [1-9]/);
 
     execFileSync('nft', ['delete', 'table', 'inet', table]);
-    await waitFor('the table to be reloaded', tablePresent);
+    // The script logs before it reloads, but its stdout reaches this process on a later tick than
+    // nft shows the table: wait for both.
+    await waitFor('the table to be reloaded and the reload logged', () => tablePresent() && output.includes('disappeared'));
     expect(output).toContain('disappeared');
 
     ready = false;
