@@ -32,19 +32,14 @@ export const KNOWN_CRI_METHODS: readonly string[] = [
 /** Histogram buckets (seconds) of the intercept duration: a probe takes ms, a hook may take minutes. */
 export const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600];
 
-const KNOWN_METHOD_SET = new Set(KNOWN_CRI_METHODS);
-const SERVICE_PREFIXES = ['/runtime.v1.RuntimeService/', '/runtime.v1.ImageService/'];
+/** Full CRI paths of the known methods → their label: one Map lookup per forwarded call. */
+const LABEL_OF_PATH = new Map<string, string>(
+  ['/runtime.v1.RuntimeService/', '/runtime.v1.ImageService/'].flatMap((prefix) => KNOWN_CRI_METHODS.map((m) => [prefix + m, m] as [string, string])),
+);
 
 /** The bounded method label of a CRI call path. */
 export function methodLabel(path: string | undefined): string {
-  if (path === undefined) return 'other';
-  for (const prefix of SERVICE_PREFIXES) {
-    if (path.startsWith(prefix)) {
-      const name = path.slice(prefix.length);
-      return KNOWN_METHOD_SET.has(name) ? name : 'other';
-    }
-  }
-  return 'other';
+  return (path !== undefined && LABEL_OF_PATH.get(path)) || 'other';
 }
 
 interface Histogram {
