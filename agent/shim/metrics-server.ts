@@ -77,10 +77,12 @@ export async function startShimMetricsServer(opts: ShimMetricsServerOptions): Pr
   try {
     if (socketPath !== '') {
       const dir = path.dirname(socketPath);
-      if (!existsSync(dir)) mkdirSync(dir, { recursive: !existsSync(path.dirname(dir)), mode: 0o700 });
-      // Only root reads the shim's counters (the agent relays them): the directory is 0700 even when
-      // something (systemd, a hostPath mount) created it first.
-      chmodSync(dir, 0o700);
+      const created = !existsSync(dir);
+      if (created) mkdirSync(dir, { recursive: !existsSync(path.dirname(dir)), mode: 0o700 });
+      // Only root reads the shim's counters (the agent relays them): the shim's own directory is
+      // 0700 even when something (systemd's RuntimeDirectory, the agent's hostPath mount) created it
+      // first. A directory the operator named otherwise (say /tmp) is left as it is.
+      if (created || path.resolve(dir) === SHIM_RUN_DIR) chmodSync(dir, 0o700);
       // A metrics socket is never kubelet's endpoint: a leftover one is simply replaced.
       try {
         if (lstatSync(socketPath).isSocket()) unlinkSync(socketPath);
