@@ -5,7 +5,7 @@
  * so it is listening within tens of milliseconds of exec.
  */
 import { parseArgs } from 'node:util';
-import { startShimMetricsServer, DEFAULT_SHIM_METRICS_SOCKET } from './metrics-server.ts';
+import { parseHostPort, startShimMetricsServer, DEFAULT_SHIM_METRICS_SOCKET } from './metrics-server.ts';
 import { CriShim, socketPathOf, type ShimConfig } from './proxy.ts';
 
 /** Flag defaults: the paths of docs/closing-the-hole.md. */
@@ -40,6 +40,8 @@ export async function runShim(flags: ShimFlags): Promise<CriShim> {
   if (flags.agentGraceMs !== undefined) config.agentGraceMs = flags.agentGraceMs;
   if (flags.hookDeadlineMs !== undefined) config.hookDeadlineMs = flags.hookDeadlineMs;
   if (flags.hookAgentWaitMs !== undefined) config.hookAgentWaitMs = flags.hookAgentWaitMs;
+  // Flags first: a bad --metrics-listen must not leave kubelet's socket taken.
+  if (flags.metricsListen) parseHostPort(flags.metricsListen);
   const shim = new CriShim(config);
   // The CRI socket first: it refuses to start when another shim is live, whose metrics socket
   // must then stay. A metrics socket that cannot be created is a startup error (exit 2).

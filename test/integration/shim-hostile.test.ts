@@ -72,6 +72,17 @@ describe('probe-agent shim refuses to start with a clear message and exit 2', ()
   });
 });
 
+describe('probe-agent shim refuses a bad metrics flag before taking any socket', () => {
+  it('--metrics-listen that is not HOST:PORT: exit 2 with the reason, the CRI socket never created', () => {
+    const CLI = new URL('../../agent/cli.ts', import.meta.url).pathname;
+    const listen = path.join(scratch, 'never.sock');
+    const r = spawnSync(process.execPath, [CLI, 'shim', '--listen', `unix://${listen}`, '--metrics-socket', '', '--metrics-listen', 'nonsense'], { encoding: 'utf8', timeout: 20_000 });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toMatch(/^probe-agent shim: --metrics-listen: invalid address "nonsense"/);
+    expect(() => lstatSync(listen)).toThrow(/ENOENT/);
+  });
+});
+
 describe('the shim under bad input', () => {
   it('a second shim refuses to take the socket of a running one; a stale socket file is replaced', async () => {
     const second = new CriShim({ listenPath: shim.config.listenPath, runtimeSocket: path.join(scratch, 'rt.sock'), probeSocket: path.join(scratch, 'x.sock'), log: () => {} });
