@@ -102,15 +102,15 @@ export class ShimProbeClient {
     this.#socketPath = socketPath;
   }
 
-  /** Probe RPC. */
-  probe(req: ShimProbeRequest, deadlineMs: number): Promise<AgentAnswer> {
+  /** Probe RPC; aborting `signal` cancels it. */
+  probe(req: ShimProbeRequest, deadlineMs: number, signal?: AbortSignal): Promise<AgentAnswer> {
     const msg = new WireWriter()
       .bytes(4, req.handler, true)
       .varint(5, req.timeoutSeconds)
       .bytes(8, req.containerId)
       .varint(9, req.probeType)
       .finish();
-    return this.#unary('Probe', msg, { deadlineMs });
+    return this.#unary('Probe', msg, signal ? { deadlineMs, signal } : { deadlineMs });
   }
 
   /** RunLifecycleHandler RPC (a number is a deadline, sent to the agent as grpc-timeout). */

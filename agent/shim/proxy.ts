@@ -341,7 +341,7 @@ export class CriShim {
       const timeoutSeconds = req.timeoutSeconds;
       const what = `${cmd.kind} probe`;
       try {
-        const a = await this.#agent.probe({ containerId: req.containerId, handler, timeoutSeconds, probeType }, cap(timeoutSeconds * 1000 + this.config.agentGraceMs));
+        const a = await this.#agent.probe({ containerId: req.containerId, handler, timeoutSeconds, probeType }, cap(timeoutSeconds * 1000 + this.config.agentGraceMs), signal);
         const answer = answerFromResult(a, what);
         return { kind, answer, cause: causeOfAnswer(answer) };
       } catch (err) {
