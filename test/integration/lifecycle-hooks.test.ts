@@ -11,6 +11,11 @@ import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdtempSync, rmSync, symlinkSync, unlinkSync } from 'node:fs';
 import { request } from 'node:http';
+import * as http2 from 'node:http2';
+import * as net from 'node:net';
+import { encodeLifecycleHandler } from '../../agent/api/handler-wire.ts';
+import { grpcFrame, WireWriter } from '../../agent/api/protowire.ts';
+import { DRAINING_DETAIL, NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from '../../agent/api/hook-refusal.ts';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import * as grpc from '@grpc/grpc-js';
@@ -371,6 +376,52 @@ describe('rewritten hooks through the kubelet shim across agent restarts and dra
     expect(probe.ok && probe.msg.exitCode).toBe(0);
     expect(srv.count(p)).toBe(2);
   }, 30_000);
+
+  it('a hook that reaches a draining agent is refused as not started (UNAVAILABLE + the documented trailer), and not run', async () => {
+    const p = unique('reached-draining');
+    // A RunLifecycleHandler stream opened before SIGTERM, its request sent after: the agent sees it
+    // only once it is draining.
+    const session = http2.connect('http://probe-agent', { createConnection: () => net.connect(hookAgent!.socket) });
+    session.on('error', () => {});
+    await new Promise<void>((r, j) => {
+      session.once('connect', () => r());
+      session.once('error', j);
+    });
+    const stream = session.request({ ':method': 'POST', ':path': '/probe.v1alpha1.ProbeService/RunLifecycleHandler', 'content-type': 'application/grpc', te: 'trailers' });
+    const answer = new Promise<http2.IncomingHttpHeaders>((resolve) => {
+      let meta: http2.IncomingHttpHeaders = {};
+      stream.on('response', (h) => (meta = { ...meta, ...h }));
+      stream.on('trailers', (t) => (meta = { ...meta, ...t }));
+      stream.on('close', () => resolve(meta));
+      stream.on('error', () => {});
+      stream.resume();
+    });
+    // A hook in flight keeps the agent draining (its grace) while the pending stream arrives.
+    const slowId = unique('drain-holder').slice(1);
+    const hits = srv.hits.length;
+    const holder = hookAgent!.client.runLifecycleHandler({ pod: { uid: 'a3b1c2d4-0000-4000-8000-00000000beef' }, hook: 'preStop', handler: http(`/slow?ms=4000&id=${slowId}`) });
+    await srv.waitFor(hits + 1, 15_000);
+    const old = hookAgent!;
+    hookAgent = undefined;
+    const stopped = old.stop('SIGTERM', 30_000);
+    const end = Date.now() + 10_000;
+    while (!old.logs.some((l) => l.msg === 'ProbeService draining') && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
+    const msg = new WireWriter()
+      .bytes(4, encodeLifecycleHandler({ httpGet: { path: p, port: httpPort } }), true)
+      .varint(5, 2)
+      .bytes(7, CONTAINER_ID)
+      .finish();
+    stream.end(grpcFrame(msg));
+    const meta = await answer;
+    session.destroy();
+    expect(Number(meta['grpc-status'])).toBe(grpc.status.UNAVAILABLE);
+    expect(meta[NOT_STARTED_TRAILER]).toBe(NOT_STARTED_DRAINING);
+    expect(decodeURIComponent(String(meta['grpc-message']))).toBe(DRAINING_DETAIL);
+    expect((await holder).result).toBe('success');
+    expect(await stopped).toBe(0);
+    expect(srv.count(p)).toBe(0);
+    hookAgent = await startHookAgent();
+  }, 60_000);
 
   it("the shim's counters, read on its metrics socket and through the agent's /metrics/shim relay", async () => {
     const own = await getUnix(path.join(scratch, 'shim', 'metrics.sock'), '/metrics');
