@@ -167,6 +167,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
         registry: metrics.registry,
         probesRegistry: metrics.probesRegistry,
         health,
+        ...(config.shimMetricsSocket ? { shimMetricsSocket: config.shimMetricsSocket } : {}),
         log,
       });
       const ms = metricsServer;

@@ -17,6 +17,7 @@ import { AGENT_NAME, AGENT_VERSION, API_VERSION } from '../version.ts';
 import { filterFromWire, revisionFromWire, statusToWire } from './convert.ts';
 import { RpcError, grpcStatusFor, handleProbeCall, type ProbeCallGate } from './probe-call.ts';
 import { handleLifecycleCall } from './lifecycle-call.ts';
+import { DRAINING_DETAIL, NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from './hook-refusal.ts';
 import {
   DEFAULT_SOCKET_PATH,
   LOADER_OPTIONS,
@@ -86,6 +87,21 @@ export interface ProbeApiServerOptions {
   onRpc?: (method: string, code: string, seconds: number) => void;
 }
 
+/** A call refused before it started (UNAVAILABLE + the not-started trailer of hook-refusal.ts). */
+class NotStartedError extends RpcError {
+  readonly #why: string;
+  constructor(details: string, why: string) {
+    super(grpc.status.UNAVAILABLE, details);
+    this.#why = why;
+  }
+
+  trailers(): grpc.Metadata {
+    const md = new grpc.Metadata();
+    md.set(NOT_STARTED_TRAILER, this.#why);
+    return md;
+  }
+}
+
 const TYPE_ORDER = new Map(PROBE_TYPES.map((t, i) => [t, i]));
 function byIdentity(a: ProbeStatus, b: ProbeStatus): number {
   return (
@@ -138,7 +154,9 @@ export class ProbeApiServer {
       ListProbeStatus: this.#unary('ListProbeStatus', (call: grpc.ServerUnaryCall<WireListRequest, WireListResponse>) => this.#listRpc(call)),
       WatchProbeEvents: (call: grpc.ServerWritableStream<WireWatchRequest, WireWatchResponse>) => this.#watchRpc(call),
       RunLifecycleHandler: this.#unary('RunLifecycleHandler', (call: grpc.ServerUnaryCall<WireLifecycleRequest, WireLifecycleResponse>) => {
-        if (this.#stopping) throw new RpcError(grpc.status.UNAVAILABLE, 'probe-agent is shutting down');
+        // A draining agent refuses new hooks in a way the shim can tell from "it may have run":
+        // the shim sends such a hook again to the next agent (docs/closing-the-hole.md).
+        if (this.#stopping) throw new NotStartedError(DRAINING_DETAIL, NOT_STARTED_DRAINING);
         return handleLifecycleCall(call, this.#opts.prober, this.#hookGate);
       }),
     });
@@ -272,7 +290,8 @@ export class ProbeApiServer {
             const st = grpcStatusFor(err);
             if (st.code === grpc.status.INTERNAL) this.#log.error('RPC failed', { method, err: st.details });
             else this.#log.debug('RPC refused', { method, code: grpc.status[st.code], details: st.details });
-            callback({ code: st.code, details: st.details });
+            const refusal = err instanceof NotStartedError ? err.trailers() : undefined;
+            callback(refusal ? { code: st.code, details: st.details, metadata: refusal } : { code: st.code, details: st.details });
             done(st.code);
           },
         );

@@ -7,12 +7,13 @@
  */
 import * as http2 from 'node:http2';
 import * as net from 'node:net';
+import { NOT_STARTED_TRAILER } from './hook-refusal.ts';
 import { decodeGrpcMessage, grpcFrame, readFields, WireWriter } from './protowire.ts';
 
 /** gRPC status codes the shim uses (numbers from the gRPC spec). */
 export const GrpcCode = {
   OK: 0, CANCELLED: 1, UNKNOWN: 2, INVALID_ARGUMENT: 3, DEADLINE_EXCEEDED: 4, NOT_FOUND: 5,
-  FAILED_PRECONDITION: 9, UNIMPLEMENTED: 12, INTERNAL: 13, UNAVAILABLE: 14, RESOURCE_EXHAUSTED: 8,
+  PERMISSION_DENIED: 7, FAILED_PRECONDITION: 9, UNIMPLEMENTED: 12, INTERNAL: 13, UNAVAILABLE: 14, RESOURCE_EXHAUSTED: 8,
 } as const;
 
 /** ProbeResult numbers of api.proto. */
@@ -26,23 +27,41 @@ export const WireHook = { postStart: 1, preStop: 2 } as const;
 
 /**
  * Why a call to the agent did not give an answer: 'unreachable' (no connection, nothing was
- * sent), 'broken' (the connection broke during the call), 'deadline', or 'status' (a gRPC error).
+ * sent), 'broken' (the connection broke during the call), 'deadline', 'cancelled' (the caller
+ * gave up), or 'status' (a gRPC error).
  */
-export type AgentCallFailure = 'unreachable' | 'broken' | 'deadline' | 'status';
+export type AgentCallFailure = 'unreachable' | 'broken' | 'deadline' | 'cancelled' | 'status';
 
 const NOT_LISTENING = new Set(['ECONNREFUSED', 'ENOENT', 'EACCES', 'ENOTSOCK']);
 
 /** A ProbeService call that returned no answer: the agent was unreachable, too slow, or answered a gRPC error. */
 export class AgentCallError extends Error {
   readonly failure: AgentCallFailure;
-  /** The agent's gRPC status when failure is 'status'; UNAVAILABLE / DEADLINE_EXCEEDED otherwise. */
+  /** The agent's gRPC status when failure is 'status'; UNAVAILABLE / DEADLINE_EXCEEDED / CANCELLED otherwise. */
   readonly grpcCode: number;
-  constructor(failure: AgentCallFailure, grpcCode: number, message: string) {
+  /**
+   * True only when the agent certainly did not start the call: no connection was ever made, the
+   * stream was refused (HTTP/2 REFUSED_STREAM), the agent refused admission (RESOURCE_EXHAUSTED),
+   * or it refused a hook while draining (NOT_STARTED_TRAILER). Only such a hook may be sent again.
+   */
+  readonly notStarted: boolean;
+  constructor(failure: AgentCallFailure, grpcCode: number, message: string, notStarted = failure === 'unreachable') {
     super(message);
     this.name = 'AgentCallError';
     this.failure = failure;
     this.grpcCode = grpcCode;
+    this.notStarted = notStarted;
   }
+}
+
+/** Per-call options: deadlineMs undefined = no grpc-timeout sent (kubelet's exec hooks carry none). */
+export interface AgentCallOptions {
+  /** The call's deadline, sent to the agent as grpc-timeout; undefined sends none. */
+  deadlineMs?: number;
+  /** Local bound when no deadline is sent (a hung agent must not hold a call forever). */
+  lastResortMs?: number;
+  /** Aborting it cancels the call (RST_STREAM CANCEL: the agent aborts what it runs). */
+  signal?: AbortSignal;
 }
 
 /** The answer of Probe or RunLifecycleHandler. */
@@ -76,31 +95,33 @@ const MAX_RESPONSE = 64 * 1024;
 export class ShimProbeClient {
   readonly #socketPath: string;
   #session: http2.ClientHttp2Session | undefined;
+  /** Sessions whose socket connected: a stream that failed on any other session sent nothing. */
+  readonly #connected = new WeakSet<http2.ClientHttp2Session>();
 
   constructor(socketPath: string) {
     this.#socketPath = socketPath;
   }
 
-  /** Probe RPC. */
-  probe(req: ShimProbeRequest, deadlineMs: number): Promise<AgentAnswer> {
+  /** Probe RPC; aborting `signal` cancels it. */
+  probe(req: ShimProbeRequest, deadlineMs: number, signal?: AbortSignal): Promise<AgentAnswer> {
     const msg = new WireWriter()
       .bytes(4, req.handler, true)
       .varint(5, req.timeoutSeconds)
       .bytes(8, req.containerId)
       .varint(9, req.probeType)
       .finish();
-    return this.#unary('Probe', msg, deadlineMs);
+    return this.#unary('Probe', msg, signal ? { deadlineMs, signal } : { deadlineMs });
   }
 
-  /** RunLifecycleHandler RPC. */
-  runLifecycleHandler(req: ShimHookRequest, deadlineMs: number): Promise<AgentAnswer> {
+  /** RunLifecycleHandler RPC (a number is a deadline, sent to the agent as grpc-timeout). */
+  runLifecycleHandler(req: ShimHookRequest, opts: number | AgentCallOptions): Promise<AgentAnswer> {
     const msg = new WireWriter()
       .bytes(4, req.handler, true)
       .varint(5, req.hook)
       .varint(6, req.timeoutSeconds)
       .bytes(7, req.containerId)
       .finish();
-    return this.#unary('RunLifecycleHandler', msg, deadlineMs);
+    return this.#unary('RunLifecycleHandler', msg, typeof opts === 'number' ? { deadlineMs: opts } : opts);
   }
 
   /** Closes the connection; a later call opens a new one. */
@@ -121,13 +142,16 @@ export class ShimProbeClient {
     session.on('error', drop);
     session.on('close', drop);
     session.on('goaway', drop);
+    session.once('connect', () => this.#connected.add(session));
     // An idle connection must not keep the shim's event loop alive on shutdown.
     session.unref();
     this.#session = session;
     return session;
   }
 
-  #unary(method: string, message: Buffer, deadlineMs: number): Promise<AgentAnswer> {
+  #unary(method: string, message: Buffer, opts: AgentCallOptions): Promise<AgentAnswer> {
+    const { deadlineMs, signal } = opts;
+    const boundMs = deadlineMs ?? opts.lastResortMs;
     return new Promise<AgentAnswer>((resolve, reject) => {
       let settled = false;
       const chunks: Buffer[] = [];
@@ -139,23 +163,33 @@ export class ShimProbeClient {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
         if (stream && !stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
         if (err) reject(err);
         else resolve(answer as AgentAnswer);
       };
-      const timer = setTimeout(() => {
-        finish(new AgentCallError('deadline', GrpcCode.DEADLINE_EXCEEDED, `probe-agent did not answer ${method} within ${deadlineMs} ms`));
-      }, deadlineMs);
+      const timer = boundMs === undefined ? undefined : setTimeout(() => {
+        finish(new AgentCallError('deadline', GrpcCode.DEADLINE_EXCEEDED, `probe-agent did not answer ${method} within ${boundMs} ms`));
+      }, boundMs);
+      const onAbort = (): void => {
+        finish(new AgentCallError('cancelled', GrpcCode.CANCELLED, `${method} cancelled by the caller`));
+      };
+      if (signal?.aborted) {
+        onAbort();
+        return;
+      }
+      signal?.addEventListener('abort', onAbort, { once: true });
       let session: http2.ClientHttp2Session;
       try {
         session = this.#connect();
-        stream = session.request({
+        const headers: http2.OutgoingHttpHeaders = {
           ':method': 'POST',
           ':path': SERVICE + method,
           'content-type': 'application/grpc',
           te: 'trailers',
-          'grpc-timeout': `${Math.max(1, Math.ceil(deadlineMs))}m`,
-        });
+        };
+        if (deadlineMs !== undefined) headers['grpc-timeout'] = `${Math.max(1, Math.ceil(deadlineMs))}m`;
+        stream = session.request(headers);
       } catch (err) {
         finish(new AgentCallError('unreachable', GrpcCode.UNAVAILABLE, `cannot reach probe-agent on ${this.#socketPath}: ${(err as Error).message}`));
         return;
@@ -169,26 +203,35 @@ export class ShimProbeClient {
       stream.on('data', (c: Buffer) => {
         size += c.length;
         if (size > MAX_RESPONSE) {
-          finish(new AgentCallError('status', GrpcCode.RESOURCE_EXHAUSTED, `probe-agent ${method} answer larger than ${MAX_RESPONSE} bytes`));
+          // The agent ran the call: this is no admission refusal, so notStarted stays false.
+          finish(new AgentCallError('status', GrpcCode.RESOURCE_EXHAUSTED, `probe-agent ${method} answer larger than ${MAX_RESPONSE} bytes`, false));
           return;
         }
         chunks.push(c);
       });
       stream.on('error', (err: NodeJS.ErrnoException) => {
-        const failure = NOT_LISTENING.has(err.code ?? '') ? 'unreachable' : 'broken';
-        finish(new AgentCallError(failure, GrpcCode.UNAVAILABLE, `probe-agent ${method} on ${this.#socketPath}: ${err.message}`));
+        // A socket that never connected surfaces as ERR_HTTP2_STREAM_CANCEL with the ENOENT or
+        // ECONNREFUSED only as its cause: what matters is that nothing reached the agent.
+        const cause = (err.cause as NodeJS.ErrnoException | undefined)?.code ?? '';
+        const unreachable = NOT_LISTENING.has(err.code ?? '') || NOT_LISTENING.has(cause) || !this.#connected.has(session);
+        const refused = stream?.rstCode === http2.constants.NGHTTP2_REFUSED_STREAM;
+        const why = cause && !err.message.includes(cause) ? `${err.message} (${cause})` : err.message;
+        finish(new AgentCallError(unreachable ? 'unreachable' : 'broken', GrpcCode.UNAVAILABLE, `probe-agent ${method} on ${this.#socketPath}: ${why}`, unreachable || refused));
       });
       stream.on('close', () => {
         if (settled) return;
         const meta = trailers ?? headers;
         if (!meta) {
-          finish(new AgentCallError('broken', GrpcCode.UNAVAILABLE, `probe-agent ${method} on ${this.#socketPath}: connection closed without an answer`));
+          const unsent = !this.#connected.has(session) || stream?.rstCode === http2.constants.NGHTTP2_REFUSED_STREAM;
+          finish(new AgentCallError(unsent ? 'unreachable' : 'broken', GrpcCode.UNAVAILABLE, `probe-agent ${method} on ${this.#socketPath}: connection closed without an answer`, unsent));
           return;
         }
         const code = Number(meta['grpc-status'] ?? GrpcCode.UNKNOWN);
         if (code !== GrpcCode.OK) {
           const msg = decodeGrpcMessage(String(meta['grpc-message'] ?? ''));
-          finish(new AgentCallError('status', code, msg || `probe-agent ${method} failed with gRPC status ${code}`));
+          // Admission refusals and a draining agent's refusals come before the call starts.
+          const notStarted = code === GrpcCode.RESOURCE_EXHAUSTED || meta[NOT_STARTED_TRAILER] !== undefined;
+          finish(new AgentCallError('status', code, msg || `probe-agent ${method} failed with gRPC status ${code}`, notStarted));
           return;
         }
         try {

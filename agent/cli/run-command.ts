@@ -66,7 +66,8 @@ export function registerRunCommand(program: Command): void {
     .addOption(flag('--socket-group <group>', 'group allowed to use the socket (mode becomes 0660)'))
     .addOption(boolFlag('--grpc-reflection', 'serve gRPC server reflection on the socket'))
     .addOption(flag('--metrics-address <host:port>', 'metrics and health listener ("" disables it)', d.metricsAddress))
-    .addOption(flag('--shutdown-grace-period <duration>', 'time to drain probes and API calls on SIGTERM', d.shutdownGracePeriod))
+    .addOption(flag('--shutdown-grace-period <duration>', 'time to drain probes and API calls (hooks included) on SIGTERM', d.shutdownGracePeriod))
+    .addOption(flag('--shim-metrics-socket <path>', "the kubelet shim's metrics socket, relayed at /metrics/shim on the metrics listener"))
     .action(async (raw: RawFlags) => {
       let config: RunConfig;
       try {

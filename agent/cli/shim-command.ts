@@ -20,17 +20,21 @@ export function registerShimCommand(program: Command): void {
     .option('--runtime-endpoint <endpoint>', 'the real container runtime', DEFAULTS.runtimeEndpoint)
     .option('--probe-socket <path>', "the agent's ProbeService socket", DEFAULTS.probeSocket)
     .option('--agent-grace <duration>', 'time the agent gets beyond a probe timeout before the call is discarded', '2s')
-    .option('--hook-deadline <duration>', 'longest an HTTP/TCP hook may take through the agent', '2m')
-    .option('--hook-agent-wait <duration>', 'how long a hook waits for an agent that is not listening', '10s')
-    .action(async (o: { listen: string; runtimeEndpoint: string; probeSocket: string; agentGrace: string; hookDeadline: string; hookAgentWait: string }) => {
+    .option('--hook-agent-wait <duration>', 'how long a hook waits for an agent that has not started it (down, starting, draining, admission refused)', '60s')
+    .option('--hook-deadline <duration>', 'deprecated, no effect: hooks run until they finish or kubelet cancels them (the agent caps one at 1 h)')
+    .option('--metrics-socket <path>', "unix socket serving the shim's counters at GET /metrics ('' = none)", '/run/probe-agent-shim/metrics.sock')
+    .option('--metrics-listen <host:port>', "also serve the shim's counters over TCP (e.g. 127.0.0.1:9810)")
+    .action(async (o: { listen: string; runtimeEndpoint: string; probeSocket: string; agentGrace: string; hookDeadline?: string; hookAgentWait: string; metricsSocket: string; metricsListen?: string }) => {
       try {
         const flags = {
           listen: o.listen,
           runtimeEndpoint: o.runtimeEndpoint,
           probeSocket: o.probeSocket,
           agentGraceMs: parseDuration(o.agentGrace, '--agent-grace'),
-          hookDeadlineMs: parseDuration(o.hookDeadline, '--hook-deadline'),
           hookAgentWaitMs: parseDuration(o.hookAgentWait, '--hook-agent-wait'),
+          metricsSocket: o.metricsSocket,
+          ...(o.hookDeadline !== undefined ? { hookDeadlineMs: parseDuration(o.hookDeadline, '--hook-deadline') } : {}),
+          ...(o.metricsListen !== undefined ? { metricsListen: o.metricsListen } : {}),
         };
         const { runShim } = await import('../shim/main.ts');
         await runShim(flags);

@@ -44,6 +44,8 @@ export interface RunConfig {
   maxQueuedProbes: number;
   helperPath?: string;
   shutdownGracePeriodMs: number;
+  /** The kubelet shim's metrics socket, relayed at /metrics/shim (absent: not relayed). */
+  shimMetricsSocket?: string;
 }
 
 /** Default path of the ProbeService socket (a contract with the kubelet shim and deploy/). */
@@ -160,6 +162,7 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     maxQueuedProbes: flagInt(raw, 'maxQueuedProbes', '--max-queued-probes', 1_000_000),
     helperPath: str(raw, 'helperPath'),
     shutdownGracePeriodMs: parseDuration(valueOf(raw, 'shutdownGracePeriod'), '--shutdown-grace-period'),
+    shimMetricsSocket: str(raw, 'shimMetricsSocket'),
   };
 }
 

@@ -13,6 +13,7 @@ import { ConfigError, describeError } from '../errors.ts';
 import { DEFAULT_METRICS_ADDRESS, parseListenAddress } from '../config/listen-address.ts';
 import { silentLogger, type Logger } from '../log.ts';
 import type { HealthKind, HealthRegistry, HealthReport } from './health.ts';
+import { readShimMetrics } from './shim-relay.ts';
 
 const gzip = promisify(gzipCb);
 
@@ -37,6 +38,8 @@ export interface MetricsServerOptions {
   maxConcurrent?: number;
   /** Open connections (default 64). */
   maxConnections?: number;
+  /** The kubelet shim's metrics socket, relayed at /metrics/shim; absent = 404 there. */
+  shimMetricsSocket?: string;
 }
 
 /** A running listener. */
@@ -140,6 +143,17 @@ async function handle(req: IncomingMessage, res: ServerResponse, opts: MetricsSe
     return;
   }
 
+  if (path === '/metrics/shim' && opts.shimMetricsSocket) {
+    try {
+      const shim = await readShimMetrics(opts.shimMetricsSocket);
+      await sendMaybeGzip(req, res, 200, shim.body, shim.contentType);
+    } catch (err) {
+      // 503, said plainly: Prometheus marks the target down (up == 0) and the alert on the shim fires.
+      send(req, res, 503, `${describeError(err)}\n`);
+    }
+    return;
+  }
+
   const hm = /^\/(healthz|livez|readyz)(?:\/([a-z0-9-]{1,63}))?$/.exec(path);
   if (hm) {
     const endpoint = hm[1] as 'healthz' | 'livez' | 'readyz';
@@ -158,7 +172,7 @@ async function handle(req: IncomingMessage, res: ServerResponse, opts: MetricsSe
   }
 
   if (path === '/') {
-    send(req, res, 200, 'probe-agent\n/metrics\n/metrics/probes\n/healthz\n/livez\n/readyz\n');
+    send(req, res, 200, `probe-agent\n/metrics\n/metrics/probes\n${opts.shimMetricsSocket ? '/metrics/shim\n' : ''}/healthz\n/livez\n/readyz\n`);
     return;
   }
   send(req, res, 404, 'not found\n');

@@ -5,6 +5,7 @@
  * so it is listening within tens of milliseconds of exec.
  */
 import { parseArgs } from 'node:util';
+import { parseHostPort, startShimMetricsServer, DEFAULT_SHIM_METRICS_SOCKET } from './metrics-server.ts';
 import { CriShim, socketPathOf, type ShimConfig } from './proxy.ts';
 
 /** Flag defaults: the paths of docs/closing-the-hole.md. */
@@ -12,6 +13,7 @@ export const SHIM_DEFAULTS = {
   listen: 'unix:///run/probe-agent/cri.sock',
   runtimeEndpoint: 'unix:///run/containerd/containerd.sock',
   probeSocket: '/run/probe-agent/probe.sock',
+  metricsSocket: DEFAULT_SHIM_METRICS_SOCKET,
 };
 
 /** The shim's flags, as the CLI passes them. */
@@ -22,6 +24,10 @@ export interface ShimFlags {
   agentGraceMs?: number;
   hookDeadlineMs?: number;
   hookAgentWaitMs?: number;
+  /** Unix socket for GET /metrics ('' = none); default /run/probe-agent-shim/metrics.sock. */
+  metricsSocket?: string;
+  /** Optional HOST:PORT for GET /metrics over TCP. */
+  metricsListen?: string;
 }
 
 /** Starts the shim, logs one ready line, and stops it on SIGTERM/SIGINT. Resolves once it is listening. */
@@ -34,8 +40,26 @@ export async function runShim(flags: ShimFlags): Promise<CriShim> {
   if (flags.agentGraceMs !== undefined) config.agentGraceMs = flags.agentGraceMs;
   if (flags.hookDeadlineMs !== undefined) config.hookDeadlineMs = flags.hookDeadlineMs;
   if (flags.hookAgentWaitMs !== undefined) config.hookAgentWaitMs = flags.hookAgentWaitMs;
+  // Flags first: a bad --metrics-listen must not leave kubelet's socket taken.
+  if (flags.metricsListen) parseHostPort(flags.metricsListen);
   const shim = new CriShim(config);
+  // The CRI socket first: it refuses to start when another shim is live, whose metrics socket
+  // must then stay. A metrics socket that cannot be created is a startup error (exit 2).
   await shim.listen();
+  let metricsServer: Awaited<ReturnType<typeof startShimMetricsServer>>;
+  try {
+    metricsServer = await startShimMetricsServer({
+      metrics: shim.metrics,
+      socketPath: flags.metricsSocket ?? SHIM_DEFAULTS.metricsSocket,
+      ...(flags.metricsListen ? { listen: flags.metricsListen } : {}),
+    });
+  } catch (err) {
+    await shim.close(0);
+    throw err;
+  }
+  if (flags.hookDeadlineMs !== undefined) {
+    process.stderr.write(`${JSON.stringify({ time: new Date().toISOString(), level: 'warn', msg: '--hook-deadline is deprecated and has no effect: hooks run until they finish or kubelet cancels them (the agent caps one at 1 h)' })}\n`);
+  }
   // Once serving, the shim holds no state: an unexpected error in one call is logged and the rest
   // go on, since exiting would cut kubelet off its runtime until systemd restarts us.
   process.on('uncaughtException', (err) => {
@@ -44,11 +68,13 @@ export async function runShim(flags: ShimFlags): Promise<CriShim> {
   process.stderr.write(`${JSON.stringify({
     time: new Date().toISOString(), level: 'info', msg: 'shim listening',
     listen: config.listenPath, runtime: config.runtimeSocket, probeSocket: config.probeSocket,
+    metricsSocket: flags.metricsSocket ?? SHIM_DEFAULTS.metricsSocket, metricsListen: flags.metricsListen,
+    hookAgentWaitMs: shim.config.hookAgentWaitMs,
     startupMs: Math.round(performance.now()),
   })}\n`);
   const stop = (sig: NodeJS.Signals): void => {
     process.stderr.write(`${JSON.stringify({ time: new Date().toISOString(), level: 'info', msg: 'shim stopping', signal: sig })}\n`);
-    void shim.close().then(() => process.exit(0));
+    void Promise.all([shim.close(), metricsServer.close()]).then(() => process.exit(0));
   };
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
@@ -73,15 +99,18 @@ async function main(): Promise<void> {
       'agent-grace': { type: 'string' },
       'hook-deadline': { type: 'string' },
       'hook-agent-wait': { type: 'string' },
+      'metrics-socket': { type: 'string', default: SHIM_DEFAULTS.metricsSocket },
+      'metrics-listen': { type: 'string' },
       help: { type: 'boolean', default: false },
     },
     strict: true,
   });
   if (values.help) {
-    process.stdout.write('usage: probe-agent-shim [--listen unix:///run/probe-agent/cri.sock] [--runtime-endpoint unix:///run/containerd/containerd.sock] [--probe-socket /run/probe-agent/probe.sock] [--agent-grace 2s] [--hook-deadline 2m] [--hook-agent-wait 10s]\n');
+    process.stdout.write('usage: probe-agent-shim [--listen unix:///run/probe-agent/cri.sock] [--runtime-endpoint unix:///run/containerd/containerd.sock] [--probe-socket /run/probe-agent/probe.sock] [--agent-grace 2s] [--hook-agent-wait 60s] [--metrics-socket /run/probe-agent-shim/metrics.sock] [--metrics-listen HOST:PORT] [--hook-deadline (deprecated, no effect)]\n');
     return;
   }
-  const flags: ShimFlags = { listen: values.listen, runtimeEndpoint: values['runtime-endpoint'], probeSocket: values['probe-socket'] };
+  const flags: ShimFlags = { listen: values.listen, runtimeEndpoint: values['runtime-endpoint'], probeSocket: values['probe-socket'], metricsSocket: values['metrics-socket'] };
+  if (values['metrics-listen'] !== undefined) flags.metricsListen = values['metrics-listen'];
   const grace = ms(values['agent-grace'], '--agent-grace');
   const hook = ms(values['hook-deadline'], '--hook-deadline');
   const wait = ms(values['hook-agent-wait'], '--hook-agent-wait');

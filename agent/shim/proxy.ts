@@ -13,8 +13,10 @@ import path from 'node:path';
 import { decodeShimCommand, isShimCommand, ShimCommandError, type ShimKind } from '../rewrite/shim-command.ts';
 import { encodeGrpcMessage, grpcFrame, readSingleGrpcFrame, WireError } from '../api/protowire.ts';
 import { encodeLifecycleHandler, encodeProbeHandler, HandlerShapeError } from '../api/handler-wire.ts';
-import { AgentCallError, GrpcCode, ShimProbeClient, WireHook, WireProbeType, type AgentAnswer } from '../api/shim-client.ts';
-import { answerFromBadCommand, answerFromCallError, answerFromResult, type ExecSyncAnswer } from './answer.ts';
+import { AgentCallError, GrpcCode, ShimProbeClient, WireHook, WireProbeType } from '../api/shim-client.ts';
+import { answerFromBadCommand, answerFromCallError, answerFromResult, causeOfAnswer, causeOfCallError, kindTimeoutMismatch, type ExecSyncAnswer } from './answer.ts';
+import { runHookOnce } from './hook-runner.ts';
+import { ShimMetrics, type AgentErrorCause, type InterceptKind } from './metrics.ts';
 import { parseGrpcTimeout } from './deadline.ts';
 import { decodeExecSyncRequest, encodeExecSyncResponse, EXEC_SYNC_PATH, mayBeShimCommand, type ExecSyncRequest } from './exec-sync.ts';
 import { H2_SETTINGS, UpstreamSession } from './upstream.ts';
@@ -29,10 +31,21 @@ export interface ShimConfig {
   probeSocket: string;
   /** Time the agent gets beyond a probe's own timeout before the shim gives up on it (queueing, helper). */
   agentGraceMs?: number;
-  /** Longest a hook may take through the agent (kubelet's exec hooks carry no timeout). */
+  /**
+   * Deprecated, no effect (kept so that old unit files still start): hooks are no longer cut by
+   * the shim. Kubelet runs exec hooks with timeout 0 and ends them by cancelling the ExecSync
+   * stream; the agent's own cap (1 h) is the last resort.
+   */
   hookDeadlineMs?: number;
-  /** How long a hook waits for an agent that is not listening (a restart) before it fails. */
+  /**
+   * How long a hook waits for an agent that has not started it (down, starting, draining, or
+   * refusing admission) before it fails; the hook then runs exactly once.
+   */
   hookAgentWaitMs?: number;
+  /** Local bound on one hook call to a hung agent (default: the agent's 1 h cap + 30 s). */
+  hookLastResortMs?: number;
+  /** Counters (default: a new set; main.ts serves them on --metrics-socket). */
+  metrics?: ShimMetrics;
   /** Structured log sink; default: JSON lines on stderr for warnings and errors. */
   log?: ShimLog;
 }
@@ -48,7 +61,7 @@ export interface ShimStats {
   runtimeErrors: number;
 }
 
-const DEFAULTS = { agentGraceMs: 2000, hookDeadlineMs: 120_000, hookAgentWaitMs: 10_000 };
+const DEFAULTS = { agentGraceMs: 2000, hookDeadlineMs: 0, hookAgentWaitMs: 60_000, hookLastResortMs: 3_630_000 };
 /** ExecSync requests larger than this are not ours (a rewritten command is < 17 KiB) and stream through unread. */
 const MAX_BUFFERED_EXEC = 64 * 1024;
 
@@ -70,8 +83,10 @@ const stderrLog: ShimLog = (level, msg, fields) => {
 
 /** A running shim. */
 export class CriShim {
-  readonly config: Required<Omit<ShimConfig, 'log'>>;
+  readonly config: Required<Omit<ShimConfig, 'log' | 'metrics'>>;
   readonly stats: ShimStats = { forwarded: 0, intercepted: 0, agentErrors: 0, runtimeErrors: 0 };
+  /** The Prometheus counters (agent/shim/metrics.ts). */
+  readonly metrics: ShimMetrics;
   readonly #runtime: UpstreamSession;
   readonly #agent: ShimProbeClient;
   readonly #log: ShimLog;
@@ -80,8 +95,10 @@ export class CriShim {
   readonly #warned = new Map<string, { at: number; suppressed: number }>();
 
   constructor(config: ShimConfig) {
-    this.config = { ...DEFAULTS, ...config } as Required<Omit<ShimConfig, 'log'>>;
-    this.#log = config.log ?? stderrLog;
+    const { log, metrics, ...rest } = config;
+    this.config = { ...DEFAULTS, ...rest } as Required<Omit<ShimConfig, 'log' | 'metrics'>>;
+    this.#log = log ?? stderrLog;
+    this.metrics = metrics ?? new ShimMetrics();
     this.#runtime = new UpstreamSession(this.config.runtimeSocket);
     this.#agent = new ShimProbeClient(this.config.probeSocket);
     this.#server = http2.createServer({ settings: H2_SETTINGS, maxSessionMemory: 64 });
@@ -163,6 +180,7 @@ export class CriShim {
    */
   #forward(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, body: Buffer | null): void {
     this.stats.forwarded++;
+    this.metrics.forwarded(headers[':path'] as string | undefined);
     let up: http2.ClientHttp2Stream;
     try {
       up = this.#runtime.get().request(headers, { endStream: false });
@@ -220,6 +238,7 @@ export class CriShim {
 
   #runtimeUnavailable(stream: http2.ServerHttp2Stream, err: Error): void {
     this.stats.runtimeErrors++;
+    this.metrics.runtimeError();
     if (stream.destroyed || stream.closed) return;
     if (stream.headersSent) {
       guarded(() => stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR));
@@ -270,22 +289,36 @@ export class CriShim {
   }
 
   async #answerShimCommand(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, req: ExecSyncRequest): Promise<void> {
-    let answer: ExecSyncAnswer;
+    const started = performance.now();
+    // Kubelet cancelling the ExecSync (RST_STREAM; a preStop at the end of the grace period) or
+    // going away cancels the agent call, and the agent aborts the hook or probe it runs.
+    const cancel = new AbortController();
+    let answered = false;
+    const onClose = (): void => {
+      if (!answered) cancel.abort();
+    };
+    stream.once('close', onClose);
+    let run: ShimRun;
     try {
-      answer = await this.#runThroughAgent(req, parseGrpcTimeout(headers['grpc-timeout']));
+      run = await this.#runThroughAgent(req, parseGrpcTimeout(headers['grpc-timeout']), cancel.signal);
     } catch (err) {
-      answer = { kind: 'error', grpcCode: GrpcCode.INTERNAL, message: `probe-agent shim: ${(err as Error).message}` };
+      run = { kind: 'unknown', cause: 'other', answer: { kind: 'error', grpcCode: GrpcCode.INTERNAL, message: `probe-agent shim: ${(err as Error).message}` } };
     }
-    if (answer.kind === 'error') {
+    answered = true;
+    stream.off('close', onClose);
+    const { answer } = run;
+    if (answer.kind === 'error' && run.cause !== undefined) {
       this.stats.agentErrors++;
+      this.metrics.agentError(run.cause);
       this.#warn('rewritten handler not run', { containerId: req.containerId, code: answer.grpcCode, error: answer.message });
     }
+    this.metrics.intercepted(run.kind, answer.kind === 'error' ? 'error' : answer.exitCode === 0 ? 'success' : 'failure', (performance.now() - started) / 1000);
     if (stream.destroyed || stream.closed || stream.headersSent) return;
     if (answer.kind === 'error') respondError(stream, answer.grpcCode, answer.message);
     else respondExecSync(stream, answer.exitCode, answer.stdout);
   }
 
-  async #runThroughAgent(req: ExecSyncRequest, callerMs: number | undefined): Promise<ExecSyncAnswer> {
+  async #runThroughAgent(req: ExecSyncRequest, callerMs: number | undefined, signal: AbortSignal): Promise<ShimRun> {
     let cmd;
     let handler: Buffer;
     try {
@@ -294,45 +327,47 @@ export class CriShim {
       if (req.containerId === '') throw new ShimCommandError('ExecSync without a container_id');
       handler = cmd.kind in PROBE_KINDS ? encodeProbeHandler(cmd.handler) : encodeLifecycleHandler(cmd.handler);
     } catch (err) {
-      if (err instanceof ShimCommandError || err instanceof HandlerShapeError) return answerFromBadCommand(err);
+      if (err instanceof ShimCommandError || err instanceof HandlerShapeError) return { kind: 'unknown', cause: 'bad_command', answer: answerFromBadCommand(err) };
       throw err;
     }
-    const cap = (ms: number): number => (callerMs === undefined ? ms : Math.max(1, Math.min(ms, callerMs - 50)));
+    const kind: InterceptKind = cmd.kind;
+    // Kubelet sends probes with timeout >= 1 and exec hooks with timeout 0: anything else is not
+    // kubelet's own call for this kind (a probe posing as an hour-long hook, for one).
+    const mismatch = kindTimeoutMismatch(cmd.kind, PROBE_KINDS[cmd.kind] !== undefined, req.timeoutSeconds);
+    if (mismatch) return { kind, cause: 'bad_command', answer: mismatch };
     const probeType = PROBE_KINDS[cmd.kind];
     if (probeType !== undefined) {
-      const timeoutSeconds = req.timeoutSeconds > 0 ? req.timeoutSeconds : 1;
+      const cap = (ms: number): number => (callerMs === undefined ? ms : Math.max(1, Math.min(ms, callerMs - 50)));
+      const timeoutSeconds = req.timeoutSeconds;
       const what = `${cmd.kind} probe`;
       try {
-        const a = await this.#agent.probe({ containerId: req.containerId, handler, timeoutSeconds, probeType }, cap(timeoutSeconds * 1000 + this.config.agentGraceMs));
-        return answerFromResult(a, what);
+        const a = await this.#agent.probe({ containerId: req.containerId, handler, timeoutSeconds, probeType }, cap(timeoutSeconds * 1000 + this.config.agentGraceMs), signal);
+        const answer = answerFromResult(a, what);
+        return { kind, answer, cause: causeOfAnswer(answer) };
       } catch (err) {
-        if (err instanceof AgentCallError) return answerFromCallError(err, what);
+        if (err instanceof AgentCallError) return { kind, answer: answerFromCallError(err, what), cause: causeOfCallError(err) };
         throw err;
       }
     }
-    const hook = HOOK_KINDS[cmd.kind] as number;
     const what = `${cmd.kind} hook`;
-    const deadline = Date.now() + cap(req.timeoutSeconds > 0 ? req.timeoutSeconds * 1000 + this.config.agentGraceMs : this.config.hookDeadlineMs);
-    const waitUntil = Date.now() + this.config.hookAgentWaitMs;
-    for (;;) {
-      try {
-        const a: AgentAnswer = await this.#agent.runLifecycleHandler(
-          { containerId: req.containerId, handler, hook, timeoutSeconds: req.timeoutSeconds },
-          Math.max(1, deadline - Date.now()),
-        );
-        return answerFromResult(a, what);
-      } catch (err) {
-        if (!(err instanceof AgentCallError)) throw err;
-        // A hook is not retried by kubelet and a failed postStart kills the container: ride out
-        // an agent restart, but only while nothing was sent (a hook must not run twice).
-        if (err.failure === 'unreachable' && Date.now() + 250 < Math.min(waitUntil, deadline)) {
-          await new Promise((r) => setTimeout(r, 250));
-          continue;
-        }
-        return answerFromCallError(err, what);
-      }
-    }
+    const outcome = await runHookOnce(
+      this.#agent,
+      { containerId: req.containerId, handler, hook: HOOK_KINDS[cmd.kind] as number, timeoutSeconds: 0 },
+      { agentWaitMs: this.config.hookAgentWaitMs, lastResortMs: this.config.hookLastResortMs },
+      signal,
+    );
+    if (outcome.wait) this.metrics.hookWait(outcome.wait);
+    if (outcome.error) return { kind, answer: answerFromCallError(outcome.error, what), cause: causeOfCallError(outcome.error) };
+    const answer = answerFromResult(outcome.answer, what);
+    return { kind, answer, cause: causeOfAnswer(answer) };
   }
+}
+
+/** One intercepted call's answer, its kind, and why the agent did not answer it (undefined: it did, or kubelet cancelled). */
+interface ShimRun {
+  kind: InterceptKind;
+  answer: ExecSyncAnswer;
+  cause?: AgentErrorCause | undefined;
 }
 
 /** Whether something accepts connections on a unix socket (a stale socket file refuses them). */

@@ -8,6 +8,15 @@ import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'openssl']);
 
 import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { mkdtempSync, rmSync, symlinkSync, unlinkSync } from 'node:fs';
+import { request } from 'node:http';
+import * as http2 from 'node:http2';
+import * as net from 'node:net';
+import { encodeLifecycleHandler } from '../../agent/api/handler-wire.ts';
+import { grpcFrame, WireWriter } from '../../agent/api/protowire.ts';
+import { DRAINING_DETAIL, NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from '../../agent/api/hook-refusal.ts';
+import path from 'node:path';
 import { promisify } from 'node:util';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -22,6 +31,10 @@ import { startRecordingServer, type RecordingServer } from '../lab/recording-ser
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod } from '../support/pod-factory.ts';
+import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { CriShim } from '../../agent/shim/proxy.ts';
+import { startShimMetricsServer, type ShimMetricsServer } from '../../agent/shim/metrics-server.ts';
+import { KubeletCri, RUNTIME_SERVICE } from '../support/kubelet-cri.ts';
 
 const run = promisify(execFile);
 const ROOT = new URL('../..', import.meta.url).pathname;
@@ -35,6 +48,8 @@ let kubelet: FakeKubelet;
 let agent: AgentHandle;
 let httpPort: number;
 let httpsPort: number;
+/** The app container's ID in the fake kubelet's /pods: what kubelet's ExecSync names. */
+const CONTAINER_ID = createHash('sha256').update('lifecycle-hooks/app').digest('hex');
 
 function ctx(timeoutSeconds = 2): HookContext {
   return {
@@ -59,7 +74,7 @@ beforeAll(async () => {
   srv = await startRecordingServer(pod.name, { http: 0, https: 0, cert: cert.certPath, key: cert.keyPath });
   httpPort = srv.ports.http as number;
   httpsPort = srv.ports.https as number;
-  kubelet = await FakeKubelet.start({ pods: [makePod({ uid: 'a3b1c2d4-0000-4000-8000-00000000beef', name: 'hooked', namespace: 'hooks', ips: pod.ips, port: httpPort, probe: 'none' })] });
+  kubelet = await FakeKubelet.start({ pods: [makePod({ uid: 'a3b1c2d4-0000-4000-8000-00000000beef', name: 'hooked', namespace: 'hooks', ips: pod.ips, port: httpPort, probe: 'none', containerID: `containerd://${CONTAINER_ID}` })] });
   agent = await startAgent({ kubeletUrl: kubelet.httpUrl });
 }, 60_000);
 
@@ -206,4 +221,226 @@ describe('probe-agent hook', () => {
     expect(bad.code).toBe(2);
     expect(bad.stderr).toMatch(/httpGet or tcpSocket/);
   });
+});
+
+/**
+ * Rewritten hooks as kubelet sends them (ExecSync, timeout 0, no deadline) through the kubelet
+ * shim to the real agent, which is killed, restarted and drained meanwhile. The recording server
+ * counts every hook request: a hook must run exactly once.
+ */
+describe('rewritten hooks through the kubelet shim across agent restarts and drains', () => {
+  let scratch: string;
+  let link: string;
+  let shim: CriShim;
+  let k: KubeletCri;
+  let shimMetrics: ShimMetricsServer;
+  let hookAgent: AgentHandle | undefined;
+  let n = 0;
+
+  /** A unique hook path, so that its requests can be counted. */
+  const unique = (what: string): string => `/${what}-${++n}-${Date.now()}`;
+
+  async function startHookAgent(): Promise<AgentHandle> {
+    const a = await startAgent({ kubeletUrl: kubelet.httpUrl, args: [`--shim-metrics-socket=${path.join(scratch, 'shim', 'metrics.sock')}`] });
+    try {
+      unlinkSync(link);
+    } catch {
+      // first start, or the link was removed
+    }
+    symlinkSync(a.socket, link);
+    return a;
+  }
+
+  function execHook(kind: 'postStart' | 'preStop', urlPath: string, timeoutSeconds = 0) {
+    return k.execSync(CONTAINER_ID, encodeShimCommand(kind, { httpGet: { path: urlPath, port: httpPort } }), timeoutSeconds);
+  }
+
+  function exitCode(a: Awaited<ReturnType<typeof execHook>>): number {
+    if (!a.ok) throw new Error(`expected an exit code, got gRPC ${grpc.status[a.code]}: ${a.details}`);
+    return a.msg.exitCode;
+  }
+
+  /** Established TCP connections to the recording server inside the pod's netns. */
+  async function connectionsToServer(): Promise<number> {
+    const { stdout } = await run('nsenter', [`--net=${pod.netns}`, '--', 'ss', '-Htn', 'state', 'established', `( sport = :${httpPort} )`]);
+    return stdout.split('\n').filter((l) => l.trim() !== '').length;
+  }
+
+  function getUnix(socketPath: string, urlPath: string): Promise<{ status: number; body: string }> {
+    return new Promise((resolve, reject) => {
+      const req = request({ socketPath, path: urlPath }, (res) => {
+        let body = '';
+        res.on('data', (c: Buffer) => (body += c.toString()));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+  }
+
+  function sample(text: string, series: string): number {
+    const line = text.split('\n').find((l) => l.startsWith(`${series} `));
+    return line ? Number(line.slice(series.length + 1)) : 0;
+  }
+
+  beforeAll(async () => {
+    scratch = mkdtempSync('/tmp/lifecycle-shim-');
+    link = path.join(scratch, 'probe.sock');
+    // The old shim cut hooks at --hook-deadline; 1 s here would make a 3 s preStop fail on that code.
+    shim = new CriShim({
+      listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: path.join(scratch, 'no-runtime.sock'), probeSocket: link,
+      hookAgentWaitMs: 40_000, hookDeadlineMs: 1000, log: () => {},
+    });
+    await shim.listen();
+    shimMetrics = await startShimMetricsServer({ metrics: shim.metrics, socketPath: path.join(scratch, 'shim', 'metrics.sock') });
+    k = new KubeletCri(shim.config.listenPath);
+    hookAgent = await startHookAgent();
+  }, 60_000);
+
+  afterAll(async () => {
+    k?.close();
+    await shim?.close(100);
+    await shimMetrics?.close();
+    await hookAgent?.stop('SIGKILL').catch(() => {});
+    if (scratch) rmSync(scratch, { recursive: true, force: true });
+  });
+
+  it('a postStart requested while the agent is down waits for it: the agent restarted 3 s later runs it once, and it succeeds', async () => {
+    await hookAgent!.stop('SIGKILL');
+    hookAgent = undefined;
+    const p = unique('poststart-restart');
+    const pending = execHook('postStart', p);
+    await new Promise((r) => setTimeout(r, 3000));
+    expect(srv.count(p)).toBe(0);
+    hookAgent = await startHookAgent();
+    expect(exitCode(await pending)).toBe(0);
+    expect(srv.count(p)).toBe(1);
+  }, 60_000);
+
+  it("the agent's graceful shutdown during a hook: the in-flight hook completes, a new one waits and runs once on the next agent", async () => {
+    const inflight = unique('slow').slice(1);
+    const first = execHook('preStop', `/slow?ms=3000&id=${inflight}`);
+    await srv.waitFor(srv.hits.length + 1, 15_000);
+    const old = hookAgent!;
+    hookAgent = undefined;
+    const stopped = old.stop('SIGTERM', 30_000);
+    // Let SIGTERM land: the agent is draining now (its socket refuses or is gone).
+    await new Promise((r) => setTimeout(r, 300));
+    const later = unique('after-drain');
+    const second = execHook('postStart', later);
+    expect(exitCode(await first)).toBe(0);
+    expect(await stopped).toBe(0);
+    expect(srv.count(later)).toBe(0);
+    hookAgent = await startHookAgent();
+    expect(exitCode(await second)).toBe(0);
+    expect(srv.count(later)).toBe(1);
+    expect(srv.hits.filter((h) => h.url.includes(`id=${inflight}`)).length).toBe(1);
+  }, 90_000);
+
+  it('a preStop longer than the shim\'s old hook cut (--hook-deadline, 1 s here) runs to completion', async () => {
+    const id = unique('long-prestop').slice(1);
+    const a = await execHook('preStop', `/slow?ms=3000&id=${id}`);
+    expect(exitCode(a)).toBe(0);
+    expect(srv.hits.filter((h) => h.url.includes(`id=${id}`)).length).toBe(1);
+  }, 30_000);
+
+  it('kubelet cancelling the ExecSync stream cancels the hook: the agent drops its request to the target', async () => {
+    expect(await connectionsToServer()).toBe(0);
+    const def = RUNTIME_SERVICE['ExecSync']!;
+    const hits = srv.hits.length;
+    let code: grpc.status | undefined;
+    const call = k.client.makeUnaryRequest(def.path, (v: object) => def.requestSerialize(v), (b: Buffer) => b,
+      { containerId: CONTAINER_ID, cmd: encodeShimCommand('preStop', { httpGet: { path: '/hang', port: httpPort } }), timeout: 0 }, { deadline: Infinity },
+      (err) => (code = err ? err.code : grpc.status.OK));
+    await srv.waitFor(hits + 1, 15_000);
+    expect(await connectionsToServer()).toBe(1);
+    call.cancel();
+    // Generous bound: before the fix the request stayed open until the shim's 2 min cut.
+    const end = Date.now() + 20_000;
+    while ((await connectionsToServer()) > 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 200));
+    expect(await connectionsToServer()).toBe(0);
+    expect(code).toBe(grpc.status.CANCELLED);
+  }, 40_000);
+
+  it('a hook kind with a probe timeout, or a probe kind with timeout 0, is refused (INVALID_ARGUMENT) and never run', async () => {
+    const p = unique('posing');
+    const hookWithTimeout = await execHook('postStart', p, 5);
+    expect(!hookWithTimeout.ok && hookWithTimeout.code).toBe(grpc.status.INVALID_ARGUMENT);
+    expect(!hookWithTimeout.ok && hookWithTimeout.details).toMatch(/timeout 0/);
+    const probeWithoutTimeout = await k.execSync(CONTAINER_ID, encodeShimCommand('liveness', { httpGet: { path: p, port: httpPort } }), 0);
+    expect(!probeWithoutTimeout.ok && probeWithoutTimeout.code).toBe(grpc.status.INVALID_ARGUMENT);
+    expect(srv.count(p)).toBe(0);
+    // The agreeing forms still run.
+    expect(exitCode(await execHook('preStop', p, 0))).toBe(0);
+    const probe = await k.execSync(CONTAINER_ID, encodeShimCommand('readiness', { httpGet: { path: p, port: httpPort } }), 1);
+    expect(probe.ok && probe.msg.exitCode).toBe(0);
+    expect(srv.count(p)).toBe(2);
+  }, 30_000);
+
+  it('a hook that reaches a draining agent is refused as not started (UNAVAILABLE + the documented trailer), and not run', async () => {
+    const p = unique('reached-draining');
+    // A RunLifecycleHandler stream opened before SIGTERM, its request sent after: the agent sees it
+    // only once it is draining.
+    const session = http2.connect('http://probe-agent', { createConnection: () => net.connect(hookAgent!.socket) });
+    session.on('error', () => {});
+    await new Promise<void>((r, j) => {
+      session.once('connect', () => r());
+      session.once('error', j);
+    });
+    const stream = session.request({ ':method': 'POST', ':path': '/probe.v1alpha1.ProbeService/RunLifecycleHandler', 'content-type': 'application/grpc', te: 'trailers' });
+    const answer = new Promise<http2.IncomingHttpHeaders>((resolve) => {
+      let meta: http2.IncomingHttpHeaders = {};
+      stream.on('response', (h) => (meta = { ...meta, ...h }));
+      stream.on('trailers', (t) => (meta = { ...meta, ...t }));
+      stream.on('close', () => resolve(meta));
+      stream.on('error', () => {});
+      stream.resume();
+    });
+    // A hook in flight keeps the agent draining (its grace) while the pending stream arrives.
+    const slowId = unique('drain-holder').slice(1);
+    const hits = srv.hits.length;
+    const holder = hookAgent!.client.runLifecycleHandler({ pod: { uid: 'a3b1c2d4-0000-4000-8000-00000000beef' }, hook: 'preStop', handler: http(`/slow?ms=4000&id=${slowId}`) });
+    await srv.waitFor(hits + 1, 15_000);
+    const old = hookAgent!;
+    hookAgent = undefined;
+    const stopped = old.stop('SIGTERM', 30_000);
+    const end = Date.now() + 10_000;
+    while (!old.logs.some((l) => l.msg === 'ProbeService draining') && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
+    const msg = new WireWriter()
+      .bytes(4, encodeLifecycleHandler({ httpGet: { path: p, port: httpPort } }), true)
+      .varint(5, 2)
+      .bytes(7, CONTAINER_ID)
+      .finish();
+    stream.end(grpcFrame(msg));
+    const meta = await answer;
+    session.destroy();
+    expect(Number(meta['grpc-status'])).toBe(grpc.status.UNAVAILABLE);
+    expect(meta[NOT_STARTED_TRAILER]).toBe(NOT_STARTED_DRAINING);
+    expect(decodeURIComponent(String(meta['grpc-message']))).toBe(DRAINING_DETAIL);
+    expect((await holder).result).toBe('success');
+    expect(await stopped).toBe(0);
+    expect(srv.count(p)).toBe(0);
+    hookAgent = await startHookAgent();
+  }, 60_000);
+
+  it("the shim's counters, read on its metrics socket and through the agent's /metrics/shim relay", async () => {
+    const own = await getUnix(path.join(scratch, 'shim', 'metrics.sock'), '/metrics');
+    expect(own.status).toBe(200);
+    // The restart and the drain tests each waited, then ran their hook.
+    expect(sample(own.body, 'probe_agent_shim_hook_waits_total{outcome="ran"}')).toBeGreaterThanOrEqual(2);
+    expect(sample(own.body, 'probe_agent_shim_intercepted_total{kind="postStart",answer="success"}')).toBeGreaterThanOrEqual(2);
+    expect(sample(own.body, 'probe_agent_shim_intercepted_total{kind="preStop",answer="success"}')).toBeGreaterThanOrEqual(3);
+    expect(sample(own.body, 'probe_agent_shim_agent_errors_total{cause="bad_command"}')).toBe(2);
+    expect(sample(own.body, 'probe_agent_shim_intercept_duration_seconds_count{kind="preStop"}')).toBeGreaterThanOrEqual(3);
+    const relayed = await hookAgent!.http('/metrics/shim');
+    expect(relayed.status).toBe(200);
+    expect(sample(relayed.body, 'probe_agent_shim_hook_waits_total{outcome="ran"}')).toBe(sample(own.body, 'probe_agent_shim_hook_waits_total{outcome="ran"}'));
+    expect(relayed.body).toMatch(/^# TYPE probe_agent_shim_intercept_duration_seconds histogram$/m);
+    // The shim away: a clear 503, not a hang.
+    await shimMetrics.close();
+    const away = await hookAgent!.http('/metrics/shim');
+    expect(away.status).toBe(503);
+    expect(away.body).toMatch(/kubelet shim metrics unavailable on .*metrics\.sock/);
+    shimMetrics = await startShimMetricsServer({ metrics: shim.metrics, socketPath: path.join(scratch, 'shim', 'metrics.sock') });
+  }, 30_000);
 });

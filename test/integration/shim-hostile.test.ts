@@ -6,8 +6,9 @@
  * shim's edges; real containerd is in shim-passthrough.test.ts); the hung agent is a socket that
  * accepts and never answers.
  */
-import { spawnSync } from 'node:child_process';
-import { lstatSync, mkdtempSync, rmSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { lstatSync, mkdtempSync, rmSync, statSync } from 'node:fs';
+import { request } from 'node:http';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -15,6 +16,10 @@ import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeShimCommand, SHIM_COMMAND_PATH } from '../../agent/rewrite/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
+import { ShimMetrics } from '../../agent/shim/metrics.ts';
+import { startShimMetricsServer } from '../../agent/shim/metrics-server.ts';
+import { loadProbeApi, type WireLifecycleResponse } from '../../agent/api/proto.ts';
+import { NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from '../../agent/api/hook-refusal.ts';
 import { KubeletCri, RUNTIME_SERVICE } from '../support/kubelet-cri.ts';
 
 let scratch: string;
@@ -64,6 +69,17 @@ describe('probe-agent shim refuses to start with a clear message and exit 2', ()
     expect(r.status).toBe(2);
     expect(r.stderr).toMatch(/^probe-agent shim: /);
     expect(r.stderr).toMatch(message);
+  });
+});
+
+describe('probe-agent shim refuses a bad metrics flag before taking any socket', () => {
+  it('--metrics-listen that is not HOST:PORT: exit 2 with the reason, the CRI socket never created', () => {
+    const CLI = new URL('../../agent/cli.ts', import.meta.url).pathname;
+    const listen = path.join(scratch, 'never.sock');
+    const r = spawnSync(process.execPath, [CLI, 'shim', '--listen', `unix://${listen}`, '--metrics-socket', '', '--metrics-listen', 'nonsense'], { encoding: 'utf8', timeout: 20_000 });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toMatch(/^probe-agent shim: --metrics-listen: invalid address "nonsense"/);
+    expect(() => lstatSync(listen)).toThrow(/ENOENT/);
   });
 });
 
@@ -140,5 +156,161 @@ describe('the shim under bad input', () => {
     const answers = await burst;
     for (const a of answers) expect(!a.ok && a.code).toBe(grpc.status.UNAVAILABLE);
     await stillServes();
+  });
+});
+
+/**
+ * A stand-in ProbeService whose RunLifecycleHandler answers from a script: the shim must send a
+ * hook again only when the agent says it did not start it (RESOURCE_EXHAUSTED: admission refused;
+ * UNAVAILABLE with the draining trailer), and never when it may have run.
+ */
+describe('hook refusals the shim retries within --hook-agent-wait, and those it must not', () => {
+  type Step = 'exhausted' | 'draining' | 'unavailable' | 'success';
+  let agentServer: grpc.Server;
+  let script: Step[] = [];
+  let calls = 0;
+  let waitingShim: CriShim;
+  let impatientShim: CriShim;
+  let kw: KubeletCri;
+  let ki: KubeletCri;
+
+  const hookCmd = encodeShimCommand('postStart', { httpGet: { path: '/', port: 80 } });
+
+  beforeAll(async () => {
+    agentServer = new grpc.Server();
+    agentServer.addService(loadProbeApi().service, {
+      RunLifecycleHandler: (_call: unknown, cb: grpc.sendUnaryData<WireLifecycleResponse>) => {
+        calls++;
+        const step = script.shift() ?? 'success';
+        if (step === 'exhausted') return cb({ code: grpc.status.RESOURCE_EXHAUSTED, details: 'too many RunLifecycleHandler calls in flight for this pod' });
+        if (step === 'draining') {
+          const md = new grpc.Metadata();
+          md.set(NOT_STARTED_TRAILER, NOT_STARTED_DRAINING);
+          return cb({ code: grpc.status.UNAVAILABLE, details: 'probe-agent is draining: the hook was not started', metadata: md });
+        }
+        if (step === 'unavailable') return cb({ code: grpc.status.UNAVAILABLE, details: 'netns gone while running' });
+        cb(null, { result: 'PROBE_RESULT_SUCCESS', message: '', duration_seconds: 0.001 });
+      },
+    });
+    const sock = path.join(scratch, 'scripted-agent.sock');
+    await new Promise<void>((r, j) => agentServer.bindAsync(`unix:${sock}`, grpc.ServerCredentials.createInsecure(), (e) => (e ? j(e) : r())));
+    const rt = path.join(scratch, 'rt.sock');
+    waitingShim = new CriShim({ listenPath: path.join(scratch, 'cri-wait.sock'), runtimeSocket: rt, probeSocket: sock, hookAgentWaitMs: 20_000, log: () => {} });
+    impatientShim = new CriShim({ listenPath: path.join(scratch, 'cri-nowait.sock'), runtimeSocket: rt, probeSocket: sock, hookAgentWaitMs: 600, log: () => {} });
+    await waitingShim.listen();
+    await impatientShim.listen();
+    kw = new KubeletCri(waitingShim.config.listenPath);
+    ki = new KubeletCri(impatientShim.config.listenPath);
+  });
+
+  afterAll(async () => {
+    kw?.close();
+    ki?.close();
+    await waitingShim?.close(100);
+    await impatientShim?.close(100);
+    agentServer?.forceShutdown();
+  });
+
+  it('RESOURCE_EXHAUSTED (admission refused before the hook started) is retried within the wait, then the hook runs once', async () => {
+    script = ['exhausted', 'exhausted', 'exhausted', 'success'];
+    calls = 0;
+    const a = await kw.execSync('c1', hookCmd, 0);
+    expect(a.ok && a.msg.exitCode).toBe(0);
+    expect(calls).toBe(4);
+    expect(waitingShim.metrics.render()).toMatch(/^probe_agent_shim_hook_waits_total\{outcome="ran"\} 1$/m);
+  });
+
+  it("a draining agent's documented refusal is retried; a plain UNAVAILABLE (the hook may have run) is not", async () => {
+    script = ['draining', 'success'];
+    calls = 0;
+    const a = await kw.execSync('c1', hookCmd, 0);
+    expect(a.ok && a.msg.exitCode).toBe(0);
+    expect(calls).toBe(2);
+    script = ['unavailable', 'success'];
+    calls = 0;
+    const b = await kw.execSync('c1', hookCmd, 0);
+    expect(!b.ok && b.code).toBe(grpc.status.UNAVAILABLE);
+    expect(calls).toBe(1);
+  });
+
+  it('refusals past the wait: the hook fails with the agent\'s RESOURCE_EXHAUSTED, counted as exhausted and gave_up', async () => {
+    script = Array.from({ length: 100 }, () => 'exhausted' as const);
+    calls = 0;
+    const a = await ki.execSync('c1', hookCmd, 0);
+    expect(!a.ok && a.code).toBe(grpc.status.RESOURCE_EXHAUSTED);
+    expect(calls).toBeGreaterThan(1);
+    const text = impatientShim.metrics.render();
+    expect(text).toMatch(/^probe_agent_shim_agent_errors_total\{cause="exhausted"\} 1$/m);
+    expect(text).toMatch(/^probe_agent_shim_hook_waits_total\{outcome="gave_up"\} 1$/m);
+    expect(text).toMatch(/^probe_agent_shim_intercepted_total\{kind="postStart",answer="error"\} 1$/m);
+    script = [];
+  });
+});
+
+describe("the shim's metrics endpoints", () => {
+  function getUnix(socketPath: string, urlPath: string): Promise<{ status: number; body: string }> {
+    return new Promise((resolve, reject) => {
+      const req = request({ socketPath, path: urlPath }, (res) => {
+        let body = '';
+        res.on('data', (c: Buffer) => (body += c.toString()));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+  }
+
+  it('probe-agent shim serves its counters on --metrics-socket (directory 0700, socket 0600) and still accepts the deprecated --hook-deadline', async () => {
+    const CLI = new URL('../../agent/cli.ts', import.meta.url).pathname;
+    const dir = path.join(scratch, 'shim-run');
+    const metricsSock = path.join(dir, 'metrics.sock');
+    const listen = path.join(scratch, 'cli-cri.sock');
+    const child = spawn(process.execPath, [CLI, 'shim', '--listen', `unix://${listen}`, '--runtime-endpoint', `unix://${path.join(scratch, 'rt.sock')}`,
+      '--probe-socket', path.join(scratch, 'nobody.sock'), '--metrics-socket', metricsSock, '--hook-deadline', '2m'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    try {
+      await new Promise<void>((resolve, reject) => {
+        const t = setTimeout(() => reject(new Error(`shim did not start: ${stderr}`)), 20_000);
+        child.stderr!.on('data', (d: Buffer) => {
+          stderr += d.toString();
+          if (stderr.includes('shim listening')) {
+            clearTimeout(t);
+            resolve();
+          }
+        });
+        child.once('exit', (code) => reject(new Error(`shim exited ${code}: ${stderr}`)));
+      });
+      expect(stderr).toMatch(/--hook-deadline is deprecated and has no effect/);
+      expect(statSync(dir).mode & 0o777).toBe(0o700);
+      expect(statSync(metricsSock).mode & 0o777).toBe(0o600);
+      const kc = new KubeletCri(listen);
+      const v = await kc.call<{ runtimeName: string }>('Version', { version: 'v1' });
+      kc.close();
+      expect(v.ok).toBe(true);
+      const m = await getUnix(metricsSock, '/metrics');
+      expect(m.status).toBe(200);
+      expect(m.body).toMatch(/^probe_agent_shim_forwarded_total\{method="Version"\} 1$/m);
+      expect(m.body).toMatch(/^probe_agent_shim_runtime_errors_total 0$/m);
+      expect((await getUnix(metricsSock, '/other')).status).toBe(404);
+    } finally {
+      child.kill('SIGTERM');
+    }
+  });
+
+  it('--metrics-listen serves the same text over TCP; unknown CRI methods are counted as "other"', async () => {
+    const metrics = new ShimMetrics();
+    metrics.forwarded('/runtime.v1.RuntimeService/ListContainers');
+    metrics.forwarded('/runtime.v1.RuntimeService/NoSuchMethod');
+    metrics.forwarded('/something/else');
+    const srv = await startShimMetricsServer({ metrics, socketPath: '', listen: '127.0.0.1:0' });
+    try {
+      const res = await fetch(`http://127.0.0.1:${srv.port}/metrics`);
+      const text = await res.text();
+      expect(res.headers.get('content-type')).toMatch(/^text\/plain; version=0\.0\.4/);
+      expect(text).toMatch(/^probe_agent_shim_forwarded_total\{method="ListContainers"\} 1$/m);
+      expect(text).toMatch(/^probe_agent_shim_forwarded_total\{method="other"\} 2$/m);
+    } finally {
+      await srv.close();
+    }
   });
 });

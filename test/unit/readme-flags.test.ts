@@ -6,6 +6,7 @@ import { readFileSync } from 'node:fs';
 import { Command } from 'commander';
 import { describe, expect, it } from 'vitest';
 import { registerRunCommand } from '../../agent/cli/run-command.ts';
+import { registerShimCommand } from '../../agent/cli/shim-command.ts';
 
 const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8');
 
@@ -20,6 +21,16 @@ function runOptions() {
 describe('README flag reference', () => {
   it('lists every run flag', () => {
     const missing = runOptions().map((o) => o.long as string).filter((long) => !readme.includes(`\`${long}\``));
+    expect(missing).toEqual([]);
+  });
+
+  it('lists every shim flag in the shim flag table', () => {
+    const program = new Command();
+    registerShimCommand(program);
+    const shim = program.commands.find((c) => c.name() === 'shim');
+    if (!shim) throw new Error('no shim command');
+    const section = readme.slice(readme.indexOf('### `probe-agent shim`'), readme.indexOf('### `probe-agent hook`'));
+    const missing = shim.options.map((o) => o.long as string).filter((long) => !section.includes(`| \`${long}\` |`));
     expect(missing).toEqual([]);
   });
 

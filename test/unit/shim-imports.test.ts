@@ -12,7 +12,8 @@ import { describe, expect, it } from 'vitest';
 const AGENT = fileURLToPath(new URL('../../agent/', import.meta.url));
 const ALLOWED = [
   'shim/main.ts', 'shim/proxy.ts', 'shim/answer.ts', 'shim/deadline.ts', 'shim/exec-sync.ts', 'shim/upstream.ts',
-  'api/protowire.ts', 'api/handler-wire.ts', 'api/shim-client.ts', 'rewrite/shim-command.ts',
+  'shim/hook-runner.ts', 'shim/metrics.ts', 'shim/metrics-server.ts',
+  'api/protowire.ts', 'api/handler-wire.ts', 'api/shim-client.ts', 'api/hook-refusal.ts', 'rewrite/shim-command.ts',
 ];
 
 function graph(entry: string): { modules: Set<string>; packages: Set<string> } {

@@ -1,0 +1,127 @@
+/**
+ * The shim's own counters, in the Prometheus text format written by hand: the shim loads no npm
+ * package (test/unit/shim-imports.test.ts). Every label value is from a fixed set, so the series
+ * count is bounded whatever kubelet or a pod sends. Counting costs a Map lookup and an addition
+ * on kubelet's path; rendering happens only when someone scrapes.
+ */
+
+/** Why a rewritten handler was not answered by the agent. */
+export type AgentErrorCause = 'unreachable' | 'unavailable' | 'timeout' | 'refused' | 'exhausted' | 'bad_command' | 'other';
+
+/** What the shim answered an intercepted ExecSync: an exit code 0, a non-zero one, or a gRPC error. */
+export type InterceptAnswer = 'success' | 'failure' | 'error';
+
+/** How a hook that had to wait for the agent ended: it reached the agent, or the wait ran out. */
+export type HookWaitOutcome = 'ran' | 'gave_up';
+
+/** The intercepted kinds, plus 'unknown' for a command the shim could not decode. */
+export const INTERCEPT_KINDS = ['liveness', 'readiness', 'startup', 'postStart', 'preStop', 'unknown'] as const;
+export type InterceptKind = (typeof INTERCEPT_KINDS)[number];
+
+/** CRI methods (runtime.v1 RuntimeService and ImageService) named in the forwarded counter; anything else is "other". */
+export const KNOWN_CRI_METHODS: readonly string[] = [
+  'Version', 'RunPodSandbox', 'StopPodSandbox', 'RemovePodSandbox', 'PodSandboxStatus', 'ListPodSandbox',
+  'CreateContainer', 'StartContainer', 'StopContainer', 'RemoveContainer', 'ListContainers', 'ContainerStatus',
+  'UpdateContainerResources', 'ReopenContainerLog', 'ExecSync', 'Exec', 'Attach', 'PortForward',
+  'ContainerStats', 'ListContainerStats', 'PodSandboxStats', 'ListPodSandboxStats', 'UpdateRuntimeConfig',
+  'Status', 'CheckpointContainer', 'GetContainerEvents', 'ListMetricDescriptors', 'ListPodSandboxMetrics',
+  'RuntimeConfig', 'UpdatePodSandboxResources',
+  'ListImages', 'ImageStatus', 'PullImage', 'RemoveImage', 'ImageFsInfo',
+];
+
+/** Histogram buckets (seconds) of the intercept duration: a probe takes ms, a hook may take minutes. */
+export const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600];
+
+/** Full CRI paths of the known methods → their label: one Map lookup per forwarded call. */
+const LABEL_OF_PATH = new Map<string, string>(
+  ['/runtime.v1.RuntimeService/', '/runtime.v1.ImageService/'].flatMap((prefix) => KNOWN_CRI_METHODS.map((m) => [prefix + m, m] as [string, string])),
+);
+
+/** The bounded method label of a CRI call path. */
+export function methodLabel(path: string | undefined): string {
+  return (path !== undefined && LABEL_OF_PATH.get(path)) || 'other';
+}
+
+interface Histogram {
+  buckets: number[];
+  sum: number;
+  count: number;
+}
+
+/** The shim's counters. */
+export class ShimMetrics {
+  readonly #forwarded = new Map<string, number>();
+  readonly #intercepted = new Map<string, number>();
+  readonly #agentErrors = new Map<AgentErrorCause, number>();
+  readonly #hookWaits = new Map<HookWaitOutcome, number>();
+  readonly #durations = new Map<InterceptKind, Histogram>();
+  #runtimeErrors = 0;
+
+  /** One call passed through to the runtime, by its `:path`. */
+  forwarded(path: string | undefined): void {
+    const m = methodLabel(path);
+    this.#forwarded.set(m, (this.#forwarded.get(m) ?? 0) + 1);
+  }
+
+  /** One intercepted ExecSync answered, with how long the shim took. */
+  intercepted(kind: InterceptKind, answer: InterceptAnswer, seconds: number): void {
+    const key = `${kind}\u0000${answer}`;
+    this.#intercepted.set(key, (this.#intercepted.get(key) ?? 0) + 1);
+    let h = this.#durations.get(kind);
+    if (!h) {
+      h = { buckets: DURATION_BUCKETS.map(() => 0), sum: 0, count: 0 };
+      this.#durations.set(kind, h);
+    }
+    for (let i = 0; i < DURATION_BUCKETS.length; i++) if (seconds <= DURATION_BUCKETS[i]!) h.buckets[i]!++;
+    h.sum += seconds;
+    h.count++;
+  }
+
+  /** One rewritten handler the agent did not answer, by cause. */
+  agentError(cause: AgentErrorCause): void {
+    this.#agentErrors.set(cause, (this.#agentErrors.get(cause) ?? 0) + 1);
+  }
+
+  /** One hook that had to wait for the agent, by how the wait ended. */
+  hookWait(outcome: HookWaitOutcome): void {
+    this.#hookWaits.set(outcome, (this.#hookWaits.get(outcome) ?? 0) + 1);
+  }
+
+  /** One forwarded call the runtime could not take (unreachable, reset). */
+  runtimeError(): void {
+    this.#runtimeErrors++;
+  }
+
+  /** The Prometheus text exposition (format 0.0.4). */
+  render(): string {
+    const out: string[] = [];
+    const family = (name: string, type: string, help: string): void => {
+      out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
+    };
+    family('probe_agent_shim_forwarded_total', 'counter', 'CRI calls passed through to the runtime, by method.');
+    for (const [m, v] of sorted(this.#forwarded)) out.push(`probe_agent_shim_forwarded_total{method="${m}"} ${v}`);
+    family('probe_agent_shim_intercepted_total', 'counter', 'Rewritten probes and hooks answered by the shim, by kind and answer (success: exit 0, failure: non-zero exit, error: a gRPC error).');
+    for (const [key, v] of sorted(this.#intercepted)) {
+      const [kind, answer] = key.split('\u0000');
+      out.push(`probe_agent_shim_intercepted_total{kind="${kind}",answer="${answer}"} ${v}`);
+    }
+    family('probe_agent_shim_agent_errors_total', 'counter', 'Rewritten probes and hooks the agent did not answer, by cause.');
+    for (const [c, v] of sorted(this.#agentErrors)) out.push(`probe_agent_shim_agent_errors_total{cause="${c}"} ${v}`);
+    family('probe_agent_shim_hook_waits_total', 'counter', 'Hooks that waited for the agent (down, starting or draining), by outcome.');
+    for (const [o, v] of sorted(this.#hookWaits)) out.push(`probe_agent_shim_hook_waits_total{outcome="${o}"} ${v}`);
+    family('probe_agent_shim_intercept_duration_seconds', 'histogram', 'Time from a rewritten ExecSync read to its answer, by kind.');
+    for (const [kind, h] of sorted(this.#durations)) {
+      DURATION_BUCKETS.forEach((le, i) => out.push(`probe_agent_shim_intercept_duration_seconds_bucket{kind="${kind}",le="${le}"} ${h.buckets[i]}`));
+      out.push(`probe_agent_shim_intercept_duration_seconds_bucket{kind="${kind}",le="+Inf"} ${h.count}`);
+      out.push(`probe_agent_shim_intercept_duration_seconds_sum{kind="${kind}"} ${h.sum}`);
+      out.push(`probe_agent_shim_intercept_duration_seconds_count{kind="${kind}"} ${h.count}`);
+    }
+    family('probe_agent_shim_runtime_errors_total', 'counter', 'Forwarded CRI calls the runtime could not take (unreachable or reset).');
+    out.push(`probe_agent_shim_runtime_errors_total ${this.#runtimeErrors}`);
+    return `${out.join('\n')}\n`;
+  }
+}
+
+function sorted<K extends string, V>(m: Map<K, V>): [K, V][] {
+  return [...m].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+}
