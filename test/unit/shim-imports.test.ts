@@ -12,6 +12,7 @@ import { describe, expect, it } from 'vitest';
 const AGENT = fileURLToPath(new URL('../../agent/', import.meta.url));
 const ALLOWED = [
   'shim/main.ts', 'shim/proxy.ts', 'shim/answer.ts', 'shim/deadline.ts', 'shim/exec-sync.ts', 'shim/upstream.ts',
+  'shim/handoff.ts', 'shim/authority.ts', 'shim/hpack.ts', 'shim/huffman.ts',
   'api/protowire.ts', 'api/handler-wire.ts', 'api/shim-client.ts', 'rewrite/shim-command.ts',
 ];
 
