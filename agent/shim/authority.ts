@@ -105,10 +105,17 @@ export function frame(type: number, flags: number, streamId: number, payload: Bu
   return Buffer.concat([h, payload]);
 }
 
-/** Splits a client's byte stream into its preface and frames, bounded by H2_LIMITS.maxFrameSize. */
+/**
+ * Splits a client's byte stream into its preface and frames, bounded by H2_LIMITS.maxFrameSize
+ * (`expectPreface` false: a server's stream, frames from the first octet).
+ */
 export class FrameReader {
   #buf: Buffer = Buffer.alloc(0);
-  #prefaceSeen = false;
+  #prefaceSeen: boolean;
+
+  constructor(expectPreface = true) {
+    this.#prefaceSeen = !expectPreface;
+  }
 
   /** Octets received but not yet returned as a frame. */
   get pending(): Buffer {
