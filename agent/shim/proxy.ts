@@ -20,6 +20,7 @@ import { ShimMetrics, type AgentErrorCause, type InterceptKind } from './metrics
 import { parseGrpcTimeout } from './deadline.ts';
 import { decodeExecSyncRequest, encodeExecSyncResponse, EXEC_SYNC_PATH, mayBeShimCommand, type ExecSyncRequest } from './exec-sync.ts';
 import { H2_SETTINGS, UpstreamSession } from './upstream.ts';
+import { handOff, type Handoff } from './handoff.ts';
 
 /** How the shim is configured. */
 export interface ShimConfig {
@@ -90,7 +91,12 @@ export class CriShim {
   readonly #runtime: UpstreamSession;
   readonly #agent: ShimProbeClient;
   readonly #log: ShimLog;
+  /** Serves the HTTP/2 connections handOff gives it; never listens itself. */
   readonly #server: http2.Http2Server;
+  /** Accepts kubelet's connections on the shim socket. */
+  readonly #listener: net.Server;
+  /** Connections not yet handed to #server (waiting for their first request). */
+  readonly #handoffs = new Set<Handoff>();
   readonly #sessions = new Set<http2.ServerHttp2Session>();
   readonly #warned = new Map<string, { at: number; suppressed: number }>();
 
@@ -108,6 +114,26 @@ export class CriShim {
       s.on('error', () => {});
     });
     this.#server.on('stream', (stream, headers) => this.#onStream(stream, headers));
+    this.#listener = net.createServer((socket) => this.#accept(socket));
+  }
+
+  /**
+   * Hands a new connection to the HTTP/2 server: natively when its requests' :authority passes
+   * nghttp2's check, else through the authority rewrite (kubelet before 1.31 sends the socket path).
+   */
+  #accept(socket: net.Socket): void {
+    const h = handOff(socket, this.#server, {
+      carried: (how, authority) => {
+        this.#handoffs.delete(h);
+        if (how === 'rewritten') this.#log('info', 'client :authority refused by HTTP/2, rewriting it on this connection', { authority: authority ?? null, substitute: 'localhost' });
+      },
+      refused: (err) => {
+        this.#handoffs.delete(h);
+        this.#warn('closing a connection that is not HTTP/2 the shim can carry', { error: err.message });
+      },
+    });
+    this.#handoffs.add(h);
+    socket.once('close', () => this.#handoffs.delete(h));
   }
 
   /** Listens on the shim socket (mode 0600; a stale socket file is replaced). */
@@ -126,9 +152,9 @@ export class CriShim {
       if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
     }
     await new Promise<void>((resolve, reject) => {
-      this.#server.once('error', reject);
-      this.#server.listen(p, () => {
-        this.#server.off('error', reject);
+      this.#listener.once('error', reject);
+      this.#listener.listen(p, () => {
+        this.#listener.off('error', reject);
         resolve();
       });
     });
@@ -137,7 +163,8 @@ export class CriShim {
 
   /** Stops accepting, lets calls in flight finish for up to `graceMs`, then closes everything. */
   async close(graceMs = 5000): Promise<void> {
-    const closed = new Promise<void>((resolve) => this.#server.close(() => resolve()));
+    const closed = new Promise<void>((resolve) => this.#listener.close(() => resolve()));
+    for (const h of this.#handoffs) h.cancel();
     for (const s of this.#sessions) s.close();
     const timer = setTimeout(() => {
       for (const s of this.#sessions) s.destroy();

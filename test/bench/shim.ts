@@ -40,6 +40,8 @@ export interface ShimBenchOptions {
   probes: number;
   execs: number;
   callsPerMethod: number;
+  /** The `:authority` the kubelet-shaped client sends the shim (BENCH_SHIM_AUTHORITY; default grpc-js's, `localhost`): a socket path measures kubelet before 1.31, whose connection the shim rewrites. */
+  authority?: string;
   /** `node <cli> run` starts the agent (default: the built dist/cli.js). */
   cli?: string;
   log: (line: string) => void;
@@ -135,7 +137,8 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     const shim = await spawnLogged(process.execPath, [...prof('shim'), path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
     const startupMs = round(performance.now() - tShim, 1);
     procs.push(shim);
-    const viaShim = new KubeletCri(shimSock);
+    const viaShim = new KubeletCri(shimSock, o.authority ? { 'grpc.default_authority': o.authority } : {});
+    if (o.authority) o.log(`shim: the client sends :authority ${JSON.stringify(o.authority)}`);
     const direct = new KubeletCri(lab.socket);
     clients.push(viaShim, direct);
 
@@ -289,6 +292,7 @@ export function shimBenchOptions(env: NodeJS.ProcessEnv, log: (l: string) => voi
     probes: n('BENCH_SHIM_PROBES', quick ? 40 : 1000),
     execs: n('BENCH_SHIM_EXECS', quick ? 10 : 200),
     callsPerMethod: n('BENCH_SHIM_CALLS', quick ? 40 : 1000),
+    ...(env.BENCH_SHIM_AUTHORITY ? { authority: env.BENCH_SHIM_AUTHORITY } : {}),
     log,
   };
 }

@@ -24,9 +24,11 @@ export type CriAnswer<T = Record<string, unknown>> =
 /** One connection to a CRI endpoint. */
 export class KubeletCri {
   readonly client: grpc.Client;
-  constructor(socketPath: string) {
+  /** `options`: extra channel options, e.g. `grpc.default_authority` to send the `:authority` an older kubelet sends. */
+  constructor(socketPath: string, options: grpc.ChannelOptions = {}) {
     this.client = new grpc.Client(`unix:${socketPath}`, grpc.credentials.createInsecure(), {
       'grpc.max_receive_message_length': 16 * 1024 * 1024,
+      ...options,
     });
   }
 
