@@ -408,15 +408,28 @@ describe('transformObject', () => {
 
   it.each(REWRITTEN_KINDS)('rewrites the pod template of a %s, in place, and undoes it exactly', (kind) => {
     const input = deepFreeze(shapes[kind]!);
-    const r = transformObject(input, 'rewrite');
+    const opts = { daemonSets: 'shim-nodes-only' as const };
+    const r = transformObject(input, 'rewrite', '', opts);
     expect(r.changed).toBe(true);
     const out = r.object as Obj;
     expect(Object.keys(out)).toEqual(Object.keys(input));
     expect(podOf(out).spec.containers[0].readinessProbe.exec).toBeDefined();
     expect(podOf(out).metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).toBeDefined();
     if (kind !== 'Pod') expect(out.metadata).toEqual(input.metadata);
-    expect(transformObject(out, 'rewrite').changed).toBe(false);
+    expect(transformObject(out, 'rewrite', '', opts).changed).toBe(false);
     expect(exact(transformObject(out, 'undo').object)).toBe(exact(input));
+  });
+
+  it('leaves a DaemonSet as written by default, saying why (its controller would delete its pods on nodes without the shim)', () => {
+    const ds = deepFreeze(shapes.DaemonSet!);
+    const r = transformObject(ds, 'rewrite');
+    expect(r.object).toBe(ds);
+    expect(r.changed).toBe(false);
+    expect(r.notes).toEqual([expect.stringMatching(/^spec\.template\.spec: left unchanged: a DaemonSet's template with the shim node affinity would make its controller delete its pods on every node without the shim/)]);
+    // A DaemonSet with nothing to rewrite says nothing; the undo of one rewritten earlier still works.
+    expect(transformObject({ ...ds, spec: { ...ds.spec, template: { spec: { containers: [web()] } } } }, 'rewrite').notes).toBeUndefined();
+    const rewritten = transformObject(ds, 'rewrite', '', { daemonSets: 'shim-nodes-only' }).object;
+    expect(exact(transformObject(rewritten, 'undo').object)).toBe(exact(ds));
   });
 
   it('rewrites List items and passes other kinds through', () => {
