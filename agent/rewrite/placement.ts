@@ -79,3 +79,11 @@ export function pinnedNodeName(spec: Obj): string | undefined {
   }
   return node;
 }
+
+/**
+ * Node annotation set at the start of a rollback (docs/closing-the-hole.md): the webhook stops
+ * rewriting the DaemonSet pods made for that node, so the daemon pods deleted during the rollback
+ * come back as written and the node can be proven free of rewritten pods. It does not touch
+ * scheduling (a label would: kubelet re-checks required node affinity when it restarts).
+ */
+export const SHIM_ROLLBACK_ANNOTATION = 'probe-agent.io/shim-rollback';
