@@ -55,7 +55,8 @@ function requireKubectl(): void {
 
 /** Objects of the kubelet-shim component's installer (its own workload, role and account). */
 function isShimInstaller(o: Obj): boolean {
-  return String(o.metadata?.name ?? '').startsWith('probe-agent-shim-installer');
+  // The shim installer and the rewrite webhook are separate workloads with their own roles, checked with their components.
+  return String(o.metadata?.name ?? '').startsWith('probe-agent-shim-installer') || o.metadata?.name === 'probe-agent-webhook';
 }
 
 function render(v: Variant): Obj[] {
@@ -392,7 +393,11 @@ describe('rewrite-webhook component', () => {
     expect(c.image).toBe(agentImage);
     const spec = deployment().spec.template.spec;
     expect(spec.hostNetwork ?? false).toBe(false);
-    expect(spec.automountServiceAccountToken).toBe(false);
+    // It reads one Node or RuntimeClass by name (DaemonSet pods, sandboxed classes), nothing else.
+    expect(spec.automountServiceAccountToken).toBe(true);
+    expect(spec.serviceAccountName).toBe('probe-agent-webhook');
+    const role = docs().find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'probe-agent-webhook');
+    expect(role.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['get'] }, { apiGroups: ['node.k8s.io'], resources: ['runtimeclasses'], verbs: ['get'] }]);
     expect(spec.securityContext.runAsNonRoot).toBe(true);
     expect(c.securityContext).toEqual({ allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } });
     expect((spec.volumes as Obj[]).every((vol) => !vol.hostPath)).toBe(true);
