@@ -328,10 +328,10 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     }
   });
 
-  if (has('kubelet-shim')) it('installs the shim with patch on nodes only, its own service account, and the installer files it runs', () => {
-    const own = docs().filter(isShimInstaller);
+  if (has('kubelet-shim')) it('installs the shim with patch on nodes and list on pods only (unlabel proves no rewritten pod is left), its own service account, and the installer files it runs', () => {
+    const own = docs().filter((o) => String(o.metadata?.name ?? '').startsWith('probe-agent-shim-installer'));
     const role = own.find((o) => o.kind === 'ClusterRole')!;
-    expect(role.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['patch'] }]);
+    expect(role.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['patch'] }, { apiGroups: [''], resources: ['pods'], verbs: ['list'] }]);
     const binding = own.find((o) => o.kind === 'ClusterRoleBinding')!;
     expect(binding.subjects).toEqual([{ kind: 'ServiceAccount', name: 'probe-agent-shim-installer', namespace: v.namespace ?? 'probe-agent' }]);
     const ds = own.find((o) => o.kind === 'DaemonSet')!;
