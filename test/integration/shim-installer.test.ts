@@ -16,6 +16,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { nodeObject, startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
+import { ApiServerReader } from '../../agent/webhook/cluster-reader.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const COMPONENT = path.join(ROOT, 'deploy/components/kubelet-shim');
@@ -350,5 +351,189 @@ describe('install-shim.sh: the label that never kills a pod', () => {
       api.down = false;
     }
     expect(labelOf()).toBe('ready');
+  });
+});
+
+/**
+ * docs/closing-the-hole.md's procedures in order, on one node, with the real installer script,
+ * the real admission code (reading the API server stand-in) and the stand-in's objects. Kubelet
+ * and the scheduler cannot run here; their two decisions that matter are modelled below from
+ * their documented rules: the scheduler places a pod on a node only when its required node
+ * affinity matches and it tolerates the node's NoSchedule/NoExecute taints; kubelet, when it
+ * restarts, re-admits each running pod and rejects (kills) one whose required node affinity no
+ * longer matches or that does not tolerate a NoExecute taint (finding 4).
+ */
+describe('closing-the-hole procedures, step by step (installer + webhook + API server stand-in)', () => {
+  type Pod = Record<string, any>;
+  let api: ApiServerStandIn;
+  let root: string;
+  let hostRoot: string;
+  const NODE = 'node-p';
+  const node = () => api.nodes.get(NODE)!;
+
+  const matchesTerm = (term: Pod, n: Pod): boolean =>
+    (term.matchExpressions ?? []).every((e: Pod) => {
+      const v = n.metadata.labels?.[e.key];
+      if (e.operator === 'In') return v !== undefined && e.values.includes(v);
+      if (e.operator === 'NotIn') return v === undefined || !e.values.includes(v);
+      if (e.operator === 'Exists') return v !== undefined;
+      if (e.operator === 'DoesNotExist') return v === undefined;
+      return false;
+    }) && (term.matchFields ?? []).every((f: Pod) => f.key === 'metadata.name' && f.operator === 'In' && f.values.includes(n.metadata.name));
+  const affinityMatches = (pod: Pod, n: Pod): boolean => {
+    const terms = pod.spec.affinity?.nodeAffinity?.requiredDuringSchedulingIgnoredDuringExecution?.nodeSelectorTerms;
+    return !terms || terms.some((t: Pod) => matchesTerm(t, n));
+  };
+  const tolerates = (pod: Pod, taint: Pod): boolean => (pod.spec.tolerations ?? []).some((t: Pod) =>
+    (t.key === taint.key || (!t.key && t.operator === 'Exists')) && (!t.effect || t.effect === taint.effect) && (t.operator === 'Exists' || (t.value ?? '') === (taint.value ?? '')));
+  const schedulerPlaces = (pod: Pod, n: Pod): boolean => affinityMatches(pod, n)
+    && (n.spec.taints ?? []).filter((t: Pod) => t.effect !== 'PreferNoSchedule').every((t: Pod) => tolerates(pod, t));
+  const kubeletReadmits = (pod: Pod, n: Pod): boolean => affinityMatches(pod, n)
+    && (n.spec.taints ?? []).filter((t: Pod) => t.effect === 'NoExecute').every((t: Pod) => tolerates(pod, t));
+  const onNode = () => api.pods.filter((p) => p.spec.nodeName === NODE);
+  const isRewritten = (p: Pod) => JSON.stringify(p.spec).includes('/.probe-agent/v1');
+
+  async function admitPod(pod: Pod, reader: ApiServerReader | undefined): Promise<Pod> {
+    if (!reader) return pod; // the webhook is down: failurePolicy Ignore admits the pod as written
+    const { admit } = await import('../../agent/webhook/admission.ts');
+    const { applyJsonPatch } = await import('../support/json-patch-apply.ts');
+    const r = await admit({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', request: { uid: 'u', kind: { kind: 'Pod' }, resource: { resource: 'pods' }, operation: 'CREATE', object: pod } }, 'all', { cluster: reader });
+    const patch = r.review.response.patch;
+    return patch ? applyJsonPatch(pod, JSON.parse(Buffer.from(patch, 'base64').toString('utf8'))) : pod;
+  }
+  /** Creates a pod (through the webhook unless it is down) and binds it to the node when the scheduler would. */
+  async function create(name: string, reader: ApiServerReader | undefined, daemon = false): Promise<Pod> {
+    const pod: Pod = { apiVersion: 'v1', kind: 'Pod', metadata: { namespace: 'shop', name },
+      spec: { containers: [{ name: 'a', image: 'i', ports: [{ name: 'http', containerPort: 80 }], readinessProbe: { httpGet: { port: 'http' } }, lifecycle: { postStart: { httpGet: { port: 80 } } } }] }, status: { phase: 'Pending' } };
+    if (daemon) {
+      // What the DaemonSet controller gives each daemon pod: the pin to its node and its default tolerations.
+      pod.spec.affinity = { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: [{ matchFields: [{ key: 'metadata.name', operator: 'In', values: [NODE] }] }] } } };
+      pod.spec.tolerations = [{ key: 'node.kubernetes.io/unschedulable', operator: 'Exists', effect: 'NoSchedule' }, { key: 'node.kubernetes.io/not-ready', operator: 'Exists', effect: 'NoExecute' }];
+    }
+    const admitted = await admitPod(pod, reader);
+    if (schedulerPlaces(admitted, node())) {
+      admitted.spec.nodeName = NODE;
+      admitted.status.phase = 'Running';
+      api.pods.push(admitted);
+    }
+    return admitted;
+  }
+  const kubeletRestartKills = () => onNode().filter((p) => !kubeletReadmits(p, node())).map((p) => p.metadata.name);
+  async function installer(cmd: string): Promise<{ code: number; stderr: string }> {
+    const child = spawn('bash', [SCRIPT, cmd], { stdio: ['ignore', 'ignore', 'pipe'], env: {
+      ...process.env, HOST_ROOT: hostRoot, SHIM_SRC: ROOT, NODE_BIN: process.execPath, SYSTEMCTL: path.join(root, 'systemctl'),
+      NODE_NAME: NODE, KUBERNETES_API_URL: api.url, TOKEN_FILE: path.join(root, 'no-token'), ONESHOT: '1', UNLABEL_SETTLE: '0' } });
+    let stderr = '';
+    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    return { code: await new Promise<number>((r) => child.once('exit', (c) => r(c ?? -1))), stderr };
+  }
+  function kubelet(endpoint: string): void {
+    mkdirSync(path.join(hostRoot, 'var/lib/kubelet'), { recursive: true });
+    writeFileSync(path.join(hostRoot, 'var/lib/kubelet/config.yaml'), `kind: KubeletConfiguration\ncontainerRuntimeEndpoint: ${endpoint}\n`);
+  }
+
+  beforeAll(async () => {
+    api = await startApiServerStandIn();
+    api.nodes.set(NODE, nodeObject(NODE));
+    root = mkdtempSync(path.join(tmpdir(), 'shim-procedures-'));
+    hostRoot = path.join(root, 'host');
+    mkdirSync(path.join(hostRoot, 'etc/systemd/system'), { recursive: true });
+    writeFileSync(path.join(root, 'systemctl'), '#!/bin/sh\nexit 0\n');
+    chmodSync(path.join(root, 'systemctl'), 0o755);
+  });
+  afterAll(async () => {
+    await api?.close();
+    if (root) rmSync(root, { recursive: true, force: true });
+  });
+
+  it('install, rollout, close, shim down, kubelet restarts, webhook outage, rollback and uninstall never kill a running pod, and no rewritten pod runs without the shim', async () => {
+    const reader = new ApiServerReader({ url: api.url, ttlMs: 0 });
+    try {
+      // Install: the component puts the shim on the node; kubelet still talks to containerd: no label.
+      kubelet('unix:///run/containerd/containerd.sock');
+      expect((await installer('install')).code).toBe(0);
+      expect(node().metadata.labels['probe-agent.io/shim']).toBeUndefined();
+      // A pod created now is rewritten, but no node takes it (Pending), and a daemon pod for this node stays as written.
+      expect(isRewritten(await create('early', reader))).toBe(true);
+      expect(onNode()).toEqual([]);
+      expect(isRewritten(await create('daemon-early', reader, true))).toBe(false);
+      expect(onNode().map((p) => p.metadata.name)).toEqual(['daemon-early']);
+
+      // Switch kubelet to the shim (config + restart); the shim answers; the installer labels the node.
+      kubelet('unix:///run/probe-agent/cri.sock');
+      const sock = path.join(hostRoot, 'run/probe-agent/cri.sock');
+      mkdirSync(path.dirname(sock), { recursive: true });
+      const shim = net.createServer((c) => c.destroy());
+      await new Promise<void>((r) => shim.listen(sock, r));
+      expect(kubeletRestartKills()).toEqual([]);
+      expect((await installer('install')).code).toBe(0);
+      expect(node().metadata.labels['probe-agent.io/shim']).toBe('ready');
+
+      // Rollout: rewritten pods and daemon pods land on the node.
+      expect(isRewritten(await create('web-1', reader))).toBe(true);
+      expect(isRewritten(await create('daemon-1', reader, true))).toBe(true);
+      expect(onNode().filter(isRewritten).map((p) => p.metadata.name)).toEqual(['web-1', 'daemon-1']);
+
+      // Close the hole: taint first. Unrewritten pods already running stay (NoSchedule evicts nothing).
+      node().spec.taints = [{ key: 'probe-agent.io/hole-closed', effect: 'NoSchedule' }];
+      expect(kubeletRestartKills()).toEqual([]);
+      // Webhook outage: a pod created now keeps its network probes and is not placed on the closed node.
+      const during = await create('during-outage', undefined);
+      expect(isRewritten(during)).toBe(false);
+      expect(onNode().map((p) => p.metadata.name)).not.toContain('during-outage');
+      // With the webhook back, a new pod is rewritten and tolerated there.
+      expect(isRewritten(await create('web-2', reader))).toBe(true);
+      expect(onNode().map((p) => p.metadata.name)).toContain('web-2');
+
+      // The shim goes down (and the installer checks meanwhile), kubelet restarts: nothing is killed.
+      await new Promise<void>((r) => shim.close(() => r()));
+      expect((await installer('install')).code).toBe(0);
+      expect(node().metadata.labels['probe-agent.io/shim']).toBe('ready');
+      expect(kubeletRestartKills()).toEqual([]);
+
+      // Roll back, in the documented order. A premature unlabel/uninstall is refused.
+      expect((await installer('unlabel')).code).toBe(4);
+      expect((await installer('uninstall')).code).toBe(4);
+      // 1. Open the hole on this node again (close-hole off there, then the taint goes): kubelet's own probes work again.
+      node().spec.taints = node().spec.taints.filter((t: Pod) => t.key !== 'probe-agent.io/hole-closed');
+      // 2. Mark the rollback and cordon.
+      node().metadata.annotations['probe-agent.io/shim-rollback'] = 'true';
+      node().spec.unschedulable = true;
+      node().spec.taints.push({ key: 'node.kubernetes.io/unschedulable', effect: 'NoSchedule' });
+      expect(kubeletRestartKills()).toEqual([]);
+      // 3. drain --ignore-daemonsets: the non-daemon pods go (rescheduled elsewhere).
+      api.pods = api.pods.filter((p) => p.spec.nodeName !== NODE || p.metadata.name.startsWith('daemon'));
+      // 4. Delete the rewritten daemon pods: the controller recreates them (they tolerate unschedulable),
+      //    and the webhook leaves them as written for a node being rolled back.
+      const daemons = onNode().filter(isRewritten).map((p) => p.metadata.name);
+      expect(daemons).toEqual(['daemon-1']);
+      for (const name of daemons) {
+        api.pods.splice(api.pods.findIndex((p) => p.metadata.name === name), 1);
+        expect(isRewritten(await create(name, reader, true)), name).toBe(false);
+      }
+      expect(onNode().map((p) => p.metadata.name).sort()).toEqual(['daemon-1', 'daemon-early']);
+      expect(onNode().filter(isRewritten)).toEqual([]);
+      // 5. unlabel proves it and removes the label.
+      const unlabel = await installer('unlabel');
+      expect(unlabel.code, unlabel.stderr).toBe(0);
+      expect(node().metadata.labels['probe-agent.io/shim']).toBeUndefined();
+      // 6. Switch kubelet back and restart it: nothing left on the node needs the label.
+      kubelet('unix:///run/containerd/containerd.sock');
+      expect(kubeletRestartKills()).toEqual([]);
+      // 7. Uninstall; 8. uncordon and drop the mark: new pods are created as written, kubelet probes them.
+      const uninstall = await installer('uninstall');
+      expect(uninstall.code, uninstall.stderr).toBe(0);
+      expect(existsSync(path.join(hostRoot, 'opt/probe-agent-shim'))).toBe(false);
+      node().spec.unschedulable = false;
+      node().spec.taints = [];
+      delete node().metadata.annotations['probe-agent.io/shim-rollback'];
+      // A pod the webhook rewrites now cannot land here; one made for this node by a DaemonSet is left as written.
+      expect(isRewritten(await create('after', reader))).toBe(true);
+      expect(onNode().map((p) => p.metadata.name)).not.toContain('after');
+      expect(isRewritten(await create('daemon-after', reader, true))).toBe(false);
+      expect(kubeletRestartKills()).toEqual([]);
+    } finally {
+      await reader.close();
+    }
   });
 });
