@@ -336,10 +336,16 @@ export function rewritePod(input: Obj, base = '', options: RewriteOptions = {}):
   const loopback = loopbackPolicy(pod, options.loopbackHost);
   const handlers: Record<string, Obj> = {};
   let hasShimCommands = false;
+  /** Commands already there whose header values must come from the record. */
+  const needRecord: Slot[] = [];
   for (const slot of slots(spec, `${base}spec`)) {
     const key = handlerKey(slot);
     if (key === 'exec') {
-      if (shimHandlerOf(slot)) hasShimCommands = true;
+      const existingHandler = shimHandlerOf(slot);
+      if (existingHandler) {
+        hasShimCommands = true;
+        if (needsAnnotationValues(existingHandler)) needRecord.push(slot);
+      }
       continue;
     }
     if (key === null || !slot.network.includes(key)) continue;
@@ -377,6 +383,10 @@ export function rewritePod(input: Obj, base = '', options: RewriteOptions = {}):
   }
 
   const existing = readRecord(isObj(pod.metadata) ? pod.metadata : undefined, base);
+  for (const slot of needRecord) {
+    // The agent could never send that header: say so rather than admit a probe that cannot run as written.
+    if (!existing?.handlers[slot.key]) throw new RewriteError(`${slot.path}.exec.command`, `its header values live in the ${ORIGINAL_HANDLERS_ANNOTATION} annotation, which has no "${slot.key}" entry (the annotation was stripped or edited)`);
+  }
   const added = ensureShimAffinity(spec, base);
   added.push(...addPlacement(spec, base, () => ensureClosedHoleToleration(spec)));
   if (Object.keys(handlers).length === 0 && added.length === 0) return { pod: input, changed: false };

@@ -100,6 +100,8 @@ describe('rewritePod', () => {
     const stripped = structuredClone(out);
     delete stripped.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION];
     expect(() => undoPod(stripped)).toThrow(/header values live only in the probe-agent.io\/original-handlers annotation/);
+    // And a rewrite of such a pod refuses too: the agent could not send those headers.
+    expect(() => rewritePod(stripped)).toThrow(/spec\.containers\[0\]\.livenessProbe\.exec\.command: its header values live in the probe-agent.io\/original-handlers annotation, which has no "web\/livenessProbe" entry/);
   });
 
   it('leaves a pod whose record would push its annotations past the API server\'s 256 KiB budget as written, saying why', () => {
