@@ -16,6 +16,8 @@
  * Pure.
  */
 
+import { RewriteError } from './errors.ts';
+
 type Obj = Record<string, unknown>;
 
 /** Taint key of nodes whose node->pod path is closed. */
@@ -43,16 +45,16 @@ export function toleratesClosedHole(spec: Obj): boolean {
 
 /**
  * Adds the closed-hole toleration to `spec` (which the caller owns) unless it already tolerates
- * the taint; returns the JSON pointers (relative to the pod) of what it created. Throws TypeError
- * naming the field when `tolerations` is not a list.
+ * the taint; returns the JSON pointers (relative to the pod) of what it created. Throws
+ * RewriteError when `tolerations` is not a list (`base` prefixes the field path).
  */
-export function ensureClosedHoleToleration(spec: Obj): string[] {
+export function ensureClosedHoleToleration(spec: Obj, base = ''): string[] {
   if (toleratesClosedHole(spec)) return [];
   if (spec.tolerations === undefined || spec.tolerations === null) {
     spec.tolerations = [{ ...CLOSED_HOLE_TOLERATION }];
     return ['/spec/tolerations'];
   }
-  if (!Array.isArray(spec.tolerations)) throw new TypeError('spec.tolerations: must be a list');
+  if (!Array.isArray(spec.tolerations)) throw new RewriteError(`${base}spec.tolerations`, 'must be a list');
   spec.tolerations.push({ ...CLOSED_HOLE_TOLERATION });
   return [`/spec/tolerations/${spec.tolerations.length - 1}`];
 }

@@ -353,7 +353,7 @@ export function rewritePod(input: Obj, base = '', options: RewriteOptions = {}):
       // A hostNetwork pod is probed on the node's own address, which the closed hole leaves open.
       if (options.tolerateWhenClean && spec.hostNetwork === true) {
         const tolerated = structuredClone(input);
-        const ok = isObj(tolerated.spec) && addPlacement(tolerated.spec, base, () => ensureClosedHoleToleration(tolerated.spec as Obj)).length > 0;
+        const ok = isObj(tolerated.spec) && ensureClosedHoleToleration(tolerated.spec, base).length > 0;
         if (ok) return { pod: tolerated, changed: true, skipped };
       }
       return { pod: input, changed: false, skipped };
@@ -379,7 +379,7 @@ export function rewritePod(input: Obj, base = '', options: RewriteOptions = {}):
   if (!hasShimCommands) {
     if (!options.tolerateWhenClean || (skipped && spec.hostNetwork !== true)) return { pod: input, changed: false };
     // Nothing of this pod needs the node->pod path (a hostNetwork pod is probed on the node's own address).
-    return addPlacement(spec, base, () => ensureClosedHoleToleration(spec)).length ? { pod, changed: true } : { pod: input, changed: false };
+    return ensureClosedHoleToleration(spec, base).length ? { pod, changed: true } : { pod: input, changed: false };
   }
 
   const existing = readRecord(isObj(pod.metadata) ? pod.metadata : undefined, base);
@@ -388,7 +388,7 @@ export function rewritePod(input: Obj, base = '', options: RewriteOptions = {}):
     if (!existing?.handlers[slot.key]) throw new RewriteError(`${slot.path}.exec.command`, `its header values live in the ${ORIGINAL_HANDLERS_ANNOTATION} annotation, which has no "${slot.key}" entry (the annotation was stripped or edited)`);
   }
   const added = ensureShimAffinity(spec, base);
-  added.push(...addPlacement(spec, base, () => ensureClosedHoleToleration(spec)));
+  added.push(...ensureClosedHoleToleration(spec, base));
   if (Object.keys(handlers).length === 0 && added.length === 0) return { pod: input, changed: false };
 
   if (pod.metadata === undefined || pod.metadata === null) {
@@ -413,16 +413,6 @@ export function rewritePod(input: Obj, base = '', options: RewriteOptions = {}):
     return { pod: input, changed: false, skipped: `the ${ORIGINAL_HANDLERS_ANNOTATION} annotation would bring the pod's annotations to ${size} bytes, over the API server's limit of ${ANNOTATIONS_BUDGET_BYTES}: the API server would refuse the pod, so its probes stay as written` };
   }
   return { pod, changed: true };
-}
-
-/** Runs a placement step, turning its TypeError (a malformed field) into a RewriteError. */
-function addPlacement(spec: Obj, base: string, step: () => string[]): string[] {
-  try {
-    return step();
-  } catch (err) {
-    if (err instanceof TypeError) throw new RewriteError(`${base}${err.message.split(':')[0]}`, err.message.split(': ').slice(1).join(': '));
-    throw err;
-  }
 }
 
 /** Total size of annotations as the API server counts it (keys + values, UTF-8 bytes). */

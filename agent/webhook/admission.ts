@@ -11,7 +11,7 @@
  */
 import { describeError } from '../errors.ts';
 import { RewriteError } from '../rewrite/errors.ts';
-import { isObj, rewritePod, SHIM_NODE_LABEL, SHIM_NODE_LABEL_VALUE, type LoopbackHostPolicy } from '../rewrite/pod-rewrite.ts';
+import { isObj, rewritePod, SHIM_NODE_LABEL, SHIM_NODE_LABEL_VALUE, type LoopbackHostPolicy, type PodResult, type RewriteOptions } from '../rewrite/pod-rewrite.ts';
 import { pinnedNodeName, SHIM_ROLLBACK_ANNOTATION } from '../rewrite/placement.ts';
 import type { ClusterReader } from './cluster-reader.ts';
 import { diffJson } from './json-patch.ts';
@@ -108,38 +108,53 @@ export async function admit(review: unknown, mode: OptInMode, context: Admission
     return warn('skipped', `pod is bound to node ${pod.spec.nodeName.slice(0, 64)} at creation: probes left unchanged (the shim node affinity needs the scheduler)`);
   }
   const spec = isObj(pod.spec) ? pod.spec : {};
-  // A DaemonSet pod is made for one node: rewrite it only when that node's kubelet uses the shim.
-  const pinned = pinnedNodeName(spec);
-  if (pinned !== undefined) {
-    const why = await nodeRefusal(pinned, context.cluster);
-    if (why) return warn('skipped', `probes left unchanged: ${why}`);
-  }
-  const runtimeHandlers = new Map<string, string>();
+  const options: RewriteOptions = { tolerateWhenClean: true, ...(context.loopbackHost ? { loopbackHost: context.loopbackHost } : {}) };
+  // A pod naming a RuntimeClass is judged by the class's handler: one cached GET per class.
   const rc = spec.runtimeClassName;
-  if (typeof rc === 'string' && rc !== '' && context.cluster) {
+  if (typeof rc === 'string' && rc !== '' && spec.hostNetwork !== true && context.cluster) {
+    let handler;
     try {
-      const handler = await context.cluster.runtimeHandler(rc);
-      if (handler === null) return warn('skipped', `probes left unchanged: RuntimeClass ${rc.slice(0, 64)} not found`);
-      runtimeHandlers.set(rc, handler);
+      handler = await context.cluster.runtimeHandler(rc);
     } catch (err) {
       return warn('skipped', `probes left unchanged: cannot read RuntimeClass ${rc.slice(0, 64)}: ${describeError(err)}`);
     }
+    if (handler === null) return warn('skipped', `probes left unchanged: RuntimeClass ${rc.slice(0, 64)} not found`);
+    options.runtimeHandlers = new Map([[rc, handler]]);
   }
-  let result;
-  try {
-    result = rewritePod(pod, '', { runtimeHandlers, tolerateWhenClean: true, ...(context.loopbackHost ? { loopbackHost: context.loopbackHost } : {}) });
-  } catch (err) {
-    if (err instanceof RewriteError) return warn('refused', `probes left unchanged: ${err.message}`);
-    return warn('refused', `probes left unchanged: internal error: ${describeError(err)}`);
+  const result = rewriteOrWarn(pod, options);
+  if ('review' in result) return result;
+  // Only a pod the rewrite really changes (not for a toleration alone) needs its node read.
+  if (rewritesHandlers(pod, result)) {
+    // A DaemonSet pod is made for one node: rewrite it only when that node's kubelet uses the shim.
+    const pinned = pinnedNodeName(spec);
+    if (pinned !== undefined) {
+      const why = await nodeRefusal(pinned, context.cluster);
+      if (why) return warn('skipped', `probes left unchanged: ${why}`);
+    }
   }
   if (!result.changed) return result.skipped ? warn('skipped', `probes left unchanged: ${result.skipped}`) : answer('unchanged');
   const ops = diffJson(pod, result.pod);
   const patch = Buffer.from(JSON.stringify(ops)).toString('base64');
   // A pod with nothing to rewrite (or a hostNetwork pod) only gets the closed-hole toleration.
-  const rewritten = ops.some((op) => !op.path.startsWith('/spec/tolerations'));
+  const rewritten = rewritesHandlers(pod, result);
   const extra: Partial<AdmissionResponse> = { patchType: 'JSONPatch', patch };
   if (result.skipped) extra.warnings = [`probe-agent: probes left unchanged: ${result.skipped}`.slice(0, MAX_WARNING)];
   return answer(rewritten ? 'rewritten' : 'unchanged', extra, rewritten ? undefined : 'closed-hole toleration only');
+
+  /** The rewrite, or the answer for a pod it cannot handle. */
+  function rewriteOrWarn(p: Obj, o: RewriteOptions): PodResult | AdmissionDecision {
+    try {
+      return rewritePod(p, '', o);
+    } catch (err) {
+      if (err instanceof RewriteError) return warn('refused', `probes left unchanged: ${err.message}`);
+      return warn('refused', `probes left unchanged: internal error: ${describeError(err)}`);
+    }
+  }
+}
+
+/** Whether the rewrite changes more than the pod's tolerations (its handlers, affinity, record). */
+function rewritesHandlers(before: Obj, result: PodResult): boolean {
+  return result.changed && diffJson(before, result.pod).some((op) => !op.path.startsWith('/spec/tolerations'));
 }
 
 /** Why a pod pinned to `node` must keep its probes (undefined: the node's kubelet uses the shim). */

@@ -468,8 +468,14 @@ describe('rewrite webhook reading the cluster (API server stand-in)', () => {
     await admitOn(daemonPod('shim-node'));
     expect(api.requests.length).toBe(before);
     expect(api.requests.map((q) => `${q.method} ${q.url}`)).toEqual(['GET /api/v1/nodes/shim-node', 'GET /api/v1/nodes/plain-node', 'GET /api/v1/nodes/rolling-back', 'GET /api/v1/nodes/gone-node']);
-    // A pod the scheduler places (no pin) needs no read.
+    // A pod the scheduler places (no pin) needs no read; nor does a daemon pod with nothing to rewrite,
+    // which only gets the closed-hole toleration.
     await admitOn(probePod());
+    const clean = daemonPod('plain-node');
+    clean.spec.containers = [{ name: 'a', image: 'i' }];
+    const cleanAnswer = await admitOn(clean);
+    expect(cleanAnswer.warnings).toBeUndefined();
+    expect(applyJsonPatch(clean, JSON.parse(Buffer.from(cleanAnswer.patch, 'base64').toString('utf8'))).spec.tolerations).toEqual([...clean.spec.tolerations, CLOSED_HOLE_TOLERATION]);
     expect(api.requests.length).toBe(before);
   });
 
