@@ -15,21 +15,11 @@
 import { decodeShimCommand, encodeShimCommand, isShimCommand, MAX_ENCODED_HANDLER, ShimCommandError, type ShimKind } from './shim-command.ts';
 import { RewriteError } from './errors.ts';
 import { commandHandler, needsAnnotationValues } from './command-handler.ts';
-import { ensureClosedHoleToleration, isClosedHoleToleration } from './placement.ts';
+import { ensureClosedHoleToleration, ensureShimAffinity, removePointer } from './placement.ts';
 
 /** Annotation holding the originals of the rewritten handlers and what the rewrite added (JSON). */
 export const ORIGINAL_HANDLERS_ANNOTATION = 'probe-agent.io/original-handlers';
-/**
- * Node label meaning "this node's kubelet is configured with the shim": the shim installer sets it
- * once it has read kubelet's configured runtime endpoint and seen the shim answer there, and never
- * removes it because a check failed (kubelet re-checks required node affinity when it restarts and
- * kills the pods that no longer match); only `install-shim.sh unlabel`/`uninstall` removes it,
- * after proving that no rewritten pod is left on the node.
- */
-export const SHIM_NODE_LABEL = 'probe-agent.io/shim';
-export const SHIM_NODE_LABEL_VALUE = 'ready';
-/** The node selector requirement ANDed into every required node selector term of a rewritten pod. */
-export const SHIM_AFFINITY_REQUIREMENT = Object.freeze({ key: SHIM_NODE_LABEL, operator: 'In', values: Object.freeze([SHIM_NODE_LABEL_VALUE]) });
+export { SHIM_AFFINITY_REQUIREMENT, SHIM_NODE_LABEL, SHIM_NODE_LABEL_VALUE } from './placement.ts';
 
 /** Pod annotation: `keep` leaves a pod whose probes or hooks name a loopback `host` to kubelet (see RewriteOptions.loopbackHost). */
 export const LOOPBACK_HOST_ANNOTATION = 'probe-agent.io/loopback-host';
@@ -217,107 +207,6 @@ function readRecord(metadata: Obj | undefined, base: string): RewriteRecord | nu
   for (const [k, h] of Object.entries(parsed.handlers)) if (!isObj(h)) throw new RewriteError(path, `handler ${JSON.stringify(k)} is not an object`);
   for (const p of parsed.added) if (typeof p !== 'string' || !p.startsWith('/')) throw new RewriteError(path, `added entry ${JSON.stringify(p)} is not a JSON pointer`);
   return parsed as unknown as RewriteRecord;
-}
-
-const escapePointer = (s: string): string => s.replace(/~/g, '~0').replace(/\//g, '~1');
-const unescapePointer = (s: string): string => s.replace(/~1/g, '/').replace(/~0/g, '~');
-const sameRequirement = (v: unknown): boolean => JSON.stringify(v) === JSON.stringify(SHIM_AFFINITY_REQUIREMENT);
-const requirement = (): Obj => ({ key: SHIM_NODE_LABEL, operator: 'In', values: [SHIM_NODE_LABEL_VALUE] });
-const OUR_TERM = JSON.stringify({ matchExpressions: [SHIM_AFFINITY_REQUIREMENT] });
-/** An array element the rewrite may have added: the requirement, a term holding only it, or the closed-hole toleration. */
-const isOurs = (v: unknown): boolean => sameRequirement(v) || JSON.stringify(v) === OUR_TERM || isClosedHoleToleration(v);
-
-/**
- * Makes sure every required node selector term of `spec` demands the shim label; returns the JSON
- * pointers (relative to the pod) of what it created. Mutates `spec`, which the caller owns.
- */
-function ensureShimAffinity(spec: Obj, base: string): string[] {
-  const added: string[] = [];
-  const at = (...keys: string[]) => '/spec/' + keys.map(escapePointer).join('/');
-  const REQ = 'requiredDuringSchedulingIgnoredDuringExecution';
-  const term = (): Obj => ({ matchExpressions: [requirement()] });
-  if (spec.affinity === undefined || spec.affinity === null) {
-    spec.affinity = { nodeAffinity: { [REQ]: { nodeSelectorTerms: [term()] } } };
-    return [at('affinity')];
-  }
-  if (!isObj(spec.affinity)) throw new RewriteError(`${base}spec.affinity`, 'must be an object');
-  const affinity = spec.affinity;
-  if (affinity.nodeAffinity === undefined || affinity.nodeAffinity === null) {
-    affinity.nodeAffinity = { [REQ]: { nodeSelectorTerms: [term()] } };
-    return [at('affinity', 'nodeAffinity')];
-  }
-  if (!isObj(affinity.nodeAffinity)) throw new RewriteError(`${base}spec.affinity.nodeAffinity`, 'must be an object');
-  const nodeAffinity = affinity.nodeAffinity;
-  if (nodeAffinity[REQ] === undefined || nodeAffinity[REQ] === null) {
-    nodeAffinity[REQ] = { nodeSelectorTerms: [term()] };
-    return [at('affinity', 'nodeAffinity', REQ)];
-  }
-  const required = nodeAffinity[REQ];
-  const rpath = `${base}spec.affinity.nodeAffinity.${REQ}`;
-  if (!isObj(required)) throw new RewriteError(rpath, 'must be an object');
-  if (required.nodeSelectorTerms === undefined || required.nodeSelectorTerms === null) {
-    required.nodeSelectorTerms = [term()];
-    return [at('affinity', 'nodeAffinity', REQ, 'nodeSelectorTerms')];
-  }
-  const terms = required.nodeSelectorTerms;
-  if (!Array.isArray(terms)) throw new RewriteError(`${rpath}.nodeSelectorTerms`, 'must be a list');
-  if (terms.length === 0) {
-    terms.push(term());
-    return [at('affinity', 'nodeAffinity', REQ, 'nodeSelectorTerms', '0')];
-  }
-  // Terms are ORed: the requirement must be in each of them, or a pod could match a shim-less node through another term.
-  for (const [i, t] of terms.entries()) {
-    const tpath = `${rpath}.nodeSelectorTerms[${i}]`;
-    if (!isObj(t)) throw new RewriteError(tpath, 'must be an object');
-    if (t.matchExpressions === undefined || t.matchExpressions === null) {
-      t.matchExpressions = [requirement()];
-      added.push(at('affinity', 'nodeAffinity', REQ, 'nodeSelectorTerms', String(i), 'matchExpressions'));
-      continue;
-    }
-    if (!Array.isArray(t.matchExpressions)) throw new RewriteError(`${tpath}.matchExpressions`, 'must be a list');
-    if (t.matchExpressions.some(sameRequirement)) continue;
-    t.matchExpressions.push(requirement());
-    added.push(at('affinity', 'nodeAffinity', REQ, 'nodeSelectorTerms', String(i), 'matchExpressions', String(t.matchExpressions.length - 1)));
-  }
-  return added;
-}
-
-/**
- * Removes what the rewrite created at a JSON pointer of `root` (which the caller owns). Only the
- * rewrite's own parts go: an appended requirement or term is removed where it was put (or wherever
- * it went since); a created map loses the shim requirements inside it and then goes only if
- * nothing else is left, so what someone added there after the rewrite (pod anti-affinity, another
- * annotation) stays.
- */
-function removePointer(root: Obj, pointer: string): void {
-  const keys = pointer.split('/').slice(1).map(unescapePointer);
-  const last = keys.pop();
-  if (last === undefined) return;
-  let node: unknown = root;
-  for (const k of keys) {
-    if (Array.isArray(node)) node = node[Number(k)];
-    else if (isObj(node)) node = node[k];
-    else return;
-  }
-  if (Array.isArray(node)) {
-    const i = isOurs(node[Number(last)]) ? Number(last) : node.findIndex(isOurs);
-    if (i >= 0) node.splice(i, 1);
-  } else if (isObj(node) && last in node) {
-    if (stripOurs(node[last])) delete node[last];
-  }
-}
-
-/** Removes the shim requirements (and terms holding only them) inside a created value; true when nothing else is left. */
-function stripOurs(value: unknown): boolean {
-  if (Array.isArray(value)) {
-    for (let i = value.length - 1; i >= 0; i--) if (isOurs(value[i]) || stripOurs(value[i])) value.splice(i, 1);
-    return value.length === 0;
-  }
-  if (isObj(value)) {
-    for (const [k, v] of Object.entries(value)) if (stripOurs(v)) delete value[k];
-    return Object.keys(value).length === 0;
-  }
-  return false;
 }
 
 /** Splits a pod-like object into metadata/spec; `base` prefixes field paths in messages (e.g. `spec.template.`). */
