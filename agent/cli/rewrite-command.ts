@@ -7,6 +7,28 @@ import { createReadStream } from 'node:fs';
 import { Command, Option } from 'commander';
 import { describeError } from '../errors.ts';
 import type { ManifestFormat } from '../rewrite/manifest.ts';
+import type { DaemonSetPolicy } from '../rewrite/objects.ts';
+import type { LoopbackHostPolicy } from '../rewrite/pod-rewrite.ts';
+
+interface Raw {
+  filename: string;
+  undo?: boolean;
+  output?: ManifestFormat;
+  runtimeClass: string[];
+  loopbackHost: LoopbackHostPolicy;
+  daemonsets: DaemonSetPolicy;
+}
+
+/** `NAME=HANDLER` (repeatable) into a map; a usage error names the bad value. */
+export function parseRuntimeClasses(values: readonly string[]): Map<string, string> {
+  const map = new Map<string, string>();
+  for (const v of values) {
+    const m = /^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)=([a-z0-9]([-a-z0-9.]*[a-z0-9])?)$/.exec(v);
+    if (!m) throw new Error(`--runtime-class: want NAME=HANDLER (RuntimeClass name = its handler, DNS names), got ${JSON.stringify(v.slice(0, 100))}`);
+    map.set(m[1]!, m[3]!);
+  }
+  return map;
+}
 
 /** Largest manifest read, so a mistaken `-f /dev/zero` fails instead of eating the memory. */
 export const MAX_MANIFEST_BYTES = 64 * 1024 * 1024;
@@ -19,13 +41,23 @@ export function registerRewriteCommand(program: Command): void {
     .requiredOption('-f, --filename <file>', 'manifest to read (YAML, multi-document YAML or JSON); - for stdin')
     .option('--undo', 'give back the original probes and hooks (and remove what the rewrite added)')
     .addOption(new Option('--output <format>', "yaml or json (default: the input's format)").choices(['yaml', 'json']))
-    .action(async (raw: { filename: string; undo?: boolean; output?: ManifestFormat }) => {
+    .option('--runtime-class <name=handler>', 'a RuntimeClass and its handler (repeatable): pods whose class runs a sandboxed handler stay with kubelet', (v: string, acc: string[]) => [...acc, v], [] as string[])
+    .addOption(new Option('--loopback-host <policy>', 'a probe host of 127.0.0.1/::1/localhost: rewrite (the pod\'s own loopback) or keep (the pod stays with kubelet); the pod annotation probe-agent.io/loopback-host overrides').choices(['rewrite', 'keep']).default('rewrite'))
+    .addOption(new Option('--daemonsets <policy>', 'leave DaemonSets as written (their controller would delete pods on nodes without the shim), or shim-nodes-only').choices(['leave', 'shim-nodes-only']).default('leave'))
+    .action(async (raw: Raw) => {
       process.exitCode = await rewriteCommand(raw);
     });
 }
 
-async function rewriteCommand(raw: { filename: string; undo?: boolean; output?: ManifestFormat }): Promise<number> {
+async function rewriteCommand(raw: Raw): Promise<number> {
   const name = raw.filename === '-' ? '<stdin>' : raw.filename;
+  let runtimeHandlers: Map<string, string>;
+  try {
+    runtimeHandlers = parseRuntimeClasses(raw.runtimeClass);
+  } catch (err) {
+    process.stderr.write(`probe-agent rewrite: ${(err as Error).message}\n`);
+    return 2;
+  }
   let text: string;
   try {
     text = await readBounded(raw.filename);
@@ -37,7 +69,8 @@ async function rewriteCommand(raw: { filename: string; undo?: boolean; output?: 
   // the daemon included, would carry it otherwise).
   const { ManifestError, transformManifest } = await import('../rewrite/manifest.ts');
   try {
-    const result = transformManifest(text, raw.undo ? 'undo' : 'rewrite', raw.output ? { output: raw.output } : {});
+    const transform = { runtimeHandlers, loopbackHost: raw.loopbackHost, daemonSets: raw.daemonsets };
+    const result = transformManifest(text, raw.undo ? 'undo' : 'rewrite', { ...(raw.output ? { output: raw.output } : {}), transform });
     process.stdout.write(result.text);
     for (const note of result.notes) process.stderr.write(`probe-agent rewrite: ${name}: ${note}\n`);
     return 0;

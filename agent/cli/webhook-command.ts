@@ -19,6 +19,10 @@ interface Raw {
   tlsKeyFile: string;
   tlsReloadInterval: string;
   maxRequestBytes: string;
+  apiServerUrl?: string;
+  apiTokenFile?: string;
+  apiCaFile?: string;
+  loopbackHost: 'rewrite' | 'keep';
   logLevel: LogLevel;
   logFormat: LogFormat;
 }
@@ -33,6 +37,10 @@ export function registerWebhookCommand(program: Command): void {
     .option('--tls-key-file <file>', 'its private key (PEM); re-read when it changes', `${DEFAULT_TLS_DIR}/tls.key`)
     .option('--tls-reload-interval <duration>', 'how often the TLS files are checked for a rotation', `${DEFAULT_TLS_RELOAD_INTERVAL_MS / 1000}s`)
     .option('--max-request-bytes <n>', 'largest AdmissionReview accepted', String(DEFAULT_MAX_REQUEST_BYTES))
+    .option('--api-server-url <url>', 'API server to read Nodes (DaemonSet pods) and RuntimeClasses from (default: in-cluster, when run in a pod)')
+    .option('--api-token-file <file>', 'bearer token for --api-server-url (default in a pod: the service account token)')
+    .option('--api-ca-file <file>', 'CA bundle for --api-server-url (default in a pod: the service account CA)')
+    .addOption(new Option('--loopback-host <policy>', 'a probe host of 127.0.0.1/::1/localhost: rewrite (the pod\'s own loopback) or keep (the pod stays with kubelet)').choices(['rewrite', 'keep']).default('rewrite'))
     .addOption(new Option('--log-level <level>', 'log level').choices(['error', 'warn', 'info', 'debug', 'trace']).default('info'))
     .addOption(new Option('--log-format <format>', 'log format on stderr').choices(['json', 'text']).default('json'))
     .action(async (raw: Raw) => {
@@ -51,7 +59,23 @@ async function webhookCommand(raw: Raw): Promise<number> {
     if (!Number.isInteger(maxRequestBytes) || maxRequestBytes < 1024) throw new ConfigError(`--max-request-bytes: want an integer >= 1024, got "${raw.maxRequestBytes}"`);
     // Loaded here: the daemon and the other commands never need the webhook server.
     const { startWebhookServer } = await import('../webhook/server.ts');
-    server = await startWebhookServer({ ...address, certFile: raw.tlsCertFile, keyFile: raw.tlsKeyFile, tlsReloadIntervalMs, maxRequestBytes, log });
+    const { ApiServerReader, inClusterOptions } = await import('../webhook/cluster-reader.ts');
+    const inCluster = inClusterOptions();
+    let cluster;
+    if (raw.apiServerUrl) {
+      let url: URL;
+      try {
+        url = new URL(raw.apiServerUrl);
+      } catch {
+        throw new ConfigError(`--api-server-url: not a URL: ${raw.apiServerUrl.slice(0, 100)}`);
+      }
+      if (url.protocol !== 'https:' && url.protocol !== 'http:') throw new ConfigError('--api-server-url: want http(s)://');
+      cluster = new ApiServerReader({ url: url.href, ...(raw.apiTokenFile ? { tokenFile: raw.apiTokenFile } : {}), ...(raw.apiCaFile ? { caFile: raw.apiCaFile } : {}) });
+    } else if (inCluster) {
+      cluster = new ApiServerReader({ ...inCluster, ...(raw.apiTokenFile ? { tokenFile: raw.apiTokenFile } : {}), ...(raw.apiCaFile ? { caFile: raw.apiCaFile } : {}) });
+    }
+    server = await startWebhookServer({ ...address, certFile: raw.tlsCertFile, keyFile: raw.tlsKeyFile, tlsReloadIntervalMs, maxRequestBytes, log, admission: { ...(cluster ? { cluster } : {}), loopbackHost: raw.loopbackHost } });
+    if (!cluster) log.warn('no API server (not in a pod, no --api-server-url): DaemonSet pods are left as written, RuntimeClasses are taken by name');
   } catch (err) {
     process.stderr.write(`probe-agent webhook: cannot start: ${describeError(err)}\n`);
     return 2;

@@ -10,7 +10,7 @@
  */
 import { Document, isMap, isScalar, isSeq, parseAllDocuments, stringify, type Node } from 'yaml';
 import { RewriteError } from './errors.ts';
-import { transformObject, type Direction, type ObjectResult } from './objects.ts';
+import { transformObject, type Direction, type ObjectResult, type TransformOptions } from './objects.ts';
 
 export type ManifestFormat = 'yaml' | 'json';
 
@@ -37,6 +37,8 @@ export interface ManifestResult {
 export interface ManifestOptions {
   /** Output format; the input's by default. */
   output?: ManifestFormat;
+  /** The rewrite's choices (RuntimeClass handlers, loopback hosts, DaemonSets). */
+  transform?: TransformOptions;
 }
 
 /** JSON when the first meaningful character opens an object or array, YAML otherwise. */
@@ -49,19 +51,20 @@ export function detectFormat(text: string): ManifestFormat {
 export function transformManifest(text: string, direction: Direction, options: ManifestOptions = {}): ManifestResult {
   const inputFormat = detectFormat(text);
   const output = options.output ?? inputFormat;
-  return inputFormat === 'json' ? transformJson(text, direction, output) : transformYaml(text, direction, output);
+  const t = options.transform ?? {};
+  return inputFormat === 'json' ? transformJson(text, direction, output, t) : transformYaml(text, direction, output, t);
 }
 
-function transformOne(value: unknown, direction: Direction, document: number): ObjectResult {
+function transformOne(value: unknown, direction: Direction, document: number, t: TransformOptions): ObjectResult {
   try {
-    return transformObject(value, direction);
+    return transformObject(value, direction, '', t);
   } catch (err) {
     if (err instanceof RewriteError) throw new ManifestError(document, err.path, err.message.slice(err.path ? err.path.length + 2 : 0));
     throw err;
   }
 }
 
-function transformJson(text: string, direction: Direction, output: ManifestFormat): ManifestResult {
+function transformJson(text: string, direction: Direction, output: ManifestFormat, t: TransformOptions): ManifestResult {
   let value: unknown;
   try {
     value = JSON.parse(text);
@@ -69,7 +72,7 @@ function transformJson(text: string, direction: Direction, output: ManifestForma
     throw new ManifestError(1, '', `not valid JSON: ${(err as Error).message}`);
   }
   if (Array.isArray(value)) throw new ManifestError(1, '', 'a JSON manifest must be one object (use a List for several)');
-  const r = transformOne(value, direction, 1);
+  const r = transformOne(value, direction, 1, t);
   const notes = (r.notes ?? []).map((n) => `document 1: ${n}`);
   if (output === 'yaml') return { text: stringify(r.object, { lineWidth: 0 }), inputFormat: 'json', changed: r.changed ? 1 : 0, notes };
   if (!r.changed) return { text, inputFormat: 'json', changed: 0, notes };
@@ -85,7 +88,7 @@ function printJson(value: unknown, indent: string): string {
   return JSON.stringify(value, null, indent || undefined);
 }
 
-function transformYaml(text: string, direction: Direction, output: ManifestFormat): ManifestResult {
+function transformYaml(text: string, direction: Direction, output: ManifestFormat, t: TransformOptions): ManifestResult {
   const docs = parseAllDocuments(text, { prettyErrors: false });
   if (!Array.isArray(docs)) return { text, inputFormat: 'yaml', changed: 0, notes: [] }; // only comments
   let changed = 0;
@@ -105,7 +108,7 @@ function transformYaml(text: string, direction: Direction, output: ManifestForma
     } catch (err) {
       throw new ManifestError(n, '', `cannot be read: ${(err as Error).message}`);
     }
-    const r = transformOne(value, direction, n);
+    const r = transformOne(value, direction, n, t);
     for (const note of r.notes ?? []) notes.push(`document ${n}: ${note}`);
     if (r.object !== null && r.object !== undefined) objects.push(r.object);
     if (!r.changed) {

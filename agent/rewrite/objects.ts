@@ -4,9 +4,23 @@
  * template, and the items of a List. Other kinds pass through unchanged. Pure, like pod-rewrite.ts.
  */
 import { RewriteError } from './errors.ts';
-import { isObj, rewritePod, undoPod, type PodResult } from './pod-rewrite.ts';
+import { isObj, rewritePod, undoPod, type PodResult, type RewriteOptions } from './pod-rewrite.ts';
 
 export type Direction = 'rewrite' | 'undo';
+
+/**
+ * What the rewrite does with a DaemonSet's template. The DaemonSet controller places daemon pods
+ * by the template's node affinity: the shim affinity in the template makes it delete its pods on
+ * every node without the shim label (finding 4). So by default a DaemonSet is left as written
+ * (rewrite its pods with the webhook, which reads each pod's node); `shim-nodes-only` rewrites
+ * it anyway, for daemons that are meant to run only where the shim is.
+ */
+export type DaemonSetPolicy = 'leave' | 'shim-nodes-only';
+
+/** Choices of the caller: the pod rewrite's, and the DaemonSet policy. */
+export interface TransformOptions extends RewriteOptions {
+  daemonSets?: DaemonSetPolicy;
+}
 
 /** An object with whether the transform changed anything. */
 export interface ObjectResult {
@@ -38,7 +52,7 @@ export const REWRITTEN_KINDS = Object.keys(TEMPLATE_PATHS);
 const isList = (o: Obj): boolean => typeof o.kind === 'string' && o.kind.endsWith('List') && Array.isArray(o.items);
 
 /** Applies the rewrite (or its undo) to every pod in `object`. `path` prefixes field paths in errors. */
-export function transformObject(object: unknown, direction: Direction, path = ''): ObjectResult {
+export function transformObject(object: unknown, direction: Direction, path = '', options: TransformOptions = {}): ObjectResult {
   if (object === null || object === undefined) return { object, changed: false };
   if (!isObj(object)) throw new RewriteError(path, 'a Kubernetes object must be a map');
   const prefix = path ? `${path}.` : '';
@@ -47,7 +61,7 @@ export function transformObject(object: unknown, direction: Direction, path = ''
     let changed = false;
     const notes: string[] = [];
     const out = items.map((item, i) => {
-      const r = transformObject(item, direction, `${prefix}items[${i}]`);
+      const r = transformObject(item, direction, `${prefix}items[${i}]`, options);
       changed ||= r.changed;
       if (r.notes) notes.push(...r.notes);
       return r.object;
@@ -67,7 +81,12 @@ export function transformObject(object: unknown, direction: Direction, path = ''
   }
   const base = keys.length ? `${prefix}${keys.join('.')}.` : prefix;
   const pod = chain.at(-1)!;
-  const r: PodResult = direction === 'rewrite' ? rewritePod(pod, base) : undoPod(pod, base);
+  if (direction === 'rewrite' && object.kind === 'DaemonSet' && options.daemonSets !== 'shim-nodes-only') {
+    const would = rewritePod(pod, base, options);
+    if (!would.changed) return would.skipped ? { object, changed: false, notes: [`${base}spec: left unchanged: ${would.skipped}`] } : { object, changed: false };
+    return { object, changed: false, notes: [`${base}spec: left unchanged: a DaemonSet's template with the shim node affinity would make its controller delete its pods on every node without the shim; the webhook rewrites its pods node by node (or pass --daemonsets shim-nodes-only)`] };
+  }
+  const r: PodResult = direction === 'rewrite' ? rewritePod(pod, base, options) : undoPod(pod, base);
   if (!r.changed) return r.skipped ? { object, changed: false, notes: [`${base}spec: left unchanged: ${r.skipped}`] } : { object, changed: false };
   let rebuilt: Obj = r.pod;
   for (let i = keys.length - 1; i >= 0; i--) rebuilt = { ...chain[i], [keys[i]!]: rebuilt };

@@ -5,20 +5,55 @@
  * Rewrite: every httpGet/tcpSocket/grpc probe and every httpGet/tcpSocket lifecycle hook of every
  * container and init container (sidecars included) becomes `exec: { command: encodeShimCommand(...) }`,
  * in the same place among the probe's keys; the rest of the probe is untouched. A required node
- * affinity on `probe-agent.io/shim In [ready]` keeps the pod off nodes without the shim. What was
- * replaced and what was added is recorded in the `probe-agent.io/original-handlers` annotation, so
- * the undo gives back the input exactly (same values, same key order).
+ * affinity on `probe-agent.io/shim In [ready]` keeps the pod off nodes without the shim, and a
+ * toleration of the closed-hole taint lets it onto nodes whose node->pod path is closed
+ * (placement.ts). The command carries the handler with named ports resolved and header values
+ * left out (command-handler.ts). What was replaced and what was added is recorded in the
+ * `probe-agent.io/original-handlers` annotation, so the undo gives back the input exactly (same
+ * values, same key order), and the agent reads header values from it.
  */
 import { decodeShimCommand, encodeShimCommand, isShimCommand, MAX_ENCODED_HANDLER, ShimCommandError, type ShimKind } from './shim-command.ts';
 import { RewriteError } from './errors.ts';
+import { commandHandler, needsAnnotationValues } from './command-handler.ts';
+import { ensureClosedHoleToleration, ensureShimAffinity, removePointer } from './placement.ts';
 
 /** Annotation holding the originals of the rewritten handlers and what the rewrite added (JSON). */
 export const ORIGINAL_HANDLERS_ANNOTATION = 'probe-agent.io/original-handlers';
-/** Node label the shim installer sets once the shim runs on the node. */
-export const SHIM_NODE_LABEL = 'probe-agent.io/shim';
-export const SHIM_NODE_LABEL_VALUE = 'ready';
-/** The node selector requirement ANDed into every required node selector term of a rewritten pod. */
-export const SHIM_AFFINITY_REQUIREMENT = Object.freeze({ key: SHIM_NODE_LABEL, operator: 'In', values: Object.freeze([SHIM_NODE_LABEL_VALUE]) });
+export { SHIM_AFFINITY_REQUIREMENT, SHIM_NODE_LABEL, SHIM_NODE_LABEL_VALUE } from './placement.ts';
+
+/** Pod annotation: `keep` leaves a pod whose probes or hooks name a loopback `host` to kubelet (see RewriteOptions.loopbackHost). */
+export const LOOPBACK_HOST_ANNOTATION = 'probe-agent.io/loopback-host';
+
+/** The API server's limit on the total size of an object's annotations (keys + values, bytes). */
+export const ANNOTATIONS_BUDGET_BYTES = 256 * 1024;
+
+/** How the rewrite treats a probe whose `host` is a loopback address. */
+export type LoopbackHostPolicy = 'rewrite' | 'keep';
+
+/** Choices of the caller (the CLI's flags, the webhook's flags and cluster reads). */
+export interface RewriteOptions {
+  /**
+   * RuntimeClass name -> its handler (the webhook reads the RuntimeClass, the CLI takes
+   * `--runtime-class NAME=HANDLER`). The agent decides by handler; a name not in the map is taken
+   * as its own handler (the usual case: RuntimeClass `runsc` with handler `runsc`).
+   */
+  runtimeHandlers?: ReadonlyMap<string, string>;
+  /**
+   * `rewrite` (default): a `host` of 127.0.0.1, ::1 or localhost becomes the pod's own loopback,
+   * as the agent reads it everywhere. Pod Security baseline allows exactly these values, so the
+   * encoded command hides nothing it would refuse, and kubelet's meaning (the node's loopback: a
+   * node-local service reachable from any pod spec) is the SSRF the project removes. `keep`:
+   * such pods stay with kubelet, whole. The pod annotation `probe-agent.io/loopback-host: keep`
+   * (or `rewrite`) overrides this per pod.
+   */
+  loopbackHost?: LoopbackHostPolicy;
+  /**
+   * Give the closed-hole toleration also to a pod with nothing to rewrite and nothing left to
+   * kubelet (no network probe or hook: nothing of it needs the node->pod path). The webhook does,
+   * so such pods can run on closed-hole nodes; the CLI does not (its output is then its input).
+   */
+  tolerateWhenClean?: boolean;
+}
 
 /** Version of the annotation's format. */
 const RECORD_VERSION = 1;
@@ -68,6 +103,8 @@ const CONTAINER_LISTS = ['initContainers', 'containers'] as const;
 
 /** One probe or hook slot of a container: where it is and which kind of shim command it gets. */
 interface Slot {
+  /** The container the slot belongs to (its `ports` name the probe's named ports). */
+  container: Obj;
   /** Object holding the handler keys (the probe, or the lifecycle hook). */
   holder: Obj;
   /** Replaces `holder` in its parent (keeps the parent's key order). */
@@ -111,7 +148,7 @@ function* slots(spec: Obj, base: string): Generator<Slot> {
         const probe = c[field];
         if (probe === undefined || probe === null) continue;
         if (!isObj(probe)) throw new RewriteError(`${cpath}.${field}`, 'a probe must be an object');
-        yield { holder: probe, set: (next) => (c[field] = next), kind, network: PROBE_NETWORK, all: PROBE_ALL, key: `${name}/${field}`, path: `${cpath}.${field}` };
+        yield { container: c, holder: probe, set: (next) => (c[field] = next), kind, network: PROBE_NETWORK, all: PROBE_ALL, key: `${name}/${field}`, path: `${cpath}.${field}` };
       }
       const lifecycle = c.lifecycle;
       if (lifecycle === undefined || lifecycle === null) continue;
@@ -120,7 +157,7 @@ function* slots(spec: Obj, base: string): Generator<Slot> {
         const hook = lifecycle[field];
         if (hook === undefined || hook === null) continue;
         if (!isObj(hook)) throw new RewriteError(`${cpath}.lifecycle.${field}`, 'a lifecycle hook must be an object');
-        yield { holder: hook, set: (next) => (lifecycle[field] = next), kind, network: HOOK_NETWORK, all: HOOK_ALL, key: `${name}/lifecycle/${field}`, path: `${cpath}.lifecycle.${field}` };
+        yield { container: c, holder: hook, set: (next) => (lifecycle[field] = next), kind, network: HOOK_NETWORK, all: HOOK_ALL, key: `${name}/lifecycle/${field}`, path: `${cpath}.lifecycle.${field}` };
       }
     }
   }
@@ -172,107 +209,6 @@ function readRecord(metadata: Obj | undefined, base: string): RewriteRecord | nu
   return parsed as unknown as RewriteRecord;
 }
 
-const escapePointer = (s: string): string => s.replace(/~/g, '~0').replace(/\//g, '~1');
-const unescapePointer = (s: string): string => s.replace(/~1/g, '/').replace(/~0/g, '~');
-const sameRequirement = (v: unknown): boolean => JSON.stringify(v) === JSON.stringify(SHIM_AFFINITY_REQUIREMENT);
-const requirement = (): Obj => ({ key: SHIM_NODE_LABEL, operator: 'In', values: [SHIM_NODE_LABEL_VALUE] });
-const OUR_TERM = JSON.stringify({ matchExpressions: [SHIM_AFFINITY_REQUIREMENT] });
-/** An array element the rewrite may have added: the requirement, or a term holding only it. */
-const isOurs = (v: unknown): boolean => sameRequirement(v) || JSON.stringify(v) === OUR_TERM;
-
-/**
- * Makes sure every required node selector term of `spec` demands the shim label; returns the JSON
- * pointers (relative to the pod) of what it created. Mutates `spec`, which the caller owns.
- */
-function ensureShimAffinity(spec: Obj, base: string): string[] {
-  const added: string[] = [];
-  const at = (...keys: string[]) => '/spec/' + keys.map(escapePointer).join('/');
-  const REQ = 'requiredDuringSchedulingIgnoredDuringExecution';
-  const term = (): Obj => ({ matchExpressions: [requirement()] });
-  if (spec.affinity === undefined || spec.affinity === null) {
-    spec.affinity = { nodeAffinity: { [REQ]: { nodeSelectorTerms: [term()] } } };
-    return [at('affinity')];
-  }
-  if (!isObj(spec.affinity)) throw new RewriteError(`${base}spec.affinity`, 'must be an object');
-  const affinity = spec.affinity;
-  if (affinity.nodeAffinity === undefined || affinity.nodeAffinity === null) {
-    affinity.nodeAffinity = { [REQ]: { nodeSelectorTerms: [term()] } };
-    return [at('affinity', 'nodeAffinity')];
-  }
-  if (!isObj(affinity.nodeAffinity)) throw new RewriteError(`${base}spec.affinity.nodeAffinity`, 'must be an object');
-  const nodeAffinity = affinity.nodeAffinity;
-  if (nodeAffinity[REQ] === undefined || nodeAffinity[REQ] === null) {
-    nodeAffinity[REQ] = { nodeSelectorTerms: [term()] };
-    return [at('affinity', 'nodeAffinity', REQ)];
-  }
-  const required = nodeAffinity[REQ];
-  const rpath = `${base}spec.affinity.nodeAffinity.${REQ}`;
-  if (!isObj(required)) throw new RewriteError(rpath, 'must be an object');
-  if (required.nodeSelectorTerms === undefined || required.nodeSelectorTerms === null) {
-    required.nodeSelectorTerms = [term()];
-    return [at('affinity', 'nodeAffinity', REQ, 'nodeSelectorTerms')];
-  }
-  const terms = required.nodeSelectorTerms;
-  if (!Array.isArray(terms)) throw new RewriteError(`${rpath}.nodeSelectorTerms`, 'must be a list');
-  if (terms.length === 0) {
-    terms.push(term());
-    return [at('affinity', 'nodeAffinity', REQ, 'nodeSelectorTerms', '0')];
-  }
-  // Terms are ORed: the requirement must be in each of them, or a pod could match a shim-less node through another term.
-  for (const [i, t] of terms.entries()) {
-    const tpath = `${rpath}.nodeSelectorTerms[${i}]`;
-    if (!isObj(t)) throw new RewriteError(tpath, 'must be an object');
-    if (t.matchExpressions === undefined || t.matchExpressions === null) {
-      t.matchExpressions = [requirement()];
-      added.push(at('affinity', 'nodeAffinity', REQ, 'nodeSelectorTerms', String(i), 'matchExpressions'));
-      continue;
-    }
-    if (!Array.isArray(t.matchExpressions)) throw new RewriteError(`${tpath}.matchExpressions`, 'must be a list');
-    if (t.matchExpressions.some(sameRequirement)) continue;
-    t.matchExpressions.push(requirement());
-    added.push(at('affinity', 'nodeAffinity', REQ, 'nodeSelectorTerms', String(i), 'matchExpressions', String(t.matchExpressions.length - 1)));
-  }
-  return added;
-}
-
-/**
- * Removes what the rewrite created at a JSON pointer of `root` (which the caller owns). Only the
- * rewrite's own parts go: an appended requirement or term is removed where it was put (or wherever
- * it went since); a created map loses the shim requirements inside it and then goes only if
- * nothing else is left, so what someone added there after the rewrite (pod anti-affinity, another
- * annotation) stays.
- */
-function removePointer(root: Obj, pointer: string): void {
-  const keys = pointer.split('/').slice(1).map(unescapePointer);
-  const last = keys.pop();
-  if (last === undefined) return;
-  let node: unknown = root;
-  for (const k of keys) {
-    if (Array.isArray(node)) node = node[Number(k)];
-    else if (isObj(node)) node = node[k];
-    else return;
-  }
-  if (Array.isArray(node)) {
-    const i = isOurs(node[Number(last)]) ? Number(last) : node.findIndex(isOurs);
-    if (i >= 0) node.splice(i, 1);
-  } else if (isObj(node) && last in node) {
-    if (stripOurs(node[last])) delete node[last];
-  }
-}
-
-/** Removes the shim requirements (and terms holding only them) inside a created value; true when nothing else is left. */
-function stripOurs(value: unknown): boolean {
-  if (Array.isArray(value)) {
-    for (let i = value.length - 1; i >= 0; i--) if (isOurs(value[i]) || stripOurs(value[i])) value.splice(i, 1);
-    return value.length === 0;
-  }
-  if (isObj(value)) {
-    for (const [k, v] of Object.entries(value)) if (stripOurs(v)) delete value[k];
-    return Object.keys(value).length === 0;
-  }
-  return false;
-}
-
 /** Splits a pod-like object into metadata/spec; `base` prefixes field paths in messages (e.g. `spec.template.`). */
 function podParts(pod: Obj, base: string): { spec: Obj | null } {
   if (pod.spec === undefined || pod.spec === null) return { spec: null };
@@ -281,29 +217,47 @@ function podParts(pod: Obj, base: string): { spec: Obj | null } {
 }
 
 /** Rewrites the network probes and hooks of a pod or pod template. `base` prefixes field paths in errors. */
-export function rewritePod(input: Obj, base = ''): PodResult {
+export function rewritePod(input: Obj, base = '', options: RewriteOptions = {}): PodResult {
   const pod = structuredClone(input);
   const { spec } = podParts(pod, base);
   if (!spec) return { pod: input, changed: false };
-  const skipped = notForTheAgent(spec);
+  const skipped = notForTheAgent(spec, options.runtimeHandlers);
+  const loopback = loopbackPolicy(pod, options.loopbackHost);
   const handlers: Record<string, Obj> = {};
   let hasShimCommands = false;
+  /** Commands already there whose header values must come from the record. */
+  const needRecord: Slot[] = [];
   for (const slot of slots(spec, `${base}spec`)) {
     const key = handlerKey(slot);
     if (key === 'exec') {
-      if (shimHandlerOf(slot)) hasShimCommands = true;
+      const existingHandler = shimHandlerOf(slot);
+      if (existingHandler) {
+        hasShimCommands = true;
+        if (needsAnnotationValues(existingHandler)) needRecord.push(slot);
+      }
       continue;
     }
     if (key === null || !slot.network.includes(key)) continue;
-    if (skipped) return { pod: input, changed: false, skipped };
+    if (skipped) {
+      // A hostNetwork pod is probed on the node's own address, which the closed hole leaves open.
+      if (options.tolerateWhenClean && spec.hostNetwork === true) {
+        const tolerated = structuredClone(input);
+        const ok = isObj(tolerated.spec) && ensureClosedHoleToleration(tolerated.spec, base).length > 0;
+        if (ok) return { pod: tolerated, changed: true, skipped };
+      }
+      return { pod: input, changed: false, skipped };
+    }
     const value = slot.holder[key];
     if (!isObj(value)) throw new RewriteError(`${slot.path}.${key}`, 'a handler must be an object');
     const foreign = foreignHost(value);
     if (foreign !== undefined) {
       return { pod: input, changed: false, skipped: `${slot.path}.${key}.host is ${JSON.stringify(foreign.slice(0, 64))}: the agent only probes the pod's own addresses, and Pod Security admission must still see that field` };
     }
+    if (loopback === 'keep' && typeof value.host === 'string' && value.host !== '') {
+      return { pod: input, changed: false, skipped: `${slot.path}.${key}.host is ${JSON.stringify(value.host)} and loopback hosts are kept (${LOOPBACK_HOST_ANNOTATION}: keep, or --loopback-host keep): kubelet keeps probing the node's loopback` };
+    }
     const original = { [key]: value };
-    const command = encodeShimCommand(slot.kind, original);
+    const command = encodeShimCommand(slot.kind, commandHandler(original, slot.container));
     if (command[2]!.length > MAX_ENCODED_HANDLER) {
       throw new RewriteError(`${slot.path}.${key}`, `handler is ${command[2]!.length} bytes encoded, the shim accepts at most ${MAX_ENCODED_HANDLER}`);
     }
@@ -311,10 +265,19 @@ export function rewritePod(input: Obj, base = ''): PodResult {
     slot.set(replaceKey(slot.holder, key, [['exec', { command }]]));
     hasShimCommands = true;
   }
-  if (!hasShimCommands) return { pod: input, changed: false };
+  if (!hasShimCommands) {
+    if (!options.tolerateWhenClean || (skipped && spec.hostNetwork !== true)) return { pod: input, changed: false };
+    // Nothing of this pod needs the node->pod path (a hostNetwork pod is probed on the node's own address).
+    return ensureClosedHoleToleration(spec, base).length ? { pod, changed: true } : { pod: input, changed: false };
+  }
 
   const existing = readRecord(isObj(pod.metadata) ? pod.metadata : undefined, base);
+  for (const slot of needRecord) {
+    // The agent could never send that header: say so rather than admit a probe that cannot run as written.
+    if (!existing?.handlers[slot.key]) throw new RewriteError(`${slot.path}.exec.command`, `its header values live in the ${ORIGINAL_HANDLERS_ANNOTATION} annotation, which has no "${slot.key}" entry (the annotation was stripped or edited)`);
+  }
   const added = ensureShimAffinity(spec, base);
+  added.push(...ensureClosedHoleToleration(spec, base));
   if (Object.keys(handlers).length === 0 && added.length === 0) return { pod: input, changed: false };
 
   if (pod.metadata === undefined || pod.metadata === null) {
@@ -334,7 +297,25 @@ export function rewritePod(input: Obj, base = ''): PodResult {
     added: [...(existing?.added ?? []), ...added],
   };
   metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] = JSON.stringify(record);
+  const size = annotationsSize(metadata.annotations);
+  if (size > ANNOTATIONS_BUDGET_BYTES) {
+    return { pod: input, changed: false, skipped: `the ${ORIGINAL_HANDLERS_ANNOTATION} annotation would bring the pod's annotations to ${size} bytes, over the API server's limit of ${ANNOTATIONS_BUDGET_BYTES}: the API server would refuse the pod, so its probes stay as written` };
+  }
   return { pod, changed: true };
+}
+
+/** Total size of annotations as the API server counts it (keys + values, UTF-8 bytes). */
+function annotationsSize(annotations: Obj): number {
+  let total = 0;
+  for (const [k, v] of Object.entries(annotations)) total += Buffer.byteLength(k) + (typeof v === 'string' ? Buffer.byteLength(v) : 0);
+  return total;
+}
+
+/** The loopback-host policy for this pod: its annotation, else the caller's choice, else `rewrite`. */
+function loopbackPolicy(pod: Obj, fallback: LoopbackHostPolicy | undefined): LoopbackHostPolicy {
+  const a = isObj(pod.metadata) && isObj(pod.metadata.annotations) ? pod.metadata.annotations[LOOPBACK_HOST_ANNOTATION] : undefined;
+  if (a === 'keep' || a === 'rewrite') return a;
+  return fallback ?? 'rewrite';
 }
 
 /** Hosts Pod Security admission (KEP-4940) allows in probes and hooks; the agent reads them as the pod's own loopback. */
@@ -353,11 +334,15 @@ function foreignHost(handler: Obj): string | undefined {
 }
 
 /** Why the agent cannot run this pod's probes (so they stay with kubelet), or undefined. */
-function notForTheAgent(spec: Obj): string | undefined {
+function notForTheAgent(spec: Obj, runtimeHandlers: ReadonlyMap<string, string> | undefined): string | undefined {
   if (spec.hostNetwork === true) return 'hostNetwork pod: kubelet reaches it without crossing into a pod netns, its probes stay as written';
   const rc = spec.runtimeClassName;
-  if (typeof rc === 'string' && SANDBOXED_RUNTIME_CLASSES.some((s) => s.toLowerCase() === rc.toLowerCase())) {
-    return `runtimeClassName "${rc}" is sandboxed: the agent cannot probe inside it, its probes stay as written`;
+  if (typeof rc !== 'string' || rc === '') return undefined;
+  // The agent decides by the runtime handler the sandbox runs with, not by the RuntimeClass's name.
+  const handler = runtimeHandlers?.get(rc) ?? rc;
+  if (SANDBOXED_RUNTIME_CLASSES.some((s) => s.toLowerCase() === handler.toLowerCase())) {
+    const via = handler === rc ? '' : ` (runtime handler "${handler}")`;
+    return `runtimeClassName "${rc}"${via} is sandboxed: the agent cannot probe inside it, its probes stay as written`;
   }
   return undefined;
 }
@@ -375,9 +360,13 @@ export function undoPod(input: Obj, base = ''): PodResult {
       const decoded = shimHandlerOf(slot);
       if (!decoded) continue;
       // The annotation is the record of what was written; the command itself is the fallback when it was stripped.
-      const original = record?.handlers[slot.key] ?? decoded;
-      slot.set(replaceKey(slot.holder, 'exec', Object.entries(original)));
+      const original = record?.handlers[slot.key];
+      if (!original && needsAnnotationValues(decoded)) {
+        throw new RewriteError(`${slot.path}.exec.command`, `its header values live only in the ${ORIGINAL_HANDLERS_ANNOTATION} annotation, which is missing: restore the annotation (or the original manifest) to undo`);
+      }
+      slot.set(replaceKey(slot.holder, 'exec', Object.entries(original ?? decoded)));
       changed = true;
+      continue;
     }
   }
   if (!record) return changed ? { pod, changed } : { pod: input, changed: false };

@@ -4,11 +4,23 @@
  *
  * Never blocks a pod: anything the rewrite cannot handle is answered `allowed: true` with a
  * warning and no patch, so the pod runs as written (with kubelet's own probes).
+ *
+ * Reads the cluster (through a ClusterReader) only when a pod needs it: a DaemonSet pod pinned to
+ * one node (is that node's kubelet using the shim?) and a pod with a runtimeClassName (which
+ * handler does it run with?). A read that fails leaves the pod as written, with a warning.
  */
 import { describeError } from '../errors.ts';
 import { RewriteError } from '../rewrite/errors.ts';
-import { isObj, rewritePod } from '../rewrite/pod-rewrite.ts';
+import { isObj, rewritePod, SHIM_NODE_LABEL, SHIM_NODE_LABEL_VALUE, type LoopbackHostPolicy, type PodResult, type RewriteOptions } from '../rewrite/pod-rewrite.ts';
+import { pinnedNodeName, SHIM_ROLLBACK_ANNOTATION } from '../rewrite/placement.ts';
+import type { ClusterReader } from './cluster-reader.ts';
 import { diffJson } from './json-patch.ts';
+
+/** What the admission may use beyond the review: the cluster (none: decide from the pod alone) and the operator's choices. */
+export interface AdmissionContext {
+  cluster?: ClusterReader;
+  loopbackHost?: LoopbackHostPolicy;
+}
 
 /** Pod annotation: `enabled` opts a pod in (through MUTATE_ANNOTATED_PATH), `disabled` opts it out everywhere. */
 export const OPT_IN_ANNOTATION = 'probe-agent.io/rewrite';
@@ -55,8 +67,15 @@ const MAX_WARNING = 240;
 
 type Obj = Record<string, unknown>;
 
+/** One admission decision. */
+export interface AdmissionDecision {
+  review: AdmissionReviewResponse;
+  outcome: AdmissionOutcome;
+  detail?: string;
+}
+
 /** Decides one AdmissionReview. Throws AdmissionRequestError when the review itself is unusable. */
-export function admit(review: unknown, mode: OptInMode): { review: AdmissionReviewResponse; outcome: AdmissionOutcome; detail?: string } {
+export async function admit(review: unknown, mode: OptInMode, context: AdmissionContext = {}): Promise<AdmissionDecision> {
   if (!isObj(review)) throw new AdmissionRequestError('body is not an AdmissionReview object');
   if (review.apiVersion !== 'admission.k8s.io/v1' || review.kind !== 'AdmissionReview') {
     throw new AdmissionRequestError(`want apiVersion admission.k8s.io/v1, kind AdmissionReview; got ${String(review.apiVersion).slice(0, 64)}, ${String(review.kind).slice(0, 64)}`);
@@ -88,14 +107,68 @@ export function admit(review: unknown, mode: OptInMode): { review: AdmissionRevi
     // The scheduler never sees a pod bound at creation, so the shim affinity could not keep it off shim-less nodes.
     return warn('skipped', `pod is bound to node ${pod.spec.nodeName.slice(0, 64)} at creation: probes left unchanged (the shim node affinity needs the scheduler)`);
   }
-  let result;
-  try {
-    result = rewritePod(pod);
-  } catch (err) {
-    if (err instanceof RewriteError) return warn('refused', `probes left unchanged: ${err.message}`);
-    return warn('refused', `probes left unchanged: internal error: ${describeError(err)}`);
+  const spec = isObj(pod.spec) ? pod.spec : {};
+  const options: RewriteOptions = { tolerateWhenClean: true, ...(context.loopbackHost ? { loopbackHost: context.loopbackHost } : {}) };
+  // A pod naming a RuntimeClass is judged by the class's handler: one cached GET per class.
+  const rc = spec.runtimeClassName;
+  if (typeof rc === 'string' && rc !== '' && spec.hostNetwork !== true && context.cluster) {
+    let handler;
+    try {
+      handler = await context.cluster.runtimeHandler(rc);
+    } catch (err) {
+      return warn('skipped', `probes left unchanged: cannot read RuntimeClass ${rc.slice(0, 64)}: ${describeError(err)}`);
+    }
+    if (handler === null) return warn('skipped', `probes left unchanged: RuntimeClass ${rc.slice(0, 64)} not found`);
+    options.runtimeHandlers = new Map([[rc, handler]]);
+  }
+  const result = rewriteOrWarn(pod, options);
+  if ('review' in result) return result;
+  // Only a pod the rewrite really changes (not for a toleration alone) needs its node read.
+  if (rewritesHandlers(pod, result)) {
+    // A DaemonSet pod is made for one node: rewrite it only when that node's kubelet uses the shim.
+    const pinned = pinnedNodeName(spec);
+    if (pinned !== undefined) {
+      const why = await nodeRefusal(pinned, context.cluster);
+      if (why) return warn('skipped', `probes left unchanged: ${why}`);
+    }
   }
   if (!result.changed) return result.skipped ? warn('skipped', `probes left unchanged: ${result.skipped}`) : answer('unchanged');
-  const patch = Buffer.from(JSON.stringify(diffJson(pod, result.pod))).toString('base64');
-  return answer('rewritten', { patchType: 'JSONPatch', patch });
+  const ops = diffJson(pod, result.pod);
+  const patch = Buffer.from(JSON.stringify(ops)).toString('base64');
+  // A pod with nothing to rewrite (or a hostNetwork pod) only gets the closed-hole toleration.
+  const rewritten = rewritesHandlers(pod, result);
+  const extra: Partial<AdmissionResponse> = { patchType: 'JSONPatch', patch };
+  if (result.skipped) extra.warnings = [`probe-agent: probes left unchanged: ${result.skipped}`.slice(0, MAX_WARNING)];
+  return answer(rewritten ? 'rewritten' : 'unchanged', extra, rewritten ? undefined : 'closed-hole toleration only');
+
+  /** The rewrite, or the answer for a pod it cannot handle. */
+  function rewriteOrWarn(p: Obj, o: RewriteOptions): PodResult | AdmissionDecision {
+    try {
+      return rewritePod(p, '', o);
+    } catch (err) {
+      if (err instanceof RewriteError) return warn('refused', `probes left unchanged: ${err.message}`);
+      return warn('refused', `probes left unchanged: internal error: ${describeError(err)}`);
+    }
+  }
+}
+
+/** Whether the rewrite changes more than the pod's tolerations (its handlers, affinity, record). */
+function rewritesHandlers(before: Obj, result: PodResult): boolean {
+  return result.changed && diffJson(before, result.pod).some((op) => !op.path.startsWith('/spec/tolerations'));
+}
+
+/** Why a pod pinned to `node` must keep its probes (undefined: the node's kubelet uses the shim). */
+async function nodeRefusal(node: string, cluster: ClusterReader | undefined): Promise<string | undefined> {
+  const name = node.slice(0, 64);
+  if (!cluster) return `pod is made for node ${name} and the webhook cannot read nodes (no API server access)`;
+  let facts;
+  try {
+    facts = await cluster.node(node);
+  } catch (err) {
+    return `pod is made for node ${name}, which cannot be read: ${describeError(err)}`;
+  }
+  if (facts === null) return `pod is made for node ${name}, which does not exist`;
+  if (facts.labels[SHIM_NODE_LABEL] !== SHIM_NODE_LABEL_VALUE) return `pod is made for node ${name}, whose kubelet does not use the shim (no ${SHIM_NODE_LABEL}=${SHIM_NODE_LABEL_VALUE} label)`;
+  if (facts.annotations[SHIM_ROLLBACK_ANNOTATION] !== undefined) return `pod is made for node ${name}, which is being rolled back (${SHIM_ROLLBACK_ANNOTATION})`;
+  return undefined;
 }

@@ -7,7 +7,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { describeError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
-import { admit, AdmissionRequestError, MUTATE_ANNOTATED_PATH, MUTATE_PATH, type OptInMode } from './admission.ts';
+import { admit, AdmissionRequestError, MUTATE_ANNOTATED_PATH, MUTATE_PATH, type AdmissionContext, type OptInMode } from './admission.ts';
 import { WebhookMetrics, type RequestOutcome } from './metrics.ts';
 import { loadTlsPair, TlsFileWatcher } from './tls-files.ts';
 import { DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TLS_RELOAD_INTERVAL_MS } from './defaults.ts';
@@ -20,6 +20,8 @@ export interface WebhookServerOptions {
   tlsReloadIntervalMs?: number;
   maxRequestBytes?: number;
   log?: Logger;
+  /** The cluster reads and choices the admission uses (admission.ts). */
+  admission?: AdmissionContext;
 }
 
 export interface WebhookServer {
@@ -38,7 +40,7 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
   const maxBytes = opts.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES;
   const metrics = new WebhookMetrics();
   const server: Server = createServer({ ...loadTlsPair(opts.certFile, opts.keyFile), minVersion: 'TLSv1.2' }, (req, res) => {
-    handle(req, res, maxBytes, log, metrics).catch((err: unknown) => {
+    handle(req, res, maxBytes, log, metrics, opts.admission ?? {}).catch((err: unknown) => {
       log.error('webhook request failed', { error: describeError(err) });
       if (!res.headersSent) reply(res, 500, 'text/plain', `internal error: ${describeError(err)}\n`);
       else res.destroy();
@@ -80,7 +82,7 @@ function reply(res: ServerResponse, status: number, type: string, body: string):
   res.end(body);
 }
 
-async function handle(req: IncomingMessage, res: ServerResponse, maxBytes: number, log: Logger, metrics: WebhookMetrics): Promise<void> {
+async function handle(req: IncomingMessage, res: ServerResponse, maxBytes: number, log: Logger, metrics: WebhookMetrics, admission: AdmissionContext): Promise<void> {
   const path = (req.url ?? '/').split('?')[0]!;
   if (path === '/healthz') {
     reply(res, 200, 'text/plain', 'ok\n');
@@ -122,7 +124,7 @@ async function handle(req: IncomingMessage, res: ServerResponse, maxBytes: numbe
     return;
   }
   try {
-    const { review, outcome, detail } = admit(body, mode);
+    const { review, outcome, detail } = await admit(body, mode, admission);
     const r = review.response;
     log.debug('admission', { uid: r.uid, outcome, ...(detail ? { detail } : {}) });
     if (outcome === 'refused') log.warn('pod not rewritten', { uid: r.uid, reason: detail });

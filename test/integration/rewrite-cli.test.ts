@@ -36,7 +36,8 @@ describe('probe-agent rewrite (built CLI)', () => {
       expect(rewritten.stderr).toMatch(/^probe-agent rewrite: .*left-to-kubelet\.yaml: document 1: spec\.template\.spec: left unchanged: hostNetwork pod/);
       expect(rewritten.stdout).toBe(original);
     } else if (file !== 'exec-only.yaml') {
-      expect(rewritten.stderr).toBe('');
+      // DaemonSets are left as written by default, each with a note.
+      for (const line of rewritten.stderr.split('\n').filter(Boolean)) expect(line).toMatch(/left unchanged: a DaemonSet's template with the shim node affinity/);
       expect(rewritten.stdout).not.toBe(original);
       expect(rewritten.stdout).toContain('/.probe-agent/v1');
       expect(rewritten.stdout).toContain('probe-agent.io/shim');
@@ -50,6 +51,40 @@ describe('probe-agent rewrite (built CLI)', () => {
     expect(undone.stderr).toBe('');
     expect(undone.status).toBe(0);
     expect(undone.stdout).toBe(original);
+  });
+
+  it('--daemonsets shim-nodes-only rewrites DaemonSets too, and the undo still gives the file back', () => {
+    const file = path.join(CORPUS, 'multi-doc.yaml');
+    const original = readFileSync(file, 'utf8');
+    const plain = run(['rewrite', '-f', file]);
+    expect(plain.stderr).toMatch(/document 4: spec\.template\.spec: left unchanged: a DaemonSet's template/);
+    const all = run(['rewrite', '-f', file, '--daemonsets', 'shim-nodes-only']);
+    expect(all.status).toBe(0);
+    expect(all.stderr).toBe('');
+    expect(all.stdout.split(/^---$/m).find((d) => d.includes('kind: DaemonSet'))).toContain('/.probe-agent/v1');
+    expect(run(['rewrite', '--undo', '-f', '-'], all.stdout).stdout).toBe(original);
+  });
+
+  it('--runtime-class NAME=HANDLER leaves pods of a sandboxed handler to kubelet; a bad mapping exits 2', () => {
+    const pod = 'apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  runtimeClassName: untrusted\n  containers:\n    - name: a\n      livenessProbe:\n        tcpSocket: {port: 80}\n';
+    const byName = run(['rewrite', '-f', '-'], pod);
+    expect(byName.stdout).toContain('/.probe-agent/v1');
+    const byHandler = run(['rewrite', '-f', '-', '--runtime-class', 'fast=runc', '--runtime-class', 'untrusted=runsc'], pod);
+    expect(byHandler.status).toBe(0);
+    expect(byHandler.stdout).toBe(pod);
+    expect(byHandler.stderr).toBe('probe-agent rewrite: <stdin>: document 1: spec: left unchanged: runtimeClassName "untrusted" (runtime handler "runsc") is sandboxed: the agent cannot probe inside it, its probes stay as written\n');
+    const bad = run(['rewrite', '-f', '-', '--runtime-class', 'untrusted'], pod);
+    expect(bad.status).toBe(2);
+    expect(bad.stdout).toBe('');
+    expect(bad.stderr).toMatch(/--runtime-class: want NAME=HANDLER/);
+  });
+
+  it('--loopback-host keep leaves pods probing a loopback host to kubelet', () => {
+    const pod = 'kind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n    - name: a\n      readinessProbe:\n        httpGet: {host: 127.0.0.1, port: 80}\n';
+    expect(run(['rewrite', '-f', '-'], pod).stdout).toContain('/.probe-agent/v1');
+    const kept = run(['rewrite', '-f', '-', '--loopback-host', 'keep'], pod);
+    expect(kept.stdout).toBe(pod);
+    expect(kept.stderr).toMatch(/host is "127\.0\.0\.1" and loopback hosts are kept/);
   });
 
   it('writes the format asked for', () => {

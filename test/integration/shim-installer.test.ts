@@ -10,10 +10,13 @@
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { chmodSync, cpSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
+import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { nodeObject, startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
+import { ApiServerReader } from '../../agent/webhook/cluster-reader.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const COMPONENT = path.join(ROOT, 'deploy/components/kubelet-shim');
@@ -42,6 +45,7 @@ async function runInstaller(cmd: 'install' | 'uninstall'): Promise<{ code: numbe
       KUBERNETES_API_URL: apiUrl,
       TOKEN_FILE: path.join(scratch, 'no-token'),
       ONESHOT: '1',
+      UNLABEL_SETTLE: '0',
     },
   });
   let stderr = '';
@@ -92,6 +96,10 @@ beforeAll(async () => {
     let body = '';
     req.on('data', (c) => (body += c));
     req.on('end', () => {
+      if (req.method === 'GET' && (req.url ?? '').startsWith('/api/v1/pods?')) {
+        res.writeHead(200, { 'content-type': 'application/json' }).end('{"kind":"PodList","items":[]}');
+        return;
+      }
       const m = /^\/api\/v1\/nodes\/([^/]+)$/.exec(req.url ?? '');
       if (req.method !== 'PATCH' || !m || req.headers['content-type'] !== 'application/merge-patch+json') {
         res.writeHead(400).end('unexpected request');
@@ -123,7 +131,8 @@ describe('install-shim.sh on a scratch host root', () => {
     expect(existsSync(path.join(cur, 'node_modules'))).toBe(false);
     expect(readFileSync(path.join(host, 'etc/systemd/system/probe-agent-shim.service'), 'utf8')).toBe(readFileSync(path.join(COMPONENT, 'probe-agent-shim.service'), 'utf8'));
     expect(systemctlCalls()).toEqual(['daemon-reload', 'enable probe-agent-shim.service', 'restart probe-agent-shim.service']);
-    expect(patches.at(-1)).toEqual({ node: 'node-a', body: { metadata: { labels: { 'probe-agent.io/shim': null } } } });
+    // Kubelet does not use the shim: no label set, and none removed either (only unlabel removes it).
+    expect(patches).toEqual([]);
   });
 
   it('the installed unit passes systemd-analyze verify in the host root (and a broken one does not)', () => {
@@ -146,11 +155,13 @@ describe('install-shim.sh on a scratch host root', () => {
     kubeletEndpoint('unix:///run/probe-agent/cri.sock');
     expect((await runInstaller('install')).code).toBe(0);
     expect(patches.at(-1)).toEqual({ node: 'node-a', body: { metadata: { labels: { 'probe-agent.io/shim': 'ready' } } } });
-    // The shim down: the label goes.
+    // The shim down: the label stays (kubelet is still configured with it; removing the label would
+    // make kubelet kill every rewritten pod at its next restart).
     shim.kill('SIGTERM');
     await new Promise((r) => shim.once('exit', r));
+    const before = patches.length;
     expect((await runInstaller('install')).code).toBe(0);
-    expect(patches.at(-1)?.body).toEqual({ metadata: { labels: { 'probe-agent.io/shim': null } } });
+    expect(patches.length).toBe(before);
   });
 
   it('re-installing the same release keeps the files and the unit in place', async () => {
@@ -176,5 +187,353 @@ describe('install-shim.sh on a scratch host root', () => {
     expect(existsSync(path.join(host, 'opt/probe-agent-shim'))).toBe(false);
     expect(existsSync(path.join(host, 'etc/systemd/system/probe-agent-shim.service'))).toBe(false);
     expect(systemctlCalls().slice(calls)).toEqual(['disable --now probe-agent-shim.service', 'daemon-reload']);
+  });
+});
+
+/**
+ * The guard's procedures (docs/closing-the-hole.md) step by step, against an API server stand-in
+ * that holds the Node and the pods: the label survives a flapping shim; the shim restarts only for
+ * a new release; unlabel and uninstall refuse while a rewritten pod is on the node.
+ */
+describe('install-shim.sh: the label that never kills a pod', () => {
+  let api: ApiServerStandIn;
+  let root: string;
+  let hostRoot: string;
+  let callsLog: string;
+  const rewrittenPod = (name: string, node: string, phase = 'Running'): Record<string, any> => ({
+    apiVersion: 'v1', kind: 'Pod', metadata: { namespace: 'shop', name, annotations: { 'probe-agent.io/original-handlers': '{"v":1,"handlers":{},"added":[]}' } },
+    spec: { nodeName: node, containers: [{ name: 'a', readinessProbe: { exec: { command: ['/.probe-agent/v1', 'readiness', 'e30'] } } }] }, status: { phase },
+  });
+  const labelOf = () => api.nodes.get('node-g')!.metadata.labels['probe-agent.io/shim'];
+  const labelPatches = () => api.requests.filter((q) => q.method === 'PATCH').map((q) => (q.body as any).metadata.labels['probe-agent.io/shim']);
+  const env = (extra: Record<string, string> = {}) => ({
+    ...process.env, HOST_ROOT: hostRoot, SHIM_SRC: ROOT, NODE_BIN: process.execPath, SYSTEMCTL: path.join(root, 'systemctl'),
+    NODE_NAME: 'node-g', KUBERNETES_API_URL: api.url, TOKEN_FILE: path.join(root, 'no-token'), ONESHOT: '1', UNLABEL_SETTLE: '0', ...extra,
+  });
+  async function run(cmd: string, extra: Record<string, string> = {}): Promise<{ code: number; stdout: string; stderr: string }> {
+    const child = spawn('bash', [SCRIPT, cmd], { stdio: ['ignore', 'pipe', 'pipe'], env: env(extra) });
+    let stdout = '';
+    let stderr = '';
+    child.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    const code = await new Promise<number>((resolve) => child.once('exit', (c) => resolve(c ?? -1)));
+    return { code, stdout, stderr };
+  }
+  const calls = () => (existsSync(callsLog) ? readFileSync(callsLog, 'utf8').trim().split('\n').filter(Boolean) : []);
+  function kubelet(endpoint: string): void {
+    mkdirSync(path.join(hostRoot, 'var/lib/kubelet'), { recursive: true });
+    writeFileSync(path.join(hostRoot, 'var/lib/kubelet/config.yaml'), `kind: KubeletConfiguration\ncontainerRuntimeEndpoint: ${endpoint}\n`);
+  }
+  /** A CRI socket that answers connections where the shim listens (the shim up); close() takes it down. */
+  async function shimSocket(): Promise<net.Server> {
+    const sock = path.join(hostRoot, 'run/probe-agent/cri.sock');
+    mkdirSync(path.dirname(sock), { recursive: true });
+    rmSync(sock, { force: true });
+    const srv = net.createServer((c) => c.destroy());
+    await new Promise<void>((r) => srv.listen(sock, r));
+    return srv;
+  }
+
+  beforeAll(async () => {
+    api = await startApiServerStandIn();
+    api.nodes.set('node-g', nodeObject('node-g'));
+    root = mkdtempSync(path.join(tmpdir(), 'shim-guard-'));
+    hostRoot = path.join(root, 'host');
+    mkdirSync(path.join(hostRoot, 'etc/systemd/system'), { recursive: true });
+    callsLog = path.join(root, 'systemctl.log');
+    writeFileSync(path.join(root, 'systemctl'), `#!/bin/sh\necho "$*" >> ${callsLog}\n`);
+    chmodSync(path.join(root, 'systemctl'), 0o755);
+  });
+  afterAll(async () => {
+    await api?.close();
+    if (root) rmSync(root, { recursive: true, force: true });
+  });
+
+  it('restarts the shim only when its release or unit changed; otherwise only makes sure it runs', async () => {
+    kubelet('unix:///run/containerd/containerd.sock');
+    expect((await run('install')).code).toBe(0);
+    expect(calls()).toEqual(['daemon-reload', 'enable probe-agent-shim.service', 'restart probe-agent-shim.service']);
+    expect((await run('install')).code).toBe(0);
+    expect(calls().slice(3)).toEqual(['daemon-reload', 'enable probe-agent-shim.service', 'start probe-agent-shim.service']);
+    // A changed unit on the host (an older release's) is replaced, and the shim restarted.
+    writeFileSync(path.join(hostRoot, 'etc/systemd/system/probe-agent-shim.service'), '# old\n');
+    expect((await run('install')).code).toBe(0);
+    expect(calls().slice(6)).toEqual(['daemon-reload', 'enable probe-agent-shim.service', 'restart probe-agent-shim.service']);
+    // Another release current (an upgrade): restart.
+    const cur = path.join(hostRoot, 'opt/probe-agent-shim/current');
+    rmSync(cur);
+    execFileSync('ln', ['-s', 'releases/0.0.0-old', cur]);
+    expect((await run('install')).code).toBe(0);
+    expect(calls().at(-1)).toBe('restart probe-agent-shim.service');
+  });
+
+  it('sets the label once kubelet is configured with the shim and it answers, and keeps it through a flapping shim', async () => {
+    kubelet('unix:///run/probe-agent/cri.sock');
+    // Configured, but the shim does not answer yet: no label.
+    rmSync(path.join(hostRoot, 'run/probe-agent/cri.sock'), { force: true });
+    expect((await run('install')).code).toBe(0);
+    expect(labelOf()).toBeUndefined();
+    // The installer as the DaemonSet runs it (a loop), while the shim flaps under it.
+    const loop = spawn('bash', [SCRIPT, 'install'], { stdio: ['ignore', 'ignore', 'pipe'], env: env({ ONESHOT: '', CHECK_INTERVAL: '0.2' }) });
+    let log = '';
+    loop.stderr!.on('data', (d: Buffer) => (log += d.toString()));
+    try {
+      let shim = await shimSocket();
+      for (let i = 0; i < 200 && labelOf() !== 'ready'; i++) await new Promise((r) => setTimeout(r, 50));
+      expect(labelOf()).toBe('ready');
+      for (let flap = 0; flap < 4; flap++) {
+        await new Promise<void>((r) => shim.close(() => r()));
+        await new Promise((r) => setTimeout(r, 600)); // three checks with the shim down
+        expect(labelOf(), `flap ${flap}, down`).toBe('ready');
+        shim = await shimSocket();
+        await new Promise((r) => setTimeout(r, 400));
+      }
+      await new Promise<void>((r) => shim.close(() => r()));
+      // Kubelet switched away by hand: still never removed by the installer, only logged.
+      kubelet('unix:///run/containerd/containerd.sock');
+      for (let i = 0; i < 100 && !log.includes('never removed by it'); i++) await new Promise((r) => setTimeout(r, 50));
+      expect(log).toContain('never removed by it');
+      expect(labelOf()).toBe('ready');
+    } finally {
+      loop.kill('SIGTERM');
+      await new Promise((r) => loop.once('exit', r));
+    }
+    expect(labelPatches()).toEqual(['ready']);
+  });
+
+  it('unlabel and uninstall refuse while a rewritten pod is on the node (label and shim kept), and go through once it is gone', async () => {
+    expect(labelOf()).toBe('ready');
+    kubelet('unix:///run/containerd/containerd.sock');
+    api.pods.push(rewrittenPod('web-1', 'node-g'), rewrittenPod('web-2', 'other-node'), rewrittenPod('done', 'node-g', 'Succeeded'),
+      { metadata: { namespace: 'shop', name: 'plain' }, spec: { nodeName: 'node-g', containers: [{ name: 'a', readinessProbe: { httpGet: { port: 80 } } }] }, status: { phase: 'Running' } });
+    const listed = await run('rewritten-pods');
+    expect(listed).toMatchObject({ code: 0, stdout: 'shop/web-1\n' });
+    for (const cmd of ['unlabel', 'uninstall']) {
+      const r = await run(cmd);
+      expect(r.code, cmd).toBe(4);
+      expect(r.stderr).toMatch(/rewritten pods are still on this node; label kept/);
+      expect(r.stderr).toContain('shop/web-1');
+      expect(labelOf()).toBe('ready');
+      expect(existsSync(path.join(hostRoot, 'opt/probe-agent-shim/current/node'))).toBe(true);
+    }
+    expect(labelPatches()).toEqual(['ready']);
+    // A pod only identified by its command (the record stripped) counts too.
+    api.pods[0]!.metadata.annotations = {};
+    expect((await run('unlabel')).code).toBe(4);
+    // Gone: uninstall removes the label, then the shim (kubelet no longer points at it).
+    api.pods.splice(0, 1);
+    const done = await run('uninstall');
+    expect(done.code, done.stderr).toBe(0);
+    expect(labelOf()).toBeUndefined();
+    expect(existsSync(path.join(hostRoot, 'opt/probe-agent-shim'))).toBe(false);
+  });
+
+  it('unlabel puts the label back when a rewritten pod lands on the node while it settles', async () => {
+    api.nodes.get('node-g')!.metadata.labels['probe-agent.io/shim'] = 'ready';
+    const pending = run('unlabel', { UNLABEL_SETTLE: '1' });
+    // The scheduler binds a pod from its cache just after the label went.
+    for (let i = 0; i < 100 && labelOf() === 'ready'; i++) await new Promise((r) => setTimeout(r, 20));
+    expect(labelOf()).toBeUndefined();
+    api.pods.push(rewrittenPod('late', 'node-g'));
+    const r = await pending;
+    expect(r.code).toBe(4);
+    expect(r.stderr).toMatch(/landed on this node meanwhile; label put back/);
+    expect(labelOf()).toBe('ready');
+  });
+
+  it('unlabel refuses when the pods cannot be listed (API outage), keeping the label', async () => {
+    api.down = true;
+    try {
+      const r = await run('unlabel');
+      expect(r.code).toBe(4);
+      expect(r.stderr).toMatch(/cannot list this node's pods; label kept/);
+    } finally {
+      api.down = false;
+    }
+    expect(labelOf()).toBe('ready');
+  });
+});
+
+/**
+ * docs/closing-the-hole.md's procedures in order, on one node, with the real installer script,
+ * the real admission code (reading the API server stand-in) and the stand-in's objects. Kubelet
+ * and the scheduler cannot run here; their two decisions that matter are modelled below from
+ * their documented rules: the scheduler places a pod on a node only when its required node
+ * affinity matches and it tolerates the node's NoSchedule/NoExecute taints; kubelet, when it
+ * restarts, re-admits each running pod and rejects (kills) one whose required node affinity no
+ * longer matches or that does not tolerate a NoExecute taint (finding 4).
+ */
+describe('closing-the-hole procedures, step by step (installer + webhook + API server stand-in)', () => {
+  type Pod = Record<string, any>;
+  let api: ApiServerStandIn;
+  let root: string;
+  let hostRoot: string;
+  const NODE = 'node-p';
+  const node = () => api.nodes.get(NODE)!;
+
+  const matchesTerm = (term: Pod, n: Pod): boolean =>
+    (term.matchExpressions ?? []).every((e: Pod) => {
+      const v = n.metadata.labels?.[e.key];
+      if (e.operator === 'In') return v !== undefined && e.values.includes(v);
+      if (e.operator === 'NotIn') return v === undefined || !e.values.includes(v);
+      if (e.operator === 'Exists') return v !== undefined;
+      if (e.operator === 'DoesNotExist') return v === undefined;
+      return false;
+    }) && (term.matchFields ?? []).every((f: Pod) => f.key === 'metadata.name' && f.operator === 'In' && f.values.includes(n.metadata.name));
+  const affinityMatches = (pod: Pod, n: Pod): boolean => {
+    const terms = pod.spec.affinity?.nodeAffinity?.requiredDuringSchedulingIgnoredDuringExecution?.nodeSelectorTerms;
+    return !terms || terms.some((t: Pod) => matchesTerm(t, n));
+  };
+  const tolerates = (pod: Pod, taint: Pod): boolean => (pod.spec.tolerations ?? []).some((t: Pod) =>
+    (t.key === taint.key || (!t.key && t.operator === 'Exists')) && (!t.effect || t.effect === taint.effect) && (t.operator === 'Exists' || (t.value ?? '') === (taint.value ?? '')));
+  const schedulerPlaces = (pod: Pod, n: Pod): boolean => affinityMatches(pod, n)
+    && (n.spec.taints ?? []).filter((t: Pod) => t.effect !== 'PreferNoSchedule').every((t: Pod) => tolerates(pod, t));
+  const kubeletReadmits = (pod: Pod, n: Pod): boolean => affinityMatches(pod, n)
+    && (n.spec.taints ?? []).filter((t: Pod) => t.effect === 'NoExecute').every((t: Pod) => tolerates(pod, t));
+  const onNode = () => api.pods.filter((p) => p.spec.nodeName === NODE);
+  const isRewritten = (p: Pod) => JSON.stringify(p.spec).includes('/.probe-agent/v1');
+
+  async function admitPod(pod: Pod, reader: ApiServerReader | undefined): Promise<Pod> {
+    if (!reader) return pod; // the webhook is down: failurePolicy Ignore admits the pod as written
+    const { admit } = await import('../../agent/webhook/admission.ts');
+    const { applyJsonPatch } = await import('../support/json-patch-apply.ts');
+    const r = await admit({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', request: { uid: 'u', kind: { kind: 'Pod' }, resource: { resource: 'pods' }, operation: 'CREATE', object: pod } }, 'all', { cluster: reader });
+    const patch = r.review.response.patch;
+    return patch ? applyJsonPatch(pod, JSON.parse(Buffer.from(patch, 'base64').toString('utf8'))) : pod;
+  }
+  /** Creates a pod (through the webhook unless it is down) and binds it to the node when the scheduler would. */
+  async function create(name: string, reader: ApiServerReader | undefined, daemon = false): Promise<Pod> {
+    const pod: Pod = { apiVersion: 'v1', kind: 'Pod', metadata: { namespace: 'shop', name },
+      spec: { containers: [{ name: 'a', image: 'i', ports: [{ name: 'http', containerPort: 80 }], readinessProbe: { httpGet: { port: 'http' } }, lifecycle: { postStart: { httpGet: { port: 80 } } } }] }, status: { phase: 'Pending' } };
+    if (daemon) {
+      // What the DaemonSet controller gives each daemon pod: the pin to its node and its default tolerations.
+      pod.spec.affinity = { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: [{ matchFields: [{ key: 'metadata.name', operator: 'In', values: [NODE] }] }] } } };
+      pod.spec.tolerations = [{ key: 'node.kubernetes.io/unschedulable', operator: 'Exists', effect: 'NoSchedule' }, { key: 'node.kubernetes.io/not-ready', operator: 'Exists', effect: 'NoExecute' }];
+    }
+    const admitted = await admitPod(pod, reader);
+    if (schedulerPlaces(admitted, node())) {
+      admitted.spec.nodeName = NODE;
+      admitted.status.phase = 'Running';
+      api.pods.push(admitted);
+    }
+    return admitted;
+  }
+  const kubeletRestartKills = () => onNode().filter((p) => !kubeletReadmits(p, node())).map((p) => p.metadata.name);
+  async function installer(cmd: string): Promise<{ code: number; stderr: string }> {
+    const child = spawn('bash', [SCRIPT, cmd], { stdio: ['ignore', 'ignore', 'pipe'], env: {
+      ...process.env, HOST_ROOT: hostRoot, SHIM_SRC: ROOT, NODE_BIN: process.execPath, SYSTEMCTL: path.join(root, 'systemctl'),
+      NODE_NAME: NODE, KUBERNETES_API_URL: api.url, TOKEN_FILE: path.join(root, 'no-token'), ONESHOT: '1', UNLABEL_SETTLE: '0' } });
+    let stderr = '';
+    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    return { code: await new Promise<number>((r) => child.once('exit', (c) => r(c ?? -1))), stderr };
+  }
+  function kubelet(endpoint: string): void {
+    mkdirSync(path.join(hostRoot, 'var/lib/kubelet'), { recursive: true });
+    writeFileSync(path.join(hostRoot, 'var/lib/kubelet/config.yaml'), `kind: KubeletConfiguration\ncontainerRuntimeEndpoint: ${endpoint}\n`);
+  }
+
+  beforeAll(async () => {
+    api = await startApiServerStandIn();
+    api.nodes.set(NODE, nodeObject(NODE));
+    root = mkdtempSync(path.join(tmpdir(), 'shim-procedures-'));
+    hostRoot = path.join(root, 'host');
+    mkdirSync(path.join(hostRoot, 'etc/systemd/system'), { recursive: true });
+    writeFileSync(path.join(root, 'systemctl'), '#!/bin/sh\nexit 0\n');
+    chmodSync(path.join(root, 'systemctl'), 0o755);
+  });
+  afterAll(async () => {
+    await api?.close();
+    if (root) rmSync(root, { recursive: true, force: true });
+  });
+
+  it('install, rollout, close, shim down, kubelet restarts, webhook outage, rollback and uninstall never kill a running pod, and no rewritten pod runs without the shim', async () => {
+    const reader = new ApiServerReader({ url: api.url, ttlMs: 0 });
+    try {
+      // Install: the component puts the shim on the node; kubelet still talks to containerd: no label.
+      kubelet('unix:///run/containerd/containerd.sock');
+      expect((await installer('install')).code).toBe(0);
+      expect(node().metadata.labels['probe-agent.io/shim']).toBeUndefined();
+      // A pod created now is rewritten, but no node takes it (Pending), and a daemon pod for this node stays as written.
+      expect(isRewritten(await create('early', reader))).toBe(true);
+      expect(onNode()).toEqual([]);
+      expect(isRewritten(await create('daemon-early', reader, true))).toBe(false);
+      expect(onNode().map((p) => p.metadata.name)).toEqual(['daemon-early']);
+
+      // Switch kubelet to the shim (config + restart); the shim answers; the installer labels the node.
+      kubelet('unix:///run/probe-agent/cri.sock');
+      const sock = path.join(hostRoot, 'run/probe-agent/cri.sock');
+      mkdirSync(path.dirname(sock), { recursive: true });
+      const shim = net.createServer((c) => c.destroy());
+      await new Promise<void>((r) => shim.listen(sock, r));
+      expect(kubeletRestartKills()).toEqual([]);
+      expect((await installer('install')).code).toBe(0);
+      expect(node().metadata.labels['probe-agent.io/shim']).toBe('ready');
+
+      // Rollout: rewritten pods and daemon pods land on the node.
+      expect(isRewritten(await create('web-1', reader))).toBe(true);
+      expect(isRewritten(await create('daemon-1', reader, true))).toBe(true);
+      expect(onNode().filter(isRewritten).map((p) => p.metadata.name)).toEqual(['web-1', 'daemon-1']);
+
+      // Close the hole: taint first. Unrewritten pods already running stay (NoSchedule evicts nothing).
+      node().spec.taints = [{ key: 'probe-agent.io/hole-closed', effect: 'NoSchedule' }];
+      expect(kubeletRestartKills()).toEqual([]);
+      // Webhook outage: a pod created now keeps its network probes and is not placed on the closed node.
+      const during = await create('during-outage', undefined);
+      expect(isRewritten(during)).toBe(false);
+      expect(onNode().map((p) => p.metadata.name)).not.toContain('during-outage');
+      // With the webhook back, a new pod is rewritten and tolerated there.
+      expect(isRewritten(await create('web-2', reader))).toBe(true);
+      expect(onNode().map((p) => p.metadata.name)).toContain('web-2');
+
+      // The shim goes down (and the installer checks meanwhile), kubelet restarts: nothing is killed.
+      await new Promise<void>((r) => shim.close(() => r()));
+      expect((await installer('install')).code).toBe(0);
+      expect(node().metadata.labels['probe-agent.io/shim']).toBe('ready');
+      expect(kubeletRestartKills()).toEqual([]);
+
+      // Roll back, in the documented order. A premature unlabel/uninstall is refused.
+      expect((await installer('unlabel')).code).toBe(4);
+      expect((await installer('uninstall')).code).toBe(4);
+      // 1. Open the hole on this node again (close-hole off there, then the taint goes): kubelet's own probes work again.
+      node().spec.taints = node().spec.taints.filter((t: Pod) => t.key !== 'probe-agent.io/hole-closed');
+      // 2. Mark the rollback and cordon.
+      node().metadata.annotations['probe-agent.io/shim-rollback'] = 'true';
+      node().spec.unschedulable = true;
+      node().spec.taints.push({ key: 'node.kubernetes.io/unschedulable', effect: 'NoSchedule' });
+      expect(kubeletRestartKills()).toEqual([]);
+      // 3. drain --ignore-daemonsets: the non-daemon pods go (rescheduled elsewhere).
+      api.pods = api.pods.filter((p) => p.spec.nodeName !== NODE || p.metadata.name.startsWith('daemon'));
+      // 4. Delete the rewritten daemon pods: the controller recreates them (they tolerate unschedulable),
+      //    and the webhook leaves them as written for a node being rolled back.
+      const daemons = onNode().filter(isRewritten).map((p) => p.metadata.name);
+      expect(daemons).toEqual(['daemon-1']);
+      for (const name of daemons) {
+        api.pods.splice(api.pods.findIndex((p) => p.metadata.name === name), 1);
+        expect(isRewritten(await create(name, reader, true)), name).toBe(false);
+      }
+      expect(onNode().map((p) => p.metadata.name).sort()).toEqual(['daemon-1', 'daemon-early']);
+      expect(onNode().filter(isRewritten)).toEqual([]);
+      // 5. unlabel proves it and removes the label.
+      const unlabel = await installer('unlabel');
+      expect(unlabel.code, unlabel.stderr).toBe(0);
+      expect(node().metadata.labels['probe-agent.io/shim']).toBeUndefined();
+      // 6. Switch kubelet back and restart it: nothing left on the node needs the label.
+      kubelet('unix:///run/containerd/containerd.sock');
+      expect(kubeletRestartKills()).toEqual([]);
+      // 7. Uninstall; 8. uncordon and drop the mark: new pods are created as written, kubelet probes them.
+      const uninstall = await installer('uninstall');
+      expect(uninstall.code, uninstall.stderr).toBe(0);
+      expect(existsSync(path.join(hostRoot, 'opt/probe-agent-shim'))).toBe(false);
+      node().spec.unschedulable = false;
+      node().spec.taints = [];
+      delete node().metadata.annotations['probe-agent.io/shim-rollback'];
+      // A pod the webhook rewrites now cannot land here; one made for this node by a DaemonSet is left as written.
+      expect(isRewritten(await create('after', reader))).toBe(true);
+      expect(onNode().map((p) => p.metadata.name)).not.toContain('after');
+      expect(isRewritten(await create('daemon-after', reader, true))).toBe(false);
+      expect(kubeletRestartKills()).toEqual([]);
+    } finally {
+      await reader.close();
+    }
   });
 });

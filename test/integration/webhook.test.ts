@@ -16,6 +16,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseAllDocuments } from 'yaml';
 import { transformObject } from '../../agent/rewrite/objects.ts';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
+import { CLOSED_HOLE_TOLERATION, SHIM_ROLLBACK_ANNOTATION } from '../../agent/rewrite/placement.ts';
+import { ApiServerReader } from '../../agent/webhook/cluster-reader.ts';
+import { nodeObject, startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
 import { MUTATE_ANNOTATED_PATH, MUTATE_PATH, OPT_IN_ANNOTATION } from '../../agent/webhook/admission.ts';
 import { startWebhookServer, type WebhookServer } from '../../agent/webhook/server.ts';
 import { CLI, REPO, requireBuiltCli } from '../support/built-cli.ts';
@@ -171,10 +174,16 @@ describe('rewrite webhook over HTTPS', () => {
       expect(response.uid).toBe(req.request.uid);
       expect(response.allowed).toBe(true);
       if (JSON.stringify(expected[i]) === JSON.stringify(pod)) {
-        expect(response.patch, pod.metadata.generateName).toBeUndefined();
         // Pods left to kubelet say why; pods with nothing to rewrite say nothing.
         if (pod.spec.hostNetwork || pod.spec.runtimeClassName) expect(response.warnings[0]).toMatch(/^probe-agent: probes left unchanged: (hostNetwork pod|runtimeClassName "gvisor")/);
         else expect(response.warnings).toBeUndefined();
+        if (pod.spec.runtimeClassName) {
+          expect(response.patch, pod.metadata.generateName).toBeUndefined();
+          continue;
+        }
+        // Nothing of these needs the node->pod path: the only change is the closed-hole toleration.
+        const patched = applyJsonPatch(pod, JSON.parse(Buffer.from(response.patch, 'base64').toString('utf8')));
+        expect(patched).toEqual({ ...pod, spec: { ...pod.spec, tolerations: [...(pod.spec.tolerations ?? []), CLOSED_HOLE_TOLERATION] } });
         continue;
       }
       expect(response.warnings).toBeUndefined();
@@ -219,7 +228,6 @@ describe('rewrite webhook over HTTPS', () => {
       [review(base, { subResource: 'ephemeralcontainers' }), /not a pod \(Pod\/ephemeralcontainers\)/],
       [review({ ...base, spec: { ...base.spec, nodeName: 'node-a' } }), /bound to node node-a at creation/],
       [review(base, { object: null }), /no pod object/],
-      [review({ ...base, spec: { ...base.spec, hostNetwork: true } }), /^probe-agent: probes left unchanged: hostNetwork pod/],
       [review({ ...base, spec: { ...base.spec, containers: [{ name: 'x', image: 'i', livenessProbe: { httpGet: { host: '10.0.0.1', port: 2379, path: '/metrics' } } }] } }), /^probe-agent: probes left unchanged: spec\.containers\[0\]\.livenessProbe\.httpGet\.host is "10\.0\.0\.1"/],
     ];
     for (const [req, warning] of cases) {
@@ -403,5 +411,116 @@ describe('probe-agent webhook (built CLI)', () => {
     const listen = spawnSync(CLI, ['webhook', '--listen', 'nowhere', '--tls-cert-file', CERT(), '--tls-key-file', KEY()], { encoding: 'utf8' });
     expect(listen.status).toBe(2);
     expect(listen.stderr).toMatch(/--listen: want host:port.*got "nowhere"/);
+  });
+});
+
+describe('rewrite webhook reading the cluster (API server stand-in)', () => {
+  let api: ApiServerStandIn;
+  let reader: ApiServerReader;
+  let hooked: WebhookServer;
+  const probePod = (spec: Obj = {}): Obj => ({
+    apiVersion: 'v1', kind: 'Pod', metadata: { generateName: 'agent-', namespace: 'shop' },
+    spec: { containers: [{ name: 'a', image: 'i', ports: [{ name: 'http', containerPort: 8080 }], readinessProbe: { httpGet: { port: 'http' } }, lifecycle: { postStart: { httpGet: { port: 8080 } } } }], ...spec },
+  });
+  /** The affinity the DaemonSet controller gives the pod it makes for `node`. */
+  const daemonPod = (node: string): Obj => probePod({
+    tolerations: [{ key: 'node.kubernetes.io/not-ready', operator: 'Exists', effect: 'NoExecute' }],
+    affinity: { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: [{ matchFields: [{ key: 'metadata.name', operator: 'In', values: [node] }] }] } } },
+  });
+  const admitOn = async (pod: Obj): Promise<Obj> => {
+    const r = await post(MUTATE_PATH, JSON.stringify(review(pod)), { port: hooked.port });
+    expect(r.status).toBe(200);
+    return r.json!.response;
+  };
+
+  beforeAll(async () => {
+    api = await startApiServerStandIn();
+    api.nodes.set('shim-node', nodeObject('shim-node', { 'probe-agent.io/shim': 'ready' }));
+    api.nodes.set('plain-node', nodeObject('plain-node'));
+    api.nodes.set('rolling-back', nodeObject('rolling-back', { 'probe-agent.io/shim': 'ready' }, { [SHIM_ROLLBACK_ANNOTATION]: 'true' }));
+    api.runtimeClasses.set('untrusted', { apiVersion: 'node.k8s.io/v1', kind: 'RuntimeClass', metadata: { name: 'untrusted' }, handler: 'runsc' });
+    api.runtimeClasses.set('kata', { apiVersion: 'node.k8s.io/v1', kind: 'RuntimeClass', metadata: { name: 'kata' }, handler: 'runc' });
+    reader = new ApiServerReader({ url: api.url, ttlMs: 60_000 });
+    hooked = await startWebhookServer({ host: '127.0.0.1', port: 0, certFile: CERT(), keyFile: KEY(), admission: { cluster: reader } });
+  });
+  afterAll(async () => {
+    await hooked?.close();
+    await reader?.close();
+    await api?.close();
+  });
+
+  it('rewrites a DaemonSet pod made for a node whose kubelet uses the shim, and leaves one made for a node without it as written', async () => {
+    const onShim = await admitOn(daemonPod('shim-node'));
+    expect(onShim.patchType).toBe('JSONPatch');
+    const patched = applyJsonPatch(daemonPod('shim-node'), JSON.parse(Buffer.from(onShim.patch, 'base64').toString('utf8')));
+    expect(patched.spec.containers[0].readinessProbe.exec.command[0]).toBe('/.probe-agent/v1');
+    // The controller's pin is kept, and the shim requirement is ANDed into it (the node has the label, so it matches).
+    expect(patched.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms).toEqual([
+      { matchFields: [{ key: 'metadata.name', operator: 'In', values: ['shim-node'] }], matchExpressions: [{ key: 'probe-agent.io/shim', operator: 'In', values: ['ready'] }] },
+    ]);
+    for (const [node, why] of [['plain-node', /whose kubelet does not use the shim/], ['rolling-back', /which is being rolled back/], ['gone-node', /which does not exist/]] as const) {
+      const r = await admitOn(daemonPod(node));
+      expect(r.patch, node).toBeUndefined();
+      expect(r.warnings[0]).toMatch(why);
+    }
+    // It asked for exactly those nodes, one GET each (the first answer is cached), and nothing else.
+    const before = api.requests.length;
+    await admitOn(daemonPod('shim-node'));
+    expect(api.requests.length).toBe(before);
+    expect(api.requests.map((q) => `${q.method} ${q.url}`)).toEqual(['GET /api/v1/nodes/shim-node', 'GET /api/v1/nodes/plain-node', 'GET /api/v1/nodes/rolling-back', 'GET /api/v1/nodes/gone-node']);
+    // A pod the scheduler places (no pin) needs no read; nor does a daemon pod with nothing to rewrite,
+    // which only gets the closed-hole toleration.
+    await admitOn(probePod());
+    const clean = daemonPod('plain-node');
+    clean.spec.containers = [{ name: 'a', image: 'i' }];
+    const cleanAnswer = await admitOn(clean);
+    expect(cleanAnswer.warnings).toBeUndefined();
+    expect(applyJsonPatch(clean, JSON.parse(Buffer.from(cleanAnswer.patch, 'base64').toString('utf8'))).spec.tolerations).toEqual([...clean.spec.tolerations, CLOSED_HOLE_TOLERATION]);
+    expect(api.requests.length).toBe(before);
+  });
+
+  it('leaves a DaemonSet pod as written when its node cannot be read (API outage), and without API access at all', async () => {
+    api.down = true;
+    try {
+      const r = await admitOn(daemonPod('other-node'));
+      expect(r.patch).toBeUndefined();
+      expect(r.warnings[0]).toMatch(/made for node other-node, which cannot be read: .*HTTP 503/);
+    } finally {
+      api.down = false;
+    }
+    // The server without a cluster reader (the first describe's) never rewrites a pinned pod.
+    const r = await post(MUTATE_PATH, JSON.stringify(review(daemonPod('shim-node'))));
+    expect(r.json!.response.patch).toBeUndefined();
+    expect(r.json!.response.warnings[0]).toMatch(/cannot read nodes \(no API server access\)/);
+  });
+
+  it('decides sandboxed pods by the RuntimeClass handler it reads, not the class name', async () => {
+    const untrusted = await admitOn(probePod({ runtimeClassName: 'untrusted' }));
+    expect(untrusted.patch).toBeUndefined();
+    expect(untrusted.warnings[0]).toMatch(/runtimeClassName "untrusted" \(runtime handler "runsc"\) is sandboxed/);
+    const kata = await admitOn(probePod({ runtimeClassName: 'kata' }));
+    expect(kata.patchType).toBe('JSONPatch');
+    const missing = await admitOn(probePod({ runtimeClassName: 'nope' }));
+    expect(missing.patch).toBeUndefined();
+    expect(missing.warnings[0]).toMatch(/RuntimeClass nope not found/);
+    expect(api.requests.filter((q) => q.url.includes('runtimeclasses')).map((q) => q.url)).toEqual([
+      '/apis/node.k8s.io/v1/runtimeclasses/untrusted', '/apis/node.k8s.io/v1/runtimeclasses/kata', '/apis/node.k8s.io/v1/runtimeclasses/nope',
+    ]);
+    // The untrusted class cached: asked again, no new read.
+    await admitOn(probePod({ runtimeClassName: 'untrusted' }));
+    expect(api.requests.filter((q) => q.url.includes('runtimeclasses'))).toHaveLength(3);
+  });
+
+  it('resolves the named port and leaves header values out of the command it patches in', async () => {
+    const pod = probePod();
+    pod.spec.containers[0].livenessProbe = { httpGet: { port: 'http', httpHeaders: [{ name: 'Authorization', value: 'Bearer hunter2' }] } };
+    const r = await admitOn(pod);
+    const patchText = Buffer.from(r.patch, 'base64').toString('utf8');
+    const patched = applyJsonPatch(pod, JSON.parse(patchText));
+    const cmd = patched.spec.containers[0].livenessProbe.exec.command;
+    expect(JSON.parse(Buffer.from(cmd[2], 'base64url').toString())).toEqual({ httpGet: { port: 8080, httpHeaders: [{ name: 'Authorization', valueFrom: 'annotation' }] } });
+    // The value is only in the annotation (which kubelet copies onto the sandbox), never in a command.
+    expect(JSON.parse(patched.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).handlers['a/livenessProbe'].httpGet.httpHeaders[0].value).toBe('Bearer hunter2');
+    expect(JSON.stringify(patched.spec)).not.toContain('hunter2');
   });
 });

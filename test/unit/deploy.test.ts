@@ -55,7 +55,8 @@ function requireKubectl(): void {
 
 /** Objects of the kubelet-shim component's installer (its own workload, role and account). */
 function isShimInstaller(o: Obj): boolean {
-  return String(o.metadata?.name ?? '').startsWith('probe-agent-shim-installer');
+  // The shim installer and the rewrite webhook are separate workloads with their own roles, checked with their components.
+  return String(o.metadata?.name ?? '').startsWith('probe-agent-shim-installer') || o.metadata?.name === 'probe-agent-webhook';
 }
 
 function render(v: Variant): Obj[] {
@@ -327,10 +328,10 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     }
   });
 
-  if (has('kubelet-shim')) it('installs the shim with patch on nodes only, its own service account, and the installer files it runs', () => {
-    const own = docs().filter(isShimInstaller);
+  if (has('kubelet-shim')) it('installs the shim with patch on nodes and list on pods only (unlabel proves no rewritten pod is left), its own service account, and the installer files it runs', () => {
+    const own = docs().filter((o) => String(o.metadata?.name ?? '').startsWith('probe-agent-shim-installer'));
     const role = own.find((o) => o.kind === 'ClusterRole')!;
-    expect(role.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['patch'] }]);
+    expect(role.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['patch'] }, { apiGroups: [''], resources: ['pods'], verbs: ['list'] }]);
     const binding = own.find((o) => o.kind === 'ClusterRoleBinding')!;
     expect(binding.subjects).toEqual([{ kind: 'ServiceAccount', name: 'probe-agent-shim-installer', namespace: v.namespace ?? 'probe-agent' }]);
     const ds = own.find((o) => o.kind === 'DaemonSet')!;
@@ -392,7 +393,11 @@ describe('rewrite-webhook component', () => {
     expect(c.image).toBe(agentImage);
     const spec = deployment().spec.template.spec;
     expect(spec.hostNetwork ?? false).toBe(false);
-    expect(spec.automountServiceAccountToken).toBe(false);
+    // It reads one Node or RuntimeClass by name (DaemonSet pods, sandboxed classes), nothing else.
+    expect(spec.automountServiceAccountToken).toBe(true);
+    expect(spec.serviceAccountName).toBe('probe-agent-webhook');
+    const role = docs().find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'probe-agent-webhook');
+    expect(role.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['get'] }, { apiGroups: ['node.k8s.io'], resources: ['runtimeclasses'], verbs: ['get'] }]);
     expect(spec.securityContext.runAsNonRoot).toBe(true);
     expect(c.securityContext).toEqual({ allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } });
     expect((spec.volumes as Obj[]).every((vol) => !vol.hostPath)).toBe(true);

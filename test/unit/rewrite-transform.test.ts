@@ -51,7 +51,8 @@ describe('rewritePod', () => {
     const out = rewriteChecked(pod({ containers: [web({ livenessProbe: liveness, readinessProbe: readiness, startupProbe: startup })] }));
     const c = out.spec.containers[0];
     expect(Object.keys(c.livenessProbe)).toEqual(['initialDelaySeconds', 'exec', 'periodSeconds', 'timeoutSeconds', 'failureThreshold', 'terminationGracePeriodSeconds']);
-    expect(c.livenessProbe.exec).toEqual({ command: encodeShimCommand('liveness', { httpGet: liveness.httpGet }) });
+    // The command's handler: the named port left named (the container has no such port) and the header's value left out.
+    expect(c.livenessProbe.exec).toEqual({ command: encodeShimCommand('liveness', { httpGet: { path: '/healthz', port: 'http', httpHeaders: [{ name: 'X', valueFrom: 'annotation' }] } }) });
     expect(c.livenessProbe.terminationGracePeriodSeconds).toBe(12);
     expect(decodeShimCommand(c.readinessProbe.exec.command)).toEqual({ kind: 'readiness', handler: { grpc: { port: 9090, service: 's' } } });
     expect(decodeShimCommand(c.startupProbe.exec.command)).toEqual({ kind: 'startup', handler: { tcpSocket: { port: 8080 } } });
@@ -59,9 +60,97 @@ describe('rewritePod', () => {
     expect(c.startupProbe.failureThreshold).toBe(30);
   });
 
-  it('keeps a named port named (the agent resolves it)', () => {
-    const out = rewriteChecked(pod({ containers: [web({ ports: [{ name: 'http', containerPort: 80 }], readinessProbe: { httpGet: { port: 'http' } } })] }));
-    expect(decodeShimCommand(out.spec.containers[0].readinessProbe.exec.command)!.handler).toEqual({ httpGet: { port: 'http' } });
+  it('resolves a named port against the same container\'s ports, as kubelet does; the record keeps the name', () => {
+    const ports = [{ name: 'metrics', containerPort: 9090 }, { name: 'http', containerPort: 8080 }, { name: 'http', containerPort: 1 }];
+    const sidecarPorts = [{ name: 'http', containerPort: 7070 }];
+    const out = rewriteChecked(pod({ containers: [
+      web({ ports, readinessProbe: { httpGet: { port: 'http', path: '/r' } }, livenessProbe: { tcpSocket: { port: 'metrics' } }, lifecycle: { preStop: { httpGet: { port: 'http' } } } }),
+      { name: 'side', image: 'x', ports: sidecarPorts, startupProbe: { tcpSocket: { port: 'http' } }, livenessProbe: { httpGet: { port: 'nope' } } },
+    ] }));
+    const handler = (c: number, f: string) => decodeShimCommand((f === 'preStop' ? out.spec.containers[c].lifecycle.preStop : out.spec.containers[c][f]).exec.command)!.handler;
+    expect(handler(0, 'readinessProbe')).toEqual({ httpGet: { port: 8080, path: '/r' } });
+    expect(handler(0, 'livenessProbe')).toEqual({ tcpSocket: { port: 9090 } });
+    expect(handler(0, 'preStop')).toEqual({ httpGet: { port: 8080 } });
+    // Another container's port of the same name is its own; a name no port has stays (the agent fails it as kubelet does).
+    expect(handler(1, 'startupProbe')).toEqual({ tcpSocket: { port: 7070 } });
+    expect(handler(1, 'livenessProbe')).toEqual({ httpGet: { port: 'nope' } });
+    expect(JSON.parse(out.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).handlers['web/readinessProbe']).toEqual({ httpGet: { port: 'http', path: '/r' } });
+  });
+
+  it('leaves header values out of the command; the annotation holds them at handlers[<container>/<field>].httpGet.httpHeaders[i].value', () => {
+    const headers = [{ name: 'Authorization', value: 'Bearer s3cr3t-token' }, { name: 'X-Empty', value: '' }, { value: 'v-first', name: 'X-Order' }];
+    const input = pod({ containers: [web({ livenessProbe: { httpGet: { port: 80, httpHeaders: headers } }, lifecycle: { postStart: { httpGet: { port: 80, httpHeaders: headers } } } })] });
+    const out = rewriteChecked(input);
+    const c = out.spec.containers[0];
+    for (const command of [c.livenessProbe.exec.command, c.lifecycle.postStart.exec.command]) {
+      expect(JSON.stringify(command)).not.toContain('s3cr3t');
+      expect(Buffer.from(command[2], 'base64url').toString()).not.toContain('s3cr3t');
+      expect(decodeShimCommand(command)!.handler.httpGet.httpHeaders).toEqual([
+        { name: 'Authorization', valueFrom: 'annotation' }, { name: 'X-Empty', valueFrom: 'annotation' }, { valueFrom: 'annotation', name: 'X-Order' },
+      ]);
+    }
+    const record = JSON.parse(out.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]);
+    for (const key of ['web/livenessProbe', 'web/lifecycle/postStart']) {
+      const command = key === 'web/livenessProbe' ? c.livenessProbe.exec.command : c.lifecycle.postStart.exec.command;
+      const inCommand = decodeShimCommand(command)!.handler.httpGet.httpHeaders as Obj[];
+      // The agent's lookup: same index, the record's value.
+      inCommand.forEach((h, i) => expect(record.handlers[key].httpGet.httpHeaders[i]).toEqual(headers.find((o) => o.name === h.name)));
+    }
+    // Without the annotation the values are gone: the undo says so instead of restoring headers without values.
+    const stripped = structuredClone(out);
+    delete stripped.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION];
+    expect(() => undoPod(stripped)).toThrow(/header values live only in the probe-agent.io\/original-handlers annotation/);
+    // And a rewrite of such a pod refuses too: the agent could not send those headers.
+    expect(() => rewritePod(stripped)).toThrow(/spec\.containers\[0\]\.livenessProbe\.exec\.command: its header values live in the probe-agent.io\/original-handlers annotation, which has no "web\/livenessProbe" entry/);
+  });
+
+  it('leaves a pod whose record would push its annotations past the API server\'s 256 KiB budget as written, saying why', () => {
+    const probe = { livenessProbe: { httpGet: { port: 80, path: '/' + 'p'.repeat(3000) } } };
+    const big = pod({ containers: [web(probe)] }, { name: 'p', annotations: { 'example.com/blob': 'x'.repeat(256 * 1024 - 3100) } });
+    const r = rewritePod(big);
+    expect(r).toEqual({ pod: big, changed: false, skipped: expect.stringMatching(/^the probe-agent.io\/original-handlers annotation would bring the pod's annotations to 26\d{4} bytes, over the API server's limit of 262144/) });
+    // The same pod with a little less in its other annotation fits.
+    const fits = pod({ containers: [web(probe)] }, { name: 'p', annotations: { 'example.com/blob': 'x'.repeat(256 * 1024 - 3400) } });
+    expect(rewritePod(fits).changed).toBe(true);
+  });
+
+  it('rewrites a loopback host by default; --loopback-host keep or the pod annotation leaves such pods to kubelet', () => {
+    const probe = { readinessProbe: { httpGet: { host: 'localhost', port: 80 } } };
+    const plain = pod({ containers: [web(probe)] });
+    expect(rewritePod(plain).changed).toBe(true);
+    expect(rewritePod(plain, '', { loopbackHost: 'keep' })).toEqual({ pod: plain, changed: false, skipped: expect.stringMatching(/^spec.containers\[0\].readinessProbe.httpGet.host is "localhost" and loopback hosts are kept/) });
+    const keep = pod({ containers: [web(probe)] }, { name: 'p', annotations: { 'probe-agent.io/loopback-host': 'keep' } });
+    expect(rewritePod(keep).skipped).toMatch(/loopback hosts are kept/);
+    const rewrite = pod({ containers: [web(probe)] }, { name: 'p', annotations: { 'probe-agent.io/loopback-host': 'rewrite' } });
+    expect(rewritePod(rewrite, '', { loopbackHost: 'keep' }).changed).toBe(true);
+    // A pod without a host is never affected by the choice.
+    expect(rewritePod(pod({ containers: [web({ readinessProbe: { httpGet: { port: 80 } } })] }), '', { loopbackHost: 'keep' }).changed).toBe(true);
+  });
+
+  it('decides sandboxed pods by the RuntimeClass\'s handler, not its name', () => {
+    const probe = { livenessProbe: { tcpSocket: { port: 80 } } };
+    const untrusted = pod({ runtimeClassName: 'untrusted', containers: [web(probe)] });
+    expect(rewritePod(untrusted, '', { runtimeHandlers: new Map([['untrusted', 'runsc']]) })).toEqual({ pod: untrusted, changed: false, skipped: 'runtimeClassName "untrusted" (runtime handler "runsc") is sandboxed: the agent cannot probe inside it, its probes stay as written' });
+    // A class named like a sandbox whose handler is runc is probed by the agent.
+    const runcNamedKata = pod({ runtimeClassName: 'kata', containers: [web(probe)] });
+    expect(rewritePod(runcNamedKata, '', { runtimeHandlers: new Map([['kata', 'runc']]) }).changed).toBe(true);
+    expect(rewritePod(untrusted).changed).toBe(true);
+  });
+
+  it('adds the closed-hole toleration (NoSchedule only) to rewritten pods, and to clean pods only when asked', () => {
+    const out = rewriteChecked(pod({ containers: [web({ livenessProbe: { tcpSocket: { port: 80 } } })], tolerations: [{ key: 'a', operator: 'Exists' }] }));
+    expect(out.spec.tolerations).toEqual([{ key: 'a', operator: 'Exists' }, { key: 'probe-agent.io/hole-closed', operator: 'Exists', effect: 'NoSchedule' }]);
+    // A pod that tolerates everything already needs nothing more.
+    const all = pod({ containers: [web({ livenessProbe: { tcpSocket: { port: 80 } } })], tolerations: [{ operator: 'Exists' }] });
+    expect(rewriteChecked(all).spec.tolerations).toEqual([{ operator: 'Exists' }]);
+    const clean = pod({ containers: [web({ readinessProbe: { exec: { command: ['true'] } } })] });
+    expect(rewritePod(clean)).toEqual({ pod: clean, changed: false });
+    expect(rewritePod(clean, '', { tolerateWhenClean: true }).pod.spec.tolerations).toEqual([{ key: 'probe-agent.io/hole-closed', operator: 'Exists', effect: 'NoSchedule' }]);
+    const host = pod({ hostNetwork: true, containers: [web({ readinessProbe: { tcpSocket: { port: 80 } } })] });
+    expect(rewritePod(host, '', { tolerateWhenClean: true }).changed).toBe(true);
+    // Pods whose probes stay with kubelet need the node->pod path: never tolerated.
+    const sandboxed = pod({ runtimeClassName: 'gvisor', containers: [web({ readinessProbe: { tcpSocket: { port: 80 } } })] });
+    expect(rewritePod(sandboxed, '', { tolerateWhenClean: true }).changed).toBe(false);
   });
 
   it('rewrites httpGet and tcpSocket hooks, leaves exec and sleep hooks', () => {
@@ -130,7 +219,7 @@ describe('rewritePod', () => {
     expect(JSON.parse(out.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION])).toEqual({
       v: 1,
       handlers: { 'web/livenessProbe': { httpGet: { port: 80 } } },
-      added: ['/spec/affinity', '/metadata/annotations'],
+      added: ['/spec/affinity', '/spec/tolerations', '/metadata/annotations'],
     });
   });
 
@@ -138,7 +227,7 @@ describe('rewritePod', () => {
     const out = rewriteChecked(pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] }, { name: 'p', annotations: { a: '1' } }));
     expect(Object.keys(out.metadata.annotations)).toEqual(['a', ORIGINAL_HANDLERS_ANNOTATION]);
     const bare = rewriteChecked(pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] }, null));
-    expect(JSON.parse(bare.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).added).toEqual(['/spec/affinity', '/metadata']);
+    expect(JSON.parse(bare.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).added).toEqual(['/spec/affinity', '/spec/tolerations', '/metadata']);
   });
 
   describe('shim node affinity', () => {
@@ -184,7 +273,7 @@ describe('rewritePod', () => {
       const affinity = { nodeAffinity: { [REQ]: { nodeSelectorTerms: [{ matchExpressions: [SHIM_REQ] }] } } };
       const out = rewriteChecked(withAffinity(affinity));
       expect(out.spec.affinity).toEqual(affinity);
-      expect(JSON.parse(out.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).added).toEqual(['/metadata/annotations']);
+      expect(JSON.parse(out.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).added).toEqual(['/spec/tolerations', '/metadata/annotations']);
     });
 
     it('is restored by a rewrite when someone removed it from a rewritten pod, and the undo still comes back exact', () => {
@@ -321,15 +410,28 @@ describe('transformObject', () => {
 
   it.each(REWRITTEN_KINDS)('rewrites the pod template of a %s, in place, and undoes it exactly', (kind) => {
     const input = deepFreeze(shapes[kind]!);
-    const r = transformObject(input, 'rewrite');
+    const opts = { daemonSets: 'shim-nodes-only' as const };
+    const r = transformObject(input, 'rewrite', '', opts);
     expect(r.changed).toBe(true);
     const out = r.object as Obj;
     expect(Object.keys(out)).toEqual(Object.keys(input));
     expect(podOf(out).spec.containers[0].readinessProbe.exec).toBeDefined();
     expect(podOf(out).metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).toBeDefined();
     if (kind !== 'Pod') expect(out.metadata).toEqual(input.metadata);
-    expect(transformObject(out, 'rewrite').changed).toBe(false);
+    expect(transformObject(out, 'rewrite', '', opts).changed).toBe(false);
     expect(exact(transformObject(out, 'undo').object)).toBe(exact(input));
+  });
+
+  it('leaves a DaemonSet as written by default, saying why (its controller would delete its pods on nodes without the shim)', () => {
+    const ds = deepFreeze(shapes.DaemonSet!);
+    const r = transformObject(ds, 'rewrite');
+    expect(r.object).toBe(ds);
+    expect(r.changed).toBe(false);
+    expect(r.notes).toEqual([expect.stringMatching(/^spec\.template\.spec: left unchanged: a DaemonSet's template with the shim node affinity would make its controller delete its pods on every node without the shim/)]);
+    // A DaemonSet with nothing to rewrite says nothing; the undo of one rewritten earlier still works.
+    expect(transformObject({ ...ds, spec: { ...ds.spec, template: { spec: { containers: [web()] } } } }, 'rewrite').notes).toBeUndefined();
+    const rewritten = transformObject(ds, 'rewrite', '', { daemonSets: 'shim-nodes-only' }).object;
+    expect(exact(transformObject(rewritten, 'undo').object)).toBe(exact(ds));
   });
 
   it('rewrites List items and passes other kinds through', () => {

@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # probe-agent kubelet shim installer (runs in the shim-installer DaemonSet, or by hand).
 #
-#   install-shim.sh install     copy the shim (dist/, node, package.json) and its systemd unit onto
-#                               the host under $HOST_ROOT, enable and start it, then keep the node
-#                               label probe-agent.io/shim=ready in step with reality (forever)
-#   install-shim.sh uninstall   remove the label, stop and disable the unit, remove the files
+#   install-shim.sh install         copy the shim (dist/, node, package.json) and its systemd unit onto
+#                                   the host under $HOST_ROOT, enable it, start it (restart it only
+#                                   when its release or unit changed), then label the node
+#                                   probe-agent.io/shim=ready once kubelet is configured with the shim
+#   install-shim.sh rewritten-pods  list the rewritten pods still on this node (namespace/name)
+#   install-shim.sh unlabel         remove the label, only when no rewritten pod is left on the node
+#   install-shim.sh uninstall       unlabel, then (refusing while kubelet still points at the shim)
+#                                   stop and disable the unit and remove the files
 #
-# The label is set only while (1) the shim's socket accepts connections and (2) kubelet's
-# configuration points its runtime endpoint at that socket: only then does a rewritten pod's
-# exec command reach the shim. Rewritten pods carry a required node affinity on that label, so
-# they are never scheduled where the command would run in the container instead.
+# The label means "this node's kubelet is configured with the shim": it is set once kubelet's
+# configured runtime endpoint is the shim's socket AND the shim answers there, and it is NEVER
+# removed because a later check failed. Rewritten pods carry a required node affinity on it, and
+# kubelet re-checks required node affinity of every running pod when it restarts: a label that
+# disappears with a shim blip would kill every rewritten pod on the node at the next kubelet
+# restart. A shim that is down makes kubelet's CRI calls fail until systemd restarts it; it does
+# not change how kubelet is configured. Only `unlabel` (and `uninstall`) removes the label, after
+# proving that no rewritten pod is left on the node (docs/closing-the-hole.md, "Roll back").
 set -euo pipefail
 
 HOST_ROOT=${HOST_ROOT:-/host}
@@ -25,6 +33,9 @@ KUBELET_FLAGS=${KUBELET_FLAGS:-/var/lib/kubelet/kubeadm-flags.env}
 SYSTEMCTL=${SYSTEMCTL:-nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl}
 LABEL_SCRIPT=${LABEL_SCRIPT:-$(dirname "$(readlink -f "$0")")/label-node.mjs}
 CHECK_INTERVAL=${CHECK_INTERVAL:-10}
+# unlabel: how long to wait after removing the label before listing the node's pods (a pod the
+# scheduler placed from its cache just before the removal is bound by then).
+UNLABEL_SETTLE=${UNLABEL_SETTLE:-5}
 
 log() { printf '%s shim-installer: %s\n' "$(date -u +%FT%TZ)" "$*" >&2; }
 
@@ -34,8 +45,10 @@ systemctl_host() {
   $SYSTEMCTL "$@"
 }
 
+# Sets RELEASE_CHANGED=1 when the current release or the unit file changed (the shim must restart).
+RELEASE_CHANGED=0
 install_files() {
-  local version release tmp
+  local version release tmp previous
   version=$(sed -n 's/.*"version": *"\([^"]*\)".*/\1/p' "$SRC/package.json" | head -1)
   [[ -n $version ]] || { log "no version in $SRC/package.json"; exit 2; }
   [[ -f $SRC/dist/shim/main.js ]] || { log "$SRC/dist/shim/main.js missing: not a probe-agent image?"; exit 2; }
@@ -54,6 +67,8 @@ install_files() {
     mv "$tmp" "$release"
     log "installed release $version"
   fi
+  previous=$(readlink "$HOST_ROOT$SHIM_DIR/current" 2>/dev/null || true)
+  [[ $previous == "releases/$version" ]] || RELEASE_CHANGED=1
   # Atomic switch: a new symlink renamed over the old one; the old release stays for rollback.
   ln -sfn "releases/$version" "$HOST_ROOT$SHIM_DIR/.current-new"
   mv -T "$HOST_ROOT$SHIM_DIR/.current-new" "$HOST_ROOT$SHIM_DIR/current"
@@ -61,6 +76,7 @@ install_files() {
   if ! cmp -s "$UNIT_SRC" "$HOST_ROOT$UNIT_DIR/probe-agent-shim.service"; then
     install -m 0644 "$UNIT_SRC" "$HOST_ROOT$UNIT_DIR/probe-agent-shim.service"
     log "unit written to $UNIT_DIR/probe-agent-shim.service"
+    RELEASE_CHANGED=1
   fi
 }
 
@@ -84,30 +100,76 @@ set_label() {
   "$NODE_BIN" "$LABEL_SCRIPT" label "$1"
 }
 
+rewritten_pods() {
+  "$NODE_BIN" "$LABEL_SCRIPT" rewritten-pods
+}
+
 cmd_install() {
   install_files
   systemctl_host daemon-reload
   systemctl_host enable probe-agent-shim.service
-  # restart, not start: a new release must take over (kubelet retries its CRI calls meanwhile).
-  systemctl_host restart probe-agent-shim.service
-  local state=''
-  trap 'log "stopping; the shim keeps running on the host"; exit 0' TERM INT
+  if [[ $RELEASE_CHANGED == 1 ]]; then
+    # A new release (or unit) must take over; kubelet retries its CRI calls meanwhile.
+    systemctl_host restart probe-agent-shim.service
+    log "shim restarted (new release or unit)"
+  else
+    # Same release: an installer pod restart must not blip kubelet's runtime path.
+    systemctl_host start probe-agent-shim.service
+  fi
+  local state='' warned=''
+  trap 'log "stopping; the shim keeps running on the host, the label stays"; exit 0' TERM INT
   while :; do
-    local want=absent
-    if shim_up && kubelet_uses_shim; then want=ready; fi
-    if [[ $want != "$state" ]]; then
-      if set_label "$want"; then
-        log "label probe-agent.io/shim: $want"
-        state=$want
+    if kubelet_uses_shim; then
+      warned=''
+      if [[ $state != ready ]]; then
+        if shim_up; then
+          if set_label ready; then
+            log "label probe-agent.io/shim: ready (kubelet is configured with the shim, and it answers)"
+            state=ready
+          fi
+        else
+          log "kubelet is configured with the shim but it does not answer yet; label not set"
+        fi
       fi
+    elif [[ -z $warned ]]; then
+      # Never removed here: pods rewritten for this node may run on it (see the header).
+      log "kubelet's runtime endpoint is not $SHIM_SOCKET; the label is not set by this check and never removed by it (roll back: docs/closing-the-hole.md)"
+      warned=1
     fi
     [[ ${ONESHOT:-} == 1 ]] && return 0
     sleep "$CHECK_INTERVAL" & wait $!
   done
 }
 
+cmd_rewritten_pods() {
+  rewritten_pods
+}
+
+# Removes the label only when no rewritten pod is left on the node: label off first (no new
+# rewritten pod is scheduled here), wait for the scheduler's in-flight bindings, then list; if a
+# rewritten pod is there, the label goes back (kubelet would kill that pod at its next restart).
+cmd_unlabel() {
+  local pods
+  pods=$(rewritten_pods) || { log "cannot list this node's pods; label kept"; exit 4; }
+  if [[ -n $pods ]]; then
+    log "rewritten pods are still on this node; label kept. Move them off first (docs/closing-the-hole.md, Roll back):"
+    printf '%s\n' "$pods" >&2
+    exit 4
+  fi
+  set_label absent || { log "could not remove the label"; exit 4; }
+  sleep "$UNLABEL_SETTLE"
+  pods=$(rewritten_pods) || pods='(cannot list the pods)'
+  if [[ -n $pods ]]; then
+    set_label ready || log "could not put the label back: put it back by hand (kubectl label node $NODE_NAME probe-agent.io/shim=ready)"
+    log "a rewritten pod landed on this node meanwhile; label put back:"
+    printf '%s\n' "$pods" >&2
+    exit 4
+  fi
+  log "label probe-agent.io/shim removed: no rewritten pod on this node"
+}
+
 cmd_uninstall() {
-  set_label absent || log "could not remove the label; remove it by hand"
+  cmd_unlabel
   if kubelet_uses_shim; then
     log "kubelet still points at $SHIM_SOCKET: switch it back to the runtime first (docs/closing-the-hole.md, rollback)"
     exit 3
@@ -121,6 +183,8 @@ cmd_uninstall() {
 
 case ${1:-install} in
   install) cmd_install ;;
+  rewritten-pods) cmd_rewritten_pods ;;
+  unlabel) cmd_unlabel ;;
   uninstall) cmd_uninstall ;;
-  *) echo "usage: $0 install|uninstall" >&2; exit 2 ;;
+  *) echo "usage: $0 install|rewritten-pods|unlabel|uninstall" >&2; exit 2 ;;
 esac

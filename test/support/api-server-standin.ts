@@ -1,0 +1,90 @@
+/**
+ * A stand-in for kube-apiserver (which cannot run here) holding real-shaped objects: Nodes (GET,
+ * and PATCH with a JSON merge patch on labels/annotations, as `kubectl label`/the installer send
+ * it), Pods (LIST with `fieldSelector=spec.nodeName=<node>`), RuntimeClasses (GET). Every request
+ * is recorded, so tests can say exactly what a component asked for. `down = true` makes it answer
+ * 503 (an outage); unknown paths get 404 like the real server.
+ */
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+type Obj = Record<string, any>;
+
+export interface RecordedApiRequest {
+  method: string;
+  url: string;
+  contentType?: string;
+  authorization?: string;
+  body?: unknown;
+}
+
+export interface ApiServerStandIn {
+  url: string;
+  requests: RecordedApiRequest[];
+  nodes: Map<string, Obj>;
+  pods: Obj[];
+  runtimeClasses: Map<string, Obj>;
+  /** Answer everything with 503 while true. */
+  down: boolean;
+  close(): Promise<void>;
+}
+
+/** A Node object with the given labels/annotations. */
+export function nodeObject(name: string, labels: Record<string, string> = {}, annotations: Record<string, string> = {}): Obj {
+  return { apiVersion: 'v1', kind: 'Node', metadata: { name, labels: { 'kubernetes.io/hostname': name, ...labels }, annotations }, spec: {}, status: {} };
+}
+
+/** Applies an RFC 7386 merge patch (null deletes). */
+function mergePatch(target: Obj, patch: Obj): Obj {
+  for (const [k, v] of Object.entries(patch)) {
+    if (v === null) delete target[k];
+    else if (v && typeof v === 'object' && !Array.isArray(v)) target[k] = mergePatch(target[k] && typeof target[k] === 'object' ? target[k] : {}, v);
+    else target[k] = v;
+  }
+  return target;
+}
+
+export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
+  const state: ApiServerStandIn = { url: '', requests: [], nodes: new Map(), pods: [], runtimeClasses: new Map(), down: false, close: async () => {} };
+  const server = http.createServer((req, res) => {
+    let raw = '';
+    req.on('data', (c) => (raw += c));
+    req.on('end', () => {
+      let body: unknown;
+      try { body = raw ? JSON.parse(raw) : undefined; } catch { body = raw; }
+      state.requests.push({ method: req.method ?? '', url: req.url ?? '', ...(req.headers['content-type'] ? { contentType: req.headers['content-type'] } : {}), ...(req.headers.authorization ? { authorization: req.headers.authorization } : {}), ...(body !== undefined ? { body } : {}) });
+      const send = (status: number, obj: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(obj));
+      const notFound = (what: string) => send(404, { kind: 'Status', apiVersion: 'v1', status: 'Failure', reason: 'NotFound', code: 404, message: `${what} not found` });
+      if (state.down) return send(503, { kind: 'Status', status: 'Failure', code: 503, message: 'stand-in outage' });
+      const url = new URL(req.url ?? '/', 'http://x');
+      let m = /^\/api\/v1\/nodes\/([^/]+)$/.exec(url.pathname);
+      if (m) {
+        const name = decodeURIComponent(m[1]!);
+        const node = state.nodes.get(name);
+        if (!node) return notFound(`nodes "${name}"`);
+        if (req.method === 'GET') return send(200, node);
+        if (req.method === 'PATCH' && req.headers['content-type'] === 'application/merge-patch+json' && body && typeof body === 'object') {
+          mergePatch(node, body as Obj);
+          return send(200, node);
+        }
+        return send(405, { kind: 'Status', code: 405 });
+      }
+      if (url.pathname === '/api/v1/pods' && req.method === 'GET') {
+        const sel = url.searchParams.get('fieldSelector') ?? '';
+        m = /^spec\.nodeName=(.+)$/.exec(sel);
+        const items = m ? state.pods.filter((p) => p.spec?.nodeName === m![1]) : state.pods;
+        return send(200, { kind: 'PodList', apiVersion: 'v1', metadata: { resourceVersion: '1' }, items });
+      }
+      m = /^\/apis\/node\.k8s\.io\/v1\/runtimeclasses\/([^/]+)$/.exec(url.pathname);
+      if (m && req.method === 'GET') {
+        const rc = state.runtimeClasses.get(decodeURIComponent(m[1]!));
+        return rc ? send(200, rc) : notFound(`runtimeclasses.node.k8s.io "${m[1]}"`);
+      }
+      return notFound(url.pathname);
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  state.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  state.close = () => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); });
+  return state;
+}
