@@ -16,6 +16,7 @@ import { outcomeOf, type NetnsResolverChain, type PodRef } from './netns/resolve
 import type { ContainerLocator, PodIndex } from './pods/container-lookup.ts';
 import type { ContainerInfo, NotOursReason, PodInfo } from './pods/types.ts';
 import { runProbe } from './probe/run.ts';
+import { refuseForeignHostInShimCall } from './probe/target.ts';
 import type { ProbeContext, ProbeHandler, ProbeOutcome, ProbeSpec, SocketFactory } from './probe/types.ts';
 import { errorOutcome, type RunProbe } from './scheduler/guarded-run.ts';
 import type { FairLimiter } from './scheduler/limiter.ts';
@@ -124,10 +125,13 @@ export class PodProber implements OnDemandProber {
   async probe(req: OnDemandProbeRequest, signal?: AbortSignal): Promise<ProbeOutcome> {
     if (req.handler.kind === 'exec') throw new InvalidProbeError('handler: exec probes are run by kubelet, not by probe-agent');
     const { pod, container, containerID } = await this.locate(req, signal);
+    // A call naming a container ID is the kubelet shim's: its handler came from the pod's own exec command.
+    const shimCall = req.containerID !== undefined;
+    if (shimCall) refuseForeignHostInShimCall(req.handler, pod.podIPs, 'probe');
     const netns = await this.#resolve(pod, signal);
     const { value } = await this.#o.limiter.run(
       pod.uid,
-      () => this.#run(pod, container, req.handler, req.timeoutSeconds, netns, signal),
+      () => this.#run(pod, container, req.handler, req.timeoutSeconds, netns, signal, shimCall),
       signal,
     );
     // A call its caller gave up on is not a result kubelet will see: record nothing for it.
@@ -181,8 +185,10 @@ export class PodProber implements OnDemandProber {
    */
   async runHook(req: OnDemandHookRequest, signal?: AbortSignal): Promise<HookOutcome> {
     const { pod, container } = await this.locate(req, signal);
+    const shimCall = req.containerID !== undefined;
+    if (shimCall) refuseForeignHostInShimCall(req.handler, pod.podIPs, 'hook');
     const netns = await this.#resolve(pod, signal);
-    const outcome = await runLifecycleHandler(req.handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal), hook: req.hook });
+    const outcome = await runLifecycleHandler(req.handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal, shimCall), hook: req.hook });
     if (outcome.reason === 'netns-gone') this.#o.resolver.invalidate(pod.uid);
     return outcome;
   }
@@ -234,7 +240,8 @@ export class PodProber implements OnDemandProber {
     }
   }
 
-  #context(pod: PodInfo, container: ContainerInfo | undefined, timeoutSeconds: number, netns: string, signal?: AbortSignal): ProbeContext {
+  /** The probe context; `shimCall` pins the host-field policy to refuse (never the node netns for a pod-written command). */
+  #context(pod: PodInfo, container: ContainerInfo | undefined, timeoutSeconds: number, netns: string, signal?: AbortSignal, shimCall = false): ProbeContext {
     const { gates } = this.#o;
     return {
       netns,
@@ -244,7 +251,7 @@ export class PodProber implements OnDemandProber {
       sockets: this.#o.sockets,
       nodeSockets: this.#o.nodeSockets,
       kubeVersion: this.#o.kubeVersion,
-      hostFieldPolicy: gates.enabled('LegacyHostFieldProbes') ? 'legacy-node' : 'refuse',
+      hostFieldPolicy: !shimCall && gates.enabled('LegacyHostFieldProbes') ? 'legacy-node' : 'refuse',
       happyEyeballs: gates.enabled('HappyEyeballs'),
       signal,
     };
@@ -257,9 +264,10 @@ export class PodProber implements OnDemandProber {
     timeoutSeconds: number,
     netns: string,
     signal?: AbortSignal,
+    shimCall = false,
   ): Promise<ProbeOutcome> {
     const { gates } = this.#o;
-    const outcome = await runProbe(handler, this.#context(pod, container, timeoutSeconds, netns, signal));
+    const outcome = await runProbe(handler, this.#context(pod, container, timeoutSeconds, netns, signal, shimCall));
     if (outcome.reason === 'netns-gone') {
       // The pod's sandbox was replaced or removed: resolve afresh next time.
       this.#o.resolver.invalidate(pod.uid);

@@ -5,7 +5,7 @@
  */
 import { createConnection } from 'node:net';
 import { chmod, chown, lstat, mkdir, readFile, stat, unlink } from 'node:fs/promises';
-import { dirname, isAbsolute } from 'node:path';
+import { basename, dirname, isAbsolute } from 'node:path';
 import { ConfigError, ProbeAgentError, describeError } from '../errors.ts';
 
 /** sun_path holds 108 bytes including the terminating NUL. */
@@ -49,8 +49,9 @@ export function checkSocketPath(path: string): void {
 }
 
 /**
- * Makes the socket's directory (0700, or 0750 owned by `gid`, when it has to be created) and
- * removes a stale socket: only a socket, and only when nothing answers on it.
+ * Makes the socket's directory (0700, or 0750 owned by `gid`, when it has to be created; an
+ * existing directory of its own is tightened to the same, see tightenOwnDirectory) and removes a
+ * stale socket: only a socket, and only when nothing answers on it.
  */
 export async function prepareSocketPath(path: string, gid?: number): Promise<void> {
   checkSocketPath(path);
@@ -60,6 +61,8 @@ export async function prepareSocketPath(path: string, gid?: number): Promise<voi
     // mkdir's mode is filtered by the umask; set it exactly on the directory we own.
     await chmod(dir, gid === undefined ? 0o700 : 0o750);
     if (gid !== undefined) await chown(dir, process.getuid?.() ?? 0, gid);
+  } else {
+    await tightenOwnDirectory(dir, gid);
   }
   let st;
   try {
@@ -73,6 +76,21 @@ export async function prepareSocketPath(path: string, gid?: number): Promise<voi
   await unlink(path).catch((err: NodeJS.ErrnoException) => {
     if (err.code !== 'ENOENT') throw err;
   });
+}
+
+/**
+ * An existing directory that is the agent's own (its name starts with "probe-agent", as the default
+ * /run/probe-agent does, and it is owned by the agent's uid) loses any access beyond 0700 (0750 with
+ * a socket group). A hostPath DirectoryOrCreate volume or an older systemd unit creates it 0755;
+ * others must not even list it. Directories shared with other software (/run, /tmp, ...) are left
+ * alone: the socket's own 0600 protects it there.
+ */
+export async function tightenOwnDirectory(dir: string, gid?: number): Promise<void> {
+  if (!basename(dir).startsWith('probe-agent')) return;
+  const st = await lstat(dir);
+  if (!st.isDirectory() || st.uid !== (process.getuid?.() ?? 0)) return;
+  const want = gid === undefined ? 0o700 : 0o750;
+  if ((st.mode & 0o777 & ~want) !== 0) await chmod(dir, st.mode & 0o777 & want);
 }
 
 /** True when something accepts connections on the unix socket at `path`. */

@@ -6,7 +6,7 @@ import { Command } from 'commander';
 import { parseDuration } from '../config/duration.ts';
 
 const DEFAULTS = {
-  listen: 'unix:///run/probe-agent/cri.sock',
+  listen: 'unix:///run/probe-agent-shim/cri.sock',
   runtimeEndpoint: 'unix:///run/containerd/containerd.sock',
   probeSocket: '/run/probe-agent/probe.sock',
 };

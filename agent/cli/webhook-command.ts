@@ -7,7 +7,7 @@ import { Command, Option } from 'commander';
 import { ConfigError, describeError } from '../errors.ts';
 import { createLogger, type LogFormat, type LogLevel } from '../log.ts';
 import { parseListenAddress } from '../config/listen-address.ts';
-import { DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TLS_RELOAD_INTERVAL_MS } from '../webhook/defaults.ts';
+import { DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TLS_RELOAD_INTERVAL_MS } from '../webhook/defaults.ts';
 import { parseDuration } from '../config/duration.ts';
 
 /** Where the component mounts the serving certificate (a kubernetes.io/tls Secret). */
@@ -23,6 +23,10 @@ interface Raw {
   apiTokenFile?: string;
   apiCaFile?: string;
   loopbackHost: 'rewrite' | 'keep';
+  maxConcurrentRequests: string;
+  maxInflightBytes: string;
+  clientCaFile?: string;
+  metricsListen?: string;
   logLevel: LogLevel;
   logFormat: LogFormat;
 }
@@ -41,6 +45,10 @@ export function registerWebhookCommand(program: Command): void {
     .option('--api-token-file <file>', 'bearer token for --api-server-url (default in a pod: the service account token)')
     .option('--api-ca-file <file>', 'CA bundle for --api-server-url (default in a pod: the service account CA)')
     .addOption(new Option('--loopback-host <policy>', 'a probe host of 127.0.0.1/::1/localhost: rewrite (the pod\'s own loopback) or keep (the pod stays with kubelet)').choices(['rewrite', 'keep']).default('rewrite'))
+    .option('--max-concurrent-requests <n>', 'AdmissionReviews handled at once; more are answered 429 with Retry-After', String(DEFAULT_MAX_CONCURRENT_REQUESTS))
+    .option('--max-inflight-bytes <n>', 'request bytes the reviews in flight may hold together; more are answered 429 (at least --max-request-bytes)', String(DEFAULT_MAX_INFLIGHT_BYTES))
+    .option('--client-ca-file <file>', "CA the caller's client certificate must verify against (the API server's admission client certificate); admission paths and /metrics then answer only verified callers")
+    .option('--metrics-listen <host:port>', 'plain-HTTP listener for GET /metrics alone (default: none)')
     .addOption(new Option('--log-level <level>', 'log level').choices(['error', 'warn', 'info', 'debug', 'trace']).default('info'))
     .addOption(new Option('--log-format <format>', 'log format on stderr').choices(['json', 'text']).default('json'))
     .action(async (raw: Raw) => {
@@ -57,6 +65,15 @@ async function webhookCommand(raw: Raw): Promise<number> {
     if (tlsReloadIntervalMs < 100) throw new ConfigError('--tls-reload-interval: at least 100ms');
     const maxRequestBytes = Number(raw.maxRequestBytes);
     if (!Number.isInteger(maxRequestBytes) || maxRequestBytes < 1024) throw new ConfigError(`--max-request-bytes: want an integer >= 1024, got "${raw.maxRequestBytes}"`);
+    const maxConcurrentRequests = Number(raw.maxConcurrentRequests);
+    if (!Number.isInteger(maxConcurrentRequests) || maxConcurrentRequests < 1 || maxConcurrentRequests > 4096) {
+      throw new ConfigError(`--max-concurrent-requests: want an integer 1..4096, got "${raw.maxConcurrentRequests}"`);
+    }
+    const maxInflightBytes = Number(raw.maxInflightBytes);
+    if (!Number.isInteger(maxInflightBytes) || maxInflightBytes < maxRequestBytes) {
+      throw new ConfigError(`--max-inflight-bytes: want an integer >= --max-request-bytes (${maxRequestBytes}), got "${raw.maxInflightBytes}"`);
+    }
+    const metricsListen = raw.metricsListen ? parseListenAddress(raw.metricsListen, '--metrics-listen') : undefined;
     // Loaded here: the daemon and the other commands never need the webhook server.
     const { startWebhookServer } = await import('../webhook/server.ts');
     const { ApiServerReader, inClusterOptions } = await import('../webhook/cluster-reader.ts');
@@ -74,7 +91,12 @@ async function webhookCommand(raw: Raw): Promise<number> {
     } else if (inCluster) {
       cluster = new ApiServerReader({ ...inCluster, ...(raw.apiTokenFile ? { tokenFile: raw.apiTokenFile } : {}), ...(raw.apiCaFile ? { caFile: raw.apiCaFile } : {}) });
     }
-    server = await startWebhookServer({ ...address, certFile: raw.tlsCertFile, keyFile: raw.tlsKeyFile, tlsReloadIntervalMs, maxRequestBytes, log, admission: { ...(cluster ? { cluster } : {}), loopbackHost: raw.loopbackHost } });
+    server = await startWebhookServer({ ...address, certFile: raw.tlsCertFile, keyFile: raw.tlsKeyFile, tlsReloadIntervalMs, maxRequestBytes,
+      maxConcurrentRequests, maxInflightBytes, log,
+      ...(raw.clientCaFile ? { clientCaFile: raw.clientCaFile } : {}),
+      ...(metricsListen ? { metricsListen } : {}),
+      admission: { ...(cluster ? { cluster } : {}), loopbackHost: raw.loopbackHost },
+    });
     if (!cluster) log.warn('no API server (not in a pod, no --api-server-url): DaemonSet pods are left as written, RuntimeClasses are taken by name');
   } catch (err) {
     process.stderr.write(`probe-agent webhook: cannot start: ${describeError(err)}\n`);

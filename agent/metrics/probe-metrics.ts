@@ -16,6 +16,7 @@ import type { Registry } from 'prom-client';
 import type { Logger } from '../log.ts';
 import type { FailureReason, ProbeOutcome, ProbePhases, ProbeType } from '../probe/types.ts';
 import { PROBE_TYPES } from '../probe/types.ts';
+import { messageLogField } from '../probe/message.ts';
 import type { ProbeObserver, ProbeRunMeta, ResultsReader } from '../scheduler/types.ts';
 import { BoundCounter, BoundHistogram, type CounterSeries, type HistogramSeries } from './bound-series.ts';
 import { validSeconds } from './seconds.ts';
@@ -303,7 +304,7 @@ export function logProbeTransitions(reader: Pick<ResultsReader, 'subscribe'>, lo
         result: s.result,
       };
       if (event.type === 'changed' && event.previous !== undefined && event.previous !== s.result) {
-        plog.info('probe result changed', { ...fields, previous: event.previous, reason: s.lastReason, message: s.lastMessage });
+        plog.info('probe result changed', { ...fields, previous: event.previous, reason: s.lastReason, ...messageLogField(s.result, s.lastMessage, plog.enabled('debug')) });
       } else if (plog.enabled('debug')) {
         plog.debug(event.type === 'removed' ? 'probe worker removed' : 'probe status updated', fields);
       }

@@ -144,7 +144,8 @@ const DEFAULT_MAX_ENTRIES = 4096;
 /**
  * Tries resolvers in order; the first success wins. UnsupportedPodError stops the chain: a
  * host-network or sandboxed pod must not be "resolved" by a weaker fallback that finds some
- * other netns. Cached per pod UID; a cached path is re-checked (exists, same inode) on every use.
+ * other netns. So does the CRI runtime's "not found" for a pod it has run before (the pod's
+ * sandbox is gone; a fallback matching its IPs could find the pod that reused them). Cached per pod UID; a cached path is re-checked (exists, same inode) on every use.
  * When the TTL has run out but the resolver that found the netns is unavailable now (the runtime
  * is down or restarting), the last netns is kept while it still exists with the same inode: a
  * sandbox cannot be replaced without the runtime, and the pod's probes must not stop with it.
@@ -158,6 +159,14 @@ export class NetnsResolverChain {
   readonly #maxEntries: number;
   readonly #cache = new Map<string, CacheEntry>();
   readonly #inflight = new Map<string, Promise<NetnsResolution>>();
+  /**
+   * Pods the CRI resolver has found (FIFO-bounded like the cache, refreshed on every CRI success).
+   * The runtime is the authority on its own sandboxes: once it ran a pod, its "no READY sandbox"
+   * means the pod's sandbox is gone, and no fallback may look for the pod's IPs elsewhere (during
+   * the pod list's poll lag a new pod can hold a deleted pod's IP). Never cleared by invalidate():
+   * a probe finding the netns gone is exactly when the answer matters.
+   */
+  readonly #runtimeKnown = new Set<string>();
   /** Bumped by invalidate() so a resolution in flight at that moment is not cached; cleared when it settles. */
   readonly #generation = new Map<string, number>();
 
@@ -236,6 +245,7 @@ export class NetnsResolverChain {
       try {
         const resolution = await resolver.resolve(pod);
         this.#observe(resolver.name, 'ok', started);
+        if (resolver.name === 'cri') this.#rememberRuntimePod(pod.uid);
         this.#store(pod, resolution, generation);
         this.#log.debug('netns resolved', { uid: pod.uid, resolver: resolver.name, path: resolution.path });
         return resolution;
@@ -243,6 +253,17 @@ export class NetnsResolverChain {
         const outcome = outcomeOf(err);
         this.#observe(resolver.name, outcome, started);
         if (outcome === 'unsupported') throw err;
+        if (outcome === 'not-found' && resolver.name === 'cri' && this.#runtimeKnown.has(pod.uid)) {
+          // The runtime ran this pod and has no READY sandbox for it now: the pod is gone or its
+          // sandbox is being replaced. Its IPs may already belong to another pod: look no further.
+          throw resolveFailure(
+            'not-found',
+            `netns of pod ${podLabel(pod)} not resolvable: the runtime no longer has a READY sandbox for it (${describeError(err)}); ` +
+              'not falling back to the other resolvers, whose match could be another pod that reused its IP',
+            { uid: pod.uid, namespace: pod.namespace, name: pod.name, resolver: 'cri' },
+            err,
+          );
+        }
         this.#log.debug('netns resolver failed', { uid: pod.uid, resolver: resolver.name, outcome, err: describeError(err) });
         failures.push(`${resolver.name}: ${describeError(err)}`);
         worst = moreTelling(worst, outcome as FailureOutcome);
@@ -280,6 +301,15 @@ export class NetnsResolverChain {
       });
     }
     return entry.resolution;
+  }
+
+  #rememberRuntimePod(uid: string): void {
+    this.#runtimeKnown.delete(uid);
+    if (this.#runtimeKnown.size >= this.#maxEntries) {
+      const oldest = this.#runtimeKnown.values().next().value;
+      if (oldest !== undefined) this.#runtimeKnown.delete(oldest);
+    }
+    this.#runtimeKnown.add(uid);
   }
 
   #store(pod: PodRef, resolution: NetnsResolution, generation: number): void {

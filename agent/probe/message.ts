@@ -22,3 +22,26 @@ export function boundMessage(text: string): string {
   }
   return out + MARKER;
 }
+
+/** Longest excerpt of a success's message (the target's response body) a debug log line carries. */
+export const MAX_LOGGED_BODY_BYTES = 128;
+
+/**
+ * The `message` field of a "probe result changed" log line. A success's or warning's message is the
+ * target's response body (what an app prints on /healthz can be anything, tokens included): it is
+ * never logged at info, and at debug only its first MAX_LOGGED_BODY_BYTES. A failure's or error's
+ * message never holds the body (kubernetes#99425) and is logged as is.
+ */
+export function messageLogField(result: string, message: string, debug: boolean): { message?: string } {
+  if (result !== 'success' && result !== 'warning') return { message };
+  if (!debug || message === '') return {};
+  if (Buffer.byteLength(message, 'utf8') <= MAX_LOGGED_BODY_BYTES) return { message };
+  let out = '';
+  let used = 0;
+  for (const ch of message) {
+    used += Buffer.byteLength(ch, 'utf8');
+    if (used > MAX_LOGGED_BODY_BYTES) break;
+    out += ch;
+  }
+  return { message: `${out}${MARKER}` };
+}

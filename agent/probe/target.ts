@@ -89,6 +89,27 @@ export async function planTargets(handler: NetworkHandler, ctx: ProbeContext, si
   );
 }
 
+/**
+ * Refuses a handler that a kubelet shim call carries (a `/.probe-agent/v1` exec command, which a pod
+ * author can write by hand) when its host field names anything but loopback or one of the pod's own
+ * IPs. Such a call never runs from the node, whatever LegacyHostFieldProbes says: the webhook and
+ * `probe-agent rewrite` leave foreign-host probes unrewritten, so only a hand-written command gets
+ * here, and running it from the node would reopen the SSRF the gate exists to contain.
+ */
+export function refuseForeignHostInShimCall(handler: { kind: string; host?: string }, podIPs: readonly string[], what: 'probe' | 'hook'): void {
+  const host = (handler.host ?? '').trim();
+  if (host === '' || /^localhost\.?$/i.test(host)) return;
+  const literal = canonicalIP(host);
+  if (literal !== undefined && (isLoopback(literal) || podIPs.map(canonicalIP).includes(literal))) return;
+  throw new TargetError(
+    'host-refused',
+    `the ${what}'s host ${JSON.stringify(host.slice(0, 253))} is neither the pod's own IP nor loopback: a probe-agent exec command ` +
+      `is only run inside the pod's netns (the LegacyHostFieldProbes gate never applies to kubelet shim calls); ` +
+      `remove the host field or keep the original probe unrewritten`,
+    { host: host.slice(0, 253) },
+  );
+}
+
 /** Kubelet's own behaviour: dial the host from the node's netns, resolving a name there. */
 async function fromNode(host: string, port: number, ctx: ProbeContext, legacyNode: boolean, signal?: AbortSignal): Promise<TargetPlan> {
   const literal = canonicalIP(host);

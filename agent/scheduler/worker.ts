@@ -12,7 +12,7 @@
 import { describeError } from '../errors.ts';
 import type { Logger } from '../log.ts';
 import type { ContainerInfo, ContainerProbe, PodInfo } from '../pods/types.ts';
-import { boundMessage } from '../probe/message.ts';
+import { boundMessage, messageLogField } from '../probe/message.ts';
 import type { FailureReason, ProbeOutcome, ProbeSpec, ProbeType } from '../probe/types.ts';
 import type { Clock, TimerHandle } from './clock.ts';
 import { errorOutcome, runGuarded } from './guarded-run.ts';
@@ -394,7 +394,7 @@ export class ProbeWorker {
       this.#erroredBefore = false;
     }
     if (after !== before) {
-      this.#host.logger.info('probe result changed', { ...this.key, from: before, to: after, message: this.#lastMessage });
+      this.#host.logger.info('probe result changed', { ...this.key, from: before, to: after, ...messageLogField(outcome.result, this.#lastMessage, this.#host.logger.enabled('debug')) });
     } else if (this.#host.logger.enabled('debug')) {
       this.#host.logger.debug('probe ran', { ...this.key, result: outcome.result, consecutive: this.#run });
     }

@@ -10,7 +10,7 @@ import { CriShim, socketPathOf, type ShimConfig } from './proxy.ts';
 
 /** Flag defaults: the paths of docs/closing-the-hole.md. */
 export const SHIM_DEFAULTS = {
-  listen: 'unix:///run/probe-agent/cri.sock',
+  listen: 'unix:///run/probe-agent-shim/cri.sock',
   runtimeEndpoint: 'unix:///run/containerd/containerd.sock',
   probeSocket: '/run/probe-agent/probe.sock',
   metricsSocket: DEFAULT_SHIM_METRICS_SOCKET,
@@ -106,7 +106,7 @@ async function main(): Promise<void> {
     strict: true,
   });
   if (values.help) {
-    process.stdout.write('usage: probe-agent-shim [--listen unix:///run/probe-agent/cri.sock] [--runtime-endpoint unix:///run/containerd/containerd.sock] [--probe-socket /run/probe-agent/probe.sock] [--agent-grace 2s] [--hook-agent-wait 60s] [--metrics-socket /run/probe-agent-shim/metrics.sock] [--metrics-listen HOST:PORT] [--hook-deadline (deprecated, no effect)]\n');
+    process.stdout.write('usage: probe-agent-shim [--listen unix:///run/probe-agent-shim/cri.sock] [--runtime-endpoint unix:///run/containerd/containerd.sock] [--probe-socket /run/probe-agent/probe.sock] [--agent-grace 2s] [--hook-agent-wait 60s] [--metrics-socket /run/probe-agent-shim/metrics.sock] [--metrics-listen HOST:PORT] [--hook-deadline (deprecated, no effect)]\n');
     return;
   }
   const flags: ShimFlags = { listen: values.listen, runtimeEndpoint: values['runtime-endpoint'], probeSocket: values['probe-socket'], metricsSocket: values['metrics-socket'] };

@@ -583,7 +583,7 @@ describe('the kubelet-shim installer from the same image', () => {
     try {
       const kubeletConfig = path.join(hostRoot, 'var/lib/kubelet/config.yaml');
       mkdirSync(path.dirname(kubeletConfig), { recursive: true });
-      writeFileSync(kubeletConfig, 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/probe-agent/cri.sock\n');
+      writeFileSync(kubeletConfig, 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/probe-agent-shim/cri.sock\n');
       await runInstaller('shim-installer');
       const cur = path.join(hostRoot, 'opt/probe-agent-shim/current');
       expect(readlinkSync(cur)).toBe(`releases/${VERSION}`);
@@ -597,7 +597,7 @@ describe('the kubelet-shim installer from the same image', () => {
       // kubelet points at the shim, but the shim is not up (nothing started the unit): no label.
       expect(patches.at(-1)).toMatchObject({ node: 'lab-node', body: { metadata: { labels: { 'probe-agent.io/shim': null } } }, auth: `Bearer ${TOKEN}` });
       // The copied Node (the image's own) runs the installed shim on the host, as the unit would.
-      const shim = spawn(path.join(cur, 'node'), [path.join(cur, 'dist/shim/main.js'), '--listen', `unix://${path.join(hostRoot, 'run/probe-agent/cri.sock')}`,
+      const shim = spawn(path.join(cur, 'node'), [path.join(cur, 'dist/shim/main.js'), '--listen', `unix://${path.join(hostRoot, 'run/probe-agent-shim/cri.sock')}`,
         '--runtime-endpoint', ctrd.endpoint, '--probe-socket', path.join(scratch, 'shim-no-agent.sock')], { stdio: ['ignore', 'ignore', 'pipe'], cwd: '/' });
       try {
         await new Promise<void>((resolve, reject) => {

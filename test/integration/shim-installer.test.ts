@@ -70,7 +70,7 @@ imageServiceEndpoint: unix:///run/containerd/containerd.sock
 /** Starts the shim the installer put on the host, with the host root's paths. */
 async function startInstalledShim(): Promise<ChildProcess> {
   const cur = path.join(host, 'opt/probe-agent-shim/current');
-  const sock = path.join(host, 'run/probe-agent/cri.sock');
+  const sock = path.join(host, 'run/probe-agent-shim/cri.sock');
   const child = spawn(path.join(cur, 'node'), [path.join(cur, 'dist/shim/main.js'), '--listen', `unix://${sock}`,
     '--runtime-endpoint', `unix://${path.join(scratch, 'no-runtime.sock')}`, '--probe-socket', path.join(scratch, 'no-agent.sock')],
   { stdio: ['ignore', 'ignore', 'pipe'], cwd: '/' });
@@ -152,7 +152,7 @@ describe('install-shim.sh on a scratch host root', () => {
 
   it('the installed copy runs on its own, and the label becomes ready once kubelet points at the shim', async () => {
     const shim = await startInstalledShim();
-    kubeletEndpoint('unix:///run/probe-agent/cri.sock');
+    kubeletEndpoint('unix:///run/probe-agent-shim/cri.sock');
     expect((await runInstaller('install')).code).toBe(0);
     expect(patches.at(-1)).toEqual({ node: 'node-a', body: { metadata: { labels: { 'probe-agent.io/shim': 'ready' } } } });
     // The shim down: the label stays (kubelet is still configured with it; removing the label would
@@ -171,8 +171,39 @@ describe('install-shim.sh on a scratch host root', () => {
     expect(lstatSync(marker).mtimeMs).toBe(before);
   });
 
+  it('keeps a kubelet configured with the old socket path working: a symlink to the new socket while it points there, gone once it does not', async () => {
+    const legacy = path.join(host, 'run/probe-agent/cri.sock');
+    // What the previous release left: kubelet pointing into the agent's directory, and its socket file there.
+    mkdirSync(path.dirname(legacy), { recursive: true });
+    const stale = net.createServer().listen(legacy);
+    await new Promise((r) => stale.once('listening', r));
+    stale.close();
+    writeFileSync(path.join(host, 'var/lib/kubelet/kubeadm-flags.env'), 'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/probe-agent/cri.sock --pod-infra-container-image=registry.k8s.io/pause:3.10"\n');
+    kubeletEndpoint('unix:///run/containerd/containerd.sock');
+    const shim = await startInstalledShim();
+    try {
+      const r = await runInstaller('install');
+      expect(r.code, r.stderr).toBe(0);
+      expect(lstatSync(legacy).isSymbolicLink()).toBe(true);
+      expect(readlinkSync(legacy)).toBe('/run/probe-agent-shim/cri.sock');
+      expect(r.stderr).toMatch(/kubelet still uses \/run\/probe-agent\/cri\.sock: linked it to \/run\/probe-agent-shim\/cri\.sock/);
+      expect(patches.at(-1)?.body).toEqual({ metadata: { labels: { 'probe-agent.io/shim': 'ready' } } });
+      // Migrated: kubelet points at the new path; the link in the agent's directory goes.
+      writeFileSync(path.join(host, 'var/lib/kubelet/kubeadm-flags.env'), 'KUBELET_KUBEADM_ARGS="--pod-infra-container-image=registry.k8s.io/pause:3.10"\n');
+      kubeletEndpoint('unix:///run/probe-agent-shim/cri.sock');
+      const after = await runInstaller('install');
+      expect(after.code, after.stderr).toBe(0);
+      expect(existsSync(legacy) || (() => { try { lstatSync(legacy); return true; } catch { return false; } })()).toBe(false);
+      expect(patches.at(-1)?.body).toEqual({ metadata: { labels: { 'probe-agent.io/shim': 'ready' } } });
+    } finally {
+      shim.kill('SIGTERM');
+      await new Promise((r) => shim.once('exit', r));
+      rmSync(path.join(host, 'var/lib/kubelet/kubeadm-flags.env'), { force: true });
+    }
+  });
+
   it('uninstall refuses while kubelet still uses the shim (label removed, shim kept), and removes everything once it does not', async () => {
-    kubeletEndpoint('unix:///run/probe-agent/cri.sock');
+    kubeletEndpoint('unix:///run/probe-agent-shim/cri.sock');
     const calls = systemctlCalls().length;
     const refused = await runInstaller('uninstall');
     expect(refused.code).toBe(3);

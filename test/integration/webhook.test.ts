@@ -8,6 +8,7 @@
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { get as httpGet } from 'node:http';
 import { request, type RequestOptions } from 'node:https';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -144,7 +145,7 @@ beforeAll(async () => {
   makePair('a');
   makePair('b');
   install('a');
-  server = await startWebhookServer({ host: '127.0.0.1', port: 0, certFile: CERT(), keyFile: KEY(), tlsReloadIntervalMs: 100, maxRequestBytes: 256 * 1024 });
+  server = await startWebhookServer({ host: '127.0.0.1', port: 0, certFile: CERT(), keyFile: KEY(), tlsReloadIntervalMs: 100, maxRequestBytes: 256 * 1024, metricsListen: { host: '127.0.0.1', port: 0 } });
 });
 
 afterAll(async () => {
@@ -288,7 +289,13 @@ describe('rewrite webhook over HTTPS', () => {
   });
 
   it('counts every admission request by path and outcome on /metrics (after the tests above)', async () => {
-    const r = await post('/metrics', '', { method: 'GET' });
+    const r = await new Promise<Reply>((resolve, reject) => {
+      httpGet({ host: '127.0.0.1', port: server.metricsPort, path: '/metrics' }, (res) => {
+        let text = '';
+        res.on('data', (c) => (text += c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: text }));
+      }).on('error', reject);
+    });
     expect(r.status).toBe(200);
     const value = (labels: string): number => Number(new RegExp(`^probe_agent_webhook_requests_total\\{${labels}\\} (\\d+)$`, 'm').exec(r.body)?.[1] ?? 0);
     expect(value('path="/mutate",outcome="rewritten"')).toBeGreaterThanOrEqual(8);

@@ -6,6 +6,7 @@
 import { once } from 'node:events';
 import http from 'node:http';
 import net from 'node:net';
+import type { Logger } from '../../agent/log.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
 import type { ContainerInfo, ContainerProbe, ContainerState, NotOursReason, PodInfo } from '../../agent/pods/types.ts';
@@ -185,7 +186,7 @@ export class Harness {
   readonly events: ProbeEvent[] = [];
   readonly t0: number;
 
-  constructor(opts: { agentStartOffsetMs?: number; random?: () => number; runProbe?: RunProbe; limiter?: FairLimiter; clock?: ManualClock } = {}) {
+  constructor(opts: { agentStartOffsetMs?: number; random?: () => number; runProbe?: RunProbe; limiter?: FairLimiter; clock?: ManualClock; logger?: Logger } = {}) {
     this.clock = opts.clock ?? new ManualClock({ random: opts.random });
     this.t0 = this.clock.now();
     this.store = new ResultsStore({ clock: this.clock });
@@ -199,6 +200,7 @@ export class Harness {
       // Default: the agent has been up for an hour, so no jitter and no restart grace.
       agentStart: this.t0 + (opts.agentStartOffsetMs ?? -3_600_000),
       limiter: opts.limiter,
+      ...(opts.logger ? { logger: opts.logger } : {}),
     });
   }
 

@@ -153,7 +153,7 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
   const downward = () => (pod().hostNetwork ? { ...NODE, POD_IP: NODE.HOST_IP } : NODE);
 
   it('renders objects with apiVersion, kind, name, and the right namespace', () => {
-    const clusterScoped = new Set(['Namespace', 'ClusterRole', 'ClusterRoleBinding', 'MutatingWebhookConfiguration']);
+    const clusterScoped = new Set(['Namespace', 'ClusterRole', 'ClusterRoleBinding', 'MutatingWebhookConfiguration', 'ValidatingAdmissionPolicy', 'ValidatingAdmissionPolicyBinding']);
     expect(docs().length).toBeGreaterThan(4);
     for (const o of docs()) {
       expect(typeof o.apiVersion, JSON.stringify(o).slice(0, 80)).toBe('string');

@@ -26,7 +26,11 @@ NODE_BIN=${NODE_BIN:-$(command -v node)}
 SHIM_DIR=${SHIM_DIR:-/opt/probe-agent-shim}
 UNIT_SRC=${UNIT_SRC:-$(dirname "$(readlink -f "$0")")/probe-agent-shim.service}
 UNIT_DIR=${UNIT_DIR:-/etc/systemd/system}
-SHIM_SOCKET=${SHIM_SOCKET:-/run/probe-agent/cri.sock}
+SHIM_SOCKET=${SHIM_SOCKET:-/run/probe-agent-shim/cri.sock}
+# Where the shim listened before it moved out of the agent's directory (which the agent mounts
+# writable). Nodes whose kubelet still points there get a symlink to SHIM_SOCKET until they migrate
+# (docs/closing-the-hole.md, "Moving kubelet to /run/probe-agent-shim").
+LEGACY_SHIM_SOCKET=${LEGACY_SHIM_SOCKET:-/run/probe-agent/cri.sock}
 KUBELET_CONFIG=${KUBELET_CONFIG:-/var/lib/kubelet/config.yaml}
 KUBELET_FLAGS=${KUBELET_FLAGS:-/var/lib/kubelet/kubeadm-flags.env}
 # How to reach the host's systemd: enter PID 1's namespaces (hostPID). "none" skips it (tests).
@@ -80,16 +84,39 @@ install_files() {
   fi
 }
 
-# Whether kubelet's runtime endpoint is the shim's socket (config file or kubeadm flags).
-kubelet_uses_shim() {
+# Whether kubelet's runtime endpoint is the given socket (config file or kubeadm flags).
+kubelet_points_at() {
   local f
   for f in "$HOST_ROOT$KUBELET_CONFIG" "$HOST_ROOT$KUBELET_FLAGS"; do
     [[ -f $f ]] || continue
-    if grep -Eq "(containerRuntimeEndpoint:|--container-runtime-endpoint[= ])[[:space:]\"']*(unix://)?$SHIM_SOCKET([\"'[:space:]]|\$)" "$f"; then
+    if grep -Eq "(containerRuntimeEndpoint:|--container-runtime-endpoint[= ])[[:space:]\"']*(unix://)?$1([\"'[:space:]]|\$)" "$f"; then
       return 0
     fi
   done
   return 1
+}
+
+# Whether kubelet's runtime endpoint is the shim's socket, at its path or the legacy one.
+kubelet_uses_shim() {
+  kubelet_points_at "$SHIM_SOCKET" || kubelet_points_at "$LEGACY_SHIM_SOCKET"
+}
+
+# Keeps a kubelet configured before the move working: the legacy path is a symlink to the shim's
+# socket while kubelet points there, and is removed (only if it is a symlink or a dead socket)
+# once it does not. The legacy path lies in the agent's writable directory: migrate.
+sync_legacy_socket() {
+  local legacy="$HOST_ROOT$LEGACY_SHIM_SOCKET"
+  if kubelet_points_at "$LEGACY_SHIM_SOCKET"; then
+    if [[ $(readlink "$legacy" 2>/dev/null) != "$SHIM_SOCKET" ]]; then
+      mkdir -p "$(dirname "$legacy")"
+      ln -sfn "$SHIM_SOCKET" "$legacy.new-$$"
+      mv -fT "$legacy.new-$$" "$legacy"
+      log "kubelet still uses $LEGACY_SHIM_SOCKET: linked it to $SHIM_SOCKET; point kubelet at unix://$SHIM_SOCKET (docs/closing-the-hole.md)"
+    fi
+  elif [[ -L $legacy || -S $legacy ]]; then
+    rm -f "$legacy"
+    log "removed the legacy socket path $LEGACY_SHIM_SOCKET (kubelet no longer uses it)"
+  fi
 }
 
 shim_up() {
@@ -119,6 +146,7 @@ cmd_install() {
   local state='' warned=''
   trap 'log "stopping; the shim keeps running on the host, the label stays"; exit 0' TERM INT
   while :; do
+    sync_legacy_socket
     if kubelet_uses_shim; then
       warned=''
       if [[ $state != ready ]]; then
@@ -171,10 +199,11 @@ cmd_unlabel() {
 cmd_uninstall() {
   cmd_unlabel
   if kubelet_uses_shim; then
-    log "kubelet still points at $SHIM_SOCKET: switch it back to the runtime first (docs/closing-the-hole.md, rollback)"
+    log "kubelet still points at the shim's socket: switch it back to the runtime first (docs/closing-the-hole.md, rollback)"
     exit 3
   fi
   systemctl_host disable --now probe-agent-shim.service || true
+  sync_legacy_socket
   rm -f "$HOST_ROOT$UNIT_DIR/probe-agent-shim.service"
   systemctl_host daemon-reload || true
   rm -rf "${HOST_ROOT:?}$SHIM_DIR"
