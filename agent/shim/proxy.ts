@@ -141,7 +141,7 @@ export class CriShim {
     const p = this.config.listenPath;
     const dir = path.dirname(p);
     // Non-recursive when the parent exists: Node's recursive mkdir spins forever under /proc.
-    if (!existsSync(dir)) mkdirSync(dir, { recursive: !existsSync(path.dirname(dir)), mode: 0o755 });
+    if (!existsSync(dir)) mkdirSync(dir, { recursive: !existsSync(path.dirname(dir)), mode: 0o700 });
     try {
       if (lstatSync(p).isSocket()) {
         // A live shim owns it: never take kubelet's endpoint from under a running one.
