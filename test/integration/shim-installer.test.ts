@@ -257,7 +257,7 @@ describe('install-shim.sh: the label that never kills a pod', () => {
   }
   /** A CRI socket that answers connections where the shim listens (the shim up); close() takes it down. */
   async function shimSocket(): Promise<net.Server> {
-    const sock = path.join(hostRoot, 'run/probe-agent/cri.sock');
+    const sock = path.join(hostRoot, 'run/probe-agent-shim/cri.sock');
     mkdirSync(path.dirname(sock), { recursive: true });
     rmSync(sock, { force: true });
     const srv = net.createServer((c) => c.destroy());
@@ -299,9 +299,9 @@ describe('install-shim.sh: the label that never kills a pod', () => {
   });
 
   it('sets the label once kubelet is configured with the shim and it answers, and keeps it through a flapping shim', async () => {
-    kubelet('unix:///run/probe-agent/cri.sock');
+    kubelet('unix:///run/probe-agent-shim/cri.sock');
     // Configured, but the shim does not answer yet: no label.
-    rmSync(path.join(hostRoot, 'run/probe-agent/cri.sock'), { force: true });
+    rmSync(path.join(hostRoot, 'run/probe-agent-shim/cri.sock'), { force: true });
     expect((await run('install')).code).toBe(0);
     expect(labelOf()).toBeUndefined();
     // The installer as the DaemonSet runs it (a loop), while the shim flaps under it.
@@ -491,8 +491,8 @@ describe('closing-the-hole procedures, step by step (installer + webhook + API s
       expect(onNode().map((p) => p.metadata.name)).toEqual(['daemon-early']);
 
       // Switch kubelet to the shim (config + restart); the shim answers; the installer labels the node.
-      kubelet('unix:///run/probe-agent/cri.sock');
-      const sock = path.join(hostRoot, 'run/probe-agent/cri.sock');
+      kubelet('unix:///run/probe-agent-shim/cri.sock');
+      const sock = path.join(hostRoot, 'run/probe-agent-shim/cri.sock');
       mkdirSync(path.dirname(sock), { recursive: true });
       const shim = net.createServer((c) => c.destroy());
       await new Promise<void>((r) => shim.listen(sock, r));

@@ -14,7 +14,8 @@
  * extra (Kubernetes >= 1.30): a token without it is denied (tested), so the failure is closed.
  */
 import { execFileSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
@@ -81,7 +82,16 @@ function withNew(edit: (o: Obj) => void, req = fixture()): Obj {
 
 describe('the shim installer node policy', () => {
   it('is shipped by the kubelet-shim component with a Deny binding', () => {
-    const out = execFileSync('kubectl', ['kustomize', path.join(ROOT, 'deploy/components/kubelet-shim')], { encoding: 'utf8' });
+    // A component patches the base's DaemonSet, so it renders only on top of the base.
+    const dir = mkdtempSync(path.join(tmpdir(), 'installer-policy-'));
+    let out: string;
+    try {
+      const rel = (p: string): string => path.relative(dir, path.join(ROOT, 'deploy', p));
+      writeFileSync(path.join(dir, 'kustomization.yaml'), `resources: [${rel('base')}]\ncomponents: [${rel('components/kubelet-shim')}]\n`);
+      out = execFileSync('kubectl', ['kustomize', dir], { encoding: 'utf8' });
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
     const kinds = parseAllDocuments(out).map((d) => (d.toJS() as Obj).kind);
     expect(kinds).toContain('ValidatingAdmissionPolicy');
     expect(kinds).toContain('ValidatingAdmissionPolicyBinding');
