@@ -347,6 +347,16 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     const agentEnv = containerEnv(agent(), docs(), downward()).env;
     const { env } = containerEnv(sidecar, docs(), downward());
     expect(env.CLOSE_HOLE_AGENT_ADDRESS).toBe(agentEnv.PROBE_AGENT_METRICS_ADDRESS);
+    // The sidecar writes its table state where the agent reads it (probe_agent_close_hole_*), in a volume both mount.
+    expect(env.CLOSE_HOLE_STATE_FILE).toMatch(/^\//);
+    expect(agentEnv.PROBE_AGENT_CLOSE_HOLE_STATE_FILE).toBe(env.CLOSE_HOLE_STATE_FILE);
+    const stateDir = path.dirname(env.CLOSE_HOLE_STATE_FILE!);
+    const sidecarMount = (sidecar.volumeMounts as Obj[]).find((m) => m.mountPath === stateDir);
+    const agentMount = (agent().volumeMounts as Obj[]).find((m) => m.mountPath === stateDir);
+    expect(sidecarMount?.readOnly).not.toBe(true);
+    expect(agentMount?.readOnly).toBe(true);
+    expect(agentMount?.name).toBe(sidecarMount?.name);
+    expect((pod().volumes as Obj[]).find((vol) => vol.name === sidecarMount?.name)?.emptyDir).toBeDefined();
     const volume = (pod().volumes as Obj[]).find((vol) => vol.name === 'close-hole-script');
     const cm = docs().find((o) => o.kind === 'ConfigMap' && o.metadata.name === volume?.configMap?.name);
     const scriptPath = path.join(DEPLOY, 'components/nftables-close-hole/close-hole.sh');

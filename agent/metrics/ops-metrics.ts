@@ -1,0 +1,146 @@
+/**
+ * Gauges an operator alerts on that no other module owns, all read at scrape time:
+ * - probe_agent_ready: the verdict of the agent's own /readyz checks (what kubelet and the
+ *   close-hole sidecar act on), so "up but not ready" is visible without kube-state-metrics;
+ * - probe_agent_memory_limit_bytes: the memory limit of the agent's cgroup (cgroup v2
+ *   memory.max), to compare with process_resident_memory_bytes before the OOM killer does;
+ * - probe_agent_close_hole_table_present / _state_age_seconds: what the close-hole sidecar last
+ *   saw of its nftables table, from the state file it writes into a volume both containers share
+ *   (the agent cannot read nftables itself: that needs CAP_NET_ADMIN).
+ * Every collect is bounded and never throws: a gauge it cannot read is left out of the scrape.
+ */
+import { open } from 'node:fs/promises';
+import { Gauge, type Registry } from 'prom-client';
+import type { HealthRegistry } from './health.ts';
+
+/** Files bigger than this are not ours (memory.max is one line, the state file one word). */
+const MAX_FILE_BYTES = 4096;
+
+/** Reads a small text file, at most MAX_FILE_BYTES; undefined when it cannot be read. */
+async function readSmall(path: string): Promise<{ text: string; mtimeMs: number } | undefined> {
+  let fh;
+  try {
+    fh = await open(path, 'r');
+    const st = await fh.stat();
+    if (!st.isFile()) return undefined;
+    const buf = Buffer.alloc(MAX_FILE_BYTES);
+    const { bytesRead } = await fh.read(buf, 0, MAX_FILE_BYTES, 0);
+    return { text: buf.subarray(0, bytesRead).toString('utf8'), mtimeMs: st.mtimeMs };
+  } catch {
+    return undefined;
+  } finally {
+    await fh?.close().catch(() => {});
+  }
+}
+
+/**
+ * Leaves an unlabelled gauge out of the scrape. prom-client's reset() puts a 0 back for a gauge
+ * without labels, and 0 would claim something ("no table", "no limit") we do not know; its value
+ * map is the public `hashMap` field (an empty map is what a labelled gauge has before its first set).
+ * test/unit/ops-metrics.test.ts fails if a prom-client upgrade changes that.
+ */
+function leaveOut(gauge: Gauge): void {
+  (gauge as unknown as { hashMap: Record<string, unknown> }).hashMap = {};
+}
+
+/** probe_agent_ready: 1 while every /readyz check passes, 0 otherwise (the checks run at scrape). */
+export function registerReadinessGauge(registry: Registry, health: Pick<HealthRegistry, 'run'>): void {
+  new Gauge({
+    name: 'probe_agent_ready',
+    help: 'Whether the agent passes its own readiness checks (/readyz: kubelet poll fresh, gRPC socket answering, helper self-test, not shutting down): 1 ready, 0 not.',
+    registers: [registry],
+    async collect() {
+      try {
+        this.set((await health.run('readyz')).ok ? 1 : 0);
+      } catch {
+        this.set(0);
+      }
+    },
+  });
+}
+
+/** Where the cgroup files are; tests point these at files they create. */
+export interface CgroupPaths {
+  /** /proc/self/cgroup */
+  selfCgroup: string;
+  /** The cgroup v2 mount, /sys/fs/cgroup. */
+  cgroupRoot: string;
+}
+
+const DEFAULT_CGROUP_PATHS: CgroupPaths = { selfCgroup: '/proc/self/cgroup', cgroupRoot: '/sys/fs/cgroup' };
+
+/**
+ * The memory.max of this process's cgroup v2 in bytes; undefined when unlimited ("max"), on
+ * cgroup v1, or unreadable. Seen through a cgroup namespace (containers) the own path is "/",
+ * so the root's memory.max is the container's limit.
+ */
+export async function readMemoryLimitBytes(paths: CgroupPaths = DEFAULT_CGROUP_PATHS): Promise<number | undefined> {
+  const self = await readSmall(paths.selfCgroup);
+  const unified = self?.text.split('\n').find((l) => l.startsWith('0::'));
+  if (unified === undefined) return undefined;
+  const rel = unified.slice(3).trim();
+  // A "/.." path means our cgroup is outside the namespace's view: nothing trustworthy to read.
+  if (!rel.startsWith('/') || rel.split('/').includes('..')) return undefined;
+  const dir = rel === '/' ? paths.cgroupRoot : `${paths.cgroupRoot}${rel}`;
+  const max = (await readSmall(`${dir}/memory.max`))?.text.trim();
+  if (max === undefined || !/^\d{1,19}$/.test(max)) return undefined;
+  const bytes = Number(max);
+  return Number.isSafeInteger(bytes) && bytes > 0 ? bytes : undefined;
+}
+
+/** probe_agent_memory_limit_bytes, absent while the cgroup has no memory limit. */
+export function registerMemoryLimitGauge(registry: Registry, paths: CgroupPaths = DEFAULT_CGROUP_PATHS): void {
+  new Gauge({
+    name: 'probe_agent_memory_limit_bytes',
+    help: "The memory limit of the agent's cgroup (cgroup v2 memory.max); absent when there is none.",
+    registers: [registry],
+    async collect() {
+      const bytes = await readMemoryLimitBytes(paths);
+      if (bytes === undefined) leaveOut(this);
+      else this.set(bytes);
+    },
+  });
+}
+
+/** What the close-hole sidecar wrote: "present" or "absent", one word (close-hole.sh). */
+export type CloseHoleTableState = 'present' | 'absent';
+
+/** Parses the sidecar's state file; undefined for anything else. */
+export function parseCloseHoleState(text: string): CloseHoleTableState | undefined {
+  const word = text.trim();
+  return word === 'present' || word === 'absent' ? word : undefined;
+}
+
+/**
+ * probe_agent_close_hole_table_present (1/0 as the sidecar last saw its table) and
+ * probe_agent_close_hole_state_age_seconds (since it last wrote; a sidecar that stopped checking
+ * shows as a growing age). Both absent until the file exists with a valid state.
+ */
+export function registerCloseHoleStateGauges(registry: Registry, stateFile: string, now: () => number = Date.now): void {
+  // Each gauge reads the file itself: prom-client may collect them concurrently.
+  const read = async (): Promise<{ state: CloseHoleTableState; mtimeMs: number } | undefined> => {
+    const file = await readSmall(stateFile);
+    const state = file && parseCloseHoleState(file.text);
+    return state ? { state, mtimeMs: file.mtimeMs } : undefined;
+  };
+  new Gauge({
+    name: 'probe_agent_close_hole_table_present',
+    help: "Whether the close-hole sidecar last found its nftables table loaded in the node's netns (1) or not (0); from its state file.",
+    registers: [registry],
+    async collect() {
+      const last = await read();
+      if (last) this.set(last.state === 'present' ? 1 : 0);
+      else leaveOut(this);
+    },
+  });
+  new Gauge({
+    name: 'probe_agent_close_hole_state_age_seconds',
+    help: 'Seconds since the close-hole sidecar last wrote its state file (it writes after every check).',
+    registers: [registry],
+    async collect() {
+      const last = await read();
+      if (last) this.set(Math.max(0, (now() - last.mtimeMs) / 1000));
+      else leaveOut(this);
+    },
+  });
+}

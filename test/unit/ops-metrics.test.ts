@@ -1,0 +1,116 @@
+/**
+ * The gauges the alerts read and no other module owns (agent/metrics/ops-metrics.ts), scraped
+ * through a real prom-client registry: probe_agent_ready follows the /readyz checks,
+ * probe_agent_memory_limit_bytes reads the cgroup v2 memory.max of the process's own cgroup, and
+ * probe_agent_close_hole_* follow the close-hole sidecar's state file.
+ */
+import { mkdirSync, mkdtempSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { Registry } from 'prom-client';
+import { afterAll, describe, expect, it } from 'vitest';
+import { HealthRegistry } from '../../agent/metrics/health.ts';
+import {
+  parseCloseHoleState, readMemoryLimitBytes, registerCloseHoleStateGauges, registerMemoryLimitGauge, registerReadinessGauge,
+} from '../../agent/metrics/ops-metrics.ts';
+
+const scratch = mkdtempSync(path.join(tmpdir(), 'probe-agent-ops-metrics-'));
+afterAll(() => rmSync(scratch, { recursive: true, force: true }));
+
+/** The value of an unlabelled series in a scrape, or undefined when the scrape lacks it. */
+async function sample(registry: Registry, name: string): Promise<number | undefined> {
+  const line = (await registry.metrics()).split('\n').find((l) => l.startsWith(`${name} `));
+  return line === undefined ? undefined : Number(line.split(' ')[1]);
+}
+
+describe('probe_agent_ready', () => {
+  it('is 1 while every readiness check passes and 0 as soon as one fails', async () => {
+    const health = new HealthRegistry();
+    let kubeletFresh = true;
+    health.addReadiness('kubelet', () => {
+      if (!kubeletFresh) throw new Error('stale');
+    });
+    const registry = new Registry();
+    registerReadinessGauge(registry, health);
+    try {
+      expect(await sample(registry, 'probe_agent_ready')).toBe(1);
+      kubeletFresh = false;
+      expect(await sample(registry, 'probe_agent_ready')).toBe(0);
+      kubeletFresh = true;
+      expect(await sample(registry, 'probe_agent_ready')).toBe(1);
+      health.markShuttingDown();
+      expect(await sample(registry, 'probe_agent_ready')).toBe(0);
+    } finally {
+      health.close();
+    }
+  });
+});
+
+describe('probe_agent_memory_limit_bytes', () => {
+  function cgroupFixture(name: string, selfCgroup: string, files: Record<string, string>) {
+    const dir = path.join(scratch, name);
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(path.join(dir, 'self-cgroup'), selfCgroup);
+    for (const [rel, text] of Object.entries(files)) {
+      mkdirSync(path.dirname(path.join(dir, 'root', rel)), { recursive: true });
+      writeFileSync(path.join(dir, 'root', rel), text);
+    }
+    return { selfCgroup: path.join(dir, 'self-cgroup'), cgroupRoot: path.join(dir, 'root') };
+  }
+
+  it("reads memory.max of the process's own cgroup v2, the namespace root in a container", async () => {
+    const host = cgroupFixture('host', '0::/kubepods.slice/kubepods-pod1.slice/cri-abc.scope\n', {
+      'memory.max': 'max\n',
+      'kubepods.slice/kubepods-pod1.slice/cri-abc.scope/memory.max': '234881024\n',
+    });
+    expect(await readMemoryLimitBytes(host)).toBe(224 * 1024 * 1024);
+    const container = cgroupFixture('container', '0::/\n', { 'memory.max': '234881024\n' });
+    expect(await readMemoryLimitBytes(container)).toBe(224 * 1024 * 1024);
+    const registry = new Registry();
+    registerMemoryLimitGauge(registry, container);
+    expect(await sample(registry, 'probe_agent_memory_limit_bytes')).toBe(234881024);
+  });
+
+  it('is absent without a limit, on cgroup v1, outside the namespace view, or with garbage', async () => {
+    const cases = {
+      unlimited: cgroupFixture('unlimited', '0::/\n', { 'memory.max': 'max\n' }),
+      v1: cgroupFixture('v1', '4:memory:/kubepods/pod1/abc\n', { 'memory.max': '234881024\n' }),
+      outside: cgroupFixture('outside', '0::/../other\n', { 'memory.max': '234881024\n' }),
+      garbage: cgroupFixture('garbage', '0::/\n', { 'memory.max': '-1\n' }),
+      missing: cgroupFixture('missing', '0::/gone\n', {}),
+    };
+    for (const [name, paths] of Object.entries(cases)) {
+      expect(await readMemoryLimitBytes(paths), name).toBeUndefined();
+      const registry = new Registry();
+      registerMemoryLimitGauge(registry, paths);
+      expect(await sample(registry, 'probe_agent_memory_limit_bytes'), name).toBeUndefined();
+    }
+  });
+});
+
+describe('probe_agent_close_hole_*', () => {
+  it('follows the state the sidecar wrote, and how long ago', async () => {
+    const file = path.join(scratch, 'close-hole-state');
+    let now = Date.now();
+    const registry = new Registry();
+    registerCloseHoleStateGauges(registry, file, () => now);
+    // No file yet: no series (a gauge of 0 would claim the sidecar saw no table).
+    expect(await sample(registry, 'probe_agent_close_hole_table_present')).toBeUndefined();
+    expect(await sample(registry, 'probe_agent_close_hole_state_age_seconds')).toBeUndefined();
+
+    writeFileSync(file, 'present\n');
+    const written = new Date(Math.floor(now / 1000) * 1000 - 30_000);
+    utimesSync(file, written, written);
+    now = written.getTime() + 30_000;
+    expect(await sample(registry, 'probe_agent_close_hole_table_present')).toBe(1);
+    expect(await sample(registry, 'probe_agent_close_hole_state_age_seconds')).toBe(30);
+
+    writeFileSync(file, 'absent\n');
+    expect(await sample(registry, 'probe_agent_close_hole_table_present')).toBe(0);
+
+    writeFileSync(file, 'maybe\n');
+    expect(await sample(registry, 'probe_agent_close_hole_table_present')).toBeUndefined();
+    expect(parseCloseHoleState(' present ')).toBe('present');
+    expect(parseCloseHoleState('present absent')).toBeUndefined();
+  });
+});
