@@ -3,7 +3,7 @@
  * - probe_agent_ready: the verdict of the agent's own /readyz checks (what kubelet and the
  *   close-hole sidecar act on), so "up but not ready" is visible without kube-state-metrics;
  * - probe_agent_memory_limit_bytes: the memory limit of the agent's cgroup (cgroup v2
- *   memory.max), to compare with process_resident_memory_bytes before the OOM killer does;
+ *   memory.max or v1 memory.limit_in_bytes), to compare with process_resident_memory_bytes before the OOM killer does;
  * - probe_agent_close_hole_table_present / _state_age_seconds: what the close-hole sidecar last
  *   saw of its nftables table, from the state file it writes into a volume both containers share
  *   (the agent cannot read nftables itself: that needs CAP_NET_ADMIN).
@@ -70,29 +70,42 @@ export interface CgroupPaths {
 const DEFAULT_CGROUP_PATHS: CgroupPaths = { selfCgroup: '/proc/self/cgroup', cgroupRoot: '/sys/fs/cgroup' };
 
 /**
- * The memory.max of this process's cgroup v2 in bytes; undefined when unlimited ("max"), on
- * cgroup v1, or unreadable. Seen through a cgroup namespace (containers) the own path is "/",
- * so the root's memory.max is the container's limit.
+ * The memory limit of this process's cgroup in bytes: cgroup v2 memory.max, else (v1 or hybrid
+ * hosts) the memory controller's memory.limit_in_bytes; undefined when unlimited ("max", or v1's
+ * page-rounded 2^63) or unreadable. Seen through a cgroup namespace (containers) the own path is
+ * "/", so the namespace root's file is the container's limit.
  */
 export async function readMemoryLimitBytes(paths: CgroupPaths = DEFAULT_CGROUP_PATHS): Promise<number | undefined> {
-  const self = await readSmall(paths.selfCgroup);
-  const unified = self?.text.split('\n').find((l) => l.startsWith('0::'));
-  if (unified === undefined) return undefined;
-  const rel = unified.slice(3).trim();
-  // A "/.." path means our cgroup is outside the namespace's view: nothing trustworthy to read.
-  if (!rel.startsWith('/') || rel.split('/').includes('..')) return undefined;
-  const dir = rel === '/' ? paths.cgroupRoot : `${paths.cgroupRoot}${rel}`;
-  const max = (await readSmall(`${dir}/memory.max`))?.text.trim();
-  if (max === undefined || !/^\d{1,19}$/.test(max)) return undefined;
-  const bytes = Number(max);
-  return Number.isSafeInteger(bytes) && bytes > 0 ? bytes : undefined;
+  const lines = (await readSmall(paths.selfCgroup))?.text.split('\n') ?? [];
+  const pathOf = (prefix: RegExp): string | undefined => {
+    const line = lines.find((l) => prefix.test(l));
+    const rel = line?.slice(line.indexOf(':', line.indexOf(':') + 1) + 1).trim();
+    // A "/.." path means our cgroup is outside the namespace's view: nothing trustworthy to read.
+    return rel !== undefined && rel.startsWith('/') && !rel.split('/').includes('..') ? rel.replace(/\/$/, '') : undefined;
+  };
+  const v2 = pathOf(/^0::/);
+  const v1 = pathOf(/^\d+:(?:[^:]*,)?memory(?:,[^:]*)?:/);
+  const candidates = [
+    v2 !== undefined ? `${paths.cgroupRoot}${v2}/memory.max` : undefined,
+    v1 !== undefined ? `${paths.cgroupRoot}/memory${v1}/memory.limit_in_bytes` : undefined,
+  ];
+  for (const file of candidates) {
+    if (file === undefined) continue;
+    const text = (await readSmall(file))?.text.trim();
+    if (text === undefined) continue;
+    if (!/^\d{1,20}$/.test(text)) return undefined;
+    const bytes = Number(text);
+    // v1 says "unlimited" with a page-rounded 2^63, far beyond any safe integer.
+    return Number.isSafeInteger(bytes) && bytes > 0 ? bytes : undefined;
+  }
+  return undefined;
 }
 
 /** probe_agent_memory_limit_bytes, absent while the cgroup has no memory limit. */
 export function registerMemoryLimitGauge(registry: Registry, paths: CgroupPaths = DEFAULT_CGROUP_PATHS): void {
   new Gauge({
     name: 'probe_agent_memory_limit_bytes',
-    help: "The memory limit of the agent's cgroup (cgroup v2 memory.max); absent when there is none.",
+    help: "The memory limit of the agent's cgroup (cgroup v2 memory.max, v1 memory.limit_in_bytes); absent when there is none.",
     registers: [registry],
     async collect() {
       const bytes = await readMemoryLimitBytes(paths);

@@ -71,10 +71,18 @@ describe('probe_agent_memory_limit_bytes', () => {
     expect(await sample(registry, 'probe_agent_memory_limit_bytes')).toBe(234881024);
   });
 
-  it('is absent without a limit, on cgroup v1, outside the namespace view, or with garbage', async () => {
+  it('reads memory.limit_in_bytes of the memory controller on cgroup v1 and hybrid hosts', async () => {
+    const v1 = cgroupFixture('v1', '5:cpu,cpuacct:/x\n4:memory:/kubepods/pod1/abc\n0::/\n', {
+      'memory/kubepods/pod1/abc/memory.limit_in_bytes': '234881024\n',
+    });
+    expect(await readMemoryLimitBytes(v1)).toBe(234881024);
+  });
+
+  it('is absent without a limit, outside the namespace view, or with garbage', async () => {
     const cases = {
       unlimited: cgroupFixture('unlimited', '0::/\n', { 'memory.max': 'max\n' }),
-      v1: cgroupFixture('v1', '4:memory:/kubepods/pod1/abc\n', { 'memory.max': '234881024\n' }),
+      v1Unlimited: cgroupFixture('v1-unlimited', '4:memory:/\n', { 'memory/memory.limit_in_bytes': '9223372036854771712\n' }),
+      v1WithoutMemory: cgroupFixture('v1-no-memory', '4:cpu:/kubepods/pod1/abc\n', { 'memory.max': '234881024\n' }),
       outside: cgroupFixture('outside', '0::/../other\n', { 'memory.max': '234881024\n' }),
       garbage: cgroupFixture('garbage', '0::/\n', { 'memory.max': '-1\n' }),
       missing: cgroupFixture('missing', '0::/gone\n', {}),
