@@ -17,7 +17,7 @@ import { parse } from 'yaml';
 import { FeatureGates } from '../../agent/featuregates.ts';
 import { HealthRegistry } from '../../agent/metrics/health.ts';
 import { registerCloseHoleStateGauges, registerMemoryLimitGauge, registerReadinessGauge } from '../../agent/metrics/ops-metrics.ts';
-import { createMetrics } from '../../agent/metrics/registry.ts';
+import { createMetrics, EVENT_LOOP_MONITOR_PRECISION_MS } from '../../agent/metrics/registry.ts';
 import { PROMETHEUS_RULE_FILE, RULES_FILE, renderPrometheusRule } from '../../tools/alerts/render-prometheusrule.ts';
 import { dashboardQueries, SHIM_METRICS } from '../support/dashboard.ts';
 
@@ -162,5 +162,11 @@ describe('metric names the rules and the dashboard read', () => {
       expect(seen.has(n), n).toBe(true);
     }
     expect(exported.has('probe_agent_no_such_metric')).toBe(false);
+  });
+
+  it('subtracts the agent\'s event-loop sampling interval from the lag it shows (every sample includes it)', () => {
+    const queries = dashboardQueries(JSON.parse(readFileSync(DASHBOARD, 'utf8'))).filter((q) => q.expr.includes('nodejs_eventloop_lag_'));
+    expect(queries.length).toBe(2);
+    for (const q of queries) expect(q.expr).toContain(`} - ${EVENT_LOOP_MONITOR_PRECISION_MS / 1000}, 0)`);
   });
 });
