@@ -1,7 +1,7 @@
 /**
  * Gauges an operator alerts on that no other module owns, all read at scrape time:
- * - probe_agent_ready: the verdict of the agent's own /readyz checks (what kubelet and the
- *   close-hole sidecar act on), so "up but not ready" is visible without kube-state-metrics;
+ * - probe_agent_ready: the verdict of the agent's latest /readyz (what kubelet and the close-hole
+ *   sidecar act on), so "up but not ready" is visible without kube-state-metrics;
  * - probe_agent_memory_limit_bytes: the memory limit of the agent's cgroup (cgroup v2
  *   memory.max or v1 memory.limit_in_bytes), to compare with process_resident_memory_bytes before the OOM killer does;
  * - probe_agent_close_hole_table_present / _state_age_seconds: what the close-hole sidecar last
@@ -43,18 +43,21 @@ function leaveOut(gauge: Gauge): void {
   (gauge as unknown as { hashMap: Record<string, unknown> }).hashMap = {};
 }
 
-/** probe_agent_ready: 1 while every /readyz check passes, 0 otherwise (the checks run at scrape). */
-export function registerReadinessGauge(registry: Registry, health: Pick<HealthRegistry, 'run'>): void {
+/**
+ * probe_agent_ready: the verdict of the latest full /readyz run (1 ready, 0 not), absent before
+ * the first. Passive on purpose: running the checks at scrape time made every scrape a gRPC self
+ * call and a helper request, which slowed the agent's own API under load (api-abuse.test.ts);
+ * kubelet's readinessProbe (every 5 s in deploy/base) and the close-hole sidecar keep it fresh.
+ */
+export function registerReadinessGauge(registry: Registry, health: Pick<HealthRegistry, 'lastReadiness'>): void {
   new Gauge({
     name: 'probe_agent_ready',
-    help: 'Whether the agent passes its own readiness checks (/readyz: kubelet poll fresh, gRPC socket answering, helper self-test, not shutting down): 1 ready, 0 not.',
+    help: 'The verdict of the latest /readyz (kubelet poll fresh, gRPC socket answering, helper self-test, not shutting down): 1 ready, 0 not.',
     registers: [registry],
-    async collect() {
-      try {
-        this.set((await health.run('readyz')).ok ? 1 : 0);
-      } catch {
-        this.set(0);
-      }
+    collect() {
+      const last = health.lastReadiness();
+      if (last) this.set(last.ok ? 1 : 0);
+      else leaveOut(this);
     },
   });
 }

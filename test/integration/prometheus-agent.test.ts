@@ -174,6 +174,8 @@ describe('Prometheus scraping the running daemon', () => {
   it('exports the memory limit of the agent\'s real cgroup', async () => {
     const [limit] = await prom.waitFor(`probe_agent_memory_limit_bytes{job="probe-agent",node="${NODE}"}`);
     expect(limit!.value).toBe(MEMORY_LIMIT);
+    // The gauge is the latest /readyz verdict; kubelet's readinessProbe asks in a cluster, the test asks here.
+    expect((await agent.http('/readyz')).status).toBe(200);
     const [ready] = await prom.waitFor(`probe_agent_ready{job="probe-agent",node="${NODE}"}`, (s) => s[0]?.value === 1);
     expect(ready!.metric.instance).toBe(agent.metricsUrl.replace(/^http:\/\//, ''));
   });

@@ -24,7 +24,7 @@ async function sample(registry: Registry, name: string): Promise<number | undefi
 }
 
 describe('probe_agent_ready', () => {
-  it('is 1 while every readiness check passes and 0 as soon as one fails', async () => {
+  it('is the verdict of the latest full /readyz run: absent before one, 1 ready, 0 as soon as a check fails', async () => {
     const health = new HealthRegistry();
     let kubeletFresh = true;
     health.addReadiness('kubelet', () => {
@@ -33,12 +33,23 @@ describe('probe_agent_ready', () => {
     const registry = new Registry();
     registerReadinessGauge(registry, health);
     try {
+      expect(await sample(registry, 'probe_agent_ready')).toBeUndefined();
+      await health.run('readyz');
       expect(await sample(registry, 'probe_agent_ready')).toBe(1);
       kubeletFresh = false;
+      // A scrape runs no check: the verdict changes with the next /readyz.
+      expect(await sample(registry, 'probe_agent_ready')).toBe(1);
+      await health.run('readyz');
+      expect(await sample(registry, 'probe_agent_ready')).toBe(0);
+      // A run with exclusions (or /livez) is not the agent's readiness.
+      await health.run('readyz', ['kubelet']);
+      await health.run('livez');
       expect(await sample(registry, 'probe_agent_ready')).toBe(0);
       kubeletFresh = true;
+      await health.run('readyz');
       expect(await sample(registry, 'probe_agent_ready')).toBe(1);
       health.markShuttingDown();
+      await health.run('readyz');
       expect(await sample(registry, 'probe_agent_ready')).toBe(0);
     } finally {
       health.close();
