@@ -11,7 +11,9 @@ requireRoot(['ip', 'nft', 'promtool']);
 
 import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
+import { Command } from 'commander';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { registerRunCommand } from '../../agent/cli/run-command.ts';
 import { FEATURES, type FeatureName } from '../../agent/featuregates.ts';
 import { kubernetesStageLabel } from '../../agent/metrics/registry.ts';
 import { AGENT_VERSION, API_VERSION } from '../../agent/version.ts';
@@ -206,13 +208,18 @@ describe('Prometheus scraping the running daemon', () => {
         for (const s of samples) if (s.metric.node !== undefined) expect(s.metric.node, `${q.panel} ${q.refId}`).toBe(NODE);
       }
     }
-    // The shim panels read the shim's counters, which the agent relays from a kubelet shim. This tree's
-    // agent relays none (the relay is another branch's work; once it lands, run a shim here as
-    // shim-probes.test.ts does and require these panels to return series as well): their queries must
-    // still be valid PromQL, name only the agreed shim families, and return nothing because the
-    // agent exports none of those families.
-    const scrape = (await agent.http('/metrics')).body;
-    expect(scrape.includes('probe_agent_shim_'), 'the agent now exports probe_agent_shim_*: run a shim in this test and require series from the shim panels').toBe(false);
+    // The shim panels read the shim's counters, which the agent relays from a kubelet shim at
+    // /metrics/shim. This tree's agent has no relay (no --shim-metrics-socket: that is another
+    // branch's work), so no shim series can exist here: the shim panels' queries must still be valid
+    // PromQL over the agreed families only, and return nothing. Once the relay is in the tree this
+    // fails on purpose: then start a shim here (as shim-probes.test.ts does) with its metrics socket,
+    // pass it to the agent, scrape /metrics/shim with metrics_path="/metrics/shim" (docs/runbooks.md)
+    // and require series from the shim panels too.
+    const runFlags = new Command();
+    registerRunCommand(runFlags);
+    const relayFlag = runFlags.commands.find((c) => c.name() === 'run')!.options.some((o) => o.long === '--shim-metrics-socket');
+    expect(relayFlag, 'the agent relays the shim now: run a shim in this test and require series from the shim panels').toBe(false);
+    expect((await agent.http('/metrics')).body).not.toContain('probe_agent_shim_');
     for (const q of shimQueries) {
       const names = [...q.expr.matchAll(/probe_agent_shim_\w+/g)].map((x) => x[0].replace(/_(bucket|count|sum)$/, ''));
       for (const n of names) expect(SHIM_METRICS as readonly string[], `${q.panel}: ${n}`).toContain(n);

@@ -81,8 +81,9 @@ describe('alerting rules', () => {
     const dir = path.join(scratch, 'broken');
     cpSync(path.join(ROOT, 'test/alerts'), path.join(dir, 'test/alerts'), { recursive: true });
     const broken = rulesText
-      .replace('up{job="probe-agent"} == 0 or', 'up{job="probe-agent"} == 2 or')
-      .replace('unless on (node) (max by (node) (up{job="probe-agent"}) == 1)', 'unless on (node) (max by (node) (up{job="probe-agent"}) >= 0)');
+      .replace('up{job="probe-agent",metrics_path!="/metrics/shim"} == 0 or', 'up{job="probe-agent",metrics_path!="/metrics/shim"} == 2 or')
+      .replace('unless on (node) (max by (node) (up{job="probe-agent",metrics_path!="/metrics/shim"}) == 1)', 'unless on (node) (max by (node) (up{job="probe-agent",metrics_path!="/metrics/shim"}) >= 0)');
+    expect(broken.match(/== 2 or|>= 0\)/g)).toHaveLength(2);
     expect(broken).not.toBe(rulesText);
     const rulesCopy = path.join(dir, path.relative(ROOT, RULES_FILE));
     cpSync(RULES_FILE, rulesCopy);
