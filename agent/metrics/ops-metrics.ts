@@ -76,7 +76,8 @@ const DEFAULT_CGROUP_PATHS: CgroupPaths = { selfCgroup: '/proc/self/cgroup', cgr
  * The memory limit of this process's cgroup in bytes: cgroup v2 memory.max, else (v1 or hybrid
  * hosts) the memory controller's memory.limit_in_bytes; undefined when unlimited ("max", or v1's
  * page-rounded 2^63) or unreadable. Seen through a cgroup namespace (containers) the own path is
- * "/", so the namespace root's file is the container's limit.
+ * "/", so the namespace root's file is the container's limit; without one, the container's cgroup
+ * is mounted at the root while /proc/self/cgroup shows its full path.
  */
 export async function readMemoryLimitBytes(paths: CgroupPaths = DEFAULT_CGROUP_PATHS): Promise<number | undefined> {
   const lines = (await readSmall(paths.selfCgroup))?.text.split('\n') ?? [];
@@ -88,9 +89,13 @@ export async function readMemoryLimitBytes(paths: CgroupPaths = DEFAULT_CGROUP_P
   };
   const v2 = pathOf(/^0::/);
   const v1 = pathOf(/^\d+:(?:[^:]*,)?memory(?:,[^:]*)?:/);
+  // Without a cgroup namespace a container still sees its full cgroup path in /proc/self/cgroup,
+  // but its own cgroup mounted at the root of /sys/fs/cgroup: so after the path, the root's file.
   const candidates = [
     v2 !== undefined ? `${paths.cgroupRoot}${v2}/memory.max` : undefined,
+    v2 !== undefined && v2 !== '' ? `${paths.cgroupRoot}/memory.max` : undefined,
     v1 !== undefined ? `${paths.cgroupRoot}/memory${v1}/memory.limit_in_bytes` : undefined,
+    v1 !== undefined && v1 !== '' ? `${paths.cgroupRoot}/memory/memory.limit_in_bytes` : undefined,
   ];
   for (const file of candidates) {
     if (file === undefined) continue;

@@ -89,6 +89,13 @@ describe('probe_agent_memory_limit_bytes', () => {
     expect(await readMemoryLimitBytes(v1)).toBe(234881024);
   });
 
+  it('finds the limit of a container without a cgroup namespace: full path in /proc/self/cgroup, own cgroup at the mount root', async () => {
+    const v2 = cgroupFixture('no-ns-v2', '0::/kubepods.slice/kubepods-pod1.slice/cri-abc.scope\n', { 'memory.max': '234881024\n' });
+    expect(await readMemoryLimitBytes(v2)).toBe(234881024);
+    const v1 = cgroupFixture('no-ns-v1', '4:memory:/kubepods/burstable/pod1/abc\n', { 'memory/memory.limit_in_bytes': '234881024\n' });
+    expect(await readMemoryLimitBytes(v1)).toBe(234881024);
+  });
+
   it('is absent without a limit, outside the namespace view, or with garbage', async () => {
     const cases = {
       unlimited: cgroupFixture('unlimited', '0::/\n', { 'memory.max': 'max\n' }),
