@@ -13,6 +13,7 @@ import { createMetrics } from './metrics/registry.ts';
 import { logProbeTransitions } from './metrics/probe-metrics.ts';
 import { freshnessCheck, HealthRegistry } from './metrics/health.ts';
 import { startMetricsServer, type MetricsServer } from './metrics/http-server.ts';
+import { registerCloseHoleStateGauges, registerMemoryLimitGauge, registerReadinessGauge } from './metrics/ops-metrics.ts';
 import { ResidentHelper } from './netns/helper.ts';
 import { NodeSocketFactory } from './netns/node-sockets.ts';
 import { NetnsResolverChain } from './netns/resolver.ts';
@@ -159,6 +160,9 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     }, { timeoutMs: 2000, cacheMs: 5000 });
     health.addReadiness('helper', () => helper.selfTest(), { timeoutMs: 2000, cacheMs: 5000 });
     cleanups.push(() => health.close());
+    registerReadinessGauge(metrics.registry, health);
+    registerMemoryLimitGauge(metrics.registry);
+    if (config.closeHoleStateFile) registerCloseHoleStateGauges(metrics.registry, config.closeHoleStateFile);
 
     let metricsServer: MetricsServer | undefined;
     if (config.metricsAddress) {

@@ -66,6 +66,7 @@ export function registerRunCommand(program: Command): void {
     .addOption(flag('--socket-group <group>', 'group allowed to use the socket (mode becomes 0660)'))
     .addOption(boolFlag('--grpc-reflection', 'serve gRPC server reflection on the socket'))
     .addOption(flag('--metrics-address <host:port>', 'metrics and health listener ("" disables it)', d.metricsAddress))
+    .addOption(flag('--close-hole-state-file <path>', "the close-hole sidecar's state file, exported as probe_agent_close_hole_* (nftables-close-hole component)"))
     .addOption(flag('--shutdown-grace-period <duration>', 'time to drain probes and API calls (hooks included) on SIGTERM', d.shutdownGracePeriod))
     .addOption(flag('--shim-metrics-socket <path>', "the kubelet shim's metrics socket, relayed at /metrics/shim on the metrics listener"))
     .action(async (raw: RawFlags) => {

@@ -36,6 +36,8 @@ export interface RunConfig {
   socketGroup?: string;
   grpcReflection: boolean;
   metricsAddress: ListenAddress | undefined;
+  /** The close-hole sidecar's state file (absolute), when that component runs beside the agent. */
+  closeHoleStateFile?: string;
   logLevel: LogLevel;
   logFormat: LogFormat;
   featureGates: FeatureGates;
@@ -132,6 +134,10 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
   const socket = valueOf(raw, 'socket');
   if (!socket.startsWith('/')) throw new ConfigError(`--socket: want an absolute path, got "${socket}"`);
   // "" is a value here (it disables the listener), not an absent flag.
+  const closeHoleStateFile = str(raw, 'closeHoleStateFile');
+  if (closeHoleStateFile !== undefined && !closeHoleStateFile.startsWith('/')) {
+    throw new ConfigError(`--close-hole-state-file: want an absolute path, got "${closeHoleStateFile}"`);
+  }
   const metricsAddress = typeof raw.metricsAddress === 'string' ? raw.metricsAddress : RUN_DEFAULTS.metricsAddress;
 
   return {
@@ -154,6 +160,7 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     socketGroup: str(raw, 'socketGroup'),
     grpcReflection: raw.grpcReflection === true || raw.grpcReflection === 'true',
     metricsAddress: metricsAddress === '' ? undefined : parseListenAddress(metricsAddress, '--metrics-address'),
+    closeHoleStateFile,
     logLevel: verbosity !== undefined ? levelForVerbosity(Number(verbosity)) : logLevel,
     logFormat,
     featureGates: parseFeatureGates(str(raw, 'featureGates')),

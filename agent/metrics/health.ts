@@ -67,6 +67,7 @@ export class HealthRegistry {
   readonly #log: Logger;
   readonly #now: () => number;
   #shuttingDown = false;
+  #lastReadyz: { ok: boolean; at: number } | undefined;
   #lastTick: number;
   #lastStallMs = 0;
   readonly #ticker: NodeJS.Timeout;
@@ -132,10 +133,17 @@ export class HealthRegistry {
       names.filter((n) => !skip.has(n)).map((n) => this.#run(this.#checks.get(n) as Check)),
     );
     const failed = checks.filter((c) => !c.ok);
+    // Only a full /readyz (no exclusions) is the agent's readiness as kubelet and the sidecar see it.
+    if (kind === 'readyz' && skip.size === 0) this.#lastReadyz = { ok: failed.length === 0, at: this.#now() };
     if (failed.length > 0) {
       this.#log.info('health check failed', { endpoint: kind, failed: failed.map((c) => `${c.name}: ${c.reason}`) });
     }
     return { ok: failed.length === 0, checks, unknownExcludes };
+  }
+
+  /** The verdict of the latest full /readyz run and when (epoch ms); undefined before the first. */
+  lastReadiness(): { ok: boolean; at: number } | undefined {
+    return this.#lastReadyz;
   }
 
   /** Stops the event-loop ticker. */

@@ -11,11 +11,15 @@ requireRoot(['ip', 'nft', 'bash', 'timeout']);
 
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Registry } from 'prom-client';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { HealthRegistry } from '../../agent/metrics/health.ts';
 import { startMetricsServer, type MetricsServer } from '../../agent/metrics/http-server.ts';
+import { registerCloseHoleStateGauges } from '../../agent/metrics/ops-metrics.ts';
 import { createLab, type Lab, type RunningServer } from '../lab/lab.ts';
 import { connectFromNode } from '../lab/net.ts';
 
@@ -41,6 +45,7 @@ describe('close-hole sidecar script', () => {
   let ready = false;
   let script: ChildProcess | undefined;
   let output = '';
+  let stateDir: string;
 
   const tablePresent = (): boolean => spawnSync('nft', ['list', 'table', 'inet', table], { stdio: 'ignore' }).status === 0;
   const httpPort = (): number => server.ports.http!;
@@ -80,6 +85,7 @@ describe('close-hole sidecar script', () => {
   beforeAll(async () => {
     lab = await createLab({ pods: 2, policy: 'none', tag: 'deploy.test close-hole' });
     table = `probe_agent_close_hole_t${lab.id}`;
+    stateDir = mkdtempSync(path.join(tmpdir(), 'probe-agent-close-hole-state-'));
     server = await lab.startServer(lab.pods[0]!, { http: 0, tcp: 0 });
     health = new HealthRegistry();
     health.addReadiness('agent-under-test', () => {
@@ -99,18 +105,27 @@ describe('close-hole sidecar script', () => {
     await metricsV6?.close();
     health?.close();
     await lab?.destroy();
+    if (stateDir) rmSync(stateDir, { recursive: true, force: true });
   });
 
   it('closes the node->pod path while the agent is ready, reloads a deleted table, fails open, cleans up on SIGTERM', async () => {
     const [pod, peer] = [lab.pods[0]!, lab.pods[1]!];
+    // The state file the agent exports as probe_agent_close_hole_table_present (its real reader).
+    const stateFile = path.join(stateDir, 'state');
+    const agentRegistry = new Registry();
+    registerCloseHoleStateGauges(agentRegistry, stateFile);
+    const tableGauge = async (): Promise<string | undefined> =>
+      (await agentRegistry.metrics()).split('\n').find((l) => l.startsWith('probe_agent_close_hole_table_present '))?.split(' ')[1];
     ready = false;
-    start();
+    start({ CLOSE_HOLE_STATE_FILE: stateFile });
     await waitFor('the first unready check', () => output.includes('agent not ready'));
     expect(tablePresent()).toBe(false);
+    await waitFor('the state file', async () => (await tableGauge()) === '0');
     expect((await connectFromNode(pod.ipv4, httpPort(), 1000)).result).toBe('connected');
 
     ready = true;
     await waitFor('the table', tablePresent);
+    await waitFor('the state file to say present', async () => (await tableGauge()) === '1');
     for (const ip of pod.ips) {
       const { result, ms } = await connectFromNode(ip, httpPort(), 1000);
       expect(result, ip).not.toBe('connected');
@@ -133,6 +148,7 @@ describe('close-hole sidecar script', () => {
     ready = false;
     const unreadyAt = Date.now();
     await waitFor('fail open', () => !tablePresent(), 5000);
+    await waitFor('the state file to say absent', async () => (await tableGauge()) === '0');
     expect(Date.now() - unreadyAt).toBeGreaterThanOrEqual(900);
     expect((await connectFromNode(pod.ipv4, httpPort(), 1000)).result).toBe('connected');
 
@@ -142,6 +158,7 @@ describe('close-hole sidecar script', () => {
     expect(await stop()).toBe(0);
     expect(Date.now() - stoppedAt).toBeLessThan(10_000);
     expect(tablePresent()).toBe(false);
+    expect(readFileSync(stateFile, 'utf8')).toBe('absent\n');
     expect((await connectFromNode(pod.ipv6, httpPort(), 1000)).result).toBe('connected');
   });
 
@@ -158,6 +175,14 @@ describe('close-hole sidecar script', () => {
     start({ CLOSE_HOLE_POD_INTERFACES: `pa${lab.id}zz*` });
     await waitFor('the table', tablePresent);
     expect((await connectFromNode(pod.ipv4, httpPort(), 1000)).result).toBe('connected');
+  });
+
+  it('refuses a relative state file before touching the ruleset', async () => {
+    const child = start({ CLOSE_HOLE_STATE_FILE: 'state' });
+    const [code] = (await once(child, 'exit')) as [number | null];
+    expect(code).toBe(2);
+    expect(output).toMatch(/CLOSE_HOLE_STATE_FILE: want an absolute path/);
+    expect(tablePresent()).toBe(false);
   });
 
   it('refuses settings nft rejects, before touching the ruleset', async () => {

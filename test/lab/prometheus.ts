@@ -18,6 +18,8 @@ export interface ScrapeTarget {
   address: string;
   /** Default /metrics. */
   path?: string;
+  /** Target labels (static_configs labels), e.g. the `node` label the deploy monitors set. */
+  labels?: Record<string, string>;
 }
 
 /** Options for startPrometheus. */
@@ -68,7 +70,7 @@ export async function startPrometheus(opts: PrometheusOptions): Promise<RunningP
     scrape_configs: opts.targets.map((t) => ({
       job_name: t.job,
       metrics_path: t.path ?? '/metrics',
-      static_configs: [{ targets: [t.address] }],
+      static_configs: [{ targets: [t.address], ...(t.labels ? { labels: t.labels } : {}) }],
     })),
   };
   await writeFile(join(dir, 'prometheus.yml'), JSON.stringify(config, null, 2));

@@ -36,7 +36,7 @@ const VARIANTS: Variant[] = [
   ...COMPONENTS.map((c) => ({ name: c, components: [c] })),
   { name: 'containerd-full', components: ['containerd', 'procfs-resolver', 'nftables-close-hole', 'kubelet-insecure-tls', 'pod-monitor', 'nodes-proxy-fallback'] },
   { name: 'crio-privileged', components: ['crio', 'service-monitor', 'privileged'] },
-  { name: 'other-namespace', components: ['nodes-proxy-fallback', 'pod-monitor'], namespace: 'other-ns' },
+  { name: 'other-namespace', components: ['nodes-proxy-fallback', 'pod-monitor', 'alerts'], namespace: 'other-ns' },
   { name: 'example-overlay', components: ['containerd', 'pod-monitor'], overlay: 'overlays/example' },
 ];
 
@@ -348,6 +348,16 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     const agentEnv = containerEnv(agent(), docs(), downward()).env;
     const { env } = containerEnv(sidecar, docs(), downward());
     expect(env.CLOSE_HOLE_AGENT_ADDRESS).toBe(agentEnv.PROBE_AGENT_METRICS_ADDRESS);
+    // The sidecar writes its table state where the agent reads it (probe_agent_close_hole_*), in a volume both mount.
+    expect(env.CLOSE_HOLE_STATE_FILE).toMatch(/^\//);
+    expect(agentEnv.PROBE_AGENT_CLOSE_HOLE_STATE_FILE).toBe(env.CLOSE_HOLE_STATE_FILE);
+    const stateDir = path.dirname(env.CLOSE_HOLE_STATE_FILE!);
+    const sidecarMount = (sidecar.volumeMounts as Obj[]).find((m) => m.mountPath === stateDir);
+    const agentMount = (agent().volumeMounts as Obj[]).find((m) => m.mountPath === stateDir);
+    expect(sidecarMount?.readOnly).not.toBe(true);
+    expect(agentMount?.readOnly).toBe(true);
+    expect(agentMount?.name).toBe(sidecarMount?.name);
+    expect((pod().volumes as Obj[]).find((vol) => vol.name === sidecarMount?.name)?.emptyDir).toBeDefined();
     const volume = (pod().volumes as Obj[]).find((vol) => vol.name === 'close-hole-script');
     const cm = docs().find((o) => o.kind === 'ConfigMap' && o.metadata.name === volume?.configMap?.name);
     const scriptPath = path.join(DEPLOY, 'components/nftables-close-hole/close-hole.sh');
@@ -362,6 +372,36 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     expect(set.stderr).toBe('');
     expect(set.stdout).toContain('ip daddr @pod_v4 meta l4proto tcp counter reject with tcp reset');
     expect(set.stdout).toContain('ct state new oifname "cali*" jump guard');
+  });
+});
+
+describe('alerts component', () => {
+  const ALERTS = path.join(DEPLOY, 'components/alerts');
+  const variants = ['alerts', 'other-namespace'];
+
+  it('renders the PrometheusRule and the plain rules file from the same rules, and the dashboard for Grafana', () => {
+    const rulesText = readFileSync(path.join(ALERTS, 'probe-agent.rules.yaml'), 'utf8');
+    const dashboardText = readFileSync(path.join(ALERTS, 'probe-agent-dashboard.json'), 'utf8');
+    for (const name of variants) {
+      const docs = rendered.get(name)!;
+      const ns = name === 'other-namespace' ? 'other-ns' : 'probe-agent';
+      const rules = docs.filter((o) => o.kind === 'PrometheusRule');
+      expect(rules, name).toHaveLength(1);
+      expect(rules[0]!.metadata.namespace).toBe(ns);
+      expect(rules[0]!.spec).toEqual(parseAllDocuments(rulesText)[0]!.toJS());
+      const cm = (n: string) => docs.find((o) => o.kind === 'ConfigMap' && o.metadata.name === n);
+      // Stable names (no hash suffix): a Prometheus or Grafana elsewhere mounts them by name.
+      expect(cm('probe-agent-alert-rules')?.data).toEqual({ 'probe-agent.rules.yaml': rulesText });
+      expect(cm('probe-agent-dashboard')?.data).toEqual({ 'probe-agent-dashboard.json': dashboardText });
+      expect(cm('probe-agent-dashboard')?.metadata.labels.grafana_dashboard).toBe('1');
+      expect(JSON.parse(dashboardText).uid).toBe('probe-agent');
+    }
+    for (const name of ['base', 'pod-monitor']) expect(rendered.get(name)!.some((o) => o.kind === 'PrometheusRule'), name).toBe(false);
+  });
+
+  it('leaves the agent DaemonSet exactly as the base renders it', () => {
+    const ds = (name: string) => rendered.get(name)!.find((o) => o.kind === 'DaemonSet');
+    expect(ds('alerts')).toEqual(ds('base'));
   });
 });
 

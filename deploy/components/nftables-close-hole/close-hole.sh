@@ -18,6 +18,8 @@
 #   CLOSE_HOLE_FAIL_OPEN_AFTER  seconds the agent may be unready before the table goes (default 30)
 #   CLOSE_HOLE_CHECK_TIMEOUT    seconds one readiness check may take (default 3)
 #   CLOSE_HOLE_TABLE            nftables table (family inet) this script owns
+#   CLOSE_HOLE_STATE_FILE       where to write "present"/"absent" (the table as last seen) after
+#                               every check; the agent exports it (--close-hole-state-file) for alerts
 # Usage: close-hole.sh [--print]   (--print: write the nft table these settings build, and exit)
 # Exit status: 0 stopped by SIGTERM/SIGINT (table removed) or --print, 2 bad settings.
 # No -e: every failure is handled where it happens, and the loop must outlive transient ones.
@@ -85,6 +87,7 @@ AGENT_ADDRESS=${CLOSE_HOLE_AGENT_ADDRESS:-127.0.0.1:9809}
 INTERVAL=${CLOSE_HOLE_INTERVAL:-5}
 FAIL_OPEN_AFTER=${CLOSE_HOLE_FAIL_OPEN_AFTER:-30}
 CHECK_TIMEOUT=${CLOSE_HOLE_CHECK_TIMEOUT:-3}
+STATE_FILE=${CLOSE_HOLE_STATE_FILE:-}
 
 [[ $TABLE =~ ^[A-Za-z][A-Za-z0-9_]{0,31}$ ]] || config_error "CLOSE_HOLE_TABLE: \"$TABLE\" is not a table name (letters, digits, _; at most 32)"
 [[ $PROTOCOLS == tcp || $PROTOCOLS == all ]] || config_error "CLOSE_HOLE_PROTOCOLS: want tcp or all, got \"$PROTOCOLS\""
@@ -92,6 +95,8 @@ CHECK_TIMEOUT=${CLOSE_HOLE_CHECK_TIMEOUT:-3}
 [[ $INTERVAL =~ ^[0-9]{1,4}(\.[0-9]{1,3})?$ && ! $INTERVAL =~ ^0+(\.0*)?$ ]] || config_error "CLOSE_HOLE_INTERVAL: want seconds > 0, got \"$INTERVAL\""
 [[ $FAIL_OPEN_AFTER =~ ^[0-9]{1,5}$ ]] || config_error "CLOSE_HOLE_FAIL_OPEN_AFTER: want whole seconds, got \"$FAIL_OPEN_AFTER\""
 [[ $CHECK_TIMEOUT =~ ^[1-9][0-9]{0,2}$ ]] || config_error "CLOSE_HOLE_CHECK_TIMEOUT: want whole seconds > 0, got \"$CHECK_TIMEOUT\""
+
+[[ -z $STATE_FILE || $STATE_FILE =~ ^/[A-Za-z0-9_./-]{1,255}$ ]] || config_error "CLOSE_HOLE_STATE_FILE: want an absolute path, got \"$STATE_FILE\""
 
 if [[ $AGENT_ADDRESS =~ ^\[([0-9A-Fa-f:.]+)\]:([0-9]{1,5})$ || $AGENT_ADDRESS =~ ^([0-9.]+):([0-9]{1,5})$ ]]; then
   AGENT_HOST=${BASH_REMATCH[1]}
@@ -192,6 +197,21 @@ agent_ready() {
   [[ $status == HTTP/1.[01]\ 200[[:space:]]* ]]
 }
 
+# Tells the agent (and through it the alerts) whether the table is there, after every check.
+# Written to a temporary name and renamed, so the agent never reads half a word.
+state_write_failed=0
+write_state() {
+  [[ -n $STATE_FILE ]] || return 0
+  local state=absent
+  table_present && state=present
+  if printf '%s\n' "$state" >"$STATE_FILE.tmp" 2>/dev/null && mv -f "$STATE_FILE.tmp" "$STATE_FILE" 2>/dev/null; then
+    state_write_failed=0
+  elif ((!state_write_failed)); then
+    state_write_failed=1
+    log "writing the state file $STATE_FILE failed; the agent reports the table's state as stale"
+  fi
+}
+
 now_ms() {
   local t=${EPOCHREALTIME/[.,]/}
   printf '%s' $((t / 1000))
@@ -229,6 +249,7 @@ while ((!stopping)); do
       log "agent not ready for ${FAIL_OPEN_AFTER}s: table inet $TABLE removed, the node reaches pods again (fail open)"
     fi
   fi
+  write_state
   ((stopping)) && break
   sleep "$INTERVAL" &
   sleeper=$!
@@ -237,4 +258,5 @@ while ((!stopping)); do
 done
 
 if remove_table; then log "stopping: table inet $TABLE removed"; else log "stopping"; fi
+write_state
 exit 0
