@@ -18,6 +18,7 @@ import { randomUUID } from 'node:crypto';
 import { chownSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, realpathSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import * as net from 'node:net';
 import { connectFromNode } from '../lab/net.ts';
+import { labScratch } from '../lab/slots.ts';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -193,7 +194,7 @@ function appPod(sb: LabSandbox): Obj {
 beforeAll(async () => {
   if (!existsSync(IMAGE_TAR)) throw new Error(`${IMAGE_TAR} is missing: run \`make image\` first (make test-deployed does)`);
   const t0 = performance.now();
-  scratch = mkdtempSync('/run/probe-agent-lab/deployed-');
+  scratch = labScratch('deployed-');
   socketDir = path.join(scratch, 'host-run-probe-agent');
   ctrd = await createContainerdLab();
   // HostToContainer (rslave) mounts need a shared or slave source: on a node systemd makes every

@@ -25,6 +25,7 @@ import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { FairLimiter } from '../../agent/scheduler/limiter.ts';
 import { ResultsStore } from '../../agent/scheduler/results-store.ts';
 import { createLab, type Lab } from '../lab/lab.ts';
+import { connectScript, portableNode, runNodeAs } from '../support/other-user.ts';
 import { codeOf, collect, LabProber, rawUnary, startApiFixture, status, until, type ApiFixture, type KnownPod } from '../support/api-harness.ts';
 
 let lab: Lab;
@@ -206,13 +207,9 @@ describe('socket, health, reflection, shutdown', () => {
 
     const dir = await mkdtemp(join(tmpdir(), 'pa-api-perm-'));
     await chmod(dir, 0o755); // an existing, world-searchable directory: only the socket's mode protects it
-    const tryAsNobody = async (path: string): Promise<string> => {
-      const child = spawn(process.execPath, ['-e', `const s=require('net').connect(${JSON.stringify(path)});s.on('connect',()=>{console.log('connected');s.destroy()});s.on('error',e=>console.log(e.code))`], { uid: 65534, gid: 65534 });
-      let out = '';
-      child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-      await once(child, 'exit');
-      return out.trim();
-    };
+    // nobody may not reach the checkout's node binary (a clone under /root): it runs its own copy.
+    const nodeForNobody = portableNode();
+    const tryAsNobody = (path: string): Promise<string> => runNodeAs(nodeForNobody.node, 65534, connectScript(path));
     try {
       await writeFile(join(dir, 'before'), '');
       // Started together: the private umask of the two binds must not leak into the process.
@@ -232,6 +229,7 @@ describe('socket, health, reflection, shutdown', () => {
       }
     } finally {
       await rm(dir, { recursive: true, force: true });
+      nodeForNobody.remove();
     }
   });
 

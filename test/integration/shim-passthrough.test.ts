@@ -8,13 +8,14 @@
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'containerd', 'ctr', 'gcc', 'tar', 'dpkg-deb']);
 
-import { mkdtempSync, rmSync, statSync } from 'node:fs';
+import { rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeShimCommand, SHIM_KINDS } from '../../agent/rewrite/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
+import { labScratch } from '../lab/slots.ts';
 import { createContainerdLab, type ContainerdLab, type LabSandbox } from '../lab/containerd.ts';
 import { KubeletCri, RUNTIME_SERVICE, type CriAnswer } from '../support/kubelet-cri.ts';
 
@@ -46,7 +47,7 @@ function sameMapped(a: CriAnswer, b: CriAnswer): void {
 beforeAll(async () => {
   ctrd = await createContainerdLab();
   importBusyboxImage(ctrd.socket);
-  scratch = mkdtempSync('/run/probe-agent-lab/shim-test-');
+  scratch = labScratch('shim-test-');
   // No agent behind probe.sock: plain passthrough needs none.
   shim = new CriShim({ listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: path.join(scratch, 'no-agent.sock'), log: () => {} });
   await shim.listen();
