@@ -308,6 +308,10 @@ describe('socket, health, reflection, shutdown', () => {
       const t0 = performance.now();
       const stopping = f.server.stop();
       await until(() => healthSeen.includes('NOT_SERVING'), 5000, 'NOT_SERVING');
+      // New calls are refused during the drain, while the probe is still in flight (not only once it is over).
+      const during = await codeOf(c.version(2000));
+      expect(during.code).toBe(grpc.status.UNAVAILABLE);
+      expect(f.server.stats().probesInFlight).toBe(1);
       await w.done;
       expect(w.error?.grpcCode).toBe(grpc.status.UNAVAILABLE);
       expect(w.error?.message).toMatch(/resume from revision 1/);
