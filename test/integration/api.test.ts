@@ -25,7 +25,7 @@ import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { FairLimiter } from '../../agent/scheduler/limiter.ts';
 import { ResultsStore } from '../../agent/scheduler/results-store.ts';
 import { createLab, type Lab } from '../lab/lab.ts';
-import { connectScript, portableNode, runNodeAs } from '../support/other-user.ts';
+import { connectScript, portableNode, runNodeAs, tmpdirOthersReach } from '../support/other-user.ts';
 import { codeOf, collect, LabProber, rawUnary, startApiFixture, status, until, type ApiFixture, type KnownPod } from '../support/api-harness.ts';
 
 let lab: Lab;
@@ -205,7 +205,7 @@ describe('socket, health, reflection, shutdown', () => {
     expect(st.uid).toBe(0);
     expect((await stat(join(fx.dir, 'run'))).mode & 0o777).toBe(0o700);
 
-    const dir = await mkdtemp(join(tmpdir(), 'pa-api-perm-'));
+    const dir = await mkdtemp(join(tmpdirOthersReach(), 'pa-api-perm-'));
     await chmod(dir, 0o755); // an existing, world-searchable directory: only the socket's mode protects it
     // nobody may not reach the checkout's node binary (a clone under /root): it runs its own copy.
     const nodeForNobody = portableNode();

@@ -5,10 +5,10 @@
  * world-readable directory instead: the user's checkout is never chmod-ed.
  */
 import { spawn } from 'node:child_process';
-import { chmodSync, constants, copyFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { chmodSync, constants, copyFileSync, mkdtempSync, rmSync, statSync } from 'node:fs';
 import { once } from 'node:events';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 
 /** A node binary any user can run, in a private 0755 directory; remove() deletes it. */
 export interface PortableNode {
@@ -17,9 +17,24 @@ export interface PortableNode {
   remove(): void;
 }
 
-/** Copies the running node binary into a fresh 0755 directory under the temp dir (a reflink where the filesystem can). */
+/**
+ * A temp dir other users can reach: os.tmpdir() when every directory on its path is searchable by
+ * all, else /tmp (a TMPDIR under a 0700 home would hide what the test puts there).
+ */
+export function tmpdirOthersReach(): string {
+  for (let d = tmpdir(); ; d = dirname(d)) {
+    try {
+      if ((statSync(d).mode & 0o001) === 0) return '/tmp';
+    } catch {
+      return '/tmp';
+    }
+    if (d === dirname(d)) return tmpdir();
+  }
+}
+
+/** Copies the running node binary into a fresh 0755 directory other users can reach (a reflink where the filesystem can). */
 export function portableNode(): PortableNode {
-  const dir = mkdtempSync(join(tmpdir(), 'pa-node-for-others-'));
+  const dir = mkdtempSync(join(tmpdirOthersReach(), 'pa-node-for-others-'));
   chmodSync(dir, 0o755);
   const node = join(dir, 'node');
   copyFileSync(process.execPath, node, constants.COPYFILE_FICLONE);
