@@ -5,6 +5,8 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     include: ['test/**/*.test.ts'],
+    // No PROBE_AGENT_* from the caller's shell reaches a test or the agents it spawns (suite-env.ts).
+    setupFiles: ['test/support/setup-suite-env.ts'],
     pool: 'forks',
     maxWorkers: 2,
     testTimeout: 30_000,

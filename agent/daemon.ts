@@ -70,7 +70,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     });
     cleanups.push(() => helper.close());
 
-    const built = await buildResolvers(config, log, helper);
+    const built = await buildResolvers(config, log, helper, () => metrics.agent.addressListing());
     cleanups.push(built.close);
     if (built.resolvers.length === 0) log.warn('no netns resolver available: every probe will report netns-unresolved');
     const resolver = new NetnsResolverChain(built.resolvers, {

@@ -74,6 +74,7 @@ export class AgentMetrics {
   readonly #kubeletPollErrors: Counter<'kind'>;
   readonly #kubeletLastSuccess: Gauge;
   readonly #netnsResolutions: Counter<'resolver' | 'outcome'>;
+  readonly #addressListings: Counter;
   readonly #netnsSeconds: Histogram<'resolver'>;
   readonly #pods: Gauge<'state'>;
   readonly #grpcRequests: Counter<'method' | 'code'>;
@@ -131,6 +132,11 @@ export class AgentMetrics {
       collect() {
         this.set(self.kubeletStalenessSeconds());
       },
+    });
+    this.#addressListings = new Counter({
+      name: 'probe_agent_netns_address_listings_total',
+      help: 'Listings of the node\'s and every netns\'s addresses by the address resolver (one helper request per netns); the resolutions of one refresh share one.',
+      registers,
     });
     this.#netnsResolutions = new Counter({
       name: 'probe_agent_netns_resolutions_total',
@@ -245,6 +251,11 @@ export class AgentMetrics {
       this.#netnsResolutions.inc({ resolver: r, outcome: oneOf(outcome, NETNS_OUTCOMES) });
       if (validSeconds(seconds)) this.#netnsSeconds.observe({ resolver: r }, seconds);
     });
+  }
+
+  /** The address resolver listed the node's and every netns's addresses once. */
+  addressListing(): void {
+    this.#guard('addressListing', () => this.#addressListings.inc());
   }
 
   /** One container ID lookup and how it ended. */

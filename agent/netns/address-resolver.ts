@@ -57,6 +57,8 @@ export interface AddressResolverOptions {
   hitReuseMs?: number;
   /** Pods with one of these runtimeClassNames are refused (UnsupportedPodError); default DEFAULT_SANDBOXED_RUNTIMES. */
   sandboxedRuntimeClasses?: readonly string[];
+  /** Called once per listing of the node's and every netns's addresses (metrics). Must not throw. */
+  onListing?: () => void;
 }
 
 /** One pass over the node's and the netns' addresses. */
@@ -93,11 +95,13 @@ export class AddressResolver implements NetnsResolver {
   readonly #missReuseMs: number;
   readonly #hitReuseMs: number;
   readonly #reader: NetnsAddressReader;
+  readonly #onListing: (() => void) | undefined;
   #scanning: Promise<AddressScan> | undefined;
   #lastScan: { at: number; scan: AddressScan } | undefined;
 
   constructor(opts: AddressResolverOptions) {
     this.#reader = opts.addresses;
+    this.#onListing = opts.onListing;
     this.#sandboxedClasses = opts.sandboxedRuntimeClasses ?? DEFAULT_SANDBOXED_RUNTIMES;
     this.#checker = opts.pathChecker ?? new NetnsPathChecker(opts.dirs ? { extraDirs: opts.dirs } : {});
     this.#dirs = opts.dirs ?? this.#checker.dirs;
@@ -213,6 +217,7 @@ export class AddressResolver implements NetnsResolver {
   }
 
   async #scan(): Promise<AddressScan> {
+    this.#onListing?.();
     const node = this.#checkNode ? nodeAddresses() : undefined;
     const files = await this.#netnsFiles();
     const namespaces: AddressScan['namespaces'] = [];

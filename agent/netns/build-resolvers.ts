@@ -23,12 +23,13 @@ export interface ResolverConfig {
 
 /**
  * Resolvers in order, plus a close() for the CRI channel they may hold. `addresses` (the resident
- * netns helper) reads a netns's addresses for the address resolver.
+ * netns helper) reads a netns's addresses for the address resolver; `onAddressListing` counts its listings.
  */
 export async function buildResolvers(
   config: ResolverConfig,
   log: Logger,
   addresses: NetnsAddressReader,
+  onAddressListing?: () => void,
 ): Promise<{ resolvers: NetnsResolver[]; close: () => void }> {
   const pathChecker = new NetnsPathChecker({ extraDirs: config.netnsDirs, procRoot: config.procRoot });
   const sandboxed = config.sandboxedRuntimeHandlers;
@@ -51,7 +52,7 @@ export async function buildResolvers(
     } else if (name === 'procfs') {
       resolvers.push(new ProcfsResolver({ procRoot: config.procRoot, pathChecker, sandboxedRuntimeClasses: sandboxed }));
     } else {
-      resolvers.push(new AddressResolver({ addresses, pathChecker, sandboxedRuntimeClasses: sandboxed }));
+      resolvers.push(new AddressResolver({ addresses, pathChecker, sandboxedRuntimeClasses: sandboxed, ...(onAddressListing ? { onListing: onAddressListing } : {}) }));
     }
   }
   return { resolvers, close: () => closers.forEach((c) => c()) };

@@ -11,10 +11,11 @@
  * test/deployed/soak.test.ts runs it for a minute with 30 pods.
  */
 import { execFile } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, rmSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
+import { labScratch } from '../lab/slots.ts';
 import { requireRoot } from '../support/root.ts';
 import { markdown, runSoak, soakSizeFromEnv, verdicts, type SoakOptions, type SoakReport } from '../soak/soak.ts';
 import { CriPodRunner } from './cri-pod.ts';
@@ -34,7 +35,7 @@ export interface ContainerSoakResult {
 /** Runs the soak with the agent in its container; the soak's options minus resolver and agent start. */
 export async function runSoakInContainer(o: Omit<SoakOptions, 'resolver' | 'startAgent' | 'agentEnv'>): Promise<ContainerSoakResult> {
   if (!existsSync(IMAGE_TAR)) throw new Error(`${IMAGE_TAR} is missing: run \`make image\` first`);
-  const scratch = mkdtempSync('/run/probe-agent-lab/deployed-soak-');
+  const scratch = labScratch('deployed-soak-');
   let ctrd: ContainerdLab | undefined;
   let runner: CriPodRunner | undefined;
   let agent: ContainerizedAgent | undefined;

@@ -7,7 +7,7 @@ import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'mount']);
 
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NetnsError, NetnsUnavailableError, UnsupportedPodError } from '../../agent/errors.ts';
@@ -16,6 +16,7 @@ import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { isSameNetns, NetnsPathChecker } from '../../agent/netns/netns-path.ts';
 import { outcomeOf, type PodRef } from '../../agent/netns/resolver.ts';
 import { createLab, type Lab, type LabPod } from '../lab/lab.ts';
+import { labScratch } from '../lab/slots.ts';
 
 let lab: Lab;
 let resolver: AddressResolver;
@@ -42,7 +43,7 @@ function pod(i: number): LabPod {
 
 beforeAll(async () => {
   lab = await createLab({ pods: 3, policy: 'none', tag: 'address-resolver.test' });
-  scratch = mkdtempSync('/run/probe-agent-lab/addr-test-');
+  scratch = labScratch('addr-test-');
   // The helper reads each netns's addresses (netlink inside it); scratch holds a bind-mounted alias.
   helper = await ResidentHelper.start({ allowDirs: [scratch] });
   // hitReuseMs 0: every resolve lists afresh, so a duplicate added by a test is seen at once.
@@ -170,7 +171,7 @@ describe('NetnsPathChecker on real netns files', () => {
   });
 
   it('refuses a symlink to a netns inside an allowed dir, and reports an unmounted file as gone', async () => {
-    const dir = mkdtempSync('/run/probe-agent-lab/path-test-');
+    const dir = labScratch('path-test-');
     try {
       const checker = new NetnsPathChecker({ dirs: [dir] });
       symlinkSync(pod(1).netns, path.join(dir, 'link'));

@@ -254,12 +254,16 @@ describe('probe-agent run with the host procfs mounted elsewhere (--proc-root)',
     let procAgent: AgentHandle | undefined;
     try {
       kubelet.setPods([podFor(web)]);
-      procAgent = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: 'procfs', args: [`--proc-root=${hostProc}`] });
+      procAgent = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: 'procfs', args: [`--proc-root=${hostProc}`, '--log-level=debug'] });
       const inside = await counted(web, 'inside');
       const statuses = await procAgent.waitForStatuses((s) =>
         find(s, 'web', 'Readiness')?.result === 'success' && find(s, 'web', 'Liveness')?.result === 'success');
       expect(find(statuses, 'web', 'Readiness')?.ready).toBe(true);
       expect(await counted(web, 'inside')).toBeGreaterThan(inside);
+      // The netns the probes ran in was named under the proc root (a bind of /proc: /proc would work as well).
+      const resolved = procAgent.logs.filter((l) => l.msg === 'netns resolved').map((l) => String(l.path));
+      expect(resolved.length).toBeGreaterThan(0);
+      for (const p of resolved) expect(p).toMatch(new RegExp(`^${hostProc}/\\d+/ns/net$`));
       const metrics = (await procAgent.http('/metrics')).body;
       expect(sample(metrics, 'probe_agent_netns_resolutions_total', { resolver: 'procfs', outcome: 'ok' })).toBeGreaterThanOrEqual(1);
       expect(sample(metrics, 'probe_agent_helper_spawns_total', { mode: 'resident', result: 'failure' }) ?? 0).toBe(0);

@@ -9,7 +9,6 @@
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nsenter', 'containerd', 'ctr']);
 
-import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { chmodSync, statSync } from 'node:fs';
 import { connect } from 'node:net';
@@ -22,6 +21,7 @@ import type { ProbeHandler } from '../../agent/probe/types.ts';
 import { createContainerdLab, type ContainerdLab, type LabSandbox } from '../lab/containerd.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { connectScript, portableNode, runNodeAs } from '../support/other-user.ts';
 import { makePods } from '../support/pod-factory.ts';
 import { sample, sleep, snapshot, until } from '../soak/observe.ts';
 import { podFor, SandboxServer } from '../soak/sandbox-server.ts';
@@ -285,17 +285,15 @@ describe('ProbeService abuse through the daemon socket', () => {
     expect(st.mode & 0o777).toBe(0o600);
     expect(st.uid).toBe(0);
     chmodSync(dirname(agent.socket), 0o755);
-    const tryAs = async (uid: number): Promise<string> => {
-      const child = spawn(process.execPath, ['-e',
-        `const s=require('net').connect(${JSON.stringify(agent.socket)});s.on('connect',()=>{console.log('connected');s.destroy()});s.on('error',e=>console.log(e.code))`],
-      { uid, gid: uid });
-      let out = '';
-      child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-      await once(child, 'exit');
-      return out.trim();
-    };
-    expect(await tryAs(65534)).toBe('EACCES');
-    expect(await tryAs(0)).toBe('connected');
+    // uid 65534 may not reach the checkout's node binary (a clone under /root): it runs its own copy.
+    const portable = portableNode();
+    try {
+      const tryAs = (uid: number): Promise<string> => runNodeAs(portable.node, uid, connectScript(agent.socket));
+      expect(await tryAs(65534)).toBe('EACCES');
+      expect(await tryAs(0)).toBe('connected');
+    } finally {
+      portable.remove();
+    }
     expect((await agent.client.version(2000)).agentName).toBe('probe-agent');
   });
 });

@@ -25,6 +25,7 @@ import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { FairLimiter } from '../../agent/scheduler/limiter.ts';
 import { ResultsStore } from '../../agent/scheduler/results-store.ts';
 import { createLab, type Lab } from '../lab/lab.ts';
+import { connectScript, portableNode, runNodeAs, tmpdirOthersReach } from '../support/other-user.ts';
 import { codeOf, collect, LabProber, rawUnary, startApiFixture, status, until, type ApiFixture, type KnownPod } from '../support/api-harness.ts';
 
 let lab: Lab;
@@ -204,15 +205,11 @@ describe('socket, health, reflection, shutdown', () => {
     expect(st.uid).toBe(0);
     expect((await stat(join(fx.dir, 'run'))).mode & 0o777).toBe(0o700);
 
-    const dir = await mkdtemp(join(tmpdir(), 'pa-api-perm-'));
+    const dir = await mkdtemp(join(tmpdirOthersReach(), 'pa-api-perm-'));
     await chmod(dir, 0o755); // an existing, world-searchable directory: only the socket's mode protects it
-    const tryAsNobody = async (path: string): Promise<string> => {
-      const child = spawn(process.execPath, ['-e', `const s=require('net').connect(${JSON.stringify(path)});s.on('connect',()=>{console.log('connected');s.destroy()});s.on('error',e=>console.log(e.code))`], { uid: 65534, gid: 65534 });
-      let out = '';
-      child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-      await once(child, 'exit');
-      return out.trim();
-    };
+    // nobody may not reach the checkout's node binary (a clone under /root): it runs its own copy.
+    const nodeForNobody = portableNode();
+    const tryAsNobody = (path: string): Promise<string> => runNodeAs(nodeForNobody.node, 65534, connectScript(path));
     try {
       await writeFile(join(dir, 'before'), '');
       // Started together: the private umask of the two binds must not leak into the process.
@@ -232,6 +229,7 @@ describe('socket, health, reflection, shutdown', () => {
       }
     } finally {
       await rm(dir, { recursive: true, force: true });
+      nodeForNobody.remove();
     }
   });
 
@@ -310,6 +308,10 @@ describe('socket, health, reflection, shutdown', () => {
       const t0 = performance.now();
       const stopping = f.server.stop();
       await until(() => healthSeen.includes('NOT_SERVING'), 5000, 'NOT_SERVING');
+      // New calls are refused during the drain, while the probe is still in flight (not only once it is over).
+      const during = await codeOf(c.version(2000));
+      expect(during.code).toBe(grpc.status.UNAVAILABLE);
+      expect(f.server.stats().probesInFlight).toBe(1);
       await w.done;
       expect(w.error?.grpcCode).toBe(grpc.status.UNAVAILABLE);
       expect(w.error?.message).toMatch(/resume from revision 1/);

@@ -14,7 +14,7 @@ import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter']);
 
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, connect, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -80,18 +80,9 @@ const unresolvable = (): Record<string, unknown> => pod('no-netns', [`10.250.${l
   livenessProbe: { tcpSocket: { port: 8081 }, ...timing },
 });
 
-/** Runs `probe-agent audit` as a process; through agent/cli.ts once the lead has wired it, else a minimal program. */
+/** Runs `probe-agent audit` as a process, through the CLI users run (agent/cli.ts). */
 async function audit(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  const wired = readFileSync(join(ROOT, 'agent/cli.ts'), 'utf8').includes('registerAuditCommand');
-  const argv = wired
-    ? [join(ROOT, 'agent/cli.ts'), 'audit', ...args]
-    : ['--input-type=module', '-e', [
-      "import { Command } from 'commander';",
-      "import { registerAuditCommand } from './agent/cli/audit-command.ts';",
-      'const program = new Command().exitOverride((err) => process.exit(err.exitCode === 0 ? 0 : 2));',
-      'registerAuditCommand(program);',
-      "await program.parseAsync(['audit', ...process.argv.slice(1)], { from: 'user' });",
-    ].join('\n'), '--', ...args];
+  const argv = [join(ROOT, 'agent/cli.ts'), 'audit', ...args];
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, argv, { cwd: ROOT, env: { PATH: process.env['PATH'] ?? '/usr/sbin:/usr/bin:/sbin:/bin' } });
     let stdout = '';

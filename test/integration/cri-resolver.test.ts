@@ -8,7 +8,7 @@ import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'containerd', 'ctr', 'gcc', 'tar']);
 
 import { randomUUID } from 'node:crypto';
-import { mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { rmSync, statSync, writeFileSync } from 'node:fs';
 import * as net from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -20,6 +20,7 @@ import { NetnsPathChecker } from '../../agent/netns/netns-path.ts';
 import { ProcfsResolver } from '../../agent/netns/procfs-resolver.ts';
 import { NetnsResolverChain, outcomeOf, type PodRef } from '../../agent/netns/resolver.ts';
 import { createContainerdLab, type ContainerdLab, type LabSandbox } from '../lab/containerd.ts';
+import { labScratch } from '../lab/slots.ts';
 
 let ctrd: ContainerdLab;
 let checker: NetnsPathChecker;
@@ -50,7 +51,7 @@ beforeAll(async () => {
   console.log(`containerd lab bring-up: ${(performance.now() - t).toFixed(0)} ms (slot ${ctrd.slot})`);
   checker = new NetnsPathChecker({ extraDirs: [ctrd.netnsDir] });
   cri = new CriResolver({ client: new CriClient(ctrd.endpoint), pathChecker: checker });
-  scratch = mkdtempSync('/run/probe-agent-lab/cri-test-');
+  scratch = labScratch('cri-test-');
 });
 
 afterAll(async () => {

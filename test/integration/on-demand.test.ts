@@ -87,8 +87,8 @@ describe('on-demand mode', () => {
     // The shim names the container by its CRI ID, as kubelet's ExecSync does.
     const ready = await agent.client.probe({ pod: { containerId: APP_ID }, probeType: 'Readiness', handler: { kind: 'http', port: 'http', path: '/ready', scheme: 'HTTP', headers: [] } });
     expect(ready.result).toBe('success');
-    await srv.waitFor(srv.hits.length); // settle
-    expect(srv.count('/ready')).toBe(1);
+    // The server records a request on its stdout, which can reach us after the response: wait for it.
+    await expect.poll(() => srv.count('/ready'), { timeout: 5000 }).toBe(1);
     let list = await agent.waitForStatuses((s) => status(s, 'app', 'Readiness')?.result === 'success');
     expect(status(list, 'app', 'Readiness')).toMatchObject({ ready: true, started: true, consecutive: 1, containerID: `containerd://${APP_ID}` });
 

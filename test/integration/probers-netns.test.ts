@@ -200,11 +200,33 @@ describe('host field policy', () => {
   });
 
   it('another host is refused with a reason naming the gate, and nothing is sent', async () => {
-    const drops = await lab.nodeToPodDrops();
-    const out = await probe({ kind: 'tcp', port: srvA.ports.tcp as number, host: podA.ipv4 }, ctx(podB));
-    expect(out).toMatchObject({ result: 'error', reason: 'host-refused' });
-    expect(out.message).toContain('LegacyHostFieldProbes');
-    expect(await lab.nodeToPodDrops()).toBe(drops);
+    // Nothing from the node (the lab's node->pod counter) and nothing from pod B's own netns to pod A
+    // (a counter in pod B's output hook: pod-to-pod packets never pass the node's).
+    const port = srvA.ports.tcp as number;
+    const table = `table inet probers_sent {\n  counter to_a {}\n  chain out {\n    type filter hook output priority 0;\n    ip daddr ${podA.ipv4} tcp dport ${port} counter name to_a\n  }\n}\n`;
+    const made = await lab.exec(podB, 'nft', ['-f', '-'], { input: table });
+    expect(made.code, made.stderr).toBe(0);
+    const sentToA = async (): Promise<number> => {
+      const r = await lab.exec(podB, 'nft', ['-j', 'list', 'counter', 'inet', 'probers_sent', 'to_a']);
+      expect(r.code, r.stderr).toBe(0);
+      const entry = (JSON.parse(r.stdout) as { nftables: { counter?: { packets: number } }[] }).nftables.find((e) => e.counter);
+      return entry?.counter?.packets ?? -1;
+    };
+    try {
+      const drops = await lab.nodeToPodDrops();
+      const out = await probe({ kind: 'tcp', port, host: podA.ipv4 }, ctx(podB));
+      expect(out).toMatchObject({ result: 'error', reason: 'host-refused' });
+      expect(out.message).toContain('LegacyHostFieldProbes');
+      await new Promise((r) => setTimeout(r, 200)); // a connection started in the background would have sent its SYN by now
+      expect(await lab.nodeToPodDrops()).toBe(drops);
+      expect(await sentToA()).toBe(0);
+      // The counter does see pod B connecting to pod A.
+      const knock = await lab.exec(podB, 'bash', ['-c', `exec 3<>/dev/tcp/${podA.ipv4}/${port}`]);
+      expect(knock.code, knock.stderr).toBe(0);
+      expect(await sentToA()).toBeGreaterThan(0);
+    } finally {
+      await lab.exec(podB, 'nft', ['delete', 'table', 'inet', 'probers_sent']);
+    }
   });
 
   it('legacy-node: that probe alone runs from the node, exactly like kubelet', async () => {

@@ -9,7 +9,7 @@ requireRoot(['ip', 'nft', 'containerd', 'ctr', 'gcc', 'mount']);
 
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NetnsUnavailableError, UnsupportedPodError } from '../../agent/errors.ts';
@@ -18,6 +18,7 @@ import { NetnsPathChecker } from '../../agent/netns/netns-path.ts';
 import { ProcfsResolver } from '../../agent/netns/procfs-resolver.ts';
 import { NetnsResolverChain, outcomeOf, type PodRef } from '../../agent/netns/resolver.ts';
 import { createLab, type Lab, type LabPod } from '../lab/lab.ts';
+import { labScratch } from '../lab/slots.ts';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 
 const PIDS = '/sys/fs/cgroup/pids';
@@ -243,7 +244,7 @@ describe('ProcfsResolver with kubelet-shaped cgroups', () => {
     const uid = randomUUID();
     const pod = lab.pods[0] as LabPod;
     const pid = await podProcess(`kubepods/besteffort/pod${uid}/${'a'.repeat(64)}`, pod);
-    const mnt = mkdtempSync('/run/probe-agent-lab/procfs-test-');
+    const mnt = labScratch('procfs-test-');
     execFileSync('mount', ['-t', 'proc', 'proc', mnt]);
     try {
       const r = new ProcfsResolver({ procRoot: mnt });

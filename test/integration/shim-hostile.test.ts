@@ -134,18 +134,18 @@ describe('the shim under bad input', () => {
   });
 
   it('kubelet cancelling an intercepted call while the agent hangs leaves the shim serving', async () => {
-    const calls = Array.from({ length: 20 }, () => {
-      const ac = new AbortController();
-      const p = new Promise<number>((resolve) => {
-        const def = RUNTIME_SERVICE['ExecSync']!;
-        const call = k.client.makeUnaryRequest(def.path, (v: object) => def.requestSerialize(v), (b: Buffer) => b,
-          { containerId: 'c1', cmd: encodeShimCommand('liveness', { tcpSocket: { port: 80 } }), timeout: 5 }, { deadline: Date.now() + 60_000 },
-          (err) => resolve(err ? err.code : 0));
-        ac.signal.addEventListener('abort', () => call.cancel());
-      });
-      setTimeout(() => ac.abort(), 100);
-      return p;
-    });
+    const intercepted = shim.stats.intercepted;
+    const def = RUNTIME_SERVICE['ExecSync']!;
+    const cancels: (() => void)[] = [];
+    const calls = Array.from({ length: 20 }, () => new Promise<number>((resolve) => {
+      const call = k.client.makeUnaryRequest(def.path, (v: object) => def.requestSerialize(v), (b: Buffer) => b,
+        { containerId: 'c1', cmd: encodeShimCommand('liveness', { tcpSocket: { port: 80 } }), timeout: 5 }, { deadline: Date.now() + 60_000 },
+        (err) => resolve(err ? err.code : 0));
+      cancels.push(() => call.cancel());
+    }));
+    // Cancelled only once the shim has taken every call as its own and is waiting on the hung agent.
+    await expect.poll(() => shim.stats.intercepted - intercepted, { timeout: 10_000 }).toBe(20);
+    for (const cancel of cancels) cancel();
     expect(new Set(await Promise.all(calls))).toEqual(new Set([grpc.status.CANCELLED]));
     await stillServes();
   });

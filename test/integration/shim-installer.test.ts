@@ -152,6 +152,11 @@ describe('install-shim.sh on a scratch host root', () => {
 
   it('the installed copy runs on its own, and the label becomes ready once kubelet points at the shim', async () => {
     const shim = await startInstalledShim();
+    // The shim answers but kubelet still talks to the runtime: no label (rewritten pods would lose their probes).
+    kubeletEndpoint('unix:///run/containerd/containerd.sock');
+    const patchesBefore = patches.length;
+    expect((await runInstaller('install')).code).toBe(0);
+    expect(patches.slice(patchesBefore).filter((p) => JSON.stringify(p.body).includes('"ready"'))).toEqual([]);
     kubeletEndpoint('unix:///run/probe-agent-shim/cri.sock');
     expect((await runInstaller('install')).code).toBe(0);
     expect(patches.at(-1)).toEqual({ node: 'node-a', body: { metadata: { labels: { 'probe-agent.io/shim': 'ready' } } } });
@@ -166,9 +171,15 @@ describe('install-shim.sh on a scratch host root', () => {
 
   it('re-installing the same release keeps the files and the unit in place', async () => {
     const marker = path.join(host, 'opt/probe-agent-shim/current/.complete');
+    const unit = path.join(host, 'etc/systemd/system/probe-agent-shim.service');
     const before = lstatSync(marker).mtimeMs;
-    expect((await runInstaller('install')).code).toBe(0);
+    const unitBefore = lstatSync(unit).mtimeMs;
+    const r = await runInstaller('install');
+    expect(r.code).toBe(0);
     expect(lstatSync(marker).mtimeMs).toBe(before);
+    expect(lstatSync(unit).mtimeMs).toBe(unitBefore);
+    expect(readFileSync(unit, 'utf8')).toBe(readFileSync(path.join(COMPONENT, 'probe-agent-shim.service'), 'utf8'));
+    expect(r.stderr).not.toMatch(/unit written/);
   });
 
   it('keeps a kubelet configured with the old socket path working: a symlink to the new socket while it points there, gone once it does not', async () => {

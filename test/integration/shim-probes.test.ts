@@ -8,11 +8,12 @@
  * agent slow, killed and restarted never disturbs ordinary CRI calls.
  */
 import { connectFromNode } from '../lab/net.ts';
+import { labScratch } from '../lab/slots.ts';
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
-import { mkdtempSync, rmSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
+import { rmSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
@@ -129,7 +130,7 @@ function grpcError(a: CriAnswer): { code: grpc.status; details: string } {
 beforeAll(async () => {
   ctrd = await createContainerdLab();
   importBusyboxImage(ctrd.socket);
-  scratch = mkdtempSync('/run/probe-agent-lab/shim-e2e-');
+  scratch = labScratch('shim-e2e-');
   probeLink = path.join(scratch, 'probe.sock');
   pod = await ctrd.runSandbox({ name: 'web', namespace: NS });
   app = await ctrd.runContainer(pod, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });

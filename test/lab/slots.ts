@@ -6,12 +6,21 @@
  * Everything here is synchronous because it also runs from process 'exit' handlers.
  */
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, readFileSync, readdirSync, readlinkSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ProbeAgentError } from '../../agent/errors.ts';
 
 /** Root of all lab state on the node (slots, cached certs). */
 export const LAB_ROOT = '/run/probe-agent-lab';
+/**
+ * A fresh private directory `LAB_ROOT/<prefix>XXXXXX` for one test's scratch files (bind mounts, fake
+ * host dirs, sockets). LAB_ROOT is created first: on a machine that never ran a lab it does not exist.
+ */
+export function labScratch(prefix: string): string {
+  mkdirSync(LAB_ROOT, { recursive: true, mode: 0o755 });
+  return mkdtempSync(join(LAB_ROOT, prefix));
+}
+
 /** One directory per claimed slot. */
 export const SLOTS_DIR = join(LAB_ROOT, 'slots');
 /** Highest slot number; it is also the third IPv4 octet, so it must stay below 255. */

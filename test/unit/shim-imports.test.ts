@@ -7,6 +7,7 @@
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import ts from 'typescript';
 import { describe, expect, it } from 'vitest';
 
 const AGENT = fileURLToPath(new URL('../../agent/', import.meta.url));
@@ -26,8 +27,8 @@ function graph(entry: string): { modules: Set<string>; packages: Set<string> } {
     if (modules.has(file)) continue;
     modules.add(file);
     const src = readFileSync(path.join(AGENT, file), 'utf8');
-    for (const m of src.matchAll(/^\s*(?:import|export)\s[^'"]*?from\s+'([^']+)'|import\(\s*'([^']+)'\s*\)/gm)) {
-      const spec = (m[1] ?? m[2])!;
+    // TypeScript's own scan: `import x from`, side-effect `import '...'`, `export ... from`, `import()`, either quote.
+    for (const { fileName: spec } of ts.preProcessFile(src, true, true).importedFiles) {
       if (spec.startsWith('.')) todo.push(path.relative(AGENT, path.resolve(path.dirname(path.join(AGENT, file)), spec)));
       else packages.add(spec);
     }
@@ -44,6 +45,11 @@ describe('the shim import graph', () => {
   it('uses Node built-ins only (no npm package, so no node_modules on the host)', () => {
     const { packages } = graph('shim/main.ts');
     for (const p of packages) expect(p, p).toMatch(/^node:/);
+  });
+
+  it('sees every form of import (side-effect, re-export, dynamic, double quotes)', () => {
+    const src = "import './a.ts';\nimport b from \"./b.ts\";\nexport * from './c.ts';\nconst d = await import('./d.ts');\nimport 'node:e';\n";
+    expect(ts.preProcessFile(src, true, true).importedFiles.map((f) => f.fileName)).toEqual(['./a.ts', './b.ts', './c.ts', './d.ts', 'node:e']);
   });
 
   it('the CLI command loads the shim lazily', () => {

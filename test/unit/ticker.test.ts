@@ -25,6 +25,30 @@ class EarlyTimerClock implements Clock {
   }
 }
 
+/**
+ * A clock whose event loop can be blocked: block(ms) moves now() on without firing any timer, as a
+ * busy loop does; the timers due meanwhile fire late, when the inner clock next advances.
+ */
+class BlockableClock implements Clock {
+  readonly inner = new ManualClock({ start: 0 });
+  #blockedMs = 0;
+  now(): number {
+    return this.inner.now() + this.#blockedMs;
+  }
+  block(ms: number): void {
+    this.#blockedMs += ms;
+  }
+  setTimeout(fn: () => void, ms: number): TimerHandle {
+    return this.inner.setTimeout(fn, ms);
+  }
+  clearTimeout(h: TimerHandle): void {
+    this.inner.clearTimeout(h);
+  }
+  random(): number {
+    return this.inner.random();
+  }
+}
+
 describe('Ticker', () => {
   it.each([0, 1, 3])('ticks once per period when timers fire %d ms early', async (early) => {
     const clock = new EarlyTimerClock(early);
@@ -40,15 +64,22 @@ describe('Ticker', () => {
   });
 
   it('skips ticks missed while the event loop was blocked instead of bursting', async () => {
-    const clock = new ManualClock({ start: 0 });
-    let ticks = 0;
+    const clock = new BlockableClock();
+    const tickAt: number[] = [];
     const ticker = new Ticker(clock, 1000, () => {
-      ticks++;
+      tickAt.push(clock.now());
       ticker.take();
     });
     ticker.reset();
-    await clock.advance(1000);
-    expect(ticks).toBe(1);
+    // The loop is blocked for 2.5 s just before the first tick is due: that timer fires 2.5 s late,
+    // when the ticks due at 1000, 2000 and 3000 have all been missed.
+    await clock.inner.advance(999);
+    clock.block(2500);
+    await clock.inner.advance(1);
+    expect(tickAt).toEqual([3500]);
+    // The next tick keeps the schedule (4000), then one per period: the missed ticks never burst.
+    await clock.inner.advance(1500);
     ticker.stop();
+    expect(tickAt).toEqual([3500, 4000, 5000]);
   });
 });
