@@ -23,6 +23,8 @@ export interface AgentOptions {
   startTimeoutMs?: number;
   /** Run the agent in its own process group (pid = pgid), so a test can signal the whole group. */
   detached?: boolean;
+  /** The CLI entry to run (default this checkout's agent/cli.ts), e.g. a previous release's dist/cli.js. */
+  cli?: string;
 }
 
 /** A running agent process. */
@@ -66,7 +68,7 @@ export async function startAgent(opts: AgentOptions): Promise<AgentHandle> {
   const dir = mkdtempSync(join(tmpdir(), 'probe-agent-e2e-'));
   const socket = join(dir, 'probe.sock');
   const args = [
-    join(ROOT, 'agent/cli.ts'),
+    opts.cli ?? join(ROOT, 'agent/cli.ts'),
     'run',
     `--kubelet-url=${opts.kubeletUrl}`,
     `--kubelet-poll-interval=${opts.pollInterval ?? '500ms'}`,

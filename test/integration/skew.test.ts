@@ -1,0 +1,293 @@
+/**
+ * Version skew on real parts: the previous release (test/skew/releases.json, built from this
+ * repository's history) and this checkout, paired every way the kubelet shim (host service) and
+ * the agent (DaemonSet) can meet during an upgrade, and pods rewritten by either release's
+ * rewrite. Each shim runs as its own process through its release's CLI, each agent through its
+ * release's CLI, all against one real containerd pod whose netns holds a real HTTP/gRPC server.
+ * Only public surfaces: the shim's CRI socket (kubelet-shaped ExecSync), the `rewrite` CLI, the
+ * ProbeService's Version.
+ *
+ * The verdicts are kubelet's: exit 0 (success), a non-zero exit with the message (failure), or a
+ * gRPC error other than DEADLINE_EXCEEDED (kubelet discards the result). For every call, every
+ * pair must give the verdict the current shim and agent give; the key ones are also spelled out.
+ */
+import { requireRoot } from '../support/root.ts';
+requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb', 'git', 'tar', 'make', 'gcc']);
+
+import { execFileSync, spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createInterface } from 'node:readline';
+import path from 'node:path';
+import * as grpc from '@grpc/grpc-js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { encodeShimCommand, type ShimKind } from '../../agent/rewrite/shim-command.ts';
+import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
+import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
+import { POD_SERVER_PATH } from '../lab/server.ts';
+import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
+import { REPO, requireBuiltCli } from '../support/built-cli.ts';
+import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { KubeletCri, type CriAnswer } from '../support/kubelet-cri.ts';
+import { makePod } from '../support/pod-factory.ts';
+import { buildPreviousRelease, type PreviousRelease } from '../support/previous-release.ts';
+import { startShimProcess, type ShimProcess } from '../support/shim-process.ts';
+
+const NS = 'skew';
+const HTTP = 8080;
+const GRPC = 9090;
+const SECRET = 'skew-s3cret-value';
+const CURRENT_CLI = path.join(REPO, 'dist/cli.js');
+
+/** What a user writes: named ports, an inline header value, every kind of handler the rewrite turns into the command. */
+const MANIFEST = {
+  apiVersion: 'v1',
+  kind: 'Pod',
+  metadata: { name: 'web', namespace: NS },
+  spec: {
+    containers: [{
+      name: 'app',
+      image: 'busybox',
+      ports: [{ name: 'http', containerPort: HTTP }, { name: 'grpc', containerPort: GRPC }],
+      readinessProbe: { httpGet: { path: '/echo', port: 'http', httpHeaders: [{ name: 'X-Token', value: SECRET }] }, periodSeconds: 10, timeoutSeconds: 1 },
+      livenessProbe: { tcpSocket: { port: 'http' }, periodSeconds: 10, timeoutSeconds: 1 },
+      startupProbe: { grpc: { port: GRPC }, periodSeconds: 10, timeoutSeconds: 1 },
+      lifecycle: { postStart: { httpGet: { path: '/echo', port: 'http' } }, preStop: { httpGet: { path: '/healthz', port: 'http' } } },
+    }],
+  },
+};
+
+type Verdict = { kind: 'exit'; exitCode: number; stdout: string } | { kind: 'grpc'; code: grpc.status; details: string };
+type Release = 'previous' | 'current';
+interface Pair { shim: Release; agent: Release; cri: KubeletCri; proc: ShimProcess }
+/** The handlers and commands one rewrite made of MANIFEST's container. */
+interface Rewritten { pod: Record<string, any>; commands: Record<'readiness' | 'liveness' | 'startup' | 'postStart' | 'preStop', string[]> }
+
+let prev: PreviousRelease;
+let ctrd: ContainerdLab;
+let kubelet: FakeKubelet;
+let scratch: string;
+let sandbox: LabSandbox;
+let app: LabContainer;
+let server: ChildProcessWithoutNullStreams;
+const agents = new Map<Release, AgentHandle>();
+const pairs: Pair[] = [];
+let byPrevious: Rewritten;
+let byCurrent: Rewritten;
+
+function rewriteWith(cli: string): Rewritten {
+  const file = path.join(scratch, 'pod.json');
+  writeFileSync(file, JSON.stringify(MANIFEST));
+  const out = execFileSync(process.execPath, [cli, 'rewrite', '-f', file, '--output', 'json'], { encoding: 'utf8' });
+  const pod = JSON.parse(out) as Record<string, any>;
+  const c = pod.spec.containers[0];
+  return {
+    pod,
+    commands: {
+      readiness: c.readinessProbe.exec.command,
+      liveness: c.livenessProbe.exec.command,
+      startup: c.startupProbe.exec.command,
+      postStart: c.lifecycle.postStart.exec.command,
+      preStop: c.lifecycle.preStop.exec.command,
+    },
+  };
+}
+
+/** The handler a rewritten command carries (the v1 form: base64url JSON in the third argument). */
+function handlerOf(cmd: string[]): Record<string, any> {
+  return JSON.parse(Buffer.from(cmd[2]!, 'base64url').toString('utf8')) as Record<string, any>;
+}
+
+async function startPodServer(sb: LabSandbox): Promise<ChildProcessWithoutNullStreams> {
+  const child = spawn('nsenter', [`--net=${sb.netnsPath}`, '--', process.execPath, POD_SERVER_PATH, JSON.stringify({ http: HTTP, grpc: GRPC })]);
+  child.stdin.on('error', () => {});
+  const lines = createInterface({ input: child.stdout });
+  await new Promise<void>((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error('pod server did not start')), 15_000);
+    lines.on('line', (l) => {
+      if (l.startsWith('ready ')) {
+        clearTimeout(t);
+        resolve();
+      }
+    });
+  });
+  return child;
+}
+
+/** Flags each release's shim takes (the previous one has no --metrics-socket; '' keeps the current one off /run). */
+function shimFlags(release: Release, probeSocket: string): string[] {
+  const common = [`--runtime-endpoint=${ctrd.endpoint}`, `--probe-socket=${probeSocket}`, '--agent-grace=2s', '--hook-agent-wait=2s'];
+  return release === 'current' ? [...common, '--metrics-socket='] : common;
+}
+
+function verdictOf(a: CriAnswer<{ stdout: Buffer; exitCode: number }>): Verdict {
+  return a.ok ? { kind: 'exit', exitCode: a.msg.exitCode, stdout: a.msg.stdout.toString() } : { kind: 'grpc', code: a.code, details: a.details };
+}
+
+/** kubelet's call for `cmd`: a probe with timeout 1 s, a hook with timeout 0. */
+async function call(p: Pair, cmd: string[], containerId = app.id): Promise<Verdict> {
+  const isHook = cmd[1] === 'postStart' || cmd[1] === 'preStop';
+  return verdictOf(await p.cri.execSync(containerId, cmd, isHook ? 0 : 1));
+}
+
+function label(p: Pair): string {
+  return `${p.shim} shim + ${p.agent} agent`;
+}
+
+/** The verdict with what may differ between releases' wording left out: the code or exit, and for failures whether a message came. */
+function shape(v: Verdict): string {
+  return v.kind === 'exit' ? `exit ${v.exitCode === 0 ? 0 : 'non-zero'}${v.exitCode !== 0 && v.stdout.length > 0 ? ' with a message' : ''}` : `gRPC ${grpc.status[v.code]}`;
+}
+
+function pair(shim: Release, agent: Release): Pair {
+  const p = pairs.find((x) => x.shim === shim && x.agent === agent);
+  if (!p) throw new Error(`no ${shim} shim + ${agent} agent pair`);
+  return p;
+}
+
+beforeAll(async () => {
+  requireBuiltCli(['agent', 'agent/cli', 'agent/shim', 'agent/rewrite', 'agent/api']);
+  prev = buildPreviousRelease();
+  ctrd = await createContainerdLab();
+  importBusyboxImage(ctrd.socket);
+  scratch = mkdtempSync(path.join(ctrd.dir, 'skew-'));
+  sandbox = await ctrd.runSandbox({ name: 'web', namespace: NS });
+  app = await ctrd.runContainer(sandbox, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
+  server = await startPodServer(sandbox);
+
+  byPrevious = rewriteWith(prev.cli);
+  byCurrent = rewriteWith(CURRENT_CLI);
+  // The pod as kubelet lists it: rewritten by the previous release's webhook (what a node holds
+  // when its shim and agent are upgraded), its container ID the real one.
+  const listed = makePod({ uid: sandbox.uid, name: 'web', namespace: NS, ips: sandbox.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` }) as Record<string, any>;
+  Object.assign(listed.spec.containers[0], byPrevious.pod.spec.containers[0], { image: BUSYBOX_IMAGE_REF });
+  Object.assign(listed.metadata.annotations, byPrevious.pod.metadata.annotations);
+  kubelet = await FakeKubelet.start({ pods: [listed] });
+
+  for (const release of ['current', 'previous'] as const) {
+    agents.set(release, await startAgent({
+      kubeletUrl: kubelet.httpUrl,
+      resolvers: 'cri',
+      args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`],
+      ...(release === 'previous' ? { cli: prev.cli } : {}),
+    }));
+  }
+  for (const shim of ['current', 'previous'] as const) {
+    for (const agent of ['current', 'previous'] as const) {
+      const listen = path.join(scratch, `${shim}-shim-${agent}-agent.sock`);
+      const proc = await startShimProcess(shim === 'current' ? CURRENT_CLI : prev.cli, listen, shimFlags(shim, agents.get(agent)!.socket));
+      pairs.push({ shim, agent, proc, cri: new KubeletCri(listen) });
+    }
+  }
+}, 180_000);
+
+afterAll(async () => {
+  for (const p of pairs) {
+    p.cri.close();
+    await p.proc.stop();
+  }
+  for (const a of agents.values()) await a.stop('SIGKILL').catch(() => {});
+  await kubelet?.stop();
+  server?.kill('SIGKILL');
+  await ctrd?.destroy();
+  prev?.remove();
+});
+
+describe('the contracts both releases speak', () => {
+  it('the previous build is the recorded release, and it is a different tree from this one', () => {
+    expect(prev.commit).toMatch(/^[0-9a-f]{40}$/);
+    const head = execFileSync('git', ['-C', REPO, 'rev-parse', 'HEAD'], { encoding: 'utf8' }).trim();
+    expect(head).not.toBe(prev.commit);
+  });
+
+  it('both agents serve the ProbeService API version the shims check', async () => {
+    for (const a of agents.values()) expect((await a.client.version(5000)).apiVersion).toBe('v1alpha1');
+  });
+
+  it('both rewrites write the v1 command; a handler with no named port and no header is encoded identically', () => {
+    for (const r of [byPrevious, byCurrent]) {
+      for (const cmd of Object.values(r.commands)) {
+        expect(cmd.slice(0, 2)).toEqual(['/.probe-agent/v1', expect.stringMatching(/^(readiness|liveness|startup|postStart|preStop)$/)]);
+        expect(cmd).toHaveLength(3);
+      }
+    }
+    expect(byCurrent.commands.startup).toEqual(byPrevious.commands.startup);
+  });
+
+  it('what differs: the previous rewrite keeps named ports and inline header values, the current one resolves ports and moves values out', () => {
+    expect(handlerOf(byPrevious.commands.liveness)).toEqual({ tcpSocket: { port: 'http' } });
+    expect(handlerOf(byCurrent.commands.liveness)).toEqual({ tcpSocket: { port: HTTP } });
+    expect(handlerOf(byPrevious.commands.readiness).httpGet.httpHeaders).toEqual([{ name: 'X-Token', value: SECRET }]);
+    expect(handlerOf(byCurrent.commands.readiness).httpGet.httpHeaders).toEqual([{ name: 'X-Token', valueFrom: 'annotation' }]);
+  });
+});
+
+describe('pods rewritten by the previous release, through every shim/agent pair', () => {
+  it('every pair gives kubelet success for the rewritten readiness (inline header sent), liveness (named port), startup (gRPC) and hooks', async () => {
+    for (const p of pairs) {
+      const ready = await call(p, byPrevious.commands.readiness);
+      expect(ready, label(p)).toMatchObject({ kind: 'exit', exitCode: 0 });
+      // /echo answers with the request's headers: the inline value reached the pod.
+      expect((ready as { stdout: string }).stdout, label(p)).toContain(SECRET);
+      for (const kind of ['liveness', 'startup', 'postStart', 'preStop'] as const) {
+        expect(await call(p, byPrevious.commands[kind]), `${label(p)}: ${kind}`).toMatchObject({ kind: 'exit', exitCode: 0 });
+      }
+    }
+  });
+});
+
+describe('the ProbeService across releases', () => {
+  it('each release\'s `probe-agent status` reads the other release\'s agent, which recorded what kubelet ran through the shims', async () => {
+    for (const [cli, release] of [[CURRENT_CLI, 'previous'], [prev.cli, 'current']] as const) {
+      const agent = agents.get(release)!;
+      // kubelet's readiness call through the other release's shim, recorded by this agent (on-demand mode).
+      expect(await call(pair(release === 'current' ? 'previous' : 'current', release), byPrevious.commands.readiness)).toMatchObject({ kind: 'exit', exitCode: 0 });
+      const out = execFileSync(process.execPath, [cli, 'status', `--socket=${agent.socket}`, '--namespace', NS, '--output', 'json'], { encoding: 'utf8' });
+      const statuses = (JSON.parse(out) as { statuses: { pod: string; probeType: string; result: string }[] }).statuses;
+      expect(statuses.find((x) => x.pod === 'web' && x.probeType === 'Readiness'), cli).toMatchObject({ result: 'success' });
+    }
+  });
+});
+
+describe('failures and errors keep their meaning across the skew', () => {
+  const cases: [string, ShimKind, Record<string, unknown>, string][] = [
+    ['HTTP 500 (liveness)', 'liveness', { httpGet: { path: '/status/500', port: 'http' } }, 'exit non-zero with a message'],
+    ['TCP refused (readiness)', 'readiness', { tcpSocket: { port: 1 } }, 'exit non-zero with a message'],
+    ['gRPC on a port nothing serves (liveness)', 'liveness', { grpc: { port: 2 } }, 'exit non-zero with a message'],
+    ['gRPC health of a service the server does not know (readiness)', 'readiness', { grpc: { port: GRPC, service: 'no-such-service' } }, 'exit non-zero with a message'],
+    ['HTTP hook refused (postStart)', 'postStart', { httpGet: { path: '/', port: 1 } }, 'exit non-zero with a message'],
+    ['a tcpSocket hook, which kubelet does not run (preStop)', 'preStop', { tcpSocket: { port: 'http' } }, 'exit non-zero with a message'],
+    ['a port name the container lacks (readiness)', 'readiness', { httpGet: { path: '/', port: 'no-such-port' } }, 'gRPC UNAVAILABLE'],
+    ['a port out of range (liveness)', 'liveness', { tcpSocket: { port: 70000 } }, 'gRPC INVALID_ARGUMENT'],
+  ];
+
+  it.each(cases)('%s: every pair gives the current pair\'s verdict', async (_name, kind, handler, expected) => {
+    const cmd = encodeShimCommand(kind, handler);
+    const baseline = await call(pair('current', 'current'), cmd);
+    expect(shape(baseline)).toBe(expected);
+    for (const p of pairs) {
+      const v = await call(p, cmd);
+      expect(shape(v), label(p)).toBe(shape(baseline));
+      // kubelet shows a failure's message in the pod's events: the same words whichever pair ran it.
+      if (v.kind === 'exit' && v.exitCode !== 0 && baseline.kind === 'exit') expect(v.stdout, label(p)).toBe(baseline.stdout);
+    }
+  });
+
+  it('an unknown container: a discarded probe (NOT_FOUND) from every pair, for probes and hooks', async () => {
+    for (const p of pairs) {
+      for (const cmd of [byPrevious.commands.readiness, byPrevious.commands.preStop]) {
+        const v = await call(p, cmd, 'a'.repeat(64));
+        expect(v, label(p)).toMatchObject({ kind: 'grpc', code: grpc.status.NOT_FOUND });
+      }
+    }
+  });
+});
+
+describe('pods rewritten by the current release (webhook upgraded) through each pair', () => {
+  it('resolved ports (liveness tcp, hooks) and an untouched gRPC handler: success from every pair, the previous agent included', async () => {
+    for (const p of pairs) {
+      for (const kind of ['liveness', 'startup', 'postStart', 'preStop'] as const) {
+        expect(await call(p, byCurrent.commands[kind]), `${label(p)}: ${kind}`).toMatchObject({ kind: 'exit', exitCode: 0 });
+      }
+    }
+  });
+});
