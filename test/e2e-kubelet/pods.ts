@@ -40,9 +40,9 @@ export const PODS = {
   webNamed: 'web-named',
   /** kubelet's own exec readiness (not rewritten, passed through): the pace kubelet sets itself. */
   webExec: 'web-exec',
-  /** HTTP liveness answered 404: kubelet must restart it. */
+  /** HTTP liveness answered 404: kubelet must restart it, running its preStop httpGet hook first. */
   crashy: 'crashy',
-  /** postStart and preStop httpGet hooks of `app`, served by `server` (which holds on in its own exec preStop). */
+  /** A postStart httpGet hook of `app`, served by `server` (started before it). */
   hooks: 'hooks',
 } as const;
 
@@ -59,21 +59,21 @@ export function e2ePods(): Record<string, unknown>[] {
     pod(PODS.webExec, [server('app', {
       readinessProbe: { exec: { command: ['/bin/cat', '/www/ready'] }, ...fast },
     })]),
+    // Kubelet runs a container's preStop before every kill, a liveness kill included: its own
+    // server (still up then) logs the hook's request.
     pod(PODS.crashy, [server('app', {
       livenessProbe: { httpGet: { path: '/no-such-page', port: HTTP_PORT }, ...fast },
-    })], 1),
+      lifecycle: { preStop: { httpGet: { path: '/prestop', port: 'http', httpHeaders: [{ name: 'X-E2E', value: 'hook' }] } } },
+    })], 5),
     pod(PODS.hooks, [
-      server('server', { lifecycle: { preStop: { exec: { command: ['/bin/sleep', '3'] } } } }),
+      server('server'),
       {
         name: 'app',
         image: BUSYBOX_IMAGE_REF,
         imagePullPolicy: 'Never',
         command: ['/bin/sleep', 'infinity'],
-        lifecycle: {
-          postStart: { httpGet: { path: '/poststart', port: HTTP_PORT, httpHeaders: [{ name: 'X-E2E', value: 'hook' }] } },
-          preStop: { httpGet: { path: '/prestop', port: HTTP_PORT } },
-        },
+        lifecycle: { postStart: { httpGet: { path: '/poststart', port: HTTP_PORT, httpHeaders: [{ name: 'X-E2E', value: 'hook' }] } } },
       },
-    ], 10),
+    ]),
   ];
 }
