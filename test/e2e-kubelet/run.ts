@@ -20,6 +20,7 @@ import { importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
+import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';
 import { e2ePods, HTTP_PORT, PODS } from './pods.ts';
 
@@ -334,6 +335,19 @@ async function main(): Promise<number> {
     check(`${n}: Ready`, p?.ready === true, `container start -> kubelet's readiness "ready": ${readiness[n]}`);
   }
   check('the node cannot reach the pods (hole closed)', await nodeCannotReach(pods, roPort), `nft table ${NFT_TABLE} drops node -> ${lay.subnet4}, ${lay.subnet6}`);
+
+  // Header values from the pod's annotation as kubelet copied it onto the sandbox: kubelet's own
+  // ExecSync for a rewrite that keeps values out of the command (valueFrom), sent through the shim.
+  const named = pods.find((p) => p.name === PODS.webNamed)?.containers[0]?.id.replace(/^\w+:\/\//, '');
+  if (named) {
+    const viaShim = new KubeletCri(shimSocket);
+    const exec = (header: string) => viaShim.execSync(named, encodeShimCommand('readiness', { httpGet: { path: '/ready', port: HTTP_PORT, httpHeaders: [{ name: header, valueFrom: 'annotation' }] } }), 1);
+    const ok = await exec('X-E2E');
+    const miss = await exec('X-Other');
+    viaShim.close();
+    check('header value from the annotation on a kubelet-made sandbox', ok.ok && ok.msg.exitCode === 0 && !miss.ok && /recorded header at index 0 is "X-E2E"/.test(miss.details),
+      `valueFrom X-E2E: ${ok.ok ? `exit ${ok.msg.exitCode}` : ok.details}; a name the record does not have: ${miss.ok ? `exit ${miss.msg.exitCode}` : miss.details.slice(0, 160)}`);
+  }
 
   // 404 liveness: restarted by kubelet, with the HTTP prober's message.
   const restarted = await waitFor('crashy to be restarted', 60_000, async () => {
