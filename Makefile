@@ -20,7 +20,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: build deps system-deps node test test-unit test-deployed demo bench bench-shim soak soak-deployed clean helper typecheck image alerts
+.PHONY: build deps system-deps node test test-unit test-deployed demo bench bench-shim soak soak-deployed clean helper typecheck image alerts e2e-kubelet
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -100,6 +100,12 @@ soak-deployed: build image
 ## alerts: regenerate deploy/components/alerts/prometheusrule.yaml from probe-agent.rules.yaml (the source).
 alerts: .tools/bin/node
 	node tools/alerts/render-prometheusrule.ts
+
+## e2e-kubelet: a real kubelet you provide (KUBELET=/path/to/kubelet) runs rewritten static pods through the
+## shim, the agent and the lab's containerd, the node->pod path dropped; prints a pass/fail table (not in `make test`).
+e2e-kubelet: build
+	@test -n "$(KUBELET)" || { echo "usage: make e2e-kubelet KUBELET=/path/to/kubelet" >&2; exit 2; }
+	node test/e2e-kubelet/run.ts --kubelet "$(KUBELET)"
 
 ## image: build/probe-agent-image.tar (OCI archive, probe-agent:<version>) from the Dockerfile with
 ## buildah, on local stand-ins for node:24 / node:24-slim (cached in buildah's store by their inputs).

@@ -92,6 +92,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       onPoll: (seconds, errorKind) => metrics.agent.kubeletPoll(seconds, errorKind),
     });
 
+    const cri = built.resolvers.find((r): r is CriResolver => r instanceof CriResolver);
     const classify = (pod: PodInfo) => classifyPod(pod, { sandboxedRuntimeClasses: config.sandboxedRuntimeHandlers });
     const prober = new PodProber({
       pods: source,
@@ -104,7 +105,8 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       classify,
       containers: new ContainerLocator({
         pods: source,
-        runtime: built.resolvers.find((r): r is CriResolver => r instanceof CriResolver)?.client,
+        // The runtime answers a shim call by container ID alone (netns, IPs, annotations): no wait for /pods.
+        ...(cri ? { runtime: cri.client, sandboxNetns: (res, id, who, uid) => cri.netnsOfStatus(res, id, who, uid) } : {}),
         refreshPods: refreshPodsOf(source),
         onLookup: (how) => metrics.agent.containerLookup(how),
         log,

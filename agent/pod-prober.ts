@@ -13,16 +13,17 @@ import {
 import type { FeatureGates } from './featuregates.ts';
 import { silentLogger, type Logger } from './log.ts';
 import { outcomeOf, type NetnsResolverChain, type PodRef } from './netns/resolver.ts';
-import type { ContainerLocator, PodIndex } from './pods/container-lookup.ts';
+import type { ContainerLocator, PodIndex, RuntimeSandbox } from './pods/container-lookup.ts';
+import { handlerFieldOf, needsHeaderValues, withHeaderValues, type HeaderValueSource } from './pods/header-values.ts';
 import type { ContainerInfo, NotOursReason, PodInfo } from './pods/types.ts';
 import { runProbe } from './probe/run.ts';
 import { refuseForeignHostInShimCall } from './probe/target.ts';
-import type { ProbeContext, ProbeHandler, ProbeOutcome, ProbeSpec, SocketFactory } from './probe/types.ts';
+import type { ProbeContext, ProbeHandler, ProbeOutcome, ProbeSpec, ProbeType, SocketFactory } from './probe/types.ts';
 import { errorOutcome, type RunProbe } from './scheduler/guarded-run.ts';
 import type { FairLimiter } from './scheduler/limiter.ts';
 import type { SandboxGoing } from './sandbox-going.ts';
 import type { OnDemandHookRequest, OnDemandProber, OnDemandProbeRequest, ProbeKey } from './scheduler/types.ts';
-import { runLifecycleHandler, type HookOutcome } from './probe/lifecycle.ts';
+import { runLifecycleHandler, type HookOutcome, type LifecycleHook } from './probe/lifecycle.ts';
 
 /** Dependencies of PodProber. */
 export interface PodProberOptions {
@@ -45,6 +46,25 @@ export interface PodProberOptions {
   log?: Logger;
   /** Asks the runtime whether a pod's sandbox stopped (agent/sandbox-going.ts); absent = never asked. */
   sandboxGoing?: SandboxGoing;
+}
+
+/** A request's pod and container; `sandbox` when the runtime was asked by container ID (netns and annotations from it). */
+export interface Located {
+  pod: PodInfo;
+  container: ContainerInfo | undefined;
+  containerID: string | undefined;
+  sandbox?: RuntimeSandbox;
+}
+
+/** Where a located call's `valueFrom: annotation` headers are read (the call's kind names the record entry). */
+function headerSource(located: Located, kind: { probeType: ProbeType } | { hook: LifecycleHook } | undefined): HeaderValueSource {
+  const containerName = located.container?.name ?? '';
+  const field = kind ? handlerFieldOf(kind) : 'livenessProbe';
+  const sb = located.sandbox;
+  if (!kind) return { containerName, field, unavailable: 'a probe call without probe_type cannot name its record entry' };
+  if (!sb) return { containerName, field, unavailable: 'only a call by container_id, answered by the runtime, reads the pod\'s annotations' };
+  if (sb.recordedHeadersError !== undefined) return { containerName, field, unavailable: sb.recordedHeadersError };
+  return { containerName, field, ...(sb.recordedHeaders ? { recorded: sb.recordedHeaders } : {}) };
 }
 
 /** How an API request names its pod (and container): exactly one way is set. */
@@ -124,14 +144,18 @@ export class PodProber implements OnDemandProber {
   /** One-shot probe for the API; rejects with the typed errors the API maps to status codes. */
   async probe(req: OnDemandProbeRequest, signal?: AbortSignal): Promise<ProbeOutcome> {
     if (req.handler.kind === 'exec') throw new InvalidProbeError('handler: exec probes are run by kubelet, not by probe-agent');
-    const { pod, container, containerID } = await this.locate(req, signal);
+    const located = await this.locate(req, signal);
+    const { pod, container, containerID, sandbox } = located;
     // A call naming a container ID is the kubelet shim's: its handler came from the pod's own exec command.
     const shimCall = req.containerID !== undefined;
     if (shimCall) refuseForeignHostInShimCall(req.handler, pod.podIPs, 'probe');
-    const netns = await this.#resolve(pod, signal);
+    const handler = req.handler.kind === 'http' && needsHeaderValues(req.handler)
+      ? withHeaderValues(req.handler, headerSource(located, req.probeType ? { probeType: req.probeType } : undefined))
+      : req.handler;
+    const netns = sandbox?.netns || (await this.#resolve(pod, signal));
     const { value } = await this.#o.limiter.run(
       pod.uid,
-      () => this.#run(pod, container, req.handler, req.timeoutSeconds, netns, signal, shimCall),
+      () => this.#run(pod, container, handler, req.timeoutSeconds, netns, signal, shimCall, sandbox?.id),
       signal,
     );
     // A call its caller gave up on is not a result kubelet will see: record nothing for it.
@@ -149,19 +173,19 @@ export class PodProber implements OnDemandProber {
    * The pod (and container, when named) a request means, refused when its probes cannot be run
    * from its netns. A container_id names both; a container_name given beside it must agree.
    */
-  async locate(req: PodSelection, signal?: AbortSignal): Promise<{ pod: PodInfo; container: ContainerInfo | undefined; containerID: string | undefined }> {
+  async locate(req: PodSelection, signal?: AbortSignal): Promise<Located> {
     let pod: PodInfo;
     let containerName = req.containerName;
     let containerID: string | undefined;
+    let container: ContainerInfo | undefined;
+    let sandbox: RuntimeSandbox | undefined;
     if (req.containerID) {
       if (!this.#o.containers) throw new InvalidProbeError('container_id: this agent cannot look containers up', { field: 'container_id' });
       const found = await this.#o.containers.locate(req.containerID, signal);
       if (containerName && containerName !== found.containerName) {
         throw new InvalidProbeError(`container_name: "${containerName}" but container_id names container "${found.containerName}"`, { field: 'container_name' });
       }
-      pod = found.pod;
-      containerName = found.containerName;
-      containerID = found.containerID;
+      ({ pod, container, containerName, containerID, sandbox } = found);
     } else {
       pod = this.#find(req);
     }
@@ -169,13 +193,12 @@ export class PodProber implements OnDemandProber {
     if (reason !== undefined && UNPROBEABLE.has(reason)) {
       throw new UnsupportedPodError(`pod ${pod.namespace}/${pod.name} is ${reason}: its probes stay with kubelet`, { uid: pod.uid, reason });
     }
-    let container: ContainerInfo | undefined;
-    if (containerName) {
+    if (containerName && !container) {
       container = pod.containers.find((c) => c.name === containerName);
       if (!container) throw new PodNotFoundError(`container "${containerName}" not found in pod ${pod.namespace}/${pod.name}`, { uid: pod.uid });
       containerID ??= container.state?.containerID || undefined;
     }
-    return { pod, container, containerID };
+    return { pod, container, containerID, ...(sandbox ? { sandbox } : {}) };
   }
 
   /**
@@ -184,17 +207,22 @@ export class PodProber implements OnDemandProber {
    * API bounds hooks in flight instead).
    */
   async runHook(req: OnDemandHookRequest, signal?: AbortSignal): Promise<HookOutcome> {
-    const { pod, container } = await this.locate(req, signal);
+    const located = await this.locate(req, signal);
+    const { pod, container, sandbox } = located;
     const shimCall = req.containerID !== undefined;
     if (shimCall) refuseForeignHostInShimCall(req.handler, pod.podIPs, 'hook');
-    const netns = await this.#resolve(pod, signal);
-    const outcome = await runLifecycleHandler(req.handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal, shimCall), hook: req.hook });
-    if (outcome.reason === 'netns-gone') this.#o.resolver.invalidate(pod.uid);
+    const handler = req.handler.kind === 'http' && needsHeaderValues(req.handler)
+      ? withHeaderValues(req.handler, headerSource(located, { hook: req.hook }))
+      : req.handler;
+    const netns = sandbox?.netns || (await this.#resolve(pod, signal));
+    const outcome = await runLifecycleHandler(handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal, shimCall), hook: req.hook });
+    if (outcome.reason === 'netns-gone') this.#netnsGone(pod.uid, sandbox?.id);
     return outcome;
   }
 
   /** Forgets what was learnt about a pod (it is gone). */
   forget(uid: string): void {
+    this.#o.containers?.forgetPod(uid);
     this.#o.resolver.invalidate(uid);
     this.#unresolved.delete(uid);
     for (const [sandbox, owner] of this.#sandboxes) if (owner === uid) this.#sandboxes.delete(sandbox);
@@ -240,6 +268,12 @@ export class PodProber implements OnDemandProber {
     }
   }
 
+  /** A probe or hook met a vanished netns: drop what the resolvers and the container lookup cached. */
+  #netnsGone(uid: string, sandboxID: string | undefined): void {
+    this.#o.resolver.invalidate(uid);
+    if (sandboxID) this.#o.containers?.invalidateSandbox(sandboxID);
+  }
+
   /** The probe context; `shimCall` pins the host-field policy to refuse (never the node netns for a pod-written command). */
   #context(pod: PodInfo, container: ContainerInfo | undefined, timeoutSeconds: number, netns: string, signal?: AbortSignal, shimCall = false): ProbeContext {
     const { gates } = this.#o;
@@ -265,12 +299,13 @@ export class PodProber implements OnDemandProber {
     netns: string,
     signal?: AbortSignal,
     shimCall = false,
+    sandboxID?: string,
   ): Promise<ProbeOutcome> {
     const { gates } = this.#o;
     const outcome = await runProbe(handler, this.#context(pod, container, timeoutSeconds, netns, signal, shimCall));
     if (outcome.reason === 'netns-gone') {
       // The pod's sandbox was replaced or removed: resolve afresh next time.
-      this.#o.resolver.invalidate(pod.uid);
+      this.#netnsGone(pod.uid, sandboxID);
       this.#log.debug('netns gone, cache dropped', { pod: `${pod.namespace}/${pod.name}` });
     }
     if (!gates.enabled('ProbePhaseTimings')) return { ...outcome, phases: { total: outcome.phases.total } };

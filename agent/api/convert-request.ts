@@ -30,7 +30,7 @@ export function handlerToKubernetes(h: WireProbeHandler | null | undefined): Rec
       port: portToKubernetes(g.port),
       host: g.host || undefined,
       scheme: g.scheme || undefined,
-      httpHeaders: (g.http_headers ?? []).map((x) => ({ name: x.name, value: x.value })),
+      httpHeaders: (g.http_headers ?? []).map((x) => (x.value_from ? { name: x.name, value: x.value, valueFrom: x.value_from } : { name: x.name, value: x.value })),
     };
   }
   if (h.tcp_socket) out['tcpSocket'] = { port: portToKubernetes(h.tcp_socket.port), host: h.tcp_socket.host || undefined };
@@ -38,7 +38,7 @@ export function handlerToKubernetes(h: WireProbeHandler | null | undefined): Rec
   return out;
 }
 
-const SNAKE: Record<string, string> = { httpGet: 'http_get', tcpSocket: 'tcp_socket', httpHeaders: 'http_headers' };
+const SNAKE: Record<string, string> = { httpGet: 'http_get', tcpSocket: 'tcp_socket', httpHeaders: 'http_headers', valueFrom: 'value_from' };
 
 /** Rewrites the Kubernetes field path at the start of a parseProbe message into the proto's names. */
 function toProtoFieldPath(err: InvalidProbeError): InvalidProbeError {
@@ -109,7 +109,7 @@ export function handlerToWire(h: ProbeHandler): WireProbeHandler {
           port: portToWire(h.port),
           host: h.host ?? '',
           scheme: h.scheme,
-          http_headers: h.headers.map((x) => ({ name: x.name, value: x.value })),
+          http_headers: h.headers.map((x) => (x.valueFrom ? { name: x.name, value: x.value, value_from: x.valueFrom } : { name: x.name, value: x.value })),
         },
       };
     case 'tcp':

@@ -55,7 +55,11 @@ function httpGet(v: unknown): Buffer {
     if (!Array.isArray(headers)) throw new HandlerShapeError('httpGet.httpHeaders: expected a list');
     headers.forEach((h, i) => {
       const ho = obj(h, `httpGet.httpHeaders[${i}]`);
-      const hw = new WireWriter().bytes(1, str(ho, 'name', `httpGet.httpHeaders[${i}]`)).bytes(2, str(ho, 'value', `httpGet.httpHeaders[${i}]`));
+      const hw = new WireWriter()
+        .bytes(1, str(ho, 'name', `httpGet.httpHeaders[${i}]`))
+        .bytes(2, str(ho, 'value', `httpGet.httpHeaders[${i}]`))
+        // The rewrite's `valueFrom: "annotation"`: the value stays out of the command (kubelet prints it).
+        .bytes(100, str(ho, 'valueFrom', `httpGet.httpHeaders[${i}]`));
       w.bytes(5, hw.finish(), true);
     });
   }

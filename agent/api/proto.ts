@@ -85,6 +85,8 @@ export interface WireIntOrString {
 export interface WireHttpHeader {
   name: string;
   value: string;
+  /** "annotation": the value is read from the pod's original-handlers annotation. */
+  value_from?: string;
 }
 export interface WireHttpGetAction {
   path?: string;

@@ -5,7 +5,7 @@
  */
 import { NetnsError, UnsupportedPodError } from '../errors.ts';
 import { CriClient, type CriPodSandbox, type CriPodSandboxStatusResponse } from './cri-client.ts';
-import { NetnsPathChecker } from './netns-path.ts';
+import { NetnsPathChecker, type CheckedNetns } from './netns-path.ts';
 import {
   DEFAULT_SANDBOXED_RUNTIMES,
   checkPodRef,
@@ -67,35 +67,45 @@ export class CriResolver implements NetnsResolver {
     throwIfAborted(signal, `resolving the netns of pod ${who}`);
 
     const res = await this.client.podSandboxStatus(sandbox.id, true, signal);
-    const netnsPath = this.#netnsPathFrom(res, sandbox, who);
-    let checked;
-    try {
-      checked = await this.#checker.check(netnsPath);
-    } catch (err) {
-      if (err instanceof NetnsError && err.kind === 'gone') {
-        throw resolveFailure('unavailable', `pod ${who}: sandbox ${short(sandbox.id)} netns ${netnsPath} is gone`, { uid: pod.uid, sandboxID: sandbox.id }, err);
-      }
-      throw resolveFailure('invalid', `pod ${who}: sandbox ${short(sandbox.id)}: ${(err as Error).message}`, { uid: pod.uid, sandboxID: sandbox.id }, err);
-    }
+    const checked = await this.netnsOfStatus(res, sandbox.id, who, pod.uid);
     const resolution: NetnsResolution = { path: checked.path, resolver: 'cri', sandboxID: sandbox.id, inode: checked.inode };
     if (sandbox.runtimeHandler) resolution.runtimeHandler = sandbox.runtimeHandler;
     return resolution;
   }
 
-  #netnsPathFrom(res: CriPodSandboxStatusResponse, sandbox: CriPodSandbox, who: string): string {
-    const ctx = { sandboxID: sandbox.id };
+  /**
+   * The validated netns of a sandbox from its verbose PodSandboxStatus: the runtime spec's network
+   * namespace path, or the sandbox process's /proc/<pid>/ns/net when the runtime gives no spec.
+   * Rejects like resolve(): UnsupportedPodError (host network, sandboxed runtime) or a
+   * NetnsUnavailableError whose outcome says why (not ready, gone, invalid).
+   */
+  async netnsOfStatus(res: CriPodSandboxStatusResponse, sandboxID: string, who: string, uid?: string): Promise<CheckedNetns> {
+    const netnsPath = this.#netnsPathFrom(res, sandboxID, who);
+    const ctx = { ...(uid === undefined ? {} : { uid }), sandboxID };
+    try {
+      return await this.#checker.check(netnsPath);
+    } catch (err) {
+      if (err instanceof NetnsError && err.kind === 'gone') {
+        throw resolveFailure('unavailable', `pod ${who}: sandbox ${short(sandboxID)} netns ${netnsPath} is gone`, ctx, err);
+      }
+      throw resolveFailure('invalid', `pod ${who}: sandbox ${short(sandboxID)}: ${(err as Error).message}`, ctx, err);
+    }
+  }
+
+  #netnsPathFrom(res: CriPodSandboxStatusResponse, sandboxID: string, who: string): string {
+    const ctx = { sandboxID };
     const status = res.status;
-    if (!status) throw resolveFailure('not-found', `pod ${who}: sandbox ${short(sandbox.id)} has no status`, ctx);
+    if (!status) throw resolveFailure('not-found', `pod ${who}: sandbox ${short(sandboxID)} has no status`, ctx);
     if (status.state !== 'SANDBOX_READY') {
-      throw resolveFailure('unavailable', `pod ${who}: sandbox ${short(sandbox.id)} is ${status.state}`, ctx);
+      throw resolveFailure('unavailable', `pod ${who}: sandbox ${short(sandboxID)} is ${status.state}`, ctx);
     }
     if (status.linux?.namespaces?.options?.network === 'NODE') {
       throw new UnsupportedPodError(`pod ${who} uses the node's network namespace (hostNetwork): probed by kubelet, not by us`, ctx);
     }
-    this.#refuseSandboxedHandler(status.runtimeHandler, sandbox.id, who);
+    this.#refuseSandboxedHandler(status.runtimeHandler, sandboxID, who);
     const raw = res.info?.['info'];
     if (!raw) {
-      throw resolveFailure('unavailable', `pod ${who}: runtime returned no verbose info for sandbox ${short(sandbox.id)} (not fully created yet?)`, ctx);
+      throw resolveFailure('unavailable', `pod ${who}: runtime returned no verbose info for sandbox ${short(sandboxID)} (not fully created yet?)`, ctx);
     }
     if (raw.length > MAX_INFO_BYTES) throw resolveFailure('invalid', `pod ${who}: sandbox info is larger than ${MAX_INFO_BYTES} bytes`, ctx);
     let info: SandboxInfo;
@@ -105,26 +115,29 @@ export class CriResolver implements NetnsResolver {
       throw resolveFailure('invalid', `pod ${who}: sandbox info is not JSON`, ctx, err);
     }
     if (typeof info !== 'object' || info === null) throw resolveFailure('invalid', `pod ${who}: sandbox info is not an object`, ctx);
-    this.#refuseSandboxedHandler(typeof info.runtimeHandler === 'string' ? info.runtimeHandler : '', sandbox.id, who);
-    this.#refuseSandboxedRuntimeType(info.runtimeType, sandbox.id, who);
+    this.#refuseSandboxedHandler(typeof info.runtimeHandler === 'string' ? info.runtimeHandler : '', sandboxID, who);
+    this.#refuseSandboxedRuntimeType(info.runtimeType, sandboxID, who);
     if (info.netNamespaceClosed === true) {
-      throw resolveFailure('unavailable', `pod ${who}: sandbox ${short(sandbox.id)} network namespace is closed`, ctx);
+      throw resolveFailure('unavailable', `pod ${who}: sandbox ${short(sandboxID)} network namespace is closed`, ctx);
     }
     if (typeof info.processStatus === 'string' && info.processStatus !== 'running' && info.processStatus !== '') {
-      throw resolveFailure('unavailable', `pod ${who}: sandbox ${short(sandbox.id)} process is ${info.processStatus}`, ctx);
+      throw resolveFailure('unavailable', `pod ${who}: sandbox ${short(sandboxID)} process is ${info.processStatus}`, ctx);
     }
     const namespaces = info.runtimeSpec?.linux?.namespaces;
     if (!Array.isArray(namespaces)) {
-      throw resolveFailure('unavailable', `pod ${who}: sandbox ${short(sandbox.id)} has no runtime spec yet`, ctx);
+      // No runtime spec in the info (a runtime that reports only the sandbox process): its own netns.
+      // The host-network case was refused above from the typed status.
+      if (Number.isInteger(info.pid) && (info.pid as number) > 0) return this.#checker.procNetPath(info.pid as number);
+      throw resolveFailure('unavailable', `pod ${who}: sandbox ${short(sandboxID)} has no runtime spec yet`, ctx);
     }
     const net = namespaces.filter((n) => n && typeof n === 'object' && n.type === 'network');
     if (net.length === 0) {
       // An OCI spec without a network namespace entry shares the host's.
-      throw new UnsupportedPodError(`pod ${who}: sandbox ${short(sandbox.id)} has no own network namespace (hostNetwork)`, ctx);
+      throw new UnsupportedPodError(`pod ${who}: sandbox ${short(sandboxID)} has no own network namespace (hostNetwork)`, ctx);
     }
     const p = net[0]?.path;
     if (net.length > 1 || typeof p !== 'string' || p === '') {
-      throw resolveFailure('invalid', `pod ${who}: sandbox ${short(sandbox.id)} runtime spec has no usable network namespace path`, ctx);
+      throw resolveFailure('invalid', `pod ${who}: sandbox ${short(sandboxID)} runtime spec has no usable network namespace path`, ctx);
     }
     return p;
   }

@@ -110,6 +110,11 @@ export class NetnsPathChecker {
  * directory policy, so a cache can use it whatever checker produced the path.
  */
 export async function isSameNetns(p: string, inode: number): Promise<boolean> {
+  return isSameNetnsNow(p, inode);
+}
+
+/** isSameNetns, synchronously (for callers on a synchronous fast path). */
+export function isSameNetnsNow(p: string, inode: number): boolean {
   // Synchronous on purpose: this runs before every probe, and on nsfs/procfs (in-memory) the three
   // sync calls cost ~3 µs where the libuv round trips cost 40–160 µs of CPU (profiled in make bench).
   try {

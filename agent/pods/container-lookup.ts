@@ -1,25 +1,26 @@
 /**
  * Finds the pod and container a CRI container ID belongs to, for the kubelet shim, whose ExecSync
- * names a container and nothing else. First the kubelet pod list (status.containerStatuses and
- * initContainerStatuses of probed containers); a container the last poll has not shown yet
- * (kubelet probes right after start, the poll runs every few seconds) is asked of the runtime:
- * ListContainers by ID gives the sandbox and kubelet's labels (pod UID, container name). A pod
- * the poll does not know at all is built from the sandbox's status (name, IPs, network mode) and
- * a re-poll is asked for. Answers are cached (bounded), so a probe per second per container
- * costs no runtime round trip.
+ * names a container and nothing else. The runtime answers it all: ListContainers by ID gives the
+ * sandbox, the container's name and ports (kubelet's label and annotation); PodSandboxStatus gives
+ * the pod's identity, IPs, network mode, netns and annotations. Nothing waits for kubelet's /pods,
+ * which shows a new pod's IP only after its status round trip. /pods adds what it has (the
+ * container's probes and state for on-demand results, ports a container's annotation lacks) and is
+ * the fallback while the runtime cannot be asked.
+ *
+ * Answers are cached per container and per sandbox (bounded, LRU), so a probe per second per
+ * container costs no runtime round trip: a cached sandbox's netns is re-checked (same inode) on
+ * every use, the runtime is asked again after a TTL, and a sandbox found gone (netns replaced or
+ * unmounted, a probe that met a vanished netns, its pod removed) is dropped with its containers.
  */
-import { describeError, InvalidProbeError, NetnsUnavailableError, PodNotFoundError } from '../errors.ts';
+import { describeError, InvalidProbeError, NetnsUnavailableError, PodNotFoundError, UnsupportedPodError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
 import type { CriContainer, CriContainerFilter, CriPodSandboxStatusResponse } from '../netns/cri-client.ts';
-import type { PodInfo } from './types.ts';
+import { isSameNetnsNow } from '../netns/netns-path.ts';
+import { outcomeOf } from '../netns/resolver.ts';
+import { CONTAINER_LABELS, containerNameOf, containerPortsOf, sandboxViewOf, type RecordedHeaders, type SandboxView } from './sandbox-view.ts';
+import type { ContainerInfo, ContainerPort, PodInfo } from './types.ts';
 
-/** kubelet's labels on every container it creates (pkg/kubelet/types/labels.go). */
-export const CONTAINER_LABELS = {
-  podUID: 'io.kubernetes.pod.uid',
-  podName: 'io.kubernetes.pod.name',
-  podNamespace: 'io.kubernetes.pod.namespace',
-  containerName: 'io.kubernetes.container.name',
-} as const;
+export { CONTAINER_LABELS } from './sandbox-view.ts';
 
 /** The subset of CriClient the lookup uses. */
 export interface ContainerRuntime {
@@ -27,18 +28,40 @@ export interface ContainerRuntime {
   podSandboxStatus(podSandboxId: string, verbose: boolean, signal?: AbortSignal): Promise<CriPodSandboxStatusResponse>;
 }
 
+/**
+ * Reads a sandbox's netns out of its verbose status and checks it (CriResolver.netnsOfStatus):
+ * rejects with UnsupportedPodError (host network, sandboxed runtime) or NetnsUnavailableError.
+ */
+export type SandboxNetnsReader = (res: CriPodSandboxStatusResponse, sandboxID: string, who: string, uid: string) => Promise<{ path: string; inode: number }>;
+
 /** Where pods are found (PodSource in the daemon). */
 export interface PodIndex {
   get(uid: string): PodInfo | undefined;
   pods(): PodInfo[];
 }
 
-/** A located container. `from` says how: the pod list, or the runtime (the poll lags). */
+/** The runtime's view of a located container's sandbox. */
+export interface RuntimeSandbox {
+  id: string;
+  /** The checked netns path; probes run there without asking the netns resolvers. */
+  netns: string;
+  /** The httpGet headers the pod's original-handlers annotation records (sandbox-view.ts). */
+  recordedHeaders?: RecordedHeaders;
+  /** Why a present annotation could not be used. */
+  recordedHeadersError?: string;
+}
+
+/**
+ * A located container. `from` says how: the runtime (with `sandbox`), or kubelet's pod list (the
+ * runtime could not be asked, or none is configured; the netns then comes from the resolvers).
+ */
 export interface LocatedContainer {
   pod: PodInfo;
+  container: ContainerInfo;
   containerName: string;
   containerID: string;
   from: 'pods' | 'runtime';
+  sandbox?: RuntimeSandbox;
 }
 
 /** Options of ContainerLocator. */
@@ -46,12 +69,14 @@ export interface ContainerLocatorOptions {
   pods: PodIndex;
   /** The CRI runtime, when the agent has one (the cri netns resolver's client). */
   runtime?: ContainerRuntime;
+  /** Required with `runtime`: how a sandbox's netns is read and checked. */
+  sandboxNetns?: SandboxNetnsReader;
   /** Asks for a kubelet re-poll and resolves after it (or after a bounded wait); never rejects. */
   refreshPods?: (signal?: AbortSignal) => Promise<void>;
-  /** Cached container IDs (default 4096). */
+  /** Cached container IDs, and cached sandboxes (default 4096 each). */
   maxEntries?: number;
-  /** How long a pod built from the runtime is used before the pod list must have it (default 30 s). */
-  runtimePodTtlMs?: number;
+  /** How long the runtime's answer about a sandbox is used before it is asked again (default 60 s, less up to 25 % jitter). */
+  sandboxTtlMs?: number;
   /** How long an unknown ID is answered from memory (default 2 s). */
   negativeTtlMs?: number;
   /** Called once per lookup with how it ended (metrics); must not throw. */
@@ -79,38 +104,77 @@ export function normalizeContainerID(raw: string, field = 'container_id'): strin
   return id;
 }
 
-interface Entry {
-  uid: string;
-  containerName: string;
-  /** A pod built from the runtime, used until `expires` while the pod list does not have it. */
-  runtimePod?: PodInfo;
-  expires?: number;
+/** A sandbox as last read from the runtime. `gone` once invalidated: containers holding it look again. */
+interface SandboxRecord {
+  view: SandboxView;
+  /** Absent when the pod cannot be probed from a netns: `unsupported` says why. */
+  netns?: { path: string; inode: number };
+  unsupported?: UnsupportedPodError;
+  freshUntil: number;
+  gone: boolean;
 }
 
-/** Container ID -> pod and container, from the pod list first and the runtime second. */
+interface ContainerEntry {
+  containerName: string;
+  ports: ContainerPort[];
+  sandbox: SandboxRecord;
+}
+
+/** Container ID -> pod and container, from the runtime (kubelet's pod list as the fallback). */
 export class ContainerLocator {
   readonly #o: ContainerLocatorOptions;
   readonly #log: Logger;
   readonly #max: number;
-  readonly #entries = new Map<string, Entry>();
+  readonly #ttlMs: number;
+  readonly #entries = new Map<string, ContainerEntry>();
+  readonly #sandboxes = new Map<string, SandboxRecord>();
+  /** Containers the pod-list fallback found: container ID -> pod UID and container name. */
+  readonly #listed = new Map<string, { uid: string; containerName: string }>();
   readonly #unknown = new Map<string, number>();
-  readonly #inflight = new Map<string, Promise<LocatedContainer>>();
-  /** Runtime round trips made (tests and metrics read it: a cached probe makes none). */
+  readonly #inflight = new Map<string, Promise<{ found: LocatedContainer; source: LookupSource }>>();
+  readonly #sandboxInflight = new Map<string, Promise<SandboxRecord>>();
+  /** ListContainers round trips made (tests and metrics read it: a cached probe makes none). */
   runtimeLookups = 0;
+  /** PodSandboxStatus round trips made (containers of one sandbox share one). */
+  sandboxLookups = 0;
 
   constructor(opts: ContainerLocatorOptions) {
+    if (opts.runtime && !opts.sandboxNetns) throw new TypeError('ContainerLocator: a runtime needs sandboxNetns');
     this.#o = opts;
     this.#log = (opts.log ?? silentLogger).child({ component: 'container-lookup' });
-    this.#max = opts.maxEntries ?? 4096;
+    this.#max = Math.max(1, opts.maxEntries ?? 4096);
+    this.#ttlMs = Math.max(0, opts.sandboxTtlMs ?? 60_000);
   }
 
-  /** Finds the container; rejects with PodNotFoundError (unknown), NetnsUnavailableError (runtime down) or InvalidProbeError. */
+  /** Entries cached (tests). */
+  get size(): number {
+    return this.#entries.size + this.#listed.size;
+  }
+
+  /** Sandboxes cached (tests). */
+  get sandboxCount(): number {
+    return this.#sandboxes.size;
+  }
+
+  /**
+   * Finds the container; rejects with PodNotFoundError (unknown), NetnsUnavailableError (runtime
+   * down, sandbox not ready), UnsupportedPodError (host network, sandboxed runtime) or InvalidProbeError.
+   */
   async locate(rawID: string, signal?: AbortSignal): Promise<LocatedContainer> {
     const id = normalizeContainerID(rawID);
-    const cached = this.#fromCache(id);
+    let cached: LocatedContainer | undefined;
+    try {
+      cached = this.#fromCache(id);
+    } catch (err) {
+      // A cached pod that cannot be probed from a netns (host network, sandboxed runtime).
+      this.#count('cache');
+      throw err;
+    }
     if (cached) return this.#counted('cache', cached);
-    const scanned = this.#scan(id);
-    if (scanned) return this.#counted('pods', scanned);
+    if (!this.#o.runtime) {
+      const scanned = this.#scan(id);
+      if (scanned) return this.#counted('pods', scanned);
+    }
     const unknownUntil = this.#unknown.get(id);
     if (unknownUntil !== undefined) {
       if (Date.now() < unknownUntil) {
@@ -126,12 +190,26 @@ export class ContainerLocator {
       this.#inflight.set(id, p);
     }
     try {
-      const found = await p;
-      return this.#counted(found.from === 'runtime' ? 'runtime' : 'refresh', found);
+      const { found, source } = await p;
+      return this.#counted(source, found);
     } catch (err) {
-      this.#count(err instanceof NetnsUnavailableError ? 'unavailable' : 'not-found');
+      this.#count(err instanceof NetnsUnavailableError && outcomeOf(err) !== 'not-found' ? 'unavailable' : 'not-found');
       throw err;
     }
+  }
+
+  /** Drops a sandbox and every container cached with it (its netns vanished, or it was replaced). */
+  invalidateSandbox(sandboxID: string): void {
+    const rec = this.#sandboxes.get(sandboxID);
+    if (rec) rec.gone = true;
+    this.#sandboxes.delete(sandboxID);
+    for (const [id, e] of this.#entries) if (e.sandbox.view.id === sandboxID) this.#entries.delete(id);
+  }
+
+  /** Drops everything cached about a pod (it left kubelet's pod list). */
+  forgetPod(uid: string): void {
+    for (const [sid, rec] of this.#sandboxes) if (rec.view.uid === uid) this.invalidateSandbox(sid);
+    for (const [id, e] of this.#listed) if (e.uid === uid) this.#listed.delete(id);
   }
 
   #counted(source: LookupSource, found: LocatedContainer): LocatedContainer {
@@ -147,26 +225,65 @@ export class ContainerLocator {
     }
   }
 
-  /** Entries cached (tests). */
-  get size(): number {
-    return this.#entries.size;
-  }
-
   #fromCache(id: string): LocatedContainer | undefined {
     const e = this.#entries.get(id);
-    if (!e) return undefined;
-    const pod = this.#o.pods.get(e.uid);
-    if (pod) {
-      // LRU: a hit moves to the back.
-      this.#entries.delete(id);
-      this.#entries.set(id, { uid: e.uid, containerName: e.containerName });
-      return { pod, containerName: e.containerName, containerID: id, from: 'pods' };
+    if (e) {
+      const rec = e.sandbox;
+      if (!rec.gone && Date.now() < rec.freshUntil && this.#netnsStillThere(rec)) {
+        // LRU: a hit moves to the back.
+        this.#entries.delete(id);
+        this.#entries.set(id, e);
+        return this.#located(id, e);
+      }
+      return undefined;
     }
-    if (e.runtimePod && e.expires !== undefined && Date.now() < e.expires) {
-      return { pod: e.runtimePod, containerName: e.containerName, containerID: id, from: 'runtime' };
-    }
-    this.#entries.delete(id);
+    if (this.#o.runtime) return undefined;
+    const l = this.#listed.get(id);
+    if (!l) return undefined;
+    const pod = this.#o.pods.get(l.uid);
+    const container = pod?.containers.find((c) => c.name === l.containerName);
+    if (pod && container) return { pod, container, containerName: l.containerName, containerID: id, from: 'pods' };
+    this.#listed.delete(id);
     return undefined;
+  }
+
+  /** A cached sandbox's netns, when it has one, is still the same namespace (a sandbox torn down unmounts it). */
+  #netnsStillThere(rec: SandboxRecord): boolean {
+    if (!rec.netns) return true;
+    if (isSameNetnsNow(rec.netns.path, rec.netns.inode)) return true;
+    this.invalidateSandbox(rec.view.id);
+    return false;
+  }
+
+  /** The answer for a cached container: the runtime's pod, with what /pods knows of it. */
+  #located(id: string, e: ContainerEntry): LocatedContainer {
+    const rec = e.sandbox;
+    if (rec.unsupported) throw rec.unsupported;
+    const v = rec.view;
+    const listed = this.#o.pods.get(v.uid);
+    const listedContainer = listed?.containers.find((c) => c.name === e.containerName);
+    const container: ContainerInfo = listedContainer
+      ? (listedContainer.ports.length > 0 || e.ports.length === 0 ? listedContainer : { ...listedContainer, ports: e.ports })
+      : { name: e.containerName, kind: 'regular', ports: e.ports, probes: {} };
+    const pod: PodInfo = listed
+      ? { ...listed, podIPs: v.podIPs, hostNetwork: v.hostNetwork || listed.hostNetwork }
+      : {
+          uid: v.uid,
+          namespace: v.namespace,
+          name: v.name,
+          hostNetwork: v.hostNetwork,
+          podIPs: v.podIPs,
+          phase: 'Pending',
+          restartPolicy: 'Always',
+          isStatic: false,
+          podReady: false,
+          containers: [container],
+          ...(v.runtimeHandler ? { runtimeClassName: v.runtimeHandler } : {}),
+        };
+    const sandbox: RuntimeSandbox = { id: v.id, netns: rec.netns?.path ?? '' };
+    if (v.recordedHeaders !== undefined) sandbox.recordedHeaders = v.recordedHeaders;
+    if (v.recordedHeadersError !== undefined) sandbox.recordedHeadersError = v.recordedHeadersError;
+    return { pod, container, containerName: e.containerName, containerID: id, from: 'runtime', sandbox };
   }
 
   /** The pod list: kubelet's containerStatuses (and initContainerStatuses, for sidecars). */
@@ -175,110 +292,128 @@ export class ContainerLocator {
       for (const c of pod.containers) {
         const cid = c.state?.containerID;
         if (cid && stripScheme(cid) === id) {
-          this.#remember(id, { uid: pod.uid, containerName: c.name });
-          return { pod, containerName: c.name, containerID: id, from: 'pods' };
+          this.#bounded(this.#listed, id, { uid: pod.uid, containerName: c.name });
+          return { pod, container: c, containerName: c.name, containerID: id, from: 'pods' };
         }
       }
     }
     return undefined;
   }
 
-  async #slowPath(id: string, signal?: AbortSignal): Promise<LocatedContainer> {
+  async #slowPath(id: string, signal?: AbortSignal): Promise<{ found: LocatedContainer; source: LookupSource }> {
     const { runtime, refreshPods } = this.#o;
-    let runtimeError: unknown;
-    if (runtime) {
-      try {
-        const found = await this.#askRuntime(runtime, id, signal);
-        if (found) return found;
-        // The runtime does not have it: no re-poll can make it appear.
-        this.#unknown.set(id, Date.now() + (this.#o.negativeTtlMs ?? 2000));
-        this.#trimUnknown();
-        throw this.#notFound(id, 'the runtime has no such container');
-      } catch (err) {
-        if (err instanceof PodNotFoundError || err instanceof InvalidProbeError) throw err;
-        runtimeError = err;
-        this.#log.debug('runtime lookup failed; waiting for a kubelet poll', { container: id, err: describeError(err) });
+    if (!runtime) {
+      if (refreshPods) {
+        await refreshPods(signal);
+        const scanned = this.#scan(id);
+        if (scanned) return { found: scanned, source: 'refresh' };
       }
+      throw this.#notFound(id, 'no CRI runtime configured to ask');
     }
-    if (refreshPods) {
-      await refreshPods(signal);
+    const stale = this.#entries.get(id);
+    try {
+      return { found: await this.#askRuntime(runtime, id, signal), source: 'runtime' };
+    } catch (err) {
+      if (err instanceof PodNotFoundError || err instanceof InvalidProbeError || err instanceof UnsupportedPodError) throw err;
+      if (outcomeOf(err) !== 'unavailable' || signal?.aborted) throw err;
+      // The runtime cannot be asked (restarting, overloaded). A sandbox cannot be replaced without
+      // it, so the last answer stands while its netns is still the same namespace.
+      if (stale && !stale.sandbox.gone && this.#netnsStillThere(stale.sandbox)) {
+        this.#log.debug('runtime unavailable; using the last answer about the container', { container: short(id), err: describeError(err) });
+        return { found: this.#located(id, stale), source: 'cache' };
+      }
+      this.#log.debug('runtime lookup failed; trying kubelet\'s pod list', { container: short(id), err: describeError(err) });
       const scanned = this.#scan(id);
-      if (scanned) return scanned;
-    }
-    if (runtimeError !== undefined) {
+      if (scanned) return { found: scanned, source: 'pods' };
+      if (refreshPods) {
+        await refreshPods(signal);
+        const refreshed = this.#scan(id);
+        if (refreshed) return { found: refreshed, source: 'refresh' };
+      }
       throw new NetnsUnavailableError(
-        `container ${short(id)} is not in kubelet's pod list yet and the runtime cannot be asked: ${describeError(runtimeError)}`,
+        `container ${short(id)} is not in kubelet's pod list yet and the runtime cannot be asked: ${describeError(err)}`,
         { containerID: id },
-        { cause: runtimeError },
+        { cause: err },
       );
     }
-    throw this.#notFound(id, runtime ? undefined : 'no CRI runtime configured to ask');
   }
 
-  async #askRuntime(runtime: ContainerRuntime, id: string, signal?: AbortSignal): Promise<LocatedContainer | undefined> {
+  async #askRuntime(runtime: ContainerRuntime, id: string, signal?: AbortSignal): Promise<LocatedContainer> {
     this.runtimeLookups++;
     const items = await runtime.listContainers({ id }, signal);
     // Runtimes match a filter ID by prefix; only the exact container counts.
     const c = items.find((x) => x.id === id);
-    if (!c) return undefined;
-    const labels = c.labels ?? {};
-    const uid = labels[CONTAINER_LABELS.podUID];
-    const containerName = labels[CONTAINER_LABELS.containerName] || c.metadata?.name;
-    if (!uid || !containerName) {
+    if (!c) {
+      // The runtime is the authority: a container it does not have is not probed anywhere.
+      this.#entries.delete(id);
+      this.#bounded(this.#unknown, id, Date.now() + (this.#o.negativeTtlMs ?? 2000));
+      throw this.#notFound(id, 'the runtime has no such container');
+    }
+    const uid = c.labels?.[CONTAINER_LABELS.podUID];
+    const containerName = containerNameOf(c);
+    if (!uid || !c.labels?.[CONTAINER_LABELS.containerName] || !containerName) {
       throw new PodNotFoundError(`container ${short(id)} exists in the runtime but was not created by kubelet (no ${CONTAINER_LABELS.podUID} / ${CONTAINER_LABELS.containerName} labels)`, { containerID: id });
     }
-    const known = this.#o.pods.get(uid);
-    if (known) {
-      this.#remember(id, { uid, containerName });
-      return { pod: known, containerName, containerID: id, from: 'runtime' };
+    const sandbox = await this.#sandbox(runtime, c.podSandboxId, signal);
+    if (sandbox.view.uid !== uid) {
+      throw new PodNotFoundError(`container ${short(id)} is labelled for pod ${uid} but its sandbox ${short(c.podSandboxId)} belongs to pod ${sandbox.view.uid}`, { containerID: id });
     }
-    // A pod the poll has not shown: ask for a poll, and meanwhile probe what the runtime says it is.
-    void this.#o.refreshPods?.();
-    const pod = await this.#podFromSandbox(runtime, c, uid, containerName, signal);
-    this.#remember(id, { uid, containerName, runtimePod: pod, expires: Date.now() + (this.#o.runtimePodTtlMs ?? 30_000) });
-    this.#log.info('container not in the pod list yet; using the runtime\'s view of its pod', {
-      container: short(id), pod: `${pod.namespace}/${pod.name}`, uid,
-    });
-    return { pod, containerName, containerID: id, from: 'runtime' };
-  }
-
-  async #podFromSandbox(runtime: ContainerRuntime, c: CriContainer, uid: string, containerName: string, signal?: AbortSignal): Promise<PodInfo> {
-    const res = await runtime.podSandboxStatus(c.podSandboxId, false, signal);
-    const st = res.status;
-    if (!st) throw new PodNotFoundError(`container ${short(c.id)}: its sandbox ${short(c.podSandboxId)} has no status`, { containerID: c.id });
-    const labels = c.labels ?? {};
-    const ips = [st.network?.ip ?? '', ...(st.network?.additionalIps ?? []).map((a) => a.ip)].filter((ip) => ip !== '');
-    return {
-      uid,
-      namespace: st.metadata?.namespace || labels[CONTAINER_LABELS.podNamespace] || '',
-      name: st.metadata?.name || labels[CONTAINER_LABELS.podName] || '',
-      hostNetwork: st.linux?.namespaces?.options?.network === 'NODE',
-      podIPs: [...new Set(ips)],
-      phase: 'Pending',
-      restartPolicy: 'Always',
-      isStatic: false,
-      podReady: false,
-      // Only the container: ports (for named ports) come with the pod list.
-      containers: [{ name: containerName, kind: 'regular', ports: [], probes: {} }],
-      ...(st.runtimeHandler ? { runtimeClassName: st.runtimeHandler } : {}),
-    };
-  }
-
-  #remember(id: string, e: Entry): void {
-    this.#entries.delete(id);
-    this.#entries.set(id, e);
+    const entry: ContainerEntry = { containerName, ports: containerPortsOf(c), sandbox };
+    this.#bounded(this.#entries, id, entry);
     this.#unknown.delete(id);
-    while (this.#entries.size > this.#max) {
-      const oldest = this.#entries.keys().next().value;
-      if (oldest === undefined) break;
-      this.#entries.delete(oldest);
-    }
+    return this.#located(id, entry);
   }
 
-  #trimUnknown(): void {
-    const now = Date.now();
-    if (this.#unknown.size <= this.#max) return;
-    for (const [id, until] of this.#unknown) if (until <= now || this.#unknown.size > this.#max) this.#unknown.delete(id);
+  /** The sandbox's record: cached while fresh and its netns unchanged, else read (once for concurrent callers). */
+  async #sandbox(runtime: ContainerRuntime, sandboxID: string, signal?: AbortSignal): Promise<SandboxRecord> {
+    const cached = this.#sandboxes.get(sandboxID);
+    if (cached && !cached.gone && Date.now() < cached.freshUntil && this.#netnsStillThere(cached)) return cached;
+    let p = this.#sandboxInflight.get(sandboxID);
+    if (!p) {
+      p = this.#readSandbox(runtime, sandboxID, signal).finally(() => this.#sandboxInflight.delete(sandboxID));
+      this.#sandboxInflight.set(sandboxID, p);
+    }
+    return p;
+  }
+
+  async #readSandbox(runtime: ContainerRuntime, sandboxID: string, signal?: AbortSignal): Promise<SandboxRecord> {
+    this.sandboxLookups++;
+    let res: CriPodSandboxStatusResponse;
+    try {
+      res = await runtime.podSandboxStatus(sandboxID, true, signal);
+    } catch (err) {
+      if (outcomeOf(err) === 'not-found') {
+        throw new PodNotFoundError(`sandbox ${short(sandboxID)} is gone from the runtime: ${describeError(err)}`, { sandboxID });
+      }
+      throw err;
+    }
+    const view = sandboxViewOf(res, sandboxID);
+    if (typeof view === 'string') throw new PodNotFoundError(`sandbox ${short(sandboxID)}: ${view}`, { sandboxID });
+    const who = `${view.namespace}/${view.name} (${view.uid})`;
+    const rec: SandboxRecord = { view, freshUntil: Date.now() + this.#ttlMs * (0.75 + Math.random() / 4), gone: false };
+    if (view.hostNetwork) {
+      rec.unsupported = new UnsupportedPodError(`pod ${who} uses hostNetwork: its probes stay with kubelet`, { uid: view.uid, sandboxID });
+    } else {
+      try {
+        rec.netns = await (this.#o.sandboxNetns as SandboxNetnsReader)(res, sandboxID, who, view.uid);
+      } catch (err) {
+        if (!(err instanceof UnsupportedPodError)) throw err;
+        rec.unsupported = err;
+      }
+    }
+    this.#bounded(this.#sandboxes, sandboxID, rec);
+    return rec;
+  }
+
+  /** Sets `key` at the back of an LRU map and drops the oldest beyond the bound. */
+  #bounded<V>(map: Map<string, V>, key: string, value: V): void {
+    map.delete(key);
+    map.set(key, value);
+    while (map.size > this.#max) {
+      const oldest = map.keys().next().value;
+      if (oldest === undefined) break;
+      map.delete(oldest);
+    }
   }
 
   #notFound(id: string, why?: string): PodNotFoundError {

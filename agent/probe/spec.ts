@@ -178,12 +178,27 @@ function parseHeaders(raw: unknown, p: FieldPath): HttpHeader[] {
     if (typeof name !== 'string' || name === '') throw ep.child('name').error('required');
     if (name.length > SPEC_LIMITS.maxHeaderNameLength) throw ep.child('name').error(`must be at most ${SPEC_LIMITS.maxHeaderNameLength} characters`);
     if (!HEADER_NAME.test(name)) throw ep.child('name').error(`invalid header name "${name}": a valid HTTP header must consist of alphanumeric characters or '-'`);
+    const valueFrom = h['valueFrom'];
+    if (valueFrom !== undefined && valueFrom !== null && valueFrom !== '') {
+      // A rewritten handler's header whose value the agent reads from the pod's original-handlers
+      // annotation (agent/pods/header-values.ts), so that it never appears in the exec command.
+      if (valueFrom !== 'annotation') throw ep.child('valueFrom').error(`unsupported value ${JSON.stringify(String(valueFrom).slice(0, 32))}: supported values: "annotation"`);
+      if (h['value'] !== undefined && h['value'] !== null && h['value'] !== '') throw ep.child('value').error('must be empty when valueFrom is set');
+      return { name, value: '', valueFrom };
+    }
     const value = h['value'] ?? '';
     if (typeof value !== 'string') throw ep.child('value').error('must be a string');
-    if (value.length > SPEC_LIMITS.maxHeaderValueLength) throw ep.child('value').error(`must be at most ${SPEC_LIMITS.maxHeaderValueLength} characters`);
-    if (HEADER_VALUE_FORBIDDEN.test(value)) throw ep.child('value').error('must not contain control characters');
+    const bad = checkHeaderValue(value);
+    if (bad) throw ep.child('value').error(bad);
     return { name, value };
   });
+}
+
+/** What is wrong with a header value (kubelet's and Go's rules), or undefined when nothing is. */
+export function checkHeaderValue(value: string): string | undefined {
+  if (value.length > SPEC_LIMITS.maxHeaderValueLength) return `must be at most ${SPEC_LIMITS.maxHeaderValueLength} characters`;
+  if (HEADER_VALUE_FORBIDDEN.test(value)) return 'must not contain control characters';
+  return undefined;
 }
 
 function parseGrpc(body: Record<string, unknown>, p: FieldPath): ProbeHandler {

@@ -11,6 +11,11 @@ export type PortRef = number | string;
 export interface HttpHeader {
   name: string;
   value: string;
+  /**
+   * 'annotation': the value is not in the handler; the agent reads it from the pod's
+   * original-handlers annotation before the request is made (agent/pods/header-values.ts).
+   */
+  valueFrom?: 'annotation';
 }
 
 /** httpGet, normalised: scheme upper-cased, path defaulted to "/". */

@@ -83,7 +83,7 @@ describe('ProbeService wire contract', () => {
       RunLifecycleHandlerResponse: 'result=1 message=2 duration_seconds=3',
       ProbeHandler: 'http_get=2 tcp_socket=3 grpc=4',
       IntOrString: 'int_val=1 str_val=2',
-      HTTPHeader: 'name=1 value=2',
+      HTTPHeader: 'name=1 value=2 value_from=100',
       HTTPGetAction: 'path=1 port=2 host=3 scheme=4 http_headers=5',
       TCPSocketAction: 'port=1 host=2',
       GRPCAction: 'port=1 service=2',

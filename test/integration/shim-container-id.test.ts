@@ -3,7 +3,7 @@
  * against a REAL containerd with real containers: a container kubelet's pod list shows, one the
  * list does not show yet (kubelet probes right after start; the poll lags), one whose whole pod the
  * poll has never seen, and IDs nobody knows. Then the locator in-process, to see that repeated
- * probes of one container cost one runtime round trip.
+ * probes of one container cost one runtime round trip and that a sandbox gone is not answered from memory.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr']);
@@ -12,6 +12,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ApiError } from '../../agent/api/client.ts';
+import { CriResolver } from '../../agent/netns/cri-resolver.ts';
+import { NetnsPathChecker } from '../../agent/netns/netns-path.ts';
 import { ContainerLocator } from '../../agent/pods/container-lookup.ts';
 import type { PodInfo } from '../../agent/pods/types.ts';
 import type { ProbeHandler } from '../../agent/probe/types.ts';
@@ -157,24 +159,63 @@ describe('RunLifecycleHandler by container_id', () => {
 });
 
 describe('ContainerLocator against the runtime', () => {
-  it('costs one runtime lookup for many probes of one new container, and none for a listed one', async () => {
-    const listedPod = { uid: listed.uid, namespace: NS, name: listed.name, containers: [
+  const cri = (): CriResolver => new CriResolver({ client: ctrd.client, pathChecker: new NetnsPathChecker({ extraDirs: [ctrd.netnsDir] }) });
+  const locatorOf = (pods: Map<string, PodInfo>, extra: Partial<ConstructorParameters<typeof ContainerLocator>[0]> = {}): ContainerLocator => {
+    const r = cri();
+    return new ContainerLocator({
+      pods: { get: (u) => pods.get(u), pods: () => [...pods.values()] },
+      runtime: ctrd.client,
+      sandboxNetns: (res, id, who, uid) => r.netnsOfStatus(res, id, who, uid),
+      ...extra,
+    });
+  };
+
+  it('asks the runtime once per container and once per sandbox, then answers from memory; IPs and netns come from the runtime, not the pod list', async () => {
+    // The pod list has the pod, but (as kubelet's /pods right after a start) without IPs.
+    const listedPod = { uid: listed.uid, namespace: NS, name: listed.name, podIPs: [], containers: [
       { name: 'app', kind: 'regular', ports: [], probes: {}, state: { containerID: `containerd://${listedApp.id}`, running: true, terminated: false, ready: true, restartCount: 0 } },
     ] } as unknown as PodInfo;
-    const pods = new Map([[listed.uid, listedPod]]);
-    const locator = new ContainerLocator({ pods: { get: (u) => pods.get(u), pods: () => [...pods.values()] }, runtime: ctrd.client });
+    const locator = locatorOf(new Map([[listed.uid, listedPod]]));
     for (let i = 0; i < 5; i++) {
-      expect((await locator.locate(listedApp.id)).from).toBe('pods');
+      const app = await locator.locate(listedApp.id);
+      expect(app).toMatchObject({ from: 'runtime', containerName: 'app', pod: { uid: listed.uid, podIPs: listed.ips }, sandbox: { id: listed.id, netns: listed.netnsPath } });
+      // What only the pod list knows (the container's state) is kept.
+      expect(app.container.state?.containerID).toBe(`containerd://${listedApp.id}`);
       const late = await locator.locate(lateApp.id);
       expect(late).toMatchObject({ containerName: 'late', pod: { uid: listed.uid } });
       const other = await locator.locate(`containerd://${unlistedApp.id}`);
       expect(other.pod).toMatchObject({ uid: unlisted.uid, name: 'unlisted', namespace: NS, podIPs: unlisted.ips, hostNetwork: false });
     }
-    expect(locator.runtimeLookups).toBe(2);
-    await expect(locator.locate('0'.repeat(64))).rejects.toThrow(/not known on this node/);
-    await expect(locator.locate('0'.repeat(64))).rejects.toThrow(/not known on this node/);
     expect(locator.runtimeLookups).toBe(3);
+    expect(locator.sandboxLookups).toBe(2);
+    await expect(locator.locate('0'.repeat(64))).rejects.toThrow(/not known on this node/);
+    await expect(locator.locate('0'.repeat(64))).rejects.toThrow(/not known on this node/);
+    expect(locator.runtimeLookups).toBe(4);
   });
+
+  it('holds at most maxEntries containers and sandboxes', async () => {
+    const locator = locatorOf(new Map(), { maxEntries: 1 });
+    for (const id of [listedApp.id, lateApp.id, unlistedApp.id, listedApp.id]) await locator.locate(id);
+    expect(locator.size).toBe(1);
+    expect(locator.sandboxCount).toBe(1);
+  });
+
+  it('does not answer from memory for a sandbox that went away, nor for a pod that left the pod list', async () => {
+    const sb = await ctrd.runSandbox({ name: 'going', namespace: NS });
+    const c = await ctrd.runContainer(sb, { name: 'app' });
+    const locator = locatorOf(new Map());
+    expect((await locator.locate(c.id)).sandbox?.netns).toBe(sb.netnsPath);
+    await ctrd.stopSandbox(sb.id);
+    // The cached netns is unmounted: the runtime is asked, and says the sandbox is not ready.
+    await expect(locator.locate(c.id)).rejects.toThrow(/SANDBOX_NOTREADY/);
+    expect(locator.runtimeLookups).toBe(2);
+    // forgetPod drops what was cached about a pod.
+    await locator.locate(unlistedApp.id);
+    locator.forgetPod(unlisted.uid);
+    await locator.locate(unlistedApp.id);
+    expect(locator.runtimeLookups).toBe(4);
+    await ctrd.removeSandbox(sb.id);
+  }, 30_000);
 });
 
 describe('container lookup metrics', () => {
@@ -184,8 +225,8 @@ describe('container lookup metrics', () => {
       const m = new RegExp(`^probe_agent_container_lookups_total\\{source="${source}"\\} (\\S+)$`, 'm').exec(body);
       return m ? Number(m[1]) : 0;
     };
-    expect(value('pods')).toBeGreaterThanOrEqual(1);
-    expect(value('runtime')).toBeGreaterThanOrEqual(2);
+    // Every container is asked of the runtime (the pod list is only the fallback while the runtime is down).
+    expect(value('runtime')).toBeGreaterThanOrEqual(3);
     expect(value('cache')).toBeGreaterThanOrEqual(3);
     expect(value('not-found')).toBeGreaterThanOrEqual(2);
     expect(value('unavailable')).toBe(1);

@@ -38,6 +38,8 @@ export interface SandboxOptions {
   hostNetwork?: boolean;
   /** CRI runtime handler; the lab config knows '' (runc) and 'runsc' (runc under a sandboxed runtime's name). */
   runtimeHandler?: string;
+  /** Extra sandbox annotations (kubelet copies the pod's annotations onto its sandbox). */
+  annotations?: Record<string, string>;
 }
 
 /** A running sandbox. */
@@ -64,6 +66,8 @@ export interface ContainerOptions {
   image?: string;
   command?: string[];
   attempt?: number;
+  /** Container annotations (kubelet writes e.g. io.kubernetes.container.ports). */
+  annotations?: Record<string, string>;
 }
 
 /** A running container. */
@@ -217,7 +221,7 @@ class Lab implements ContainerdLab {
         'io.kubernetes.pod.name': name,
         'io.kubernetes.pod.namespace': namespace,
       },
-      annotations: { 'kubernetes.io/config.source': 'api' },
+      annotations: { ...opts.annotations, 'kubernetes.io/config.source': 'api' },
       linux: { cgroupParent, securityContext: { namespaceOptions: { network, pid: 'CONTAINER', ipc: 'POD' } } },
     }, opts.runtimeHandler ?? '', 30_000);
     const st = await this.client.podSandboxStatus(id, true);
@@ -243,6 +247,7 @@ class Lab implements ContainerdLab {
       image: { image: opts.image ?? PAUSE_IMAGE_REF },
       ...(opts.command ? { command: opts.command } : {}),
       labels: { ...podLabels, 'io.kubernetes.container.name': opts.name },
+      ...(opts.annotations ? { annotations: opts.annotations } : {}),
     }, {
       metadata: { name: sb.name, uid: sb.uid, namespace: sb.namespace, attempt: sb.attempt },
       labels: podLabels,
