@@ -10,7 +10,8 @@ import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { rmSync } from 'node:fs';
+import { labScratch } from '../lab/slots.ts';
 import { createInterface } from 'node:readline';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
@@ -92,7 +93,7 @@ function readEvents(c: KubeletCri): Promise<{ code: number; details: string; mes
 beforeAll(async () => {
   ctrd = await createContainerdLab();
   importBusyboxImage(ctrd.socket);
-  scratch = mkdtempSync('/run/probe-agent-lab/shim-authority-');
+  scratch = labScratch('shim-authority-');
   pod = await ctrd.runSandbox({ name: 'web', namespace: NS });
   app = await ctrd.runContainer(pod, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
   server = await startPodServer(pod);

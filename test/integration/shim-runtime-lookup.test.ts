@@ -12,7 +12,8 @@ requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr']);
 
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { rmSync } from 'node:fs';
+import { labScratch } from '../lab/slots.ts';
 import { createInterface } from 'node:readline';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
@@ -93,7 +94,7 @@ async function podWithServer(name: string, annotations?: Record<string, string>,
 
 beforeAll(async () => {
   ctrd = await createContainerdLab();
-  scratch = mkdtempSync('/run/probe-agent-lab/shim-rt-');
+  scratch = labScratch('shim-rt-');
   // What kubelet's /pods shows before the status round trip: the pod, no podIPs, no containerStatuses.
   kubelet = await FakeKubelet.start({ pods: [makePod({ uid: LISTED_UID, name: 'listed', namespace: NS, ips: [], probe: 'none', port: PORT, noContainerStatuses: true })] });
   agent = await startAgent({

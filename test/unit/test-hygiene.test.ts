@@ -1,0 +1,32 @@
+/**
+ * Guards for what made `make test` fail on a machine that never ran it: a test that makes a temp
+ * directory under /run/probe-agent-lab (or anywhere in /run) with a bare mkdtempSync relies on some
+ * other test having created the parent first. labScratch() (test/lab/slots.ts) creates it.
+ */
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+
+const TEST_ROOT = fileURLToPath(new URL('..', import.meta.url));
+
+function* sources(dir: string): Generator<string> {
+  for (const name of readdirSync(dir)) {
+    const p = path.join(dir, name);
+    if (statSync(p).isDirectory()) yield* sources(p);
+    else if (p.endsWith('.ts')) yield p;
+  }
+}
+
+describe('test hygiene on a new machine', () => {
+  it('no test makes a temp directory in /run/probe-agent-lab without creating the lab directory first (use labScratch)', () => {
+    const offenders: string[] = [];
+    for (const file of sources(TEST_ROOT)) {
+      const text = readFileSync(file, 'utf8');
+      for (const [i, line] of text.split('\n').entries()) {
+        if (/mkdtempSync\(\s*['"`]\/run\/probe-agent-lab\//.test(line)) offenders.push(`${path.relative(TEST_ROOT, file)}:${i + 1}`);
+      }
+    }
+    expect(offenders).toEqual([]);
+  });
+});
