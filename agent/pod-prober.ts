@@ -14,7 +14,7 @@ import type { FeatureGates } from './featuregates.ts';
 import { silentLogger, type Logger } from './log.ts';
 import { outcomeOf, type NetnsResolverChain, type PodRef } from './netns/resolver.ts';
 import type { ContainerLocator, PodIndex, RuntimeSandbox } from './pods/container-lookup.ts';
-import { handlerFieldOf, needsHeaderValues, withHeaderValues, type HeaderValueSource } from './pods/header-values.ts';
+import { handlerFieldOf, needsHeaderValues, refuseDroppedHeaderValues, withHeaderValues, type HeaderValueSource } from './pods/header-values.ts';
 import type { ContainerInfo, NotOursReason, PodInfo } from './pods/types.ts';
 import { runProbe } from './probe/run.ts';
 import { refuseForeignHostInShimCall } from './probe/target.ts';
@@ -149,6 +149,7 @@ export class PodProber implements OnDemandProber {
     // A call naming a container ID is the kubelet shim's: its handler came from the pod's own exec command.
     const shimCall = req.containerID !== undefined;
     if (shimCall) refuseForeignHostInShimCall(req.handler, pod.podIPs, 'probe');
+    if (shimCall && req.handler.kind === 'http') refuseDroppedHeaderValues(req.handler, headerSource(located, req.probeType ? { probeType: req.probeType } : undefined));
     const handler = req.handler.kind === 'http' && needsHeaderValues(req.handler)
       ? withHeaderValues(req.handler, headerSource(located, req.probeType ? { probeType: req.probeType } : undefined))
       : req.handler;
@@ -211,6 +212,7 @@ export class PodProber implements OnDemandProber {
     const { pod, container, sandbox } = located;
     const shimCall = req.containerID !== undefined;
     if (shimCall) refuseForeignHostInShimCall(req.handler, pod.podIPs, 'hook');
+    if (shimCall && req.handler.kind === 'http') refuseDroppedHeaderValues(req.handler, headerSource(located, { hook: req.hook }));
     const handler = req.handler.kind === 'http' && needsHeaderValues(req.handler)
       ? withHeaderValues(req.handler, headerSource(located, { hook: req.hook }))
       : req.handler;

@@ -73,6 +73,33 @@ export function withHeaderValues(handler: HttpGetHandler, source: HeaderValueSou
   return { ...handler, headers };
 }
 
+/**
+ * Refuses a shim call's header sent with an empty value where the pod's record holds a non-empty
+ * one under the same name at the same index: a command of a rewrite that moved the value to the
+ * annotation (`valueFrom`), passed on by a shim too old to know the field, which dropped it.
+ * Sending the header empty would reach the pod as a wrong credential (a liveness probe then
+ * restarts the container); a gRPC error is discarded by kubelet for a probe and counted as a
+ * failed hook. A record that cannot be read, or agrees, proves nothing: the header is sent as is
+ * (an empty value is valid, e.g. `Accept` with no value).
+ */
+export function refuseDroppedHeaderValues(handler: HttpGetHandler, source: HeaderValueSource): void {
+  const empty = handler.headers.flatMap((h, i) => (h.value === '' && h.valueFrom === undefined ? [i] : []));
+  if (empty.length === 0 || source.unavailable !== undefined || source.recorded === undefined) return;
+  const key = `${source.containerName}/${source.field}`;
+  const recorded = source.recorded.get(key);
+  if (recorded === undefined) return;
+  for (const i of empty) {
+    const entry = recorded[i];
+    const name = handler.headers[i]!.name;
+    if (!isObject(entry) || entry['name'] !== name || typeof entry['value'] !== 'string' || entry['value'] === '') continue;
+    throw new InvalidProbeError(
+      `handler.http_get.http_headers[${i}]: "${name}" has an empty value, but annotation ${ORIGINAL_HANDLERS_ANNOTATION} ("${key}") records one: ` +
+        'the shim that sent this call dropped the rewrite\'s valueFrom (a shim older than the webhook that rewrote the pod); upgrade the shim on this node',
+      { field: `handler.http_get.http_headers[${i}].value` },
+    );
+  }
+}
+
 function isObject(v: unknown): v is Record<string, unknown> {
   return v !== null && typeof v === 'object' && !Array.isArray(v);
 }

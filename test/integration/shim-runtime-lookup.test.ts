@@ -183,7 +183,7 @@ describe('header values from the pod\'s original-handlers annotation on the sand
   it.each([
     ['no entry for the probe type', 'startup', [{ name: 'Authorization', valueFrom: 'annotation' }], /"app\/startupProbe"\): no httpGet handler with headers is recorded/],
     ['the recorded header at that index has another name', 'liveness', [{ name: 'Authorization', valueFrom: 'annotation' }], /recorded header at index 0 is "X-Other", not "Authorization"/],
-    ['no recorded header at that index', 'readiness', [{ name: 'X-Trace', value: 'plain' }, { name: 'Authorization', value: '' }, { name: 'Authorization', valueFrom: 'annotation' }], /no recorded header at index 2/],
+    ['no recorded header at that index', 'readiness', [{ name: 'X-Trace', value: 'plain' }, { name: 'Authorization', value: SECRET }, { name: 'Authorization', valueFrom: 'annotation' }], /no recorded header at index 2/],
   ] as const)('%s: a gRPC error kubelet discards, naming the cause', async (_name, kind, headers, message) => {
     const before = seenAuth.get('annotated')!.length;
     const e = grpcError(await run(app, kind, rewritten('/auth', PORT, [...headers])));

@@ -20,6 +20,7 @@ import { createInterface } from 'node:readline';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
 import { encodeShimCommand, type ShimKind } from '../../agent/rewrite/shim-command.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
@@ -36,6 +37,9 @@ const NS = 'skew';
 const HTTP = 8080;
 const GRPC = 9090;
 const SECRET = 'skew-s3cret-value';
+/** A second server in the pod's netns that records the X-Hook-Token each request carries (the hook's target). */
+const HOOK_PORT = 8081;
+const HOOK_SECRET = 'skew-hook-s3cret';
 const CURRENT_CLI = path.join(REPO, 'dist/cli.js');
 
 /** What a user writes: named ports, an inline header value, every kind of handler the rewrite turns into the command. */
@@ -47,11 +51,11 @@ const MANIFEST = {
     containers: [{
       name: 'app',
       image: 'busybox',
-      ports: [{ name: 'http', containerPort: HTTP }, { name: 'grpc', containerPort: GRPC }],
+      ports: [{ name: 'http', containerPort: HTTP }, { name: 'grpc', containerPort: GRPC }, { name: 'hook', containerPort: HOOK_PORT }],
       readinessProbe: { httpGet: { path: '/echo', port: 'http', httpHeaders: [{ name: 'X-Token', value: SECRET }] }, periodSeconds: 10, timeoutSeconds: 1 },
       livenessProbe: { tcpSocket: { port: 'http' }, periodSeconds: 10, timeoutSeconds: 1 },
       startupProbe: { grpc: { port: GRPC }, periodSeconds: 10, timeoutSeconds: 1 },
-      lifecycle: { postStart: { httpGet: { path: '/echo', port: 'http' } }, preStop: { httpGet: { path: '/healthz', port: 'http' } } },
+      lifecycle: { postStart: { httpGet: { path: '/started', port: 'hook', httpHeaders: [{ name: 'X-Hook-Token', value: HOOK_SECRET }] } }, preStop: { httpGet: { path: '/healthz', port: 'http' } } },
     }],
   },
 };
@@ -69,6 +73,9 @@ let scratch: string;
 let sandbox: LabSandbox;
 let app: LabContainer;
 let server: ChildProcessWithoutNullStreams;
+let hookServer: ChildProcessWithoutNullStreams;
+/** The X-Hook-Token of every request the hook server got, in order (null: no such header). */
+const hookTokens: (string | null)[] = [];
 const agents = new Map<Release, AgentHandle>();
 const pairs: Pair[] = [];
 let byPrevious: Rewritten;
@@ -113,6 +120,37 @@ async function startPodServer(sb: LabSandbox): Promise<ChildProcessWithoutNullSt
   return child;
 }
 
+/** The hook's target: answers 200 to anything and records the request's X-Hook-Token (kubelet ignores a hook's HTTP status). */
+async function startHookServer(sb: LabSandbox): Promise<ChildProcessWithoutNullStreams> {
+  const code = `require('http').createServer((q, s) => {
+    console.log('token=' + JSON.stringify(q.headers['x-hook-token'] ?? null));
+    s.end('ok');
+  }).listen(${HOOK_PORT}, '::', () => console.log('ready'))`;
+  const child = spawn('nsenter', [`--net=${sb.netnsPath}`, '--', process.execPath, '-e', code]);
+  child.stdin.on('error', () => {});
+  await new Promise<void>((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error('hook server did not start')), 15_000);
+    createInterface({ input: child.stdout }).on('line', (l) => {
+      if (l === 'ready') {
+        clearTimeout(t);
+        resolve();
+      } else if (l.startsWith('token=')) {
+        hookTokens.push(JSON.parse(l.slice(6)) as string | null);
+      }
+    });
+  });
+  return child;
+}
+
+/** The X-Token values /echo saw, from a success's message (the agent shows the body). */
+function echoedTokens(v: Verdict): string[] {
+  if (v.kind !== 'exit') throw new Error(`expected an exit, got gRPC ${grpc.status[v.code]}: ${v.details}`);
+  const m = /\{"method".*?"rawHeaders":(\[.*?\])/.exec(v.stdout);
+  if (!m) throw new Error(`no /echo body in: ${v.stdout}`);
+  const raw = JSON.parse(m[1]!) as string[];
+  return raw.flatMap((x, i) => (i % 2 === 0 && x.toLowerCase() === 'x-token' ? [raw[i + 1]!] : []));
+}
+
 /** Flags each release's shim takes (the previous one has no --metrics-socket; '' keeps the current one off /run). */
 function shimFlags(release: Release, probeSocket: string): string[] {
   const common = [`--runtime-endpoint=${ctrd.endpoint}`, `--probe-socket=${probeSocket}`, '--agent-grace=2s', '--hook-agent-wait=2s'];
@@ -150,12 +188,14 @@ beforeAll(async () => {
   ctrd = await createContainerdLab();
   importBusyboxImage(ctrd.socket);
   scratch = mkdtempSync(path.join(ctrd.dir, 'skew-'));
-  sandbox = await ctrd.runSandbox({ name: 'web', namespace: NS });
-  app = await ctrd.runContainer(sandbox, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
-  server = await startPodServer(sandbox);
-
   byPrevious = rewriteWith(prev.cli);
   byCurrent = rewriteWith(CURRENT_CLI);
+  // kubelet copies the pod's annotations onto the CRI sandbox: here those of the current rewrite,
+  // whose original-handlers record holds the header values its commands leave out.
+  sandbox = await ctrd.runSandbox({ name: 'web', namespace: NS, annotations: { [ORIGINAL_HANDLERS_ANNOTATION]: byCurrent.pod.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] } });
+  app = await ctrd.runContainer(sandbox, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
+  server = await startPodServer(sandbox);
+  hookServer = await startHookServer(sandbox);
   // The pod as kubelet lists it: rewritten by the previous release's webhook (what a node holds
   // when its shim and agent are upgraded), its container ID the real one.
   const listed = makePod({ uid: sandbox.uid, name: 'web', namespace: NS, ips: sandbox.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` }) as Record<string, any>;
@@ -188,6 +228,7 @@ afterAll(async () => {
   for (const a of agents.values()) await a.stop('SIGKILL').catch(() => {});
   await kubelet?.stop();
   server?.kill('SIGKILL');
+  hookServer?.kill('SIGKILL');
   await ctrd?.destroy();
   prev?.remove();
 });
@@ -218,6 +259,9 @@ describe('the contracts both releases speak', () => {
     expect(handlerOf(byCurrent.commands.liveness)).toEqual({ tcpSocket: { port: HTTP } });
     expect(handlerOf(byPrevious.commands.readiness).httpGet.httpHeaders).toEqual([{ name: 'X-Token', value: SECRET }]);
     expect(handlerOf(byCurrent.commands.readiness).httpGet.httpHeaders).toEqual([{ name: 'X-Token', valueFrom: 'annotation' }]);
+    expect(handlerOf(byPrevious.commands.postStart).httpGet.httpHeaders).toEqual([{ name: 'X-Hook-Token', value: HOOK_SECRET }]);
+    expect(handlerOf(byCurrent.commands.postStart).httpGet.httpHeaders).toEqual([{ name: 'X-Hook-Token', valueFrom: 'annotation' }]);
+    for (const cmd of Object.values(byCurrent.commands)) expect(cmd.join(' ')).not.toMatch(/s3cret/);
   });
 });
 
@@ -283,11 +327,79 @@ describe('failures and errors keep their meaning across the skew', () => {
 });
 
 describe('pods rewritten by the current release (webhook upgraded) through each pair', () => {
-  it('resolved ports (liveness tcp, hooks) and an untouched gRPC handler: success from every pair, the previous agent included', async () => {
+  it('resolved ports (liveness tcp, a hook without headers) and an untouched gRPC handler: success from every pair, the previous agent included', async () => {
     for (const p of pairs) {
-      for (const kind of ['liveness', 'startup', 'postStart', 'preStop'] as const) {
+      for (const kind of ['liveness', 'startup', 'preStop'] as const) {
         expect(await call(p, byCurrent.commands[kind]), `${label(p)}: ${kind}`).toMatchObject({ kind: 'exit', exitCode: 0 });
       }
+    }
+  });
+});
+
+/**
+ * The current rewrite leaves header values out of the command (`valueFrom: annotation`, field 100
+ * on the wire); the value is in the sandbox's original-handlers annotation, which only the current
+ * agent reads, and only when the current shim passes field 100 on. What each pair does with such
+ * a readiness probe (target /echo, which answers with the headers it got) and postStart hook
+ * (target the hook server, which records X-Hook-Token; kubelet ignores a hook's HTTP status).
+ */
+describe('header values a current rewrite moved to the annotation (webhook upgraded) through each pair', () => {
+  /** The hook server's records made by one call. */
+  async function hookTokensOf(p: Pair): Promise<{ verdict: Verdict; tokens: (string | null)[] }> {
+    const before = hookTokens.length;
+    const verdict = await call(p, byCurrent.commands.postStart);
+    // The server's stdout line may trail the answer by a moment.
+    for (let i = 0; i < 50 && verdict.kind === 'exit' && hookTokens.length === before; i++) await new Promise((r) => setTimeout(r, 20));
+    return { verdict, tokens: hookTokens.slice(before) };
+  }
+
+  it('current shim + current agent: the value reaches the pod, for the probe and the hook', async () => {
+    const p = pair('current', 'current');
+    const ready = await call(p, byCurrent.commands.readiness);
+    expect(ready).toMatchObject({ kind: 'exit', exitCode: 0 });
+    expect(echoedTokens(ready)).toEqual([SECRET]);
+    const hook = await hookTokensOf(p);
+    expect(hook.verdict).toMatchObject({ kind: 'exit', exitCode: 0 });
+    expect(hook.tokens).toEqual([HOOK_SECRET]);
+  });
+
+  it('current shim + previous agent: the previous agent ignores field 100 and sends the header with an EMPTY value (probe passes, hook runs)', async () => {
+    const p = pair('current', 'previous');
+    const ready = await call(p, byCurrent.commands.readiness);
+    expect(ready).toMatchObject({ kind: 'exit', exitCode: 0 });
+    expect(echoedTokens(ready)).toEqual(['']);
+    const hook = await hookTokensOf(p);
+    expect(hook.verdict).toMatchObject({ kind: 'exit', exitCode: 0 });
+    expect(hook.tokens).toEqual(['']);
+  });
+
+  it('previous shim + previous agent: the previous shim drops valueFrom; the header goes out EMPTY', async () => {
+    const p = pair('previous', 'previous');
+    const ready = await call(p, byCurrent.commands.readiness);
+    expect(ready).toMatchObject({ kind: 'exit', exitCode: 0 });
+    expect(echoedTokens(ready)).toEqual(['']);
+    const hook = await hookTokensOf(p);
+    expect(hook.verdict).toMatchObject({ kind: 'exit', exitCode: 0 });
+    expect(hook.tokens).toEqual(['']);
+  });
+
+  it('previous shim + current agent: the previous shim drops valueFrom, the current agent sees an empty value the annotation contradicts and refuses (INVALID_ARGUMENT), sending nothing', async () => {
+    const p = pair('previous', 'current');
+    const ready = await call(p, byCurrent.commands.readiness);
+    expect(ready).toMatchObject({ kind: 'grpc', code: grpc.status.INVALID_ARGUMENT });
+    expect((ready as { details: string }).details).toMatch(/X-Token.*empty.*upgrade the shim/);
+    const hook = await hookTokensOf(p);
+    expect(hook.verdict).toMatchObject({ kind: 'grpc', code: grpc.status.INVALID_ARGUMENT });
+    expect(hook.tokens).toEqual([]);
+  });
+
+  it('an empty value the annotation also records empty is sent as written by the current agent (an older rewrite\'s inline empty value)', async () => {
+    // The record holds X-Token=SECRET for readiness; liveness has no record entry: nothing contradicts the empty value.
+    const cmd = encodeShimCommand('liveness', { httpGet: { path: '/echo', port: HTTP, httpHeaders: [{ name: 'X-Token', value: '' }] } });
+    for (const shim of ['previous', 'current'] as const) {
+      const v = await call(pair(shim, 'current'), cmd);
+      expect(v, shim).toMatchObject({ kind: 'exit', exitCode: 0 });
+      expect(echoedTokens(v)).toEqual(['']);
     }
   });
 });

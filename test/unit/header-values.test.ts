@@ -11,7 +11,7 @@ import { describe, expect, it } from 'vitest';
 import { encodeLifecycleHandler, encodeProbeHandler } from '../../agent/api/handler-wire.ts';
 import { lifecycleRequestFromWire, probeRequestFromWire } from '../../agent/api/convert-request.ts';
 import { InvalidProbeError } from '../../agent/errors.ts';
-import { handlerFieldOf, withHeaderValues } from '../../agent/pods/header-values.ts';
+import { handlerFieldOf, refuseDroppedHeaderValues, withHeaderValues } from '../../agent/pods/header-values.ts';
 import { MAX_ORIGINAL_HANDLERS_BYTES, recordedHeadersOf, sandboxViewOf } from '../../agent/pods/sandbox-view.ts';
 import { planTargets } from '../../agent/probe/target.ts';
 import { parseProbe } from '../../agent/probe/spec.ts';
@@ -104,6 +104,22 @@ describe('resolving values from the record', () => {
     })();
     expect(err).toBeInstanceOf(InvalidProbeError);
     expect((err as Error).message).toMatch(message);
+  });
+
+  it('an empty value the record contradicts (a shim that dropped valueFrom) is refused; one it agrees with, or cannot judge, is sent', () => {
+    // What a shim older than field 100 sends for {"name":"Authorization","valueFrom":"annotation"}: the name, no value.
+    const dropped = rewritten([{ name: 'X-A', value: 'a' }, { name: 'Authorization', value: '' }]);
+    expect(() => refuseDroppedHeaderValues(dropped, source({ probeType: 'Readiness' }))).toThrow(InvalidProbeError);
+    expect(() => refuseDroppedHeaderValues(dropped, source({ probeType: 'Readiness' }))).toThrow(/http_headers\[1\]: "Authorization" has an empty value.*upgrade the shim/);
+    expect(() => refuseDroppedHeaderValues(rewritten([{ name: 'Authorization', value: '' }]), source({ hook: 'preStop' }))).toThrow(/"web\/lifecycle\/preStop"/);
+    const agreeing = recorded(record({ 'web/readinessProbe': { httpGet: { port: 1, httpHeaders: [{ name: 'Accept', value: '' }] } } }));
+    expect(() => refuseDroppedHeaderValues(rewritten([{ name: 'Accept', value: '' }]), { recorded: agreeing, containerName: 'web', field: 'readinessProbe' })).not.toThrow();
+    // Names that differ from the record's at that index: not the rewrite's header, sent as written.
+    expect(() => refuseDroppedHeaderValues(rewritten([{ name: 'Other', value: '' }, { name: 'X-B', value: '' }]), source({ probeType: 'Readiness' }))).not.toThrow();
+    // No entry for the field, no record, a record not read: nothing to judge by.
+    expect(() => refuseDroppedHeaderValues(dropped, source({ probeType: 'Startup' }))).not.toThrow();
+    expect(() => refuseDroppedHeaderValues(dropped, { containerName: 'web', field: 'readinessProbe' })).not.toThrow();
+    expect(() => refuseDroppedHeaderValues(dropped, { containerName: 'web', field: 'readinessProbe', unavailable: 'not read' })).not.toThrow();
   });
 
   it('a missing, malformed or oversized record, or one not read, is a clear error', () => {
