@@ -291,6 +291,8 @@ describe('Prometheus scraping the running daemon', () => {
 
   it('answers every panel query of the Grafana dashboard with series for this node', async () => {
     const dashboard = JSON.parse(readFileSync(DASHBOARD, 'utf8'));
+    // probe_agent_ready is the latest /readyz verdict (kubelet asks in a cluster): ask, so this test stands alone.
+    expect((await agent.http('/readyz')).status).toBe(200);
     // The node variable, run as Grafana runs label_values(selector, label).
     const variable = dashboard.templating.list.find((v: { name: string }) => v.name === 'node');
     const m = /^label_values\((.+),\s*(\w+)\)$/.exec(variable.query.query as string);
