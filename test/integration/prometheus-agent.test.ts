@@ -203,6 +203,10 @@ describe('Prometheus scraping the running daemon', () => {
     await series(`probe_agent_shim_intercept_duration_seconds_count{job="probe-agent",node="${NODE}",kind="readiness"}`);
     const [runtimeErrors] = await prom.waitFor(`probe_agent_shim_runtime_errors_total{job="probe-agent",node="${NODE}"}`);
     expect(runtimeErrors!.value).toBe(0);
+    // The families the dashboard was written against are exactly the ones the real shim exposes.
+    const relayed = (await agent.http('/metrics/shim')).body;
+    const families = [...relayed.matchAll(/^# TYPE (\w+) /gm)].map((x) => x[1]);
+    expect(families.sort()).toEqual([...SHIM_METRICS].sort());
     // The relay's series carry the relay target's labels only: never the agent's own families.
     expect(await prom.query('probe_agent_build_info{metrics_path="/metrics/shim"}')).toEqual([]);
   });
