@@ -17,6 +17,9 @@ import { readShimMetrics } from './shim-relay.ts';
 
 const gzip = promisify(gzipCb);
 
+/** /metrics/shim on an agent without --shim-metrics-socket: a comment, no series (valid exposition). */
+export const NO_SHIM_EXPOSITION = '# no kubelet shim on this node (the agent runs without --shim-metrics-socket)\n';
+
 // Default listen address: loopback, so pods cannot reach it; 9809 sits next to the CSI
 // livenessprobe's 9808 and is not a kubelet/kube-proxy port. Prometheus scrapes it through
 // hostNetwork (or the operator sets --metrics-address to the node IP).
@@ -38,7 +41,11 @@ export interface MetricsServerOptions {
   maxConcurrent?: number;
   /** Open connections (default 64). */
   maxConnections?: number;
-  /** The kubelet shim's metrics socket, relayed at /metrics/shim; absent = 404 there. */
+  /**
+   * The kubelet shim's metrics socket, relayed at /metrics/shim. Absent (no shim on this node):
+   * /metrics/shim answers 200 with no series, so a monitor that scrapes it on every node sees
+   * nothing wrong where no shim is meant to be; only a configured shim that is away answers 503.
+   */
   shimMetricsSocket?: string;
 }
 
@@ -143,7 +150,13 @@ async function handle(req: IncomingMessage, res: ServerResponse, opts: MetricsSe
     return;
   }
 
-  if (path === '/metrics/shim' && opts.shimMetricsSocket) {
+  if (path === '/metrics/shim') {
+    if (!opts.shimMetricsSocket) {
+      // No shim here by configuration: nothing to relay is not a fault (up stays 1, no alert, no
+      // TargetDown), unlike a configured shim that stops answering (503 below).
+      send(req, res, 200, NO_SHIM_EXPOSITION, { 'Content-Type': 'text/plain; version=0.0.4; charset=utf-8' });
+      return;
+    }
     try {
       const shim = await readShimMetrics(opts.shimMetricsSocket);
       await sendMaybeGzip(req, res, 200, shim.body, shim.contentType);
@@ -172,7 +185,7 @@ async function handle(req: IncomingMessage, res: ServerResponse, opts: MetricsSe
   }
 
   if (path === '/') {
-    send(req, res, 200, `probe-agent\n/metrics\n/metrics/probes\n${opts.shimMetricsSocket ? '/metrics/shim\n' : ''}/healthz\n/livez\n/readyz\n`);
+    send(req, res, 200, `probe-agent\n/metrics\n/metrics/probes\n/metrics/shim\n/healthz\n/livez\n/readyz\n`);
     return;
   }
   send(req, res, 404, 'not found\n');

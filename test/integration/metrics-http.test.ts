@@ -137,6 +137,29 @@ describe('/metrics', () => {
     expect(check.status).toBe(0);
   });
 
+  it('answers /metrics/shim on an agent without a shim with 200 and no series (a target that is up), but 503 when a configured shim is away', async () => {
+    // A monitor scrapes /metrics/shim on every node: where no shim is configured that target must
+    // not be down (a kubelet discard there would read as shim_away, and TargetDown would fire).
+    const res = await fetch(`${server.url}/metrics/shim`);
+    expect(res.status).toBe(200);
+    expect(res.headers.get('content-type')).toBe('text/plain; version=0.0.4; charset=utf-8');
+    const text = await res.text();
+    expect(text.split('\n').filter((l) => l !== '' && !l.startsWith('#'))).toEqual([]);
+    const check = spawnSync(PROMTOOL, ['check', 'metrics'], { input: text, encoding: 'utf8' });
+    if (check.error) throw new Error(`promtool is needed (${PROMTOOL}): ${check.error.message}`);
+    expect([check.status, `${check.stdout}${check.stderr}`]).toEqual([0, '']);
+    const h = new HealthRegistry();
+    const away = await startMetricsServer({ address: '127.0.0.1:0', registry: metrics.registry, health: h, shimMetricsSocket: '/nonexistent/probe-agent-shim/metrics.sock' });
+    try {
+      const r = await fetch(`${away.url}/metrics/shim`);
+      expect(r.status).toBe(503);
+      expect(await r.text()).toContain('/nonexistent/probe-agent-shim/metrics.sock');
+    } finally {
+      await away.close();
+      h.close();
+    }
+  });
+
   it('carries the real probe results with kubelet semantics', async () => {
     // The servers are ours, so the outcomes are known; the counts still come from real probes.
     expect(runs).toEqual({ liveTcp: 3, readyOk: 2, readyBad: 1, refused: 2, unresolved: 1 });

@@ -4,16 +4,23 @@
  * reads back, through the Prometheus HTTP API, kubelet's prober_probe_total with kubelet's labels
  * and the agent's own series; `promtool check metrics` accepts both real scrapes; a pod deleted
  * from the kubelet loses its prober_* series in the scrape and in Prometheus; and every panel query
- * of the Grafana dashboard (deploy/components/alerts) returns series for this agent's node.
+ * of the Grafana dashboard (deploy/components/alerts) returns series for this agent's node. A real
+ * `probe-agent shim` process (before a grpc-js stand-in runtime) takes kubelet-shaped CRI calls:
+ * ordinary ones pass through, rewritten probes and a hook are answered through the agent, which
+ * relays the shim's counters at /metrics/shim; Prometheus scrapes that path too, as the deploy
+ * monitors do (job="probe-agent" with a metrics_path label), so the shim panels have series and the
+ * alert rules' `up` selectors tell the agent's target from the relay's.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'promtool']);
 
 import { spawnSync } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
-import { Command } from 'commander';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { registerRunCommand } from '../../agent/cli/run-command.ts';
+import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { FEATURES, type FeatureName } from '../../agent/featuregates.ts';
 import { kubernetesStageLabel } from '../../agent/metrics/registry.ts';
 import { AGENT_VERSION, API_VERSION } from '../../agent/version.ts';
@@ -24,6 +31,9 @@ import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod } from '../support/pod-factory.ts';
 import { dashboardQueries, readsShimMetrics, SHIM_METRICS, substitute } from '../support/dashboard.ts';
+import { REPO, requireBuiltCli } from '../support/built-cli.ts';
+import { KubeletCri, RUNTIME_SERVICE, type CriAnswer } from '../support/kubelet-cri.ts';
+import { startShimProcess, type ShimProcess } from '../support/shim-process.ts';
 
 const PROMETHEUS = process.env.PROMETHEUS_BIN ?? '/usr/bin/prometheus';
 const NS = 'prom-e2e';
@@ -32,6 +42,7 @@ const NODE = 'lab-node';
 /** The agent's memory limit here: a real cgroup, so probe_agent_memory_limit_bytes has a value. */
 const MEMORY_LIMIT = 1024 * 1024 * 1024;
 const DASHBOARD = new URL('../../deploy/components/alerts/probe-agent-dashboard.json', import.meta.url);
+const RULES = new URL('../../deploy/components/alerts/probe-agent.rules.yaml', import.meta.url);
 
 let lab: Lab;
 let kubelet: FakeKubelet;
@@ -41,6 +52,12 @@ let webPod: Record<string, unknown>;
 let dbPod: Record<string, unknown>;
 let startedAt: number;
 let cgroup: MemoryCgroup | undefined;
+let scratch: string | undefined;
+let runtime: grpc.Server | undefined;
+let shim: ShimProcess | undefined;
+let cri: KubeletCri | undefined;
+/** The shim's metrics socket, which the agent relays at /metrics/shim. */
+let shimMetricsSocket: string;
 
 const uidOf = (pod: Record<string, unknown>): string => (pod.metadata as { uid: string }).uid;
 const appOf = (pod: Record<string, unknown>): Record<string, unknown> =>
@@ -51,6 +68,37 @@ function byProbe(samples: Sample[]): Record<string, Sample> {
   return Object.fromEntries(samples.map((s) => [`${s.metric.pod}/${s.metric.probe_type}/${s.metric.result}`, s]));
 }
 
+/** The app container's ID as kubelet names it in ExecSync (the pod's containerID without its runtime prefix). */
+function containerIdOf(pod: Record<string, unknown>): string {
+  const statuses = (pod.status as { containerStatuses: { containerID: string }[] }).containerStatuses;
+  return statuses[0]!.containerID.replace(/^[a-z]+:\/\//, '');
+}
+
+/** The exit code of an ExecSync answer; throws with the gRPC status when there is none. */
+function exitCode(a: CriAnswer<{ exitCode: number }>): number {
+  if (!a.ok) throw new Error(`expected an exit code, got gRPC ${grpc.status[a.code]}: ${a.details}`);
+  return a.msg.exitCode;
+}
+
+/** The `expr:` of one single-line alert rule in the rules file. */
+function ruleExpr(alert: string): string {
+  const m = new RegExp(`- alert: ${alert}\\n\\s+expr: (.+)\\n`).exec(readFileSync(RULES, 'utf8'));
+  if (!m) throw new Error(`no single-line expr for ${alert} in ${RULES.pathname}`);
+  return m[1]!;
+}
+
+/**
+ * A stand-in CRI runtime (grpc-js on a unix socket): what the shim forwards ordinary calls to.
+ * Version answers; everything else is left unimplemented (the shim forwards it all the same).
+ */
+async function startStandInRuntime(socketPath: string): Promise<grpc.Server> {
+  const server = new grpc.Server();
+  const version = RUNTIME_SERVICE['Version'] as grpc.MethodDefinition<object, object>;
+  server.register(version.path, (_c: unknown, cb: grpc.sendUnaryData<object>) => cb(null, { version: '0.1.0', runtimeName: 'stand-in', runtimeVersion: '1', runtimeApiVersion: 'v1' }), version.responseSerialize, version.requestDeserialize, 'unary');
+  await new Promise<void>((resolve, reject) => server.bindAsync(`unix:${socketPath}`, grpc.ServerCredentials.createInsecure(), (e) => (e ? reject(e) : resolve())));
+  return server;
+}
+
 /** Runs `promtool check metrics` on a scrape; returns its exit status and what it said. */
 function promtoolCheck(text: string): { status: number | null; output: string } {
   const r = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8', timeout: 20_000 });
@@ -59,6 +107,7 @@ function promtoolCheck(text: string): { status: number | null; output: string } 
 
 beforeAll(async () => {
   if (!existsSync(PROMETHEUS)) throw new Error(`this test needs Prometheus at ${PROMETHEUS}: run \`make test\`, which installs it`);
+  requireBuiltCli(['agent/shim']);
   lab = await createLab({ pods: 2, policy: 'drop', tag: 'prom-agent' });
   const [p1, p2] = lab.pods;
   await Promise.all([lab.startServer(p1!, { http: 8080 }), lab.startServer(p2!, { tcp: 5432 })]);
@@ -74,31 +123,92 @@ beforeAll(async () => {
     readinessProbe: { tcpSocket: { port: 5433 }, periodSeconds: 1 },
   });
   kubelet = await FakeKubelet.start({ pods: [webPod, dbPod] });
+
+  // The kubelet shim, as the host service runs it, before a stand-in runtime; its agent socket is a
+  // link made once the agent is up, so a hook sent now has to wait for the agent.
+  scratch = mkdtempSync(path.join(tmpdir(), 'prom-agent-shim-'));
+  mkdirSync(path.join(scratch, 'shim'), { mode: 0o700 });
+  shimMetricsSocket = path.join(scratch, 'shim', 'metrics.sock');
+  const probeLink = path.join(scratch, 'probe.sock');
+  runtime = await startStandInRuntime(path.join(scratch, 'rt.sock'));
+  shim = await startShimProcess(path.join(REPO, 'dist/cli.js'), path.join(scratch, 'cri.sock'), [
+    `--runtime-endpoint=unix://${path.join(scratch, 'rt.sock')}`, `--probe-socket=${probeLink}`,
+    `--metrics-socket=${shimMetricsSocket}`, '--hook-agent-wait=60s', '--agent-grace=1s',
+  ]);
+  cri = new KubeletCri(shim.listenPath);
+  const waitingHook = cri.execSync(containerIdOf(webPod), encodeShimCommand('postStart', { httpGet: { path: '/healthz', port: 8080 } }), 0);
+
   startedAt = Date.now() / 1000;
-  agent = await startAgent({ kubeletUrl: kubelet.httpUrl, args: ['--feature-gates=HappyEyeballs=false'] });
+  agent = await startAgent({ kubeletUrl: kubelet.httpUrl, args: ['--feature-gates=HappyEyeballs=false', `--shim-metrics-socket=${shimMetricsSocket}`] });
+  symlinkSync(agent.socket, probeLink);
   cgroup = createMemoryCgroup('prom-agent', MEMORY_LIMIT);
   cgroup.add(agent.pid);
+  // The hook waited for the agent and ran once it came (probe_agent_shim_hook_waits_total{outcome="ran"}).
+  expect(exitCode(await waitingHook)).toBe(0);
+
   const address = agent.metricsUrl.replace(/^http:\/\//, '');
   prom = await startPrometheus({
     targets: [
       { job: 'probe-agent', address, labels: { node: NODE } },
       { job: 'probe-agent-probes', address, path: '/metrics/probes' },
+      // As the pod-monitor/service-monitor components scrape the relay: same job, a metrics_path label.
+      { job: 'probe-agent', jobName: 'probe-agent-shim', address, path: '/metrics/shim', labels: { node: NODE }, metricsPathLabel: true },
     ],
   });
-}, 45_000);
+}, 90_000);
 
 afterAll(async () => {
+  cri?.close();
+  await shim?.stop();
   await prom?.stop();
   await agent?.stop('SIGKILL').catch(() => {});
+  await new Promise<void>((resolve) => (runtime ? runtime.tryShutdown(() => resolve()) : resolve()));
+  if (scratch) rmSync(scratch, { recursive: true, force: true });
   await kubelet?.stop();
   await lab?.destroy();
   cgroup?.destroy();
 });
 
 describe('Prometheus scraping the running daemon', () => {
-  it('scrapes /metrics and /metrics/probes', async () => {
-    const up = await prom.waitFor('up', (s) => s.length === 2 && s.every((x) => x.value === 1), 30_000);
-    expect(up.map((s) => s.metric.job).sort()).toEqual(['probe-agent', 'probe-agent-probes']);
+  it('scrapes /metrics, /metrics/probes and the shim relay /metrics/shim', async () => {
+    const up = await prom.waitFor('up', (s) => s.length === 3 && s.every((x) => x.value === 1), 30_000);
+    expect(up.map((s) => `${s.metric.job} ${s.metric.metrics_path ?? '-'}`).sort()).toEqual(['probe-agent -', 'probe-agent /metrics/shim', 'probe-agent-probes -']);
+    // The alert rules' selectors: the agent's own target, and the relay's, one each on this node.
+    const own = await prom.query('up{job="probe-agent",metrics_path!="/metrics/shim"}');
+    expect(own.map((s) => [s.metric.node, s.value])).toEqual([[NODE, 1]]);
+    const relay = await prom.query('up{job="probe-agent",metrics_path="/metrics/shim"}');
+    expect(relay.map((s) => [s.metric.node, s.value])).toEqual([[NODE, 1]]);
+  });
+
+  it('reads the shim\'s counters through the relay: calls passed through, probes and hooks answered through the agent', async () => {
+    const c = cri!;
+    const version = await c.call<{ runtimeName: string }>('Version', { version: 'v1' });
+    expect(version.ok && version.msg.runtimeName).toBe('stand-in');
+    // Not implemented by the stand-in: forwarded all the same, the runtime's answer passed back.
+    const list = await c.call('ListContainers', {});
+    expect(list.ok ? 'ok' : grpc.status[list.code]).toBe('UNIMPLEMENTED');
+    // Rewritten probes, answered by the agent inside the pods' netns: success, failure, error.
+    expect(exitCode(await c.execSync(containerIdOf(webPod), encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: 8080 } }), 1))).toBe(0);
+    expect(exitCode(await c.execSync(containerIdOf(dbPod), encodeShimCommand('liveness', { tcpSocket: { port: 5433 } }), 1))).not.toBe(0);
+    const bad = await c.execSync(containerIdOf(webPod), ['/.probe-agent/v1', 'readiness', '%%%'], 1);
+    expect(bad.ok, 'a malformed rewritten command is a gRPC error').toBe(false);
+
+    const series = (q: string) => prom.waitFor(q, (s) => s.length > 0 && s.every((x) => x.value >= 1), 30_000);
+    await series(`probe_agent_shim_forwarded_total{job="probe-agent",node="${NODE}",method="Version"}`);
+    await series(`probe_agent_shim_forwarded_total{job="probe-agent",node="${NODE}",method="ListContainers"}`);
+    const answers = await prom.waitFor(`probe_agent_shim_intercepted_total{job="probe-agent",node="${NODE}"}`, (s) => s.length >= 4, 30_000);
+    expect(answers.map((s) => `${s.metric.kind}/${s.metric.answer}`).sort()).toEqual(['liveness/failure', 'postStart/success', 'readiness/success', 'unknown/error']);
+    await series(`probe_agent_shim_agent_errors_total{job="probe-agent",node="${NODE}",cause="bad_command"}`);
+    await series(`probe_agent_shim_hook_waits_total{job="probe-agent",node="${NODE}",outcome="ran"}`);
+    await series(`probe_agent_shim_intercept_duration_seconds_count{job="probe-agent",node="${NODE}",kind="readiness"}`);
+    const [runtimeErrors] = await prom.waitFor(`probe_agent_shim_runtime_errors_total{job="probe-agent",node="${NODE}"}`);
+    expect(runtimeErrors!.value).toBe(0);
+    // The families the dashboard was written against are exactly the ones the real shim exposes.
+    const relayed = (await agent.http('/metrics/shim')).body;
+    const families = [...relayed.matchAll(/^# TYPE (\w+) /gm)].map((x) => x[1]);
+    expect(families.sort()).toEqual([...SHIM_METRICS].sort());
+    // The relay's series carry the relay target's labels only: never the agent's own families.
+    expect(await prom.query('probe_agent_build_info{metrics_path="/metrics/shim"}')).toEqual([]);
   });
 
   it('reads kubelet\'s prober_probe_total back for the lab pods, with kubelet\'s labels', async () => {
@@ -160,12 +270,13 @@ describe('Prometheus scraping the running daemon', () => {
     expect(build[0]!.metric).toMatchObject({ version: AGENT_VERSION, api_version: API_VERSION, node_version: process.version });
   });
 
-  it('passes promtool check metrics on both real scrapes', async () => {
-    for (const path of ['/metrics', '/metrics/probes']) {
-      const res = await agent.http(path);
+  it('passes promtool check metrics on the three real scrapes', async () => {
+    const family = { '/metrics': 'probe_agent_build_info{', '/metrics/probes': 'prober_probe_total{', '/metrics/shim': 'probe_agent_shim_intercepted_total{' };
+    for (const [p, name] of Object.entries(family)) {
+      const res = await agent.http(p);
       expect(res.status).toBe(200);
-      expect(res.body).toContain(path === '/metrics' ? 'probe_agent_build_info{' : 'prober_probe_total{');
-      expect(promtoolCheck(res.body), path).toEqual({ status: 0, output: '' });
+      expect(res.body).toContain(name);
+      expect(promtoolCheck(res.body), p).toEqual({ status: 0, output: '' });
     }
     // And promtool is not a rubber stamp: a counter without _total is a lint problem.
     const bad = promtoolCheck('# HELP probe_bad A counter.\n# TYPE probe_bad counter\nprobe_bad 1\n');
@@ -184,6 +295,8 @@ describe('Prometheus scraping the running daemon', () => {
 
   it('answers every panel query of the Grafana dashboard with series for this node', async () => {
     const dashboard = JSON.parse(readFileSync(DASHBOARD, 'utf8'));
+    // probe_agent_ready is the latest /readyz verdict (kubelet asks in a cluster): ask, so this test stands alone.
+    expect((await agent.http('/readyz')).status).toBe(200);
     // The node variable, run as Grafana runs label_values(selector, label).
     const variable = dashboard.templating.list.find((v: { name: string }) => v.name === 'node');
     const m = /^label_values\((.+),\s*(\w+)\)$/.exec(variable.query.query as string);
@@ -195,35 +308,22 @@ describe('Prometheus scraping the running daemon', () => {
 
     const queries = dashboardQueries(dashboard);
     expect(queries.length).toBeGreaterThanOrEqual(15);
-    const agentQueries = queries.filter((q) => !readsShimMetrics(q.expr));
     const shimQueries = queries.filter((q) => readsShimMetrics(q.expr));
     expect(shimQueries.length).toBeGreaterThanOrEqual(5);
+    // Every shim panel reads only the shim's agreed families.
+    for (const q of shimQueries) {
+      const names = [...q.expr.matchAll(/probe_agent_shim_\w+/g)].map((x) => x[0].replace(/_(bucket|count|sum)$/, ''));
+      for (const n of names) expect(SHIM_METRICS as readonly string[], `${q.panel}: ${n}`).toContain(n);
+    }
     for (const vars of selections) {
-      for (const q of agentQueries) {
+      for (const q of queries) {
         const expr = substitute(q.expr, vars, '30s');
         const samples = await prom.waitFor(expr, (s) => s.length > 0, 30_000).catch((err: unknown) => {
-          throw new Error(`panel "${q.panel}" ${q.refId}: ${String(err)}`);
+          throw new Error(`panel "${q.panel}" ${q.refId} (${JSON.stringify(vars)}): ${String(err)}`);
         });
         // Every series of a panel is this node's (or aggregated away from it): nothing leaks in from elsewhere.
         for (const s of samples) if (s.metric.node !== undefined) expect(s.metric.node, `${q.panel} ${q.refId}`).toBe(NODE);
       }
-    }
-    // The shim panels read the shim's counters, which the agent relays from a kubelet shim at
-    // /metrics/shim. This tree's agent has no relay (no --shim-metrics-socket: that is another
-    // branch's work), so no shim series can exist here: the shim panels' queries must still be valid
-    // PromQL over the agreed families only, and return nothing. Once the relay is in the tree this
-    // fails on purpose: then start a shim here (as shim-probes.test.ts does) with its metrics socket,
-    // pass it to the agent, scrape /metrics/shim with metrics_path="/metrics/shim" (docs/runbooks.md)
-    // and require series from the shim panels too.
-    const runFlags = new Command();
-    registerRunCommand(runFlags);
-    const relayFlag = runFlags.commands.find((c) => c.name() === 'run')!.options.some((o) => o.long === '--shim-metrics-socket');
-    expect(relayFlag, 'the agent relays the shim now: run a shim in this test and require series from the shim panels').toBe(false);
-    expect((await agent.http('/metrics')).body).not.toContain('probe_agent_shim_');
-    for (const q of shimQueries) {
-      const names = [...q.expr.matchAll(/probe_agent_shim_\w+/g)].map((x) => x[0].replace(/_(bucket|count|sum)$/, ''));
-      for (const n of names) expect(SHIM_METRICS as readonly string[], `${q.panel}: ${n}`).toContain(n);
-      expect(await prom.query(substitute(q.expr, { node: nodes }, '30s')), `${q.panel} ${q.refId}`).toEqual([]);
     }
   }, 120_000);
 
@@ -244,4 +344,18 @@ describe('Prometheus scraping the running daemon', () => {
     const left = await prom.query(`prober_probe_total{job="probe-agent-probes",namespace="${NS}"}`);
     expect(left.map((s) => s.metric.pod)).toEqual(['web', 'web']);
   });
+
+  it('the shim away: its relay target goes down (503), the agent\'s own up stays 1 and ProbeAgentDown stays quiet', async () => {
+    await shim!.stop();
+    const res = await agent.http('/metrics/shim');
+    expect(res.status).toBe(503);
+    expect(res.body).toContain(shimMetricsSocket);
+    await prom.waitFor('up{job="probe-agent",metrics_path="/metrics/shim"}', (s) => s.length === 1 && s[0]!.value === 0, 30_000);
+    const own = await prom.query('up{job="probe-agent",metrics_path!="/metrics/shim"}');
+    expect(own.map((s) => [s.metric.node, s.value])).toEqual([[NODE, 1]]);
+    // The rule's own expression, run by this Prometheus over these real targets.
+    expect(await prom.query(ruleExpr('ProbeAgentDown'))).toEqual([]);
+    // Without the metrics_path label the relay's down target would be the agent down: the rule is not vacuous.
+    expect((await prom.query('up{job="probe-agent"} == 0')).map((s) => s.metric.metrics_path)).toEqual(['/metrics/shim']);
+  }, 60_000);
 });

@@ -20,6 +20,13 @@ export interface ScrapeTarget {
   path?: string;
   /** Target labels (static_configs labels), e.g. the `node` label the deploy monitors set. */
   labels?: Record<string, string>;
+  /**
+   * The scrape config's job_name when two targets share a `job` label (Prometheus wants unique
+   * job names; the Prometheus Operator also names its jobs apart and sets `job` by relabeling).
+   */
+  jobName?: string;
+  /** Copy the scrape path into a `metrics_path` label, as the deploy monitors do for /metrics/shim. */
+  metricsPathLabel?: boolean;
 }
 
 /** Options for startPrometheus. */
@@ -67,11 +74,15 @@ export async function startPrometheus(opts: PrometheusOptions): Promise<RunningP
   // JSON is YAML: no YAML emitter needed.
   const config = {
     global: { scrape_interval: interval, evaluation_interval: interval, scrape_timeout: interval },
-    scrape_configs: opts.targets.map((t) => ({
-      job_name: t.job,
-      metrics_path: t.path ?? '/metrics',
-      static_configs: [{ targets: [t.address], ...(t.labels ? { labels: t.labels } : {}) }],
-    })),
+    scrape_configs: opts.targets.map((t) => {
+      const labels = { ...(t.jobName !== undefined ? { job: t.job } : {}), ...t.labels };
+      return {
+        job_name: t.jobName ?? t.job,
+        metrics_path: t.path ?? '/metrics',
+        static_configs: [{ targets: [t.address], ...(Object.keys(labels).length ? { labels } : {}) }],
+        ...(t.metricsPathLabel ? { relabel_configs: [{ source_labels: ['__metrics_path__'], target_label: 'metrics_path' }] } : {}),
+      };
+    }),
   };
   await writeFile(join(dir, 'prometheus.yml'), JSON.stringify(config, null, 2));
 

@@ -317,14 +317,36 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     expect(sm.length).toBe(has('service-monitor') ? 1 : 0);
     for (const m of pm) {
       expect(matches(m.spec.selector, podLabels)).toBe(true);
-      expect(m.spec.podMetricsEndpoints.map((e: Obj) => e.port)).toEqual(['metrics']);
+      expect(m.spec.podMetricsEndpoints.map((e: Obj) => e.port)).toEqual(['metrics', 'metrics']);
     }
     for (const m of sm) {
       const svc = docs().find((o) => o.kind === 'Service' && matches(m.spec.selector, o.metadata.labels));
       expect(svc?.spec.clusterIP).toBe('None');
       expect(matches({ matchLabels: svc?.spec.selector }, podLabels)).toBe(true);
       expect(svc?.spec.ports.map((p: Obj) => p.targetPort)).toEqual(['metrics']);
-      expect(m.spec.endpoints.map((e: Obj) => e.port)).toEqual(svc?.spec.ports.map((p: Obj) => p.name));
+      expect(m.spec.endpoints.map((e: Obj) => e.port)).toEqual(svc?.spec.ports.flatMap((p: Obj) => [p.name, p.name]));
+    }
+  });
+
+  it('scrapes the agent and its shim relay as the alert rules read them: /metrics unlabelled, /metrics/shim with metrics_path', () => {
+    const rules = readFileSync(path.join(ROOT, 'deploy/components/alerts/probe-agent.rules.yaml'), 'utf8');
+    const shimPaths = [...new Set([...rules.matchAll(/metrics_path!?="([^"]+)"/g)].map((x) => x[1]))];
+    // The rules name exactly one relay path; the monitors must scrape that very path.
+    expect(shimPaths).toEqual(['/metrics/shim']);
+    const monitors = docs().filter((o) => o.kind === 'PodMonitor' || o.kind === 'ServiceMonitor');
+    expect(monitors.length).toBe(Number(has('pod-monitor')) + Number(has('service-monitor')));
+    const byNode = { sourceLabels: ['__meta_kubernetes_pod_node_name'], targetLabel: 'node' };
+    const pathLabel = { sourceLabels: ['__metrics_path__'], targetLabel: 'metrics_path' };
+    for (const m of monitors) {
+      const endpoints: Obj[] = m.kind === 'PodMonitor' ? m.spec.podMetricsEndpoints : m.spec.endpoints;
+      expect(endpoints.map((e) => e.path), m.kind).toEqual(['/metrics', shimPaths[0]]);
+      const [own, relay] = endpoints as [Obj, Obj];
+      // Both carry the node label the rules group by; only the relay carries metrics_path (the
+      // agent's own `up` is selected by metrics_path!="/metrics/shim", which an absent label matches).
+      for (const e of endpoints) expect(e.relabelings, `${m.kind} ${e.path}`).toContainEqual(byNode);
+      expect(own.relabelings, m.kind).not.toContainEqual(pathLabel);
+      expect(relay.relabelings, m.kind).toContainEqual(pathLabel);
+      expect(relay.interval).toBe(own.interval);
     }
   });
 
