@@ -6,13 +6,17 @@
  * cannot set SO_LINGER, so we close normally (FIN). The TIME-WAIT sockets this leaves live in the
  * pod's netns, whose ephemeral port space is the pod's own, so they do not add up on the node.
  */
-import { ConnectError, connectTo, type Deadline, type ProberResult } from './connect.ts';
+import { isIPv6 } from 'node:net';
+import { ConnectError, connectTo, toConnectError, type Deadline, type ProberResult } from './connect.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
+import type { TcpProbeOutcome } from './types.ts';
 
 /** Runs kubelet's TCP probe against `plan`; never throws. */
 export async function probeTcp(plan: TargetPlan, deadline: Deadline): Promise<ProberResult> {
   const addresses = plan.ips.map((ip) => ({ ip, port: plan.port }));
   try {
+    const inHelper = await probeInHelper(plan, deadline);
+    if (inHelper) return inHelper;
     const c = await connectTo(addresses, plan, deadline);
     c.socket.destroy();
     return {
@@ -33,4 +37,40 @@ export async function probeTcp(plan: TargetPlan, deadline: Deadline): Promise<Pr
     }
     return { result: 'error', reason: 'other', message: String(err), phases: {} };
   }
+}
+
+/**
+ * The probe done whole by the socket factory where it makes sockets (the resident helper's child
+ * inside the pod's netns: connect, close, report), when it offers that and the probe has one
+ * address (Happy Eyeballs across several stays in Node). Undefined: take the socket route.
+ * The child counts the timeout from the socket's creation in the netns, so the helper's own time
+ * is held out of the target's budget exactly as Deadline.hold() does on the socket route.
+ */
+async function probeInHelper(plan: TargetPlan, deadline: Deadline): Promise<ProberResult | undefined> {
+  const ip = plan.ips[0];
+  if (!plan.sockets.connectProbe || plan.netns === undefined || plan.ips.length !== 1 || ip === undefined) return undefined;
+  if (deadline.signal.aborted) return undefined;
+  const address = { ip, port: plan.port };
+  // Only the caller aborting cancels the request: the target's timeout is the child's to judge.
+  const cancel = new AbortController();
+  const onAbort = (): void => {
+    if (deadline.why() === 'aborted') cancel.abort(new ConnectError('error', 'other', address, 'probe aborted'));
+  };
+  deadline.signal.addEventListener('abort', onAbort, { once: true });
+  let outcome: TcpProbeOutcome | undefined;
+  try {
+    outcome = await plan.sockets.connectProbe(plan.netns, { family: isIPv6(ip) ? 6 : 4, ip, port: plan.port, timeoutMs: deadline.remainingMs() }, cancel.signal);
+  } catch (err) {
+    const e = toConnectError(err, address);
+    return { result: e.kind, reason: e.reason, message: e.dialText, address: joinHostPort(ip, plan.port), phases: {} };
+  } finally {
+    deadline.signal.removeEventListener('abort', onAbort);
+  }
+  if (!outcome) return undefined;
+  const phases = { helper: outcome.helperSeconds, connect: outcome.connectSeconds };
+  if (outcome.outcome === 'connected') return { result: 'success', message: '', address: joinHostPort(ip, plan.port), phases };
+  const e = outcome.outcome === 'timeout'
+    ? new ConnectError('failure', 'timeout', address, 'i/o timeout')
+    : toConnectError(Object.assign(new Error(outcome.code), { code: outcome.code }), address);
+  return { result: e.kind, reason: e.reason, message: e.dialText, address: joinHostPort(ip, plan.port), phases };
 }
