@@ -81,13 +81,19 @@ int family_to_af(int family);
 size_t netns_addresses_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir, struct ns_result *r);
 
 /*
- * tcp.c: enters the netns for good (child-safe; the caller exits right after), connects to `addr`
- * within timeout_ms and formats {"id":N,"ok":true,"tcp":"connected|error|timeout",...};
+ * tcp.c: enters the netns for good (child-safe; the caller exits right after), connects to the
+ * first target within timeout_ms (a second one, if given, after stagger_ms or the first's failure:
+ * first to connect wins) and formats {"id":N,"ok":true,"tcp":"connected|error|timeout",...};
  * 0 with `r` set when the socket could not be made.
  */
-struct sockaddr_storage;
+#include <sys/socket.h>
+struct tcp_target {
+  int family;
+  struct sockaddr_storage addr;
+  socklen_t alen;
+};
 size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir,
-                            int family, const struct sockaddr_storage *addr, unsigned int alen, int timeout_ms,
+                            const struct tcp_target *targets, int ntargets, int timeout_ms, int stagger_ms,
                             struct ns_result *r);
 /* Longest connect timeout op "tcp" accepts (kubelet's timeoutSeconds bound of the agent: 3600 s). */
 #define TCP_TIMEOUT_MS_MAX 3600000
@@ -119,6 +125,11 @@ struct request {
   long port;
   int has_timeout;
   long timeout_ms;
+  /* op "tcp", optional: a second address (another family) tried after stagger_ms, Happy Eyeballs. */
+  int has_ip2;
+  char ip2[64];
+  long family2;
+  long stagger_ms;
 };
 int parse_request(const char *line, size_t len, struct request *req, const char **why);
 

@@ -56,9 +56,10 @@ struct child_job {
   int timeout_ms;
   pid_t parent;
   /* op "tcp": where to connect and for how long (parsed by the resident: inet_pton is not child-safe). */
-  struct sockaddr_storage addr;
-  socklen_t alen;
+  struct tcp_target targets[2];
+  int ntargets;
   int connect_timeout_ms;
+  int stagger_ms;
   char netns[NETNS_PATH_MAX];
 };
 
@@ -177,8 +178,8 @@ static int child_main(void *arg) {
   }
   if (job->op == OP_TCP) {
     char line[OUT_LINE_MAX];
-    size_t len = netns_tcp_probe_line(line, sizeof line, job->id, job->netns, job->kind, job->dir, job->family, &job->addr,
-                                      job->alen, job->connect_timeout_ms, &r);
+    size_t len = netns_tcp_probe_line(line, sizeof line, job->id, job->netns, job->kind, job->dir, job->targets, job->ntargets,
+                                      job->connect_timeout_ms, job->stagger_ms, &r);
     if (len == 0) len = format_error_line(line, sizeof line, job->id, &r);
     return len > 0 && chan_send_wait(job->chan, line, len, -1, job->timeout_ms) == 0 ? 0 : 3;
   }
@@ -190,33 +191,48 @@ static int child_main(void *arg) {
 
 static void reap(struct resident *rs);
 
-/* The sockaddr of op "tcp"'s ip and port, checked against the family; -1 when they do not make one. */
-static int tcp_target(const struct request *req, struct sockaddr_storage *addr, socklen_t *alen) {
-  memset(addr, 0, sizeof *addr);
-  if (req->family == 4) {
-    struct sockaddr_in *a = (struct sockaddr_in *)addr;
-    if (inet_pton(AF_INET, req->ip, &a->sin_addr) != 1) return -1;
+/* The sockaddr of `ip` and `port` in `family`; -1 when they do not make one. */
+static int tcp_target(long family, const char *ip, long port, struct tcp_target *t) {
+  memset(t, 0, sizeof *t);
+  t->family = (int)family;
+  if (family == 4) {
+    struct sockaddr_in *a = (struct sockaddr_in *)&t->addr;
+    if (inet_pton(AF_INET, ip, &a->sin_addr) != 1) return -1;
     a->sin_family = AF_INET;
-    a->sin_port = htons((uint16_t)req->port);
-    *alen = sizeof *a;
-  } else {
-    struct sockaddr_in6 *a = (struct sockaddr_in6 *)addr;
-    if (inet_pton(AF_INET6, req->ip, &a->sin6_addr) != 1) return -1;
-    a->sin6_family = AF_INET6;
-    a->sin6_port = htons((uint16_t)req->port);
-    *alen = sizeof *a;
+    a->sin_port = htons((uint16_t)port);
+    t->alen = sizeof *a;
+    return 0;
   }
-  return 0;
+  if (family == 6) {
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)&t->addr;
+    if (inet_pton(AF_INET6, ip, &a->sin6_addr) != 1) return -1;
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons((uint16_t)port);
+    t->alen = sizeof *a;
+    return 0;
+  }
+  return -1;
 }
 
 static void spawn_child(struct resident *rs, const struct request *req, enum path_kind kind, size_t dir_index) {
   struct ns_result r = {0};
-  struct sockaddr_storage addr;
-  socklen_t alen = 0;
-  if (req->op == OP_TCP && tcp_target(req, &addr, &alen) < 0) {
-    ns_fail(&r, "request", EINVAL, "malformed request: ip is not an IPv%ld address", req->family);
-    reply_error(rs, req->id, &r);
-    return;
+  struct tcp_target targets[2];
+  int ntargets = 0;
+  if (req->op == OP_TCP) {
+    if (tcp_target(req->family, req->ip, req->port, &targets[0]) < 0) {
+      ns_fail(&r, "request", EINVAL, "malformed request: ip is not an IPv%ld address", req->family);
+      reply_error(rs, req->id, &r);
+      return;
+    }
+    ntargets = 1;
+    if (req->has_ip2) {
+      if (tcp_target(req->family2, req->ip2, req->port, &targets[1]) < 0 || req->stagger_ms < 0) {
+        ns_fail(&r, "request", EINVAL, "malformed request: ip2 is not an address of family2 (4 or 6), or stagger_ms is out of range");
+        reply_error(rs, req->id, &r);
+        return;
+      }
+      ntargets = 2;
+    }
   }
   /* Children that answered may not be reaped yet: count only the ones still alive. */
   if (rs->nchildren >= rs->opts->max_children) reap(rs);
@@ -241,9 +257,10 @@ static void spawn_child(struct resident *rs, const struct request *req, enum pat
   job->timeout_ms = rs->opts->child_timeout_ms;
   job->parent = rs->self;
   if (req->op == OP_TCP) {
-    job->addr = addr;
-    job->alen = alen;
+    memcpy(job->targets, targets, sizeof targets);
+    job->ntargets = ntargets;
     job->connect_timeout_ms = (int)req->timeout_ms;
+    job->stagger_ms = (int)req->stagger_ms;
   }
   memcpy(job->netns, req->netns, strlen(req->netns) + 1);
 #if HELPER_SHARED_VM_CHILD

@@ -264,7 +264,7 @@ export class ResidentHelper implements SocketFactory {
     const msg = p.ask.kind === 'socket'
       ? { id: p.id, netns: p.netns, family: p.ask.family }
       : p.ask.kind === 'tcp'
-        ? { id: p.id, op: 'tcp', netns: p.netns, family: p.ask.target.family, ip: p.ask.target.ip, port: p.ask.target.port, timeout_ms: Math.ceil(p.ask.target.timeoutMs) }
+        ? tcpRequest(p.id, p.netns, p.ask.target)
         : { id: p.id, op: 'addrs', netns: p.netns };
     this.#process.send(msg, (err) => this.#fail(p, new HelperError(`cannot send a request to the netns helper: ${describeError(err)}`, { netns: p.netns })));
   }
@@ -344,13 +344,21 @@ export class ResidentHelper implements SocketFactory {
 /** Upper bound of op "tcp"'s timeout_ms in the helper (TCP_TIMEOUT_MS_MAX in netns-helper/helper.h). */
 const TCP_TIMEOUT_MS_MAX = 3_600_000;
 
+/** The op "tcp" request line's object (second address and stagger only for Happy Eyeballs). */
+function tcpRequest(id: number, netns: string, t: TcpTarget): Record<string, unknown> {
+  const msg: Record<string, unknown> = { id, op: 'tcp', netns, family: t.family, ip: t.ip, port: t.port, timeout_ms: Math.ceil(t.timeoutMs) };
+  if (t.second) Object.assign(msg, { ip2: t.second.ip, family2: t.second.family, stagger_ms: Math.round(t.second.staggerMs) });
+  return msg;
+}
+
 /** The outcome of a `tcp` answer (`roundTrip`: seconds since the request was sent); undefined when malformed. */
 function tcpOutcomeOf(msg: unknown, roundTrip: number): TcpProbeOutcome | undefined {
-  const m = msg as { tcp?: unknown; code?: unknown; us?: unknown };
+  const m = msg as { tcp?: unknown; code?: unknown; us?: unknown; won?: unknown };
   if (typeof m.us !== 'number' || !(m.us >= 0)) return undefined;
   const connectSeconds = m.us / 1e6;
   const helperSeconds = Math.max(0, roundTrip - connectSeconds);
-  if (m.tcp === 'connected' || m.tcp === 'timeout') return { outcome: m.tcp, connectSeconds, helperSeconds };
+  if (m.tcp === 'connected' && (m.won === 0 || m.won === 1)) return { outcome: 'connected', won: m.won, connectSeconds, helperSeconds };
+  if (m.tcp === 'timeout') return { outcome: 'timeout', connectSeconds, helperSeconds };
   if (m.tcp === 'error' && typeof m.code === 'string' && /^E[A-Z0-9]{1,20}$/.test(m.code)) {
     return { outcome: 'error', code: m.code, connectSeconds, helperSeconds };
   }

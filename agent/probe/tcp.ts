@@ -7,7 +7,7 @@
  * pod's netns, whose ephemeral port space is the pod's own, so they do not add up on the node.
  */
 import { isIPv6 } from 'node:net';
-import { ConnectError, connectTo, toConnectError, type Deadline, type ProberResult } from './connect.ts';
+import { ATTEMPT_DELAY_MS, ConnectError, connectTo, toConnectError, type Deadline, type ProberResult } from './connect.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
 import type { TcpProbeOutcome } from './types.ts';
 
@@ -41,16 +41,18 @@ export async function probeTcp(plan: TargetPlan, deadline: Deadline): Promise<Pr
 
 /**
  * The probe done whole by the socket factory where it makes sockets (the resident helper's child
- * inside the pod's netns: connect, close, report), when it offers that and the probe has one
- * address (Happy Eyeballs across several stays in Node). Undefined: take the socket route.
+ * inside the pod's netns: connect, close, report), when it offers that and the probe has one or
+ * two addresses (a dual-stack pod with Happy Eyeballs: the child staggers them as connectTo does;
+ * more, from a resolved legacy host name, stay in Node). Undefined: take the socket route.
  * The child counts the timeout from the socket's creation in the netns, so the helper's own time
  * is held out of the target's budget exactly as Deadline.hold() does on the socket route.
  */
 async function probeInHelper(plan: TargetPlan, deadline: Deadline): Promise<ProberResult | undefined> {
-  const ip = plan.ips[0];
-  if (!plan.sockets.connectProbe || plan.netns === undefined || plan.ips.length !== 1 || ip === undefined) return undefined;
+  const [ip, ip2] = plan.ips;
+  if (!plan.sockets.connectProbe || plan.netns === undefined || plan.ips.length > 2 || ip === undefined) return undefined;
   if (deadline.signal.aborted) return undefined;
   const address = { ip, port: plan.port };
+  const second = ip2 === undefined ? undefined : { family: isIPv6(ip2) ? 6 as const : 4 as const, ip: ip2, staggerMs: ATTEMPT_DELAY_MS };
   // Only the caller aborting cancels the request: the target's timeout is the child's to judge.
   const cancel = new AbortController();
   const onAbort = (): void => {
@@ -59,7 +61,7 @@ async function probeInHelper(plan: TargetPlan, deadline: Deadline): Promise<Prob
   deadline.signal.addEventListener('abort', onAbort, { once: true });
   let outcome: TcpProbeOutcome | undefined;
   try {
-    outcome = await plan.sockets.connectProbe(plan.netns, { family: isIPv6(ip) ? 6 : 4, ip, port: plan.port, timeoutMs: deadline.remainingMs() }, cancel.signal);
+    outcome = await plan.sockets.connectProbe(plan.netns, { family: isIPv6(ip) ? 6 : 4, ip, port: plan.port, timeoutMs: deadline.remainingMs(), second }, cancel.signal);
   } catch (err) {
     const e = toConnectError(err, address);
     return { result: e.kind, reason: e.reason, message: e.dialText, address: joinHostPort(ip, plan.port), phases: {} };
@@ -68,7 +70,9 @@ async function probeInHelper(plan: TargetPlan, deadline: Deadline): Promise<Prob
   }
   if (!outcome) return undefined;
   const phases = { helper: outcome.helperSeconds, connect: outcome.connectSeconds };
-  if (outcome.outcome === 'connected') return { result: 'success', message: '', address: joinHostPort(ip, plan.port), phases };
+  if (outcome.outcome === 'connected') {
+    return { result: 'success', message: '', address: joinHostPort(outcome.won === 1 && ip2 !== undefined ? ip2 : ip, plan.port), phases };
+  }
   const e = outcome.outcome === 'timeout'
     ? new ConnectError('failure', 'timeout', address, 'i/o timeout')
     : toConnectError(Object.assign(new Error(outcome.code), { code: outcome.code }), address);

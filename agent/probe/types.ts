@@ -142,11 +142,13 @@ export interface TcpTarget {
   ip: string;
   port: number;
   timeoutMs: number;
+  /** Happy Eyeballs: a second address, tried after `staggerMs` or as soon as the first fails. */
+  second?: { family: 4 | 6; ip: string; staggerMs: number };
 }
 
-/** What connecting gave: connected, an errno (Node's code spelling), or the timeout passing. */
+/** What connecting gave: connected (`won`: 0 the first address, 1 the second), the first address's errno (Node's code spelling), or the timeout passing. */
 export type TcpProbeOutcome =
-  | { outcome: 'connected'; connectSeconds: number; helperSeconds: number }
+  | { outcome: 'connected'; won: 0 | 1; connectSeconds: number; helperSeconds: number }
   | { outcome: 'error'; code: string; connectSeconds: number; helperSeconds: number }
   | { outcome: 'timeout'; connectSeconds: number; helperSeconds: number };
 

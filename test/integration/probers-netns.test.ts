@@ -246,6 +246,18 @@ describe('the TCP probe done whole in the helper\'s child (op "tcp": no socket p
     expect(gone).toMatchObject({ result: 'error', reason: 'netns-gone' });
   });
 
+  it('Happy Eyeballs in the child: v4 dropped waits the stagger and wins on v6; v4 refused falls to v6 at once; both refused is the primary\'s error', async () => {
+    const he = { sockets: childOnly(), happyEyeballs: true };
+    const port = srvC.ports.http as number;
+    const staggered = await probe({ kind: 'tcp', port }, ctx(podC, he));
+    expect(staggered).toMatchObject({ result: 'success', message: '', address: `[${podC.ipv6}]:${port}` });
+    expect(staggered.phases.connect).toBeGreaterThanOrEqual(0.24);
+    const fallback = await probe({ kind: 'tcp', port: v6OnlyPort }, ctx(podC, he));
+    expect(fallback).toMatchObject({ result: 'success', address: `[${podC.ipv6}]:${v6OnlyPort}` });
+    const both = await probe({ kind: 'tcp', port: srvB.ports.http as number }, ctx(podB, he));
+    expect(both).toMatchObject({ result: 'failure', reason: 'refused', message: `dial tcp ${podB.ipv4}:${srvB.ports.http}: connect: connection refused` });
+  });
+
   it('an aborted probe ends at once as an error, its child left to the helper', async () => {
     const abort = new AbortController();
     const pending = probe({ kind: 'tcp', port: srvC.ports.http as number }, ctx(podC, { sockets: childOnly(), timeoutSeconds: 30, signal: abort.signal }));
