@@ -39,6 +39,9 @@ export async function probeTcp(plan: TargetPlan, deadline: Deadline): Promise<Pr
   }
 }
 
+/** What the helper's child may take to make its socket before a TCP probe done there is given up as our own error. */
+const HELPER_SLACK_MS = 500;
+
 /**
  * The probe done whole by the socket factory where it makes sockets (the resident helper's child
  * inside the pod's netns: connect, close, report), when it offers that and the probe has one or
@@ -53,19 +56,27 @@ async function probeInHelper(plan: TargetPlan, deadline: Deadline): Promise<Prob
   if (deadline.signal.aborted) return undefined;
   const address = { ip, port: plan.port };
   const second = ip2 === undefined ? undefined : { family: isIPv6(ip2) ? 6 as const : 4 as const, ip: ip2, staggerMs: ATTEMPT_DELAY_MS };
-  // Only the caller aborting cancels the request: the target's timeout is the child's to judge.
+  const timeoutMs = deadline.remainingMs();
+  // The child has the target's whole budget from the moment its socket exists; its own start gets
+  // HELPER_SLACK_MS on top (kubelet's timeout is for the target). No answer by then means the
+  // child never got its socket in time (a hung open/setns, a stopped helper): our trouble, an
+  // error, never a failure, as on the socket route. Only that or the caller aborting cancels it.
+  const slackMs = Math.min(timeoutMs, HELPER_SLACK_MS);
   const cancel = new AbortController();
   const onAbort = (): void => {
     if (deadline.why() === 'aborted') cancel.abort(new ConnectError('error', 'other', address, 'probe aborted'));
   };
+  const slack = setTimeout(() => cancel.abort(new ConnectError('error', 'helper-error', address,
+    `netns helper did not make the probe's socket within ${Math.round(slackMs)} ms (not counted against the probe's timeout)`)), timeoutMs + slackMs);
   deadline.signal.addEventListener('abort', onAbort, { once: true });
   let outcome: TcpProbeOutcome | undefined;
   try {
-    outcome = await plan.sockets.connectProbe(plan.netns, { family: isIPv6(ip) ? 6 : 4, ip, port: plan.port, timeoutMs: deadline.remainingMs(), second }, cancel.signal);
+    outcome = await plan.sockets.connectProbe(plan.netns, { family: isIPv6(ip) ? 6 : 4, ip, port: plan.port, timeoutMs, second }, cancel.signal);
   } catch (err) {
     const e = toConnectError(err, address);
     return { result: e.kind, reason: e.reason, message: e.dialText, address: joinHostPort(ip, plan.port), phases: {} };
   } finally {
+    clearTimeout(slack);
     deadline.signal.removeEventListener('abort', onAbort);
   }
   if (!outcome) return undefined;
