@@ -44,7 +44,10 @@ export interface ResidentHelperOptions {
   restartBackoffMs?: { initial: number; max: number };
   /** Called each time a dead helper is restarted (for probe_agent_* metrics). */
   onRestart?: (reason: string) => void;
-  /** Called once per settled socket request: ok = a socket was delivered. Caller aborts are not reported. */
+  /**
+   * Called once per settled socket or TCP-probe request: ok = a socket was delivered (for a TCP
+   * probe: an answer came; its duration then leaves out the connect). Caller aborts are not reported.
+   */
   onRequest?: (durationSeconds: number, ok: boolean) => void;
 }
 
@@ -286,6 +289,8 @@ export class ResidentHelper implements SocketFactory {
       const outcome = tcpOutcomeOf(msg, (performance.now() - p.sentAt) / 1000);
       if (!outcome) return this.#fail(p, new HelperError('netns helper answered a TCP probe without a valid outcome', { netns: p.netns }));
       this.#finish(p);
+      // The helper's share only (its start and the answer), so the spawn histogram stays comparable with sockets.
+      this.#notify(() => this.#onRequest?.(outcome.helperSeconds, true));
       return p.ask.resolve(outcome);
     }
     if (p.ask.kind === 'addrs') {
@@ -317,7 +322,7 @@ export class ResidentHelper implements SocketFactory {
     if (aborted && p.sent) this.#process.watchSilence(p.sentAt);
     if (!aborted) {
       this.#stats.failures++;
-      if (p.ask.kind === 'socket') this.#notify(() => this.#onRequest?.((performance.now() - p.startedAt) / 1000, false));
+      if (p.ask.kind !== 'addrs') this.#notify(() => this.#onRequest?.((performance.now() - p.startedAt) / 1000, false));
     }
     p.reject(err);
   }

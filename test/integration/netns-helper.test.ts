@@ -258,6 +258,21 @@ describe('op "tcp": the TCP probe in the helper\'s child', () => {
     // Beyond the helper's bound the probe takes the socket route instead.
     expect(await resident.connectProbe(a.netns, { family: 4, ip: a.ipv4, port: 80, timeoutMs: 3_600_001 })).toBeUndefined();
   });
+
+  it('reports each answered TCP probe to onRequest (the spawn histogram) with the helper\'s share only', async () => {
+    const seen: [number, boolean][] = [];
+    const h = await ResidentHelper.start({ onRequest: (sec, ok) => seen.push([sec, ok]) });
+    try {
+      seen.length = 0; // the self-test's socket
+      const out = await h.connectProbe(a.netns, { family: 4, ip: a.ipv4, port: server.ports.http as number, timeoutMs: 2000 });
+      expect(out).toMatchObject({ outcome: 'connected' });
+      expect(seen).toHaveLength(1);
+      expect(seen[0]?.[1]).toBe(true);
+      expect(seen[0]?.[0]).toBeCloseTo(out?.helperSeconds ?? -1, 6);
+    } finally {
+      await h.close();
+    }
+  });
 });
 
 describe('resident helper lifecycle', () => {
