@@ -53,6 +53,8 @@ const HELPER_SLACK_MS = 500;
 async function probeInHelper(plan: TargetPlan, deadline: Deadline): Promise<ProberResult | undefined> {
   const [ip, ip2] = plan.ips;
   if (!plan.sockets.connectProbe || plan.netns === undefined || plan.ips.length > 2 || ip === undefined) return undefined;
+  // A scoped IPv6 literal (fe80::1%eth0) needs Node's zone handling: the socket route.
+  if (plan.ips.some((x) => x.includes('%'))) return undefined;
   if (deadline.signal.aborted) return undefined;
   const address = { ip, port: plan.port };
   const second = ip2 === undefined ? undefined : { family: isIPv6(ip2) ? 6 as const : 4 as const, ip: ip2, staggerMs: ATTEMPT_DELAY_MS };
