@@ -80,6 +80,24 @@ int family_to_af(int family);
  */
 size_t netns_addresses_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir, struct ns_result *r);
 
+/*
+ * tcp.c: enters the netns for good (child-safe; the caller exits right after), connects to the
+ * first target within timeout_ms (a second one, if given, after stagger_ms or the first's failure:
+ * first to connect wins) and formats {"id":N,"ok":true,"tcp":"connected|error|timeout",...};
+ * 0 with `r` set when the socket could not be made.
+ */
+#include <sys/socket.h>
+struct tcp_target {
+  int family;
+  struct sockaddr_storage addr;
+  socklen_t alen;
+};
+size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir,
+                            const struct tcp_target *targets, int ntargets, int timeout_ms, int stagger_ms,
+                            struct ns_result *r);
+/* Longest connect timeout op "tcp" accepts (kubelet's timeoutSeconds bound of the agent: 3600 s). */
+#define TCP_TIMEOUT_MS_MAX 3600000
+
 /* channel.c. The formatting and sending functions are child-safe and return -errno on failure. */
 size_t format_handle_line(char *buf, size_t cap, uint64_t id);
 size_t format_error_line(char *buf, size_t cap, uint64_t id, const struct ns_result *r);
@@ -88,7 +106,7 @@ int chan_send_wait(int chan, const char *line, size_t len, int fd, int timeout_m
 int channel_fd_from_env(const char **why);
 
 /* jsonreq.c */
-enum request_op { OP_SOCKET = 0, OP_ADDRS = 1 };
+enum request_op { OP_SOCKET = 0, OP_ADDRS = 1, OP_TCP = 2 };
 struct request {
   int has_id;
   int has_op;
@@ -100,6 +118,18 @@ struct request {
   char netns[NETNS_PATH_MAX];
   int has_family;
   long family;
+  /* op "tcp" only: the address to connect to and the connect timeout. */
+  int has_ip;
+  char ip[64];
+  int has_port;
+  long port;
+  int has_timeout;
+  long timeout_ms;
+  /* op "tcp", optional: a second address (another family) tried after stagger_ms, Happy Eyeballs. */
+  int has_ip2;
+  char ip2[64];
+  long family2;
+  long stagger_ms;
 };
 int parse_request(const char *line, size_t len, struct request *req, const char **why);
 

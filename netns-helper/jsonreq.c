@@ -1,6 +1,7 @@
 /*
  * A strict little JSON reader for the shapes the agent sends, {"id":N,"netns":"...",
- * "family":4|6} and {"id":N,"op":"addrs","netns":"..."}, and for Node's own {"cmd":"NODE_..."} lines. Unknown keys are skipped.
+ * "family":4|6}, {"id":N,"op":"addrs","netns":"..."} and {"id":N,"op":"tcp","netns":"...",
+ * "family":4|6,"ip":"...","port":P,"timeout_ms":T[,"ip2":"...","family2":4|6,"stagger_ms":S]}, and for Node's own {"cmd":"NODE_..."} lines. Unknown keys are skipped.
  */
 #include "helper.h"
 
@@ -199,8 +200,33 @@ int parse_request(const char *line, size_t len, struct request *req, const char 
       r = read_string(&c, op, sizeof op);
       if (r == 0 && strcmp(op, "socket") == 0) req->op = OP_SOCKET;
       else if (r == 0 && strcmp(op, "addrs") == 0) req->op = OP_ADDRS;
+      else if (r == 0 && strcmp(op, "tcp") == 0) req->op = OP_TCP;
       else r = fail(&c, "unknown op");
       req->has_op = r == 0;
+    } else if (strcmp(key, "ip") == 0) {
+      r = read_string(&c, req->ip, sizeof req->ip);
+      req->has_ip = r == 0;
+    } else if (strcmp(key, "ip2") == 0) {
+      r = read_string(&c, req->ip2, sizeof req->ip2);
+      req->has_ip2 = r == 0;
+    } else if (strcmp(key, "family2") == 0) {
+      uint64_t v;
+      r = read_uint(&c, &v);
+      req->family2 = r == 0 && v < 100 ? (long)v : -1;
+    } else if (strcmp(key, "stagger_ms") == 0) {
+      uint64_t v;
+      r = read_uint(&c, &v);
+      req->stagger_ms = r == 0 && v <= TCP_TIMEOUT_MS_MAX ? (long)v : -1;
+    } else if (strcmp(key, "port") == 0) {
+      uint64_t v;
+      r = read_uint(&c, &v);
+      req->port = r == 0 && v <= 65535 ? (long)v : -1;
+      req->has_port = r == 0;
+    } else if (strcmp(key, "timeout_ms") == 0) {
+      uint64_t v;
+      r = read_uint(&c, &v);
+      req->timeout_ms = r == 0 && v <= TCP_TIMEOUT_MS_MAX ? (long)v : -1;
+      req->has_timeout = r == 0;
     } else if (strcmp(key, "family") == 0) {
       uint64_t f;
       r = read_uint(&c, &f);

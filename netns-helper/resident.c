@@ -29,6 +29,8 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,6 +55,11 @@ struct child_job {
   int chan;
   int timeout_ms;
   pid_t parent;
+  /* op "tcp": where to connect and for how long (parsed by the resident: inet_pton is not child-safe). */
+  struct tcp_target targets[2];
+  int ntargets;
+  int connect_timeout_ms;
+  int stagger_ms;
   char netns[NETNS_PATH_MAX];
 };
 
@@ -60,6 +67,8 @@ struct child_slot {
   pid_t pid;
   uint64_t id;
   int64_t started_ms;
+  /* Lifetime beyond --child-timeout-ms: an op "tcp" child may wait its connect timeout on top. */
+  int64_t extra_ms;
   int killed;
   int block;
 };
@@ -167,6 +176,13 @@ static int child_main(void *arg) {
     if (len == 0) len = format_error_line(line, sizeof line, job->id, &r);
     return len > 0 && chan_send_wait(job->chan, line, len, -1, job->timeout_ms) == 0 ? 0 : 3;
   }
+  if (job->op == OP_TCP) {
+    char line[OUT_LINE_MAX];
+    size_t len = netns_tcp_probe_line(line, sizeof line, job->id, job->netns, job->kind, job->dir, job->targets, job->ntargets,
+                                      job->connect_timeout_ms, job->stagger_ms, &r);
+    if (len == 0) len = format_error_line(line, sizeof line, job->id, &r);
+    return len > 0 && chan_send_wait(job->chan, line, len, -1, job->timeout_ms) == 0 ? 0 : 3;
+  }
   int s = netns_socket_checked(job->netns, job->kind, job->dir, job->family, &r);
   char line[OUT_LINE_MAX];
   size_t len = s >= 0 ? format_handle_line(line, sizeof line, job->id) : format_error_line(line, sizeof line, job->id, &r);
@@ -175,8 +191,49 @@ static int child_main(void *arg) {
 
 static void reap(struct resident *rs);
 
+/* The sockaddr of `ip` and `port` in `family`; -1 when they do not make one. */
+static int tcp_target(long family, const char *ip, long port, struct tcp_target *t) {
+  memset(t, 0, sizeof *t);
+  t->family = (int)family;
+  if (family == 4) {
+    struct sockaddr_in *a = (struct sockaddr_in *)&t->addr;
+    if (inet_pton(AF_INET, ip, &a->sin_addr) != 1) return -1;
+    a->sin_family = AF_INET;
+    a->sin_port = htons((uint16_t)port);
+    t->alen = sizeof *a;
+    return 0;
+  }
+  if (family == 6) {
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)&t->addr;
+    if (inet_pton(AF_INET6, ip, &a->sin6_addr) != 1) return -1;
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons((uint16_t)port);
+    t->alen = sizeof *a;
+    return 0;
+  }
+  return -1;
+}
+
 static void spawn_child(struct resident *rs, const struct request *req, enum path_kind kind, size_t dir_index) {
   struct ns_result r = {0};
+  struct tcp_target targets[2];
+  int ntargets = 0;
+  if (req->op == OP_TCP) {
+    if (tcp_target(req->family, req->ip, req->port, &targets[0]) < 0) {
+      ns_fail(&r, "request", EINVAL, "malformed request: ip is not an IPv%ld address", req->family);
+      reply_error(rs, req->id, &r);
+      return;
+    }
+    ntargets = 1;
+    if (req->has_ip2) {
+      if (tcp_target(req->family2, req->ip2, req->port, &targets[1]) < 0 || req->stagger_ms < 0) {
+        ns_fail(&r, "request", EINVAL, "malformed request: ip2 is not an address of family2 (4 or 6), or stagger_ms is out of range");
+        reply_error(rs, req->id, &r);
+        return;
+      }
+      ntargets = 2;
+    }
+  }
   /* Children that answered may not be reaped yet: count only the ones still alive. */
   if (rs->nchildren >= rs->opts->max_children) reap(rs);
   if (rs->nchildren >= rs->opts->max_children) {
@@ -199,6 +256,12 @@ static void spawn_child(struct resident *rs, const struct request *req, enum pat
   job->chan = rs->chan;
   job->timeout_ms = rs->opts->child_timeout_ms;
   job->parent = rs->self;
+  if (req->op == OP_TCP) {
+    memcpy(job->targets, targets, sizeof targets);
+    job->ntargets = ntargets;
+    job->connect_timeout_ms = (int)req->timeout_ms;
+    job->stagger_ms = (int)req->stagger_ms;
+  }
   memcpy(job->netns, req->netns, strlen(req->netns) + 1);
 #if HELPER_SHARED_VM_CHILD
   /* The stack grows down from just below the job; 16-byte alignment is what both ABIs want. */
@@ -214,7 +277,8 @@ static void spawn_child(struct resident *rs, const struct request *req, enum pat
     reply_error(rs, req->id, &r);
     return;
   }
-  rs->children[rs->nchildren++] = (struct child_slot){.pid = pid, .id = req->id, .started_ms = now_ms(), .block = block};
+  int64_t extra = req->op == OP_TCP ? req->timeout_ms : 0;
+  rs->children[rs->nchildren++] = (struct child_slot){.pid = pid, .id = req->id, .started_ms = now_ms(), .extra_ms = extra, .block = block};
 }
 
 /* --warm: the same work in this process, returning to the home netns before anything else. */
@@ -269,6 +333,11 @@ static void handle_line(struct resident *rs, const char *line, size_t len) {
     reply_error(rs, req.id, &r);
     return;
   }
+  if (req.op == OP_TCP && (!req.has_ip || !req.has_port || req.port < 1 || !req.has_timeout || req.timeout_ms < 1)) {
+    ns_fail(&r, "request", EINVAL, "malformed request: op tcp wants ip, port 1..65535 and timeout_ms 1..%d", TCP_TIMEOUT_MS_MAX);
+    reply_error(rs, req.id, &r);
+    return;
+  }
   /* Pure string checks, done here: a refused path costs no child. */
   size_t dir_index = 0;
   enum path_kind kind = netns_check_path(req.netns, rs->allow, &r, &dir_index);
@@ -276,7 +345,10 @@ static void handle_line(struct resident *rs, const char *line, size_t len) {
     reply_error(rs, req.id, &r);
     return;
   }
-  /* Reading addresses is not on a probe's path: always a child, even --warm (its dump may be slow). */
+  /*
+   * Reading addresses is not on a probe's path: always a child, even --warm (its dump may be slow).
+   * A TCP probe connects, which may wait its whole timeout: always a child too.
+   */
   if (rs->opts->warm && req.op == OP_SOCKET) make_warm(rs, &req, kind, dir_index);
   else spawn_child(rs, &req, kind, dir_index);
 }
@@ -292,7 +364,7 @@ static void reap(struct resident *rs) {
       /* Exit 0 means the child delivered its own answer; otherwise answer for it. */
       if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
         struct ns_result r = {0};
-        if (c->killed) ns_fail(&r, "child", ETIMEDOUT, "child killed after %d ms", rs->opts->child_timeout_ms);
+        if (c->killed) ns_fail(&r, "child", ETIMEDOUT, "child killed after %lld ms", (long long)(rs->opts->child_timeout_ms + c->extra_ms));
         else if (WIFSIGNALED(st)) ns_fail(&r, "child", ECHILD, "child killed by signal %d", WTERMSIG(st));
         else ns_fail(&r, "child", ECHILD, "child exited with status %d without answering", WEXITSTATUS(st));
         reply_error(rs, c->id, &r);
@@ -311,7 +383,7 @@ static int enforce_deadlines(struct resident *rs) {
   for (int i = 0; i < rs->nchildren; i++) {
     struct child_slot *c = &rs->children[i];
     if (c->killed) continue;
-    int64_t due = c->started_ms + rs->opts->child_timeout_ms;
+    int64_t due = c->started_ms + rs->opts->child_timeout_ms + c->extra_ms;
     if (due <= now) {
       kill(c->pid, SIGKILL);
       c->killed = 1;

@@ -10,7 +10,7 @@ import type { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { HelperError, describeError } from '../errors.ts';
 import { type Logger, silentLogger } from '../log.ts';
-import type { SocketFactory } from '../probe/types.ts';
+import type { SocketFactory, TcpProbeOutcome, TcpTarget } from '../probe/types.ts';
 import { canonicalIp } from './ip.ts';
 import { HelperProcess } from './helper-process.ts';
 import {
@@ -44,7 +44,10 @@ export interface ResidentHelperOptions {
   restartBackoffMs?: { initial: number; max: number };
   /** Called each time a dead helper is restarted (for probe_agent_* metrics). */
   onRestart?: (reason: string) => void;
-  /** Called once per settled socket request: ok = a socket was delivered. Caller aborts are not reported. */
+  /**
+   * Called once per settled socket or TCP-probe request: ok = a socket was delivered (for a TCP
+   * probe: an answer came; its duration then leaves out the connect). Caller aborts are not reported.
+   */
   onRequest?: (durationSeconds: number, ok: boolean) => void;
 }
 
@@ -65,7 +68,8 @@ export interface ResidentHelperStats {
 /** What a request asks the helper for, and what it settles with. */
 type Ask =
   | { kind: 'socket'; family: 4 | 6; resolve: (s: Socket) => void }
-  | { kind: 'addrs'; resolve: (addrs: string[]) => void };
+  | { kind: 'addrs'; resolve: (addrs: string[]) => void }
+  | { kind: 'tcp'; target: TcpTarget; resolve: (o: TcpProbeOutcome) => void };
 
 interface Pending {
   id: number;
@@ -82,6 +86,12 @@ interface Pending {
 
 const SELF_TEST_TIMEOUT_MS = 3000;
 const ACCEPTED_PATHS_MAX = 4096;
+/**
+ * Share of maxInFlight that TCP probes done in the helper may hold. Such a request lives as long as
+ * its connect (up to the probe's timeout), not only while a socket is made: past this share, TCP
+ * probes take the socket route again, so blackholed targets cannot crowd out other pods' probes.
+ */
+const TCP_IN_FLIGHT_SHARE = 0.25;
 /** Bound on the addresses one netns may report (the helper's answer line holds about 90). */
 const MAX_ADDRESSES = 128;
 
@@ -101,6 +111,8 @@ export class ResidentHelper implements SocketFactory {
   readonly #pending = new Map<number, Pending>();
   #nextId = 1;
   #closed = false;
+  #tcpInFlight = 0;
+  readonly #maxTcpInFlight: number;
   /** Netns paths the path guard accepted: the guard is pure, so a repeat (every probe of a pod) skips it. */
   readonly #acceptedPaths = new Set<string>();
   #stats = { spawned: 0, failures: 0 };
@@ -118,6 +130,7 @@ export class ResidentHelper implements SocketFactory {
     // The helper's own cap is a safety net above ours: a child that answered may still be exiting.
     args.push('--max-children', String(Math.min(4096, this.#maxInFlight + 64)));
     this.#timeoutMs = boundedInt(opts.requestTimeoutMs ?? 5000, 10, 60_000, 'requestTimeoutMs');
+    this.#maxTcpInFlight = Math.max(1, Math.floor(this.#maxInFlight * TCP_IN_FLIGHT_SHARE));
     const backoff = opts.restartBackoffMs ?? { initial: 100, max: 10_000 };
     this.#onRequest = opts.onRequest;
     this.#process = new HelperProcess({
@@ -188,6 +201,25 @@ export class ResidentHelper implements SocketFactory {
     return new Promise<string[]>((resolve, reject) => this.#request(netns, { kind: 'addrs', resolve }, signal, reject));
   }
 
+  /**
+   * kubelet's TCP probe done in the helper's child inside `netns`: connect within the target's
+   * timeout (counted from the socket's creation there), close, report. No fd is passed and Node
+   * makes no socket. Undefined when too many run already or the timeout is beyond the helper's
+   * bound: the caller then takes the socket route.
+   */
+  connectProbe(netns: string, target: TcpTarget, signal?: AbortSignal): Promise<TcpProbeOutcome | undefined> {
+    if (this.#tcpInFlight >= this.#maxTcpInFlight || !(target.timeoutMs >= 1 && target.timeoutMs <= TCP_TIMEOUT_MS_MAX)) {
+      return Promise.resolve(undefined);
+    }
+    this.#tcpInFlight++;
+    const done = (): void => {
+      this.#tcpInFlight--;
+    };
+    const p = new Promise<TcpProbeOutcome>((resolve, reject) => this.#request(netns, { kind: 'tcp', target, resolve }, signal, reject));
+    p.then(done, done);
+    return p;
+  }
+
   /** Stops the helper (it exits when its channel closes) and rejects whatever is in flight. */
   async close(): Promise<void> {
     this.#closed = true;
@@ -196,7 +228,7 @@ export class ResidentHelper implements SocketFactory {
   }
 
   #request(netns: string | undefined, ask: Ask, signal: AbortSignal | undefined, reject: (e: Error) => void): void {
-    const family = ask.kind === 'socket' ? ask.family : 4;
+    const family = ask.kind === 'socket' ? ask.family : ask.kind === 'tcp' ? ask.target.family : 4;
     try {
       if (this.#closed) throw new HelperError('netns helper is closed');
       if (netns === undefined || (family !== 4 && family !== 6) || !this.#acceptedPaths.has(netns)) {
@@ -216,7 +248,8 @@ export class ResidentHelper implements SocketFactory {
     const id = this.#nextId++;
     const p: Pending = {
       id, netns: netns as string, ask, startedAt: performance.now(), sent: false, sentAt: 0, reject, signal,
-      timer: setTimeout(() => this.#onTimeout(p), this.#timeoutMs),
+      // A TCP probe may wait its whole connect timeout in the helper on top of the helper's own time.
+      timer: setTimeout(() => this.#onTimeout(p), this.#timeoutMs + (ask.kind === 'tcp' ? Math.ceil(ask.target.timeoutMs) : 0)),
     };
     if (signal) {
       p.onAbort = () => this.#fail(p, abortError(signal), true);
@@ -231,7 +264,11 @@ export class ResidentHelper implements SocketFactory {
     p.sent = true;
     p.sentAt = performance.now();
     this.#stats.spawned++;
-    const msg = p.ask.kind === 'socket' ? { id: p.id, netns: p.netns, family: p.ask.family } : { id: p.id, op: 'addrs', netns: p.netns };
+    const msg = p.ask.kind === 'socket'
+      ? { id: p.id, netns: p.netns, family: p.ask.family }
+      : p.ask.kind === 'tcp'
+        ? tcpRequest(p.id, p.netns, p.ask.target)
+        : { id: p.id, op: 'addrs', netns: p.netns };
     this.#process.send(msg, (err) => this.#fail(p, new HelperError(`cannot send a request to the netns helper: ${describeError(err)}`, { netns: p.netns })));
   }
 
@@ -245,7 +282,16 @@ export class ResidentHelper implements SocketFactory {
     }
     if (!msg.ok) {
       discardHandle(handle);
-      return this.#fail(p, replyToError(p.netns, p.ask.kind === 'socket' ? p.ask.family : 4, msg));
+      return this.#fail(p, replyToError(p.netns, p.ask.kind === 'socket' ? p.ask.family : p.ask.kind === 'tcp' ? p.ask.target.family : 4, msg));
+    }
+    if (p.ask.kind === 'tcp') {
+      discardHandle(handle);
+      const outcome = tcpOutcomeOf(msg, (performance.now() - p.sentAt) / 1000);
+      if (!outcome) return this.#fail(p, new HelperError('netns helper answered a TCP probe without a valid outcome', { netns: p.netns }));
+      this.#finish(p);
+      // The helper's share only (its start and the answer), so the spawn histogram stays comparable with sockets.
+      this.#notify(() => this.#onRequest?.(outcome.helperSeconds, true));
+      return p.ask.resolve(outcome);
     }
     if (p.ask.kind === 'addrs') {
       discardHandle(handle);
@@ -276,7 +322,7 @@ export class ResidentHelper implements SocketFactory {
     if (aborted && p.sent) this.#process.watchSilence(p.sentAt);
     if (!aborted) {
       this.#stats.failures++;
-      if (p.ask.kind === 'socket') this.#notify(() => this.#onRequest?.((performance.now() - p.startedAt) / 1000, false));
+      if (p.ask.kind !== 'addrs') this.#notify(() => this.#onRequest?.((performance.now() - p.startedAt) / 1000, false));
     }
     p.reject(err);
   }
@@ -298,6 +344,30 @@ export class ResidentHelper implements SocketFactory {
     if (p.onAbort) p.signal?.removeEventListener('abort', p.onAbort);
     return true;
   }
+}
+
+/** Upper bound of op "tcp"'s timeout_ms in the helper (TCP_TIMEOUT_MS_MAX in netns-helper/helper.h). */
+const TCP_TIMEOUT_MS_MAX = 3_600_000;
+
+/** The op "tcp" request line's object (second address and stagger only for Happy Eyeballs). */
+function tcpRequest(id: number, netns: string, t: TcpTarget): Record<string, unknown> {
+  const msg: Record<string, unknown> = { id, op: 'tcp', netns, family: t.family, ip: t.ip, port: t.port, timeout_ms: Math.ceil(t.timeoutMs) };
+  if (t.second) Object.assign(msg, { ip2: t.second.ip, family2: t.second.family, stagger_ms: Math.round(t.second.staggerMs) });
+  return msg;
+}
+
+/** The outcome of a `tcp` answer (`roundTrip`: seconds since the request was sent); undefined when malformed. */
+function tcpOutcomeOf(msg: unknown, roundTrip: number): TcpProbeOutcome | undefined {
+  const m = msg as { tcp?: unknown; code?: unknown; us?: unknown; won?: unknown };
+  if (typeof m.us !== 'number' || !(m.us >= 0)) return undefined;
+  const connectSeconds = m.us / 1e6;
+  const helperSeconds = Math.max(0, roundTrip - connectSeconds);
+  if (m.tcp === 'connected' && (m.won === 0 || m.won === 1)) return { outcome: 'connected', won: m.won, connectSeconds, helperSeconds };
+  if (m.tcp === 'timeout') return { outcome: 'timeout', connectSeconds, helperSeconds };
+  if (m.tcp === 'error' && typeof m.code === 'string' && /^E[A-Z0-9]{1,20}$/.test(m.code)) {
+    return { outcome: 'error', code: m.code, connectSeconds, helperSeconds };
+  }
+  return undefined;
 }
 
 /** The canonical addresses of an `addrs` answer; undefined when it is not a bounded list of IPs. */

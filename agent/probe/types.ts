@@ -132,7 +132,30 @@ export interface SocketFactory {
    * Rejects with NetnsError or HelperError.
    */
   createSocket(netns: string | undefined, family: 4 | 6, signal?: AbortSignal): Promise<Socket>;
+  /**
+   * Optional: kubelet's whole TCP probe done where the socket is made (connect within
+   * `timeoutMs`, counted from the socket's creation, then close), so no socket travels.
+   * Resolves undefined when the factory will not take it now (callers use createSocket);
+   * rejects with NetnsError or HelperError as createSocket does.
+   */
+  connectProbe?(netns: string, target: TcpTarget, signal?: AbortSignal): Promise<TcpProbeOutcome | undefined>;
 }
+
+/** Where a TCP probe connects, and the target's budget. */
+export interface TcpTarget {
+  family: 4 | 6;
+  ip: string;
+  port: number;
+  timeoutMs: number;
+  /** Happy Eyeballs: a second address, tried after `staggerMs` or as soon as the first fails. */
+  second?: { family: 4 | 6; ip: string; staggerMs: number };
+}
+
+/** What connecting gave: connected (`won`: 0 the first address, 1 the second), the first address's errno (Node's code spelling), or the timeout passing. */
+export type TcpProbeOutcome =
+  | { outcome: 'connected'; won: 0 | 1; connectSeconds: number; helperSeconds: number }
+  | { outcome: 'error'; code: string; connectSeconds: number; helperSeconds: number }
+  | { outcome: 'timeout'; connectSeconds: number; helperSeconds: number };
 
 /** The deprecated host field: what to do with a host that is not the pod's own. */
 export type HostFieldPolicy = 'refuse' | 'legacy-node';

@@ -236,6 +236,45 @@ describe('reading a netns\'s addresses (netlink inside the netns, no process run
   });
 });
 
+describe('op "tcp": the TCP probe in the helper\'s child', () => {
+  it.each([['resident'], ['warm']] as const)('%s: connects inside the pod (v4, v6, its loopback) while the node is blocked; closed ports are refused', async (mode) => {
+    const h = mode === 'resident' ? resident : warm;
+    const port = server.ports.http as number;
+    const drops = await lab.nodeToPodDrops();
+    const loopPort = loopServer.ports.http as number;
+    for (const [family, ip, p] of [[4, a.ipv4, port], [6, a.ipv6, port], [4, '127.0.0.1', loopPort], [6, '::1', loopPort]] as const) {
+      expect(await h.connectProbe(a.netns, { family, ip, port: p, timeoutMs: 2000 }), ip).toMatchObject({ outcome: 'connected' });
+    }
+    // Nothing went from the node to the pod: the connects happened inside it.
+    expect(await lab.nodeToPodDrops()).toBe(drops);
+    const refused = await h.connectProbe(b.netns, { family: 4, ip: b.ipv4, port, timeoutMs: 2000 });
+    expect(refused).toMatchObject({ outcome: 'error', code: 'ECONNREFUSED' });
+  });
+
+  it('refuses bad requests with typed errors: a gone netns, an ip of the wrong family, a bad port', async () => {
+    await expect(resident.connectProbe(`/run/netns/pa-missing-${process.pid}`, { family: 4, ip: a.ipv4, port: 80, timeoutMs: 1000 })).rejects.toMatchObject({ kind: 'gone' });
+    await expect(resident.connectProbe(a.netns, { family: 4, ip: a.ipv6, port: 80, timeoutMs: 1000 })).rejects.toThrow(/ip is not an IPv4 address/);
+    await expect(resident.connectProbe(a.netns, { family: 4, ip: a.ipv4, port: 0, timeoutMs: 1000 })).rejects.toThrow(HelperError);
+    // Beyond the helper's bound the probe takes the socket route instead.
+    expect(await resident.connectProbe(a.netns, { family: 4, ip: a.ipv4, port: 80, timeoutMs: 3_600_001 })).toBeUndefined();
+  });
+
+  it('reports each answered TCP probe to onRequest (the spawn histogram) with the helper\'s share only', async () => {
+    const seen: [number, boolean][] = [];
+    const h = await ResidentHelper.start({ onRequest: (sec, ok) => seen.push([sec, ok]) });
+    try {
+      seen.length = 0; // the self-test's socket
+      const out = await h.connectProbe(a.netns, { family: 4, ip: a.ipv4, port: server.ports.http as number, timeoutMs: 2000 });
+      expect(out).toMatchObject({ outcome: 'connected' });
+      expect(seen).toHaveLength(1);
+      expect(seen[0]?.[1]).toBe(true);
+      expect(seen[0]?.[0]).toBeCloseTo(out?.helperSeconds ?? -1, 6);
+    } finally {
+      await h.close();
+    }
+  });
+});
+
 describe('resident helper lifecycle', () => {
   it('fails an in-flight request when the helper is killed, then restarts and serves the next one', async () => {
     const restarts: string[] = [];

@@ -14,7 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
-import type { HttpGetHandler, ProbeContext, ProbeHandler, ProbeOutcome } from '../../agent/probe/types.ts';
+import type { HttpGetHandler, ProbeContext, ProbeHandler, ProbeOutcome, SocketFactory } from '../../agent/probe/types.ts';
 import { createLab, type Lab, type LabPod, type RunningServer } from '../lab/lab.ts';
 
 let lab: Lab;
@@ -238,6 +238,69 @@ describe('host field policy', () => {
     const blocked = await probe({ kind: 'tcp', port: srvA.ports.tcp as number, host: podA.ipv4 }, ctx(podB, { hostFieldPolicy: 'legacy-node' }));
     expect(blocked).toMatchObject({ result: 'failure', reason: 'timeout' });
     expect(await lab.nodeToPodDrops()).toBeGreaterThan(drops);
+  });
+});
+
+describe('the TCP probe done whole in the helper\'s child (op "tcp": no socket passed)', () => {
+  /** The resident helper with the socket route cut off: a probe that still asks for a socket errors. */
+  const childOnly = (): SocketFactory => ({
+    mode: 'resident',
+    createSocket: () => Promise.reject(new Error('the socket route was taken')),
+    connectProbe: (netns, target, signal) => helper.connectProbe(netns, target, signal),
+  });
+
+  it('succeeds, is refused and times out with kubelet\'s exact results, without a socket in Node', async () => {
+    const ok = await probe({ kind: 'tcp', port: srvA.ports.tcp as number }, ctx(podA, { sockets: childOnly() }));
+    expect(ok).toMatchObject({ result: 'success', message: '', address: `${podA.ipv4}:${srvA.ports.tcp}` });
+    expect(ok.phases.connect).toBeGreaterThanOrEqual(0);
+    const v6 = await probe({ kind: 'tcp', port: srvA.ports.tcp as number }, ctx(podA, { sockets: childOnly(), podIPs: [podA.ipv6, podA.ipv4] }));
+    expect(v6).toMatchObject({ result: 'success', address: `[${podA.ipv6}]:${srvA.ports.tcp}` });
+    // Pod B's server listens on its loopback only: its pod IP refuses.
+    const refused = await probe({ kind: 'tcp', port: srvB.ports.http as number }, ctx(podB, { sockets: childOnly() }));
+    expect(refused).toMatchObject({ result: 'failure', reason: 'refused', message: `dial tcp ${podB.ipv4}:${srvB.ports.http}: connect: connection refused` });
+    const loop = await probe({ kind: 'tcp', port: srvB.ports.http as number, host: '127.0.0.1' }, ctx(podB, { sockets: childOnly() }));
+    expect(loop).toMatchObject({ result: 'success', address: `127.0.0.1:${srvB.ports.http}` });
+    // Pod C drops its own IPv4 SYNs to this port: the child's connect waits the whole timeout.
+    const hung = await probe({ kind: 'tcp', port: srvC.ports.http as number }, ctx(podC, { sockets: childOnly() }));
+    expect(hung).toMatchObject({ result: 'failure', reason: 'timeout', message: `dial tcp ${podC.ipv4}:${srvC.ports.http}: i/o timeout` });
+    expect(hung.durationSeconds).toBeGreaterThanOrEqual(0.99);
+    const gone = await probe({ kind: 'tcp', port: 80 }, ctx(podA, { sockets: childOnly(), netns: `/run/netns/${podA.name}-gone` }));
+    expect(gone).toMatchObject({ result: 'error', reason: 'netns-gone' });
+  });
+
+  it('Happy Eyeballs in the child: v4 dropped waits the stagger and wins on v6; v4 refused falls to v6 at once; both refused is the primary\'s error', async () => {
+    const he = { sockets: childOnly(), happyEyeballs: true };
+    const port = srvC.ports.http as number;
+    const staggered = await probe({ kind: 'tcp', port }, ctx(podC, he));
+    expect(staggered).toMatchObject({ result: 'success', message: '', address: `[${podC.ipv6}]:${port}` });
+    expect(staggered.phases.connect).toBeGreaterThanOrEqual(0.24);
+    const fallback = await probe({ kind: 'tcp', port: v6OnlyPort }, ctx(podC, he));
+    expect(fallback).toMatchObject({ result: 'success', address: `[${podC.ipv6}]:${v6OnlyPort}` });
+    const both = await probe({ kind: 'tcp', port: srvB.ports.http as number }, ctx(podB, he));
+    expect(both).toMatchObject({ result: 'failure', reason: 'refused', message: `dial tcp ${podB.ipv4}:${srvB.ports.http}: connect: connection refused` });
+  });
+
+  it('an aborted probe ends at once as an error, its child left to the helper', async () => {
+    const abort = new AbortController();
+    const pending = probe({ kind: 'tcp', port: srvC.ports.http as number }, ctx(podC, { sockets: childOnly(), timeoutSeconds: 30, signal: abort.signal }));
+    setTimeout(() => abort.abort(), 100);
+    expect(await pending).toMatchObject({ result: 'error', reason: 'other', message: 'probe aborted' });
+  });
+
+  it('past its share of maxInFlight a TCP probe takes the socket route, so hung targets cannot crowd out others', async () => {
+    const small = await ResidentHelper.start({ maxInFlight: 4 });
+    try {
+      // A share of one: the hung probe holds it for its whole timeout.
+      const hung = small.connectProbe(podC.netns, { family: 4, ip: podC.ipv4, port: srvC.ports.http as number, timeoutMs: 1000 });
+      expect(await small.connectProbe(podA.netns, { family: 4, ip: podA.ipv4, port: srvA.ports.tcp as number, timeoutMs: 1000 })).toBeUndefined();
+      const out = await probe({ kind: 'tcp', port: srvA.ports.tcp as number }, ctx(podA, { sockets: small }));
+      expect(out).toMatchObject({ result: 'success', address: `${podA.ipv4}:${srvA.ports.tcp}` });
+      expect(out.phases.helper).toBeGreaterThan(0);
+      expect(await hung).toMatchObject({ outcome: 'timeout' });
+      expect(await small.connectProbe(podA.netns, { family: 4, ip: podA.ipv4, port: srvA.ports.tcp as number, timeoutMs: 1000 })).toMatchObject({ outcome: 'connected' });
+    } finally {
+      await small.close();
+    }
   });
 });
 

@@ -1,0 +1,143 @@
+/*
+ * op "tcp": kubelet's TCP probe done whole in the resident's child, inside the pod's netns:
+ * make the socket, connect with the probe's timeout, close, and answer with the outcome. No fd
+ * travels to the agent and Node makes no socket, which is most of what a TCP probe cost through
+ * the fd-passing route (the handle wrap and ACK, Node's connect and close).
+ *
+ * With a second address (Happy Eyeballs over a dual-stack pod) the child does what
+ * agent/probe/connect.ts does: the second attempt starts after the stagger or as soon as the
+ * first fails, the first to connect wins, and when both fail the first's error is the answer.
+ *
+ * Child-safe like netns.c: raw system calls (sys.h), the text builder, its own stack only.
+ * The timeout is counted from the moment the socket exists in the netns, so the child's own
+ * start (clone, setns) is never charged to the target, as the agent's Deadline.hold() does.
+ */
+#define _GNU_SOURCE
+#include "helper.h"
+#include "sys.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
+
+static int64_t mono_us(void) {
+  struct timespec ts = {0, 0};
+  sys_clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* One connection attempt: its socket while pending, then its errno (0: connected). */
+struct attempt {
+  int fd;
+  int started;
+  int done;
+  int err;
+};
+
+/* Starts a non-blocking connect on `s` (owned from here on); the attempt is done at once when it fails at once. */
+static void start_attempt(struct attempt *a, int s, const struct tcp_target *t) {
+  a->started = 1;
+  a->fd = s;
+  if (s < 0) {
+    a->done = 1;
+    a->err = -s;
+    return;
+  }
+  int e = (int)sys_call6(SYS_connect, s, SYS_ARG(&t->addr), t->alen, 0, 0, 0);
+  if (e == 0 || e != -EINPROGRESS) {
+    a->done = 1;
+    a->err = -e;
+    sys_close(s);
+    a->fd = -1;
+  }
+}
+
+/* The pending socket's result once it is writable or failed. */
+static void finish_attempt(struct attempt *a) {
+  int err = 0;
+  socklen_t len = sizeof err;
+  long g = sys_call6(SYS_getsockopt, a->fd, SOL_SOCKET, SO_ERROR, SYS_ARG(&err), SYS_ARG(&len), 0);
+  a->done = 1;
+  a->err = g < 0 ? (int)-g : err;
+  /* A plain close (FIN), as the agent's own TCP probe does; the TIME-WAIT stays in the pod's netns. */
+  sys_close(a->fd);
+  a->fd = -1;
+}
+
+size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir,
+                            const struct tcp_target *targets, int ntargets, int timeout_ms, int stagger_ms,
+                            struct ns_result *r) {
+  int s = netns_socket_checked(path, kind, dir, targets[0].family, r);
+  if (s < 0) return 0;
+  struct attempt at[2] = {{.fd = -1}, {.fd = -1}};
+  if (ntargets > 2) ntargets = 2;
+  int64_t t0 = mono_us();
+  int64_t deadline = t0 + (int64_t)timeout_ms * 1000;
+  int64_t stagger_at = t0 + (int64_t)stagger_ms * 1000;
+  start_attempt(&at[0], s, &targets[0]);
+  int winner = -1;
+  for (;;) {
+    for (int i = 0; i < ntargets; i++) {
+      if (at[i].started && at[i].done && at[i].err == 0 && winner < 0) winner = i;
+    }
+    if (winner >= 0) break;
+    int64_t now = mono_us();
+    /* The next address starts after the stagger, or at once when the previous one failed. */
+    if (ntargets > 1 && !at[1].started && (at[0].done || now >= stagger_at)) {
+      /* We are inside the netns for good: a socket of the other family is one syscall. */
+      int s2 = sys_socket(family_to_af(targets[1].family), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      start_attempt(&at[1], s2, &targets[1]);
+      continue;
+    }
+    int all_done = 1;
+    for (int i = 0; i < ntargets; i++) all_done &= at[i].started && at[i].done;
+    if (all_done) break;
+    if (now >= deadline) break;
+    int64_t wake = deadline;
+    if (ntargets > 1 && !at[1].started && stagger_at < wake) wake = stagger_at;
+    struct pollfd p[2];
+    int idx[2], n = 0;
+    for (int i = 0; i < ntargets; i++) {
+      if (at[i].started && !at[i].done) {
+        p[n] = (struct pollfd){.fd = at[i].fd, .events = POLLOUT};
+        idx[n++] = i;
+      }
+    }
+    int64_t left = wake - now;
+    struct timespec ts = {.tv_sec = (time_t)(left / 1000000), .tv_nsec = (long)(left % 1000000) * 1000};
+    int got = sys_ppoll(p, (nfds_t)n, &ts);
+    if (got <= 0) continue;
+    for (int k = 0; k < n; k++) {
+      if (p[k].revents) finish_attempt(&at[idx[k]]);
+    }
+  }
+  int64_t us = mono_us() - t0;
+  for (int i = 0; i < 2; i++) {
+    if (at[i].fd >= 0) sys_close(at[i].fd);
+  }
+  struct text t;
+  text_init(&t, buf, cap);
+  text_str(&t, "{\"id\":");
+  text_u64(&t, id);
+  text_str(&t, ",\"ok\":true,\"tcp\":\"");
+  /* Reported like connect.ts: the winner; else the primary's error, if it has one, before a timeout. */
+  int err = at[0].done ? at[0].err : 0;
+  if (winner >= 0) {
+    text_str(&t, "connected\",\"won\":");
+    text_i64(&t, winner);
+  } else if (err != 0) {
+    text_str(&t, "error\",\"errno\":");
+    text_i64(&t, err);
+    text_str(&t, ",\"code\":\"");
+    text_str(&t, errno_name(err));
+    text_str(&t, "\"");
+  } else {
+    text_str(&t, "timeout\"");
+  }
+  text_str(&t, ",\"us\":");
+  text_i64(&t, us);
+  text_str(&t, "}\n");
+  return t.overflow ? 0 : t.len;
+}
