@@ -62,8 +62,9 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       procRoot: config.procRoot,
       warm: gates.enabled('WarmNetnsHelper'),
       log,
-      // The limiter bounds probes; the helper's own cap only guards against a limiter bug.
-      maxInFlight: config.maxConcurrentProbes * 2,
+      // Every probe and hook in flight may wait here for one of the maxSent children, which are what is scarce.
+      maxInFlight: config.maxConcurrentProbes + config.maxConcurrentHooks + 64,
+      maxSent: config.maxHelperRequests,
       onRestart: () => metrics.agent.helperRestart(),
       onRequest: (seconds, ok) => metrics.agent.helperSpawn(seconds, ok, helperMode),
     });
@@ -79,7 +80,25 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     const store = new ResultsStore();
     logProbeTransitions(store, log);
     metrics.agent.setResultsSource(store);
-    const limiter = new FairLimiter({ maxInFlight: config.maxConcurrentProbes, maxQueued: config.maxQueuedProbes });
+    // Fair per namespace, then pod, then call; the node-wide caps protect the agent, the
+    // per-namespace and per-pod caps the tenants from each other (docs/deploy.md).
+    const limiter = new FairLimiter({
+      maxInFlight: config.maxConcurrentProbes,
+      maxQueued: config.maxQueuedProbes,
+      maxInFlightPerGroup: config.maxProbesPerNamespace,
+      maxQueuedPerGroup: config.maxProbesPerNamespace,
+      maxInFlightPerOwner: config.maxProbesPerPod,
+      maxQueuedPerOwner: config.maxProbesPerPod,
+    });
+    const hookLimiter = new FairLimiter({
+      what: 'hook',
+      maxInFlight: config.maxConcurrentHooks,
+      maxQueued: config.maxConcurrentHooks,
+      maxInFlightPerGroup: config.maxHooksPerNamespace,
+      maxQueuedPerGroup: config.maxHooksPerNamespace,
+      maxInFlightPerOwner: config.maxHooksPerPod,
+      maxQueuedPerOwner: config.maxHooksPerPod,
+    });
     metrics.agent.setLimiterSource(() => ({ inFlight: limiter.inFlight, queued: limiter.queued }));
 
     const client = new KubeletClient(kubeletClientOptions(config, log));
@@ -96,6 +115,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       pods: source,
       resolver,
       limiter,
+      hookLimiter,
       sockets: helper,
       nodeSockets: new NodeSocketFactory(),
       gates,
@@ -140,7 +160,9 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       socketPath: config.socket,
       socketGroup: config.socketGroup,
       reflection: config.grpcReflection,
-      maxInFlightProbes: config.maxConcurrentProbes,
+      // Backstops for calls not yet admitted (pod lookup, netns): admission itself is per tenant, in the prober.
+      maxInFlightProbes: config.maxConcurrentProbes + config.maxQueuedProbes,
+      maxInFlightHooks: 2 * config.maxConcurrentHooks,
       shutdownGraceMs: config.shutdownGracePeriodMs,
       log,
       // The server names the method ('Probe'); the metric label is the full gRPC path, as in kubelet's CRI metrics.

@@ -29,6 +29,11 @@ export interface PodProberOptions {
   pods: PodIndex;
   resolver: NetnsResolverChain;
   limiter: FairLimiter;
+  /**
+   * Bounds lifecycle hooks per namespace and pod (they take no probe slot: a hook may legitimately
+   * run for minutes). Absent = hooks are not bounded here.
+   */
+  hookLimiter?: FairLimiter;
   sockets: SocketFactory;
   nodeSockets: SocketFactory;
   gates: FeatureGates;
@@ -125,10 +130,14 @@ export class PodProber implements OnDemandProber {
     if (req.handler.kind === 'exec') throw new InvalidProbeError('handler: exec probes are run by kubelet, not by probe-agent');
     const { pod, container, containerID } = await this.locate(req, signal);
     const netns = await this.#resolve(pod, signal);
+    // Admitted per namespace and pod (fair queueing, and refused at once when the wait would
+    // outlast the call): one tenant's hanging probes never take another tenant's slots.
+    const timeoutMs = req.timeoutSeconds * 1000;
     const { value } = await this.#o.limiter.run(
-      pod.uid,
+      { group: pod.namespace, owner: pod.uid },
       () => this.#run(pod, container, req.handler, req.timeoutSeconds, netns, signal),
       signal,
+      { deadlineMs: timeoutMs, holdMs: timeoutMs },
     );
     // A call its caller gave up on is not a result kubelet will see: record nothing for it.
     if (req.probeType && container && containerID && this.#o.onShimResult && !signal?.aborted) {
@@ -176,13 +185,18 @@ export class PodProber implements OnDemandProber {
 
   /**
    * One lifecycle hook for the API (kubelet's semantics, agent/probe/lifecycle.ts); rejects like
-   * probe(). Hooks take no probe slot: one that hangs for its whole time must not starve probes (the
-   * API bounds hooks in flight instead).
+   * probe(). Hooks take no probe slot: one that hangs for its whole time must not starve probes;
+   * they are admitted per namespace and pod by the hook limiter instead.
    */
   async runHook(req: OnDemandHookRequest, signal?: AbortSignal): Promise<HookOutcome> {
     const { pod, container } = await this.locate(req, signal);
     const netns = await this.#resolve(pod, signal);
-    const outcome = await runLifecycleHandler(req.handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal), hook: req.hook });
+    const run = (): Promise<HookOutcome> =>
+      runLifecycleHandler(req.handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal), hook: req.hook });
+    const timeoutMs = req.timeoutSeconds > 0 ? req.timeoutSeconds * 1000 : undefined;
+    const outcome = this.#o.hookLimiter
+      ? (await this.#o.hookLimiter.run({ group: pod.namespace, owner: pod.uid }, run, signal, { deadlineMs: timeoutMs, holdMs: timeoutMs })).value
+      : await run();
     if (outcome.reason === 'netns-gone') this.#o.resolver.invalidate(pod.uid);
     return outcome;
   }

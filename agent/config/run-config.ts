@@ -42,6 +42,12 @@ export interface RunConfig {
   kubeProbeVersion: string;
   maxConcurrentProbes: number;
   maxQueuedProbes: number;
+  maxProbesPerNamespace: number;
+  maxProbesPerPod: number;
+  maxConcurrentHooks: number;
+  maxHooksPerNamespace: number;
+  maxHooksPerPod: number;
+  maxHelperRequests: number;
   helperPath?: string;
   shutdownGracePeriodMs: number;
 }
@@ -62,8 +68,16 @@ export const RUN_DEFAULTS = {
   procRoot: '/proc',
   sandboxedRuntimeHandlers: 'runsc,gvisor,kata,kata-qemu,kata-clh,kata-fc',
   kubeProbeVersion: DEFAULT_KUBE_PROBE_VERSION,
-  maxConcurrentProbes: '64',
+  // A probe waiting on its target holds a socket and a timer, so the node-wide cap is large; the
+  // per-namespace and per-pod caps keep one tenant from holding it all (docs/deploy.md, "Threat model and limits").
+  maxConcurrentProbes: '2048',
   maxQueuedProbes: '4096',
+  maxProbesPerNamespace: '256',
+  maxProbesPerPod: '64',
+  maxConcurrentHooks: '512',
+  maxHooksPerNamespace: '64',
+  maxHooksPerPod: '16',
+  maxHelperRequests: '128',
   logLevel: 'info',
   logFormat: 'json',
   socket: DEFAULT_SOCKET,
@@ -158,6 +172,12 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     kubeProbeVersion,
     maxConcurrentProbes: flagInt(raw, 'maxConcurrentProbes', '--max-concurrent-probes', 4096),
     maxQueuedProbes: flagInt(raw, 'maxQueuedProbes', '--max-queued-probes', 1_000_000),
+    maxProbesPerNamespace: flagInt(raw, 'maxProbesPerNamespace', '--max-probes-per-namespace', 1_000_000),
+    maxProbesPerPod: flagInt(raw, 'maxProbesPerPod', '--max-probes-per-pod', 1_000_000),
+    maxConcurrentHooks: flagInt(raw, 'maxConcurrentHooks', '--max-concurrent-hooks', 65_536),
+    maxHooksPerNamespace: flagInt(raw, 'maxHooksPerNamespace', '--max-hooks-per-namespace', 65_536),
+    maxHooksPerPod: flagInt(raw, 'maxHooksPerPod', '--max-hooks-per-pod', 65_536),
+    maxHelperRequests: flagInt(raw, 'maxHelperRequests', '--max-helper-requests', 4096),
     helperPath: str(raw, 'helperPath'),
     shutdownGracePeriodMs: parseDuration(valueOf(raw, 'shutdownGracePeriod'), '--shutdown-grace-period'),
   };
