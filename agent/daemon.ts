@@ -148,6 +148,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       const notOurs: Record<string, number> = {};
       for (const n of manager.notOurs()) notOurs[n.reason] = (notOurs[n.reason] ?? 0) + 1;
       metrics.agent.setPodCounts({ ours: snap.pods.length - manager.notOurs().length, notOurs });
+      metrics.agent.setDroppedPods(snap.errors.map((e) => e.reason));
     });
     source.on('diff', (diff) => {
       for (const pod of diff.removed) prober.forget(pod.uid);

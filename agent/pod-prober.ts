@@ -129,13 +129,13 @@ export class PodProber implements OnDemandProber {
   async probe(req: OnDemandProbeRequest, signal?: AbortSignal): Promise<ProbeOutcome> {
     if (req.handler.kind === 'exec') throw new InvalidProbeError('handler: exec probes are run by kubelet, not by probe-agent');
     const { pod, container, containerID } = await this.locate(req, signal);
-    const netns = await this.#resolve(pod, signal);
-    // Admitted per namespace and pod (fair queueing, and refused at once when the wait would
-    // outlast the call): one tenant's hanging probes never take another tenant's slots.
+    // Admitted per namespace and pod as soon as the pod is known (before any netns work, so that a
+    // refused call costs next to nothing): fair queueing, and refused at once when the wait would
+    // outlast the call. One tenant's hanging probes never take another tenant's slots.
     const timeoutMs = req.timeoutSeconds * 1000;
     const { value } = await this.#o.limiter.run(
       { group: pod.namespace, owner: pod.uid },
-      () => this.#run(pod, container, req.handler, req.timeoutSeconds, netns, signal),
+      async () => this.#run(pod, container, req.handler, req.timeoutSeconds, await this.#resolve(pod, signal), signal),
       signal,
       { deadlineMs: timeoutMs, holdMs: timeoutMs },
     );
@@ -190,9 +190,10 @@ export class PodProber implements OnDemandProber {
    */
   async runHook(req: OnDemandHookRequest, signal?: AbortSignal): Promise<HookOutcome> {
     const { pod, container } = await this.locate(req, signal);
-    const netns = await this.#resolve(pod, signal);
-    const run = (): Promise<HookOutcome> =>
-      runLifecycleHandler(req.handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal), hook: req.hook });
+    const run = async (): Promise<HookOutcome> => {
+      const netns = await this.#resolve(pod, signal);
+      return runLifecycleHandler(req.handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal), hook: req.hook });
+    };
     const timeoutMs = req.timeoutSeconds > 0 ? req.timeoutSeconds * 1000 : undefined;
     const outcome = this.#o.hookLimiter
       ? (await this.#o.hookLimiter.run({ group: pod.namespace, owner: pod.uid }, run, signal, { deadlineMs: timeoutMs, holdMs: timeoutMs })).value

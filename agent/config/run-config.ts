@@ -10,6 +10,7 @@ import { ConfigError } from '../errors.ts';
 import { parseFeatureGates, type FeatureGates } from '../featuregates.ts';
 import { levelForVerbosity, type LogFormat, type LogLevel, type Logger } from '../log.ts';
 import type { KubeletClientOptions } from '../pods/kubelet-client.ts';
+import { convertPodItem } from '../pods/pod-model.ts';
 import { DEFAULT_KUBE_PROBE_VERSION } from '../version.ts';
 import { boundedInt } from './bounds.ts';
 import { parseDuration } from './duration.ts';
@@ -26,6 +27,7 @@ export interface RunConfig {
   kubeletTimeoutMs: number;
   kubeletTlsServerName?: string;
   kubeletMaxResponseBytes: number;
+  kubeletMaxPodBytes: number;
   nodeName?: string;
   criEndpoint?: string;
   netnsResolvers: ('cri' | 'procfs' | 'address')[];
@@ -64,6 +66,7 @@ export const RUN_DEFAULTS = {
   kubeletPollInterval: '5s',
   kubeletRequestTimeout: '10s',
   kubeletMaxResponseBytes: String(64 * 1024 * 1024),
+  kubeletMaxPodBytes: String(1024 * 1024),
   netnsResolvers: 'cri,procfs,address',
   procRoot: '/proc',
   sandboxedRuntimeHandlers: 'runsc,gvisor,kata,kata-qemu,kata-clh,kata-fc',
@@ -155,6 +158,7 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     kubeletTimeoutMs: parseDuration(valueOf(raw, 'kubeletRequestTimeout'), '--kubelet-request-timeout'),
     kubeletTlsServerName: str(raw, 'kubeletTlsServerName'),
     kubeletMaxResponseBytes: flagInt(raw, 'kubeletMaxResponseBytes', '--kubelet-max-response-bytes', 1 << 30),
+    kubeletMaxPodBytes: flagInt(raw, 'kubeletMaxPodBytes', '--kubelet-max-pod-bytes', 64 << 20),
     nodeName: str(raw, 'nodeName') ?? env.NODE_NAME,
     criEndpoint: str(raw, 'criEndpoint'),
     netnsResolvers: resolvers as RunConfig['netnsResolvers'],
@@ -210,6 +214,9 @@ export function kubeletClientOptions(config: RunConfig, log: Logger, defaultToke
     ...(tokenFile ? { tokenFile } : {}),
     timeoutMs: config.kubeletTimeoutMs,
     maxResponseBytes: config.kubeletMaxResponseBytes,
+    maxPodBytes: config.kubeletMaxPodBytes,
+    // Each pod becomes a PodInfo as it is read: the list's raw JSON is never held whole.
+    convertItem: (raw: unknown) => convertPodItem(raw),
     log,
   };
 }

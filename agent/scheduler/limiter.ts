@@ -165,7 +165,7 @@ export class FairLimiter {
         }),
       );
     };
-    if (this.#queued >= this.maxQueued) return refuse(`node queue full (${this.#queued} waiting, ${this.inFlight} in flight)`);
+    if (this.#queued >= this.maxQueued) return refuse(`node queue full for ${this.#what}s (${this.#queued} waiting, ${this.inFlight} in flight)`);
     if (group.queued >= this.maxQueuedPerGroup) return refuse(`namespace queue full (${group.queued} waiting, ${group.held.length} in flight)`);
     if (owner.queue.length >= this.maxQueuedPerOwner) return refuse(`pod queue full (${owner.queue.length} waiting, ${owner.held.length} in flight)`);
     const now = this.#clock.now();
