@@ -13,6 +13,7 @@ import { createMetrics } from './metrics/registry.ts';
 import { logProbeTransitions } from './metrics/probe-metrics.ts';
 import { freshnessCheck, HealthRegistry } from './metrics/health.ts';
 import { startMetricsServer, type MetricsServer } from './metrics/http-server.ts';
+import { registerCloseHoleState } from './metrics/close-hole-state.ts';
 import { ResidentHelper } from './netns/helper.ts';
 import { NodeSocketFactory } from './netns/node-sockets.ts';
 import { NetnsResolverChain } from './netns/resolver.ts';
@@ -195,9 +196,29 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       const ms = metricsServer;
       cleanups.push(() => ms.close());
     }
+    if (config.closeHoleStateFile) registerCloseHoleState(metrics.registry, config.closeHoleStateFile);
+    if (config.healthAddress) {
+      // Health on its own listener and connections (loopback by default): the metrics listener may
+      // be reachable by pods; a flood there must not fail kubelet's probes of the agent nor the
+      // close-hole sidecar's check (which would open the hole).
+      const hs = await startMetricsServer({
+        address: config.healthAddress,
+        registry: metrics.registry,
+        health,
+        log,
+        healthOnly: true,
+        maxConnections: 16,
+        maxConcurrent: 8,
+      });
+      cleanups.push(() => hs.close());
+    }
 
     source.start();
-    log.info('probe-agent running', { socket: config.socket, metrics: config.metricsAddress ? `${config.metricsAddress.host}:${config.metricsAddress.port}` : 'off' });
+    log.info('probe-agent running', {
+      socket: config.socket,
+      metrics: config.metricsAddress ? `${config.metricsAddress.host}:${config.metricsAddress.port}` : 'off',
+      health: config.healthAddress ? `${config.healthAddress.host}:${config.healthAddress.port}` : 'off',
+    });
 
     let resolveStopped!: () => void;
     const stopped = new Promise<void>((r) => (resolveStopped = r));

@@ -73,6 +73,8 @@ export function registerRunCommand(program: Command): void {
     .addOption(flag('--socket-group <group>', 'group allowed to use the socket (mode becomes 0660)'))
     .addOption(boolFlag('--grpc-reflection', 'serve gRPC server reflection on the socket'))
     .addOption(flag('--metrics-address <host:port>', 'metrics and health listener ("" disables it)', d.metricsAddress))
+    .addOption(flag('--health-address <host:port>', 'health-only listener for kubelet and the close-hole sidecar, on loopback ("" disables it)', d.healthAddress))
+    .addOption(flag('--close-hole-state-file <path>', "the close-hole sidecar's state file, exported as probe_agent_close_hole_* metrics"))
     .addOption(flag('--shutdown-grace-period <duration>', 'time to drain probes and API calls on SIGTERM', d.shutdownGracePeriod))
     .action(async (raw: RawFlags) => {
       let config: RunConfig;

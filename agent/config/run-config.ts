@@ -38,6 +38,8 @@ export interface RunConfig {
   socketGroup?: string;
   grpcReflection: boolean;
   metricsAddress: ListenAddress | undefined;
+  healthAddress: ListenAddress | undefined;
+  closeHoleStateFile?: string;
   logLevel: LogLevel;
   logFormat: LogFormat;
   featureGates: FeatureGates;
@@ -85,6 +87,10 @@ export const RUN_DEFAULTS = {
   logFormat: 'json',
   socket: DEFAULT_SOCKET,
   metricsAddress: DEFAULT_METRICS_ADDRESS,
+  // Off by default (health is also on the metrics listener), so that agents started by hand or by
+  // tests never fight over a port; the DaemonSet sets 127.0.0.1:9810, where kubelet (an exec probe)
+  // and the close-hole sidecar reach it and no other pod can (docs/deploy.md, "Threat model and limits").
+  healthAddress: '',
   shutdownGracePeriod: '10s',
 } as const;
 
@@ -148,6 +154,7 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
   if (!socket.startsWith('/')) throw new ConfigError(`--socket: want an absolute path, got "${socket}"`);
   // "" is a value here (it disables the listener), not an absent flag.
   const metricsAddress = typeof raw.metricsAddress === 'string' ? raw.metricsAddress : RUN_DEFAULTS.metricsAddress;
+  const healthAddress = typeof raw.healthAddress === 'string' ? raw.healthAddress : RUN_DEFAULTS.healthAddress;
 
   return {
     kubeletUrl: url.toString().replace(/\/$/, ''),
@@ -170,6 +177,8 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     socketGroup: str(raw, 'socketGroup'),
     grpcReflection: raw.grpcReflection === true || raw.grpcReflection === 'true',
     metricsAddress: metricsAddress === '' ? undefined : parseListenAddress(metricsAddress, '--metrics-address'),
+    healthAddress: healthAddress === '' ? undefined : parseListenAddress(healthAddress, '--health-address'),
+    closeHoleStateFile: str(raw, 'closeHoleStateFile'),
     logLevel: verbosity !== undefined ? levelForVerbosity(Number(verbosity)) : logLevel,
     logFormat,
     featureGates: parseFeatureGates(str(raw, 'featureGates')),

@@ -13,7 +13,13 @@
 #   CLOSE_HOLE_EXEMPT_CIDRS     pod addresses the node may still connect to
 #   CLOSE_HOLE_PROTOCOLS        tcp (default: what probes use) or all
 #   CLOSE_HOLE_VERDICT          reject (default: TCP reset, the connect fails at once) or drop
-#   CLOSE_HOLE_AGENT_ADDRESS    the agent's health listener, host:port or [ipv6]:port
+#   CLOSE_HOLE_AGENT_ADDRESS    the agent's health listener, host:port or [ipv6]:port (default
+#                               127.0.0.1:9810: loopback, where no pod can load it)
+#   CLOSE_HOLE_METRICS_PORT     the agent's metrics port on the node: new connections to it from pod
+#                               addresses are refused while the table is loaded ("" = no such rule)
+#   CLOSE_HOLE_METRICS_ALLOW_CIDRS  pod addresses that may still reach it (an in-cluster Prometheus)
+#   CLOSE_HOLE_STATE_FILE       where to keep fail_open_total, table_loaded and last_fail_open_seconds
+#                               (the agent's --close-hole-state-file exports them as metrics)
 #   CLOSE_HOLE_INTERVAL         seconds between checks (default 5)
 #   CLOSE_HOLE_FAIL_OPEN_AFTER  seconds the agent may be unready before the table goes (default 30)
 #   CLOSE_HOLE_CHECK_TIMEOUT    seconds one readiness check may take (default 3)
@@ -81,7 +87,9 @@ join_by() {
 TABLE=${CLOSE_HOLE_TABLE:-probe_agent_close_hole}
 PROTOCOLS=${CLOSE_HOLE_PROTOCOLS:-tcp}
 VERDICT=${CLOSE_HOLE_VERDICT:-reject}
-AGENT_ADDRESS=${CLOSE_HOLE_AGENT_ADDRESS:-127.0.0.1:9809}
+AGENT_ADDRESS=${CLOSE_HOLE_AGENT_ADDRESS:-127.0.0.1:9810}
+METRICS_PORT=${CLOSE_HOLE_METRICS_PORT:-}
+STATE_FILE=${CLOSE_HOLE_STATE_FILE:-}
 INTERVAL=${CLOSE_HOLE_INTERVAL:-5}
 FAIL_OPEN_AFTER=${CLOSE_HOLE_FAIL_OPEN_AFTER:-30}
 CHECK_TIMEOUT=${CLOSE_HOLE_CHECK_TIMEOUT:-3}
@@ -101,11 +109,16 @@ else
 fi
 ((10#$AGENT_PORT >= 1 && 10#$AGENT_PORT <= 65535)) || config_error "CLOSE_HOLE_AGENT_ADDRESS: port out of range"
 
-POD_V4=() POD_V6=() EXEMPT_V4=() EXEMPT_V6=()
+if [[ -n $METRICS_PORT ]]; then
+  [[ $METRICS_PORT =~ ^[0-9]{1,5}$ ]] && ((10#$METRICS_PORT >= 1 && 10#$METRICS_PORT <= 65535)) || config_error "CLOSE_HOLE_METRICS_PORT: \"$METRICS_PORT\" is not a port"
+fi
+
+POD_V4=() POD_V6=() EXEMPT_V4=() EXEMPT_V6=() METRICS_ALLOW_V4=() METRICS_ALLOW_V6=()
 [[ -n ${CLOSE_HOLE_POD_CIDRS:-} ]] || config_error "CLOSE_HOLE_POD_CIDRS is empty: set it to the cluster's pod CIDRs (e.g. 10.244.0.0/16,fd00:10:244::/56)"
 sort_cidrs CLOSE_HOLE_POD_CIDRS "$CLOSE_HOLE_POD_CIDRS" POD_V4 POD_V6
 ((${#POD_V4[@]} + ${#POD_V6[@]} > 0)) || config_error "CLOSE_HOLE_POD_CIDRS lists no CIDR"
 sort_cidrs CLOSE_HOLE_EXEMPT_CIDRS "${CLOSE_HOLE_EXEMPT_CIDRS:-}" EXEMPT_V4 EXEMPT_V6
+sort_cidrs CLOSE_HOLE_METRICS_ALLOW_CIDRS "${CLOSE_HOLE_METRICS_ALLOW_CIDRS:-}" METRICS_ALLOW_V4 METRICS_ALLOW_V6
 
 EXEMPT_PORTS=()
 split_list EXEMPT_PORTS "${CLOSE_HOLE_EXEMPT_TCP_PORTS:-}"
@@ -154,7 +167,18 @@ ruleset() {
       printf '    ct state new oifname "%s" jump guard\n' "$iface"
     fi
   done
-  printf '  }\n}\n'
+  printf '  }\n'
+  # The agent's metrics listener binds the node IP here: pods may not connect to it (a flood there
+  # would cost the agent connections), except the listed scrapers. Health is on loopback anyway.
+  if [[ -n $METRICS_PORT ]]; then
+    printf '  chain input {\n    type filter hook input priority filter; policy accept;\n'
+    ((${#METRICS_ALLOW_V4[@]})) && printf '    ct state new tcp dport %s ip saddr { %s } accept\n' "$METRICS_PORT" "$(join_by ', ' "${METRICS_ALLOW_V4[@]}")"
+    ((${#METRICS_ALLOW_V6[@]})) && printf '    ct state new tcp dport %s ip6 saddr { %s } accept\n' "$METRICS_PORT" "$(join_by ', ' "${METRICS_ALLOW_V6[@]}")"
+    ((${#POD_V4[@]})) && printf '    ct state new tcp dport %s ip saddr @pod_v4 counter reject with tcp reset\n' "$METRICS_PORT"
+    ((${#POD_V6[@]})) && printf '    ct state new tcp dport %s ip6 saddr @pod_v6 counter reject with tcp reset\n' "$METRICS_PORT"
+    printf '  }\n'
+  fi
+  printf '}\n'
 }
 
 # --print: show the table these settings produce, change nothing (needs no privileges).
@@ -183,13 +207,38 @@ remove_table() {
 }
 
 # One GET /readyz over bash's /dev/tcp: the image needs no HTTP client, and only a 200 counts.
+# CHECK_RESULT says what the last check saw (for the fail-open log line).
+CHECK_RESULT=
 agent_ready() {
   local status
-  status=$(timeout "$CHECK_TIMEOUT" bash -c '
+  if ! status=$(timeout "$CHECK_TIMEOUT" bash -c '
     exec 3<>"/dev/tcp/$0/$1" || exit 1
     printf "GET /readyz HTTP/1.0\r\nHost: probe-agent\r\nUser-Agent: probe-agent-close-hole\r\n\r\n" >&3
-    IFS= read -r line <&3 && printf "%s" "$line"' "$AGENT_HOST" "$AGENT_PORT" 2>/dev/null) || return 1
-  [[ $status == HTTP/1.[01]\ 200[[:space:]]* ]]
+    IFS= read -r line <&3 && printf "%s" "$line"' "$AGENT_HOST" "$AGENT_PORT" 2>/dev/null); then
+    CHECK_RESULT="no answer from $AGENT_ADDRESS within ${CHECK_TIMEOUT}s (not listening, or stuck)"
+    return 1
+  fi
+  status=${status%$'\r'}
+  CHECK_RESULT="answered \"${status:0:80}\""
+  [[ $status == HTTP/1.[01]\ 200* ]]
+}
+
+# The state file the agent exports as probe_agent_close_hole_* metrics; written whole, then renamed.
+fail_opens=0
+last_fail_open=0
+if [[ -n $STATE_FILE && -r $STATE_FILE ]]; then
+  while read -r key value; do
+    [[ $value =~ ^[0-9]{1,15}$ ]] || continue
+    case $key in
+      fail_open_total) fail_opens=$value ;;
+      last_fail_open_seconds) last_fail_open=$value ;;
+    esac
+  done <"$STATE_FILE"
+fi
+write_state() {
+  [[ -n $STATE_FILE ]] || return 0
+  printf 'fail_open_total %s\ntable_loaded %s\nlast_fail_open_seconds %s\n' "$fail_opens" "$1" "$last_fail_open" >"$STATE_FILE.tmp" 2>/dev/null &&
+    mv -f "$STATE_FILE.tmp" "$STATE_FILE" 2>/dev/null || log "cannot write the state file $STATE_FILE"
 }
 
 now_ms() {
@@ -205,6 +254,7 @@ on_signal() {
 }
 trap on_signal TERM INT
 
+write_state 0
 log "watching the agent at $AGENT_ADDRESS; will refuse node->pod $PROTOCOLS connections to $(join_by ', ' "${POD_V4[@]}" "${POD_V6[@]}") via $(join_by ', ' "${INTERFACES[@]}") while it is ready"
 loaded=0        # this process has installed its own table version
 unready_since=  # ms timestamp of the first failed check in a row
@@ -213,7 +263,7 @@ while ((!stopping)); do
     if [[ -n $unready_since ]]; then log "agent ready again"; fi
     unready_since=
     if ((!loaded)); then
-      load_table && loaded=1 && log "table inet $TABLE loaded: the node->pod hole is closed"
+      load_table && loaded=1 && write_state 1 && log "table inet $TABLE loaded: the node->pod hole is closed"
     elif ! table_present; then
       log "table inet $TABLE disappeared (someone deleted or flushed it): reloading"
       load_table || loaded=0
@@ -222,11 +272,14 @@ while ((!stopping)); do
     now=$(now_ms)
     if [[ -z $unready_since ]]; then
       unready_since=$now
-      log "agent not ready; the table goes if that lasts ${FAIL_OPEN_AFTER}s"
+      log "agent not ready ($CHECK_RESULT); the table goes if that lasts ${FAIL_OPEN_AFTER}s"
     fi
     if ((now - unready_since >= FAIL_OPEN_AFTER * 1000)) && remove_table; then
       loaded=0
-      log "agent not ready for ${FAIL_OPEN_AFTER}s: table inet $TABLE removed, the node reaches pods again (fail open)"
+      fail_opens=$((fail_opens + 1))
+      last_fail_open=${EPOCHSECONDS:-$(date +%s)}
+      write_state 0
+      log "FAIL OPEN: agent not ready for ${FAIL_OPEN_AFTER}s (last check: $CHECK_RESULT): table inet $TABLE removed, the node reaches pods again (fail open #$fail_opens)"
     fi
   fi
   ((stopping)) && break
@@ -237,4 +290,5 @@ while ((!stopping)); do
 done
 
 if remove_table; then log "stopping: table inet $TABLE removed"; else log "stopping"; fi
+write_state 0
 exit 0
