@@ -71,6 +71,15 @@ function decidesRestart(container: ContainerInfo, spec: ProbeSpec): boolean {
   return (Liveness?.ok === true && Liveness.spec === spec) || (Startup?.ok === true && Startup.spec === spec);
 }
 
+/**
+ * How long a call may wait for a slot and still run its whole timeout before the caller's deadline
+ * (milliseconds from now; undefined = no deadline). The kubelet shim's calls get their timeout plus
+ * a small grace: that grace is all the queueing they can take.
+ */
+function latestStartMs(deadlineAt: number | undefined, timeoutMs: number): number | undefined {
+  return deadlineAt === undefined ? undefined : deadlineAt - Date.now() - timeoutMs;
+}
+
 /** Runs probes inside the netns of pods known on this node. */
 export class PodProber implements OnDemandProber {
   readonly #o: PodProberOptions;
@@ -130,14 +139,15 @@ export class PodProber implements OnDemandProber {
     if (req.handler.kind === 'exec') throw new InvalidProbeError('handler: exec probes are run by kubelet, not by probe-agent');
     const { pod, container, containerID } = await this.locate(req, signal);
     // Admitted per namespace and pod as soon as the pod is known (before any netns work, so that a
-    // refused call costs next to nothing): fair queueing, and refused at once when the wait would
-    // outlast the call. One tenant's hanging probes never take another tenant's slots.
+    // refused call costs next to nothing): fair queueing, and refused at once when the probe could
+    // not start its full timeout before the caller's deadline. One tenant's hanging probes never
+    // take another tenant's slots.
     const timeoutMs = req.timeoutSeconds * 1000;
     const { value } = await this.#o.limiter.run(
-      { group: pod.namespace, owner: pod.uid },
+      { group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` },
       async () => this.#run(pod, container, req.handler, req.timeoutSeconds, await this.#resolve(pod, signal), signal),
       signal,
-      { deadlineMs: timeoutMs, holdMs: timeoutMs },
+      { deadlineMs: latestStartMs(req.deadlineAt, timeoutMs), holdMs: timeoutMs },
     );
     // A call its caller gave up on is not a result kubelet will see: record nothing for it.
     if (req.probeType && container && containerID && this.#o.onShimResult && !signal?.aborted) {
@@ -195,8 +205,9 @@ export class PodProber implements OnDemandProber {
       return runLifecycleHandler(req.handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal), hook: req.hook });
     };
     const timeoutMs = req.timeoutSeconds > 0 ? req.timeoutSeconds * 1000 : undefined;
+    const admission = { deadlineMs: latestStartMs(req.deadlineAt, timeoutMs ?? 0), holdMs: timeoutMs };
     const outcome = this.#o.hookLimiter
-      ? (await this.#o.hookLimiter.run({ group: pod.namespace, owner: pod.uid }, run, signal, { deadlineMs: timeoutMs, holdMs: timeoutMs })).value
+      ? (await this.#o.hookLimiter.run({ group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` }, run, signal, admission)).value
       : await run();
     if (outcome.reason === 'netns-gone') this.#o.resolver.invalidate(pod.uid);
     return outcome;

@@ -41,11 +41,16 @@ export interface FairLimiterOptions {
 export interface Tenant {
   group: string;
   owner: string;
+  /** How messages name the owner (e.g. namespace/name); default the owner key. */
+  label?: string;
 }
 
 /** Per-run admission details. */
 export interface AcquireOptions {
-  /** Milliseconds from now after which the caller no longer wants the slot: refused at once when the wait would outlast them. */
+  /**
+   * Milliseconds from now after which a slot is no use to the caller (its deadline less its run
+   * time): refused at once when the estimated wait is longer, refused when it passes in the queue.
+   */
   deadlineMs?: number;
   /** Longest the run holds its slot once granted (ms); used to estimate the wait of runs behind it. */
   holdMs?: number;
@@ -84,6 +89,10 @@ const HARD_MAX = 1_000_000;
 
 function tenantOf(who: string | Tenant): Tenant {
   return typeof who === 'string' ? { group: '', owner: who } : who;
+}
+
+function whose(t: Tenant): string {
+  return t.label ?? (t.group ? `${t.owner} in namespace ${t.group}` : t.owner);
 }
 
 function removeOne(list: number[], value: number): void {
@@ -157,7 +166,7 @@ export class FairLimiter {
     const refuse = (why: string): Promise<never> => {
       this.#dropIfIdle(tenant);
       return Promise.reject(
-        new OverloadedError(`${this.#what} refused: ${why} (${this.#what}s of pod ${tenant.owner}${tenant.group ? ` in namespace ${tenant.group}` : ''})`, {
+        new OverloadedError(`${this.#what} refused: ${why} (${this.#what}s of pod ${whose(tenant)})`, {
           namespace: tenant.group,
           owner: tenant.owner,
           inFlight: this.inFlight,
@@ -174,7 +183,7 @@ export class FairLimiter {
       const freeAt = this.#estimateFreeAt(blocked, group, owner);
       if (freeAt >= deadlineAt) {
         const wait = Number.isFinite(freeAt) ? `about ${Math.ceil((freeAt - now) / 1000)}s` : 'until a hanging call ends';
-        return refuse(`the ${blocked} is at its limit and a slot would be free only in ${wait}, after this call's deadline (${Math.max(0, Math.round(deadlineAt - now))} ms)`);
+        return refuse(`the ${blocked} is at its limit and a slot would be free only in ${wait}, later than this call can wait (${Math.max(0, Math.round(deadlineAt - now))} ms: its deadline less its timeout)`);
       }
     }
     return new Promise<Permit>((resolve, reject) => {
@@ -198,7 +207,7 @@ export class FairLimiter {
         timer = setTimeout(() => {
           this.#dequeue(waiter);
           signal?.removeEventListener('abort', onAbort);
-          reject(new OverloadedError(`${this.#what} refused: no slot free before the call's deadline (${this.#what}s of pod ${tenant.owner}${tenant.group ? ` in namespace ${tenant.group}` : ''})`, {
+          reject(new OverloadedError(`${this.#what} refused: no slot free within the time this call can wait (${this.#what}s of pod ${whose(tenant)})`, {
             namespace: tenant.group,
             owner: tenant.owner,
           }));

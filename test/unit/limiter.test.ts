@@ -180,7 +180,7 @@ describe('FairLimiter', () => {
     const t = performance.now();
     const refused = limiter.acquire({ group: 'ns', owner: 'p' }, undefined, { deadlineMs: 10_000 });
     await expect(refused).rejects.toBeInstanceOf(OverloadedError);
-    await expect(refused).rejects.toThrow(/pod is at its limit.*after this call's deadline/);
+    await expect(refused).rejects.toThrow(/pod is at its limit.*later than this call can wait/);
     expect(performance.now() - t).toBeLessThan(1000);
     expect(limiter.queued).toBe(0);
 
@@ -188,7 +188,7 @@ describe('FairLimiter', () => {
     const other = new FairLimiter({ maxInFlight: 10, maxQueued: 100, maxInFlightPerOwner: 1 });
     const first = await other.acquire({ group: 'ns', owner: 'p' }, undefined, { holdMs: 20 });
     const late = other.acquire({ group: 'ns', owner: 'p' }, undefined, { deadlineMs: 40, holdMs: 20 });
-    await expect(late).rejects.toThrow(/no slot free before the call's deadline/);
+    await expect(late).rejects.toThrow(/no slot free within the time this call can wait/);
     expect(other.queued).toBe(0);
     first.release();
     expect(other.inFlight).toBe(0);
