@@ -87,7 +87,8 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       maxInFlight: config.maxConcurrentProbes,
       maxQueued: config.maxQueuedProbes,
       maxInFlightPerGroup: config.maxProbesPerNamespace,
-      maxQueuedPerGroup: config.maxProbesPerNamespace,
+      // A namespace's probes may wait up to the node's queue: a node's probes (at most a few per
+      // pod, max-pods pods) never fill it, and the pump still serves namespaces fairly.
       maxInFlightPerOwner: config.maxProbesPerPod,
       maxQueuedPerOwner: config.maxProbesPerPod,
     });

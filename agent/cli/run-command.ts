@@ -63,7 +63,7 @@ export function registerRunCommand(program: Command): void {
     .addOption(flag('--node-name <name>', 'this node, for logs (default: $NODE_NAME)'))
     .addOption(flag('--max-concurrent-probes <n>', 'probes in flight at once on the node (one waiting on its target costs a socket and a timer)', d.maxConcurrentProbes))
     .addOption(flag('--max-queued-probes <n>', 'probes waiting for a slot before new ones are refused', d.maxQueuedProbes))
-    .addOption(flag('--max-probes-per-namespace <n>', "probes one namespace may have in flight (and as many waiting)", d.maxProbesPerNamespace))
+    .addOption(flag('--max-probes-per-namespace <n>', "probes one namespace may have in flight (waiting: up to --max-queued-probes)", d.maxProbesPerNamespace))
     .addOption(flag('--max-probes-per-pod <n>', 'probes one pod may have in flight (and as many waiting)', d.maxProbesPerPod))
     .addOption(flag('--max-concurrent-hooks <n>', 'lifecycle hooks in flight at once on the node (as many may wait)', d.maxConcurrentHooks))
     .addOption(flag('--max-hooks-per-namespace <n>', 'hooks one namespace may have in flight (and as many waiting)', d.maxHooksPerNamespace))

@@ -117,6 +117,9 @@ export class PodListSplitter {
     this.#hash.update(chunk);
     this.totalBytes += chunk.length;
     let itemFrom = this.#item ? 0 : -1;
+    // The next backslash at or after a position, found once per run (searching again from every
+    // string would rescan the rest of the chunk each time).
+    let nextSlash = -1;
     for (let i = 0; i < chunk.length; i++) {
       const b = chunk[i] as number;
       if (this.#done) {
@@ -126,7 +129,11 @@ export class PodListSplitter {
       if (this.#inString && this.#depth > 1 && !this.#escape) {
         // Inside a pod: jump to the string's end (most of a pod's bytes), minding escapes.
         const quote = chunk.indexOf(QUOTE, i);
-        const slash = chunk.indexOf(BACKSLASH, i);
+        if (nextSlash !== chunk.length && nextSlash < i) {
+          nextSlash = chunk.indexOf(BACKSLASH, i);
+          if (nextSlash === -1) nextSlash = chunk.length;
+        }
+        const slash = nextSlash < chunk.length ? nextSlash : -1;
         if (slash !== -1 && (quote === -1 || slash < quote)) {
           if (slash + 1 < chunk.length) i = slash + 1; // the escaped byte; the loop steps past it
           else {
@@ -161,8 +168,12 @@ export class PodListSplitter {
         }
         continue;
       }
+      // Blanks outside strings mean nothing here: skip a run of them at once.
+      if (isSpace(b)) {
+        while (i + 1 < chunk.length && isSpace(chunk[i + 1] as number)) i++;
+        continue;
+      }
       if (!this.#started) {
-        if (isSpace(b)) continue;
         if (b !== OPEN_OBJ) throw malformed('the answer is not a JSON object');
         this.#started = true;
         this.#depth = 1;
