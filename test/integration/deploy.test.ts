@@ -19,7 +19,7 @@ import { Registry } from 'prom-client';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { HealthRegistry } from '../../agent/metrics/health.ts';
 import { startMetricsServer, type MetricsServer } from '../../agent/metrics/http-server.ts';
-import { registerCloseHoleStateGauges } from '../../agent/metrics/ops-metrics.ts';
+import { registerCloseHoleState } from '../../agent/metrics/close-hole-state.ts';
 import { createLab, type Lab, type RunningServer } from '../lab/lab.ts';
 import { connectFromNode } from '../lab/net.ts';
 
@@ -113,7 +113,7 @@ describe('close-hole sidecar script', () => {
     // The state file the agent exports as probe_agent_close_hole_table_present (its real reader).
     const stateFile = path.join(stateDir, 'state');
     const agentRegistry = new Registry();
-    registerCloseHoleStateGauges(agentRegistry, stateFile);
+    registerCloseHoleState(agentRegistry, stateFile);
     const tableGauge = async (): Promise<string | undefined> =>
       (await agentRegistry.metrics()).split('\n').find((l) => l.startsWith('probe_agent_close_hole_table_present '))?.split(' ')[1];
     ready = false;
