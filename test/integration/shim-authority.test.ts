@@ -9,10 +9,8 @@
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { rmSync } from 'node:fs';
 import { labScratch } from '../lab/slots.ts';
-import { createInterface } from 'node:readline';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -20,7 +18,7 @@ import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
-import { POD_SERVER_PATH } from '../lab/server.ts';
+import { SandboxServer } from '../soak/sandbox-server.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri, RUNTIME_SERVICE, type CriAnswer } from '../support/kubelet-cri.ts';
@@ -42,7 +40,7 @@ let shim: CriShim;
 let direct: KubeletCri;
 let pod: LabSandbox;
 let app: LabContainer;
-let server: ChildProcessWithoutNullStreams;
+let server: SandboxServer | undefined;
 const shimLog: Array<{ level: string; msg: string; fields?: Record<string, unknown> }> = [];
 
 function same(a: CriAnswer, b: CriAnswer): void {
@@ -60,21 +58,6 @@ function readiness(): string[] {
   return encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } });
 }
 
-async function startPodServer(sb: LabSandbox): Promise<ChildProcessWithoutNullStreams> {
-  const child = spawn('nsenter', [`--net=${sb.netnsPath}`, '--', process.execPath, POD_SERVER_PATH, JSON.stringify({ http: HTTP })]);
-  child.stdin.on('error', () => {});
-  const lines = createInterface({ input: child.stdout });
-  await new Promise<void>((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error('pod server did not start')), 15_000);
-    lines.on('line', (l) => {
-      if (l.startsWith('ready ')) {
-        clearTimeout(t);
-        resolve();
-      }
-    });
-  });
-  return child;
-}
 
 /** The events stream read for 1.5 s then cancelled: its status and message count. */
 function readEvents(c: KubeletCri): Promise<{ code: number; details: string; messages: number }> {
@@ -96,7 +79,7 @@ beforeAll(async () => {
   scratch = labScratch('shim-authority-');
   pod = await ctrd.runSandbox({ name: 'web', namespace: NS });
   app = await ctrd.runContainer(pod, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
-  server = await startPodServer(pod);
+  server = await SandboxServer.start(pod, { http: HTTP });
   const spec = makePod({ uid: pod.uid, name: pod.name, namespace: NS, ips: pod.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` });
   const container = (spec.spec as { containers: Record<string, unknown>[] }).containers[0]!;
   container.readinessProbe = { exec: { command: readiness() }, periodSeconds: 1, timeoutSeconds: 1 };
@@ -115,7 +98,7 @@ afterAll(async () => {
   await shim?.close(100);
   await agent?.stop('SIGKILL').catch(() => {});
   await kubelet?.stop();
-  server?.kill('SIGKILL');
+  await server?.stop();
   await ctrd?.destroy();
   if (scratch) rmSync(scratch, { recursive: true, force: true });
 });

@@ -12,9 +12,7 @@ import { labScratch } from '../lab/slots.ts';
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { rmSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
-import { createInterface } from 'node:readline';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -22,7 +20,7 @@ import { encodeShimCommand, SHIM_COMMAND_PATH, type ShimKind } from '../../agent
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
-import { POD_SERVER_PATH } from '../lab/server.ts';
+import { SandboxServer } from '../soak/sandbox-server.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri, type CriAnswer } from '../support/kubelet-cri.ts';
@@ -41,7 +39,7 @@ let shim: CriShim;
 let k: KubeletCri;
 let pod: LabSandbox;
 let app: LabContainer;
-let server: ChildProcessWithoutNullStreams;
+let server: SandboxServer | undefined;
 /** The shim's --probe-socket: a link to the running agent's socket, so a restarted agent appears at the same path. */
 let probeLink: string;
 
@@ -81,21 +79,6 @@ async function settled(name: 'inside' | 'outside'): Promise<number> {
   }
 }
 
-async function startPodServer(sb: LabSandbox): Promise<ChildProcessWithoutNullStreams> {
-  const child = spawn('nsenter', [`--net=${sb.netnsPath}`, '--', process.execPath, POD_SERVER_PATH, JSON.stringify({ http: HTTP, grpc: GRPC })]);
-  child.stdin.on('error', () => {});
-  const lines = createInterface({ input: child.stdout });
-  await new Promise<void>((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error('pod server did not start')), 15_000);
-    lines.on('line', (l) => {
-      if (l.startsWith('ready ')) {
-        clearTimeout(t);
-        resolve();
-      }
-    });
-  });
-  return child;
-}
 
 async function startTheAgent(): Promise<AgentHandle> {
   const a = await startAgent({
@@ -135,7 +118,7 @@ beforeAll(async () => {
   pod = await ctrd.runSandbox({ name: 'web', namespace: NS });
   app = await ctrd.runContainer(pod, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
   await guard(pod);
-  server = await startPodServer(pod);
+  server = await SandboxServer.start(pod, { http: HTTP, grpc: GRPC });
   const spec = makePod({ uid: pod.uid, name: pod.name, namespace: NS, ips: pod.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` });
   // The pod as the rewrite leaves it: its readiness probe is probe-agent's exec command (on-demand mode).
   const container = (spec.spec as { containers: Record<string, unknown>[] }).containers[0]!;
@@ -152,7 +135,7 @@ afterAll(async () => {
   await shim?.close(100);
   await agent?.stop('SIGKILL').catch(() => {});
   await kubelet?.stop();
-  server?.kill('SIGKILL');
+  await server?.stop();
   await ctrd?.destroy();
   if (scratch) rmSync(scratch, { recursive: true, force: true });
 });

@@ -24,7 +24,7 @@ import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts
 import { encodeShimCommand, type ShimKind } from '../../agent/rewrite/shim-command.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
-import { POD_SERVER_PATH } from '../lab/server.ts';
+import { SandboxServer } from '../soak/sandbox-server.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { REPO, requireBuiltCli } from '../support/built-cli.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
@@ -72,7 +72,7 @@ let kubelet: FakeKubelet;
 let scratch: string;
 let sandbox: LabSandbox;
 let app: LabContainer;
-let server: ChildProcessWithoutNullStreams;
+let server: SandboxServer | undefined;
 let hookServer: ChildProcessWithoutNullStreams;
 /** The X-Hook-Token of every request the hook server got, in order (null: no such header). */
 const hookTokens: (string | null)[] = [];
@@ -104,21 +104,6 @@ function handlerOf(cmd: string[]): Record<string, any> {
   return JSON.parse(Buffer.from(cmd[2]!, 'base64url').toString('utf8')) as Record<string, any>;
 }
 
-async function startPodServer(sb: LabSandbox): Promise<ChildProcessWithoutNullStreams> {
-  const child = spawn('nsenter', [`--net=${sb.netnsPath}`, '--', process.execPath, POD_SERVER_PATH, JSON.stringify({ http: HTTP, grpc: GRPC })]);
-  child.stdin.on('error', () => {});
-  const lines = createInterface({ input: child.stdout });
-  await new Promise<void>((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error('pod server did not start')), 15_000);
-    lines.on('line', (l) => {
-      if (l.startsWith('ready ')) {
-        clearTimeout(t);
-        resolve();
-      }
-    });
-  });
-  return child;
-}
 
 /** The hook's target: answers 200 to anything and records the request's X-Hook-Token (kubelet ignores a hook's HTTP status). */
 async function startHookServer(sb: LabSandbox): Promise<ChildProcessWithoutNullStreams> {
@@ -194,7 +179,7 @@ beforeAll(async () => {
   // whose original-handlers record holds the header values its commands leave out.
   sandbox = await ctrd.runSandbox({ name: 'web', namespace: NS, annotations: { [ORIGINAL_HANDLERS_ANNOTATION]: byCurrent.pod.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] } });
   app = await ctrd.runContainer(sandbox, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
-  server = await startPodServer(sandbox);
+  server = await SandboxServer.start(sandbox, { http: HTTP, grpc: GRPC });
   hookServer = await startHookServer(sandbox);
   // The pod as kubelet lists it: rewritten by the previous release's webhook (what a node holds
   // when its shim and agent are upgraded), its container ID the real one.
@@ -227,7 +212,7 @@ afterAll(async () => {
   }
   for (const a of agents.values()) await a.stop('SIGKILL').catch(() => {});
   await kubelet?.stop();
-  server?.kill('SIGKILL');
+  await server?.stop();
   hookServer?.kill('SIGKILL');
   await ctrd?.destroy();
   prev?.remove();
