@@ -114,6 +114,15 @@ export class WireWriter {
     return this;
   }
 
+  /** A double field written even when zero (proto3 `optional`). */
+  doubleAlways(field: number, n: number): this {
+    this.#varint(field * 8 + 1);
+    const b = Buffer.allocUnsafe(8);
+    b.writeDoubleLE(n);
+    this.#push(b);
+    return this;
+  }
+
   finish(): Buffer {
     return Buffer.concat(this.#parts, this.#len);
   }
