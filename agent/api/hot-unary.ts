@@ -46,9 +46,9 @@ const RESULT_NUMBERS: Record<WireProbeResult, number> = {
   PROBE_RESULT_UNKNOWN: 0, PROBE_RESULT_SUCCESS: 1, PROBE_RESULT_WARNING: 2, PROBE_RESULT_FAILURE: 3, PROBE_RESULT_ERROR: 4,
 };
 
-/** int32 as protobuf sends negatives (10-byte varints): back to a signed number. */
+/** An int32 field (readFields gives negatives, sent as 10-byte varints, signed); 32 bits as protobufjs keeps them. */
 function int32(v: WireValue): number {
-  return typeof v === 'number' ? (v > 0x7fffffff ? v - 2 ** 64 : v) : 0;
+  return typeof v === 'number' ? v | 0 : 0;
 }
 
 function intOrString(b: Buffer): WireIntOrString {
