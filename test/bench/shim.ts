@@ -29,6 +29,9 @@ import { REPO } from './build.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
+import { ShimProbeClient, WireProbeType } from '../../agent/api/shim-client.ts';
+import { ProbeApiClient } from '../../agent/api/client.ts';
+import { encodeProbeHandler } from '../../agent/api/handler-wire.ts';
 import type { ProbeContext, ProbeHandler } from '../../agent/probe/types.ts';
 import { cmdlineOf, findChild, totalCpuMs } from './procstat.ts';
 import { quantile, round } from './stats.ts';
@@ -65,6 +68,11 @@ export interface ShimBenchResult {
     cpuRatioToA: number;
     unexpected: number;
   };
+  /**
+   * The agent alone, same probe by container ID straight to its socket, interleaved: through its
+   * lean server (the shim's client) and through grpc-js (a grpc-js client); CPU of agent + helper.
+   */
+  agentTransports: { lean: Series; grpcJs: Series };
   /** (a): the agent's own in-netns probe of the same target, resident helper. */
   inNetns: Series;
   /** ExecSync of /bin/true in the busybox container, straight to containerd. */
@@ -179,6 +187,34 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     };
     o.log(`shim path: ${shimPath.cpuMsPerCall} ms CPU/probe (shim ${shimPath.shimCpuMs}, agent ${shimPath.agentOnlyCpuMs}, helper ${shimPath.helperCpuMs}), p50 ${shimPath.p50Ms} / p99 ${shimPath.p99Ms} ms`);
 
+    // --- the agent's two transports, same run, interleaved ---
+    const lean = new ShimProbeClient(agentSock);
+    const viaGrpcJs = new ProbeApiClient(agentSock);
+    const leanHandler = encodeProbeHandler({ httpGet: { path: '/healthz', port: HTTP } });
+    const ways = {
+      lean: async (): Promise<boolean> => (await lean.probe({ containerId: app.id, handler: leanHandler, timeoutSeconds: 1, probeType: WireProbeType.readiness }, 3000)).result === 1,
+      grpcJs: async (): Promise<boolean> => (await viaGrpcJs.probe({ pod: { containerId: app.id }, handler: { kind: 'http', port: HTTP, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 1, probeType: 'Readiness' })).result === 'success',
+    };
+    const tLat = { lean: [] as number[], grpcJs: [] as number[] };
+    const tCpu = { lean: 0, grpcJs: 0 };
+    for (const w of ['lean', 'grpcJs'] as const) for (let i = 0; i < 30; i++) await ways[w]();
+    const perRound = Math.max(1, Math.floor(o.probes / 4));
+    for (let r = 0; r < 4; r++) {
+      for (const w of ['lean', 'grpcJs'] as const) {
+        const c0 = totalCpuMs(agent.pid!) + helperCpu();
+        for (let i = 0; i < perRound; i++) {
+          const t = performance.now();
+          if (!(await ways[w]())) throw new Error(`agent probe through ${w} did not succeed`);
+          tLat[w].push(performance.now() - t);
+        }
+        tCpu[w] += totalCpuMs(agent.pid!) + helperCpu() - c0;
+      }
+    }
+    lean.close();
+    viaGrpcJs.close();
+    const agentTransports = { lean: series(tLat.lean, tCpu.lean), grpcJs: series(tLat.grpcJs, tCpu.grpcJs) };
+    o.log(`agent alone, Probe by container ID: lean server ${agentTransports.lean.cpuMsPerCall} ms CPU (p50 ${agentTransports.lean.p50Ms}), grpc-js ${agentTransports.grpcJs.cpuMsPerCall} ms CPU (p50 ${agentTransports.grpcJs.p50Ms})`);
+
     // (a): runProbe with the resident helper in this process, allowed into containerd's netns dir.
     const helper = await ResidentHelper.start({ allowDirs: [lab.netnsDir], maxInFlight: 512 });
     const ctx: ProbeContext = {
@@ -256,7 +292,7 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     const plegCorePercent = plegShare(ordinary);
     o.log(`PLEG relist through the shim (ListPodSandbox + ListContainers every second, ${o.sandboxes} pods): ${plegCorePercent} % of a core`);
 
-    const result: ShimBenchResult = { sandboxes: o.sandboxes, startupMs, shimPath, inNetns, realExec, ordinary, plegCorePercent, targets: [] };
+    const result: ShimBenchResult = { sandboxes: o.sandboxes, startupMs, shimPath, agentTransports, inNetns, realExec, ordinary, plegCorePercent, targets: [] };
     result.targets = shimTargets(result);
     return result;
   } finally {
@@ -304,6 +340,8 @@ export function renderShimMarkdown(r: ShimBenchResult): string {
   L.push(`Real containerd (the lab's), the real agent (\`probe-agent run\`, CRI resolver) and the shim (\`node dist/shim/main.js\`, listening ${r.startupMs} ms after spawn) as separate processes; sequential calls from a kubelet-shaped grpc-js client. CPU from /proc (utime+stime + reaped children).`, '');
   L.push('| path | calls | CPU ms/call | p50 ms | p99 ms |', '| --- | --- | --- | --- | --- |');
   L.push(`| shim path: rewritten http probe, ExecSync -> shim -> agent -> helper | ${r.shimPath.n} | ${r.shimPath.cpuMsPerCall} (shim ${r.shimPath.shimCpuMs}, agent ${r.shimPath.agentOnlyCpuMs}, helper ${r.shimPath.helperCpuMs}; ${r.shimPath.cpuRatioToA}x a) | ${r.shimPath.p50Ms} | ${r.shimPath.p99Ms} |`);
+  L.push(`| the agent alone: Probe by container ID through its lean server (the shim's client) | ${r.agentTransports.lean.n} | ${r.agentTransports.lean.cpuMsPerCall} (agent + helper) | ${r.agentTransports.lean.p50Ms} | ${r.agentTransports.lean.p99Ms} |`);
+  L.push(`| the agent alone: the same through grpc-js (a grpc-js client) | ${r.agentTransports.grpcJs.n} | ${r.agentTransports.grpcJs.cpuMsPerCall} (agent + helper) | ${r.agentTransports.grpcJs.p50Ms} | ${r.agentTransports.grpcJs.p99Ms} |`);
   L.push(`| (a) the agent's own in-netns probe, same target | ${r.inNetns.n} | ${r.inNetns.cpuMsPerCall} | ${r.inNetns.p50Ms} | ${r.inNetns.p99Ms} |`);
   L.push(`| real exec probe: ExecSync /bin/true in busybox (containerd + runc shim + runc) | ${r.realExec.n} | ${r.realExec.cpuMsPerCall} (containerd ${r.realExec.containerdCpuMs}, runc shims ${r.realExec.runcShimCpuMs}) | ${r.realExec.p50Ms} | ${r.realExec.p99Ms} |`);
   L.push('', `Kubelet's ordinary calls with ${r.sandboxes} pod sandboxes (a container each), direct vs through the shim:`, '');
