@@ -16,17 +16,25 @@ export class WireError extends Error {
 /** One decoded field: varints as numbers (exact up to 2^53), length-delimited as buffers, fixed64 as 8 bytes. */
 export type WireValue = number | Buffer;
 
+/** A 10-byte varint: a negative int32/int64 (two's complement), exactly; past 2^53 as near as a double goes. */
+function signedInt64(buf: Buffer, start: number): number {
+  let v = 0n;
+  for (let i = 9; i >= 0; i--) v = (v << 7n) | BigInt((buf[start + i] as number) & 0x7f);
+  return Number(BigInt.asIntN(64, v));
+}
+
 /** Calls `onField` for every field of a message, in wire order. */
 export function readFields(buf: Buffer, onField: (field: number, value: WireValue, wireType: number) => void): void {
   let pos = 0;
   const varint = (): number => {
     let result = 0;
     let mul = 1;
+    const start = pos;
     for (let i = 0; i < 10; i++) {
       if (pos >= buf.length) throw new WireError('truncated varint');
       const b = buf[pos++] as number;
       result += (b & 0x7f) * mul;
-      if (b < 0x80) return result;
+      if (b < 0x80) return i === 9 ? signedInt64(buf, start) : result;
       mul *= 128;
     }
     throw new WireError('varint longer than 10 bytes');
@@ -62,6 +70,9 @@ export function readFields(buf: Buffer, onField: (field: number, value: WireValu
   }
 }
 
+/** One-byte varints 0..127, shared (never written to). */
+const SMALL_VARINTS: Buffer[] = Array.from({ length: 128 }, (_, i) => Buffer.from([i]));
+
 /** Builds a message field by field; `finish()` returns the bytes. */
 export class WireWriter {
   readonly #parts: Buffer[] = [];
@@ -73,6 +84,22 @@ export class WireWriter {
   }
 
   #varint(n: number): void {
+    if (n >= 0 && n < 0x80) {
+      // The common case (tags, small lengths and values): one byte, no BigInt.
+      this.#push(SMALL_VARINTS[n] as Buffer);
+      return;
+    }
+    if (n > 0 && n <= 0xffffffff) {
+      const bytes: number[] = [];
+      let v = n;
+      while (v >= 0x80) {
+        bytes.push((v % 0x80) | 0x80);
+        v = Math.floor(v / 0x80);
+      }
+      bytes.push(v);
+      this.#push(Buffer.from(bytes));
+      return;
+    }
     const bytes: number[] = [];
     // Negative int32/int64 are 10-byte two's complement varints.
     let v = n < 0 ? BigInt.asUintN(64, BigInt(n)) : BigInt(n);
@@ -107,6 +134,15 @@ export class WireWriter {
   /** A double field; zero is omitted. */
   double(field: number, n: number): this {
     if (n === 0) return this;
+    this.#varint(field * 8 + 1);
+    const b = Buffer.allocUnsafe(8);
+    b.writeDoubleLE(n);
+    this.#push(b);
+    return this;
+  }
+
+  /** A double field written even when zero (proto3 `optional`). */
+  doubleAlways(field: number, n: number): this {
     this.#varint(field * 8 + 1);
     const b = Buffer.allocUnsafe(8);
     b.writeDoubleLE(n);

@@ -4,6 +4,7 @@
  * prober, its version and its feature gates; everything else has a bounded default.
  */
 import { randomUUID } from 'node:crypto';
+import * as net from 'node:net';
 import { performance } from 'node:perf_hooks';
 import * as grpc from '@grpc/grpc-js';
 import { createRequire } from 'node:module';
@@ -36,6 +37,8 @@ import {
 } from './proto.ts';
 import { prepareSocketPath, removeSocket, resolveGroup, secureSocket, withPrivateUmask } from './socket.ts';
 import { WatchSession } from './watch.ts';
+import { HotUnaryServer, isHotConnection } from './hot-unary.ts';
+import { handOff, type Handoff } from '../shim/handoff.ts';
 
 /** Who the agent is, as Version reports it. */
 export interface ApiVersionInfo {
@@ -126,6 +129,12 @@ export class ProbeApiServer {
   readonly #opts: ProbeApiServerOptions;
   readonly #log: Logger;
   readonly #server: grpc.Server;
+  /** Probe and RunLifecycleHandler for the shim's connections (hot-unary.ts), beside #server. */
+  readonly #hot: HotUnaryServer;
+  /** Accepts on the socket and hands each connection to #hot or to grpc-js (#route). */
+  readonly #listener: net.Server;
+  readonly #handoffs = new Set<Handoff>();
+  #injector: grpc.ConnectionInjector | undefined;
   readonly #health: HealthImplementation;
   readonly #watchers = new Set<WatchSession>();
   readonly #version: ApiVersionInfo;
@@ -154,18 +163,27 @@ export class ProbeApiServer {
       'grpc.max_concurrent_streams': opts.maxConcurrentStreams ?? 256,
     });
     const api = loadProbeApi();
+    // One handler per method, shared by grpc-js and the lean server (hot-unary.ts): admission,
+    // draining, in-flight accounting and metrics happen here, whichever transport carried the call.
+    const probe = this.#unary('Probe', (call: grpc.ServerUnaryCall<WireProbeRequest, WireProbeResponse>) => this.#probeRpc(call));
+    const hook = this.#unary('RunLifecycleHandler', (call: grpc.ServerUnaryCall<WireLifecycleRequest, WireLifecycleResponse>) => {
+      // A draining agent refuses new hooks in a way the shim can tell from "it may have run":
+      // the shim sends such a hook again to the next agent (docs/closing-the-hole.md).
+      if (this.#stopping) throw new NotStartedError(DRAINING_DETAIL, NOT_STARTED_DRAINING);
+      return handleLifecycleCall(call, this.#opts.prober, this.#hookGate);
+    });
     this.#server.addService(api.service, {
       Version: this.#unary('Version', (call: grpc.ServerUnaryCall<WireVersionRequest, WireVersionResponse>) => this.#versionRpc(call)),
-      Probe: this.#unary('Probe', (call: grpc.ServerUnaryCall<WireProbeRequest, WireProbeResponse>) => this.#probeRpc(call)),
+      Probe: probe,
       ListProbeStatus: this.#unary('ListProbeStatus', (call: grpc.ServerUnaryCall<WireListRequest, WireListResponse>) => this.#listRpc(call)),
       WatchProbeEvents: (call: grpc.ServerWritableStream<WireWatchRequest, WireWatchResponse>) => this.#watchRpc(call),
-      RunLifecycleHandler: this.#unary('RunLifecycleHandler', (call: grpc.ServerUnaryCall<WireLifecycleRequest, WireLifecycleResponse>) => {
-        // A draining agent refuses new hooks in a way the shim can tell from "it may have run":
-        // the shim sends such a hook again to the next agent (docs/closing-the-hole.md).
-        if (this.#stopping) throw new NotStartedError(DRAINING_DETAIL, NOT_STARTED_DRAINING);
-        return handleLifecycleCall(call, this.#opts.prober, this.#hookGate);
-      }),
+      RunLifecycleHandler: hook,
     });
+    this.#hot = new HotUnaryServer({ probe, hook }, {
+      maxRequestBytes: opts.maxRequestBytes ?? 1024 * 1024,
+      maxConcurrentStreams: opts.maxConcurrentStreams ?? 256,
+    });
+    this.#listener = net.createServer((socket) => this.#route(socket));
     this.#health = new HealthImplementation({ '': 'SERVING', [SERVICE_NAME]: 'SERVING' });
     this.#health.addToServer(this.#server);
     if (opts.reflection) {
@@ -182,17 +200,21 @@ export class ProbeApiServer {
     const srv = new ProbeApiServer(opts);
     const gid = opts.socketGroup === undefined ? undefined : await resolveGroup(opts.socketGroup);
     await prepareSocketPath(srv.socketPath, gid);
+    srv.#injector = srv.#server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
     await withPrivateUmask(
       () =>
-        new Promise<number>((resolve, reject) => {
-          srv.#server.bindAsync(`unix:${srv.socketPath}`, grpc.ServerCredentials.createInsecure(), (err, port) =>
-            err ? reject(err) : resolve(port),
-          );
+        new Promise<void>((resolve, reject) => {
+          srv.#listener.once('error', reject);
+          srv.#listener.listen(srv.socketPath, () => {
+            srv.#listener.off('error', reject);
+            resolve();
+          });
         }),
     );
     try {
       srv.#socketIno = await secureSocket(srv.socketPath, gid);
     } catch (err) {
+      srv.#listener.close();
       srv.#server.forceShutdown();
       await removeSocket(srv.socketPath, undefined);
       throw err;
@@ -205,6 +227,27 @@ export class ProbeApiServer {
       instance: srv.instanceId,
     });
     return srv;
+  }
+
+  /**
+   * Hands a new connection, by its first request, to the lean server (the shim's Probe and
+   * RunLifecycleHandler calls) or to grpc-js (everything else, and any gRPC library's client).
+   */
+  #route(socket: net.Socket): void {
+    const grpcJs = { emit: (_e: 'connection', c: import('node:stream').Duplex): boolean => {
+      if (this.#injector) this.#injector.injectConnection(c);
+      else c.destroy();
+      return true;
+    } };
+    const h = handOff(socket, (first) => (isHotConnection(first) ? this.#hot : grpcJs), {
+      carried: () => this.#handoffs.delete(h),
+      refused: (err) => {
+        this.#handoffs.delete(h);
+        this.#log.debug('closing a connection that is not HTTP/2', { err: err.message });
+      },
+    });
+    this.#handoffs.add(h);
+    socket.once('close', () => this.#handoffs.delete(h));
   }
 
   /** The gRPC target clients dial. */
@@ -248,14 +291,22 @@ export class ProbeApiServer {
         if (finished) return;
         finished = true;
         clearTimeout(graceTimer);
-        if (forced) this.#server.forceShutdown();
+        if (forced) {
+          this.#server.forceShutdown();
+          this.#hot.destroy();
+        }
         resolve();
       };
       const graceTimer = setTimeout(() => {
         if (this.#unaryInFlight > 0) this.#log.warn('grace period over, cancelling calls', { inFlight: this.#unaryInFlight });
         finish(true);
       }, graceMs);
-      this.#server.tryShutdown(() => finish(false));
+      this.#listener.close();
+      for (const h of this.#handoffs) h.cancel();
+      const grpcDone = new Promise<void>((done) => this.#server.tryShutdown(() => done()));
+      // Both transports closed and no call left (an injected connection's calls are not all
+      // tracked by grpc-js's tryShutdown).
+      void Promise.all([grpcDone, this.#hot.close()]).then(() => this.#whenUnaryIdle()).then(() => finish(false));
       // Open health watches and unread watch streams would hold tryShutdown for the whole grace
       // period. Once no unary call is left, give the last responses a moment to flush, then cut.
       void this.#whenUnaryIdle().then(() => setTimeout(() => finish(true), Math.min(250, graceMs)));

@@ -12,9 +12,8 @@
  * is the shim's, not the server's, and is taken out of the stream. A PING meanwhile is answered
  * by the shim too.
  */
-import type * as http2 from 'node:http2';
 import type * as net from 'node:net';
-import { duplexPair } from 'node:stream';
+import { duplexPair, type Duplex } from 'node:stream';
 import {
   authorityAcceptable, AuthorityRewriter, clientHeaderDecoder, CLIENT_PREFACE, Flag, frame, FrameReader, FrameType,
   H2InputError, HeaderBlockCollector,
@@ -36,13 +35,21 @@ export interface HandoffEvents {
   refused(error: Error): void;
 }
 
+/** What takes a carried connection: an HTTP/2 server (its 'connection' event), or anything shaped so. */
+export interface ConnectionTarget {
+  emit(event: 'connection', connection: Duplex): unknown;
+}
+
+/** A target, or a choice of target by the connection's first request's header fields. */
+export type TargetChoice = ConnectionTarget | ((first: readonly HeaderField[]) => ConnectionTarget);
+
 /** A connection being handed off; cancel() closes it if it is still waiting for its first request. */
 export interface Handoff {
   cancel(): void;
 }
 
 /** Starts reading `socket` and hands it to `server` as soon as its first request shows how. */
-export function handOff(socket: net.Socket, server: http2.Http2Server, events: HandoffEvents): Handoff {
+export function handOff(socket: net.Socket, choice: TargetChoice, events: HandoffEvents): Handoff {
   const reader = new FrameReader();
   const blocks = new HeaderBlockCollector();
   const decoder = clientHeaderDecoder();
@@ -106,6 +113,7 @@ export function handOff(socket: net.Socket, server: http2.Http2Server, events: H
   const decide = (fields: HeaderField[]): void => {
     decided = true;
     detach();
+    const server = typeof choice === 'function' ? choice(fields) : choice;
     const octets = Buffer.concat([CLIENT_PREFACE, ...kept, reader.pending]);
     const authority = fields.find((f) => f.name === ':authority')?.value;
     if (authorityAcceptable(fields)) {
@@ -140,7 +148,7 @@ export function handOff(socket: net.Socket, server: http2.Http2Server, events: H
 }
 
 /** Runs the connection's client→server octets through `rewriter` into the server; the other way is untouched. */
-function carryRewritten(socket: net.Socket, server: http2.Http2Server, rewriter: AuthorityRewriter, start: Buffer, events: HandoffEvents): void {
+function carryRewritten(socket: net.Socket, server: ConnectionTarget, rewriter: AuthorityRewriter, start: Buffer, events: HandoffEvents): void {
   const [inner, outer] = duplexPair();
   const close = (): void => {
     socket.destroy();

@@ -1,0 +1,397 @@
+/**
+ * The agent's lean server for the shim's two hot calls, Probe and RunLifecycleHandler: node:http2
+ * with the messages read and written by hand (protowire.ts), beside grpc-js for everything else.
+ * The ProbeService contract is unchanged: the same socket, paths, messages, status codes and
+ * trailers. A connection comes here only when its first request is one of the two methods from a
+ * client that is no gRPC library (the shim's own client, old or new; see routeConnection); every
+ * other connection goes to grpc-js. Each call goes through the very handler function grpc-js
+ * calls (ProbeApiServer's #unary wrappers: draining, admission, in-flight accounting, metrics),
+ * with a call object that carries what those handlers read: the request, the deadline from
+ * grpc-timeout, and 'cancelled' when the client resets the stream.
+ */
+import { EventEmitter } from 'node:events';
+import * as http2 from 'node:http2';
+import type { Duplex } from 'node:stream';
+import * as grpc from '@grpc/grpc-js';
+import type { HeaderField } from '../shim/hpack.ts';
+import type { ConnectionTarget } from '../shim/handoff.ts';
+import { encodeGrpcMessage, readFields, readSingleGrpcFrame, WireError, WireWriter, type WireValue } from './protowire.ts';
+import type {
+  WireHttpGetAction, WireHttpHeader, WireIntOrString, WireLifecycleHook, WireLifecycleRequest, WireLifecycleResponse, WireProbeHandler,
+  WireProbePhases, WireProbeRequest, WireProbeResponse, WireProbeResult, WireProbeType, WireTcpSocketAction,
+} from './proto.ts';
+
+const SERVICE_PATH = '/probe.v1alpha1.ProbeService/';
+/** The two methods served here. */
+export const HOT_PATHS = { probe: `${SERVICE_PATH}Probe`, hook: `${SERVICE_PATH}RunLifecycleHandler` } as const;
+
+/** Whether a connection whose first request has these header fields is served here: a hot method, not from a gRPC library. */
+export function isHotConnection(first: readonly HeaderField[]): boolean {
+  let path = '';
+  let agent = '';
+  for (const f of first) {
+    if (f.name === ':path') path = f.value;
+    else if (f.name === 'user-agent') agent = f.value;
+  }
+  // grpc-js, grpc-go and friends may multiplex any method on the connection: they stay with grpc-js.
+  return (path === HOT_PATHS.probe || path === HOT_PATHS.hook) && !agent.startsWith('grpc-');
+}
+
+// ---- hand decoding of the two requests (field numbers of proto/probe/v1alpha1/api.proto) ----
+
+const utf8 = (v: WireValue): string => (Buffer.isBuffer(v) ? v.toString('utf8') : '');
+const PROBE_TYPE_NAMES: WireProbeType[] = ['PROBE_TYPE_UNSPECIFIED', 'PROBE_TYPE_LIVENESS', 'PROBE_TYPE_READINESS', 'PROBE_TYPE_STARTUP'];
+const HOOK_NAMES: WireLifecycleHook[] = ['LIFECYCLE_HOOK_UNSPECIFIED', 'LIFECYCLE_HOOK_POST_START', 'LIFECYCLE_HOOK_PRE_STOP'];
+const RESULT_NUMBERS: Record<WireProbeResult, number> = {
+  PROBE_RESULT_UNKNOWN: 0, PROBE_RESULT_SUCCESS: 1, PROBE_RESULT_WARNING: 2, PROBE_RESULT_FAILURE: 3, PROBE_RESULT_ERROR: 4,
+};
+
+/** An int32 field (readFields gives negatives, sent as 10-byte varints, signed); 32 bits as protobufjs keeps them. */
+function int32(v: WireValue): number {
+  return typeof v === 'number' ? v | 0 : 0;
+}
+
+function intOrString(b: Buffer): WireIntOrString {
+  const out: WireIntOrString = {};
+  readFields(b, (f, v) => {
+    if (f === 1 && typeof v === 'number') {
+      out.int_val = int32(v);
+      out.value = 'int_val';
+    } else if (f === 2) {
+      out.str_val = utf8(v);
+      out.value = 'str_val';
+    }
+  });
+  return out;
+}
+
+function httpGet(b: Buffer): WireHttpGetAction {
+  const out: Required<Pick<WireHttpGetAction, 'path' | 'host' | 'scheme' | 'http_headers'>> & WireHttpGetAction = { path: '', port: null, host: '', scheme: '', http_headers: [] };
+  readFields(b, (f, v) => {
+    if (f === 1) out.path = utf8(v);
+    else if (f === 2 && Buffer.isBuffer(v)) out.port = intOrString(v);
+    else if (f === 3) out.host = utf8(v);
+    else if (f === 4) out.scheme = utf8(v);
+    else if (f === 5 && Buffer.isBuffer(v)) {
+      const h: WireHttpHeader = { name: '', value: '', value_from: '' };
+      readFields(v, (hf, hv) => {
+        if (hf === 1) h.name = utf8(hv);
+        else if (hf === 2) h.value = utf8(hv);
+        else if (hf === 100) h.value_from = utf8(hv);
+      });
+      out.http_headers.push(h);
+    }
+  });
+  return out;
+}
+
+function tcpSocket(b: Buffer): WireTcpSocketAction {
+  const out: WireTcpSocketAction = { port: null, host: '' };
+  readFields(b, (f, v) => {
+    if (f === 1 && Buffer.isBuffer(v)) out.port = intOrString(v);
+    else if (f === 2) out.host = utf8(v);
+  });
+  return out;
+}
+
+function handler(b: Buffer, grpcAllowed: boolean): WireProbeHandler {
+  const out: WireProbeHandler = { http_get: null, tcp_socket: null };
+  if (grpcAllowed) out.grpc = null;
+  readFields(b, (f, v) => {
+    if (!Buffer.isBuffer(v)) return;
+    if (f === 2) out.http_get = httpGet(v);
+    else if (f === 3) out.tcp_socket = tcpSocket(v);
+    else if (f === 4 && grpcAllowed) {
+      const g = { port: 0, service: '' };
+      readFields(v, (gf, gv) => {
+        if (gf === 1) g.port = int32(gv);
+        else if (gf === 2) g.service = utf8(gv);
+      });
+      out.grpc = g;
+    }
+  });
+  return out;
+}
+
+/** A ProbeRequest as grpc-js (proto-loader, LOADER_OPTIONS) would hand it to the handler. */
+export function decodeProbeRequest(msg: Buffer): WireProbeRequest {
+  const req: WireProbeRequest = {
+    pod_uid: '', pod_sandbox_id: '', container_name: '', handler: null, timeout_seconds: 0, pod_namespace: '', pod_name: '', container_id: '', probe_type: 'PROBE_TYPE_UNSPECIFIED',
+  };
+  readFields(msg, (f, v) => {
+    switch (f) {
+      case 1: req.pod_uid = utf8(v); break;
+      case 2: req.pod_sandbox_id = utf8(v); break;
+      case 3: req.container_name = utf8(v); break;
+      case 4: if (Buffer.isBuffer(v)) req.handler = handler(v, true); break;
+      case 5: req.timeout_seconds = int32(v); break;
+      case 6: req.pod_namespace = utf8(v); break;
+      case 7: req.pod_name = utf8(v); break;
+      case 8: req.container_id = utf8(v); break;
+      case 9: if (typeof v === 'number') req.probe_type = PROBE_TYPE_NAMES[v] ?? v; break;
+      default: break;
+    }
+  });
+  return req;
+}
+
+/** A RunLifecycleHandlerRequest as grpc-js would hand it to the handler. */
+export function decodeLifecycleRequest(msg: Buffer): WireLifecycleRequest {
+  const req: WireLifecycleRequest = { pod_uid: '', pod_sandbox_id: '', container_name: '', handler: null, hook: 'LIFECYCLE_HOOK_UNSPECIFIED', timeout_seconds: 0, container_id: '' };
+  readFields(msg, (f, v) => {
+    switch (f) {
+      case 1: req.pod_uid = utf8(v); break;
+      case 2: req.pod_sandbox_id = utf8(v); break;
+      case 3: req.container_name = utf8(v); break;
+      case 4: if (Buffer.isBuffer(v)) req.handler = handler(v, false); break;
+      case 5: if (typeof v === 'number') req.hook = HOOK_NAMES[v] ?? v; break;
+      case 6: req.timeout_seconds = int32(v); break;
+      case 7: req.container_id = utf8(v); break;
+      default: break;
+    }
+  });
+  return req;
+}
+
+const PHASE_FIELDS: [keyof WireProbePhases, number][] = [['queue_seconds', 1], ['helper_seconds', 2], ['connect_seconds', 3], ['tls_seconds', 4], ['first_byte_seconds', 5]];
+
+/** A ProbeResponse's bytes. */
+export function encodeProbeResponse(r: WireProbeResponse): Buffer {
+  const w = new WireWriter().varint(1, RESULT_NUMBERS[r.result] ?? 0).bytes(2, r.message).double(3, r.duration_seconds);
+  if (r.phases) {
+    const p = new WireWriter();
+    // proto3 `optional`: present fields are written even when zero.
+    for (const [name, field] of PHASE_FIELDS) {
+      const v = r.phases[name];
+      if (typeof v === 'number') p.doubleAlways(field, v);
+    }
+    p.double(6, r.phases.total_seconds);
+    w.bytes(4, p.finish(), true);
+  }
+  return w.bytes(5, r.reason).bytes(6, r.address).finish();
+}
+
+/** A RunLifecycleHandlerResponse's bytes. */
+export function encodeLifecycleResponse(r: WireLifecycleResponse): Buffer {
+  return new WireWriter().varint(1, RESULT_NUMBERS[r.result] ?? 0).bytes(2, r.message).double(3, r.duration_seconds).finish();
+}
+
+// ---- the call object the shared handlers see ----
+
+/** The parts of grpc.ServerUnaryCall the ProbeService handlers read, over one HTTP/2 stream. */
+class HotCall<Req> extends EventEmitter {
+  readonly request: Req;
+  readonly metadata: grpc.Metadata;
+  cancelled = false;
+  readonly #deadline: number;
+  readonly #path: string;
+  readonly #peer: string;
+
+  constructor(request: Req, headers: http2.IncomingHttpHeaders, path: string, peer: string) {
+    super();
+    this.request = request;
+    this.#path = path;
+    this.#peer = peer;
+    const ms = parseGrpcTimeoutMs(headers['grpc-timeout']);
+    this.#deadline = ms === undefined ? Infinity : Date.now() + ms;
+    this.metadata = new grpc.Metadata();
+    for (const [k, v] of Object.entries(headers)) {
+      if (k.startsWith(':') || k === 'content-type' || k === 'te' || k === 'grpc-timeout' || v === undefined) continue;
+      if (k.endsWith('-bin')) continue;
+      for (const one of Array.isArray(v) ? v : [v]) this.metadata.add(k, one);
+    }
+  }
+
+  getDeadline(): grpc.Deadline {
+    return this.#deadline;
+  }
+
+  getPath(): string {
+    return this.#path;
+  }
+
+  getPeer(): string {
+    return this.#peer;
+  }
+
+  sendMetadata(): void {
+    // Headers go out with the answer.
+  }
+
+  /** The client reset the stream before the answer: what grpc-js reports as 'cancelled'. */
+  cancel(): void {
+    if (this.cancelled) return;
+    this.cancelled = true;
+    this.emit('cancelled', 'cancelled');
+  }
+}
+
+const UNITS: Record<string, number> = { H: 3_600_000, M: 60_000, S: 1000, m: 1, u: 0.001, n: 0.000001 };
+
+/** grpc-timeout (gRPC over HTTP/2: 1-8 digits and a unit) in ms; undefined when absent or malformed. */
+export function parseGrpcTimeoutMs(v: string | string[] | undefined): number | undefined {
+  if (typeof v !== 'string') return undefined;
+  const m = /^(\d{1,8})([HMSmun])$/.exec(v);
+  if (!m) return undefined;
+  return Number(m[1]) * (UNITS[m[2] as string] as number);
+}
+
+/** A unary handler as grpc-js takes it. */
+type Unary = (call: grpc.ServerUnaryCall<never, never>, callback: grpc.sendUnaryData<never>) => void;
+
+/** The two handlers, as registered with grpc-js. */
+export interface HotHandlers {
+  probe: grpc.handleUnaryCall<WireProbeRequest, WireProbeResponse>;
+  hook: grpc.handleUnaryCall<WireLifecycleRequest, WireLifecycleResponse>;
+}
+
+/** Limits of the lean server, the same the grpc-js server has. */
+export interface HotUnaryLimits {
+  maxRequestBytes: number;
+  maxConcurrentStreams: number;
+}
+
+/** The lean HTTP/2 server for Probe and RunLifecycleHandler; connections come from routeConnection. */
+export class HotUnaryServer implements ConnectionTarget {
+  readonly #server: http2.Http2Server;
+  readonly #handlers: HotHandlers;
+  readonly #limits: HotUnaryLimits;
+  readonly #sessions = new Set<http2.ServerHttp2Session>();
+  #closing = false;
+
+  constructor(handlers: HotHandlers, limits: HotUnaryLimits) {
+    this.#handlers = handlers;
+    this.#limits = limits;
+    this.#server = http2.createServer({ settings: { maxConcurrentStreams: limits.maxConcurrentStreams }, maxSessionMemory: 64 });
+    this.#server.on('session', (s) => {
+      this.#sessions.add(s);
+      s.on('close', () => this.#sessions.delete(s));
+      s.on('error', () => {});
+      if (this.#closing) s.close();
+    });
+    this.#server.on('stream', (stream, headers) => this.#onStream(stream, headers));
+  }
+
+  /** Takes a connection (ConnectionTarget). */
+  emit(event: 'connection', connection: Duplex): boolean {
+    return this.#server.emit(event, connection);
+  }
+
+  /** Sessions open now (for the drain and tests). */
+  get sessions(): number {
+    return this.#sessions.size;
+  }
+
+  /** GOAWAY to every session: calls in flight finish, new streams are refused (as grpc-js tryShutdown does). Resolves when all are closed. */
+  close(): Promise<void> {
+    this.#closing = true;
+    const all = [...this.#sessions].map((s) => new Promise<void>((resolve) => {
+      if (s.closed || s.destroyed) resolve();
+      else {
+        s.once('close', () => resolve());
+        s.close();
+      }
+    }));
+    return Promise.all(all).then(() => undefined);
+  }
+
+  /** Cuts every session (forceShutdown). */
+  destroy(): void {
+    this.#closing = true;
+    for (const s of this.#sessions) s.destroy();
+  }
+
+  #onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): void {
+    stream.on('error', () => {});
+    const path = headers[':path'];
+    const method = path === HOT_PATHS.probe ? 'probe' : path === HOT_PATHS.hook ? 'hook' : undefined;
+    if (method === undefined) {
+      respondStatus(stream, grpc.status.UNIMPLEMENTED, `${String(path)}: this connection serves only Probe and RunLifecycleHandler; other methods are served on connections whose first call is another method`);
+      return;
+    }
+    const ct = headers['content-type'];
+    if (headers[':method'] !== 'POST' || typeof ct !== 'string' || !ct.startsWith('application/grpc')) {
+      respondStatus(stream, grpc.status.INTERNAL, 'not a gRPC request');
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    let tooBig = false;
+    stream.on('data', (c: Buffer) => {
+      if (tooBig) return;
+      size += c.length;
+      if (size > this.#limits.maxRequestBytes + 5) {
+        tooBig = true;
+        respondStatus(stream, grpc.status.RESOURCE_EXHAUSTED, `Received message larger than max (${size} vs. ${this.#limits.maxRequestBytes})`);
+        return;
+      }
+      chunks.push(c);
+    });
+    stream.on('end', () => {
+      if (tooBig) return;
+      const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, size);
+      const msg = readSingleGrpcFrame(body);
+      if (msg === null) {
+        respondStatus(stream, grpc.status.INTERNAL, body.length >= 5 && body[0] !== 0 ? 'compressed messages are not supported' : 'malformed gRPC message framing');
+        return;
+      }
+      let request: WireProbeRequest | WireLifecycleRequest;
+      try {
+        request = method === 'probe' ? decodeProbeRequest(msg) : decodeLifecycleRequest(msg);
+      } catch (err) {
+        respondStatus(stream, grpc.status.INTERNAL, `Error deserializing request: ${err instanceof WireError ? err.message : String(err)}`);
+        return;
+      }
+      const session = stream.session;
+      const peer = session?.socket?.remoteAddress ?? 'unix:';
+      const call = new HotCall(request, headers, path as string, peer);
+      const onClose = (): void => call.cancel();
+      stream.once('close', onClose);
+      const callback = (err: grpc.ServiceError | Partial<grpc.StatusObject> | null, res?: unknown): void => {
+        stream.off('close', onClose);
+        if (stream.destroyed || stream.closed) return;
+        if (err) {
+          respondStatus(stream, err.code ?? grpc.status.UNKNOWN, err.details ?? '', err.metadata ?? undefined);
+          return;
+        }
+        const bytes = method === 'probe' ? encodeProbeResponse(res as WireProbeResponse) : encodeLifecycleResponse(res as WireLifecycleResponse);
+        respondMessage(stream, bytes);
+      };
+      (this.#handlers[method] as unknown as Unary)(call as unknown as grpc.ServerUnaryCall<never, never>, callback as grpc.sendUnaryData<never>);
+    });
+  }
+}
+
+function guarded(op: () => void): void {
+  try {
+    op();
+  } catch {
+    // the stream closed meanwhile: nothing left to tell
+  }
+}
+
+function respondStatus(stream: http2.ServerHttp2Stream, code: number, details: string, metadata?: grpc.Metadata): void {
+  if (stream.destroyed || stream.closed || stream.headersSent) return;
+  const h: http2.OutgoingHttpHeaders = {
+    ':status': 200,
+    'content-type': 'application/grpc+proto',
+    'grpc-status': String(code),
+    'grpc-message': encodeGrpcMessage(details.slice(0, 4096)),
+  };
+  if (metadata) {
+    for (const [k, v] of Object.entries(metadata.getMap())) if (typeof v === 'string') h[k] = v;
+  }
+  guarded(() => stream.respond(h, { endStream: true }));
+}
+
+function respondMessage(stream: http2.ServerHttp2Stream, message: Buffer): void {
+  guarded(() => {
+    stream.respond({ ':status': 200, 'content-type': 'application/grpc+proto' }, { waitForTrailers: true });
+    stream.once('wantTrailers', () => guarded(() => stream.sendTrailers({ 'grpc-status': '0', 'grpc-message': 'OK' })));
+    const frame = Buffer.allocUnsafe(5 + message.length);
+    frame[0] = 0;
+    frame.writeUInt32BE(message.length, 1);
+    message.copy(frame, 5);
+    stream.end(frame);
+  });
+}
