@@ -13,8 +13,8 @@ import { EventEmitter } from 'node:events';
 import * as http2 from 'node:http2';
 import type { Duplex } from 'node:stream';
 import * as grpc from '@grpc/grpc-js';
-import type { HeaderField } from '../shim/hpack.ts';
-import type { ConnectionTarget } from '../shim/handoff.ts';
+import type { HeaderField } from '../http2/hpack.ts';
+import type { ConnectionTarget } from '../http2/handoff.ts';
 import { encodeGrpcMessage, readFields, readSingleGrpcFrame, WireError, WireWriter, type WireValue } from './protowire.ts';
 import type {
   WireHttpGetAction, WireHttpHeader, WireIntOrString, WireLifecycleHook, WireLifecycleRequest, WireLifecycleResponse, WireProbeHandler,

@@ -38,7 +38,7 @@ import {
 import { prepareSocketPath, removeSocket, resolveGroup, secureSocket, withPrivateUmask } from './socket.ts';
 import { WatchSession } from './watch.ts';
 import { HotUnaryServer, isHotConnection } from './hot-unary.ts';
-import { handOff, type Handoff } from '../shim/handoff.ts';
+import { handOff, type Handoff } from '../http2/handoff.ts';
 
 /** Who the agent is, as Version reports it. */
 export interface ApiVersionInfo {

@@ -20,7 +20,7 @@ import { ShimMetrics, type AgentErrorCause, type InterceptKind } from './metrics
 import { parseGrpcTimeout } from './deadline.ts';
 import { decodeExecSyncRequest, encodeExecSyncResponse, EXEC_SYNC_PATH, mayBeShimCommand, type ExecSyncRequest } from './exec-sync.ts';
 import { H2_SETTINGS, UpstreamSession } from './upstream.ts';
-import { handOff, type Handoff } from './handoff.ts';
+import { handOff, type Handoff } from '../http2/handoff.ts';
 
 /** How the shim is configured. */
 export interface ShimConfig {

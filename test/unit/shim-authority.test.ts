@@ -1,5 +1,5 @@
 /**
- * The shim's :authority rewrite (agent/shim/authority.ts) on crafted client byte streams: every
+ * The shim's :authority rewrite (agent/http2/authority.ts) on crafted client byte streams: every
  * request header block comes out with an authority nghttp2 accepts and otherwise the same fields,
  * frames other than HEADERS/CONTINUATION come out byte-identical, trailers keep their fields, large
  * blocks are split to the frame size, and malformed input is an H2InputError, never anything else.
@@ -9,9 +9,9 @@ import { describe, expect, it } from 'vitest';
 import {
   acceptableAuthority, AuthorityRewriter, CLIENT_PREFACE, Flag, frame, FrameReader, FrameType, H2_LIMITS, H2InputError, HeaderBlockCollector,
   withAcceptableAuthority, type Frame,
-} from '../../agent/shim/authority.ts';
-import { encodeInteger, encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/shim/hpack.ts';
-import { huffmanEncode } from '../../agent/shim/huffman.ts';
+} from '../../agent/http2/authority.ts';
+import { encodeInteger, encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/http2/hpack.ts';
+import { huffmanEncode } from '../../agent/http2/huffman.ts';
 
 const SETTINGS = frame(FrameType.SETTINGS, 0, 0, Buffer.from([0, 4, 0, 0x10, 0, 0]));
 const REQUEST: HeaderField[] = [

@@ -1,12 +1,12 @@
 /**
- * The shim's HPACK decoder and literal encoder (agent/shim/hpack.ts, huffman.ts) against the
+ * The shim's HPACK decoder and literal encoder (agent/http2/hpack.ts, huffman.ts) against the
  * examples of RFC 7541 Appendix C, the Huffman code of Appendix B, and malformed input, which must
  * only ever be an HpackError.
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { encodeInteger, encodeLiteralBlock, HpackDecoder, HpackError, type HeaderField } from '../../agent/shim/hpack.ts';
-import { HUFFMAN_CODES, HUFFMAN_LENGTHS, huffmanDecode, huffmanEncode } from '../../agent/shim/huffman.ts';
+import { encodeInteger, encodeLiteralBlock, HpackDecoder, HpackError, type HeaderField } from '../../agent/http2/hpack.ts';
+import { HUFFMAN_CODES, HUFFMAN_LENGTHS, huffmanDecode, huffmanEncode } from '../../agent/http2/huffman.ts';
 
 const hex = (s: string): Buffer => Buffer.from(s.replace(/\s+/g, ''), 'hex');
 const pairs = (fields: HeaderField[]): string[][] => fields.map((f) => [f.name, f.value]);

@@ -1,10 +1,12 @@
 /**
- * Hands each connection kubelet opens to the shim's in-process HTTP/2 server. The shim reads the
- * client's preface and frames up to its first request's header block; when that block's
- * `:authority` is one nghttp2 accepts (kubelet 1.31+, crictl 1.31+, grpc-go with WithAuthority),
- * the octets read go back into the socket and the raw socket goes to the server, so such a
- * connection costs nothing per call. Otherwise (kubelet up to 1.30 sends the socket path; others
- * send nothing) the connection runs through the AuthorityRewriter for its whole life.
+ * Hands each accepted connection to an in-process HTTP/2 server, after reading the client's preface
+ * and frames up to its first request's header block (connection-level HTTP/2 shared by the shim and
+ * the agent's API socket). The shim: when that block's `:authority` is one nghttp2 accepts (kubelet
+ * 1.31+, crictl 1.31+, grpc-go with WithAuthority), the octets read go back into the socket and the
+ * raw socket goes to the server, so such a connection costs nothing per call; otherwise (kubelet up
+ * to 1.30 sends the socket path; others send nothing) the connection runs through the
+ * AuthorityRewriter for its whole life. The agent: the first request's headers pick the server
+ * (agent/api/hot-unary.ts).
  *
  * A gRPC client waits for the server's SETTINGS before its first request, so the shim sends an
  * empty SETTINGS frame at once (all values at their initial defaults, which the server's own
