@@ -11,7 +11,7 @@ import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb', 'nice']);
 
 import { describe, expect, it } from 'vitest';
-import { AGENT_LIMIT_MB, formatResult, runShimSoak, slopePerMinute, type ShimSoakOptions } from '../soak/shim-soak.ts';
+import { AGENT_LIMIT_MB, SHIM_PEAK_MB, formatResult, runShimSoak, slopePerMinute, type ShimSoakOptions } from '../soak/shim-soak.ts';
 
 /** probe-agent-shim.service: MemoryMax=256M. */
 const SHIM_MEMORY_MAX_MB = 256;
@@ -20,7 +20,7 @@ function options(authority: ShimSoakOptions['authority']): ShimSoakOptions {
   return {
     minutes: 35 / 60, pods: 16, replacePods: 4, replaceEverySeconds: 15, authority, sampleEverySeconds: 3,
     // A slope over 17 s of a process still warming up says nothing: only the long soak bounds it.
-    shimSlopeBoundMBPerMin: Infinity, agentLimitMB: AGENT_LIMIT_MB, log: () => {},
+    shimSlopeBoundMBPerMin: Infinity, shimPeakBoundMB: SHIM_PEAK_MB, agentLimitMB: AGENT_LIMIT_MB, log: () => {},
   };
 }
 

@@ -2,7 +2,8 @@
  * `make soak-shim`: memory of the kubelet shim and the agent under pod churn, through the shim, on real
  * parts (`node test/soak/shim-soak.ts`; knobs SOAK_MINUTES (default 30), SOAK_PODS (16),
  * SOAK_AUTHORITY (`path`: the socket path as `:authority`, as kubelet < 1.31 sends it; or `localhost`),
- * SOAK_SHIM_SLOPE_MB_MIN (1), SOAK_OUT (JSON result), SOAK_SHIM_NODE_FLAGS / SOAK_AGENT_NODE_FLAGS (extra node
+ * SOAK_SHIM_SLOPE_MB_MIN (1), SOAK_SHIM_PEAK_MB (100), SOAK_SHIM_UNIT_FLAGS=0 (start the shim without the unit's
+ * node flags, to compare), SOAK_OUT (JSON result), SOAK_SHIM_NODE_FLAGS / SOAK_AGENT_NODE_FLAGS (extra node
  * flags, e.g. --heapsnapshot-signal=SIGUSR2, to find a leak)). The CI variant is
  * test/integration/shim-soak-short.test.ts.
  *
@@ -17,11 +18,11 @@
  * error, never an exit code). Every few seconds the shim's and the agent's RSS is read from /proc, and the
  * agent's V8 heap from its /metrics (the shim has no heap endpoint).
  *
- * Fails when any answer was wrong, the shim's RSS slope over the second half exceeds the bound, or the agent
- * (with its helpers) exceeds the DaemonSet's memory limit.
+ * Fails when any answer was wrong (or more than 1 % Unknown), the shim's RSS slope over the second half or its
+ * peak exceeds its bound, or the agent (with its helpers) exceeds the DaemonSet's memory limit.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
@@ -37,6 +38,8 @@ import { makePod } from '../support/pod-factory.ts';
 
 /** deploy/base/daemonset.yaml: resources.limits.memory of the agent container. */
 export const AGENT_LIMIT_MB = 224;
+/** The shim's RSS bound: Node's floor with the shim's code loaded (~65 MB at start, 48 MB of it the node binary) plus headroom. */
+export const SHIM_PEAK_MB = 100;
 /** deploy/base/daemonset.yaml: NODE_OPTIONS of the agent container. */
 const AGENT_NODE_OPTIONS = '--max-old-space-size=96';
 const PORT = 8080;
@@ -58,6 +61,8 @@ export interface ShimSoakOptions {
   sampleEverySeconds: number;
   /** Fail when the shim's RSS grows faster than this over the second half (MB/min). */
   shimSlopeBoundMBPerMin: number;
+  /** Fail when the shim's RSS ever exceeds this (MB). */
+  shimPeakBoundMB: number;
   /** Fail when agent + helpers RSS exceeds this (MB). */
   agentLimitMB: number;
   log: (line: string) => void;
@@ -72,12 +77,22 @@ export interface SeriesSummary { startMB: number; peakMB: number; endMB: number;
 /** Per kind of probe answer: how many, and how many were wrong. */
 export interface AnswerCounts { ok: number; wrong: number }
 
+/**
+ * Probes of running pods: `unknown` = a gRPC error (the agent could not run the probe, e.g. a netns helper
+ * starved on a loaded machine): kubelet's prober makes that Unknown and keeps the container's state, so it
+ * is no wrong verdict, but more than UNKNOWN_SHARE_MAX of them fails the soak.
+ */
+export interface HealthyCounts extends AnswerCounts { unknown: number }
+
+/** The share of probes of running pods that may end Unknown (a gRPC error) before the soak fails. */
+export const UNKNOWN_SHARE_MAX = 0.01;
+
 /** What a run found. */
 export interface ShimSoakResult {
   options: Omit<ShimSoakOptions, 'log'>;
   seconds: number;
   replaced: number;
-  probes: { healthy: AnswerCounts; dead: AnswerCounts };
+  probes: { healthy: HealthyCounts; dead: AnswerCounts };
   /** The first wrong answers (at most 20), for the report. */
   wrongExamples: string[];
   shimRss: SeriesSummary;
@@ -106,6 +121,7 @@ export function optionsFromEnv(log: (line: string) => void): ShimSoakOptions {
     authority,
     sampleEverySeconds: num('SOAK_SAMPLE_EVERY', 5),
     shimSlopeBoundMBPerMin: num('SOAK_SHIM_SLOPE_MB_MIN', 1),
+    shimPeakBoundMB: num('SOAK_SHIM_PEAK_MB', SHIM_PEAK_MB),
     agentLimitMB: num('SOAK_AGENT_LIMIT_MB', AGENT_LIMIT_MB),
     log,
   };
@@ -177,6 +193,19 @@ function describeAnswer(a: CriAnswer<{ exitCode: number; stdout: Buffer }>): str
   return a.ok ? `exit ${a.msg.exitCode} ${a.msg.stdout.toString().slice(0, 200)}` : `gRPC ${grpc.status[a.code]}: ${a.details.slice(0, 200)}`;
 }
 
+/** The systemd unit the shim runs under on a node. */
+export const SHIM_UNIT = path.join(REPO, 'deploy/components/kubelet-shim/probe-agent-shim.service');
+
+/**
+ * The node flags the shim's systemd unit starts it with (between `node` and `dist/shim/main.js` in its
+ * ExecStart), so that the soak measures the memory the shipped unit gives; [] if there are none.
+ */
+export function shimUnitNodeFlags(unit = SHIM_UNIT): string[] {
+  const line = /^ExecStart=\S*\/node((?:\s+--[a-z0-9-]+(?:=\S+)?)*)\s+\S*\/dist\/shim\/main\.js/m.exec(readFileSync(unit, 'utf8'));
+  if (!line) throw new Error(`${unit}: no ExecStart running node .../dist/shim/main.js`);
+  return (line[1] ?? '').split(/\s+/).filter(Boolean);
+}
+
 /** Extra node flags for the shim or the agent from the environment (e.g. --heapsnapshot-signal=SIGUSR2), for finding a leak. */
 function extraFlags(name: string): string[] {
   return (process.env[name] ?? '').split(/\s+/).filter(Boolean);
@@ -191,7 +220,8 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
   let lab: ContainerdLab | undefined;
   let kubelet: FakeKubelet | undefined;
   let cri: KubeletCri | undefined;
-  const probes = { healthy: { ok: 0, wrong: 0 }, dead: { ok: 0, wrong: 0 } };
+  const probes = { healthy: { ok: 0, wrong: 0, unknown: 0 }, dead: { ok: 0, wrong: 0 } };
+  const unknownExamples: string[] = [];
   const wrongExamples: string[] = [];
   const wrong = (what: string): void => {
     if (wrongExamples.length < 20) wrongExamples.push(what);
@@ -205,6 +235,13 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
     const newPod = async (i: number): Promise<SoakPod> => {
       const sb = await lab!.runSandbox({ name: `soak-${i}`, namespace: NS });
       const app = await lab!.runContainer(sb, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/busybox', 'httpd', '-f', '-p', String(PORT), '-h', '/etc'] });
+      // A healthy target from its first probe on: httpd listening (kubelet would see "refused" before, rightly).
+      for (let tries = 0; ; tries++) {
+        const r = await lab!.exec(sb, 'bash', ['-c', `exec 3<>/dev/tcp/127.0.0.1/${PORT}`]);
+        if (r.code === 0) break;
+        if (tries >= 100) throw new Error(`httpd in ${sb.name} not listening on ${PORT}: ${r.stderr}`);
+        await new Promise((res) => setTimeout(res, 100));
+      }
       return { sb, app, stopped: false };
     };
     const pods: SoakPod[] = [];
@@ -221,8 +258,9 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
     procs.push(agentStart.child);
     const metricsUrl = `http://${agentStart.match[1]}/metrics`;
     const shimSock = path.join(scratch, 'cri.sock');
-    // As the systemd unit runs it: plain node, no flags.
-    const shimStart = await spawnReady('nice', ['-n', '10', process.execPath, ...extraFlags('SOAK_SHIM_NODE_FLAGS'), path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
+    // As the systemd unit runs it: its node flags (SOAK_SHIM_UNIT_FLAGS=0: none, to compare).
+    const unitFlags = process.env['SOAK_SHIM_UNIT_FLAGS'] === '0' ? [] : shimUnitNodeFlags();
+    const shimStart = await spawnReady('nice', ['-n', '10', process.execPath, ...unitFlags, ...extraFlags('SOAK_SHIM_NODE_FLAGS'), path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
     procs.push(shimStart.child);
     // `nice` execs node: the pids are node's.
     const shimPid = shimStart.child.pid!;
@@ -250,7 +288,7 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
       const agent = rssOf(agentPid).rssMB + childrenOf(agentPid).reduce((s, c) => s + rssOf(c).rssMB, 0);
       const s = { tSec: Math.round((Date.now() - t0) / 100) / 10, shimRssMB: Math.round(shim * 10) / 10, agentRssMB: Math.round(agent * 10) / 10, agentHeapUsedMB: Math.round((await agentHeapMB()) * 10) / 10 };
       samples.push(s);
-      if (samples.length % 12 === 1) o.log(`t=${s.tSec}s shim ${s.shimRssMB} MB, agent ${s.agentRssMB} MB (heap ${s.agentHeapUsedMB}), probes ok ${probes.healthy.ok} wrong ${probes.healthy.wrong}, dead refused ${probes.dead.ok} wrong ${probes.dead.wrong}, replaced ${replaced}`);
+      if (samples.length % 12 === 1) o.log(`t=${s.tSec}s shim ${s.shimRssMB} MB, agent ${s.agentRssMB} MB (heap ${s.agentHeapUsedMB}), probes ok ${probes.healthy.ok} wrong ${probes.healthy.wrong} unknown ${probes.healthy.unknown}, dead refused ${probes.dead.ok} wrong ${probes.dead.wrong}, replaced ${replaced}`);
     };
 
     // kubelet's probe worker: one per pod and probe, a tick every period, the next tick only after the probe returned.
@@ -262,7 +300,10 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
         const a = await cri!.execSync(p.app.id, cmd, PROBE_TIMEOUT_S);
         if (p.stopped) break; // answered while kubelet was killing the pod: kubelet drops such a result too
         if (a.ok && a.msg.exitCode === 0) probes.healthy.ok++;
-        else {
+        else if (!a.ok) {
+          probes.healthy.unknown++;
+          if (unknownExamples.length < 5) unknownExamples.push(`${kind} of running ${p.sb.name}: ${describeAnswer(a)}`);
+        } else {
           probes.healthy.wrong++;
           wrong(`${kind} of running ${p.sb.name} (${p.app.id.slice(0, 12)}): ${describeAnswer(a)}`);
         }
@@ -325,7 +366,10 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
       failures: [],
     };
     delete (result.options as { log?: unknown }).log;
-    if (probes.healthy.wrong > 0) result.failures.push(`${probes.healthy.wrong} probes of running pods did not answer exit 0`);
+    if (probes.healthy.wrong > 0) result.failures.push(`${probes.healthy.wrong} probes of running pods answered a failure`);
+    const all = probes.healthy.ok + probes.healthy.wrong + probes.healthy.unknown;
+    if (probes.healthy.unknown > all * UNKNOWN_SHARE_MAX) result.failures.push(`${probes.healthy.unknown} of ${all} probes of running pods ended Unknown (gRPC error), more than ${UNKNOWN_SHARE_MAX * 100} %: ${unknownExamples.join('; ')}`);
+    if (result.shimRss.peakMB > o.shimPeakBoundMB) result.failures.push(`shim RSS peaked at ${result.shimRss.peakMB} MB (bound ${o.shimPeakBoundMB})`);
     if (probes.dead.wrong > 0) result.failures.push(`${probes.dead.wrong} probes of stopped/removed containers were answered, not refused`);
     if (probes.healthy.ok === 0) result.failures.push('no probe succeeded');
     if (result.shimRss.slopeMBPerMin > o.shimSlopeBoundMBPerMin) result.failures.push(`shim RSS grew ${result.shimRss.slopeMBPerMin} MB/min over the second half (bound ${o.shimSlopeBoundMBPerMin})`);
@@ -347,7 +391,7 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
 export function formatResult(r: ShimSoakResult): string {
   const row = (name: string, s: SeriesSummary): string => `| ${name} | ${s.startMB} | ${s.peakMB} | ${s.endMB} | ${s.slopeMBPerMin} |`;
   return [
-    `shim-soak: ${r.seconds} s, :authority ${r.options.authority}, ${r.options.pods} pods, ${r.replaced} replaced; probes of running pods ${r.probes.healthy.ok} ok / ${r.probes.healthy.wrong} wrong; probes of dead containers ${r.probes.dead.ok} refused / ${r.probes.dead.wrong} wrong`,
+    `shim-soak: ${r.seconds} s, :authority ${r.options.authority}, ${r.options.pods} pods, ${r.replaced} replaced; probes of running pods ${r.probes.healthy.ok} ok / ${r.probes.healthy.wrong} wrong / ${r.probes.healthy.unknown} unknown (gRPC error); probes of dead containers ${r.probes.dead.ok} refused / ${r.probes.dead.wrong} wrong`,
     '',
     '| series | start MB | peak MB | end MB | slope over 2nd half MB/min |',
     '|---|---|---|---|---|',
