@@ -239,7 +239,7 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
       for (let tries = 0; ; tries++) {
         const r = await lab!.exec(sb, 'bash', ['-c', `exec 3<>/dev/tcp/127.0.0.1/${PORT}`]);
         if (r.code === 0) break;
-        if (tries >= 100) throw new Error(`httpd in ${sb.name} not listening on ${PORT}: ${r.stderr}`);
+        if (tries >= 300) throw new Error(`httpd in ${sb.name} not listening on ${PORT}: ${r.stderr}`);
         await new Promise((res) => setTimeout(res, 100));
       }
       return { sb, app, stopped: false };
@@ -270,7 +270,9 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
 
     const t0 = Date.now();
     const endAt = t0 + o.minutes * 60_000;
-    const running = () => Date.now() < endAt;
+    /** Set when a churn step failed: the run stops (workers first), then the error is thrown. */
+    let broken: Error | undefined;
+    const running = () => broken === undefined && Date.now() < endAt;
     const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
     const agentHeapMB = async (): Promise<number> => {
@@ -353,8 +355,11 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
       }
       await sampleOnce();
     };
-    await Promise.all([churn(), sampler()]);
+    await Promise.all([churn().catch((err: unknown) => {
+      broken = new Error(`churn step failed after ${replaced} replacements: ${(err as Error).message}`, { cause: err });
+    }), sampler()]);
     await Promise.all(workers);
+    if (broken) throw broken;
     const seconds = Math.round((Date.now() - t0) / 1000);
 
     const result: ShimSoakResult = {
