@@ -20,7 +20,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: build deps system-deps node test test-unit test-deployed demo bench bench-shim soak soak-deployed clean helper typecheck image alerts e2e-kubelet
+.PHONY: build deps system-deps node test test-unit test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -92,6 +92,11 @@ bench-shim: build
 ## soak: long churn run (SOAK_MINUTES, default 10).
 soak: build
 	node test/soak/soak.ts
+
+## soak-shim: memory of the kubelet shim and the agent under pod churn through the shim, on the lab's containerd
+## (SOAK_MINUTES default 30, SOAK_PODS 16, SOAK_AUTHORITY path|localhost; see test/soak/shim-soak.ts and docs/soak.md).
+soak-shim: build
+	SOAK_MINUTES=$${SOAK_MINUTES:-30} node test/soak/shim-soak.ts
 
 ## soak-deployed: the same churn against the image in its container, under the manifest's memory limit.
 soak-deployed: build image
