@@ -17,7 +17,7 @@ import type { SoakAgent } from '../soak/soak.ts';
 import { snapshot } from '../soak/observe.ts';
 import { agentPatchHead, agentPid, freePort, memoryCgroup, renderDeploy } from './agent-pod.ts';
 import type { CriPodRunner } from './cri-pod.ts';
-import { containerConfig, quantity, sandboxConfig, type PodPlacement } from './kubelet-translate.ts';
+import { containerConfig, quantity, sandboxConfig, unmountPodVolumes, type PodPlacement } from './kubelet-translate.ts';
 
 type Obj = Record<string, unknown>;
 
@@ -176,6 +176,7 @@ export async function startContainerizedAgent(o: ContainerizedAgentOptions): Pro
     async remove() {
       client.close();
       await o.runner.removePod(sandboxId);
+      unmountPodVolumes(place.podDir);
     },
   };
 }

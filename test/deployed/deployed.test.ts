@@ -31,8 +31,8 @@ import { POD_SERVER_PATH } from '../lab/server.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod, makePods } from '../support/pod-factory.ts';
 import { agentPatchHead, agentPid, freePort, memoryCgroup, renderDeploy } from './agent-pod.ts';
-import { CriPodRunner } from './cri-pod.ts';
-import { containerConfig, quantity, sandboxConfig, type PodPlacement } from './kubelet-translate.ts';
+import { CriPodRunner, type ContainerState } from './cri-pod.ts';
+import { containerConfig, quantity, sandboxConfig, unmountPodVolumes, type PodPlacement } from './kubelet-translate.ts';
 
 const run = promisify(execFile);
 const REPO = fileURLToPath(new URL('../..', import.meta.url));
@@ -232,6 +232,8 @@ afterAll(async () => {
   await ctrd?.destroy();
   // The sidecar removes its table on SIGTERM; a killed test must not leave it behind either.
   if (table) execFile('nft', ['delete', 'table', 'inet', table], () => {});
+  // The pods' memory-backed emptyDirs (tmpfs), as kubelet unmounts them when it removes a pod.
+  if (scratch) unmountPodVolumes(scratch);
   if (scratch) rmSync(scratch, { recursive: true, force: true });
 }, 120_000);
 
@@ -263,6 +265,15 @@ describe('the image run through containerd with the rendered DaemonSet posture',
     const before = await httpGet('/metrics');
     const count = (body: string): number => [...body.matchAll(/^prober_probe_total\{[^}]*result="successful"[^}]*\} (\d+)/gm)].reduce((n, m) => n + Number(m[1]), 0);
     await waitFor('more successful probes with the hole closed', async () => (count((await httpGet('/metrics')).body) > count(before.body) + 2 ? true : undefined), 20_000);
+    // The sidecar's state file reaches the agent through their shared emptyDir (medium Memory):
+    // one tmpfs of the volume's sizeLimit on the node, bound into both containers.
+    await waitFor('the agent to export the sidecar\'s state: table present', async () =>
+      (/^probe_agent_close_hole_table_present(\{[^}]*\})? 1$/m.test((await httpGet('/metrics')).body) ? true : undefined), 20_000);
+    const stateDir = path.join(agentPod!.place.podDir, 'volumes/kubernetes.io~empty-dir/close-hole-state');
+    const fs = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')).find((f) => f[4] === stateDir);
+    expect(fs?.slice(fs.indexOf('-') + 1, fs.indexOf('-') + 2)).toEqual(['tmpfs']);
+    expect(fs?.at(-1)).toMatch(/(^|,)size=1024k(,|$)/);
+    expect(readFileSync(path.join(stateDir, 'state'), 'utf8')).toBe('present\n');
   }, 90_000);
 
   it('runs with the manifest posture: only SYS_ADMIN, RuntimeDefault seccomp, read-only root, the memory limit', async () => {
@@ -475,17 +486,18 @@ describe('least privilege: a non-root agent', () => {
 
 describe('the other components that change privileges or mounts', () => {
   /** Renders base + components (plus this node's overlay), starts the agent alone, waits for both pods probed. */
-  async function runVariant(label: string, components: string[]): Promise<{ proc: string; hostPid: boolean }> {
+  async function runVariant(label: string, components: string[], whileRunning?: (tpl: Obj, st: ContainerState, port: number) => Promise<void>, edit?: (tpl: Obj) => void): Promise<{ proc: string; hostPid: boolean }> {
     const dir = path.join(scratch, `overlay-${label}`);
     mkdirSync(dir);
     const objs = renderOverlay(dir, slotLayout(ctrd.slot), components);
-    const tpl = ((objs.find((o) => o.kind === 'DaemonSet') as Obj).spec as Obj).template as Obj;
+    const tpl = ((objs.find((o) => o.kind === 'DaemonSet' && (o.metadata as Obj).name === 'probe-agent') as Obj).spec as Obj).template as Obj;
     const spec = tpl.spec as Obj;
     const port = await freePort();
     const sockDir = path.join(scratch, `sock-${label}`);
     spec.volumes = (spec.volumes as Obj[]).map((v) => (v.name === 'probe-socket-dir' ? { name: v.name, hostPath: { path: sockDir, type: 'DirectoryOrCreate' } } : v));
     const agent = (spec.containers as Obj[])[0] as Obj;
     agent.env = (agent.env as Obj[]).map((e) => (e.name === 'PROBE_AGENT_METRICS_ADDRESS' ? { ...e, value: `$(POD_IP):${port}` } : e));
+    edit?.(tpl);
     const pod = await startAgentPod(tpl, `probe-agent-${label}`);
     await waitFor(`${label}: both pods probed`, async () => {
       if ((await runner.status(pod.containerIds[0] as string)).state !== 'CONTAINER_RUNNING') throw new Error(await logTail(pod, 0));
@@ -496,6 +508,7 @@ describe('the other components that change privileges or mounts', () => {
     const st = await runner.status(pod.containerIds[0] as string);
     const proc = readFileSync(`/proc/${agentPid(st.pid)}/status`, 'utf8');
     const hostPid = readlinkSync(`/proc/${st.pid}/ns/pid`) === readlinkSync('/proc/self/ns/pid');
+    await whileRunning?.(tpl, st, port);
     await runner.removePod(pod.sandboxId);
     pods.splice(pods.indexOf(pod.sandboxId), 1);
     return { proc, hostPid };
@@ -514,6 +527,43 @@ describe('the other components that change privileges or mounts', () => {
     expect(r.hostPid).toBe(false);
     expect(hex(r.proc, 'CapEff')).toBe(hex(readFileSync('/proc/self/status', 'utf8'), 'CapBnd'));
     expect(hex(r.proc, 'Seccomp')).toBe('0');
+  }, 120_000);
+
+  it('kubelet-shim: the agent mounts the shim\'s 0700 directory read-only, relays the host shim\'s counters at /metrics/shim, drains for 45 s of a 60 s grace', async () => {
+    // The host shim as its unit runs it, in a scratch copy of /run/probe-agent-shim (0700, as
+    // systemd's RuntimeDirectoryMode makes it); the agent pod's shim-run volume points there.
+    const shimRun = path.join(scratch, 'host-run-probe-agent-shim');
+    mkdirSync(shimRun, { mode: 0o700 });
+    const shim = spawn(process.execPath, [path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${path.join(shimRun, 'cri.sock')}`,
+      '--runtime-endpoint', ctrd.endpoint, '--probe-socket', path.join(scratch, 'sock-kubelet-shim', 'probe.sock'),
+      '--hook-agent-wait', '60s', '--metrics-socket', path.join(shimRun, 'metrics.sock')], { stdio: ['ignore', 'ignore', 'pipe'], cwd: '/' });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        shim.stderr.on('data', (d: Buffer) => { if (d.toString().includes('shim listening')) resolve(); });
+        shim.once('exit', (c) => reject(new Error(`host shim exited (${c})`)));
+      });
+      expect(statSync(shimRun).mode & 0o777).toBe(0o700);
+      await runVariant('kubelet-shim', ['containerd', 'host-network', 'kubelet-shim'], async (tpl, st, port) => {
+        const spec = tpl.spec as Obj;
+        expect(spec.terminationGracePeriodSeconds).toBe(60);
+        const agent = (spec.containers as Obj[]).find((c) => c.name === 'agent') as Obj;
+        expect((agent.env as Obj[]).find((e) => e.name === 'PROBE_AGENT_SHUTDOWN_GRACE_PERIOD')?.value).toBe('45s');
+        // What the runtime mounted: the shim's directory, read-only.
+        const mount = ((st.spec.mounts ?? []) as { destination: string; source: string; options?: string[] }[]).find((m) => m.destination === '/run/probe-agent-shim');
+        expect(mount?.source).toBe(realpathSync(shimRun));
+        expect(mount?.options).toContain('ro');
+        // Root with only SYS_ADMIN (no DAC_OVERRIDE) reaches the 0700 dir's 0600 socket as its owner.
+        const res = await fetch(`http://127.0.0.1:${port}/metrics/shim`, { signal: AbortSignal.timeout(10_000) });
+        const body = await res.text();
+        expect(res.status, body.slice(0, 300)).toBe(200);
+        expect(body).toMatch(/^# (HELP|TYPE) probe_agent_shim_/m);
+      }, (tpl) => {
+        const spec = tpl.spec as Obj;
+        spec.volumes = (spec.volumes as Obj[]).map((v) => (v.name === 'shim-run' ? { name: v.name, hostPath: { path: shimRun, type: 'DirectoryOrCreate' } } : v));
+      });
+    } finally {
+      shim.kill('SIGKILL');
+    }
   }, 120_000);
 
   it('base alone and crio: the rendered template translates into CRI requests (not run: the agent pod network cannot reach the loopback kubelet; no CRI-O here)', () => {
@@ -601,8 +651,10 @@ describe('the kubelet-shim installer from the same image', () => {
       // The recorder ran in the host's namespaces: only hostPID (to see the host process) and
       // privileged (setns into its namespaces) make its path, on the host's filesystem, reachable.
       expect(readFileSync(calls, 'utf8').trim().split('\n')).toEqual(['daemon-reload', 'enable probe-agent-shim.service', 'restart probe-agent-shim.service']);
-      // kubelet points at the shim, but the shim is not up (nothing started the unit): no label.
-      expect(patches.at(-1)).toMatchObject({ node: 'lab-node', body: { metadata: { labels: { 'probe-agent.io/shim': null } } }, auth: `Bearer ${TOKEN}` });
+      // kubelet points at the shim, but the shim is not up (nothing started the unit): the label
+      // is not set, and a failed check never removes it either (kubelet would kill rewritten
+      // pods at its next restart): no request to the API server at all.
+      expect(patches).toEqual([]);
       // The copied Node (the image's own) runs the installed shim on the host, as the unit would.
       const shim = spawn(path.join(cur, 'node'), [path.join(cur, 'dist/shim/main.js'), '--listen', `unix://${path.join(hostRoot, 'run/probe-agent-shim/cri.sock')}`,
         '--runtime-endpoint', ctrd.endpoint, '--probe-socket', path.join(scratch, 'shim-no-agent.sock')], { stdio: ['ignore', 'ignore', 'pipe'], cwd: '/' });
@@ -612,7 +664,9 @@ describe('the kubelet-shim installer from the same image', () => {
           shim.once('exit', (c) => reject(new Error(`installed shim exited (${c})`)));
         });
         await runInstaller('shim-installer-2');
-        expect(patches.at(-1)?.body).toEqual({ metadata: { labels: { 'probe-agent.io/shim': 'ready' } } });
+        expect(patches).toEqual([{ node: 'lab-node', body: { metadata: { labels: { 'probe-agent.io/shim': 'ready' } } }, auth: `Bearer ${TOKEN}` }]);
+        // Same release and unit: the shim is started if down, not restarted under kubelet.
+        expect(readFileSync(calls, 'utf8').trim().split('\n').slice(3)).toEqual(['daemon-reload', 'enable probe-agent-shim.service', 'start probe-agent-shim.service']);
       } finally {
         shim.kill('SIGKILL');
       }
