@@ -311,3 +311,39 @@ export function containerConfig(template: Obj, containerName: string, p: PodPlac
     },
   };
 }
+
+/** One of a container's probes as kubelet's prober runs an exec handler: CRI ExecSync(container, cmd, timeout). */
+export interface ExecProbeRequest {
+  kind: 'startup' | 'liveness' | 'readiness';
+  cmd: string[];
+  /** ExecSync's timeout: the probe's timeoutSeconds (kubelet's default 1). */
+  timeoutSeconds: number;
+}
+
+/**
+ * The exec probes of a container as kubelet's prober.runProbe sends them: the command with $(VAR)
+ * expanded from the container's literal env values only (ExpandContainerCommandOnlyStatic; not
+ * valueFrom, not envFrom), and the probe's timeout. HTTP, TCP and gRPC probes kubelet runs itself
+ * over the network, not through CRI: they yield no request. Any other handler is an error.
+ */
+export function execProbeRequests(template: Obj, containerName: string): ExecProbeRequest[] {
+  const spec = asObj(template.spec);
+  const c = ((spec.containers ?? []) as Obj[]).find((x) => x.name === containerName) ?? fail(`container ${containerName}`);
+  const statics = new Map(((c.env ?? []) as Obj[]).filter((e) => e.value !== undefined).map((e) => [String(e.name), String(e.value)]));
+  const expand = (s: string): string => s.replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)/g, (m, n: string | undefined) =>
+    m === '$$' ? '$' : statics.has(n as string) ? (statics.get(n as string) as string) : m);
+  const out: ExecProbeRequest[] = [];
+  for (const kind of ['startup', 'liveness', 'readiness'] as const) {
+    const probe = c[`${kind}Probe`] as Obj | undefined;
+    if (!probe) continue;
+    const handlers = Object.keys(probe).filter((k) => ['exec', 'httpGet', 'tcpSocket', 'grpc'].includes(k));
+    const unknown = Object.keys(probe).filter((k) => !['exec', 'httpGet', 'tcpSocket', 'grpc', 'initialDelaySeconds', 'periodSeconds',
+      'timeoutSeconds', 'successThreshold', 'failureThreshold', 'terminationGracePeriodSeconds'].includes(k));
+    if (handlers.length !== 1 || unknown.length > 0) fail(`${kind}Probe of ${containerName} with ${Object.keys(probe).join(',')}`);
+    if (!probe.exec) continue;
+    const cmd = (asObj(probe.exec).command ?? []) as string[];
+    if (cmd.length === 0) fail(`${kind}Probe of ${containerName}: exec without a command`);
+    out.push({ kind, cmd: cmd.map(expand), timeoutSeconds: Number(probe.timeoutSeconds ?? 1) });
+  }
+  return out;
+}
