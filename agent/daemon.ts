@@ -13,7 +13,8 @@ import { createMetrics } from './metrics/registry.ts';
 import { logProbeTransitions } from './metrics/probe-metrics.ts';
 import { freshnessCheck, HealthRegistry } from './metrics/health.ts';
 import { startMetricsServer, type MetricsServer } from './metrics/http-server.ts';
-import { registerCloseHoleStateGauges, registerMemoryLimitGauge, registerReadinessGauge } from './metrics/ops-metrics.ts';
+import { registerMemoryLimitGauge, registerReadinessGauge } from './metrics/ops-metrics.ts';
+import { registerCloseHoleState } from './metrics/close-hole-state.ts';
 import { ResidentHelper } from './netns/helper.ts';
 import { NodeSocketFactory } from './netns/node-sockets.ts';
 import { NetnsResolverChain } from './netns/resolver.ts';
@@ -63,8 +64,9 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       procRoot: config.procRoot,
       warm: gates.enabled('WarmNetnsHelper'),
       log,
-      // The limiter bounds probes; the helper's own cap only guards against a limiter bug.
-      maxInFlight: config.maxConcurrentProbes * 2,
+      // Every probe and hook in flight may wait here for one of the maxSent children, which are what is scarce.
+      maxInFlight: config.maxConcurrentProbes + config.maxConcurrentHooks + 64,
+      maxSent: config.maxHelperRequests,
       onRestart: () => metrics.agent.helperRestart(),
       onRequest: (seconds, ok) => metrics.agent.helperSpawn(seconds, ok, helperMode),
     });
@@ -80,7 +82,26 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     const store = new ResultsStore();
     logProbeTransitions(store, log);
     metrics.agent.setResultsSource(store);
-    const limiter = new FairLimiter({ maxInFlight: config.maxConcurrentProbes, maxQueued: config.maxQueuedProbes });
+    // Fair per namespace, then pod, then call; the node-wide caps protect the agent, the
+    // per-namespace and per-pod caps the tenants from each other (docs/deploy.md).
+    const limiter = new FairLimiter({
+      maxInFlight: config.maxConcurrentProbes,
+      maxQueued: config.maxQueuedProbes,
+      maxInFlightPerGroup: config.maxProbesPerNamespace,
+      // A namespace's probes may wait up to the node's queue: a node's probes (at most a few per
+      // pod, max-pods pods) never fill it, and the pump still serves namespaces fairly.
+      maxInFlightPerOwner: config.maxProbesPerPod,
+      maxQueuedPerOwner: config.maxProbesPerPod,
+    });
+    const hookLimiter = new FairLimiter({
+      what: 'hook',
+      maxInFlight: config.maxConcurrentHooks,
+      maxQueued: config.maxConcurrentHooks,
+      maxInFlightPerGroup: config.maxHooksPerNamespace,
+      maxQueuedPerGroup: config.maxHooksPerNamespace,
+      maxInFlightPerOwner: config.maxHooksPerPod,
+      maxQueuedPerOwner: config.maxHooksPerPod,
+    });
     metrics.agent.setLimiterSource(() => ({ inFlight: limiter.inFlight, queued: limiter.queued }));
 
     const client = new KubeletClient(kubeletClientOptions(config, log));
@@ -98,6 +119,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       pods: source,
       resolver,
       limiter,
+      hookLimiter,
       sockets: helper,
       nodeSockets: new NodeSocketFactory(),
       gates,
@@ -131,6 +153,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       const notOurs: Record<string, number> = {};
       for (const n of manager.notOurs()) notOurs[n.reason] = (notOurs[n.reason] ?? 0) + 1;
       metrics.agent.setPodCounts({ ours: snap.pods.length - manager.notOurs().length, notOurs });
+      metrics.agent.setDroppedPods(snap.errors.map((e) => e.reason));
     });
     source.on('diff', (diff) => {
       for (const pod of diff.removed) prober.forget(pod.uid);
@@ -143,7 +166,9 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       socketPath: config.socket,
       socketGroup: config.socketGroup,
       reflection: config.grpcReflection,
-      maxInFlightProbes: config.maxConcurrentProbes,
+      // Backstops for calls not yet admitted (pod lookup, netns): admission itself is per tenant, in the prober.
+      maxInFlightProbes: config.maxConcurrentProbes + config.maxQueuedProbes,
+      maxInFlightHooks: 2 * config.maxConcurrentHooks,
       shutdownGraceMs: config.shutdownGracePeriodMs,
       log,
       // The server names the method ('Probe'); the metric label is the full gRPC path, as in kubelet's CRI metrics.
@@ -164,7 +189,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     cleanups.push(() => health.close());
     registerReadinessGauge(metrics.registry, health);
     registerMemoryLimitGauge(metrics.registry);
-    if (config.closeHoleStateFile) registerCloseHoleStateGauges(metrics.registry, config.closeHoleStateFile);
+    if (config.closeHoleStateFile) registerCloseHoleState(metrics.registry, config.closeHoleStateFile);
 
     let metricsServer: MetricsServer | undefined;
     if (config.metricsAddress) {
@@ -179,9 +204,28 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       const ms = metricsServer;
       cleanups.push(() => ms.close());
     }
+    if (config.healthAddress) {
+      // Health on its own listener and connections (loopback by default): the metrics listener may
+      // be reachable by pods; a flood there must not fail kubelet's probes of the agent nor the
+      // close-hole sidecar's check (which would open the hole).
+      const hs = await startMetricsServer({
+        address: config.healthAddress,
+        registry: metrics.registry,
+        health,
+        log,
+        healthOnly: true,
+        maxConnections: 16,
+        maxConcurrent: 8,
+      });
+      cleanups.push(() => hs.close());
+    }
 
     source.start();
-    log.info('probe-agent running', { socket: config.socket, metrics: config.metricsAddress ? `${config.metricsAddress.host}:${config.metricsAddress.port}` : 'off' });
+    log.info('probe-agent running', {
+      socket: config.socket,
+      metrics: config.metricsAddress ? `${config.metricsAddress.host}:${config.metricsAddress.port}` : 'off',
+      health: config.healthAddress ? `${config.healthAddress.host}:${config.healthAddress.port}` : 'off',
+    });
 
     let resolveStopped!: () => void;
     const stopped = new Promise<void>((r) => (resolveStopped = r));

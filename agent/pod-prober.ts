@@ -31,6 +31,11 @@ export interface PodProberOptions {
   pods: PodIndex;
   resolver: NetnsResolverChain;
   limiter: FairLimiter;
+  /**
+   * Bounds lifecycle hooks per namespace and pod (they take no probe slot: a hook may legitimately
+   * run for minutes). Absent = hooks are not bounded here.
+   */
+  hookLimiter?: FairLimiter;
   sockets: SocketFactory;
   nodeSockets: SocketFactory;
   gates: FeatureGates;
@@ -85,6 +90,15 @@ const UNPROBEABLE: ReadonlySet<NotOursReason> = new Set(['host-network', 'sandbo
 function decidesRestart(container: ContainerInfo, spec: ProbeSpec): boolean {
   const { Liveness, Startup } = container.probes;
   return (Liveness?.ok === true && Liveness.spec === spec) || (Startup?.ok === true && Startup.spec === spec);
+}
+
+/**
+ * How long a call may wait for a slot and still run its whole timeout before the caller's deadline
+ * (milliseconds from now; undefined = no deadline). The kubelet shim's calls get their timeout plus
+ * a small grace: that grace is all the queueing they can take.
+ */
+function latestStartMs(deadlineAt: number | undefined, timeoutMs: number): number | undefined {
+  return deadlineAt === undefined ? undefined : deadlineAt - Date.now() - timeoutMs;
 }
 
 /** Runs probes inside the netns of pods known on this node. */
@@ -152,11 +166,16 @@ export class PodProber implements OnDemandProber {
     const handler = req.handler.kind === 'http' && needsHeaderValues(req.handler)
       ? withHeaderValues(req.handler, headerSource(located, req.probeType ? { probeType: req.probeType } : undefined))
       : req.handler;
-    const netns = sandbox?.netns || (await this.#resolve(pod, signal));
+    // Admitted per namespace and pod as soon as the pod is known (before any netns work, so that a
+    // refused call costs next to nothing): fair queueing, and refused at once when the probe could
+    // not start its full timeout before the caller's deadline. One tenant's hanging probes never
+    // take another tenant's slots.
+    const timeoutMs = req.timeoutSeconds * 1000;
     const { value } = await this.#o.limiter.run(
-      pod.uid,
-      () => this.#run(pod, container, handler, req.timeoutSeconds, netns, signal, shimCall, sandbox?.id),
+      { group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` },
+      async () => this.#run(pod, container, handler, req.timeoutSeconds, sandbox?.netns || (await this.#resolve(pod, signal)), signal, shimCall, sandbox?.id),
       signal,
+      { deadlineMs: latestStartMs(req.deadlineAt, timeoutMs), holdMs: timeoutMs },
     );
     // A call its caller gave up on is not a result kubelet will see: record nothing for it.
     if (req.probeType && container && containerID && this.#o.onShimResult && !signal?.aborted) {
@@ -203,8 +222,8 @@ export class PodProber implements OnDemandProber {
 
   /**
    * One lifecycle hook for the API (kubelet's semantics, agent/probe/lifecycle.ts); rejects like
-   * probe(). Hooks take no probe slot: one that hangs for its whole time must not starve probes (the
-   * API bounds hooks in flight instead).
+   * probe(). Hooks take no probe slot: one that hangs for its whole time must not starve probes;
+   * they are admitted per namespace and pod by the hook limiter instead.
    */
   async runHook(req: OnDemandHookRequest, signal?: AbortSignal): Promise<HookOutcome> {
     const located = await this.locate(req, signal);
@@ -214,8 +233,15 @@ export class PodProber implements OnDemandProber {
     const handler = req.handler.kind === 'http' && needsHeaderValues(req.handler)
       ? withHeaderValues(req.handler, headerSource(located, { hook: req.hook }))
       : req.handler;
-    const netns = sandbox?.netns || (await this.#resolve(pod, signal));
-    const outcome = await runLifecycleHandler(handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal, shimCall), hook: req.hook });
+    const run = async (): Promise<HookOutcome> => {
+      const netns = sandbox?.netns || (await this.#resolve(pod, signal));
+      return runLifecycleHandler(handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal, shimCall), hook: req.hook });
+    };
+    const timeoutMs = req.timeoutSeconds > 0 ? req.timeoutSeconds * 1000 : undefined;
+    const admission = { deadlineMs: latestStartMs(req.deadlineAt, timeoutMs ?? 0), holdMs: timeoutMs };
+    const outcome = this.#o.hookLimiter
+      ? (await this.#o.hookLimiter.run({ group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` }, run, signal, admission)).value
+      : await run();
     if (outcome.reason === 'netns-gone') this.#netnsGone(pod.uid, sandbox?.id);
     return outcome;
   }

@@ -37,6 +37,8 @@ export async function handleLifecycleCall(
   const remainingMs = (deadline instanceof Date ? deadline.getTime() : deadline) - Date.now();
   if (remainingMs <= 0) throw new RpcError(grpc.status.DEADLINE_EXCEEDED, 'call deadline already passed');
   const own = req.timeoutSeconds;
+  // For admission: a hook that cannot start in time is refused rather than queued.
+  if (Number.isFinite(remainingMs)) req.deadlineAt = Date.now() + remainingMs;
   const capped = Number.isFinite(remainingMs) && (own === 0 || remainingMs < own * 1000);
   if (capped) req.timeoutSeconds = remainingMs / 1000;
   const ac = new AbortController();

@@ -70,6 +70,8 @@ export async function handleProbeCall(
   const remainingMs = deadlineMs(call.getDeadline()) - Date.now();
   if (remainingMs <= 0) throw new RpcError(grpc.status.DEADLINE_EXCEEDED, 'call deadline already passed');
   const configured = req.timeoutSeconds;
+  // For admission: a call that cannot start its probe in time is refused rather than queued.
+  if (Number.isFinite(remainingMs)) req.deadlineAt = Date.now() + remainingMs;
   // The call deadline caps the probe: a probe outliving its caller would only hold a slot.
   const capped = remainingMs < configured * 1000;
   if (capped) req.timeoutSeconds = remainingMs / 1000;

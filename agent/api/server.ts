@@ -76,8 +76,13 @@ export interface ProbeApiServerOptions {
   watcherBufferMessages?: number;
   /** Statuses per snapshot message (default 200). */
   snapshotChunk?: number;
-  /** Probe RPCs in flight (default 64); more get RESOURCE_EXHAUSTED before reaching the prober. */
+  /**
+   * Probe RPCs in flight on the node (default 4096); more get RESOURCE_EXHAUSTED before reaching the
+   * prober. A backstop for the agent's memory: calls are admitted per namespace and pod by the prober.
+   */
   maxInFlightProbes?: number;
+  /** RunLifecycleHandler RPCs in flight on the node (default 1024), a backstop like maxInFlightProbes. */
+  maxInFlightHooks?: number;
   /** HTTP/2 streams per client connection (default 256). */
   maxConcurrentStreams?: number;
   /** Time stop() gives in-flight calls before cancelling them (default 10 s). */
@@ -127,7 +132,7 @@ export class ProbeApiServer {
   #socketIno: number | undefined;
   readonly #probeGate: ProbeCallGate;
   /** Hooks in flight: they take no probe slot, so they have their own bound. */
-  readonly #hookGate: ProbeCallGate = { inFlight: 0, max: 32 };
+  readonly #hookGate: ProbeCallGate;
   #unaryInFlight = 0;
   #idleWaiters: (() => void)[] = [];
   #stopping: Promise<void> | undefined;
@@ -136,7 +141,8 @@ export class ProbeApiServer {
     this.#opts = opts;
     this.#log = (opts.log ?? silentLogger).child({ component: 'api' });
     this.socketPath = opts.socketPath ?? DEFAULT_SOCKET_PATH;
-    this.#probeGate = { inFlight: 0, max: opts.maxInFlightProbes ?? 64 };
+    this.#probeGate = { inFlight: 0, max: opts.maxInFlightProbes ?? 4096 };
+    this.#hookGate = { inFlight: 0, max: opts.maxInFlightHooks ?? 1024 };
     this.#version = {
       agentName: opts.version?.agentName ?? AGENT_NAME,
       agentVersion: opts.version?.agentVersion ?? AGENT_VERSION,

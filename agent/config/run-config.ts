@@ -10,6 +10,7 @@ import { ConfigError } from '../errors.ts';
 import { parseFeatureGates, type FeatureGates } from '../featuregates.ts';
 import { levelForVerbosity, type LogFormat, type LogLevel, type Logger } from '../log.ts';
 import type { KubeletClientOptions } from '../pods/kubelet-client.ts';
+import { convertPodItem } from '../pods/pod-model.ts';
 import { DEFAULT_KUBE_PROBE_VERSION } from '../version.ts';
 import { boundedInt } from './bounds.ts';
 import { parseDuration } from './duration.ts';
@@ -26,6 +27,7 @@ export interface RunConfig {
   kubeletTimeoutMs: number;
   kubeletTlsServerName?: string;
   kubeletMaxResponseBytes: number;
+  kubeletMaxPodBytes: number;
   nodeName?: string;
   criEndpoint?: string;
   netnsResolvers: ('cri' | 'procfs' | 'address')[];
@@ -36,6 +38,7 @@ export interface RunConfig {
   socketGroup?: string;
   grpcReflection: boolean;
   metricsAddress: ListenAddress | undefined;
+  healthAddress: ListenAddress | undefined;
   /** The close-hole sidecar's state file (absolute), when that component runs beside the agent. */
   closeHoleStateFile?: string;
   logLevel: LogLevel;
@@ -44,6 +47,12 @@ export interface RunConfig {
   kubeProbeVersion: string;
   maxConcurrentProbes: number;
   maxQueuedProbes: number;
+  maxProbesPerNamespace: number;
+  maxProbesPerPod: number;
+  maxConcurrentHooks: number;
+  maxHooksPerNamespace: number;
+  maxHooksPerPod: number;
+  maxHelperRequests: number;
   helperPath?: string;
   shutdownGracePeriodMs: number;
   /** The kubelet shim's metrics socket, relayed at /metrics/shim (absent: not relayed). */
@@ -62,16 +71,29 @@ export const RUN_DEFAULTS = {
   kubeletPollInterval: '5s',
   kubeletRequestTimeout: '10s',
   kubeletMaxResponseBytes: String(64 * 1024 * 1024),
+  kubeletMaxPodBytes: String(1024 * 1024),
   netnsResolvers: 'cri,procfs,address',
   procRoot: '/proc',
   sandboxedRuntimeHandlers: 'runsc,gvisor,kata,kata-qemu,kata-clh,kata-fc',
   kubeProbeVersion: DEFAULT_KUBE_PROBE_VERSION,
-  maxConcurrentProbes: '64',
+  // A probe waiting on its target holds a socket and a timer, so the node-wide cap is large; the
+  // per-namespace and per-pod caps keep one tenant from holding it all (docs/deploy.md, "Threat model and limits").
+  maxConcurrentProbes: '2048',
   maxQueuedProbes: '4096',
+  maxProbesPerNamespace: '256',
+  maxProbesPerPod: '64',
+  maxConcurrentHooks: '512',
+  maxHooksPerNamespace: '64',
+  maxHooksPerPod: '16',
+  maxHelperRequests: '128',
   logLevel: 'info',
   logFormat: 'json',
   socket: DEFAULT_SOCKET,
   metricsAddress: DEFAULT_METRICS_ADDRESS,
+  // Off by default (health is also on the metrics listener), so that agents started by hand or by
+  // tests never fight over a port; the DaemonSet sets 127.0.0.1:9810, where kubelet (an exec probe)
+  // and the close-hole sidecar reach it and no other pod can (docs/deploy.md, "Threat model and limits").
+  healthAddress: '',
   shutdownGracePeriod: '10s',
 } as const;
 
@@ -139,6 +161,7 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     throw new ConfigError(`--close-hole-state-file: want an absolute path, got "${closeHoleStateFile}"`);
   }
   const metricsAddress = typeof raw.metricsAddress === 'string' ? raw.metricsAddress : RUN_DEFAULTS.metricsAddress;
+  const healthAddress = typeof raw.healthAddress === 'string' ? raw.healthAddress : RUN_DEFAULTS.healthAddress;
 
   return {
     kubeletUrl: url.toString().replace(/\/$/, ''),
@@ -149,6 +172,7 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     kubeletTimeoutMs: parseDuration(valueOf(raw, 'kubeletRequestTimeout'), '--kubelet-request-timeout'),
     kubeletTlsServerName: str(raw, 'kubeletTlsServerName'),
     kubeletMaxResponseBytes: flagInt(raw, 'kubeletMaxResponseBytes', '--kubelet-max-response-bytes', 1 << 30),
+    kubeletMaxPodBytes: flagInt(raw, 'kubeletMaxPodBytes', '--kubelet-max-pod-bytes', 64 << 20),
     nodeName: str(raw, 'nodeName') ?? env.NODE_NAME,
     criEndpoint: str(raw, 'criEndpoint'),
     netnsResolvers: resolvers as RunConfig['netnsResolvers'],
@@ -160,6 +184,7 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     socketGroup: str(raw, 'socketGroup'),
     grpcReflection: raw.grpcReflection === true || raw.grpcReflection === 'true',
     metricsAddress: metricsAddress === '' ? undefined : parseListenAddress(metricsAddress, '--metrics-address'),
+    healthAddress: healthAddress === '' ? undefined : parseListenAddress(healthAddress, '--health-address'),
     closeHoleStateFile,
     logLevel: verbosity !== undefined ? levelForVerbosity(Number(verbosity)) : logLevel,
     logFormat,
@@ -167,6 +192,12 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     kubeProbeVersion,
     maxConcurrentProbes: flagInt(raw, 'maxConcurrentProbes', '--max-concurrent-probes', 4096),
     maxQueuedProbes: flagInt(raw, 'maxQueuedProbes', '--max-queued-probes', 1_000_000),
+    maxProbesPerNamespace: flagInt(raw, 'maxProbesPerNamespace', '--max-probes-per-namespace', 1_000_000),
+    maxProbesPerPod: flagInt(raw, 'maxProbesPerPod', '--max-probes-per-pod', 1_000_000),
+    maxConcurrentHooks: flagInt(raw, 'maxConcurrentHooks', '--max-concurrent-hooks', 65_536),
+    maxHooksPerNamespace: flagInt(raw, 'maxHooksPerNamespace', '--max-hooks-per-namespace', 65_536),
+    maxHooksPerPod: flagInt(raw, 'maxHooksPerPod', '--max-hooks-per-pod', 65_536),
+    maxHelperRequests: flagInt(raw, 'maxHelperRequests', '--max-helper-requests', 4096),
     helperPath: str(raw, 'helperPath'),
     shutdownGracePeriodMs: parseDuration(valueOf(raw, 'shutdownGracePeriod'), '--shutdown-grace-period'),
     shimMetricsSocket: str(raw, 'shimMetricsSocket'),
@@ -200,6 +231,9 @@ export function kubeletClientOptions(config: RunConfig, log: Logger, defaultToke
     ...(tokenFile ? { tokenFile } : {}),
     timeoutMs: config.kubeletTimeoutMs,
     maxResponseBytes: config.kubeletMaxResponseBytes,
+    maxPodBytes: config.kubeletMaxPodBytes,
+    // Each pod becomes a PodInfo as it is read: the list's raw JSON is never held whole.
+    convertItem: (raw: unknown) => convertPodItem(raw),
     log,
   };
 }

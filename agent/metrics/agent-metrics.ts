@@ -6,6 +6,7 @@
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import type { Logger } from '../log.ts';
 import type { NotOursReason } from '../pods/types.ts';
+import { DROPPED_POD_REASONS, type DroppedPodReason } from '../pods/pod-list-stream.ts';
 import { PROBE_TYPES, type ProbeOutcome } from '../probe/types.ts';
 import type { ProbeRunMeta, ResultsReader, ThresholdResult } from '../scheduler/types.ts';
 import type { ProbeMetrics } from './probe-metrics.ts';
@@ -79,6 +80,7 @@ export class AgentMetrics {
   readonly #pods: Gauge<'state'>;
   readonly #grpcRequests: Counter<'method' | 'code'>;
   readonly #grpcSeconds: Histogram<'method'>;
+  readonly #droppedPods: Gauge<'reason'>;
 
   constructor(opts: AgentMetricsOptions) {
     this.#probeMetrics = opts.probeMetrics;
@@ -182,6 +184,13 @@ export class AgentMetrics {
       registers,
     });
     for (const state of POD_STATES) this.#pods.set({ state }, 0);
+    this.#droppedPods = new Gauge({
+      name: 'probe_agent_kubelet_pods_dropped',
+      help: 'Pods of the last kubelet pod list that are not probed because they could not be read: too-large (over --kubelet-max-pod-bytes), too-many (over the pod cap), malformed (not JSON) or invalid (a field the agent uses is wrong). The other pods are unaffected.',
+      labelNames: ['reason'] as const,
+      registers,
+    });
+    for (const reason of DROPPED_POD_REASONS) this.#droppedPods.set({ reason }, 0);
     new Gauge({
       name: 'probe_agent_workers',
       help: 'Probe workers by probe type and current thresholded result (success, failure, unknown), or error while the latest run errored (thrown away, decision unchanged).',
@@ -280,6 +289,13 @@ export class AgentMetrics {
       for (const state of POD_STATES) {
         if (state !== 'ours') this.#pods.set({ state }, count(counts.notOurs[state]));
       }
+    });
+  }
+
+  /** Replaces the counts of pods dropped from the last pod list, by reason (call after every poll). */
+  setDroppedPods(reasons: readonly DroppedPodReason[]): void {
+    this.#guard('setDroppedPods', () => {
+      for (const reason of DROPPED_POD_REASONS) this.#droppedPods.set({ reason }, reasons.filter((r) => r === reason).length);
     });
   }
 

@@ -40,6 +40,12 @@ export interface MetricsServerOptions {
   maxConnections?: number;
   /** The kubelet shim's metrics socket, relayed at /metrics/shim; absent = 404 there. */
   shimMetricsSocket?: string;
+  /**
+   * Serve only /healthz, /livez and /readyz (the health listener that kubelet and the close-hole
+   * sidecar use, on an address no pod can reach): its connections are its own, so a flood of the
+   * metrics listener cannot fail the agent's health.
+   */
+  healthOnly?: boolean;
 }
 
 /** A running listener. */
@@ -59,7 +65,7 @@ export async function startMetricsServer(opts: MetricsServerOptions): Promise<Me
   const given = opts.address ?? DEFAULT_METRICS_ADDRESS;
   const { host, port } = typeof given === 'string' ? parseListenAddress(given, 'metrics address') : given;
   const shown = typeof given === 'string' ? given : `${host.includes(':') ? `[${host}]` : host}:${port}`;
-  const log = (opts.log ?? silentLogger).child({ component: 'metrics-http' });
+  const log = (opts.log ?? silentLogger).child({ component: opts.healthOnly ? 'health-http' : 'metrics-http' });
   const maxConcurrent = opts.maxConcurrent ?? 16;
   let active = 0;
 
@@ -102,7 +108,7 @@ export async function startMetricsServer(opts: MetricsServerOptions): Promise<Me
   server.on('error', (err) => log.error('metrics listener error', { err }));
   const bound = server.address() as AddressInfo;
   const urlHost = bound.family === 'IPv6' ? `[${bound.address}]` : bound.address;
-  log.info('metrics listener started', { address: `${urlHost}:${bound.port}` });
+  log.info(opts.healthOnly ? 'health listener started' : 'metrics listener started', { address: `${urlHost}:${bound.port}` });
 
   return {
     host: bound.address,
@@ -128,6 +134,11 @@ async function handle(req: IncomingMessage, res: ServerResponse, opts: MetricsSe
   }
   const [path = '/', query = ''] = (req.url ?? '/').split('?', 2);
   const params = new URLSearchParams(query);
+
+  if (opts.healthOnly && !/^\/(healthz|livez|readyz)(\/|$)/.test(path)) {
+    send(req, res, 404, path === '/' ? 'probe-agent health\n/healthz\n/livez\n/readyz\n' : 'not found\n');
+    return;
+  }
 
   if (path === '/metrics' || (path === '/metrics/probes' && opts.probesRegistry)) {
     const registry = path === '/metrics' ? opts.registry : (opts.probesRegistry as Registry);

@@ -4,16 +4,14 @@
  *   sidecar act on), so "up but not ready" is visible without kube-state-metrics;
  * - probe_agent_memory_limit_bytes: the memory limit of the agent's cgroup (cgroup v2
  *   memory.max or v1 memory.limit_in_bytes), to compare with process_resident_memory_bytes before the OOM killer does;
- * - probe_agent_close_hole_table_present / _state_age_seconds: what the close-hole sidecar last
- *   saw of its nftables table, from the state file it writes into a volume both containers share
- *   (the agent cannot read nftables itself: that needs CAP_NET_ADMIN).
+ * (The close-hole sidecar's metrics are in close-hole-state.ts.)
  * Every collect is bounded and never throws: a gauge it cannot read is left out of the scrape.
  */
 import { open } from 'node:fs/promises';
 import { Gauge, type Registry } from 'prom-client';
 import type { HealthRegistry } from './health.ts';
 
-/** Files bigger than this are not ours (memory.max is one line, the state file one word). */
+/** Files bigger than this are not ours (memory.max is one line). */
 const MAX_FILE_BYTES = 4096;
 
 /** Reads a small text file, at most MAX_FILE_BYTES; undefined when it cannot be read. */
@@ -119,49 +117,6 @@ export function registerMemoryLimitGauge(registry: Registry, paths: CgroupPaths 
       const bytes = await readMemoryLimitBytes(paths);
       if (bytes === undefined) leaveOut(this);
       else this.set(bytes);
-    },
-  });
-}
-
-/** What the close-hole sidecar wrote: "present" or "absent", one word (close-hole.sh). */
-export type CloseHoleTableState = 'present' | 'absent';
-
-/** Parses the sidecar's state file; undefined for anything else. */
-export function parseCloseHoleState(text: string): CloseHoleTableState | undefined {
-  const word = text.trim();
-  return word === 'present' || word === 'absent' ? word : undefined;
-}
-
-/**
- * probe_agent_close_hole_table_present (1/0 as the sidecar last saw its table) and
- * probe_agent_close_hole_state_age_seconds (since it last wrote; a sidecar that stopped checking
- * shows as a growing age). Both absent until the file exists with a valid state.
- */
-export function registerCloseHoleStateGauges(registry: Registry, stateFile: string, now: () => number = Date.now): void {
-  // Each gauge reads the file itself: prom-client may collect them concurrently.
-  const read = async (): Promise<{ state: CloseHoleTableState; mtimeMs: number } | undefined> => {
-    const file = await readSmall(stateFile);
-    const state = file && parseCloseHoleState(file.text);
-    return state ? { state, mtimeMs: file.mtimeMs } : undefined;
-  };
-  new Gauge({
-    name: 'probe_agent_close_hole_table_present',
-    help: "Whether the close-hole sidecar last found its nftables table loaded in the node's netns (1) or not (0); from its state file.",
-    registers: [registry],
-    async collect() {
-      const last = await read();
-      if (last) this.set(last.state === 'present' ? 1 : 0);
-      else leaveOut(this);
-    },
-  });
-  new Gauge({
-    name: 'probe_agent_close_hole_state_age_seconds',
-    help: 'Seconds since the close-hole sidecar last wrote its state file (it writes after every check).',
-    registers: [registry],
-    async collect() {
-      const last = await read();
-      if (last) this.set(Math.max(0, (now() - last.mtimeMs) / 1000));
-      else leaveOut(this);
     },
   });
 }

@@ -36,6 +36,11 @@ export interface ResidentHelperOptions {
    * at most 65536. The helper forks at most min(4096, this + 64) children at once (beyond: 'busy').
    */
   maxInFlight?: number;
+  /**
+   * Requests sent to the helper at once (its forked children: what is really scarce); the rest of
+   * maxInFlight wait here, in order, within their request timeout. Default: maxInFlight.
+   */
+  maxSent?: number;
   /** Upper bound of one request, whatever the caller's signal says. Default 5000 ms. */
   requestTimeoutMs?: number;
   /** The WarmNetnsHelper gate: the helper makes sockets itself (setns there and back), no fork. */
@@ -95,6 +100,8 @@ export class ResidentHelper implements SocketFactory {
   #ownNetns = '';
   readonly #log: Logger;
   readonly #maxInFlight: number;
+  readonly #maxSent: number;
+  #sentNow = 0;
   readonly #timeoutMs: number;
   readonly #onRequest?: (durationSeconds: number, ok: boolean) => void;
   readonly #process: HelperProcess;
@@ -115,8 +122,9 @@ export class ResidentHelper implements SocketFactory {
     if (this.procRoot !== DEFAULT_PROC_ROOT) args.push('--proc-root', this.procRoot);
     this.#log = (opts.log ?? silentLogger).child({ component: 'netns-helper', mode: this.mode });
     this.#maxInFlight = boundedInt(opts.maxInFlight ?? 128, 1, 65_536, 'maxInFlight');
+    this.#maxSent = boundedInt(opts.maxSent ?? this.#maxInFlight, 1, this.#maxInFlight, 'maxSent');
     // The helper's own cap is a safety net above ours: a child that answered may still be exiting.
-    args.push('--max-children', String(Math.min(4096, this.#maxInFlight + 64)));
+    args.push('--max-children', String(Math.min(4096, this.#maxSent + 64)));
     this.#timeoutMs = boundedInt(opts.requestTimeoutMs ?? 5000, 10, 60_000, 'requestTimeoutMs');
     const backoff = opts.restartBackoffMs ?? { initial: 100, max: 10_000 };
     this.#onRequest = opts.onRequest;
@@ -227,8 +235,9 @@ export class ResidentHelper implements SocketFactory {
   }
 
   #send(p: Pending): void {
-    if (p.sent || !this.#process.ready) return;
+    if (p.sent || !this.#process.ready || this.#sentNow >= this.#maxSent) return;
     p.sent = true;
+    this.#sentNow++;
     p.sentAt = performance.now();
     this.#stats.spawned++;
     const msg = p.ask.kind === 'socket' ? { id: p.id, netns: p.netns, family: p.ask.family } : { id: p.id, op: 'addrs', netns: p.netns };
@@ -267,7 +276,9 @@ export class ResidentHelper implements SocketFactory {
   }
 
   #timeoutError(p: Pending): HelperError {
-    const why = p.sent ? 'did not answer' : `is unavailable (${this.#process.downReason || 'starting'})`;
+    const why = p.sent ? 'did not answer'
+      : this.#process.ready ? `is busy (${this.#sentNow} requests in flight, limit ${this.#maxSent})`
+      : `is unavailable (${this.#process.downReason || 'starting'})`;
     return new HelperError(`netns helper ${why} within ${this.#timeoutMs} ms`, { netns: p.netns });
   }
 
@@ -296,6 +307,16 @@ export class ResidentHelper implements SocketFactory {
     this.#pending.delete(p.id);
     clearTimeout(p.timer);
     if (p.onAbort) p.signal?.removeEventListener('abort', p.onAbort);
+    if (p.sent) {
+      this.#sentNow--;
+      // A child slot is free: the oldest request waiting for one goes now.
+      for (const next of this.#pending.values()) {
+        if (!next.sent) {
+          this.#send(next);
+          break;
+        }
+      }
+    }
     return true;
   }
 }

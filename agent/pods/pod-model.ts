@@ -7,6 +7,7 @@ import { describeError } from '../errors.ts';
 import { parseProbe } from '../probe/spec.ts';
 import { PROBE_TYPES, type ProbeType } from '../probe/types.ts';
 import { KubeletError } from './kubelet-client.ts';
+import { DroppedPodItem, type DroppedPodReason } from './pod-list-stream.ts';
 import { ShimCommandError } from '../rewrite/shim-command.ts';
 import { unwrapShimProbe } from './shim-probe.ts';
 import type { ContainerInfo, ContainerPort, ContainerProbe, ContainerState, NotOursReason, PodInfo } from './types.ts';
@@ -17,6 +18,8 @@ export interface PodParseError {
   namespace?: string;
   name?: string;
   error: string;
+  /** Why it was dropped (metric label). */
+  reason: DroppedPodReason;
 }
 
 /** Bounds on what one pod list may hold; kubelet's max-pods is 110 by default, a few hundred at most in practice. */
@@ -55,22 +58,56 @@ export function parsePodList(json: unknown, limits: PodListLimits = {}): { pods:
   }
   const items = json['items'] ?? [];
   if (!Array.isArray(items)) throw new KubeletError('malformed', 'kubelet /pods answer: items is not a list');
-  if (items.length > lim.maxPods) throw new KubeletError('too-large', `kubelet /pods answer lists ${items.length} pods, more than the cap of ${lim.maxPods}`);
 
   const pods: PodInfo[] = [];
   const errors: PodParseError[] = [];
   const seen = new Set<string>();
   items.forEach((item, i) => {
+    // Dropped while the list was read (too large, not JSON, a bad field), or beyond the cap:
+    // reported, never a reason to refuse the other pods.
+    if (item instanceof DroppedPodItem) {
+      errors.push({ ...item.identity, error: `items[${i}]: ${item.message}`, reason: item.reason });
+      return;
+    }
+    if (i >= lim.maxPods) {
+      errors.push({ ...identityOf(item), error: `items[${i}]: pod beyond the cap of ${lim.maxPods} pods per list`, reason: 'too-many' });
+      return;
+    }
     try {
-      const pod = parsePod(item, lim);
+      const pod = item instanceof ParsedPod ? item.info : parsePod(item, lim);
       if (seen.has(pod.uid)) throw new FieldError(`metadata.uid: duplicate uid ${pod.uid} in the pod list`);
       seen.add(pod.uid);
       pods.push(pod);
     } catch (err) {
-      errors.push({ ...identity(item), error: `items[${i}]: ${describeError(err)}` });
+      errors.push({ ...identityOf(item), error: `items[${i}]: ${describeError(err)}`, reason: 'invalid' });
     }
   });
   return { pods, errors };
+}
+
+/** One pod of the list already mapped while the list was read (KubeletClient), so that the raw JSON is never held. */
+export class ParsedPod {
+  readonly info: PodInfo;
+  constructor(info: PodInfo) {
+    this.info = info;
+  }
+}
+
+/**
+ * Maps one raw item of a PodList as it is read: a ParsedPod, or a DroppedPodItem ('invalid') naming
+ * the offending field. parsePodList takes either in place of the raw item.
+ */
+export function convertPodItem(raw: unknown, limits: PodListLimits = {}): ParsedPod | DroppedPodItem {
+  try {
+    return new ParsedPod(parsePod(raw, { ...DEFAULT_POD_LIST_LIMITS, ...limits }));
+  } catch (err) {
+    return new DroppedPodItem('invalid', describeError(err), 0, identity(raw));
+  }
+}
+
+function identityOf(item: unknown): Omit<PodParseError, 'error' | 'reason'> {
+  if (!(item instanceof ParsedPod)) return identity(item);
+  return { uid: item.info.uid, namespace: item.info.namespace, name: item.info.name };
 }
 
 /** Maps one v1.Pod; throws FieldError naming the offending field. */
@@ -247,9 +284,9 @@ function podReady(raw: unknown): boolean {
 }
 
 /** Best-effort identity of a pod that failed to parse, for the error entry. */
-function identity(item: unknown): Omit<PodParseError, 'error'> {
+function identity(item: unknown): Omit<PodParseError, 'error' | 'reason'> {
   const meta = isObject(item) && isObject(item['metadata']) ? item['metadata'] : {};
-  const out: Omit<PodParseError, 'error'> = {};
+  const out: Omit<PodParseError, 'error' | 'reason'> = {};
   for (const key of ['uid', 'namespace', 'name'] as const) {
     const v = meta[key];
     if (typeof v === 'string' && v !== '') out[key] = v.slice(0, MAX_NAME_LENGTH);

@@ -201,8 +201,11 @@ export class PodSource extends EventEmitter<PodSourceEvents> {
     return Math.min(this.maxBackoffMs, this.pollIntervalMs * 2 ** exp);
   }
 
-  /** The last pod list object and its parse (see #poll). */
-  #lastJson: { json: unknown; parsed: ReturnType<typeof parsePodList> } | undefined;
+  /**
+   * The last pod list object (weakly: the client keeps it while it may hand it back) and its parse
+   * (see #poll). Holding it strongly would keep a large list alive between polls.
+   */
+  #lastJson: { json: WeakRef<object> | unknown; parsed: ReturnType<typeof parsePodList> } | undefined;
 
   async #poll(): Promise<void> {
     const started = performance.now();
@@ -212,8 +215,9 @@ export class PodSource extends EventEmitter<PodSourceEvents> {
       // The client hands back the same object for a byte-identical answer: reuse its parse, so
       // unchanged pods keep their PodInfo objects and every consumer can skip them by identity.
       const last = this.#lastJson;
-      parsed = last !== undefined && json === last.json ? last.parsed : parsePodList(json, this.#limits);
-      this.#lastJson = { json, parsed };
+      const lastJson = last?.json instanceof WeakRef ? (last.json.deref() as unknown) : last?.json;
+      parsed = last !== undefined && json === lastJson ? last.parsed : parsePodList(json, this.#limits);
+      this.#lastJson = { json: typeof json === 'object' && json !== null ? new WeakRef(json) : json, parsed };
     } catch (err) {
       if (this.#stop.signal.aborted) return;
       this.#failed(err, (performance.now() - started) / 1000);
@@ -272,10 +276,11 @@ export class PodSource extends EventEmitter<PodSourceEvents> {
   #logPodErrors(errors: PodParseError[]): void {
     const current = new Set<string>();
     for (const e of errors) {
-      const key = `${e.uid ?? ''}/${e.namespace ?? ''}/${e.name ?? ''}/${e.error}`;
+      // Once per pod and reason, wherever the pod sits in the list (the items[i] prefix moves).
+      const key = `${e.uid ?? ''}/${e.namespace ?? ''}/${e.name ?? ''}/${e.reason}/${e.error.replace(/^items\[\d+\]: /, '')}`;
       current.add(key);
       if (!this.#loggedPodErrors.has(key)) {
-        this.#log.warn('pod from kubelet cannot be parsed; not probing it', { uid: e.uid, namespace: e.namespace, pod: e.name, error: e.error });
+        this.#log.warn('pod from kubelet cannot be parsed; not probing it', { uid: e.uid, namespace: e.namespace, pod: e.name, reason: e.reason, error: e.error });
       }
     }
     this.#loggedPodErrors = current;

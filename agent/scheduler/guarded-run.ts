@@ -19,7 +19,7 @@ export function errorOutcome(reason: FailureReason, message: string): ProbeOutco
 }
 
 /**
- * Takes a slot from `limiter` (keyed by pod UID), runs the probe and adds the queue wait to the
+ * Takes a slot from `limiter` (keyed by namespace and pod UID), runs the probe and adds the queue wait to the
  * phases. A full queue is 'queue-full'; aborting `signal` cancels a queued or running probe. The
  * slot is held until the prober really settles, even when the watchdog gave up on it.
  */
@@ -35,7 +35,9 @@ export async function runGuarded(
   let permit: Permit | undefined;
   if (limiter) {
     try {
-      permit = await limiter.acquire(pod.uid, controller.signal);
+      permit = await limiter.acquire({ group: pod.namespace, owner: pod.uid }, controller.signal, {
+        holdMs: 2 * spec.timeoutSeconds * 1000 + watchdogGraceMs,
+      });
     } catch (err) {
       if (err instanceof OverloadedError) return errorOutcome('queue-full', err.message);
       return errorOutcome('other', `probe cancelled while queued: ${describeError(err)}`);

@@ -101,6 +101,11 @@ export interface OnDemandProbeRequest {
   handler: import('../probe/types.ts').ProbeHandler;
   /** Seconds; fractional when the API call's deadline capped the probe's own timeout. */
   timeoutSeconds: number;
+  /**
+   * Epoch ms when the caller stops waiting (the API call's deadline); absent = never. A call that
+   * could not start its full timeout before it is refused instead of queued (RESOURCE_EXHAUSTED).
+   */
+  deadlineAt?: number;
 }
 
 /** A lifecycle hook to run for the API's RunLifecycleHandler (the pod named as in OnDemandProbeRequest). */
@@ -113,6 +118,8 @@ export interface OnDemandHookRequest {
   hook: import('../probe/lifecycle.ts').LifecycleHook;
   /** Seconds; 0 = no limit of its own; fractional when the call deadline capped it. */
   timeoutSeconds: number;
+  /** Epoch ms when the caller stops waiting, as in OnDemandProbeRequest. */
+  deadlineAt?: number;
 }
 
 /**

@@ -162,7 +162,9 @@ describe('ProbeService abuse through the daemon socket', () => {
         // Admitted calls ran their 2 s probe against the hang port and failed it; the rest were refused at once.
         expect(Object.keys(counts).sort()).toEqual(['OK', 'RESOURCE_EXHAUSTED']);
         expect(counts['OK']).toBeGreaterThanOrEqual(32);
-        expect(counts['OK']).toBeLessThanOrEqual(64 * 3);
+        // The pod's share: 64 in flight and 64 waiting (--max-probes-per-pod), plus calls that came
+        // once slots freed again (2 s probes, calls arriving for several seconds).
+        expect(counts['OK']).toBeLessThanOrEqual(64 * 4);
         // Responsive, not fast: a Version call never waits out the flood (~4.5 s). 1.5 s failed on a
         // shared machine at load 9; this is a liveness bound, performance is make bench's job.
         expect(slowestVersion).toBeLessThan(3000);

@@ -19,7 +19,7 @@ import { Registry } from 'prom-client';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { HealthRegistry } from '../../agent/metrics/health.ts';
 import { startMetricsServer, type MetricsServer } from '../../agent/metrics/http-server.ts';
-import { registerCloseHoleStateGauges } from '../../agent/metrics/ops-metrics.ts';
+import { registerCloseHoleState } from '../../agent/metrics/close-hole-state.ts';
 import { createLab, type Lab, type RunningServer } from '../lab/lab.ts';
 import { connectFromNode } from '../lab/net.ts';
 
@@ -113,7 +113,7 @@ describe('close-hole sidecar script', () => {
     // The state file the agent exports as probe_agent_close_hole_table_present (its real reader).
     const stateFile = path.join(stateDir, 'state');
     const agentRegistry = new Registry();
-    registerCloseHoleStateGauges(agentRegistry, stateFile);
+    registerCloseHoleState(agentRegistry, stateFile);
     const tableGauge = async (): Promise<string | undefined> =>
       (await agentRegistry.metrics()).split('\n').find((l) => l.startsWith('probe_agent_close_hole_table_present '))?.split(' ')[1];
     ready = false;
@@ -149,6 +149,8 @@ describe('close-hole sidecar script', () => {
     const unreadyAt = Date.now();
     await waitFor('fail open', () => !tablePresent(), 5000);
     await waitFor('the state file to say absent', async () => (await tableGauge()) === '0');
+    const failOpens = (await agentRegistry.metrics()).split('\n').find((l) => l.startsWith('probe_agent_close_hole_fail_opens_total '));
+    expect(failOpens).toBe('probe_agent_close_hole_fail_opens_total 1');
     expect(Date.now() - unreadyAt).toBeGreaterThanOrEqual(900);
     expect((await connectFromNode(pod.ipv4, httpPort(), 1000)).result).toBe('connected');
 
@@ -158,7 +160,8 @@ describe('close-hole sidecar script', () => {
     expect(await stop()).toBe(0);
     expect(Date.now() - stoppedAt).toBeLessThan(10_000);
     expect(tablePresent()).toBe(false);
-    expect(readFileSync(stateFile, 'utf8')).toBe('absent\n');
+    // The last state written on the way out: no table, the one fail open above kept, with its time.
+    expect(readFileSync(stateFile, 'utf8')).toMatch(/^table_present 0\nfail_open_total 1\nlast_fail_open_seconds [1-9]\d*\n$/);
     expect((await connectFromNode(pod.ipv6, httpPort(), 1000)).result).toBe('connected');
   });
 

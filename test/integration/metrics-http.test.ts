@@ -291,13 +291,41 @@ describe('request handling bounds', () => {
     try {
       const slow = fetch(`${s.url}/readyz/slow`);
       await new Promise((r) => setTimeout(r, 50));
-      const shed = await fetch(`${s.url}/healthz`);
+      const shed = await fetch(`${s.url}/metrics`);
       expect(shed.status).toBe(503);
       expect(shed.headers.get('retry-after')).toBe('1');
       expect((await slow).status).toBe(200);
-      expect((await fetch(`${s.url}/healthz`)).status).toBe(200);
+      expect((await fetch(`${s.url}/metrics`)).status).toBe(200);
     } finally {
       await s.close();
+      h.close();
+    }
+  });
+
+  it('keeps health on its own listener: 64 held connections to the metrics listener leave it answering', async () => {
+    const h = new HealthRegistry();
+    h.addReadiness('fine', () => {});
+    const m = await startMetricsServer({ address: '127.0.0.1:0', registry: metrics.registry, health: h });
+    const hs = await startMetricsServer({ address: '127.0.0.1:0', registry: metrics.registry, health: h, healthOnly: true });
+    const held: ReturnType<typeof connect>[] = [];
+    try {
+      for (let i = 0; i < 70; i++) {
+        const sock = connect(m.port, '127.0.0.1');
+        sock.on('error', () => {});
+        held.push(sock);
+      }
+      await Promise.all(held.map((sock) => new Promise((r) => (sock.readyState === 'open' ? r(null) : sock.once('connect', r).once('close', r)))));
+      await new Promise((r) => setTimeout(r, 100));
+      // The metrics listener is full: a new connection is dropped unanswered...
+      const full = await fetch(`${m.url}/readyz`, { signal: AbortSignal.timeout(1000) }).then((r) => r.status, () => 'dropped');
+      expect(full).toBe('dropped');
+      // ...while the health listener answers, and serves nothing else.
+      expect((await fetch(`${hs.url}/readyz`)).status).toBe(200);
+      expect((await fetch(`${hs.url}/healthz`)).status).toBe(200);
+      expect((await fetch(`${hs.url}/metrics`)).status).toBe(404);
+    } finally {
+      for (const sock of held) sock.destroy();
+      await Promise.all([m.close(), hs.close()]);
       h.close();
     }
   });

@@ -327,6 +327,24 @@ describe('resident helper lifecycle', () => {
     }
   });
 
+  it('sends at most maxSent requests to the helper at once; the rest wait their turn, in order, and succeed', async () => {
+    const h = await ResidentHelper.start({ maxInFlight: 8, maxSent: 2 });
+    try {
+      const spawned0 = h.stats().spawned;
+      process.kill(h.stats().pid as number, 'SIGSTOP');
+      const all = Array.from({ length: 5 }, () => h.createSocket(a.netns, 4));
+      await new Promise((r) => setTimeout(r, 100));
+      // Two children asked for; three requests wait on the agent's side, none refused.
+      expect(h.stats().spawned - spawned0).toBe(2);
+      expect(h.stats().inFlight).toBe(5);
+      process.kill(h.stats().pid as number, 'SIGCONT');
+      for (const s of await Promise.all(all)) s.destroy();
+      expect(h.stats().spawned - spawned0).toBe(5);
+    } finally {
+      await h.close();
+    }
+  });
+
   it('close() stops the helper and rejects what is pending', async () => {
     const h = await ResidentHelper.start();
     const pid = h.stats().pid as number;

@@ -7,6 +7,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError } from '../../agent/errors.ts';
 import { createLogger } from '../../agent/log.ts';
 import { KubeletClient, type KubeletErrorKind } from '../../agent/pods/kubelet-client.ts';
+import { convertPodItem } from '../../agent/pods/pod-model.ts';
 import { PodSource, type PodDiff, type PodSnapshot, type PodSourceOptions } from '../../agent/pods/source.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod, makePods } from '../support/pod-factory.ts';
@@ -165,6 +166,32 @@ describe('snapshots and diffs', () => {
     expect(h.source.podErrors()).toHaveLength(5);
     expect(names(h.source.pods())).toEqual(['bad-probe-0', 'good-0']);
     expect(h.logs.filter((l) => l.msg.startsWith('pod from kubelet cannot be parsed'))).toHaveLength(5);
+  });
+
+  it('drops an oversized pod and a pod that is not JSON alone: every other pod is known, each dropped one counted by reason and logged once', async () => {
+    // The client as the daemon builds it: pods mapped as they are read, default caps (1 MiB a pod).
+    const streaming = new KubeletClient({ url: kubelet.httpsUrl, caFile: kubelet.certs.caFile, timeoutMs: 5000, convertItem: (raw) => convertPodItem(raw) });
+    try {
+      const good = makePods(20);
+      const huge = makePod({ name: 'huge', uid: '00000000-0000-4000-8000-00000000beef' });
+      // 9 MiB: more than a pod may be, and more than the whole answer could be before (the DaemonSet's 8 MiB).
+      (huge['metadata'] as Record<string, unknown>)['annotations'] = { pad: 'x'.repeat(9 * 1024 * 1024) };
+      const items = [...good.slice(0, 10).map((p) => JSON.stringify(p)), JSON.stringify(huge), '{"metadata":{"name":"broken","namespace":"ns1","uid":"u-broken"},"spec":{"containers":[{"name":,}]}}', ...good.slice(10).map((p) => JSON.stringify(p))];
+      kubelet.setBody(`{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[${items.join(',')}]}`);
+      const h = startSource({ client: streaming });
+      await h.source.synced();
+      await expect.poll(() => h.snapshots.length, { timeout: 5000 }).toBeGreaterThanOrEqual(3);
+      expect(h.source.stale).toBe(false);
+      expect(names(h.source.pods())).toEqual(names(good.map((p) => ({ name: (p['metadata'] as { name: string }).name }))));
+      const errors = h.source.podErrors();
+      expect(errors.map((e) => [e.name, e.reason])).toEqual([['huge', 'too-large'], ['broken', 'malformed']]);
+      expect(errors[0]!.error).toMatch(/^items\[10\]: pod is \d+ bytes, more than the 1048576-byte cap per pod/);
+      expect(errors[0]!.uid).toBe('00000000-0000-4000-8000-00000000beef');
+      const logged = h.logs.filter((l) => l.msg.startsWith('pod from kubelet cannot be parsed'));
+      expect(logged.map((l) => [l['pod'], l['reason']])).toEqual([['huge', 'too-large'], ['broken', 'malformed']]);
+    } finally {
+      await streaming.close();
+    }
   });
 
   it('keeps polling when a listener throws', async () => {

@@ -111,6 +111,11 @@ export class FakeKubelet {
     this.#body = JSON.stringify(Array.isArray(items) ? podList(items) : items);
   }
 
+  /** Serves these exact bytes as the /pods answer (a list with a broken item, say). */
+  setBody(text: string): void {
+    this.#body = text;
+  }
+
   /** The bearer token to require; undefined = no authentication (anonymous allowed). */
   setToken(token: string | undefined): void {
     this.#token = token;

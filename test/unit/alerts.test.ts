@@ -16,7 +16,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { FeatureGates } from '../../agent/featuregates.ts';
 import { HealthRegistry } from '../../agent/metrics/health.ts';
-import { registerCloseHoleStateGauges, registerMemoryLimitGauge, registerReadinessGauge } from '../../agent/metrics/ops-metrics.ts';
+import { registerCloseHoleState } from '../../agent/metrics/close-hole-state.ts';
+import { registerMemoryLimitGauge, registerReadinessGauge } from '../../agent/metrics/ops-metrics.ts';
 import { createMetrics, EVENT_LOOP_MONITOR_PRECISION_MS } from '../../agent/metrics/registry.ts';
 import { PROMETHEUS_RULE_FILE, RULES_FILE, renderPrometheusRule } from '../../tools/alerts/render-prometheusrule.ts';
 import { dashboardQueries, SHIM_METRICS } from '../support/dashboard.ts';
@@ -105,7 +106,7 @@ describe('alerting rules', () => {
   it('label and annotate every alert: severity, summary, description, a runbook section that exists', () => {
     const runbooks = readFileSync(path.join(ROOT, 'docs/runbooks.md'), 'utf8');
     const anchors = new Set([...runbooks.matchAll(/^#{2,3} (.+)$/gm)].map((m) => m[1]!.trim().toLowerCase().replace(/[^a-z0-9 -]/g, '').replace(/ /g, '-')));
-    expect(rules().length).toBe(8);
+    expect(rules().length).toBe(9);
     for (const r of rules()) {
       expect(['critical', 'warning'], r.alert).toContain(r.labels.severity);
       expect(r.annotations.summary, r.alert).toBeTruthy();
@@ -125,7 +126,7 @@ describe('metric names the rules and the dashboard read', () => {
     try {
       registerReadinessGauge(metrics.registry, health);
       registerMemoryLimitGauge(metrics.registry);
-      registerCloseHoleStateGauges(metrics.registry, path.join(scratch, 'no-state-file'));
+      registerCloseHoleState(metrics.registry, path.join(scratch, 'no-state-file'));
       const names = new Set<string>();
       for (const m of (await metrics.registry.getMetricsAsJSON()) as { name: string; type: string }[]) {
         names.add(m.name);

@@ -6,7 +6,7 @@
  * manifests promise (no privileged, hostPID only with procfs, minimal RBAC, ...). The
  * Dockerfile's runtime layout is checked against the files the agent loads at run time.
  */
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -19,6 +19,9 @@ import { DEFAULT_SOCKET, parseRunConfig, type RunConfig } from '../../agent/conf
 import { DEFAULT_CRI_ENDPOINTS } from '../../agent/netns/cri-endpoint.ts';
 import { registerWebhookCommand } from '../../agent/cli/webhook-command.ts';
 import { MUTATE_ANNOTATED_PATH, MUTATE_PATH, OPT_IN_ANNOTATION, OPT_IN_NAMESPACE_LABEL, OPT_IN_VALUE } from '../../agent/webhook/admission.ts';
+import { Registry } from 'prom-client';
+import { HealthRegistry } from '../../agent/metrics/health.ts';
+import { startMetricsServer } from '../../agent/metrics/http-server.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const DEPLOY = path.join(ROOT, 'deploy');
@@ -233,8 +236,9 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     expect(config.kubeletUrl).toBe(`https://${NODE.HOST_IP}:10250`);
     expect(config.kubeletInsecureTls).toBe(has('kubelet-insecure-tls'));
     if (!config.kubeletInsecureTls) expect(config.kubeletCaFile).toBe('/var/run/secrets/kubernetes.io/serviceaccount/ca.crt');
-    // The kubelet probes the pod IP: a loopback listener would fail every probe of the agent.
+    // Prometheus scrapes the pod IP; kubelet and the close-hole sidecar check health on loopback.
     expect(config.metricsAddress).toEqual({ host: downward().POD_IP, port: 9809 });
+    expect(config.healthAddress).toEqual({ host: '127.0.0.1', port: 9810 });
     expect(config.shutdownGracePeriodMs + 2000).toBeLessThan(pod().terminationGracePeriodSeconds * 1000);
   });
 
@@ -278,13 +282,38 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     }
   });
 
-  it('probes the agent on its metrics port with the agreed resources', () => {
+  it('probes the agent on its loopback health listener (no pod can load it) with the agreed resources', async () => {
     const c = agent();
     const port = (c.ports as Obj[]).find((p) => p.name === 'metrics');
     expect(port?.containerPort).toBe(9809);
-    expect(c.startupProbe.httpGet).toEqual({ path: '/healthz', port: 'metrics' });
-    expect(c.livenessProbe.httpGet).toEqual({ path: '/healthz', port: 'metrics' });
-    expect(c.readinessProbe.httpGet).toEqual({ path: '/readyz', port: 'metrics' });
+    // Exec probes from inside the container: kubelet cannot reach the pod's loopback over HTTP.
+    const health = new HealthRegistry();
+    let ready = false;
+    health.addReadiness('test', () => {
+      if (!ready) throw new Error('not ready');
+    });
+    const server = await startMetricsServer({ address: '127.0.0.1:0', registry: new Registry(), health, healthOnly: true });
+    try {
+      const { env } = containerEnv(c, docs(), downward());
+      expect(env.PROBE_AGENT_HEALTH_ADDRESS).toBe('127.0.0.1:9810');
+      // Asynchronously: the health server answers from this very process.
+      const run = (probe: Obj): Promise<number | null> => {
+        expect(probe.httpGet).toBeUndefined();
+        const [cmd, ...args] = probe.exec.command as string[];
+        const child = spawn(cmd as string, args, { env: { PATH: process.env.PATH, PROBE_AGENT_HEALTH_ADDRESS: `127.0.0.1:${server.port}` }, stdio: 'ignore', timeout: 10_000 });
+        return new Promise((resolve) => child.once('exit', (code) => resolve(code)));
+      };
+      const all = (): Promise<(number | null)[]> => Promise.all([run(c.startupProbe), run(c.livenessProbe), run(c.readinessProbe)]);
+      expect(await all()).toEqual([0, 0, 1]);
+      ready = true;
+      expect(await run(c.readinessProbe)).toBe(0);
+      // Nothing listening: every probe fails.
+      await server.close();
+      expect((await all()).every((code) => code !== 0)).toBe(true);
+    } finally {
+      await server.close();
+      health.close();
+    }
     expect(c.resources).toEqual({ requests: { cpu: '150m', memory: '160Mi' }, limits: { memory: '224Mi' } });
     const heap = /--max-old-space-size=(\d+)/.exec((c.env as Obj[]).find((e) => e.name === 'NODE_OPTIONS')?.value ?? '');
     expect(Number(heap?.[1])).toBeLessThan(mib(c.resources.limits.memory) * 0.75);
@@ -347,8 +376,10 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     const sidecar = (pod().containers as Obj[]).find((c) => c.name === 'close-hole')!;
     const agentEnv = containerEnv(agent(), docs(), downward()).env;
     const { env } = containerEnv(sidecar, docs(), downward());
-    expect(env.CLOSE_HOLE_AGENT_ADDRESS).toBe(agentEnv.PROBE_AGENT_METRICS_ADDRESS);
-    // The sidecar writes its table state where the agent reads it (probe_agent_close_hole_*), in a volume both mount.
+    // The sidecar checks the agent's loopback health listener, never the metrics port pods may reach.
+    expect(env.CLOSE_HOLE_AGENT_ADDRESS).toBe(agentEnv.PROBE_AGENT_HEALTH_ADDRESS);
+    expect(env.CLOSE_HOLE_METRICS_PORT).toBe('9809');
+    // The sidecar writes its state where the agent reads it (probe_agent_close_hole_*), in ONE volume both mount.
     expect(env.CLOSE_HOLE_STATE_FILE).toMatch(/^\//);
     expect(agentEnv.PROBE_AGENT_CLOSE_HOLE_STATE_FILE).toBe(env.CLOSE_HOLE_STATE_FILE);
     const stateDir = path.dirname(env.CLOSE_HOLE_STATE_FILE!);
@@ -357,7 +388,9 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     expect(sidecarMount?.readOnly).not.toBe(true);
     expect(agentMount?.readOnly).toBe(true);
     expect(agentMount?.name).toBe(sidecarMount?.name);
-    expect((pod().volumes as Obj[]).find((vol) => vol.name === sidecarMount?.name)?.emptyDir).toBeDefined();
+    const stateVolumes = (pod().volumes as Obj[]).filter((vol) => vol.name === sidecarMount?.name);
+    expect(stateVolumes).toHaveLength(1);
+    expect(stateVolumes[0]?.emptyDir).toBeDefined();
     const volume = (pod().volumes as Obj[]).find((vol) => vol.name === 'close-hole-script');
     const cm = docs().find((o) => o.kind === 'ConfigMap' && o.metadata.name === volume?.configMap?.name);
     const scriptPath = path.join(DEPLOY, 'components/nftables-close-hole/close-hole.sh');

@@ -128,4 +128,69 @@ describe('FairLimiter', () => {
     expect(() => new FairLimiter({ maxInFlight: 1, maxQueued: -1 })).toThrow(ConfigError);
     expect(() => new FairLimiter({ maxInFlight: Number.NaN, maxQueued: 1 })).toThrow(ConfigError);
   });
+
+  it('queues fairly namespace -> pod: a namespace with many pods gets no more slots than one with one pod', async () => {
+    const limiter = new FairLimiter({ maxInFlight: 2, maxQueued: 100, maxInFlightPerOwner: 2 });
+    const gates: (() => void)[] = [];
+    const order: string[] = [];
+    const hold = (who: string) => async (): Promise<void> => {
+      order.push(who);
+      await new Promise<void>((r) => gates.push(r));
+    };
+    const runs: Promise<unknown>[] = [];
+    // Namespace "noisy" fills both slots, then queues 6 runs over 3 pods; "quiet" queues 2 runs of one pod.
+    for (let i = 0; i < 8; i++) runs.push(limiter.run({ group: 'noisy', owner: `n${i % 3}` }, hold(`noisy/n${i % 3}`)));
+    for (let i = 0; i < 2; i++) runs.push(limiter.run({ group: 'quiet', owner: 'q' }, hold('quiet/q')));
+    await sleep(1);
+    expect(order).toEqual(['noisy/n0', 'noisy/n1']);
+    // Each release hands the slot to the namespace holding fewer: quiet gets every other slot
+    // although noisy queued first and three times as many pods.
+    for (let i = 0; i < 3; i++) {
+      (gates.shift() as () => void)();
+      await sleep(1);
+    }
+    expect(order.slice(0, 5)).toEqual(['noisy/n0', 'noisy/n1', 'quiet/q', 'noisy/n2', 'quiet/q']);
+    while (gates.length > 0 || order.length < 10) {
+      (gates.shift() as (() => void) | undefined)?.();
+      await sleep(1);
+    }
+    await Promise.all(runs);
+    expect(limiter.inFlight).toBe(0);
+  });
+
+  it('caps a namespace: its hanging runs leave the node\'s other slots to other namespaces', async () => {
+    const limiter = new FairLimiter({ maxInFlight: 10, maxQueued: 100, maxInFlightPerGroup: 3, maxQueuedPerGroup: 2, maxInFlightPerOwner: 10 });
+    const never = new Promise<void>(() => {});
+    for (let i = 0; i < 3; i++) void limiter.run({ group: 'noisy', owner: `p${i}` }, () => never);
+    const waiting = [limiter.acquire({ group: 'noisy', owner: 'p9' }), limiter.acquire({ group: 'noisy', owner: 'p9' })];
+    await expect(limiter.acquire({ group: 'noisy', owner: 'p8' })).rejects.toThrow(/namespace queue full/);
+    expect(limiter.groupStats('noisy')).toEqual({ inFlight: 3, queued: 2 });
+    const t = performance.now();
+    const { value } = await limiter.run({ group: 'quiet', owner: 'q' }, async () => 'ran');
+    expect(value).toBe('ran');
+    expect(performance.now() - t).toBeLessThan(1000);
+    void waiting;
+  });
+
+  it('refuses at once a run whose wait would outlast its deadline, and drops a queued run when its deadline passes', async () => {
+    const limiter = new FairLimiter({ maxInFlight: 10, maxQueued: 100, maxInFlightPerOwner: 1 });
+    const never = new Promise<void>(() => {});
+    // A run that may hold its slot for an hour.
+    void limiter.run({ group: 'ns', owner: 'p' }, () => never, undefined, { holdMs: 3_600_000 });
+    const t = performance.now();
+    const refused = limiter.acquire({ group: 'ns', owner: 'p' }, undefined, { deadlineMs: 10_000 });
+    await expect(refused).rejects.toBeInstanceOf(OverloadedError);
+    await expect(refused).rejects.toThrow(/pod is at its limit.*later than this call can wait/);
+    expect(performance.now() - t).toBeLessThan(1000);
+    expect(limiter.queued).toBe(0);
+
+    // A holder bound of 20 ms: a call with a long deadline waits; one whose deadline comes first is dropped then.
+    const other = new FairLimiter({ maxInFlight: 10, maxQueued: 100, maxInFlightPerOwner: 1 });
+    const first = await other.acquire({ group: 'ns', owner: 'p' }, undefined, { holdMs: 20 });
+    const late = other.acquire({ group: 'ns', owner: 'p' }, undefined, { deadlineMs: 40, holdMs: 20 });
+    await expect(late).rejects.toThrow(/no slot free within the time this call can wait/);
+    expect(other.queued).toBe(0);
+    first.release();
+    expect(other.inFlight).toBe(0);
+  });
 });

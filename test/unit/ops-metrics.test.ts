@@ -1,18 +1,16 @@
 /**
  * The gauges the alerts read and no other module owns (agent/metrics/ops-metrics.ts), scraped
  * through a real prom-client registry: probe_agent_ready follows the /readyz checks,
- * probe_agent_memory_limit_bytes reads the cgroup v2 memory.max of the process's own cgroup, and
- * probe_agent_close_hole_* follow the close-hole sidecar's state file.
+ * and probe_agent_memory_limit_bytes reads the cgroup v2 memory.max of the process's own cgroup
+ * (probe_agent_close_hole_*: close-hole-state.test.ts).
  */
-import { mkdirSync, mkdtempSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
 import { HealthRegistry } from '../../agent/metrics/health.ts';
-import {
-  parseCloseHoleState, readMemoryLimitBytes, registerCloseHoleStateGauges, registerMemoryLimitGauge, registerReadinessGauge,
-} from '../../agent/metrics/ops-metrics.ts';
+import { readMemoryLimitBytes, registerMemoryLimitGauge, registerReadinessGauge } from '../../agent/metrics/ops-metrics.ts';
 
 const scratch = mkdtempSync(path.join(tmpdir(), 'probe-agent-ops-metrics-'));
 afterAll(() => rmSync(scratch, { recursive: true, force: true }));
@@ -111,32 +109,5 @@ describe('probe_agent_memory_limit_bytes', () => {
       registerMemoryLimitGauge(registry, paths);
       expect(await sample(registry, 'probe_agent_memory_limit_bytes'), name).toBeUndefined();
     }
-  });
-});
-
-describe('probe_agent_close_hole_*', () => {
-  it('follows the state the sidecar wrote, and how long ago', async () => {
-    const file = path.join(scratch, 'close-hole-state');
-    let now = Date.now();
-    const registry = new Registry();
-    registerCloseHoleStateGauges(registry, file, () => now);
-    // No file yet: no series (a gauge of 0 would claim the sidecar saw no table).
-    expect(await sample(registry, 'probe_agent_close_hole_table_present')).toBeUndefined();
-    expect(await sample(registry, 'probe_agent_close_hole_state_age_seconds')).toBeUndefined();
-
-    writeFileSync(file, 'present\n');
-    const written = new Date(Math.floor(now / 1000) * 1000 - 30_000);
-    utimesSync(file, written, written);
-    now = written.getTime() + 30_000;
-    expect(await sample(registry, 'probe_agent_close_hole_table_present')).toBe(1);
-    expect(await sample(registry, 'probe_agent_close_hole_state_age_seconds')).toBe(30);
-
-    writeFileSync(file, 'absent\n');
-    expect(await sample(registry, 'probe_agent_close_hole_table_present')).toBe(0);
-
-    writeFileSync(file, 'maybe\n');
-    expect(await sample(registry, 'probe_agent_close_hole_table_present')).toBeUndefined();
-    expect(parseCloseHoleState(' present ')).toBe('present');
-    expect(parseCloseHoleState('present absent')).toBeUndefined();
   });
 });

@@ -219,7 +219,10 @@ describe('parsePodList tolerance and strictness', () => {
   });
 
   it('bounds the pod count, containers per pod and ports per container', () => {
-    expect(() => parsePodList(podList(makePods(11)), { maxPods: 10 })).toThrow(expect.objectContaining({ kind: 'too-large' }));
+    // Beyond the pod cap a pod is dropped alone (reported), the others kept: never the whole list.
+    const over = parsePodList(podList(makePods(11)), { maxPods: 10 });
+    expect(over.pods).toHaveLength(10);
+    expect(over.errors).toEqual([expect.objectContaining({ reason: 'too-many', error: 'items[10]: pod beyond the cap of 10 pods per list' })]);
     const sidecar = parsePodList(podList([makePod({ sidecar: true })]), { maxContainersPerPod: 1 });
     expect(sidecar.errors[0]?.error).toMatch(/2 containers, more than the cap of 1/);
     const ports = parsePodList(podList([makePod()]), { maxPortsPerContainer: 0 });

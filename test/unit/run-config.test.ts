@@ -69,7 +69,7 @@ describe('parseRunConfig', () => {
 
   it('fills every value a command does not declare from its default (audit has no --socket, no poll interval)', () => {
     const cfg = parseRunConfig({ kubeletUrl: 'http://127.0.0.1:10255' }, {});
-    expect(cfg).toMatchObject({ socket: '/run/probe-agent/probe.sock', kubeletPollIntervalMs: 5000, maxConcurrentProbes: 64, metricsAddress: { host: '127.0.0.1', port: 9809 } });
+    expect(cfg).toMatchObject({ socket: '/run/probe-agent/probe.sock', kubeletPollIntervalMs: 5000, maxConcurrentProbes: 2048, metricsAddress: { host: '127.0.0.1', port: 9809 } });
     expect(cfg.kubeletTokenFile).toBeUndefined();
   });
 });

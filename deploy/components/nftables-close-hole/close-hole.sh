@@ -13,13 +13,18 @@
 #   CLOSE_HOLE_EXEMPT_CIDRS     pod addresses the node may still connect to
 #   CLOSE_HOLE_PROTOCOLS        tcp (default: what probes use) or all
 #   CLOSE_HOLE_VERDICT          reject (default: TCP reset, the connect fails at once) or drop
-#   CLOSE_HOLE_AGENT_ADDRESS    the agent's health listener, host:port or [ipv6]:port
+#   CLOSE_HOLE_AGENT_ADDRESS    the agent's health listener, host:port or [ipv6]:port (default
+#                               127.0.0.1:9810: loopback, where no pod can load it)
+#   CLOSE_HOLE_METRICS_PORT     the agent's metrics port on the node: new connections to it from pod
+#                               addresses are refused while the table is loaded ("" = no such rule)
+#   CLOSE_HOLE_METRICS_ALLOW_CIDRS  pod addresses that may still reach it (an in-cluster Prometheus)
+#   CLOSE_HOLE_STATE_FILE       where to write table_present, fail_open_total and last_fail_open_seconds
+#                               after every check (the agent's --close-hole-state-file exports them
+#                               as probe_agent_close_hole_* metrics, for the alerts)
 #   CLOSE_HOLE_INTERVAL         seconds between checks (default 5)
 #   CLOSE_HOLE_FAIL_OPEN_AFTER  seconds the agent may be unready before the table goes (default 30)
 #   CLOSE_HOLE_CHECK_TIMEOUT    seconds one readiness check may take (default 3)
 #   CLOSE_HOLE_TABLE            nftables table (family inet) this script owns
-#   CLOSE_HOLE_STATE_FILE       where to write "present"/"absent" (the table as last seen) after
-#                               every check; the agent exports it (--close-hole-state-file) for alerts
 # Usage: close-hole.sh [--print]   (--print: write the nft table these settings build, and exit)
 # Exit status: 0 stopped by SIGTERM/SIGINT (table removed) or --print, 2 bad settings.
 # No -e: every failure is handled where it happens, and the loop must outlive transient ones.
@@ -83,11 +88,12 @@ join_by() {
 TABLE=${CLOSE_HOLE_TABLE:-probe_agent_close_hole}
 PROTOCOLS=${CLOSE_HOLE_PROTOCOLS:-tcp}
 VERDICT=${CLOSE_HOLE_VERDICT:-reject}
-AGENT_ADDRESS=${CLOSE_HOLE_AGENT_ADDRESS:-127.0.0.1:9809}
+AGENT_ADDRESS=${CLOSE_HOLE_AGENT_ADDRESS:-127.0.0.1:9810}
+METRICS_PORT=${CLOSE_HOLE_METRICS_PORT:-}
+STATE_FILE=${CLOSE_HOLE_STATE_FILE:-}
 INTERVAL=${CLOSE_HOLE_INTERVAL:-5}
 FAIL_OPEN_AFTER=${CLOSE_HOLE_FAIL_OPEN_AFTER:-30}
 CHECK_TIMEOUT=${CLOSE_HOLE_CHECK_TIMEOUT:-3}
-STATE_FILE=${CLOSE_HOLE_STATE_FILE:-}
 
 [[ $TABLE =~ ^[A-Za-z][A-Za-z0-9_]{0,31}$ ]] || config_error "CLOSE_HOLE_TABLE: \"$TABLE\" is not a table name (letters, digits, _; at most 32)"
 [[ $PROTOCOLS == tcp || $PROTOCOLS == all ]] || config_error "CLOSE_HOLE_PROTOCOLS: want tcp or all, got \"$PROTOCOLS\""
@@ -106,11 +112,16 @@ else
 fi
 ((10#$AGENT_PORT >= 1 && 10#$AGENT_PORT <= 65535)) || config_error "CLOSE_HOLE_AGENT_ADDRESS: port out of range"
 
-POD_V4=() POD_V6=() EXEMPT_V4=() EXEMPT_V6=()
+if [[ -n $METRICS_PORT ]]; then
+  [[ $METRICS_PORT =~ ^[0-9]{1,5}$ ]] && ((10#$METRICS_PORT >= 1 && 10#$METRICS_PORT <= 65535)) || config_error "CLOSE_HOLE_METRICS_PORT: \"$METRICS_PORT\" is not a port"
+fi
+
+POD_V4=() POD_V6=() EXEMPT_V4=() EXEMPT_V6=() METRICS_ALLOW_V4=() METRICS_ALLOW_V6=()
 [[ -n ${CLOSE_HOLE_POD_CIDRS:-} ]] || config_error "CLOSE_HOLE_POD_CIDRS is empty: set it to the cluster's pod CIDRs (e.g. 10.244.0.0/16,fd00:10:244::/56)"
 sort_cidrs CLOSE_HOLE_POD_CIDRS "$CLOSE_HOLE_POD_CIDRS" POD_V4 POD_V6
 ((${#POD_V4[@]} + ${#POD_V6[@]} > 0)) || config_error "CLOSE_HOLE_POD_CIDRS lists no CIDR"
 sort_cidrs CLOSE_HOLE_EXEMPT_CIDRS "${CLOSE_HOLE_EXEMPT_CIDRS:-}" EXEMPT_V4 EXEMPT_V6
+sort_cidrs CLOSE_HOLE_METRICS_ALLOW_CIDRS "${CLOSE_HOLE_METRICS_ALLOW_CIDRS:-}" METRICS_ALLOW_V4 METRICS_ALLOW_V6
 
 EXEMPT_PORTS=()
 split_list EXEMPT_PORTS "${CLOSE_HOLE_EXEMPT_TCP_PORTS:-}"
@@ -159,7 +170,18 @@ ruleset() {
       printf '    ct state new oifname "%s" jump guard\n' "$iface"
     fi
   done
-  printf '  }\n}\n'
+  printf '  }\n'
+  # The agent's metrics listener binds the node IP here: pods may not connect to it (a flood there
+  # would cost the agent connections), except the listed scrapers. Health is on loopback anyway.
+  if [[ -n $METRICS_PORT ]]; then
+    printf '  chain input {\n    type filter hook input priority filter; policy accept;\n'
+    ((${#METRICS_ALLOW_V4[@]})) && printf '    ct state new tcp dport %s ip saddr { %s } accept\n' "$METRICS_PORT" "$(join_by ', ' "${METRICS_ALLOW_V4[@]}")"
+    ((${#METRICS_ALLOW_V6[@]})) && printf '    ct state new tcp dport %s ip6 saddr { %s } accept\n' "$METRICS_PORT" "$(join_by ', ' "${METRICS_ALLOW_V6[@]}")"
+    ((${#POD_V4[@]})) && printf '    ct state new tcp dport %s ip saddr @pod_v4 counter reject with tcp reset\n' "$METRICS_PORT"
+    ((${#POD_V6[@]})) && printf '    ct state new tcp dport %s ip6 saddr @pod_v6 counter reject with tcp reset\n' "$METRICS_PORT"
+    printf '  }\n'
+  fi
+  printf '}\n'
 }
 
 # --print: show the table these settings produce, change nothing (needs no privileges).
@@ -188,23 +210,46 @@ remove_table() {
 }
 
 # One GET /readyz over bash's /dev/tcp: the image needs no HTTP client, and only a 200 counts.
+# CHECK_RESULT says what the last check saw (for the fail-open log line).
+CHECK_RESULT=
 agent_ready() {
   local status
-  status=$(timeout "$CHECK_TIMEOUT" bash -c '
+  if ! status=$(timeout "$CHECK_TIMEOUT" bash -c '
     exec 3<>"/dev/tcp/$0/$1" || exit 1
     printf "GET /readyz HTTP/1.0\r\nHost: probe-agent\r\nUser-Agent: probe-agent-close-hole\r\n\r\n" >&3
-    IFS= read -r line <&3 && printf "%s" "$line"' "$AGENT_HOST" "$AGENT_PORT" 2>/dev/null) || return 1
-  [[ $status == HTTP/1.[01]\ 200[[:space:]]* ]]
+    IFS= read -r line <&3 && printf "%s" "$line"' "$AGENT_HOST" "$AGENT_PORT" 2>/dev/null); then
+    CHECK_RESULT="no answer from $AGENT_ADDRESS within ${CHECK_TIMEOUT}s (not listening, or stuck)"
+    return 1
+  fi
+  status=${status%$'\r'}
+  CHECK_RESULT="answered \"${status:0:80}\""
+  [[ $status == HTTP/1.[01]\ 200* ]]
 }
 
-# Tells the agent (and through it the alerts) whether the table is there, after every check.
-# Written to a temporary name and renamed, so the agent never reads half a word.
+# The state file the agent exports as probe_agent_close_hole_* metrics (agent/metrics/close-hole-state.ts):
+#   table_present 0|1          the table as last seen, written after every check (its mtime is the
+#                              check's time: the agent reports a sidecar that stopped checking as stale)
+#   fail_open_total N          fail opens since the file was created (kept across restarts)
+#   last_fail_open_seconds T   Unix time of the last fail open (0: none)
+# Written whole to a temporary name and renamed, so the agent never reads half a file.
+fail_opens=0
+last_fail_open=0
+if [[ -n $STATE_FILE && -r $STATE_FILE ]]; then
+  while read -r key value; do
+    [[ $value =~ ^[0-9]{1,15}$ ]] || continue
+    case $key in
+      fail_open_total) fail_opens=$value ;;
+      last_fail_open_seconds) last_fail_open=$value ;;
+    esac
+  done <"$STATE_FILE"
+fi
 state_write_failed=0
 write_state() {
   [[ -n $STATE_FILE ]] || return 0
-  local state=absent
-  table_present && state=present
-  if printf '%s\n' "$state" >"$STATE_FILE.tmp" 2>/dev/null && mv -f "$STATE_FILE.tmp" "$STATE_FILE" 2>/dev/null; then
+  local present=0
+  table_present && present=1
+  if printf 'table_present %s\nfail_open_total %s\nlast_fail_open_seconds %s\n' "$present" "$fail_opens" "$last_fail_open" >"$STATE_FILE.tmp" 2>/dev/null &&
+    mv -f "$STATE_FILE.tmp" "$STATE_FILE" 2>/dev/null; then
     state_write_failed=0
   elif ((!state_write_failed)); then
     state_write_failed=1
@@ -225,6 +270,7 @@ on_signal() {
 }
 trap on_signal TERM INT
 
+write_state
 log "watching the agent at $AGENT_ADDRESS; will refuse node->pod $PROTOCOLS connections to $(join_by ', ' "${POD_V4[@]}" "${POD_V6[@]}") via $(join_by ', ' "${INTERFACES[@]}") while it is ready"
 loaded=0        # this process has installed its own table version
 unready_since=  # ms timestamp of the first failed check in a row
@@ -242,11 +288,13 @@ while ((!stopping)); do
     now=$(now_ms)
     if [[ -z $unready_since ]]; then
       unready_since=$now
-      log "agent not ready; the table goes if that lasts ${FAIL_OPEN_AFTER}s"
+      log "agent not ready ($CHECK_RESULT); the table goes if that lasts ${FAIL_OPEN_AFTER}s"
     fi
     if ((now - unready_since >= FAIL_OPEN_AFTER * 1000)) && remove_table; then
       loaded=0
-      log "agent not ready for ${FAIL_OPEN_AFTER}s: table inet $TABLE removed, the node reaches pods again (fail open)"
+      fail_opens=$((fail_opens + 1))
+      last_fail_open=${EPOCHSECONDS:-$(date +%s)}
+      log "FAIL OPEN: agent not ready for ${FAIL_OPEN_AFTER}s (last check: $CHECK_RESULT): table inet $TABLE removed, the node reaches pods again (fail open #$fail_opens)"
     fi
   fi
   write_state
