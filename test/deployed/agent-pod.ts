@@ -15,11 +15,43 @@ type Obj = Record<string, unknown>;
 
 /** A free TCP port on the node (the agent pod shares the node's netns). */
 export async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const port = (s.address() as net.AddressInfo).port;
-  await new Promise((r) => s.close(r));
-  return port;
+  return (await freePorts(1))[0] as number;
+}
+
+/** `n` distinct free TCP ports on the node (all held open while they are picked). */
+export async function freePorts(n: number): Promise<number[]> {
+  const servers = Array.from({ length: n }, () => net.createServer());
+  await Promise.all(servers.map((s) => new Promise<void>((r) => s.listen(0, '127.0.0.1', r))));
+  const ports = servers.map((s) => (s.address() as net.AddressInfo).port);
+  await Promise.all(servers.map((s) => new Promise((r) => s.close(r))));
+  return ports;
+}
+
+/** The agent's listeners on this lab node: metrics on the pod IP, health on loopback. */
+export interface AgentPorts {
+  metrics: number;
+  health: number;
+}
+
+/** Free ports for one agent pod: every agent here shares the node's netns (host network). */
+export async function agentPorts(): Promise<AgentPorts> {
+  const [metrics, health] = await freePorts(2);
+  return { metrics: metrics as number, health: health as number };
+}
+
+/**
+ * Points an agent container of a rendered template (and the close-hole sidecar's check, if the pod
+ * has one) at its own ports, so that a second agent pod on this node does not collide with the first.
+ */
+export function useAgentPorts(spec: Obj, ports: AgentPorts): void {
+  for (const c of (spec.containers ?? []) as Obj[]) {
+    c.env = ((c.env ?? []) as Obj[]).map((e) => {
+      if (c.name === 'agent' && e.name === 'PROBE_AGENT_METRICS_ADDRESS') return { ...e, value: `$(POD_IP):${ports.metrics}` };
+      if (c.name === 'agent' && e.name === 'PROBE_AGENT_HEALTH_ADDRESS') return { ...e, value: `127.0.0.1:${ports.health}` };
+      if (c.name === 'close-hole' && e.name === 'CLOSE_HOLE_AGENT_ADDRESS') return { ...e, value: `127.0.0.1:${ports.health}` };
+      return e;
+    });
+  }
 }
 
 /**
@@ -40,11 +72,12 @@ ${extraPatches}`);
 
 /**
  * The head of a node patch (node.yaml) of the probe-agent DaemonSet, up to the agent container's
- * env list: POD_IP, then the metrics address on it. A strategic-merge patch puts the entries it
- * names first: POD_IP must come before the value that expands $(POD_IP), or kubelet leaves it
- * unexpanded (see docs/deploy.md). Callers append further env entries at the same indentation.
+ * env list: POD_IP, then the metrics address on it, then the loopback health address. A
+ * strategic-merge patch puts the entries it names first: POD_IP must come before the value that
+ * expands $(POD_IP), or kubelet leaves it unexpanded (see docs/deploy.md). Callers append further
+ * env entries at the same indentation.
  */
-export function agentPatchHead(metricsPort: number): string {
+export function agentPatchHead(ports: AgentPorts): string {
   return `apiVersion: apps/v1
 kind: DaemonSet
 metadata:
@@ -60,7 +93,9 @@ spec:
                 fieldRef:
                   fieldPath: status.podIP
             - name: PROBE_AGENT_METRICS_ADDRESS
-              value: "$(POD_IP):${metricsPort}"
+              value: "$(POD_IP):${ports.metrics}"
+            - name: PROBE_AGENT_HEALTH_ADDRESS
+              value: "127.0.0.1:${ports.health}"
 `;
 }
 

@@ -15,9 +15,9 @@ import type { FakeKubelet } from '../support/fake-kubelet.ts';
 import { pollStatuses } from '../support/agent-harness.ts';
 import type { SoakAgent } from '../soak/soak.ts';
 import { snapshot } from '../soak/observe.ts';
-import { agentPatchHead, agentPid, freePort, memoryCgroup, renderDeploy } from './agent-pod.ts';
+import { agentPatchHead, agentPid, agentPorts, memoryCgroup, renderDeploy, type AgentPorts } from './agent-pod.ts';
 import type { CriPodRunner } from './cri-pod.ts';
-import { containerConfig, quantity, sandboxConfig, type PodPlacement } from './kubelet-translate.ts';
+import { containerConfig, quantity, sandboxConfig, unmountPodVolumes, type PodPlacement } from './kubelet-translate.ts';
 
 type Obj = Record<string, unknown>;
 
@@ -63,9 +63,9 @@ export interface ContainerizedAgentOptions {
 }
 
 /** Renders deploy/base + components with this node's patch; returns the objects. */
-function render(dir: string, components: string[], env: Record<string, string>, metricsPort: number, socketDir: string): Obj[] {
+function render(dir: string, components: string[], env: Record<string, string>, ports: AgentPorts, socketDir: string): Obj[] {
   const envYaml = Object.entries(env).map(([k, v]) => `            - name: ${k}\n              value: ${JSON.stringify(v)}\n`).join('');
-  return renderDeploy(dir, components, `${agentPatchHead(metricsPort)}${envYaml}      volumes:
+  return renderDeploy(dir, components, `${agentPatchHead(ports)}${envYaml}      volumes:
         - name: probe-socket-dir
           hostPath:
             path: ${socketDir}
@@ -81,8 +81,9 @@ export async function startContainerizedAgent(o: ContainerizedAgentOptions): Pro
   const overlay = path.join(base, 'overlay');
   const socketDir = path.join(base, 'host-run-probe-agent');
   mkdirSync(overlay, { recursive: true });
-  const metricsPort = await freePort();
-  const objs = render(overlay, o.components, o.env, metricsPort, socketDir);
+  const ports = await agentPorts();
+  const metricsPort = ports.metrics;
+  const objs = render(overlay, o.components, o.env, ports, socketDir);
   const ds = objs.find((x) => x.kind === 'DaemonSet' && (x.metadata as Obj).name === 'probe-agent') as Obj;
   const template = (ds.spec as Obj).template as Obj;
   const agentSpec = ((template.spec as Obj).containers as Obj[]).find((c) => c.name === 'agent') as Obj;
@@ -176,6 +177,7 @@ export async function startContainerizedAgent(o: ContainerizedAgentOptions): Pro
     async remove() {
       client.close();
       await o.runner.removePod(sandboxId);
+      unmountPodVolumes(place.podDir);
     },
   };
 }

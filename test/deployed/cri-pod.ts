@@ -74,6 +74,15 @@ export class CriPodRunner {
     await this.#call('StopContainer', { containerId, timeout: graceSeconds }, (graceSeconds + 30) * 1000);
   }
 
+  /**
+   * ExecSync as kubelet's remote runtime sends it for an exec probe: the timeout in the request,
+   * and the call's own deadline that timeout plus room for the runtime to clean up.
+   */
+  async execSync(containerId: string, cmd: string[], timeoutSeconds: number): Promise<{ exitCode: number; stdout: string; stderr: string }> {
+    const res = await this.#call('ExecSync', { containerId, cmd, timeout: timeoutSeconds }, (timeoutSeconds + 60) * 1000) as { exitCode: number; stdout: Buffer; stderr: Buffer };
+    return { exitCode: Number(res.exitCode ?? 0), stdout: Buffer.from(res.stdout ?? []).toString(), stderr: Buffer.from(res.stderr ?? []).toString() };
+  }
+
   async removePod(sandboxId: string): Promise<void> {
     await this.#call('StopPodSandbox', { podSandboxId: sandboxId });
     await this.#call('RemovePodSandbox', { podSandboxId: sandboxId });

@@ -5,8 +5,10 @@
  * pkg/kubelet/kubelet_pods.go (environment, mounts). Only what the agent's manifests use is
  * translated; anything else in the template is an error, so a manifest change cannot slip past.
  */
+import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+import { mountsUnder } from '../lab/containerd-sweep.ts';
 
 type Obj = Record<string, unknown>;
 
@@ -126,20 +128,62 @@ export function containerEnv(c: Obj, p: PodPlacement): { key: string; value: str
   return [...env].map(([key, value]) => ({ key, value }));
 }
 
+/**
+ * The size of a memory-backed emptyDir as kubelet's calculateEmptyDirMemorySize (SizeMemoryBackedVolumes,
+ * GA in 1.32): node allocatable memory, lowered to the pod's memory limit (the sum of its containers'
+ * limits, when every container declares one), lowered to the volume's sizeLimit.
+ */
+export function emptyDirMemoryBytes(emptyDir: Obj, spec: Obj): number {
+  let size = NODE_MEMORY_BYTES;
+  const limits = ((spec.containers ?? []) as Obj[]).map((c) => asObj(asObj(c.resources).limits).memory);
+  if (limits.every((l) => l !== undefined)) {
+    const pod = limits.reduce((n: number, l) => n + quantity(l), 0);
+    if (pod > 0 && pod <= size) size = pod;
+  }
+  if (emptyDir.sizeLimit !== undefined) {
+    const own = quantity(emptyDir.sizeLimit);
+    if (own > 0 && own <= size) size = own;
+  }
+  return size;
+}
+
+/**
+ * An emptyDir as kubelet's empty_dir plugin makes it: a directory per pod and volume
+ * (pods/<uid>/volumes/kubernetes.io~empty-dir/<name>, mode 0777), with a tmpfs mounted on it for
+ * medium Memory (size= from emptyDirMemoryBytes). Every container that mounts the volume gets a
+ * bind of that one directory, so they share its files. Made once per pod: a second container
+ * finds the tmpfs already there, as kubelet's setupTmpfs does. unmountPodVolumes undoes the mounts.
+ */
+function emptyDirPath(name: string, emptyDir: Obj, spec: Obj, p: PodPlacement): string {
+  const dir = path.join(p.podDir, 'volumes/kubernetes.io~empty-dir', name);
+  mkdirSync(dir, { recursive: true, mode: 0o777 });
+  switch (emptyDir.medium ?? '') {
+    case '':
+      return dir;
+    case 'Memory':
+      if (!mountsUnder(dir).includes(dir)) {
+        execFileSync('mount', ['-t', 'tmpfs', '-o', `size=${emptyDirMemoryBytes(emptyDir, spec)}`, 'tmpfs', dir]);
+      }
+      return dir;
+    default:
+      return fail(`emptyDir medium ${String(emptyDir.medium)} of ${name}`);
+  }
+}
+
+/** What kubelet does when it tears a pod's volumes down: unmounts the tmpfs emptyDirs below its pod dir. */
+export function unmountPodVolumes(podDir: string): void {
+  for (const m of mountsUnder(podDir).reverse()) execFileSync('umount', ['-l', m]);
+}
+
 /** The node-side directory behind a volume (kubelet's volume plugins), made on demand. */
-function volumeHostPath(vol: Obj, p: PodPlacement): string {
+function volumeHostPath(vol: Obj, spec: Obj, p: PodPlacement): string {
   const name = String(vol.name);
   if (vol.hostPath) {
     const hp = asObj(vol.hostPath);
     if (hp.type === 'DirectoryOrCreate') mkdirSync(String(hp.path), { recursive: true, mode: 0o755 });
     return p.hostPath(String(hp.path));
   }
-  if (vol.emptyDir) {
-    if (asObj(vol.emptyDir).medium) fail(`emptyDir medium of ${name}`);
-    const dir = path.join(p.podDir, 'volumes/kubernetes.io~empty-dir', name);
-    mkdirSync(dir, { recursive: true, mode: 0o777 });
-    return dir;
-  }
+  if (vol.emptyDir) return emptyDirPath(name, asObj(vol.emptyDir), spec, p);
   if (vol.configMap) {
     const cm = asObj(vol.configMap);
     const data = p.configMaps[String(cm.name)];
@@ -164,7 +208,7 @@ function containerMounts(c: Obj, spec: Obj, p: PodPlacement): CriMount[] {
     const vol = volumes.get(String(m.name)) ?? fail(`volumeMount ${String(m.name)} without a volume`);
     if (m.subPath) fail(`subPath of ${String(m.name)}`);
     const propagation = PROPAGATION[String(m.mountPropagation ?? 'None')] ?? fail(`mountPropagation ${String(m.mountPropagation)}`);
-    mounts.push({ containerPath: String(m.mountPath), hostPath: volumeHostPath(vol, p), readonly: m.readOnly === true, propagation });
+    mounts.push({ containerPath: String(m.mountPath), hostPath: volumeHostPath(vol, spec, p), readonly: m.readOnly === true, propagation });
   }
   // The ServiceAccount admission plugin adds the kube-api-access projected volume to every pod
   // (automountServiceAccountToken defaults to true): token, ca.crt and namespace, read-only.
@@ -266,4 +310,40 @@ export function containerConfig(template: Obj, containerName: string, p: PodPlac
       },
     },
   };
+}
+
+/** One of a container's probes as kubelet's prober runs an exec handler: CRI ExecSync(container, cmd, timeout). */
+export interface ExecProbeRequest {
+  kind: 'startup' | 'liveness' | 'readiness';
+  cmd: string[];
+  /** ExecSync's timeout: the probe's timeoutSeconds (kubelet's default 1). */
+  timeoutSeconds: number;
+}
+
+/**
+ * The exec probes of a container as kubelet's prober.runProbe sends them: the command with $(VAR)
+ * expanded from the container's literal env values only (ExpandContainerCommandOnlyStatic; not
+ * valueFrom, not envFrom), and the probe's timeout. HTTP, TCP and gRPC probes kubelet runs itself
+ * over the network, not through CRI: they yield no request. Any other handler is an error.
+ */
+export function execProbeRequests(template: Obj, containerName: string): ExecProbeRequest[] {
+  const spec = asObj(template.spec);
+  const c = ((spec.containers ?? []) as Obj[]).find((x) => x.name === containerName) ?? fail(`container ${containerName}`);
+  const statics = new Map(((c.env ?? []) as Obj[]).filter((e) => e.value !== undefined).map((e) => [String(e.name), String(e.value)]));
+  const expand = (s: string): string => s.replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)/g, (m, n: string | undefined) =>
+    m === '$$' ? '$' : statics.has(n as string) ? (statics.get(n as string) as string) : m);
+  const out: ExecProbeRequest[] = [];
+  for (const kind of ['startup', 'liveness', 'readiness'] as const) {
+    const probe = c[`${kind}Probe`] as Obj | undefined;
+    if (!probe) continue;
+    const handlers = Object.keys(probe).filter((k) => ['exec', 'httpGet', 'tcpSocket', 'grpc'].includes(k));
+    const unknown = Object.keys(probe).filter((k) => !['exec', 'httpGet', 'tcpSocket', 'grpc', 'initialDelaySeconds', 'periodSeconds',
+      'timeoutSeconds', 'successThreshold', 'failureThreshold', 'terminationGracePeriodSeconds'].includes(k));
+    if (handlers.length !== 1 || unknown.length > 0) fail(`${kind}Probe of ${containerName} with ${Object.keys(probe).join(',')}`);
+    if (!probe.exec) continue;
+    const cmd = (asObj(probe.exec).command ?? []) as string[];
+    if (cmd.length === 0) fail(`${kind}Probe of ${containerName}: exec without a command`);
+    out.push({ kind, cmd: cmd.map(expand), timeoutSeconds: Number(probe.timeoutSeconds ?? 1) });
+  }
+  return out;
 }

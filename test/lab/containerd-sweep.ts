@@ -167,7 +167,8 @@ function ownPids(dir: string): number[] {
   return out;
 }
 
-function mountsUnder(dir: string): string[] {
+/** Mount points at or below `dir` (from this process's mountinfo, octal escapes decoded), in mount order. */
+export function mountsUnder(dir: string): string[] {
   try {
     return readFileSync('/proc/self/mountinfo', 'utf8')
       .split('\n')
