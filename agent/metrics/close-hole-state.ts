@@ -11,8 +11,8 @@
  * when the sidecar stops checking. Reads are bounded; unknown keys and non-numbers are ignored;
  * a value the file does not give is left out of the scrape (never a made-up 0); nothing throws.
  */
-import { open } from 'node:fs/promises';
 import { Counter, Gauge, type Registry } from 'prom-client';
+import { leaveOut, readSmallFile } from './scrape-file.ts';
 
 /** The file is a few lines; anything larger is not the sidecar's. */
 const MAX_STATE_BYTES = 4096;
@@ -41,29 +41,8 @@ export function parseCloseHoleState(text: string): CloseHoleState {
 
 /** The file's state and mtime; undefined when it cannot be read (no sidecar yet, or not deployed). */
 async function readStateFile(path: string): Promise<{ state: CloseHoleState; mtimeMs: number } | undefined> {
-  let fh;
-  try {
-    fh = await open(path, 'r');
-    const st = await fh.stat();
-    if (!st.isFile()) return undefined;
-    const buf = Buffer.alloc(MAX_STATE_BYTES);
-    const { bytesRead } = await fh.read(buf, 0, MAX_STATE_BYTES, 0);
-    return { state: parseCloseHoleState(buf.subarray(0, bytesRead).toString('utf8')), mtimeMs: st.mtimeMs };
-  } catch {
-    return undefined;
-  } finally {
-    await fh?.close().catch(() => {});
-  }
-}
-
-/**
- * Leaves an unlabelled metric out of the scrape. prom-client's reset() puts a 0 back for a metric
- * without labels, and 0 would claim something ("no table", "no fail open") we do not know; its
- * value map is the public `hashMap` field. test/unit/close-hole-state.test.ts fails if a
- * prom-client upgrade changes that.
- */
-function leaveOut(metric: Gauge | Counter): void {
-  (metric as unknown as { hashMap: Record<string, unknown> }).hashMap = {};
+  const file = await readSmallFile(path);
+  return file && { state: parseCloseHoleState(file.text), mtimeMs: file.mtimeMs };
 }
 
 /**

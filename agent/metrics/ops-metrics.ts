@@ -7,39 +7,9 @@
  * (The close-hole sidecar's metrics are in close-hole-state.ts.)
  * Every collect is bounded and never throws: a gauge it cannot read is left out of the scrape.
  */
-import { open } from 'node:fs/promises';
 import { Gauge, type Registry } from 'prom-client';
 import type { HealthRegistry } from './health.ts';
-
-/** Files bigger than this are not ours (memory.max is one line). */
-const MAX_FILE_BYTES = 4096;
-
-/** Reads a small text file, at most MAX_FILE_BYTES; undefined when it cannot be read. */
-async function readSmall(path: string): Promise<{ text: string; mtimeMs: number } | undefined> {
-  let fh;
-  try {
-    fh = await open(path, 'r');
-    const st = await fh.stat();
-    if (!st.isFile()) return undefined;
-    const buf = Buffer.alloc(MAX_FILE_BYTES);
-    const { bytesRead } = await fh.read(buf, 0, MAX_FILE_BYTES, 0);
-    return { text: buf.subarray(0, bytesRead).toString('utf8'), mtimeMs: st.mtimeMs };
-  } catch {
-    return undefined;
-  } finally {
-    await fh?.close().catch(() => {});
-  }
-}
-
-/**
- * Leaves an unlabelled gauge out of the scrape. prom-client's reset() puts a 0 back for a gauge
- * without labels, and 0 would claim something ("no table", "no limit") we do not know; its value
- * map is the public `hashMap` field (an empty map is what a labelled gauge has before its first set).
- * test/unit/ops-metrics.test.ts fails if a prom-client upgrade changes that.
- */
-function leaveOut(gauge: Gauge): void {
-  (gauge as unknown as { hashMap: Record<string, unknown> }).hashMap = {};
-}
+import { leaveOut, readSmallFile } from './scrape-file.ts';
 
 /**
  * probe_agent_ready: the verdict of the latest full /readyz run (1 ready, 0 not), absent before
@@ -78,7 +48,7 @@ const DEFAULT_CGROUP_PATHS: CgroupPaths = { selfCgroup: '/proc/self/cgroup', cgr
  * is mounted at the root while /proc/self/cgroup shows its full path.
  */
 export async function readMemoryLimitBytes(paths: CgroupPaths = DEFAULT_CGROUP_PATHS): Promise<number | undefined> {
-  const lines = (await readSmall(paths.selfCgroup))?.text.split('\n') ?? [];
+  const lines = (await readSmallFile(paths.selfCgroup))?.text.split('\n') ?? [];
   const pathOf = (prefix: RegExp): string | undefined => {
     const line = lines.find((l) => prefix.test(l));
     const rel = line?.slice(line.indexOf(':', line.indexOf(':') + 1) + 1).trim();
@@ -97,7 +67,7 @@ export async function readMemoryLimitBytes(paths: CgroupPaths = DEFAULT_CGROUP_P
   ];
   for (const file of candidates) {
     if (file === undefined) continue;
-    const text = (await readSmall(file))?.text.trim();
+    const text = (await readSmallFile(file))?.text.trim();
     if (text === undefined) continue;
     if (!/^\d{1,20}$/.test(text)) return undefined;
     const bytes = Number(text);
