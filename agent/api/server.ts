@@ -134,6 +134,8 @@ export class ProbeApiServer {
   /** Accepts on the socket and hands each connection to #hot or to grpc-js (#route). */
   readonly #listener: net.Server;
   readonly #handoffs = new Set<Handoff>();
+  /** Connections carried by grpc-js (injected): a drain waits for them to close, so answers flush. */
+  readonly #grpcConns = new Set<import('node:stream').Duplex>();
   #injector: grpc.ConnectionInjector | undefined;
   readonly #health: HealthImplementation;
   readonly #watchers = new Set<WatchSession>();
@@ -235,8 +237,13 @@ export class ProbeApiServer {
    */
   #route(socket: net.Socket): void {
     const grpcJs = { emit: (_e: 'connection', c: import('node:stream').Duplex): boolean => {
-      if (this.#injector) this.#injector.injectConnection(c);
-      else c.destroy();
+      if (this.#injector) {
+        this.#grpcConns.add(c);
+        c.once('close', () => this.#grpcConns.delete(c));
+        this.#injector.injectConnection(c);
+      } else {
+        c.destroy();
+      }
       return true;
     } };
     const h = handOff(socket, (first) => (isHotConnection(first) ? this.#hot : grpcJs), {
@@ -306,7 +313,9 @@ export class ProbeApiServer {
       const grpcDone = new Promise<void>((done) => this.#server.tryShutdown(() => done()));
       // Both transports closed and no call left (an injected connection's calls are not all
       // tracked by grpc-js's tryShutdown).
-      void Promise.all([grpcDone, this.#hot.close()]).then(() => this.#whenUnaryIdle()).then(() => finish(false));
+      // grpc-js's tryShutdown does not wait for injected connections: wait for them to close too,
+      // or the process may exit before the last answers are written.
+      void Promise.all([grpcDone, this.#hot.close()]).then(() => this.#whenUnaryIdle()).then(() => this.#whenGrpcConnsClosed()).then(() => finish(false));
       // Open health watches and unread watch streams would hold tryShutdown for the whole grace
       // period. Once no unary call is left, give the last responses a moment to flush, then cut.
       void this.#whenUnaryIdle().then(() => setTimeout(() => finish(true), Math.min(250, graceMs)));
@@ -315,6 +324,10 @@ export class ProbeApiServer {
       this.#log.warn('cannot remove socket', { socket: this.socketPath, err: describeError(err) }),
     );
     this.#log.info('ProbeService stopped', { socket: this.socketPath });
+  }
+
+  #whenGrpcConnsClosed(): Promise<void> {
+    return Promise.all([...this.#grpcConns].map((c) => (c.destroyed ? undefined : new Promise<void>((r) => c.once('close', () => r()))))).then(() => undefined);
   }
 
   #whenUnaryIdle(): Promise<void> {

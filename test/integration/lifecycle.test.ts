@@ -135,6 +135,10 @@ describe('SIGTERM', () => {
     await agent.waitForStatuses(healthyReady);
     const caller = new ProbeApiClient(agent.socket);
     try {
+      // The connection is set up (and routed past the socket's first-request peek) before the timed
+      // call, so that call is surely in flight when SIGTERM comes 200 ms later; a connection still
+      // being set up at SIGTERM is refused like any new call.
+      await caller.version();
       const call = settle(caller.probe({ pod: { uid: stuck.uid }, handler: hang, timeoutSeconds: 1, deadlineMs: 30_000 }));
       await sleep(200);
       const t0 = Date.now();
