@@ -7,34 +7,32 @@
 import { requireRoot } from '../support/root.ts';
 requireRoot([]);
 
-import { spawn } from 'node:child_process';
-import { once } from 'node:events';
 import { chmod, mkdir, mkdtemp, rm, stat } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ProbeApiServer } from '../../agent/api/server.ts';
 import { ResultsStore } from '../../agent/scheduler/results-store.ts';
+import { portableNode, runNodeAs, tmpdirOthersReach, type PortableNode } from '../support/other-user.ts';
 
 let scratch: string;
+// uid 65534 cannot run the checkout's node when the clone sits in a 0700 directory.
+let nodeForOthers: PortableNode;
 const prober = { probe: async (): Promise<never> => { throw new Error('not used by this test'); } };
 
 beforeAll(async () => {
-  scratch = await mkdtemp(join(tmpdir(), 'pa-socket-dir-'));
+  nodeForOthers = portableNode();
+  scratch = await mkdtemp(join(tmpdirOthersReach(), 'pa-socket-dir-'));
   await chmod(scratch, 0o755);
 });
 
 afterAll(async () => {
   if (scratch) await rm(scratch, { recursive: true, force: true });
+  nodeForOthers?.remove();
 });
 
 /** What uid 65534 gets from listing `dir`. */
-async function listAsNobody(dir: string): Promise<string> {
-  const child = spawn(process.execPath, ['-e', `try{require('fs').readdirSync(${JSON.stringify(dir)});console.log('listed')}catch(e){console.log(e.code)}`], { uid: 65534, gid: 65534 });
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  await once(child, 'exit');
-  return out.trim();
+function listAsNobody(dir: string): Promise<string> {
+  return runNodeAs(nodeForOthers.node, 65534, `try{require('fs').readdirSync(${JSON.stringify(dir)});console.log('listed')}catch(e){console.log(e.code)}`);
 }
 
 describe('the socket directory', () => {

@@ -29,4 +29,15 @@ describe('test hygiene on a new machine', () => {
     }
     expect(offenders).toEqual([]);
   });
+
+  it("no test runs the checkout's node as another user (a clone in a 0700 directory hides it; use test/support/other-user.ts)", () => {
+    const offenders: string[] = [];
+    for (const file of sources(TEST_ROOT)) {
+      const text = readFileSync(file, 'utf8');
+      for (const [i, line] of text.split('\n').entries()) {
+        if (/spawn(Sync)?\(\s*process\.execPath\b.*\buid\s*:/.test(line)) offenders.push(`${path.relative(TEST_ROOT, file)}:${i + 1}`);
+      }
+    }
+    expect(offenders).toEqual([]);
+  });
 });
