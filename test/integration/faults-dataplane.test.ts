@@ -499,7 +499,7 @@ describe('overload', () => {
       // Now the hog holds the only slot for one second in every two: the others queue behind it, then overflow.
       small.setPods([hog({ httpGet: { path: '/hang', port } }), ...quick]);
       const seen = await tiny.waitForStatuses((s) => s.some((x) => x.lastReason === 'queue-full'), 10_000);
-      expect(seen.find((x) => x.lastReason === 'queue-full')).toMatchObject({ onHold: false, lastMessage: expect.stringMatching(/^probe queue full/) });
+      expect(seen.find((x) => x.lastReason === 'queue-full')).toMatchObject({ onHold: false, lastMessage: expect.stringMatching(/^probe refused: node queue full for probes/) });
       const after = await waitFor('a new success for every quick pod', async () => {
         const now = await successes(tiny);
         return quick.every((_, i) => (now.get(`quick-${i}`) ?? 0) > (before.get(`quick-${i}`) ?? 0)) && now;

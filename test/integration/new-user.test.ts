@@ -182,7 +182,7 @@ describe('help', () => {
     const flags = [...(await helpEntries('audit')).keys()].sort();
     expect(flags).toEqual([
       '--concurrency', '--cri-endpoint', '--feature-gates', '--help', '--helper-path', '--kube-probe-version',
-      '--kubelet-ca-file', '--kubelet-insecure-tls', '--kubelet-max-response-bytes', '--kubelet-request-timeout',
+      '--kubelet-ca-file', '--kubelet-insecure-tls', '--kubelet-max-pod-bytes', '--kubelet-max-response-bytes', '--kubelet-request-timeout',
       '--kubelet-tls-server-name', '--kubelet-token-file', '--kubelet-url', '--log-format', '--log-level',
       '--netns-dir', '--netns-resolvers', '--output', '--proc-root', '--sandboxed-runtime-handlers', '--verbosity',
     ]);

@@ -314,7 +314,7 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
       await server.close();
       health.close();
     }
-    expect(c.resources).toEqual({ requests: { cpu: '150m', memory: '160Mi' }, limits: { memory: '288Mi' } });
+    expect(c.resources).toEqual({ requests: { cpu: '150m', memory: '160Mi' }, limits: { memory: '320Mi' } });
     const heap = /--max-old-space-size=(\d+)/.exec((c.env as Obj[]).find((e) => e.name === 'NODE_OPTIONS')?.value ?? '');
     expect(Number(heap?.[1])).toBeLessThan(mib(c.resources.limits.memory) * 0.75);
     for (const container of pod().containers as Obj[]) {
