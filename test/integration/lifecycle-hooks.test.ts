@@ -10,7 +10,6 @@ requireRoot(['ip', 'nft', 'openssl']);
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdtempSync, rmSync, symlinkSync, unlinkSync } from 'node:fs';
-import { request } from 'node:http';
 import * as http2 from 'node:http2';
 import * as net from 'node:net';
 import { encodeLifecycleHandler } from '../../agent/api/handler-wire.ts';
@@ -35,6 +34,7 @@ import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { startShimMetricsServer, type ShimMetricsServer } from '../../agent/shim/metrics-server.ts';
 import { KubeletCri, RUNTIME_SERVICE } from '../support/kubelet-cri.ts';
+import { getUnix } from '../support/http-unix.ts';
 
 const run = promisify(execFile);
 const ROOT = new URL('../..', import.meta.url).pathname;
@@ -266,17 +266,6 @@ describe('rewritten hooks through the kubelet shim across agent restarts and dra
     return stdout.split('\n').filter((l) => l.trim() !== '').length;
   }
 
-  function getUnix(socketPath: string, urlPath: string): Promise<{ status: number; body: string }> {
-    return new Promise((resolve, reject) => {
-      const req = request({ socketPath, path: urlPath }, (res) => {
-        let body = '';
-        res.on('data', (c: Buffer) => (body += c.toString()));
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
-      });
-      req.on('error', reject);
-      req.end();
-    });
-  }
 
   function sample(text: string, series: string): number {
     const line = text.split('\n').find((l) => l.startsWith(`${series} `));

@@ -8,7 +8,6 @@
  */
 import { spawn, spawnSync } from 'node:child_process';
 import { lstatSync, mkdtempSync, rmSync, statSync } from 'node:fs';
-import { request } from 'node:http';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -21,6 +20,7 @@ import { startShimMetricsServer } from '../../agent/shim/metrics-server.ts';
 import { loadProbeApi, type WireLifecycleResponse } from '../../agent/api/proto.ts';
 import { NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from '../../agent/api/hook-refusal.ts';
 import { KubeletCri, RUNTIME_SERVICE } from '../support/kubelet-cri.ts';
+import { getUnix } from '../support/http-unix.ts';
 
 let scratch: string;
 let runtime: grpc.Server;
@@ -248,17 +248,6 @@ describe('hook refusals the shim retries within --hook-agent-wait, and those it 
 });
 
 describe("the shim's metrics endpoints", () => {
-  function getUnix(socketPath: string, urlPath: string): Promise<{ status: number; body: string }> {
-    return new Promise((resolve, reject) => {
-      const req = request({ socketPath, path: urlPath }, (res) => {
-        let body = '';
-        res.on('data', (c: Buffer) => (body += c.toString()));
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
-      });
-      req.on('error', reject);
-      req.end();
-    });
-  }
 
   it('probe-agent shim serves its counters on --metrics-socket (directory 0700, socket 0600) and still accepts the deprecated --hook-deadline', async () => {
     const CLI = new URL('../../agent/cli.ts', import.meta.url).pathname;
