@@ -170,7 +170,9 @@ describe('health that pods cannot take down', () => {
     await until(() => !tablePresent(), 30_000, 'fail open');
     await until(() => /FAIL OPEN: /.test(output), 5000, 'the fail-open log line');
     expect(output).toMatch(/FAIL OPEN: agent not ready for 1s \(last check: answered "HTTP\/1\.1 500[^"]*"\): table inet \S+ removed.*fail open #1/);
-    expect(readFileSync(stateFile, 'utf8')).toMatch(/^fail_open_total 1$/m);
+    // The sidecar logs, then writes its state file (after every check): wait for the file too.
+    await until(() => /^fail_open_total 1$/m.test(readFileSync(stateFile, 'utf8')), 5000, 'the fail open in the state file');
+    expect(readFileSync(stateFile, 'utf8')).toMatch(/^table_present 0$/m);
     const m = (await agent.http('/metrics')).body;
     expect(sample(m, 'probe_agent_close_hole_fail_opens_total')).toBe(1);
     expect(sample(m, 'probe_agent_close_hole_table_present')).toBe(0);
