@@ -25,6 +25,7 @@ import { connectScript, portableNode, runNodeAs } from '../support/other-user.ts
 import { makePods } from '../support/pod-factory.ts';
 import { sample, sleep, snapshot, until } from '../soak/observe.ts';
 import { podFor, SandboxServer } from '../soak/sandbox-server.ts';
+import { statusNameOf } from '../support/call-status.ts';
 
 const NS = 'abuse';
 const HANG = 9999;
@@ -54,15 +55,6 @@ async function targetReady(): Promise<void> {
   if (s?.result !== 'success' || !s.ready) throw new Error(`target not ready: ${JSON.stringify(s)}`);
 }
 
-/** gRPC status code of a settled call ('OK' when it resolved). */
-async function codeOf(p: Promise<unknown>): Promise<string> {
-  try {
-    await p;
-    return 'OK';
-  } catch (err) {
-    return err instanceof ApiError ? (grpc.status[err.grpcCode] ?? String(err.grpcCode)) : `thrown: ${String(err)}`;
-  }
-}
 
 function tally(codes: string[]): Record<string, number> {
   const out: Record<string, number> = {};
@@ -93,7 +85,7 @@ afterAll(async () => {
 describe('ProbeService abuse through the daemon socket', () => {
   it('refuses an oversized request with RESOURCE_EXHAUSTED and garbage bytes with a status, and carries on', async () => {
     const huge: ProbeHandler = { kind: 'http', port: 8080, path: '/', scheme: 'HTTP', headers: [{ name: 'x-pad', value: 'p'.repeat(2 * 1024 * 1024) }] };
-    expect(await codeOf(agent.client.probe({ pod: { uid: target.uid }, handler: huge }))).toBe('RESOURCE_EXHAUSTED');
+    expect(await statusNameOf(agent.client.probe({ pod: { uid: target.uid }, handler: huge }))).toBe('RESOURCE_EXHAUSTED');
 
     const def = loadProbeApi().service['Probe'] as grpc.MethodDefinition<object, object>;
     const raw = new grpc.Client(`unix:${agent.socket}`, grpc.credentials.createInsecure());
@@ -124,7 +116,7 @@ describe('ProbeService abuse through the daemon socket', () => {
     const codes = await Promise.all(Array.from({ length: 600 }, (_, i) => {
       const pod = i % 3 === 0 ? { uid: `00000000-0000-4000-8000-${String(i).padStart(12, '0')}` }
         : i % 3 === 1 ? { sandboxId: 'f'.repeat(64) } : { namespace: NS, name: `ghost-${i}` };
-      return codeOf(agent.client.probe({ pod, handler: hang, timeoutSeconds: 1 }));
+      return statusNameOf(agent.client.probe({ pod, handler: hang, timeoutSeconds: 1 }));
     }));
     const ms = performance.now() - t;
     expect(tally(codes)).toEqual({ NOT_FOUND: 600 });
@@ -153,7 +145,7 @@ describe('ProbeService abuse through the daemon socket', () => {
         })();
         const t = performance.now();
         const codes = await Promise.all(clients.flatMap((c) => Array.from({ length: 400 }, () =>
-          codeOf(c.probe({ pod: { uid: target.uid }, handler: hang, timeoutSeconds: 2, deadlineMs: 20_000 })))));
+          statusNameOf(c.probe({ pod: { uid: target.uid }, handler: hang, timeoutSeconds: 2, deadlineMs: 20_000 })))));
         sampling = false;
         await sampler;
         const counts = tally(codes);
@@ -199,7 +191,7 @@ describe('ProbeService abuse through the daemon socket', () => {
     try {
       await until(() => seen.every((s) => s.some((m) => m.kind === 'snapshot')), 10_000, '64 snapshots');
       const extra = c.watch();
-      expect(await codeOf(extra.next())).toBe('RESOURCE_EXHAUSTED');
+      expect(await statusNameOf(extra.next())).toBe('RESOURCE_EXHAUSTED');
       kubelet.setPods([targetPod(), ...idlePods(5, 'abuse-new')]);
       await until(() => seen.every((s) => s.filter((m) => m.kind === 'event' && m.event.type === 'added').length >= 5), 10_000, 'every watcher to see the 5 new workers');
       expect(seen.every((s) => !s.some((m) => m.kind === 'reconnecting'))).toBe(true);

@@ -21,7 +21,7 @@ import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSan
 import { SandboxServer } from '../soak/sandbox-server.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
-import { KubeletCri, RUNTIME_SERVICE, type CriAnswer } from '../support/kubelet-cri.ts';
+import { KubeletCri, readContainerEvents, RUNTIME_SERVICE, type CriAnswer } from '../support/kubelet-cri.ts';
 import { makePod } from '../support/pod-factory.ts';
 import { grpcRequestHeaders, headerValue, rawUnary } from '../support/raw-h2.ts';
 
@@ -59,19 +59,6 @@ function readiness(): string[] {
 }
 
 
-/** The events stream read for 1.5 s then cancelled: its status and message count. */
-function readEvents(c: KubeletCri): Promise<{ code: number; details: string; messages: number }> {
-  return new Promise((resolve) => {
-    const call = c.containerEvents();
-    let messages = 0;
-    call.on('data', () => {
-      messages++;
-    });
-    call.on('error', (err: grpc.ServiceError) => resolve({ code: err.code, details: err.details, messages }));
-    call.on('end', () => resolve({ code: 0, details: '', messages }));
-    setTimeout(() => call.cancel(), 1500);
-  });
-}
 
 beforeAll(async () => {
   ctrd = await createContainerdLab();
@@ -127,7 +114,7 @@ describe.each([
   });
 
   it('a server stream (GetContainerEvents) ends as containerd ends it', async () => {
-    const [a, b] = await Promise.all([readEvents(c), readEvents(direct)]);
+    const [a, b] = await Promise.all([readContainerEvents(c), readContainerEvents(direct)]);
     expect(a).toEqual(b);
   });
 

@@ -17,7 +17,7 @@ import { CriShim } from '../../agent/shim/proxy.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { labScratch } from '../lab/slots.ts';
 import { createContainerdLab, type ContainerdLab, type LabSandbox } from '../lab/containerd.ts';
-import { KubeletCri, RUNTIME_SERVICE, type CriAnswer } from '../support/kubelet-cri.ts';
+import { KubeletCri, readContainerEvents, RUNTIME_SERVICE, type CriAnswer } from '../support/kubelet-cri.ts';
 
 let ctrd: ContainerdLab;
 let scratch: string;
@@ -221,18 +221,8 @@ describe('kubelet-shaped calls through the shim', () => {
   });
 
   it('GetContainerEvents (a server stream) passes through as the runtime answers it', async () => {
-    const read = (c: KubeletCri): Promise<{ code: number; details: string; messages: number }> => new Promise((resolve) => {
-      const call = c.containerEvents();
-      let messages = 0;
-      call.on('data', () => {
-        messages++;
-      });
-      call.on('error', (err: grpc.ServiceError) => resolve({ code: err.code, details: err.details, messages }));
-      call.on('end', () => resolve({ code: 0, details: '', messages }));
-      setTimeout(() => call.cancel(), 1500);
-    });
     // containerd 1.6 has no evented PLEG: both ways the same answer (UNIMPLEMENTED), or the same cancelled stream on 1.7+.
-    const [a, b] = await Promise.all([read(viaShim), read(direct)]);
+    const [a, b] = await Promise.all([readContainerEvents(viaShim), readContainerEvents(direct)]);
     expect(a).toEqual(b);
   });
 });

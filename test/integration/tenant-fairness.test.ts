@@ -19,6 +19,7 @@ import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { sample, sleep, until } from '../soak/observe.ts';
 import { podFor, SandboxServer } from '../soak/sandbox-server.ts';
+import { statusNameOf } from '../support/call-status.ts';
 
 const HANG = 9999;
 const HOUR = 3600;
@@ -39,14 +40,6 @@ let agent: AgentHandle;
 let noisyClient: ProbeApiClient;
 const hanging: Promise<unknown>[] = [];
 
-async function codeOf(p: Promise<unknown>): Promise<string> {
-  try {
-    await p;
-    return 'OK';
-  } catch (err) {
-    return err instanceof ApiError ? (grpc.status[err.grpcCode] ?? String(err.grpcCode)) : `thrown: ${String(err)}`;
-  }
-}
 
 function percentile(values: number[], p: number): number {
   const s = [...values].sort((a, b) => a - b);
@@ -86,10 +79,10 @@ describe('tenant fairness through the running agent', () => {
     // Noisy: 32 probes and 16 hooks in each of its two pods.
     for (const sb of [noisyA, noisyB]) {
       for (let i = 0; i < 32; i++) {
-        hanging.push(codeOf(noisyClient.probe({ pod: { uid: sb.uid }, handler: hangHttp, timeoutSeconds: HOUR, deadlineMs: HOUR * 1000 + SHIM_GRACE_MS })));
+        hanging.push(statusNameOf(noisyClient.probe({ pod: { uid: sb.uid }, handler: hangHttp, timeoutSeconds: HOUR, deadlineMs: HOUR * 1000 + SHIM_GRACE_MS })));
       }
       for (let i = 0; i < 16; i++) {
-        hanging.push(codeOf(noisyClient.runLifecycleHandler({ pod: { uid: sb.uid }, hook: 'postStart', handler: { kind: 'http', port: HANG, path: '/', scheme: 'HTTP', headers: [] }, timeoutSeconds: HOUR })));
+        hanging.push(statusNameOf(noisyClient.runLifecycleHandler({ pod: { uid: sb.uid }, hook: 'postStart', handler: { kind: 'http', port: HANG, path: '/', scheme: 'HTTP', headers: [] }, timeoutSeconds: HOUR })));
       }
     }
     const inFlight = async (): Promise<number> => sample((await agent.http('/metrics')).body, 'probe_agent_probes_in_flight') ?? 0;
@@ -125,7 +118,7 @@ describe('tenant fairness through the running agent', () => {
     // Noisy pod a fills its per-pod share (64 probes); one more call that could not start before
     // its deadline is refused at once, and says why.
     for (let i = 0; i < 32; i++) {
-      hanging.push(codeOf(noisyClient.probe({ pod: { uid: noisyA.uid }, handler: hangHttp, timeoutSeconds: HOUR, deadlineMs: HOUR * 1000 + SHIM_GRACE_MS })));
+      hanging.push(statusNameOf(noisyClient.probe({ pod: { uid: noisyA.uid }, handler: hangHttp, timeoutSeconds: HOUR, deadlineMs: HOUR * 1000 + SHIM_GRACE_MS })));
     }
     await until(async () => (await inFlight()) >= 96, 20_000, '96 noisy probes in flight');
     const t0 = performance.now();

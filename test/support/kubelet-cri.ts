@@ -78,3 +78,17 @@ export class KubeletCri {
 
 /** The service definition, for tests that serve a RuntimeService themselves. */
 export const RUNTIME_SERVICE = service;
+
+/** A GetContainerEvents stream read for 1.5 s, then cancelled: its status and how many messages came. */
+export function readContainerEvents(c: KubeletCri): Promise<{ code: number; details: string; messages: number }> {
+  return new Promise((resolve) => {
+    const call = c.containerEvents();
+    let messages = 0;
+    call.on('data', () => {
+      messages++;
+    });
+    call.on('error', (err: grpc.ServiceError) => resolve({ code: err.code, details: err.details, messages }));
+    call.on('end', () => resolve({ code: 0, details: '', messages }));
+    setTimeout(() => call.cancel(), 1500);
+  });
+}
