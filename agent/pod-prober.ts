@@ -160,13 +160,8 @@ export class PodProber implements OnDemandProber {
     if (req.handler.kind === 'exec') throw new InvalidProbeError('handler: exec probes are run by kubelet, not by probe-agent');
     const located = await this.locate(req, signal);
     const { pod, container, containerID, sandbox } = located;
-    // A call naming a container ID is the kubelet shim's: its handler came from the pod's own exec command.
     const shimCall = req.containerID !== undefined;
-    if (shimCall) refuseForeignHostInShimCall(req.handler, pod.podIPs, 'probe');
-    if (shimCall && req.handler.kind === 'http') refuseDroppedHeaderValues(req.handler, headerSource(located, req.probeType ? { probeType: req.probeType } : undefined));
-    const handler = req.handler.kind === 'http' && needsHeaderValues(req.handler)
-      ? withHeaderValues(req.handler, headerSource(located, req.probeType ? { probeType: req.probeType } : undefined))
-      : req.handler;
+    const handler = this.#callHandler(req.handler, located, shimCall, req.probeType ? { probeType: req.probeType } : undefined, 'probe');
     // Admitted per namespace and pod as soon as the pod is known (before any netns work, so that a
     // refused call costs next to nothing): fair queueing, and refused at once when the probe could
     // not start its full timeout before the caller's deadline. One tenant's hanging probes never
@@ -230,11 +225,7 @@ export class PodProber implements OnDemandProber {
     const located = await this.locate(req, signal);
     const { pod, container, sandbox } = located;
     const shimCall = req.containerID !== undefined;
-    if (shimCall) refuseForeignHostInShimCall(req.handler, pod.podIPs, 'hook');
-    if (shimCall && req.handler.kind === 'http') refuseDroppedHeaderValues(req.handler, headerSource(located, { hook: req.hook }));
-    const handler = req.handler.kind === 'http' && needsHeaderValues(req.handler)
-      ? withHeaderValues(req.handler, headerSource(located, { hook: req.hook }))
-      : req.handler;
+    const handler = this.#callHandler(req.handler, located, shimCall, { hook: req.hook }, 'hook');
     const run = async (): Promise<HookOutcome> => {
       const netns = sandbox?.netns || (await this.#resolve(pod, signal));
       return runLifecycleHandler(handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal, shimCall), hook: req.hook });
@@ -246,6 +237,19 @@ export class PodProber implements OnDemandProber {
       : await run();
     if (outcome.reason === 'netns-gone') this.#netnsGone(pod.uid, sandbox?.id);
     return outcome;
+  }
+
+  /**
+   * The handler an API call runs. A call naming a container ID is the kubelet shim's, its handler
+   * taken from the pod's own exec command: a foreign host or a header value an old shim dropped is
+   * refused. `valueFrom: annotation` header values are filled from the sandbox's record.
+   */
+  #callHandler<H extends ProbeHandler>(handler: H, located: Located, shimCall: boolean, kind: { probeType: ProbeType } | { hook: LifecycleHook } | undefined, what: 'probe' | 'hook'): H {
+    if (shimCall) refuseForeignHostInShimCall(handler, located.pod.podIPs, what);
+    if (handler.kind !== 'http') return handler;
+    const source = headerSource(located, kind);
+    if (shimCall) refuseDroppedHeaderValues(handler, source);
+    return needsHeaderValues(handler) ? (withHeaderValues(handler, source) as H) : handler;
   }
 
   /** Forgets what was learnt about a pod (it is gone). */
