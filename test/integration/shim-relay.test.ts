@@ -19,7 +19,8 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
-import { FrameReader, FrameType, HeaderBlockCollector, Flag, frame } from '../../agent/http2/authority.ts';
+import { CLIENT_PREFACE, FrameReader, FrameType, HeaderBlockCollector, Flag, frame, headerFrames } from '../../agent/http2/authority.ts';
+import { encodeLiteralBlock, HpackDecoder } from '../../agent/http2/hpack.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
 import { labScratch } from '../lab/slots.ts';
@@ -212,6 +213,30 @@ describe('the frame relay on one kubelet connection', () => {
     }
   });
 
+  it("the shim's own answers stay within kubelet's connection window while large runtime answers fill it", async () => {
+    // A hand-written client that grants streams 1 MiB each but the connection only the initial
+    // 65,535 octets: the runtime's ListContainers DATA fills that window, and answers the shim
+    // then writes on its own must wait for the client's WINDOW_UPDATE (a relay that passes the
+    // client's connection credit to the runtime and writes its own DATA besides overruns it).
+    const c = new RawClient(shim.config.listenPath, 1 << 20);
+    try {
+      await c.ready;
+      const listIds = [0, 1, 2].map(() => c.request(RUNTIME_SERVICE['ListContainers']!.path, RUNTIME_SERVICE['ListContainers']!.requestSerialize({})));
+      await new Promise((r) => setTimeout(r, 300));
+      const probeIds = Array.from({ length: 6 }, () => c.request(RUNTIME_SERVICE['ExecSync']!.path, RUNTIME_SERVICE['ExecSync']!.requestSerialize({ containerId: app.id, cmd: probeCmd(), timeout: 1 })));
+      await new Promise((r) => setTimeout(r, 1000));
+      expect(c.connectionData).toBeGreaterThan(40_000); // the runtime filled the window (whole 16 KiB frames)
+      expect(c.connectionData).toBeLessThanOrEqual(65_535); // and nothing went beyond it
+      c.grant(64 << 20);
+      await c.allEnded([...listIds, ...probeIds], 20_000);
+      for (const id of listIds) expect((RUNTIME_SERVICE['ListContainers']!.responseDeserialize(c.body(id)) as Listed).containers.length).toBeGreaterThan(BIG_CONTAINERS);
+      for (const id of probeIds) expect((RUNTIME_SERVICE['ExecSync']!.responseDeserialize(c.body(id)) as { exitCode: number }).exitCode).toBe(0);
+      expect(c.goaway).toBeUndefined();
+    } finally {
+      c.close();
+    }
+  });
+
   it("kubelet's dynamic table stays in step: intercepted calls insert headers that later forwarded calls reference", async () => {
     const s = connect(shim.config.listenPath);
     try {
@@ -281,3 +306,96 @@ describe('containerd stopping while a hook runs', () => {
     }
   });
 });
+
+/**
+ * A minimal HTTP/2 gRPC client on a plain socket that controls its own connection window: it
+ * advertises `streamWindow` per stream and never credits the connection until grant() is called.
+ */
+class RawClient {
+  readonly ready: Promise<void>;
+  connectionData = 0;
+  goaway: number | undefined;
+  readonly #sock: net.Socket;
+  readonly #reader = new FrameReader(false);
+  readonly #blocks = new HeaderBlockCollector();
+  readonly #decoder = new HpackDecoder({ maxTableSize: 4096, maxHeaderListSize: 1 << 20 });
+  readonly #data = new Map<number, Buffer[]>();
+  readonly #ended = new Set<number>();
+  readonly #status = new Map<number, string>();
+  #next = 1;
+
+  constructor(socketPath: string, streamWindow: number) {
+    this.#sock = net.connect(socketPath);
+    this.#sock.on('error', () => {});
+    const settings = Buffer.alloc(6);
+    settings.writeUInt16BE(4, 0);
+    settings.writeUInt32BE(streamWindow, 2);
+    this.ready = new Promise((resolve) => this.#sock.once('connect', () => {
+      this.#sock.write(Buffer.concat([CLIENT_PREFACE, frame(FrameType.SETTINGS, 0, 0, settings)]));
+      resolve();
+    }));
+    this.#sock.on('data', (d: Buffer) => {
+      this.#reader.push(d);
+      for (let f = this.#reader.next(); f; f = this.#reader.next()) {
+        if (f.type === FrameType.SETTINGS && !(f.flags & Flag.ACK)) this.#sock.write(frame(FrameType.SETTINGS, Flag.ACK, 0, Buffer.alloc(0)));
+        else if (f.type === FrameType.PING && !(f.flags & Flag.ACK)) this.#sock.write(frame(FrameType.PING, Flag.ACK, 0, f.payload));
+        else if (f.type === FrameType.GOAWAY) this.goaway = f.payload.readUInt32BE(4);
+        else if (f.type === FrameType.DATA) {
+          this.connectionData += f.payload.length;
+          const list = this.#data.get(f.streamId) ?? [];
+          list.push(Buffer.from(f.payload));
+          this.#data.set(f.streamId, list);
+          if (f.flags & Flag.END_STREAM) this.#ended.add(f.streamId);
+        } else if (f.type === FrameType.HEADERS || f.type === FrameType.CONTINUATION) {
+          const h = this.#blocks.take(f);
+          if (!h) continue;
+          const st = this.#decoder.decode(h.block).find((x) => x.name === 'grpc-status');
+          if (st) this.#status.set(h.streamId, st.value);
+          if (h.endStream) this.#ended.add(h.streamId);
+        } else if (f.type === FrameType.RST_STREAM) {
+          this.#ended.add(f.streamId);
+          this.#status.set(f.streamId, `reset ${f.payload.readUInt32BE(0)}`);
+        }
+      }
+    });
+  }
+
+  /** Sends one unary gRPC request; returns its stream id. */
+  request(path: string, msg: Buffer): number {
+    const id = this.#next;
+    this.#next += 2;
+    const block = encodeLiteralBlock([
+      { name: ':method', value: 'POST' }, { name: ':scheme', value: 'http' }, { name: ':path', value: path },
+      { name: ':authority', value: 'localhost' }, { name: 'content-type', value: 'application/grpc' }, { name: 'te', value: 'trailers' },
+    ]);
+    const body = Buffer.alloc(5 + msg.length);
+    body.writeUInt32BE(msg.length, 1);
+    msg.copy(body, 5);
+    this.#sock.write(Buffer.concat([...headerFrames({ streamId: id, endStream: false, priority: null, block }), frame(FrameType.DATA, Flag.END_STREAM, id, body)]));
+    return id;
+  }
+
+  /** Credits the connection window. */
+  grant(n: number): void {
+    const p = Buffer.alloc(4);
+    p.writeUInt32BE(n, 0);
+    this.#sock.write(frame(FrameType.WINDOW_UPDATE, 0, 0, p));
+  }
+
+  async allEnded(ids: number[], timeoutMs: number): Promise<void> {
+    for (let waited = 0; ids.some((id) => !this.#ended.has(id)); waited += 20) {
+      if (waited > timeoutMs) throw new Error(`streams not ended: ${ids.filter((id) => !this.#ended.has(id)).join(', ')}`);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    for (const id of ids) expect(this.#status.get(id), `stream ${id}`).toBe('0');
+  }
+
+  /** The one gRPC message a stream carried. */
+  body(id: number): Buffer {
+    return Buffer.concat(this.#data.get(id) ?? []).subarray(5);
+  }
+
+  close(): void {
+    this.#sock.destroy();
+  }
+}
