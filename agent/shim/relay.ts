@@ -828,7 +828,9 @@ export class FrameRelay {
   #flushRuntime(): void {
     const r = this.#r;
     if (r === null || this.#runtime === 'connecting' || this.#closed) return;
-    if (this.#rCredit > 0 && this.#rLive() && this.#settingsForwarded) {
+    // Credit rides along with other frames, or goes alone once a quarter of the grant is used:
+    // a WINDOW_UPDATE of its own per answer would be a system call (and a wakeup of the runtime).
+    if (this.#rCredit > 0 && this.#rLive() && this.#settingsForwarded && (this.#toRuntime.length > 0 || this.#rCredit >= RUNTIME_CREDIT_BATCH)) {
       this.#toRuntime.push(windowUpdate(0, this.#rCredit));
       this.#rCredit = 0;
     }
