@@ -138,9 +138,15 @@ interface Outgoing {
   ends?: RelayStream | null;
 }
 
-/** Reads frames with a changeable size bound (the peer's SETTINGS_MAX_FRAME_SIZE, clamped). */
-class FrameSplitter {
+/**
+ * Reads frames with a changeable size bound (the peer's SETTINGS_MAX_FRAME_SIZE, clamped). Frames
+ * are subarrays of the chunks read; only a frame split across two reads is copied (not the rest of
+ * the second read, which a large answer would otherwise copy again on every read).
+ */
+export class FrameSplitter {
   #buf: Buffer = Buffer.alloc(0);
+  /** A split frame completed by push(), returned first. */
+  #ready: Buffer | null = null;
   #preface: boolean;
   maxFrame = DEFAULT_FRAME;
 
@@ -148,15 +154,44 @@ class FrameSplitter {
     this.#preface = !expectPreface;
   }
 
+  /** Adds a read; call next() until null before the next push. */
   push(chunk: Buffer): void {
-    this.#buf = this.#buf.length === 0 ? chunk : Buffer.concat([this.#buf, chunk]);
+    let b = this.#buf;
+    if (b.length === 0) {
+      this.#buf = chunk;
+      return;
+    }
+    if (!this.#preface) {
+      this.#buf = Buffer.concat([b, chunk]);
+      return;
+    }
+    for (;;) {
+      const need = this.#unitLength(b) - b.length;
+      if (need <= 0) break;
+      if (chunk.length <= need) {
+        this.#buf = Buffer.concat([b, chunk]);
+        return;
+      }
+      b = Buffer.concat([b, chunk.subarray(0, need)]);
+      chunk = chunk.subarray(need);
+    }
+    this.#ready = b;
+    this.#buf = chunk;
   }
 
-  get buffered(): number {
-    return this.#buf.length;
+  /** Octets of the frame `b` begins (its header's 9 until that is complete; an oversized one ends at once, to be refused). */
+  #unitLength(b: Buffer): number {
+    if (b.length < FRAME_HEADER) return FRAME_HEADER;
+    const length = (b[0]! << 16) | (b[1]! << 8) | b[2]!;
+    return length > this.maxFrame ? b.length : FRAME_HEADER + length;
   }
 
   next(): Frame | null {
+    if (this.#ready !== null) {
+      const r = this.#ready;
+      this.#ready = null;
+      return this.#take(r, r.length);
+    }
     if (!this.#preface) {
       const n = Math.min(this.#buf.length, CLIENT_PREFACE.length);
       if (!this.#buf.subarray(0, n).equals(CLIENT_PREFACE.subarray(0, n))) throw new H2InputError('not an HTTP/2 client preface');
@@ -166,12 +201,18 @@ class FrameSplitter {
     }
     const b = this.#buf;
     if (b.length < FRAME_HEADER) return null;
+    const f = this.#take(b, b.length);
+    if (f !== null) this.#buf = b.subarray(f.raw.length);
+    return f;
+  }
+
+  /** The frame at the start of `b`, or null when it is not complete yet. Throws on an oversized one. */
+  #take(b: Buffer, available: number): Frame | null {
     const length = (b[0]! << 16) | (b[1]! << 8) | b[2]!;
     if (length > this.maxFrame) throw new H2InputError(`frame of ${length} octets exceeds SETTINGS_MAX_FRAME_SIZE ${this.maxFrame}`);
     const end = FRAME_HEADER + length;
-    if (b.length < end) return null;
+    if (available < end) return null;
     const raw = b.subarray(0, end);
-    this.#buf = b.subarray(end);
     return { type: raw[3]!, flags: raw[4]!, streamId: raw.readUInt32BE(5) & 0x7fffffff, payload: raw.subarray(FRAME_HEADER), raw };
   }
 }
@@ -842,6 +883,16 @@ export class FrameRelay {
 
   #write(socket: net.Socket, out: Buffer[]): void {
     if (socket.destroyed) return;
+    // Frames forwarded from one read lie back to back in its buffer (ids rewritten in place): one
+    // subarray covers them, so a large answer is written without a copy.
+    let merged = 0;
+    for (let i = 1; i < out.length; i++) {
+      const a = out[merged]!;
+      const b = out[i]!;
+      if (a.buffer === b.buffer && a.byteOffset + a.length === b.byteOffset) out[merged] = Buffer.from(a.buffer, a.byteOffset, a.length + b.length);
+      else out[++merged] = b;
+    }
+    out.length = merged + 1;
     const ok = socket.write(out.length === 1 ? out[0]! : Buffer.concat(out));
     if (!ok) {
       // Backpressure: stop reading the side that feeds this socket until it drains.
