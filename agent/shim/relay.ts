@@ -606,7 +606,7 @@ export class FrameRelay {
     s.fields = null;
     s.held = [];
     s.cancel = cancel;
-    s.window = this.#kInitialWindow;
+    s.window = this.#kInitialWindow + s.heldCredit;
     this.#creditKubelet(s.heldFlow);
     pending.then(
       (answer) => this.#answer(s, answer),

@@ -283,6 +283,43 @@ describe('the frame relay on one kubelet connection', () => {
   });
 });
 
+describe('close(graceMs) with the frame relay', () => {
+  it('lets a hook in flight finish within the grace, then closes; a hook past the grace is cut', async () => {
+    for (const [graceMs, slowMs, finishes] of [[20_000, 1500, true], [300, 5000, false]] as const) {
+      const s2 = new CriShim({ listenPath: path.join(scratch, `cri-close-${graceMs}.sock`), runtimeSocket: ctrd.socket, probeSocket: agent.socket, relay: 'frames', log: () => {} });
+      await s2.listen();
+      const k = new KubeletCri(s2.config.listenPath);
+      try {
+        expect((await k.call('Version', { version: 'v1' })).ok).toBe(true);
+        const hook = k.execSync(app.id, encodeShimCommand('preStop', { httpGet: { path: `/slow?ms=${slowMs}`, port: HTTP } }), 0);
+        await new Promise((r) => setTimeout(r, 300));
+        const t = performance.now();
+        await s2.close(graceMs);
+        const closedAfter = performance.now() - t;
+        const done = await hook;
+        if (finishes) {
+          expect(done.ok && done.msg.exitCode, JSON.stringify(done)).toBe(0);
+          expect(closedAfter).toBeGreaterThan(slowMs - 300 - 200);
+        } else {
+          expect(done.ok, JSON.stringify(done)).toBe(false);
+        }
+        // Closed: no new connection is accepted.
+        const refused = await new Promise<boolean>((resolve) => {
+          const c = net.connect(s2.config.listenPath);
+          c.on('error', () => resolve(true));
+          c.on('connect', () => {
+            c.destroy();
+            resolve(false);
+          });
+        });
+        expect(refused).toBe(true);
+      } finally {
+        k.close();
+      }
+    }
+  });
+});
+
 describe('containerd stopping while a hook runs', () => {
   it('the hook finishes with its own answer, the connection is sent GOAWAY, and calls work again once containerd is back', async () => {
     const k = new KubeletCri(shim.config.listenPath);
