@@ -58,9 +58,11 @@
  *   backoff (up to minutes) and fail rewritten probes that need no runtime at all. Kubelet's
  *   connection closing aborts the intercepted calls (their AbortSignal) and closes the runtime's.
  *
- * - Bounds: frames ≤ 1 MiB, header blocks ≤ 64 KiB (authority.ts), held requests ≤ 64 KiB, at most
- *   MAX_STREAMS streams per connection (more are refused), the queue to kubelet bounded by
- *   RUNTIME_CONN_WINDOW of DATA plus header blocks, and socket backpressure both ways.
+ * - Bounds: frames ≤ 1 MiB, header blocks ≤ 64 KiB (authority.ts), a held request ≤ 64 KiB and all
+ *   held requests together within kubelet's connection window (their octets are credited only once
+ *   decided), at most MAX_STREAMS streams per connection (more are refused), the queue to kubelet
+ *   bounded by RUNTIME_CONN_WINDOW of DATA plus header blocks, 1,024 tombstones, and socket
+ *   backpressure both ways.
  */
 import * as net from 'node:net';
 import {
