@@ -22,9 +22,10 @@ export function registerShimCommand(program: Command): void {
     .option('--agent-grace <duration>', 'time the agent gets beyond a probe timeout before the call is discarded', '2s')
     .option('--hook-agent-wait <duration>', 'how long a hook waits for an agent that has not started it (down, starting, draining, admission refused)', '60s')
     .option('--hook-deadline <duration>', 'deprecated, no effect: hooks run until they finish or kubelet cancels them (the agent caps one at 1 h)')
+    .option('--relay <mode>', "how kubelet's connections reach the runtime: frames (HTTP/2 frames relayed) or streams (node:http2 streams; the fallback)", 'frames')
     .option('--metrics-socket <path>', "unix socket serving the shim's counters at GET /metrics ('' = none)", '/run/probe-agent-shim/metrics.sock')
     .option('--metrics-listen <host:port>', "also serve the shim's counters over TCP (e.g. 127.0.0.1:9810)")
-    .action(async (o: { listen: string; runtimeEndpoint: string; probeSocket: string; agentGrace: string; hookDeadline?: string; hookAgentWait: string; metricsSocket: string; metricsListen?: string }) => {
+    .action(async (o: { listen: string; runtimeEndpoint: string; probeSocket: string; agentGrace: string; hookDeadline?: string; hookAgentWait: string; relay: string; metricsSocket: string; metricsListen?: string }) => {
       try {
         const flags = {
           listen: o.listen,
@@ -33,6 +34,7 @@ export function registerShimCommand(program: Command): void {
           agentGraceMs: parseDuration(o.agentGrace, '--agent-grace'),
           hookAgentWaitMs: parseDuration(o.hookAgentWait, '--hook-agent-wait'),
           metricsSocket: o.metricsSocket,
+          relay: o.relay,
           ...(o.hookDeadline !== undefined ? { hookDeadlineMs: parseDuration(o.hookDeadline, '--hook-deadline') } : {}),
           ...(o.metricsListen !== undefined ? { metricsListen: o.metricsListen } : {}),
         };

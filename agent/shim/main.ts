@@ -6,7 +6,7 @@
  */
 import { parseArgs } from 'node:util';
 import { parseHostPort, startShimMetricsServer, DEFAULT_SHIM_METRICS_SOCKET } from './metrics-server.ts';
-import { CriShim, socketPathOf, type ShimConfig } from './proxy.ts';
+import { CriShim, RELAY_MODES, socketPathOf, type RelayMode, type ShimConfig } from './proxy.ts';
 
 /** Flag defaults: the paths of docs/closing-the-hole.md. */
 export const SHIM_DEFAULTS = {
@@ -24,6 +24,8 @@ export interface ShimFlags {
   agentGraceMs?: number;
   hookDeadlineMs?: number;
   hookAgentWaitMs?: number;
+  /** 'frames' (default) or 'streams' (the node:http2 fallback). */
+  relay?: string;
   /** Unix socket for GET /metrics ('' = none); default /run/probe-agent-shim/metrics.sock. */
   metricsSocket?: string;
   /** Optional HOST:PORT for GET /metrics over TCP. */
@@ -40,6 +42,10 @@ export async function runShim(flags: ShimFlags): Promise<CriShim> {
   if (flags.agentGraceMs !== undefined) config.agentGraceMs = flags.agentGraceMs;
   if (flags.hookDeadlineMs !== undefined) config.hookDeadlineMs = flags.hookDeadlineMs;
   if (flags.hookAgentWaitMs !== undefined) config.hookAgentWaitMs = flags.hookAgentWaitMs;
+  if (flags.relay !== undefined) {
+    if (!(RELAY_MODES as readonly string[]).includes(flags.relay)) throw new Error(`--relay: invalid mode "${flags.relay}" (want ${RELAY_MODES.join(' or ')})`);
+    config.relay = flags.relay as RelayMode;
+  }
   // Flags first: a bad --metrics-listen must not leave kubelet's socket taken.
   if (flags.metricsListen) parseHostPort(flags.metricsListen);
   const shim = new CriShim(config);
@@ -69,7 +75,7 @@ export async function runShim(flags: ShimFlags): Promise<CriShim> {
     time: new Date().toISOString(), level: 'info', msg: 'shim listening',
     listen: config.listenPath, runtime: config.runtimeSocket, probeSocket: config.probeSocket,
     metricsSocket: flags.metricsSocket ?? SHIM_DEFAULTS.metricsSocket, metricsListen: flags.metricsListen,
-    hookAgentWaitMs: shim.config.hookAgentWaitMs,
+    hookAgentWaitMs: shim.config.hookAgentWaitMs, relay: shim.config.relay,
     startupMs: Math.round(performance.now()),
   })}\n`);
   const stop = (sig: NodeJS.Signals): void => {
@@ -99,6 +105,7 @@ async function main(): Promise<void> {
       'agent-grace': { type: 'string' },
       'hook-deadline': { type: 'string' },
       'hook-agent-wait': { type: 'string' },
+      relay: { type: 'string' },
       'metrics-socket': { type: 'string', default: SHIM_DEFAULTS.metricsSocket },
       'metrics-listen': { type: 'string' },
       help: { type: 'boolean', default: false },
@@ -106,11 +113,12 @@ async function main(): Promise<void> {
     strict: true,
   });
   if (values.help) {
-    process.stdout.write('usage: probe-agent-shim [--listen unix:///run/probe-agent-shim/cri.sock] [--runtime-endpoint unix:///run/containerd/containerd.sock] [--probe-socket /run/probe-agent/probe.sock] [--agent-grace 2s] [--hook-agent-wait 60s] [--metrics-socket /run/probe-agent-shim/metrics.sock] [--metrics-listen HOST:PORT] [--hook-deadline (deprecated, no effect)]\n');
+    process.stdout.write('usage: probe-agent-shim [--listen unix:///run/probe-agent-shim/cri.sock] [--runtime-endpoint unix:///run/containerd/containerd.sock] [--probe-socket /run/probe-agent/probe.sock] [--agent-grace 2s] [--hook-agent-wait 60s] [--relay frames|streams] [--metrics-socket /run/probe-agent-shim/metrics.sock] [--metrics-listen HOST:PORT] [--hook-deadline (deprecated, no effect)]\n');
     return;
   }
   const flags: ShimFlags = { listen: values.listen, runtimeEndpoint: values['runtime-endpoint'], probeSocket: values['probe-socket'], metricsSocket: values['metrics-socket'] };
   if (values['metrics-listen'] !== undefined) flags.metricsListen = values['metrics-listen'];
+  if (values.relay !== undefined) flags.relay = values.relay;
   const grace = ms(values['agent-grace'], '--agent-grace');
   const hook = ms(values['hook-deadline'], '--hook-deadline');
   const wait = ms(values['hook-agent-wait'], '--hook-agent-wait');

@@ -1,7 +1,9 @@
 /**
  * The kubelet shim: a CRI proxy between kubelet and the container runtime. Every call is passed
- * through at the HTTP/2 stream level (headers, data, trailers, resets), never decoded, over one
- * connection to the runtime; only ExecSync is buffered and read, and an ExecSync whose command is
+ * through, never decoded: by default at the HTTP/2 frame level, one runtime connection per kubelet
+ * connection (relay.ts, `relay: 'frames'`), or as node:http2 streams over one shared runtime
+ * connection (`relay: 'streams'`, the previous design, kept as the fallback for one release). Only
+ * ExecSync is buffered and read, and an ExecSync whose command is
  * probe-agent's (agent/rewrite/shim-command.ts) is answered from the agent's ProbeService over a
  * separate connection with its own deadlines, so a slow or dead agent costs kubelet nothing but
  * that one call. Kubelet's ordinary calls never wait on the agent.
@@ -21,6 +23,12 @@ import { parseGrpcTimeout } from './deadline.ts';
 import { decodeExecSyncRequest, encodeExecSyncResponse, EXEC_SYNC_PATH, mayBeShimCommand, type ExecSyncRequest } from './exec-sync.ts';
 import { H2_SETTINGS, UpstreamSession } from './upstream.ts';
 import { handOff, type Handoff } from '../http2/handoff.ts';
+import type { HeaderField } from '../http2/hpack.ts';
+import { FrameRelay, MAX_BUFFERED_EXEC } from './relay.ts';
+
+/** How kubelet's connections are carried: frame relay (default) or node:http2 streams (fallback). */
+export type RelayMode = 'frames' | 'streams';
+export const RELAY_MODES: readonly RelayMode[] = ['frames', 'streams'];
 
 /** How the shim is configured. */
 export interface ShimConfig {
@@ -45,6 +53,12 @@ export interface ShimConfig {
   hookAgentWaitMs?: number;
   /** Local bound on one hook call to a hung agent (default: the agent's 1 h cap + 30 s). */
   hookLastResortMs?: number;
+  /**
+   * How kubelet's connections reach the runtime: 'frames' (default; HTTP/2 frames relayed, one
+   * runtime connection per kubelet connection) or 'streams' (node:http2 server and client streams
+   * over one shared runtime connection; the fallback, to be removed after one release).
+   */
+  relay?: RelayMode;
   /** Counters (default: a new set; main.ts serves them on --metrics-socket). */
   metrics?: ShimMetrics;
   /** Structured log sink; default: JSON lines on stderr for warnings and errors. */
@@ -62,9 +76,7 @@ export interface ShimStats {
   runtimeErrors: number;
 }
 
-const DEFAULTS = { agentGraceMs: 2000, hookDeadlineMs: 0, hookAgentWaitMs: 60_000, hookLastResortMs: 3_630_000 };
-/** ExecSync requests larger than this are not ours (a rewritten command is < 17 KiB) and stream through unread. */
-const MAX_BUFFERED_EXEC = 64 * 1024;
+const DEFAULTS = { relay: 'frames' as RelayMode, agentGraceMs: 2000, hookDeadlineMs: 0, hookAgentWaitMs: 60_000, hookLastResortMs: 3_630_000 };
 
 const PROBE_KINDS: Partial<Record<ShimKind, number>> = WireProbeType;
 const HOOK_KINDS: Partial<Record<ShimKind, number>> = WireHook;
@@ -98,6 +110,8 @@ export class CriShim {
   /** Connections not yet handed to #server (waiting for their first request). */
   readonly #handoffs = new Set<Handoff>();
   readonly #sessions = new Set<http2.ServerHttp2Session>();
+  /** Frame relays of kubelet connections (relay 'frames'). */
+  readonly #relays = new Set<FrameRelay>();
   readonly #warned = new Map<string, { at: number; suppressed: number }>();
 
   constructor(config: ShimConfig) {
@@ -114,7 +128,43 @@ export class CriShim {
       s.on('error', () => {});
     });
     this.#server.on('stream', (stream, headers) => this.#onStream(stream, headers));
-    this.#listener = net.createServer((socket) => this.#accept(socket));
+    if (!RELAY_MODES.includes(this.config.relay)) throw new Error(`relay ${JSON.stringify(this.config.relay)}: want one of ${RELAY_MODES.join(', ')}`);
+    this.#listener = net.createServer((socket) => (this.config.relay === 'frames' ? this.#relay(socket) : this.#accept(socket)));
+  }
+
+  /** Carries a kubelet connection frame by frame to its own runtime connection (relay.ts). */
+  #relay(socket: net.Socket): void {
+    let authorityLogged = false;
+    const relay = new FrameRelay(socket, {
+      runtimeSocket: this.config.runtimeSocket,
+      intercept: (body, fields, signal) => this.#intercept(body, fields, signal),
+      forwarded: (p) => {
+        this.stats.forwarded++;
+        this.metrics.forwarded(p);
+      },
+      runtimeError: (err) => {
+        this.stats.runtimeErrors++;
+        this.metrics.runtimeError();
+        this.#warn('runtime unavailable', { runtime: this.config.runtimeSocket, error: err.message });
+      },
+      refused: (err) => this.#warn('closing a connection that is not HTTP/2 the shim can carry', { error: err.message }),
+      rewritingAuthority: (authority) => {
+        if (authorityLogged) return;
+        authorityLogged = true;
+        this.#log('info', 'client :authority refused by HTTP/2, rewriting it on this connection', { authority: authority ?? null, substitute: 'localhost' });
+      },
+    });
+    this.#relays.add(relay);
+    relay.onClose(() => this.#relays.delete(relay));
+  }
+
+  /** A complete ExecSync body from the frame relay: the shim's answer, or null to forward it. */
+  #intercept(body: Buffer, fields: readonly HeaderField[], signal: AbortSignal): Promise<ExecSyncAnswer> | null {
+    const req = readExecSync(body);
+    if (req === null || !isShimCommand(req.cmd)) return null;
+    this.stats.intercepted++;
+    const timeout = fields.find((f) => f.name === 'grpc-timeout')?.value;
+    return this.#answerFor(req, timeout, signal);
   }
 
   /**
@@ -166,8 +216,10 @@ export class CriShim {
     const closed = new Promise<void>((resolve) => this.#listener.close(() => resolve()));
     for (const h of this.#handoffs) h.cancel();
     for (const s of this.#sessions) s.close();
+    for (const r of this.#relays) r.drain();
     const timer = setTimeout(() => {
       for (const s of this.#sessions) s.destroy();
+      for (const r of this.#relays) r.destroy();
     }, graceMs);
     await closed;
     clearTimeout(timer);
@@ -316,7 +368,6 @@ export class CriShim {
   }
 
   async #answerShimCommand(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, req: ExecSyncRequest): Promise<void> {
-    const started = performance.now();
     // Kubelet cancelling the ExecSync (RST_STREAM; a preStop at the end of the grace period) or
     // going away cancels the agent call, and the agent aborts the hook or probe it runs.
     const cancel = new AbortController();
@@ -325,14 +376,23 @@ export class CriShim {
       if (!answered) cancel.abort();
     };
     stream.once('close', onClose);
+    const answer = await this.#answerFor(req, headers['grpc-timeout'], cancel.signal);
+    answered = true;
+    stream.off('close', onClose);
+    if (stream.destroyed || stream.closed || stream.headersSent) return;
+    if (answer.kind === 'error') respondError(stream, answer.grpcCode, answer.message);
+    else respondExecSync(stream, answer.exitCode, answer.stdout);
+  }
+
+  /** Runs an intercepted ExecSync through the agent and counts it; never throws. */
+  async #answerFor(req: ExecSyncRequest, grpcTimeout: string | string[] | undefined, signal: AbortSignal): Promise<ExecSyncAnswer> {
+    const started = performance.now();
     let run: ShimRun;
     try {
-      run = await this.#runThroughAgent(req, parseGrpcTimeout(headers['grpc-timeout']), cancel.signal);
+      run = await this.#runThroughAgent(req, parseGrpcTimeout(grpcTimeout), signal);
     } catch (err) {
       run = { kind: 'unknown', cause: 'other', answer: { kind: 'error', grpcCode: GrpcCode.INTERNAL, message: `probe-agent shim: ${(err as Error).message}` } };
     }
-    answered = true;
-    stream.off('close', onClose);
     const { answer } = run;
     if (answer.kind === 'error' && run.cause !== undefined) {
       this.stats.agentErrors++;
@@ -340,9 +400,7 @@ export class CriShim {
       this.#warn('rewritten handler not run', { containerId: req.containerId, code: answer.grpcCode, error: answer.message });
     }
     this.metrics.intercepted(run.kind, answer.kind === 'error' ? 'error' : answer.exitCode === 0 ? 'success' : 'failure', (performance.now() - started) / 1000);
-    if (stream.destroyed || stream.closed || stream.headersSent) return;
-    if (answer.kind === 'error') respondError(stream, answer.grpcCode, answer.message);
-    else respondExecSync(stream, answer.exitCode, answer.stdout);
+    return answer;
   }
 
   async #runThroughAgent(req: ExecSyncRequest, callerMs: number | undefined, signal: AbortSignal): Promise<ShimRun> {

@@ -45,6 +45,11 @@ export interface ShimBenchOptions {
   callsPerMethod: number;
   /** The `:authority` the kubelet-shaped client sends the shim (BENCH_SHIM_AUTHORITY; default grpc-js's, `localhost`): a socket path measures kubelet before 1.31, whose connection the shim rewrites. */
   authority?: string;
+  /**
+   * The shim's --relay for the measured shim, and optionally a second shim with the other mode,
+   * measured in the same run (BENCH_SHIM_RELAY=frames|streams|both; both = frames, then streams).
+   */
+  relays?: string[];
   /** `node <cli> run` starts the agent (default: the built dist/cli.js). */
   cli?: string;
   log: (line: string) => void;
@@ -81,6 +86,10 @@ export interface ShimBenchResult {
   ordinary: Record<string, { direct: Series; shim: Series; addedP50Ms: number; addedP99Ms: number }>;
   /** The shim's share of a core for PLEG's relist every second (one ListPodSandbox + one ListContainers), in %. */
   plegCorePercent: number;
+  /** The measured shim's --relay. */
+  relay: string;
+  /** A second shim with the other --relay, measured in the same run (BENCH_SHIM_RELAY=both). */
+  compared?: { relay: string; shimPath: Series & { shimCpuMs: number }; ordinary: ShimBenchResult['ordinary']; plegCorePercent: number };
   targets: TargetCheck[];
 }
 
@@ -153,13 +162,25 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     procs.push(agent);
     const shimSock = path.join(scratch, 'cri.sock');
     const tShim = performance.now();
-    const shim = await spawnLogged(process.execPath, [...prof('shim'), path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
+    const relays = o.relays?.length ? o.relays : ['frames'];
+    const shimArgs = (sock: string, relay: string): string[] => [path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${sock}`, '--runtime-endpoint', lab!.endpoint, '--probe-socket', agentSock, '--relay', relay, '--metrics-socket', ''];
+    const shim = await spawnLogged(process.execPath, [...prof('shim'), ...shimArgs(shimSock, relays[0]!)], /shim listening/, 'shim');
     const startupMs = round(performance.now() - tShim, 1);
     procs.push(shim);
     const viaShim = new KubeletCri(shimSock, o.authority ? { 'grpc.default_authority': o.authority } : {});
     if (o.authority) o.log(`shim: the client sends :authority ${JSON.stringify(o.authority)}`);
+    o.log(`shim: --relay ${relays[0]}${relays[1] ? `, compared in the same run with a second shim on --relay ${relays[1]}` : ''}`);
     const direct = new KubeletCri(lab.socket);
     clients.push(viaShim, direct);
+    let alt: { relay: string; proc: ChildProcess; client: KubeletCri } | undefined;
+    if (relays[1]) {
+      const altSock = path.join(scratch, 'cri-alt.sock');
+      const proc = await spawnLogged(process.execPath, [...prof('shim-alt'), ...shimArgs(altSock, relays[1])], /shim listening/, 'shim (compared)');
+      procs.push(proc);
+      const client = new KubeletCri(altSock, o.authority ? { 'grpc.default_authority': o.authority } : {});
+      clients.push(client);
+      alt = { relay: relays[1], proc, client };
+    }
 
     // --- the shim path vs (a) ---
     const cmd = encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } });
@@ -186,6 +207,21 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
       agentOnlyCpuMs: round(agentOnlyUsed / o.probes), helperCpuMs: round(helperCpuUsed / o.probes), cpuRatioToA: 0, unexpected,
     };
     o.log(`shim path: ${shimPath.cpuMsPerCall} ms CPU/probe (shim ${shimPath.shimCpuMs}, agent ${shimPath.agentOnlyCpuMs}, helper ${shimPath.helperCpuMs}), p50 ${shimPath.p50Ms} / p99 ${shimPath.p99Ms} ms`);
+    let altShimPath: (Series & { shimCpuMs: number }) | undefined;
+    if (alt) {
+      for (let i = 0; i < Math.min(50, o.probes); i++) await alt.client.execSync(app.id, cmd, 1);
+      const a0 = totalCpuMs(alt.proc.pid!);
+      const altLat: number[] = [];
+      for (let i = 0; i < o.probes; i++) {
+        const t = performance.now();
+        const r = await alt.client.execSync(app.id, cmd, 1);
+        altLat.push(performance.now() - t);
+        if (!r.ok || r.msg.exitCode !== 0) throw new Error(`probe through the --relay ${alt.relay} shim did not succeed`);
+      }
+      const used = totalCpuMs(alt.proc.pid!) - a0;
+      altShimPath = { ...series(altLat, used), shimCpuMs: round(used / o.probes) };
+      o.log(`shim path through --relay ${alt.relay}: shim ${altShimPath.shimCpuMs} ms CPU/probe, p50 ${altShimPath.p50Ms} / p99 ${altShimPath.p99Ms} ms`);
+    }
 
     // --- the agent's two transports, same run, interleaved ---
     const lean = new ShimProbeClient(agentSock);
@@ -265,16 +301,20 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
       ContainerStatus: (i) => ['ContainerStatus', { containerId: targets[i % targets.length]!.c.id }],
     };
     const ordinary: ShimBenchResult['ordinary'] = {};
+    const altOrdinary: ShimBenchResult['ordinary'] = {};
     const rounds = 4;
     const per = Math.max(1, Math.floor(o.callsPerMethod / rounds));
     for (const [name, mk] of Object.entries(methods)) {
-      const lats = { direct: [] as number[], shim: [] as number[] };
+      const lats = { direct: [] as number[], shim: [] as number[], alt: [] as number[] };
       let shimCpuUsed = 0;
+      let altCpuUsed = 0;
       for (let i = 0; i < 20; i++) await viaShim.call(...mk(i));
+      if (alt) for (let i = 0; i < 20; i++) await alt.client.call(...mk(i));
       for (let r = 0; r < rounds; r++) {
-        for (const way of ['direct', 'shim'] as const) {
-          const c = way === 'shim' ? viaShim : direct;
+        for (const way of alt ? (['direct', 'shim', 'alt'] as const) : (['direct', 'shim'] as const)) {
+          const c = way === 'shim' ? viaShim : way === 'alt' ? alt!.client : direct;
           const s0 = totalCpuMs(shim.pid!);
+          const alt0 = alt ? totalCpuMs(alt.proc.pid!) : 0;
           for (let i = 0; i < per; i++) {
             const t = performance.now();
             const res = await c.call(...mk(i));
@@ -282,17 +322,27 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
             if (!res.ok) throw new Error(`${name} ${way}: ${res.details}`);
           }
           if (way === 'shim') shimCpuUsed += totalCpuMs(shim.pid!) - s0;
+          if (way === 'alt') altCpuUsed += totalCpuMs(alt!.proc.pid!) - alt0;
         }
       }
       const d = series(lats.direct, 0);
       const s = series(lats.shim, shimCpuUsed);
       ordinary[name] = { direct: d, shim: s, addedP50Ms: round(s.p50Ms - d.p50Ms), addedP99Ms: round(s.p99Ms - d.p99Ms) };
       o.log(`${name}: direct p50 ${d.p50Ms} / p99 ${d.p99Ms} ms, shim p50 ${s.p50Ms} / p99 ${s.p99Ms} ms (added p50 ${round(s.p50Ms - d.p50Ms)} ms), shim CPU ${s.cpuMsPerCall} ms/call`);
+      if (alt) {
+        const a = series(lats.alt, altCpuUsed);
+        altOrdinary[name] = { direct: d, shim: a, addedP50Ms: round(a.p50Ms - d.p50Ms), addedP99Ms: round(a.p99Ms - d.p99Ms) };
+        o.log(`${name} through --relay ${alt.relay}: shim p50 ${a.p50Ms} / p99 ${a.p99Ms} ms (added p50 ${round(a.p50Ms - d.p50Ms)} ms), shim CPU ${a.cpuMsPerCall} ms/call`);
+      }
     }
     const plegCorePercent = plegShare(ordinary);
     o.log(`PLEG relist through the shim (ListPodSandbox + ListContainers every second, ${o.sandboxes} pods): ${plegCorePercent} % of a core`);
 
-    const result: ShimBenchResult = { sandboxes: o.sandboxes, startupMs, shimPath, agentTransports, inNetns, realExec, ordinary, plegCorePercent, targets: [] };
+    const result: ShimBenchResult = { sandboxes: o.sandboxes, startupMs, shimPath, agentTransports, inNetns, realExec, ordinary, plegCorePercent, relay: relays[0]!, targets: [] };
+    if (alt && altShimPath) {
+      result.compared = { relay: alt.relay, shimPath: altShimPath, ordinary: altOrdinary, plegCorePercent: plegShare(altOrdinary) };
+      o.log(`PLEG relist through the --relay ${alt.relay} shim: ${result.compared.plegCorePercent} % of a core`);
+    }
     result.targets = shimTargets(result);
     return result;
   } finally {
@@ -350,6 +400,17 @@ export function renderShimMarkdown(r: ShimBenchResult): string {
     L.push(`| ${m} | ${x.direct.p50Ms} / ${x.direct.p99Ms} | ${x.shim.p50Ms} / ${x.shim.p99Ms} | ${x.addedP50Ms} / ${x.addedP99Ms} | ${x.shim.cpuMsPerCall} |`);
   }
   L.push('', `PLEG's relist (one ListPodSandbox and one ListContainers a second) costs the shim ${r.plegCorePercent} % of a core.`);
+  const c = r.compared;
+  if (c) {
+    L.push('', `The same run, the measured shim (--relay ${r.relay}) beside a second shim on --relay ${c.relay} (shim CPU ms/call, added p50 ms):`, '');
+    L.push(`| call | --relay ${r.relay} | --relay ${c.relay} |`, '| --- | --- | --- |');
+    L.push(`| rewritten probe (shim only) | ${r.shimPath.shimCpuMs}, p50 ${r.shimPath.p50Ms} | ${c.shimPath.shimCpuMs}, p50 ${c.shimPath.p50Ms} |`);
+    for (const [m, x] of Object.entries(r.ordinary)) {
+      const y = c.ordinary[m];
+      if (y) L.push(`| ${m} | ${x.shim.cpuMsPerCall}, +${x.addedP50Ms} | ${y.shim.cpuMsPerCall}, +${y.addedP50Ms} |`);
+    }
+    L.push(`| PLEG relist, % of a core | ${r.plegCorePercent} | ${c.plegCorePercent} |`);
+  }
   L.push('', '| target | measured | limit | verdict |', '| --- | --- | --- | --- |');
   for (const t of r.targets) L.push(`| ${t.target} | ${t.measured} | ${t.limit} | ${t.pass === null ? 'n/a' : t.pass ? 'PASS' : '**MISS**'} |`);
   return `${L.join('\n')}\n`;
@@ -365,6 +426,7 @@ export function shimBenchOptions(env: NodeJS.ProcessEnv, log: (l: string) => voi
     execs: n('BENCH_SHIM_EXECS', quick ? 10 : 200),
     callsPerMethod: n('BENCH_SHIM_CALLS', quick ? 40 : 1000),
     ...(env.BENCH_SHIM_AUTHORITY ? { authority: env.BENCH_SHIM_AUTHORITY } : {}),
+    ...(env.BENCH_SHIM_RELAY ? { relays: env.BENCH_SHIM_RELAY === 'both' ? ['frames', 'streams'] : [env.BENCH_SHIM_RELAY] } : {}),
     log,
   };
 }

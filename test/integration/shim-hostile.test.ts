@@ -64,6 +64,7 @@ describe('probe-agent shim refuses to start with a clear message and exit 2', ()
     [['--agent-grace', 'soon'], /--agent-grace: invalid duration "soon"/],
     [['--runtime-endpoint', 'tcp://10.0.0.1:1234'], /unsupported endpoint "tcp:\/\/10.0.0.1:1234": only unix sockets/],
     [['--listen', 'unix:///proc/no-such-dir/cri.sock'], /ENOENT.*\/proc\/no-such-dir/],
+    [['--relay', 'sideways'], /--relay: invalid mode "sideways" \(want frames or streams\)/],
   ])('%j', (args, message) => {
     const r = spawnSync(process.execPath, [CLI, 'shim', ...args], { encoding: 'utf8', timeout: 20_000 });
     expect(r.status).toBe(2);
