@@ -145,6 +145,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       limiter,
       observer: metrics.probeObserver,
       logger: log,
+      tickAlignMs: config.probeTickAlignmentMs,
     });
     cleanups.push(() => manager.stop());
 

@@ -76,6 +76,7 @@ export function registerRunCommand(program: Command): void {
     .addOption(flag('--health-address <host:port>', 'health-only listener for kubelet and the close-hole sidecar, on loopback ("" disables it)', d.healthAddress))
     .addOption(flag('--close-hole-state-file <path>', "the close-hole sidecar's state file, exported as probe_agent_close_hole_* (nftables-close-hole component)"))
     .addOption(flag('--shutdown-grace-period <duration>', 'time to drain probes and API calls (hooks included) on SIGTERM', d.shutdownGracePeriod))
+    .addOption(flag('--probe-tick-alignment <duration>', 'probe ticks fire at multiples of this, so ticks due together share one wakeup ("0" fires each when due)', d.probeTickAlignment))
     .addOption(flag('--shim-metrics-socket <path>', "the kubelet shim's metrics socket, relayed at /metrics/shim on the metrics listener"))
     .action(async (raw: RawFlags) => {
       let config: RunConfig;

@@ -55,6 +55,8 @@ export interface RunConfig {
   maxHelperRequests: number;
   helperPath?: string;
   shutdownGracePeriodMs: number;
+  /** Probe ticks fire at multiples of this (0: when due); ticks due together then share one wakeup. */
+  probeTickAlignmentMs: number;
   /** The kubelet shim's metrics socket, relayed at /metrics/shim (absent: not relayed). */
   shimMetricsSocket?: string;
 }
@@ -95,6 +97,9 @@ export const RUN_DEFAULTS = {
   // and the close-hole sidecar reach it and no other pod can (docs/deploy.md, "Threat model and limits").
   healthAddress: '',
   shutdownGracePeriod: '10s',
+  // 50 ms: at 250 pods x 3 probes every 10 s this cut the agent's CPU by about a third (fewer
+  // wakeups of the agent and the helper), and shifts each probe by a fixed offset under 50 ms.
+  probeTickAlignment: '50ms',
 } as const;
 
 /** Raw flag values (already merged with their env twins), keyed by the flags' camelCase names. */
@@ -200,8 +205,18 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     maxHelperRequests: flagInt(raw, 'maxHelperRequests', '--max-helper-requests', 4096),
     helperPath: str(raw, 'helperPath'),
     shutdownGracePeriodMs: parseDuration(valueOf(raw, 'shutdownGracePeriod'), '--shutdown-grace-period'),
+    probeTickAlignmentMs: tickAlignment(valueOf(raw, 'probeTickAlignment')),
     shimMetricsSocket: str(raw, 'shimMetricsSocket'),
   };
+}
+
+/** --probe-tick-alignment: 0 (off) or a divisor of one second, so every period stays whole. */
+function tickAlignment(text: string): number {
+  const ms = parseDuration(text, '--probe-tick-alignment');
+  if (ms !== 0 && (ms > 1000 || 1000 % ms !== 0)) {
+    throw new ConfigError(`--probe-tick-alignment: want 0 or a divisor of 1s (e.g. 10ms, 50ms, 100ms), got "${text}"`, { flag: '--probe-tick-alignment' });
+  }
+  return ms;
 }
 
 /**

@@ -35,6 +35,8 @@ export interface ProbeManagerOptions {
   agentStart?: number;
   logger?: Logger;
   maxWorkers?: number;
+  /** Probe ticks fire at multiples of this many ms, so ticks due together share a wakeup (0: off). */
+  tickAlignMs?: number;
 }
 
 /** A pod left to kubelet, and why. */
@@ -86,6 +88,7 @@ export class ProbeManager {
       limiter: opts.limiter,
       observer: opts.observer,
       logger: this.#logger,
+      tickAlignMs: opts.tickAlignMs ?? 0,
       containerStarted: (w) => this.#isStarted(w.pod, w.container),
       workerUpdated: (w, significant) => this.#workerUpdated(w, significant),
       workerExited: (w) => this.#workerExited(w),

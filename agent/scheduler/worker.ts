@@ -32,6 +32,8 @@ export interface WorkerHost {
   readonly limiter?: FairLimiter;
   readonly observer?: ProbeObserver;
   readonly logger: Logger;
+  /** Ticks fire at multiples of this many ms (0: exactly when due); see Ticker. */
+  readonly tickAlignMs?: number;
   /** kubelet's isContainerStarted for the worker's container, evaluated now. */
   containerStarted(worker: ProbeWorker): boolean;
   /** Visible state changed; `significant` when the result, the container ID or the hold changed. */
@@ -101,7 +103,7 @@ export class ProbeWorker {
     const kind = this.#spec?.handler.kind;
     this.meta = kind && kind !== 'exec' ? { key, namespace: pod.namespace, podName: pod.name, protocol: kind } : undefined;
     this.#periodMs = this.#spec ? Math.max(1, this.#spec.periodSeconds) * 1000 : INVALID_SPEC_PERIOD_MS;
-    this.#ticker = new Ticker(host.clock, this.#periodMs, () => this.#schedule());
+    this.#ticker = new Ticker(host.clock, this.#periodMs, () => this.#schedule(), host.tickAlignMs ?? 0);
   }
 
   /** The latest pod object the manager handed over. */

@@ -50,9 +50,17 @@ describe('parseRunConfig', () => {
     [{ kubeProbeVersion: 'v1' }, /--kube-probe-version/],
     [{ featureGates: 'Nope=true' }, /unknown feature gate "Nope"/],
     [{ featureGates: 'InNamespaceProbes=false' }, /locked/],
+    [{ probeTickAlignment: '30ms' }, /--probe-tick-alignment: want 0 or a divisor of 1s/],
+    [{ probeTickAlignment: '2s' }, /--probe-tick-alignment: want 0 or a divisor of 1s/],
   ])('rejects %o', (override, message) => {
     expect(() => parseRunConfig({ ...base, ...override }, { HOST_IP: '192.0.2.7' })).toThrow(ConfigError);
     expect(() => parseRunConfig({ ...base, ...override }, { HOST_IP: '192.0.2.7' })).toThrow(message);
+  });
+
+  it('aligns probe ticks to 50 ms by default; 0 turns it off', () => {
+    expect(parseRunConfig(base, { HOST_IP: '192.0.2.7' }).probeTickAlignmentMs).toBe(50);
+    expect(parseRunConfig({ ...base, probeTickAlignment: '0' }, { HOST_IP: '192.0.2.7' }).probeTickAlignmentMs).toBe(0);
+    expect(parseRunConfig({ ...base, probeTickAlignment: '100ms' }, { HOST_IP: '192.0.2.7' }).probeTickAlignmentMs).toBe(100);
   });
 
   it('maps -v onto a log level and keeps gate overrides', () => {

@@ -82,4 +82,39 @@ describe('Ticker', () => {
     ticker.stop();
     expect(tickAt).toEqual([3500, 4000, 5000]);
   });
+
+  it('with an alignment, ticks of workers started at different times fire together, one period apart', async () => {
+    const clock = new ManualClock({ start: 0 });
+    const fired: Record<string, number[]> = { a: [], b: [], c: [] };
+    const tickers: Ticker[] = [];
+    // Three workers started 7, 23 and 61 ms into the clock, period 1 s, ticks aligned to 50 ms.
+    for (const [name, startAt] of [['a', 7], ['b', 23], ['c', 61]] as const) {
+      await clock.advance(startAt - clock.now());
+      const t: Ticker = new Ticker(clock, 1000, () => {
+        fired[name]!.push(clock.now());
+        t.take();
+      }, 50);
+      t.reset();
+      tickers.push(t);
+    }
+    await clock.advance(3200 - clock.now());
+    for (const t of tickers) t.stop();
+    // a and b were due at 1007 and 1023: both fire at 1050; c (due 1061) at 1100. Never early,
+    // never more than the alignment late, and still exactly one period apart.
+    expect(fired).toEqual({ a: [1050, 2050, 3050], b: [1050, 2050, 3050], c: [1100, 2100, 3100] });
+  });
+
+  it('without an alignment, each tick fires exactly when due', async () => {
+    const clock = new ManualClock({ start: 0 });
+    const fired: number[] = [];
+    await clock.advance(7);
+    const t: Ticker = new Ticker(clock, 1000, () => {
+      fired.push(clock.now());
+      t.take();
+    });
+    t.reset();
+    await clock.advance(2100);
+    t.stop();
+    expect(fired).toEqual([1007, 2007]);
+  });
 });
