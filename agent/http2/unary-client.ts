@@ -107,12 +107,13 @@ class Connection {
   #closed = false;
   /** DATA octets read since our last connection WINDOW_UPDATE. */
   #unacked = 0;
+  #batch: Buffer[] | undefined;
 
   constructor(socketPath: string, opts: UnaryH2ClientOptions) {
     this.#label = socketPath;
     this.#opts = opts;
     this.#socket = net.connect(socketPath);
-    this.#windows = new SendWindows((b) => this.#socket.write(b));
+    this.#windows = new SendWindows((b) => this.#out(b));
     this.#socket.setNoDelay?.(true);
     this.#socket.unref();
     this.#socket.write(HELLO);
@@ -151,22 +152,30 @@ class Connection {
     this.#streams.set(id, s);
     this.#windows.open(id);
     // One write: HEADERS (+ CONTINUATION) and the DATA the server's windows take now.
-    this.#socket.cork();
+    const batch: Buffer[] = [];
+    this.#batch = batch;
     this.#writeHeaders(id, p.block);
     this.#windows.data(id, p.body, true);
-    this.#socket.uncork();
+    this.#batch = undefined;
+    this.#socket.write(batch.length === 1 ? batch[0]! : Buffer.concat(batch));
+  }
+
+  /** Writes frames, or collects them while a call's frames are built. */
+  #out(octets: Buffer): void {
+    if (this.#batch) this.#batch.push(octets);
+    else this.#socket.write(octets);
   }
 
   #writeHeaders(id: number, block: Buffer): void {
     const max = H2_LIMITS.maxFrameSize;
     if (block.length <= max) {
-      this.#socket.write(frameBytes(FrameType.HEADERS, Flag.END_HEADERS, id, block));
+      this.#out(frameBytes(FrameType.HEADERS, Flag.END_HEADERS, id, block));
       return;
     }
-    this.#socket.write(frameBytes(FrameType.HEADERS, 0, id, block.subarray(0, max)));
+    this.#out(frameBytes(FrameType.HEADERS, 0, id, block.subarray(0, max)));
     for (let pos = max; pos < block.length; pos += max) {
       const end = Math.min(pos + max, block.length);
-      this.#socket.write(frameBytes(FrameType.CONTINUATION, end === block.length ? Flag.END_HEADERS : 0, id, block.subarray(pos, end)));
+      this.#out(frameBytes(FrameType.CONTINUATION, end === block.length ? Flag.END_HEADERS : 0, id, block.subarray(pos, end)));
     }
   }
 

@@ -141,6 +141,8 @@ class ServerConnection {
   /** Octets read whose window is not yet given back. */
   #toReturn = 0;
   #closed = false;
+  /** Frames of one answer being built, written together. */
+  #batch: Buffer[] | undefined;
   readonly closed: Promise<void>;
 
   constructor(socket: Duplex, limits: Required<UnaryH2ServerLimits>, onCall: (s: UnaryH2Stream) => void) {
@@ -183,11 +185,12 @@ class ServerConnection {
       this.#write(headers);
       this.#windows.close(s.streamId);
     } else {
-      const sock = this.#socket as Duplex & { cork?: () => void; uncork?: () => void };
-      sock.cork?.();
-      this.#write(headers);
+      // One write: HEADERS, the DATA the client's windows take now and (if all of it) the trailers.
+      const batch: Buffer[] = [headers];
+      this.#batch = batch;
       this.#windows.data(s.streamId, data, true, trailers);
-      sock.uncork?.();
+      this.#batch = undefined;
+      this.#write(batch.length === 1 ? batch[0]! : Buffer.concat(batch));
     }
     if (!s.ended) {
       // Answered before the whole request came (too large): ask the client to stop sending (RFC 9113 8.1).
@@ -217,6 +220,10 @@ class ServerConnection {
   }
 
   #write(octets: Buffer): void {
+    if (this.#batch) {
+      this.#batch.push(octets);
+      return;
+    }
     if (this.#closed) return;
     this.#socket.write(octets);
     if (this.#socket.writableLength > this.#limits.maxBufferedOutput) this.destroy();
