@@ -101,7 +101,12 @@ class Connection {
   readonly #streams = new Map<number, Stream>();
   readonly #queue: Pending[] = [];
   #nextId = 1;
-  #maxConcurrent = Infinity;
+  /**
+   * The server's MAX_CONCURRENT_STREAMS; until a SETTINGS frame carries one, 100 (what nghttp2
+   * assumes, and RFC 9113 6.5.2 advises a server to allow at least), so that a burst of calls on a
+   * new connection is not refused before the server's SETTINGS arrive.
+   */
+  #maxConcurrent = 100;
   #connected = false;
   /** Set once no new stream may start here (GOAWAY received, failure, close). */
   #closed = false;

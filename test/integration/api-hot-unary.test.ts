@@ -158,12 +158,15 @@ describe('the real shim client and a grpc-js client on the same agent socket', (
     }
   });
 
-  it('a shim probe past its deadline is reset (RST_STREAM CANCEL): the agent aborts it and frees its slot', async () => {
+  it('a shim probe its caller aborts is reset (RST_STREAM CANCEL): the agent aborts it and frees its slot long before its deadline', async () => {
     const shim = new ShimProbeClient(fx.socket);
     try {
       const handler = encodeProbeHandler({ httpGet: { path: '/healthz', port: HANG } });
-      const err = await shim.probe({ containerId: 'ctr-web', handler, timeoutSeconds: 20, probeType: WireProbeType.liveness }, 500).then(() => undefined, (e: unknown) => e as { failure: string });
-      expect(err).toMatchObject({ failure: 'deadline' });
+      const abort = new AbortController();
+      const pending = shim.probe({ containerId: 'ctr-web', handler, timeoutSeconds: 20, probeType: WireProbeType.liveness }, 30_000, abort.signal).then(() => undefined, (e: unknown) => e as { failure: string });
+      await until(() => fx.server.stats().probesInFlight === 1, 5000, 'the hanging probe in flight');
+      abort.abort();
+      expect(await pending).toMatchObject({ failure: 'cancelled' });
       await until(() => fx.server.stats().probesInFlight === 0 && prober.limiter.inFlight === 0, 5000, 'the reset probe to be aborted');
     } finally {
       shim.close();

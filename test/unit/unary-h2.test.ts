@@ -7,6 +7,7 @@
  * and messages, and many concurrent calls beyond the server's MAX_CONCURRENT_STREAMS.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
+import * as http2 from 'node:http2';
 import * as net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -472,5 +473,40 @@ describe('client and server together', () => {
     const deadline = Date.now() + 10_000;
     while (!cancelled && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
     expect(cancelled).toBe(true);
+  });
+});
+
+describe('across versions', () => {
+  it('the client against node:http2\'s server (the agent before this change): Huffman and dynamic-table answers, its MAX_CONCURRENT_STREAMS kept, a trailers-only status', async () => {
+    const srv = http2.createServer({ settings: { maxConcurrentStreams: 4 } });
+    let seen = 0;
+    srv.on('stream', (stream, headers) => {
+      seen++;
+      stream.on('data', () => {});
+      stream.on('end', () => {
+        if (headers['x-mode'] === 'status') {
+          stream.respond({ ':status': 200, 'content-type': 'application/grpc+proto', 'grpc-status': '5', 'grpc-message': 'not%20found', 'probe-agent-not-started': 'draining' }, { endStream: true });
+          return;
+        }
+        stream.respond({ ':status': 200, 'content-type': 'application/grpc+proto', 'x-echo': String(headers['x-n']) }, { waitForTrailers: true });
+        stream.once('wantTrailers', () => stream.sendTrailers({ 'grpc-status': '0', 'grpc-message': 'OK' }));
+        stream.end(grpcBody(Buffer.from(String(headers['x-n']))));
+      });
+    });
+    const p = await listen((sock) => srv.emit('connection', sock));
+    cleanups.push(() => srv.close());
+    const c = new UnaryH2Client(p, { maxResponseBytes: 1024 });
+    cleanups.push(() => c.close());
+    // The connection's first call; then bursts of 10 the client must queue within the server's 4 streams.
+    await call(c, grpcBody(Buffer.alloc(3)), [{ name: 'x-n', value: 'first' }]).done;
+    // Repeated answers: node's encoder indexes them in its dynamic table, which our decoder must follow.
+    for (let round = 0; round < 3; round++) {
+      const answers = await Promise.all(Array.from({ length: 10 }, (_, i) => call(c, grpcBody(Buffer.alloc(3)), [{ name: 'x-n', value: `${round}-${i}` }]).done));
+      expect(answers.map((a) => [a.body.subarray(5).toString(), field(a.headers, 'x-echo'), field(a.trailers, 'grpc-status')])).toEqual(
+        Array.from({ length: 10 }, (_, i) => [`${round}-${i}`, `${round}-${i}`, '0']));
+    }
+    const st = await call(c, grpcBody(Buffer.alloc(0)), [{ name: 'x-mode', value: 'status' }]).done;
+    expect([field(st.headers, 'grpc-status'), field(st.headers, 'grpc-message'), field(st.headers, 'probe-agent-not-started')]).toEqual(['5', 'not%20found', 'draining']);
+    expect(seen).toBe(32);
   });
 });
