@@ -226,7 +226,8 @@ class ServerConnection {
     }
     if (this.#closed) return;
     this.#socket.write(octets);
-    if (this.#socket.writableLength > this.#limits.maxBufferedOutput) this.destroy();
+    // Answers the client does not read, in the socket or waiting for its window: bounded.
+    if (this.#socket.writableLength + this.#windows.queued > this.#limits.maxBufferedOutput) this.destroy();
   }
 
   /** A connection error: GOAWAY with the reason, then close. */
@@ -273,7 +274,12 @@ class ServerConnection {
       case FrameType.RST_STREAM: {
         const s = this.#streams.get(f.streamId);
         if (u31(f.payload) === undefined) throw new H2InputError('RST_STREAM of a length other than 4');
-        if (!s) return;
+        // An answer still waiting for window is dropped too.
+        this.#windows.close(f.streamId);
+        if (!s) {
+          this.#maybeFinish();
+          return;
+        }
         this.#streams.delete(s.streamId);
         this.#windows.close(s.streamId);
         if (!s.ended) this.#giveBack(s.received);

@@ -115,10 +115,11 @@ export class SendWindows {
   }
 
   /** Octets waiting for window, over all streams. */
+  #queued = 0;
+
+  /** Octets waiting for window, over all streams. */
   get queued(): number {
-    let n = 0;
-    for (const s of this.#streams.values()) n += s.queued;
-    return n;
+    return this.#queued;
   }
 
   /** Starts accounting for a stream. */
@@ -133,6 +134,8 @@ export class SendWindows {
 
   /** Forgets a stream (reset, or done sending): what it had queued is dropped. */
   close(streamId: number): void {
+    const s = this.#streams.get(streamId);
+    if (s) this.#queued -= s.queued;
     this.#streams.delete(streamId);
   }
 
@@ -183,6 +186,7 @@ export class SendWindows {
     }
     s.queue.push(data);
     s.queued += data.length;
+    this.#queued += data.length;
     s.endStream = endStream;
     s.after = after;
     this.#flushStream(streamId, s);
@@ -206,6 +210,7 @@ export class SendWindows {
       if (take === head.length) s.queue.shift();
       else s.queue[0] = head.subarray(take);
       s.queued -= take;
+      this.#queued -= take;
       this.#conn -= take;
       s.window -= take;
       const last = s.queued === 0 && s.endStream && !s.after;

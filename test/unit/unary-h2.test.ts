@@ -298,6 +298,22 @@ describe('the unary HTTP/2 server', () => {
     expect((err as UnaryH2Error).message).toMatch(/header block on stream 5 larger than 65536 octets/);
   });
 
+  it('cuts a connection whose answers pile up unread (a zero window) beyond maxBufferedOutput', async () => {
+    let answered = 0;
+    const { path: p, server } = await startServer((s) => {
+      answered++;
+      s.message(Buffer.alloc(1000));
+    }, { maxBufferedOutput: 10_000 });
+    const peer = await rawClient(p, [[Setting.INITIAL_WINDOW_SIZE, 0]]);
+    for (let id = 1; id <= 39; id += 2) peer.write(frameBytes(FrameType.HEADERS, Flag.END_HEADERS, id, requestBlock()), frameBytes(FrameType.DATA, Flag.END_STREAM, id, grpcBody(Buffer.alloc(0))));
+    await peer.whenClosed();
+    expect(answered).toBeGreaterThanOrEqual(9);
+    expect(answered).toBeLessThan(20);
+    expect(peer.frames.some((f) => f.type === FrameType.DATA)).toBe(false);
+    for (let i = 0; i < 100 && server.connections > 0; i++) await new Promise((r) => setTimeout(r, 20));
+    expect(server.connections).toBe(0);
+  });
+
   it('refuses streams beyond MAX_CONCURRENT_STREAMS with REFUSED_STREAM', async () => {
     const { path: p } = await startServer(() => {}, { maxConcurrentStreams: 1 });
     const peer = await rawClient(p);
