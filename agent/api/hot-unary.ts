@@ -1,6 +1,7 @@
 /**
- * The agent's lean server for the shim's two hot calls, Probe and RunLifecycleHandler: node:http2
- * with the messages read and written by hand (protowire.ts), beside grpc-js for everything else.
+ * The agent's lean server for the shim's two hot calls, Probe and RunLifecycleHandler: our own
+ * unary HTTP/2 server (agent/http2/unary-server.ts: frames and HPACK we own, no node:http2 stream
+ * objects) with the messages read and written by hand (protowire.ts), beside grpc-js for everything else.
  * The ProbeService contract is unchanged: the same socket, paths, messages, status codes and
  * trailers. A connection comes here only when its first request is one of the two methods from a
  * client that is no gRPC library (the shim's own client, old or new; see routeConnection); every
@@ -10,11 +11,11 @@
  * grpc-timeout, and 'cancelled' when the client resets the stream.
  */
 import { EventEmitter } from 'node:events';
-import * as http2 from 'node:http2';
 import type { Duplex } from 'node:stream';
 import * as grpc from '@grpc/grpc-js';
 import type { HeaderField } from '../http2/hpack.ts';
 import type { ConnectionTarget } from '../http2/handoff.ts';
+import { UnaryH2Server, type UnaryH2Stream } from '../http2/unary-server.ts';
 import { encodeGrpcMessage, readFields, readSingleGrpcFrame, WireError, WireWriter, type WireValue } from './protowire.ts';
 import type {
   WireHttpGetAction, WireHttpHeader, WireIntOrString, WireLifecycleHook, WireLifecycleRequest, WireLifecycleResponse, WireProbeHandler,
@@ -187,19 +188,19 @@ class HotCall<Req> extends EventEmitter {
   readonly #path: string;
   readonly #peer: string;
 
-  constructor(request: Req, headers: http2.IncomingHttpHeaders, path: string, peer: string) {
+  constructor(request: Req, headers: readonly HeaderField[], path: string, peer: string) {
     super();
     this.request = request;
     this.#path = path;
     this.#peer = peer;
-    const ms = parseGrpcTimeoutMs(headers['grpc-timeout']);
-    this.#deadline = ms === undefined ? Infinity : Date.now() + ms;
+    let ms: number | undefined;
     this.metadata = new grpc.Metadata();
-    for (const [k, v] of Object.entries(headers)) {
-      if (k.startsWith(':') || k === 'content-type' || k === 'te' || k === 'grpc-timeout' || v === undefined) continue;
-      if (k.endsWith('-bin')) continue;
-      for (const one of Array.isArray(v) ? v : [v]) this.metadata.add(k, one);
+    for (const { name, value } of headers) {
+      if (name === 'grpc-timeout') ms = parseGrpcTimeoutMs(value);
+      if (name.startsWith(':') || name === 'content-type' || name === 'te' || name === 'grpc-timeout' || name.endsWith('-bin')) continue;
+      this.metadata.add(name, value);
     }
+    this.#deadline = ms === undefined ? Infinity : Date.now() + ms;
   }
 
   getDeadline(): grpc.Deadline {
@@ -218,7 +219,7 @@ class HotCall<Req> extends EventEmitter {
     // Headers go out with the answer.
   }
 
-  /** The client reset the stream before the answer: what grpc-js reports as 'cancelled'. */
+  /** The client reset the stream (or the connection closed) before the answer: what grpc-js reports as 'cancelled'. */
   cancel(): void {
     if (this.cancelled) return;
     this.cancelled = true;
@@ -251,147 +252,89 @@ export interface HotUnaryLimits {
   maxConcurrentStreams: number;
 }
 
-/** The lean HTTP/2 server for Probe and RunLifecycleHandler; connections come from routeConnection. */
+/**
+ * The lean server for Probe and RunLifecycleHandler; connections come from routeConnection. The
+ * HTTP/2 is our own (agent/http2/unary-server.ts): no node:http2 session, stream or header objects.
+ */
 export class HotUnaryServer implements ConnectionTarget {
-  readonly #server: http2.Http2Server;
+  readonly #h2: UnaryH2Server;
   readonly #handlers: HotHandlers;
-  readonly #limits: HotUnaryLimits;
-  readonly #sessions = new Set<http2.ServerHttp2Session>();
-  #closing = false;
 
   constructor(handlers: HotHandlers, limits: HotUnaryLimits) {
     this.#handlers = handlers;
-    this.#limits = limits;
-    this.#server = http2.createServer({ settings: { maxConcurrentStreams: limits.maxConcurrentStreams }, maxSessionMemory: 64 });
-    this.#server.on('session', (s) => {
-      this.#sessions.add(s);
-      s.on('close', () => this.#sessions.delete(s));
-      s.on('error', () => {});
-      if (this.#closing) s.close();
-    });
-    this.#server.on('stream', (stream, headers) => this.#onStream(stream, headers));
+    this.#h2 = new UnaryH2Server(limits, (stream) => this.#onCall(stream));
   }
 
   /** Takes a connection (ConnectionTarget). */
   emit(event: 'connection', connection: Duplex): boolean {
-    return this.#server.emit(event, connection);
+    return this.#h2.emit(event, connection);
   }
 
-  /** Sessions open now (for the drain and tests). */
+  /** Connections open now (for the drain and tests). */
   get sessions(): number {
-    return this.#sessions.size;
+    return this.#h2.connections;
   }
 
-  /** GOAWAY to every session: calls in flight finish, new streams are refused (as grpc-js tryShutdown does). Resolves when all are closed. */
+  /** GOAWAY to every connection: calls in flight finish, new streams are not started (as grpc-js tryShutdown does). Resolves when all are closed. */
   close(): Promise<void> {
-    this.#closing = true;
-    const all = [...this.#sessions].map((s) => new Promise<void>((resolve) => {
-      if (s.closed || s.destroyed) resolve();
-      else {
-        s.once('close', () => resolve());
-        s.close();
-      }
-    }));
-    return Promise.all(all).then(() => undefined);
+    return this.#h2.close();
   }
 
-  /** Cuts every session (forceShutdown). */
+  /** Cuts every connection (forceShutdown). */
   destroy(): void {
-    this.#closing = true;
-    for (const s of this.#sessions) s.destroy();
+    this.#h2.destroy();
   }
 
-  #onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): void {
-    stream.on('error', () => {});
-    const path = headers[':path'];
+  #onCall(stream: UnaryH2Stream): void {
+    let path = '';
+    let verb = '';
+    let ct = '';
+    for (const f of stream.headers) {
+      if (f.name === ':path') path = f.value;
+      else if (f.name === ':method') verb = f.value;
+      else if (f.name === 'content-type') ct = f.value;
+    }
     const method = path === HOT_PATHS.probe ? 'probe' : path === HOT_PATHS.hook ? 'hook' : undefined;
     if (method === undefined) {
-      respondStatus(stream, grpc.status.UNIMPLEMENTED, `${String(path)}: this connection serves only Probe and RunLifecycleHandler; other methods are served on connections whose first call is another method`);
+      respondStatus(stream, grpc.status.UNIMPLEMENTED, `${path}: this connection serves only Probe and RunLifecycleHandler; other methods are served on connections whose first call is another method`);
       return;
     }
-    const ct = headers['content-type'];
-    if (headers[':method'] !== 'POST' || typeof ct !== 'string' || !ct.startsWith('application/grpc')) {
+    if (verb !== 'POST' || !ct.startsWith('application/grpc')) {
       respondStatus(stream, grpc.status.INTERNAL, 'not a gRPC request');
       return;
     }
-    const chunks: Buffer[] = [];
-    let size = 0;
-    let tooBig = false;
-    stream.on('data', (c: Buffer) => {
-      if (tooBig) return;
-      size += c.length;
-      if (size > this.#limits.maxRequestBytes + 5) {
-        tooBig = true;
-        respondStatus(stream, grpc.status.RESOURCE_EXHAUSTED, `Received message larger than max (${size} vs. ${this.#limits.maxRequestBytes})`);
+    const body = stream.body;
+    const msg = readSingleGrpcFrame(body);
+    if (msg === null) {
+      respondStatus(stream, grpc.status.INTERNAL, body.length >= 5 && body[0] !== 0 ? 'compressed messages are not supported' : 'malformed gRPC message framing');
+      return;
+    }
+    let request: WireProbeRequest | WireLifecycleRequest;
+    try {
+      request = method === 'probe' ? decodeProbeRequest(msg) : decodeLifecycleRequest(msg);
+    } catch (err) {
+      respondStatus(stream, grpc.status.INTERNAL, `Error deserializing request: ${err instanceof WireError ? err.message : String(err)}`);
+      return;
+    }
+    const call = new HotCall(request, stream.headers, path, stream.peer);
+    stream.oncancel = () => call.cancel();
+    const callback = (err: grpc.ServiceError | Partial<grpc.StatusObject> | null, res?: unknown): void => {
+      stream.oncancel = undefined;
+      if (!stream.open) return;
+      if (err) {
+        respondStatus(stream, err.code ?? grpc.status.UNKNOWN, err.details ?? '', err.metadata ?? undefined);
         return;
       }
-      chunks.push(c);
-    });
-    stream.on('end', () => {
-      if (tooBig) return;
-      const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, size);
-      const msg = readSingleGrpcFrame(body);
-      if (msg === null) {
-        respondStatus(stream, grpc.status.INTERNAL, body.length >= 5 && body[0] !== 0 ? 'compressed messages are not supported' : 'malformed gRPC message framing');
-        return;
-      }
-      let request: WireProbeRequest | WireLifecycleRequest;
-      try {
-        request = method === 'probe' ? decodeProbeRequest(msg) : decodeLifecycleRequest(msg);
-      } catch (err) {
-        respondStatus(stream, grpc.status.INTERNAL, `Error deserializing request: ${err instanceof WireError ? err.message : String(err)}`);
-        return;
-      }
-      const session = stream.session;
-      const peer = session?.socket?.remoteAddress ?? 'unix:';
-      const call = new HotCall(request, headers, path as string, peer);
-      const onClose = (): void => call.cancel();
-      stream.once('close', onClose);
-      const callback = (err: grpc.ServiceError | Partial<grpc.StatusObject> | null, res?: unknown): void => {
-        stream.off('close', onClose);
-        if (stream.destroyed || stream.closed) return;
-        if (err) {
-          respondStatus(stream, err.code ?? grpc.status.UNKNOWN, err.details ?? '', err.metadata ?? undefined);
-          return;
-        }
-        const bytes = method === 'probe' ? encodeProbeResponse(res as WireProbeResponse) : encodeLifecycleResponse(res as WireLifecycleResponse);
-        respondMessage(stream, bytes);
-      };
-      (this.#handlers[method] as unknown as Unary)(call as unknown as grpc.ServerUnaryCall<never, never>, callback as grpc.sendUnaryData<never>);
-    });
+      stream.message(method === 'probe' ? encodeProbeResponse(res as WireProbeResponse) : encodeLifecycleResponse(res as WireLifecycleResponse));
+    };
+    (this.#handlers[method] as unknown as Unary)(call as unknown as grpc.ServerUnaryCall<never, never>, callback as grpc.sendUnaryData<never>);
   }
 }
 
-function guarded(op: () => void): void {
-  try {
-    op();
-  } catch {
-    // the stream closed meanwhile: nothing left to tell
-  }
-}
-
-function respondStatus(stream: http2.ServerHttp2Stream, code: number, details: string, metadata?: grpc.Metadata): void {
-  if (stream.destroyed || stream.closed || stream.headersSent) return;
-  const h: http2.OutgoingHttpHeaders = {
-    ':status': 200,
-    'content-type': 'application/grpc+proto',
-    'grpc-status': String(code),
-    'grpc-message': encodeGrpcMessage(details.slice(0, 4096)),
-  };
+function respondStatus(stream: UnaryH2Stream, code: number, details: string, metadata?: grpc.Metadata): void {
+  const extra: HeaderField[] = [];
   if (metadata) {
-    for (const [k, v] of Object.entries(metadata.getMap())) if (typeof v === 'string') h[k] = v;
+    for (const [k, v] of Object.entries(metadata.getMap())) if (typeof v === 'string') extra.push({ name: k, value: v });
   }
-  guarded(() => stream.respond(h, { endStream: true }));
-}
-
-function respondMessage(stream: http2.ServerHttp2Stream, message: Buffer): void {
-  guarded(() => {
-    stream.respond({ ':status': 200, 'content-type': 'application/grpc+proto' }, { waitForTrailers: true });
-    stream.once('wantTrailers', () => guarded(() => stream.sendTrailers({ 'grpc-status': '0', 'grpc-message': 'OK' })));
-    const frame = Buffer.allocUnsafe(5 + message.length);
-    frame[0] = 0;
-    frame.writeUInt32BE(message.length, 1);
-    message.copy(frame, 5);
-    stream.end(frame);
-  });
+  stream.status(code, encodeGrpcMessage(details.slice(0, 4096)), extra);
 }

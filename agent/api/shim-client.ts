@@ -1,12 +1,12 @@
 /**
- * The kubelet shim's lean ProbeService client: node:http2 straight to the agent's unix socket,
- * messages encoded by hand (protowire.ts). It speaks only Probe and RunLifecycleHandler, loads no
- * proto files and no gRPC library, so the shim starts in tens of milliseconds and a call costs
+ * The kubelet shim's lean ProbeService client: our own unary HTTP/2 client (agent/http2/unary-client.ts,
+ * no node:http2) straight to the agent's unix socket, messages encoded by hand (protowire.ts). It
+ * speaks only Probe and RunLifecycleHandler, loads no proto files and no gRPC library, so the shim starts in tens of milliseconds and a call costs
  * microseconds of its CPU. One HTTP/2 connection, rebuilt on demand after the agent restarts;
  * every call has a deadline, so a slow agent costs the caller only its own call.
  */
-import * as http2 from 'node:http2';
-import * as net from 'node:net';
+import { encodeLiteralBlock, type HeaderField } from '../http2/hpack.ts';
+import { UnaryH2Client, type UnaryH2Call, type UnaryH2Error, type UnaryH2Response } from '../http2/unary-client.ts';
 import { NOT_STARTED_TRAILER } from './hook-refusal.ts';
 import { decodeGrpcMessage, grpcFrame, readFields, WireWriter } from './protowire.ts';
 
@@ -32,8 +32,6 @@ export const WireHook = { postStart: 1, preStop: 2 } as const;
  */
 export type AgentCallFailure = 'unreachable' | 'broken' | 'deadline' | 'cancelled' | 'status';
 
-const NOT_LISTENING = new Set(['ECONNREFUSED', 'ENOENT', 'EACCES', 'ENOTSOCK']);
-
 /** A ProbeService call that returned no answer: the agent was unreachable, too slow, or answered a gRPC error. */
 export class AgentCallError extends Error {
   readonly failure: AgentCallFailure;
@@ -41,7 +39,8 @@ export class AgentCallError extends Error {
   readonly grpcCode: number;
   /**
    * True only when the agent certainly did not start the call: no connection was ever made, the
-   * stream was refused (HTTP/2 REFUSED_STREAM), the agent refused admission (RESOURCE_EXHAUSTED),
+   * stream was refused (HTTP/2 REFUSED_STREAM) or lay above a GOAWAY's last-stream-id, the agent
+   * refused admission (RESOURCE_EXHAUSTED),
    * or it refused a hook while draining (NOT_STARTED_TRAILER). Only such a hook may be sent again.
    */
   readonly notStarted: boolean;
@@ -91,15 +90,34 @@ export interface ShimHookRequest {
 const SERVICE = '/probe.v1alpha1.ProbeService/';
 const MAX_RESPONSE = 64 * 1024;
 
-/** A connection to one agent socket. */
+/** The request header block of each method (literal HPACK, static-table names); grpc-timeout is appended per call. */
+const REQUEST_BLOCKS = new Map<string, Buffer>(['Probe', 'RunLifecycleHandler'].map((m) => [m, encodeLiteralBlock([
+  { name: ':method', value: 'POST' },
+  { name: ':scheme', value: 'http' },
+  { name: ':path', value: SERVICE + m },
+  { name: ':authority', value: 'probe-agent' },
+  { name: 'content-type', value: 'application/grpc' },
+  { name: 'te', value: 'trailers' },
+])]));
+
+/** The value of header `name` in a decoded header list, if present. */
+function field(fields: readonly HeaderField[] | undefined, name: string): string | undefined {
+  if (!fields) return undefined;
+  for (const f of fields) if (f.name === name) return f.value;
+  return undefined;
+}
+
+/**
+ * A connection to one agent socket: our own unary HTTP/2 client (agent/http2/unary-client.ts),
+ * one connection multiplexing every call, reopened after the agent restarts.
+ */
 export class ShimProbeClient {
   readonly #socketPath: string;
-  #session: http2.ClientHttp2Session | undefined;
-  /** Sessions whose socket connected: a stream that failed on any other session sent nothing. */
-  readonly #connected = new WeakSet<http2.ClientHttp2Session>();
+  readonly #h2: UnaryH2Client;
 
   constructor(socketPath: string) {
     this.#socketPath = socketPath;
+    this.#h2 = new UnaryH2Client(socketPath, { maxResponseBytes: MAX_RESPONSE });
   }
 
   /** Probe RPC; aborting `signal` cancels it. */
@@ -126,27 +144,7 @@ export class ShimProbeClient {
 
   /** Closes the connection; a later call opens a new one. */
   close(): void {
-    const s = this.#session;
-    this.#session = undefined;
-    s?.destroy();
-  }
-
-  #connect(): http2.ClientHttp2Session {
-    const cur = this.#session;
-    if (cur && !cur.closed && !cur.destroyed) return cur;
-    const path = this.#socketPath;
-    const session = http2.connect('http://probe-agent', { createConnection: () => net.connect(path) });
-    const drop = (): void => {
-      if (this.#session === session) this.#session = undefined;
-    };
-    session.on('error', drop);
-    session.on('close', drop);
-    session.on('goaway', drop);
-    session.once('connect', () => this.#connected.add(session));
-    // An idle connection must not keep the shim's event loop alive on shutdown.
-    session.unref();
-    this.#session = session;
-    return session;
+    this.#h2.close();
   }
 
   #unary(method: string, message: Buffer, opts: AgentCallOptions): Promise<AgentAnswer> {
@@ -154,24 +152,22 @@ export class ShimProbeClient {
     const boundMs = deadlineMs ?? opts.lastResortMs;
     return new Promise<AgentAnswer>((resolve, reject) => {
       let settled = false;
-      const chunks: Buffer[] = [];
-      let size = 0;
-      let headers: http2.IncomingHttpHeaders | undefined;
-      let trailers: http2.IncomingHttpHeaders | undefined;
-      let stream: http2.ClientHttp2Stream | undefined;
+      let call: UnaryH2Call | undefined;
       const finish = (err: AgentCallError | null, answer?: AgentAnswer): void => {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
         signal?.removeEventListener('abort', onAbort);
-        if (stream && !stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
         if (err) reject(err);
         else resolve(answer as AgentAnswer);
       };
+      // Deadline and abort reset the stream (RST_STREAM CANCEL): the agent aborts what it runs.
       const timer = boundMs === undefined ? undefined : setTimeout(() => {
+        call?.cancel();
         finish(new AgentCallError('deadline', GrpcCode.DEADLINE_EXCEEDED, `probe-agent did not answer ${method} within ${boundMs} ms`));
       }, boundMs);
       const onAbort = (): void => {
+        call?.cancel();
         finish(new AgentCallError('cancelled', GrpcCode.CANCELLED, `${method} cancelled by the caller`));
       };
       if (signal?.aborted) {
@@ -179,69 +175,41 @@ export class ShimProbeClient {
         return;
       }
       signal?.addEventListener('abort', onAbort, { once: true });
-      let session: http2.ClientHttp2Session;
-      try {
-        session = this.#connect();
-        const headers: http2.OutgoingHttpHeaders = {
-          ':method': 'POST',
-          ':path': SERVICE + method,
-          'content-type': 'application/grpc',
-          te: 'trailers',
-        };
-        if (deadlineMs !== undefined) headers['grpc-timeout'] = `${Math.max(1, Math.ceil(deadlineMs))}m`;
-        stream = session.request(headers);
-      } catch (err) {
-        finish(new AgentCallError('unreachable', GrpcCode.UNAVAILABLE, `cannot reach probe-agent on ${this.#socketPath}: ${(err as Error).message}`));
-        return;
-      }
-      stream.on('response', (h) => {
-        headers = h;
+      let block = REQUEST_BLOCKS.get(method) as Buffer;
+      if (deadlineMs !== undefined) block = Buffer.concat([block, encodeLiteralBlock([{ name: 'grpc-timeout', value: `${Math.max(1, Math.ceil(deadlineMs))}m` }])]);
+      call = this.#h2.call(block, grpcFrame(message), {
+        done: (res) => finish(...answerOf(method, res)),
+        fail: (err) => finish(callError(method, this.#socketPath, err)),
       });
-      stream.on('trailers', (t) => {
-        trailers = t;
-      });
-      stream.on('data', (c: Buffer) => {
-        size += c.length;
-        if (size > MAX_RESPONSE) {
-          // The agent ran the call: this is no admission refusal, so notStarted stays false.
-          finish(new AgentCallError('status', GrpcCode.RESOURCE_EXHAUSTED, `probe-agent ${method} answer larger than ${MAX_RESPONSE} bytes`, false));
-          return;
-        }
-        chunks.push(c);
-      });
-      stream.on('error', (err: NodeJS.ErrnoException) => {
-        // A socket that never connected surfaces as ERR_HTTP2_STREAM_CANCEL with the ENOENT or
-        // ECONNREFUSED only as its cause: what matters is that nothing reached the agent.
-        const cause = (err.cause as NodeJS.ErrnoException | undefined)?.code ?? '';
-        const unreachable = NOT_LISTENING.has(err.code ?? '') || NOT_LISTENING.has(cause) || !this.#connected.has(session);
-        const refused = stream?.rstCode === http2.constants.NGHTTP2_REFUSED_STREAM;
-        const why = cause && !err.message.includes(cause) ? `${err.message} (${cause})` : err.message;
-        finish(new AgentCallError(unreachable ? 'unreachable' : 'broken', GrpcCode.UNAVAILABLE, `probe-agent ${method} on ${this.#socketPath}: ${why}`, unreachable || refused));
-      });
-      stream.on('close', () => {
-        if (settled) return;
-        const meta = trailers ?? headers;
-        if (!meta) {
-          const unsent = !this.#connected.has(session) || stream?.rstCode === http2.constants.NGHTTP2_REFUSED_STREAM;
-          finish(new AgentCallError(unsent ? 'unreachable' : 'broken', GrpcCode.UNAVAILABLE, `probe-agent ${method} on ${this.#socketPath}: connection closed without an answer`, unsent));
-          return;
-        }
-        const code = Number(meta['grpc-status'] ?? GrpcCode.UNKNOWN);
-        if (code !== GrpcCode.OK) {
-          const msg = decodeGrpcMessage(String(meta['grpc-message'] ?? ''));
-          // Admission refusals and a draining agent's refusals come before the call starts.
-          const notStarted = code === GrpcCode.RESOURCE_EXHAUSTED || meta[NOT_STARTED_TRAILER] !== undefined;
-          finish(new AgentCallError('status', code, msg || `probe-agent ${method} failed with gRPC status ${code}`, notStarted));
-          return;
-        }
-        try {
-          finish(null, decodeAnswer(Buffer.concat(chunks, size)));
-        } catch (err) {
-          finish(new AgentCallError('status', GrpcCode.INTERNAL, `probe-agent ${method}: malformed answer: ${(err as Error).message}`));
-        }
-      });
-      stream.end(grpcFrame(message));
     });
+  }
+}
+
+/** An AgentCallError for a call that got no complete response. */
+function callError(method: string, socketPath: string, err: UnaryH2Error): AgentCallError {
+  if (err.failure === 'too-large') {
+    // The agent ran the call: this is no admission refusal, so notStarted stays false.
+    return new AgentCallError('status', GrpcCode.RESOURCE_EXHAUSTED, `probe-agent ${method} answer larger than ${MAX_RESPONSE} bytes`, false);
+  }
+  if (err.failure === 'unreachable') return new AgentCallError('unreachable', GrpcCode.UNAVAILABLE, `cannot reach probe-agent for ${method}: ${err.message}`, true);
+  return new AgentCallError('broken', GrpcCode.UNAVAILABLE, `probe-agent ${method} on ${socketPath}: ${err.message}`, err.notStarted);
+}
+
+/** The answer of a complete response, or the error its status says. */
+function answerOf(method: string, res: UnaryH2Response): [AgentCallError | null, AgentAnswer?] {
+  // Trailers, or the headers of a trailers-only response.
+  const meta = res.trailers ?? res.headers;
+  const code = Number(field(meta, 'grpc-status') ?? GrpcCode.UNKNOWN);
+  if (code !== GrpcCode.OK) {
+    const msg = decodeGrpcMessage(field(meta, 'grpc-message') ?? '');
+    // Admission refusals and a draining agent's refusals come before the call starts.
+    const notStarted = code === GrpcCode.RESOURCE_EXHAUSTED || field(meta, NOT_STARTED_TRAILER) !== undefined;
+    return [new AgentCallError('status', code, msg || `probe-agent ${method} failed with gRPC status ${code}`, notStarted)];
+  }
+  try {
+    return [null, decodeAnswer(res.body)];
+  } catch (err) {
+    return [new AgentCallError('status', GrpcCode.INTERNAL, `probe-agent ${method}: malformed answer: ${(err as Error).message}`)];
   }
 }
 

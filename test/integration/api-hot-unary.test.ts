@@ -11,6 +11,8 @@ import * as net from 'node:net';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ProbeApiClient } from '../../agent/api/client.ts';
+import { ShimProbeClient, WireProbeType, WireResult } from '../../agent/api/shim-client.ts';
+import type { OnDemandProbeRequest, OnDemandProber } from '../../agent/scheduler/types.ts';
 import { encodeProbeHandler } from '../../agent/api/handler-wire.ts';
 import { grpcFrame, readFields, WireWriter } from '../../agent/api/protowire.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
@@ -120,6 +122,54 @@ describe('the lean server for the shim\'s connections', () => {
       await until(() => fx.server.stats().probesInFlight === 0 && prober.limiter.inFlight === 0, 5000, 'the cancelled probe to be aborted');
     } finally {
       s.close();
+    }
+  });
+});
+
+describe('the real shim client and a grpc-js client on the same agent socket', () => {
+  let fx: ApiFixture;
+  beforeAll(async () => {
+    // The shim names a pod by container ID only; the lab prober knows pods by UID: map one to the other.
+    const byContainer: OnDemandProber = {
+      probe: (req: OnDemandProbeRequest, signal?: AbortSignal) => prober.probe(req.containerID === 'ctr-web' ? { ...req, podUID: 'uid-web', containerID: undefined } : req, signal),
+    } as OnDemandProber;
+    fx = await startApiFixture({ prober: byContainer });
+  });
+  afterAll(async () => {
+    await fx?.close();
+  });
+
+  it('both at once: 60 shim probes on one connection and 20 grpc-js probes, every answer right; an unknown container is NOT_FOUND to both', async () => {
+    const shim = new ShimProbeClient(fx.socket);
+    const grpcClient = new ProbeApiClient(fx.socket);
+    try {
+      const handler = encodeProbeHandler({ httpGet: { path: '/healthz', port: HTTP } });
+      const viaShim = Array.from({ length: 60 }, () => shim.probe({ containerId: 'ctr-web', handler, timeoutSeconds: 2, probeType: WireProbeType.readiness }, 10_000));
+      const viaGrpcJs = Array.from({ length: 20 }, () => grpcClient.probe({ pod: { uid: 'uid-web' }, handler: { kind: 'http', port: HTTP, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 2 }));
+      const [a, b] = await Promise.all([Promise.all(viaShim), Promise.all(viaGrpcJs)]);
+      expect(a.map((x) => x.result)).toEqual(Array(60).fill(WireResult.SUCCESS));
+      expect(b.map((x) => x.result)).toEqual(Array(20).fill('success'));
+      const lost = await shim.probe({ containerId: 'ctr-nope', handler, timeoutSeconds: 1, probeType: WireProbeType.liveness }, 10_000).then(() => undefined, (e: unknown) => e as { failure: string; grpcCode: number });
+      expect(lost).toMatchObject({ failure: 'status', grpcCode: grpc.status.NOT_FOUND });
+      expect((await codeOf(grpcClient.probe({ pod: { uid: 'uid-nope' }, handler: { kind: 'http', port: HTTP, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 1 }))).code).toBe(grpc.status.NOT_FOUND);
+    } finally {
+      shim.close();
+      grpcClient.close();
+    }
+  });
+
+  it('a shim probe its caller aborts is reset (RST_STREAM CANCEL): the agent aborts it and frees its slot long before its deadline', async () => {
+    const shim = new ShimProbeClient(fx.socket);
+    try {
+      const handler = encodeProbeHandler({ httpGet: { path: '/healthz', port: HANG } });
+      const abort = new AbortController();
+      const pending = shim.probe({ containerId: 'ctr-web', handler, timeoutSeconds: 20, probeType: WireProbeType.liveness }, 30_000, abort.signal).then(() => undefined, (e: unknown) => e as { failure: string });
+      await until(() => fx.server.stats().probesInFlight === 1, 5000, 'the hanging probe in flight');
+      abort.abort();
+      expect(await pending).toMatchObject({ failure: 'cancelled' });
+      await until(() => fx.server.stats().probesInFlight === 0 && prober.limiter.inFlight === 0, 5000, 'the reset probe to be aborted');
+    } finally {
+      shim.close();
     }
   });
 });

@@ -1,0 +1,103 @@
+/**
+ * The shim -> agent hop alone: CPU per call of the shim's ProbeService client (ShimProbeClient) and
+ * of the agent's lean server (HotUnaryServer), each in its own process, with a handler that answers
+ * at once (no probe), so what is measured is the transport. Sequential calls, then 16 at a time.
+ * Both sides are loaded from one checkout (HOP_REPO, default this one): run it against two
+ * checkouts, alternately, to compare them in the same conditions.
+ *
+ *   node test/bench/shim-hop.ts [calls]           (HOP_REPO=/path/to/other/checkout to measure that one)
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import * as net from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+
+const HERE = fileURLToPath(import.meta.url);
+const REPO = process.env.HOP_REPO ?? path.resolve(path.dirname(HERE), '../..');
+
+/** utime + stime of a process, in ms (clock ticks of 10 ms). */
+function cpuMs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return (Number(f[11]) + Number(f[12])) * 10;
+}
+
+async function server(socket: string): Promise<void> {
+  const { HotUnaryServer } = (await import(path.join(REPO, 'agent/api/hot-unary.ts'))) as typeof import('../../agent/api/hot-unary.ts');
+  const answer = { result: 'PROBE_RESULT_SUCCESS', message: '', duration_seconds: 0.001, reason: '', address: '', phases: null };
+  const hot = new HotUnaryServer({
+    probe: (_call, cb) => cb(null, answer as never),
+    hook: (_call, cb) => cb(null, { result: 'PROBE_RESULT_SUCCESS', message: '', duration_seconds: 0 } as never),
+  }, { maxRequestBytes: 1024 * 1024, maxConcurrentStreams: 256 });
+  net.createServer((s) => hot.emit('connection', s)).listen(socket, () => process.stdout.write('listening\n'));
+}
+
+async function client(socket: string, calls: number): Promise<void> {
+  const { ShimProbeClient, WireProbeType } = (await import(path.join(REPO, 'agent/api/shim-client.ts'))) as typeof import('../../agent/api/shim-client.ts');
+  const { encodeProbeHandler } = (await import(path.join(REPO, 'agent/api/handler-wire.ts'))) as typeof import('../../agent/api/handler-wire.ts');
+  const c = new ShimProbeClient(socket);
+  const handler = encodeProbeHandler({ httpGet: { path: '/healthz', port: 8080 } });
+  const one = (): Promise<unknown> => c.probe({ containerId: 'c'.repeat(64), handler, timeoutSeconds: 1, probeType: WireProbeType.liveness }, 5000);
+  const lines = createInterface({ input: process.stdin });
+  for await (const line of lines) {
+    const started = performance.now();
+    if (line === 'sequential') for (let i = 0; i < calls; i++) await one();
+    else if (line === 'parallel') {
+      for (let i = 0; i < calls; i += 16) await Promise.all(Array.from({ length: 16 }, one));
+    } else break;
+    process.stdout.write(`${(performance.now() - started) / calls}\n`);
+  }
+  c.close();
+}
+
+function nextLine(p: ChildProcess): Promise<string> {
+  return new Promise((resolve, reject) => {
+    let buf = '';
+    const on = (d: Buffer): void => {
+      buf += d.toString();
+      const i = buf.indexOf('\n');
+      if (i < 0) return;
+      p.stdout!.off('data', on);
+      resolve(buf.slice(0, i));
+    };
+    p.stdout!.on('data', on);
+    p.once('exit', (code) => reject(new Error(`child exited ${code}`)));
+  });
+}
+
+async function main(): Promise<void> {
+  const calls = Number(process.argv[2] ?? 5000);
+  const dir = mkdtempSync(path.join(tmpdir(), 'shim-hop-'));
+  const socket = path.join(dir, 'probe.sock');
+  const node = process.execPath;
+  const srv = spawn(node, [HERE, '--server', socket], { stdio: ['ignore', 'pipe', 'inherit'] });
+  await nextLine(srv);
+  const cli = spawn(node, [HERE, '--client', socket, String(calls)], { stdio: ['pipe', 'pipe', 'inherit'] });
+  try {
+    const run = async (mode: string): Promise<string> => {
+      cli.stdin!.write(`${mode}\n`);
+      await nextLine(cli); // warm-up of the same size
+      const c0 = cpuMs(cli.pid!);
+      const s0 = cpuMs(srv.pid!);
+      cli.stdin!.write(`${mode}\n`);
+      const wallMs = Number(await nextLine(cli));
+      const c = (cpuMs(cli.pid!) - c0) / calls;
+      const s = (cpuMs(srv.pid!) - s0) / calls;
+      return `${mode}: client ${c.toFixed(3)} ms CPU/call, server ${s.toFixed(3)} ms CPU/call, wall ${wallMs.toFixed(3)} ms/call`;
+    };
+    console.log(`[hop] ${REPO}, ${calls} calls`);
+    console.log(`[hop] ${await run('sequential')}`);
+    console.log(`[hop] ${await run('parallel')}`);
+  } finally {
+    cli.kill();
+    srv.kill();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+if (process.argv[2] === '--server') void server(process.argv[3]!);
+else if (process.argv[2] === '--client') void client(process.argv[3]!, Number(process.argv[4]));
+else void main();
