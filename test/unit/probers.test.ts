@@ -82,6 +82,8 @@ interface Seen {
   url: string;
   rawHeaders: string[];
   servername?: string | false;
+  /** HTTPS only: whether the client resumed an earlier TLS session. */
+  reused?: boolean;
 }
 const seen: Seen[] = [];
 let bigBodyBytesWritten = 0;
@@ -89,7 +91,7 @@ let bigBodyBytesWritten = 0;
 function handler(tlsPort: () => number) {
   return (req: http.IncomingMessage, res: http.ServerResponse): void => {
     const u = new URL(req.url ?? '/', 'http://x');
-    seen.push({ url: req.url ?? '', rawHeaders: req.rawHeaders, servername: (req.socket as TLSSocket).servername });
+    seen.push({ url: req.url ?? '', rawHeaders: req.rawHeaders, servername: (req.socket as TLSSocket).servername, reused: (req.socket as TLSSocket).isSessionReused?.() });
     const code = Number(u.searchParams.get('code') ?? 302);
     if (u.pathname.startsWith('/status/')) {
       const status = Number(u.pathname.slice(8));
@@ -334,6 +336,12 @@ describe('HTTP prober', () => {
     expect(out.result).toBe('success');
     expect(out.phases.tls).toBeGreaterThan(0);
     expect(seen[before]?.servername).toBeFalsy();
+  });
+
+  it('every HTTPS probe makes a full handshake: no TLS session is resumed (kubelet: a new connection per probe)', async () => {
+    const before = seen.length;
+    for (let i = 0; i < 3; i++) expect((await run(httpGet(httpsPort, '/echo', { scheme: 'HTTPS' }))).result).toBe('success');
+    expect(seen.slice(before).map((s) => s.reused)).toEqual([false, false, false]);
   });
 
   it('HTTPS to a name (legacy host field from the node) sends it as SNI', async () => {
