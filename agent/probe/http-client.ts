@@ -4,10 +4,13 @@
  * no pool, the native llhttp parser. No undici: it compiled its WASM parser into every agent that
  * ran an HTTP probe (18-28 MB of RSS) and cost more CPU per probe (docs/benchmark.md, issue 19).
  *
- * What goes on the wire is kubelet's request as http-request.ts builds it, written as a raw header
- * list so node adds nothing: "GET <path> HTTP/1.1", host, connection: close, then the probe's headers
- * in Go's order. Errors are only recorded here (the first of the socket's and of the request's);
- * http.ts turns them into Go's texts.
+ * What goes on the wire is kubelet's request byte for byte as Go's client writes it, as a raw
+ * header list so node adds nothing of its own: "GET <path> HTTP/1.1", Host, then the probe's headers
+ * in Go's order (User-Agent, the rest by sorted canonical name; http-request.ts), then
+ * "Connection: close" last (Go's transport adds it to the extra headers it writes after the
+ * request's own when DisableKeepAlives is set, as kubelet's probe transport has it). Errors are
+ * only recorded here (the first of the socket's and of the request's); http.ts turns them into
+ * Go's texts.
  */
 import { request as httpRequest, type ClientRequest, type IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
@@ -50,8 +53,9 @@ export class SocketGet {
     // Raw header pairs: node writes them as given (order, case, latin1 bytes) and adds no Host,
     // Connection or Transfer-Encoding of its own. Go writes a value's UTF-8 bytes; node validates
     // and writes each character as one latin1 byte, so non-ASCII values go in as their UTF-8 bytes.
-    const headers: string[] = ['host', req.hostHeader, 'connection', 'close'];
+    const headers: string[] = ['Host', req.hostHeader];
     for (const [name, value] of req.headers) headers.push(name, utf8OnTheWire(value));
+    headers.push('Connection', 'close');
     let informational = 0;
     this.#request = httpRequest({
       method: 'GET',

@@ -278,15 +278,17 @@ describe('HTTP prober', () => {
     expect(seen.length - before).toBe(10);
   });
 
-  it('sends exactly kubelet\'s headers: Host with port, connection close, UA, Accept, canonical repeats', async () => {
+  it('sends exactly kubelet\'s headers in Go\'s order: Host with port, UA, Accept, canonical repeats, Connection: close', async () => {
     const out = await run(httpGet(httpPort, '/echo?q=1', {
       headers: [{ name: 'x-b', value: '2' }, { name: 'x-a', value: '1' }, { name: 'X-B', value: '3' }],
     }));
     const echo = JSON.parse(out.message) as { url: string; rawHeaders: string[] };
     expect(echo.url).toBe('/echo?q=1');
+    // Go's bytes: Host first, Connection: close last (net/http transport.go persistConn.roundTrip puts it in
+    // extraHeaders when DisableKeepAlives, which Request.write writes after the header map; undici wrote both first).
     expect(echo.rawHeaders).toEqual([
-      'host', `127.0.0.1:${httpPort}`, 'connection', 'close',
-      'User-Agent', 'kube-probe/1.34', 'Accept', '*/*', 'X-A', '1', 'X-B', '2', 'X-B', '3',
+      'Host', `127.0.0.1:${httpPort}`,
+      'User-Agent', 'kube-probe/1.34', 'Accept', '*/*', 'X-A', '1', 'X-B', '2', 'X-B', '3', 'Connection', 'close',
     ]);
     expect(echo.rawHeaders.map((h) => h.toLowerCase())).not.toContain('accept-encoding');
   });
@@ -296,13 +298,13 @@ describe('HTTP prober', () => {
       headers: [{ name: 'accept', value: '' }, { name: 'host', value: 'app.example' }, { name: 'user-agent', value: 'mine' }],
     }));
     const { rawHeaders } = JSON.parse(out.message) as { rawHeaders: string[] };
-    expect(rawHeaders).toEqual(['host', 'app.example', 'connection', 'close', 'User-Agent', 'mine']);
+    expect(rawHeaders).toEqual(['Host', 'app.example', 'User-Agent', 'mine', 'Connection', 'close']);
   });
 
   it('IPv6 pod IP: Host is bracketed', async () => {
     const out = await run(httpGet(httpPort, '/echo'), { podIPs: ['::1'] });
     const { rawHeaders } = JSON.parse(out.message) as { rawHeaders: string[] };
-    expect(rawHeaders.slice(0, 2)).toEqual(['host', `[::1]:${httpPort}`]);
+    expect(rawHeaders.slice(0, 2)).toEqual(['Host', `[::1]:${httpPort}`]);
     expect(out.address).toBe(`[::1]:${httpPort}`);
   });
 
@@ -350,7 +352,7 @@ describe('HTTP prober', () => {
     expect(out.result).toBe('success');
     expect(seen[before]?.servername).toBe('localhost');
     const { rawHeaders } = JSON.parse(out.message) as { rawHeaders: string[] };
-    expect(rawHeaders.slice(0, 2)).toEqual(['host', `localhost:${httpsPort}`]);
+    expect(rawHeaders.slice(0, 2)).toEqual(['Host', `localhost:${httpsPort}`]);
   });
 
   it('HTTPS against a plain HTTP port fails with a TLS reason', async () => {
@@ -496,7 +498,7 @@ describe('Happy Eyeballs across pod IPs', () => {
   it('on: HTTP keeps kubelet\'s Host (the primary IP) whichever family answered', async () => {
     const out = await run(httpGet(v6OnlyPort, '/echo'), { podIPs: ['127.0.0.1', '::1'], happyEyeballs: true });
     expect(out.result).toBe('success');
-    expect((JSON.parse(out.message) as { rawHeaders: string[] }).rawHeaders.slice(0, 2)).toEqual(['host', `127.0.0.1:${v6OnlyPort}`]);
+    expect((JSON.parse(out.message) as { rawHeaders: string[] }).rawHeaders.slice(0, 2)).toEqual(['Host', `127.0.0.1:${v6OnlyPort}`]);
   });
 
   it('on: all refused reports the primary address', async () => {
