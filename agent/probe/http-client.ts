@@ -2,7 +2,7 @@
  * One HTTP/1.1 GET over a socket that is already connected (made inside the pod's netns), with
  * Node's own client: node:http's ClientRequest handed the socket through createConnection, no agent,
  * no pool, the native llhttp parser. No undici: it compiled its WASM parser into every agent that
- * ran an HTTP probe (18-28 MB of RSS) and cost more CPU per probe (docs/benchmark.md, issue 19).
+ * ran an HTTP probe (about 30 MB of peak RSS in the bench; docs/benchmark.md, issue 19).
  *
  * What goes on the wire is kubelet's request byte for byte as Go's client writes it, as a raw
  * header list so node adds nothing of its own: "GET <path> HTTP/1.1", Host, then the probe's headers
@@ -84,8 +84,9 @@ export class SocketGet {
     });
     // The body phase may never look at it; an early rejection must not be unhandled.
     this.response.catch(() => {});
-    signal.addEventListener('abort', this.#onAbort, { once: true });
     request.end();
+    if (signal.aborted) this.#onAbort();
+    else signal.addEventListener('abort', this.#onAbort, { once: true });
   }
 
   readonly #onSocketError = (err: Error): void => {
