@@ -31,7 +31,8 @@ export interface ProbeRequest {
 const GO_EXCLUDED = new Set(['Host', 'User-Agent', 'Content-Length', 'Transfer-Encoding', 'Trailer']);
 /**
  * Hop-by-hop headers the HTTP client owns: we always send "Connection: close" (Go's DisableKeepAlives)
- * and undici refuses the others. Go would pass them through; a one-shot GET has no use for them.
+ * and never the others (undici, which the probes used before node:http, refused them; they stay
+ * out so the request is the same as before). Go would pass them through; a one-shot GET has no use for them.
  */
 const CLIENT_OWNED = new Set(['Connection', 'Keep-Alive', 'Upgrade', 'Expect']);
 

@@ -5,59 +5,20 @@
  */
 import { isIP } from 'node:net';
 import { performance } from 'node:perf_hooks';
-import { connect as tlsConnect, type TLSSocket } from 'node:tls';
+import { connect as tlsConnect, createSecureContext, type SecureContext, type TLSSocket } from 'node:tls';
 import type { Socket } from 'node:net';
-import { createRequire } from 'node:module';
-import type { Client } from 'undici';
+import type { IncomingMessage } from 'node:http';
 import { describeError } from '../errors.ts';
 import { ConnectError, connectTo, type Deadline, type ProberResult } from './connect.ts';
+import { MAX_HEADER_BYTES, SocketGet, TooMany1xxError, discardBody, readAtMost } from './http-client.ts';
 import { MAX_BODY_BYTES, buildHeaderMap, buildProbeRequest, decideRedirect, type HeaderMap, type ProbeRequest, type RedirectDecision } from './http-request.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
 import type { FailureReason, HttpGetHandler } from './types.ts';
 
-/** undici, loaded by the first HTTP probe: an agent without HTTP probes never carries it (about 10 MB RSS; issue 14). */
-let undiciClient: typeof Client | undefined;
-const lazyClient = (): typeof Client => (undiciClient ??= (createRequire(import.meta.url)('undici') as typeof import('undici')).Client);
-
-/** Go's biggest response header block (MaxResponseHeaderBytes default is 1 MiB; undici's default is 16 KiB). */
-const MAX_HEADER_BYTES = 64 * 1024;
-
-/**
- * What a finished exchange destroys its client with. undici's close() ends in destroy() with a new
- * ClientDestroyedError; an error's stack trace (captured, then formatted by the stream machinery)
- * was a measurable share of an HTTP probe's CPU. Nobody sees this one: the request is over.
- */
-const EXCHANGE_DONE: Error = stackless(() => new Error('probe exchange finished'));
-
-/** Runs `make` with stack capture off: its errors cost nothing to create and format. */
-function stackless<T>(make: () => T): T {
-  const limit = Error.stackTraceLimit;
-  Error.stackTraceLimit = 0;
-  try {
-    return make();
-  } finally {
-    Error.stackTraceLimit = limit;
-  }
-}
-
-/**
- * Event handlers of `socket` run with stack capture off. undici builds an error on every response
- * that ends a "Connection: close" exchange (InformationalError 'reset', or SocketError 'closed')
- * inside the socket's events, and the stream code formats its stack at once: 60-90 us of CPU per
- * HTTP probe, for errors that are only ever read by code and message (mapHttpError).
- */
-function withoutStackTraces<T extends Socket>(socket: T): T {
-  const emit = socket.emit;
-  socket.emit = function emitWithoutStackTraces(this: T, ...args: Parameters<T['emit']>): boolean {
-    return stackless(() => emit.apply(this, args));
-  } as T['emit'];
-  return socket;
-}
+export { MAX_1XX_RESPONSES } from './http-client.ts';
 
 /** Go's maxBodySlurpSize: a followed redirect's body is drained this far, if small or of unknown length. */
 export const REDIRECT_SLURP_BYTES = 2 * 1024;
-/** Go's max1xxResponses: more informational responses than this before the final one is an error. */
-export const MAX_1XX_RESPONSES = 5;
 
 /** What a hop's response means for the chain (decided from status and Location before the body is read). */
 export type Decide = (status: number, location: string | undefined) => RedirectDecision;
@@ -148,8 +109,7 @@ export async function exchange(
   const prefix = `Get ${JSON.stringify(req.url)}`;
   const addresses = plan.ips.map((ip) => ({ ip, port: req.port }));
   let socket: Socket | undefined;
-  let client: Client | undefined;
-  let finished = false;
+  let get: SocketGet | undefined;
   try {
     const connected = await connectTo(addresses, plan, deadline).catch((err: unknown) => {
       if (err instanceof ConnectError) {
@@ -171,89 +131,47 @@ export async function exchange(
       phases.tls = (phases.tls ?? 0) + (performance.now() - t0) / 1000;
     }
 
-    const ready = skipInformational(withoutStackTraces(socket));
-    client = new (lazyClient())(`${req.scheme}://${joinHostPort(req.hostname, req.port)}`, {
-      // undici hangs when its connect callback runs synchronously: always hand the socket over on a later tick.
-      connect: (_opts, cb) => void setImmediate(() => cb(null, ready)),
-      pipelining: 1,
-      headersTimeout: 0,
-      bodyTimeout: 0,
-      maxHeaderSize: MAX_HEADER_BYTES,
-      allowH2: false,
-    });
     const t1 = performance.now();
-    const flat: string[] = [];
-    for (const [k, v] of req.headers) flat.push(k, utf8OnTheWire(v));
-    flat.unshift('Host', req.hostHeader);
-    const res = await client.request({ path: req.pathAndQuery, method: 'GET', headers: flat, signal: deadline.signal, reset: true });
+    get = new SocketGet(socket, req, deadline.signal);
+    let res: IncomingMessage;
+    try {
+      res = await get.response;
+    } catch (err) {
+      throw mapHttpError(err, get, prefix, deadline);
+    }
     phases.firstByte = (phases.firstByte ?? 0) + (performance.now() - t1) / 1000;
     const locationHeader = res.headers['location'];
     const location = Array.isArray(locationHeader) ? locationHeader[0] : locationHeader;
-    const status = res.statusCode;
+    const status = res.statusCode ?? 0;
     const decision = decide(status, location);
     let body = '';
     let bodyError: HopError | undefined;
     if (decision.action === 'use') {
       // kubelet reads every final response's body (ReadAtMost 10 KiB), whatever the status.
       try {
-        body = await readCapped(res.body, deadline, MAX_BODY_BYTES);
+        body = (await readAtMost(res, MAX_BODY_BYTES)).toString('utf8');
       } catch (err) {
-        bodyError = bodyReadError(err, deadline);
+        bodyError = bodyReadError(err, get, deadline);
       }
     } else if (decision.action === 'follow' || decision.reason === 'redirects') {
       // Go drains a redirect's body before the next request, only when small or of unknown length,
       // and ignores what goes wrong (a stall still uses up the deadline, as in Go).
       const length = contentLength(res.headers['content-length']);
-      if (length === -1 || length <= REDIRECT_SLURP_BYTES) await readCapped(res.body, deadline, REDIRECT_SLURP_BYTES).catch(() => '');
-      else discard(res.body);
+      if (length === -1 || length <= REDIRECT_SLURP_BYTES) await readAtMost(res, REDIRECT_SLURP_BYTES).catch(() => undefined);
+      else discardBody(res);
     } else {
-      discard(res.body);
+      discardBody(res);
     }
-    finished = true;
     return bodyError ? { status, decision, body, bodyError } : { status, decision, body };
   } catch (err) {
     if (err instanceof HopError) throw err;
-    throw mapHttpError(err, prefix, deadline);
+    // node:http refuses some requests before sending anything (a header value it cannot write).
+    throw new HopError('failure', 'other', `${prefix}: ${describeError(err)}`);
   } finally {
-    // A finished exchange has nothing in flight: destroying it with a ready-made error skips the
-    // ClientDestroyedError that close() and destroy() build (and whose stack the streams format).
-    if (finished) void client?.destroy(EXCHANGE_DONE).catch(() => {});
-    else void client?.destroy().catch(() => {});
-    // The socket goes either way, in case the client never took it.
-    socket?.destroy();
+    // One request per connection (Go: DisableKeepAlives): the connection goes either way.
+    if (get) get.destroy();
+    else socket?.destroy();
   }
-}
-
-/**
- * Go writes a header value's UTF-8 bytes as they are; undici writes each character as one latin1
- * byte and refuses anything wider ("€" made every such probe fail). Handing undici the UTF-8 bytes
- * as latin1 characters puts exactly Go's bytes on the wire.
- */
-function utf8OnTheWire(value: string): string {
-  return /[^\u0000-\u007f]/.test(value) ? Buffer.from(value, 'utf8').toString('latin1') : value;
-}
-
-/** Reads at most `limit` bytes; more is not an error (kubelet logs it at V(4)). Rejects with the read error. */
-async function readCapped(body: AsyncIterable<Buffer> & { destroy(): void }, _deadline: Deadline, limit: number): Promise<string> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  try {
-    for await (const chunk of body) {
-      const room = limit - size;
-      chunks.push(chunk.length > room ? chunk.subarray(0, room) : chunk);
-      size += Math.min(chunk.length, room);
-      if (size >= limit) break;
-    }
-  } finally {
-    discard(body);
-  }
-  return Buffer.concat(chunks).toString('utf8');
-}
-
-/** Destroys a body we are done with; undici's body emits an AbortError when destroyed unread, which must not crash the agent. */
-function discard(body: { destroy(): void }): void {
-  (body as unknown as NodeJS.EventEmitter).on('error', () => {});
-  body.destroy();
 }
 
 /** Go's resp.ContentLength: -1 when absent or unparsable. */
@@ -262,86 +180,44 @@ function contentLength(header: string | string[] | undefined): number {
   return v !== undefined && /^[0-9]+$/.test(v.trim()) ? Number(v.trim()) : -1;
 }
 
+/** Whether the peer reset the connection (ECONNRESET from the socket itself, not node's "socket hang up"). */
+function wasReset(get: SocketGet): boolean {
+  return (get.socketError as NodeJS.ErrnoException | undefined)?.code === 'ECONNRESET';
+}
+
+/** A parser error from llhttp (HPE_* codes). */
+function parserErrorCode(err: Error | undefined): string | undefined {
+  const code = (err as NodeJS.ErrnoException | undefined)?.code;
+  return code?.startsWith('HPE_') ? code : undefined;
+}
+
 /** A body read error in Go's words (the error kubelet's prober logs and throws away). */
-function bodyReadError(err: unknown, deadline: Deadline): HopError {
+function bodyReadError(err: unknown, get: SocketGet, deadline: Deadline): HopError {
   const why = deadline.why();
   if (why === 'timeout') return new HopError('error', 'timeout', 'context deadline exceeded (Client.Timeout or context cancellation while reading body)');
   if (why === 'aborted') return new HopError('error', 'other', 'probe aborted');
-  const code = (err as NodeJS.ErrnoException | undefined)?.code ?? '';
-  const message = describeError(err);
-  if (code === 'ECONNRESET' || /ECONNRESET/.test(message)) return new HopError('error', 'reset', 'read: connection reset by peer');
-  if (code.startsWith('HPE_') || (err instanceof Error && err.name === 'HTTPParserError')) return new HopError('error', 'protocol', 'malformed chunked encoding');
-  if (code === 'UND_ERR_SOCKET' || code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH' || /other side closed|closed/.test(message)) {
-    return new HopError('error', 'protocol', 'unexpected EOF');
-  }
-  return new HopError('error', 'other', message);
+  if (wasReset(get)) return new HopError('error', 'reset', 'read: connection reset by peer');
+  // A bad chunk header: Go's chunked reader says so; llhttp reports it on the request.
+  if (parserErrorCode(get.requestError)) return new HopError('error', 'protocol', 'malformed chunked encoding');
+  // The connection ended before the body did (Content-Length not reached, chunked not terminated).
+  if (get.socketError === undefined) return new HopError('error', 'protocol', 'unexpected EOF');
+  return new HopError('error', 'other', describeError(get.socketError ?? err));
 }
 
 /**
- * Go's client reads and skips 1xx informational responses (but 101) before the final one, at most
- * MAX_1XX_RESPONSES of them; undici rejects a `100 Continue` to a request that did not ask for one
- * ("bad response"). The bytes of those responses are dropped here, before undici's parser sees them:
- * the response is the first thing on a one-request connection, so they can only come first.
+ * One client TLS context for every HTTPS probe. tls.connect() otherwise builds a new one (an
+ * OpenSSL SSL_CTX with the default ciphers and root store) per connection: 13 % of the busy
+ * time in a profile of HTTP and HTTPS probes. It holds no session: Node resumes a TLS session only
+ * when given one, so every probe still makes a full handshake, as kubelet's transport does.
  */
-function skipInformational<T extends Socket>(socket: T): T {
-  let head: Buffer | undefined = Buffer.alloc(0);
-  let skipped = 0;
-  const push = socket.push;
-  socket.push = function pushWithout1xx(this: T, chunk: unknown, encoding?: BufferEncoding): boolean {
-    if (head === undefined) return push.call(this, chunk, encoding);
-    if (!Buffer.isBuffer(chunk)) {
-      // End of stream (or a non-buffer chunk): whatever was held goes first, untouched.
-      const held = head;
-      head = undefined;
-      if (held.length > 0) push.call(this, held);
-      return push.call(this, chunk, encoding);
-    }
-    head = Buffer.concat([head, chunk]);
-    for (;;) {
-      const start = head.subarray(0, STATUS_PREFIX.length).toString('latin1');
-      if (start.length < STATUS_PREFIX.length) {
-        if (mayBeInformational(start)) return true;
-        break;
-      }
-      if (!mayBeInformational(start) || start.startsWith('101', 9)) break;
-      const end = head.indexOf('\r\n\r\n');
-      if (end === -1) {
-        if (head.length <= MAX_HEADER_BYTES) return true;
-        break;
-      }
-      if (++skipped > MAX_1XX_RESPONSES) {
-        head = undefined;
-        this.destroy(Object.assign(new Error('net/http: too many 1xx informational responses'), { code: 'TOO_MANY_1XX' }));
-        return false;
-      }
-      head = head.subarray(end + 4);
-    }
-    const rest = head;
-    head = undefined;
-    return push.call(this, rest, encoding);
-  } as T['push'];
-  return socket;
-}
-
-/** The start of an informational status line: "HTTP/1.x 1yz " ('#' is any digit; the last is a space or CR). */
-const STATUS_PREFIX = 'HTTP/1.# 1## ';
-
-/** Whether `text` (at most STATUS_PREFIX long) is, or may still become, the start of a 1xx status line. */
-function mayBeInformational(text: string): boolean {
-  for (let i = 0; i < text.length; i++) {
-    const want = STATUS_PREFIX[i] as string;
-    const c = text[i] as string;
-    const ok = want === '#' ? c >= '0' && c <= '9' : i === STATUS_PREFIX.length - 1 ? c === ' ' || c === '\r' : c === want;
-    if (!ok) return false;
-  }
-  return true;
-}
+let probeTlsContext: SecureContext | undefined;
 
 /** Wraps a connected socket in TLS the way kubelet's transport does: no verification, SNI only for names. */
 function startTls(socket: Socket, servername: string | undefined, deadline: Deadline, prefix: string): Promise<TLSSocket> {
   return new Promise<TLSSocket>((resolve, reject) => {
     const tls = tlsConnect({
       socket,
+      secureContext: (probeTlsContext ??= createSecureContext()),
       rejectUnauthorized: false,
       // Go sends no SNI for an IP literal; with a bare socket and no servername Node sends none either.
       ...(servername ? { servername } : {}),
@@ -387,23 +263,22 @@ function timeoutError(prefix: string, _deadline: Deadline, stage: 'headers'): Ho
   return new HopError('failure', 'timeout', `${prefix}: context deadline exceeded (Client.Timeout exceeded while awaiting ${stage})`);
 }
 
-/** Maps undici/socket errors onto Go's client error texts. */
-function mapHttpError(err: unknown, prefix: string, deadline: Deadline): HopError {
+/** Maps what ended an exchange before its response head onto Go's client error texts. */
+function mapHttpError(err: unknown, get: SocketGet, prefix: string, deadline: Deadline): HopError {
   const why = deadline.why();
   if (why === 'timeout') return timeoutError(prefix, deadline, 'headers');
   if (why === 'aborted') return new HopError('error', 'other', 'probe aborted');
-  const code = (err as NodeJS.ErrnoException | undefined)?.code ?? '';
-  const message = describeError(err);
-  if (code === 'UND_ERR_SOCKET' && /other side closed/.test(message)) return new HopError('failure', 'protocol', `${prefix}: EOF`);
-  if (code === 'ECONNRESET' || /ECONNRESET/.test(message)) {
-    return new HopError('failure', 'reset', `${prefix}: read: connection reset by peer`);
-  }
-  if (code.startsWith('HPE_') || err instanceof Error && err.name === 'HTTPParserError') {
-    return new HopError('failure', 'protocol', `${prefix}: net/http: HTTP/1.x transport connection broken: malformed HTTP response`);
-  }
-  if (code === 'TOO_MANY_1XX' || /too many 1xx/.test(message)) return new HopError('failure', 'protocol', `${prefix}: net/http: too many 1xx informational responses`);
-  if (code === 'UND_ERR_HEADERS_OVERFLOW') {
+  if (wasReset(get)) return new HopError('failure', 'reset', `${prefix}: read: connection reset by peer`);
+  const first = get.requestError ?? (err instanceof Error ? err : undefined);
+  if (first instanceof TooMany1xxError) return new HopError('failure', 'protocol', `${prefix}: ${first.message}`);
+  const parserError = parserErrorCode(first);
+  if (parserError === 'HPE_HEADER_OVERFLOW') {
     return new HopError('failure', 'protocol', `${prefix}: net/http: server response headers exceeded ${MAX_HEADER_BYTES} bytes; aborted`);
   }
-  return new HopError('failure', 'other', `${prefix}: ${message}`);
+  if (parserError) return new HopError('failure', 'protocol', `${prefix}: net/http: HTTP/1.x transport connection broken: malformed HTTP response`);
+  // node's "socket hang up": the peer closed the connection before any response (Go: io.EOF).
+  if (get.socketError === undefined && (first as NodeJS.ErrnoException | undefined)?.code === 'ECONNRESET') {
+    return new HopError('failure', 'protocol', `${prefix}: EOF`);
+  }
+  return new HopError('failure', 'other', `${prefix}: ${describeError(get.socketError ?? first ?? err)}`);
 }

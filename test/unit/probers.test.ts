@@ -82,6 +82,8 @@ interface Seen {
   url: string;
   rawHeaders: string[];
   servername?: string | false;
+  /** HTTPS only: whether the client resumed an earlier TLS session. */
+  reused?: boolean;
 }
 const seen: Seen[] = [];
 let bigBodyBytesWritten = 0;
@@ -89,7 +91,7 @@ let bigBodyBytesWritten = 0;
 function handler(tlsPort: () => number) {
   return (req: http.IncomingMessage, res: http.ServerResponse): void => {
     const u = new URL(req.url ?? '/', 'http://x');
-    seen.push({ url: req.url ?? '', rawHeaders: req.rawHeaders, servername: (req.socket as TLSSocket).servername });
+    seen.push({ url: req.url ?? '', rawHeaders: req.rawHeaders, servername: (req.socket as TLSSocket).servername, reused: (req.socket as TLSSocket).isSessionReused?.() });
     const code = Number(u.searchParams.get('code') ?? 302);
     if (u.pathname.startsWith('/status/')) {
       const status = Number(u.pathname.slice(8));
@@ -276,15 +278,17 @@ describe('HTTP prober', () => {
     expect(seen.length - before).toBe(10);
   });
 
-  it('sends exactly kubelet\'s headers: Host with port, connection close, UA, Accept, canonical repeats', async () => {
+  it('sends exactly kubelet\'s headers in Go\'s order: Host with port, UA, Accept, canonical repeats, Connection: close', async () => {
     const out = await run(httpGet(httpPort, '/echo?q=1', {
       headers: [{ name: 'x-b', value: '2' }, { name: 'x-a', value: '1' }, { name: 'X-B', value: '3' }],
     }));
     const echo = JSON.parse(out.message) as { url: string; rawHeaders: string[] };
     expect(echo.url).toBe('/echo?q=1');
+    // Go's bytes: Host first, Connection: close last (net/http transport.go persistConn.roundTrip puts it in
+    // extraHeaders when DisableKeepAlives, which Request.write writes after the header map; undici wrote both first).
     expect(echo.rawHeaders).toEqual([
-      'host', `127.0.0.1:${httpPort}`, 'connection', 'close',
-      'User-Agent', 'kube-probe/1.34', 'Accept', '*/*', 'X-A', '1', 'X-B', '2', 'X-B', '3',
+      'Host', `127.0.0.1:${httpPort}`,
+      'User-Agent', 'kube-probe/1.34', 'Accept', '*/*', 'X-A', '1', 'X-B', '2', 'X-B', '3', 'Connection', 'close',
     ]);
     expect(echo.rawHeaders.map((h) => h.toLowerCase())).not.toContain('accept-encoding');
   });
@@ -294,13 +298,13 @@ describe('HTTP prober', () => {
       headers: [{ name: 'accept', value: '' }, { name: 'host', value: 'app.example' }, { name: 'user-agent', value: 'mine' }],
     }));
     const { rawHeaders } = JSON.parse(out.message) as { rawHeaders: string[] };
-    expect(rawHeaders).toEqual(['host', 'app.example', 'connection', 'close', 'User-Agent', 'mine']);
+    expect(rawHeaders).toEqual(['Host', 'app.example', 'User-Agent', 'mine', 'Connection', 'close']);
   });
 
   it('IPv6 pod IP: Host is bracketed', async () => {
     const out = await run(httpGet(httpPort, '/echo'), { podIPs: ['::1'] });
     const { rawHeaders } = JSON.parse(out.message) as { rawHeaders: string[] };
-    expect(rawHeaders.slice(0, 2)).toEqual(['host', `[::1]:${httpPort}`]);
+    expect(rawHeaders.slice(0, 2)).toEqual(['Host', `[::1]:${httpPort}`]);
     expect(out.address).toBe(`[::1]:${httpPort}`);
   });
 
@@ -336,13 +340,19 @@ describe('HTTP prober', () => {
     expect(seen[before]?.servername).toBeFalsy();
   });
 
+  it('every HTTPS probe makes a full handshake: no TLS session is resumed (kubelet: a new connection per probe)', async () => {
+    const before = seen.length;
+    for (let i = 0; i < 3; i++) expect((await run(httpGet(httpsPort, '/echo', { scheme: 'HTTPS' }))).result).toBe('success');
+    expect(seen.slice(before).map((s) => s.reused)).toEqual([false, false, false]);
+  });
+
   it('HTTPS to a name (legacy host field from the node) sends it as SNI', async () => {
     const before = seen.length;
     const out = await run(httpGet(httpsPort, '/echo', { scheme: 'HTTPS', host: 'localhost' }));
     expect(out.result).toBe('success');
     expect(seen[before]?.servername).toBe('localhost');
     const { rawHeaders } = JSON.parse(out.message) as { rawHeaders: string[] };
-    expect(rawHeaders.slice(0, 2)).toEqual(['host', `localhost:${httpsPort}`]);
+    expect(rawHeaders.slice(0, 2)).toEqual(['Host', `localhost:${httpsPort}`]);
   });
 
   it('HTTPS against a plain HTTP port fails with a TLS reason', async () => {
@@ -488,7 +498,7 @@ describe('Happy Eyeballs across pod IPs', () => {
   it('on: HTTP keeps kubelet\'s Host (the primary IP) whichever family answered', async () => {
     const out = await run(httpGet(v6OnlyPort, '/echo'), { podIPs: ['127.0.0.1', '::1'], happyEyeballs: true });
     expect(out.result).toBe('success');
-    expect((JSON.parse(out.message) as { rawHeaders: string[] }).rawHeaders.slice(0, 2)).toEqual(['host', `127.0.0.1:${v6OnlyPort}`]);
+    expect((JSON.parse(out.message) as { rawHeaders: string[] }).rawHeaders.slice(0, 2)).toEqual(['Host', `127.0.0.1:${v6OnlyPort}`]);
   });
 
   it('on: all refused reports the primary address', async () => {
