@@ -8,9 +8,9 @@
  * with "error: failed to connect service ..." where grpc-go keeps redialling until the deadline and
  * then says "timeout: failed to connect service ..."; the User-Agent has no " grpc-go/x.y" suffix.
  */
+import { performance } from 'node:perf_hooks';
 import { encodeLiteralBlock, type HeaderField } from '../http2/hpack.ts';
 import { exchangeOnce, type OneShotExchange } from '../http2/unary-oneshot.ts';
-import { performance } from 'node:perf_hooks';
 import { ConnectError, connectTo, type Deadline, type ProberResult } from './connect.ts';
 import { decodeHealthStatus, encodeHealthCheckRequest, goDuration, grpcFrame, percentDecode } from './grpc-wire.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
