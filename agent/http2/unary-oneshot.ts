@@ -36,10 +36,10 @@ export type OneShotEnd =
   | { kind: 'reset'; code: number; headers: HeaderField[] | undefined; trailers: HeaderField[] | undefined; body: Buffer }
   /** The response body passed maxResponseBytes (size: octets received so far). */
   | { kind: 'too-large'; size: number }
-  /** The server sent GOAWAY that ends our stream: an error code, or a last-stream-id below it. */
-  | { kind: 'goaway'; code: number; debug: string }
-  /** The connection closed (EOF) before the stream ended. */
-  | { kind: 'eof' }
+  /** The server sent GOAWAY that ends our stream: an error code, or a last-stream-id below it (processed: false). */
+  | { kind: 'goaway'; code: number; debug: string; processed: boolean }
+  /** The connection closed (EOF) before the stream ended (what had come of the response with it). */
+  | { kind: 'eof'; headers: HeaderField[] | undefined; trailers: HeaderField[] | undefined; body: Buffer }
   /** A socket error or a protocol violation by the server (message says which). */
   | { kind: 'broken'; message: string };
 
@@ -187,7 +187,7 @@ export function exchangeOnce(socket: Socket, req: OneShotRequest, onEnd: (end: O
         // A graceful GOAWAY that covers our stream lets it finish (RFC 9113 6.8).
         if (g.code === H2Error.NO_ERROR && g.lastStreamId >= STREAM_ID) return;
         streamOpen = false;
-        return end({ kind: 'goaway', code: g.code, debug: g.debug });
+        return end({ kind: 'goaway', code: g.code, debug: g.debug, processed: g.lastStreamId >= STREAM_ID });
       }
       case FrameType.WINDOW_UPDATE: {
         const inc = u31(f.payload);
@@ -226,7 +226,7 @@ export function exchangeOnce(socket: Socket, req: OneShotRequest, onEnd: (end: O
     end({ kind: 'broken', message: err.message });
   }
   function onClose(): void {
-    end({ kind: 'eof' });
+    end({ kind: 'eof', headers, trailers, body: Buffer.concat(chunks, size) });
   }
 
   if (req.block.length > MAX_FRAME) throw new RangeError('request header block larger than one frame');

@@ -30,6 +30,8 @@ const CODE_NAMES = [
 ];
 const UNIMPLEMENTED = 12;
 const DEADLINE_EXCEEDED = 4;
+/** HTTP/2 REFUSED_STREAM. */
+const REFUSED_STREAM = 7;
 /** HTTP/2 error codes as Go's http2.ErrCode prints them, by value. */
 const H2_ERROR_NAMES = [
   'NO_ERROR', 'PROTOCOL_ERROR', 'INTERNAL_ERROR', 'FLOW_CONTROL_ERROR', 'SETTINGS_TIMEOUT', 'STREAM_CLOSED', 'FRAME_SIZE_ERROR',
@@ -171,11 +173,15 @@ function checkRpc(socket: import('node:net').Socket, authority: string, service:
           return connFail(`Stream closed with error code ${nghttp2Name(end.code)}`);
         }
         case 'goaway': {
+          // Node's client (what this probe used before) and grpc-go: a stream the server never processed
+          // (graceful GOAWAY below it) is refused; a GOAWAY with an error closes the connection.
+          if (end.code === 0 && !end.processed) return ready ? done(resetStatus(REFUSED_STREAM)) : connFail(`Stream closed with error code ${nghttp2Name(REFUSED_STREAM)}`);
           const why = `Session closed with error code ${end.code}`;
-          return started ? done({ code: 14, message: `connection error: ${why}` }) : connFail(why);
+          return started ? done({ code: 13, message: why }) : connFail(why);
         }
         case 'eof':
-          return started ? done({ code: 14, message: 'error reading from server: EOF' }) : connFail('error reading server preface: EOF');
+          // After the response headers the stream ends with what came: no trailers is grpc-go's Internal.
+          return end.headers ? done(finishRpc(end.headers, end.trailers, end.body)) : connFail('error reading server preface: EOF');
         case 'broken':
           return started ? done({ code: 14, message: `connection error: ${end.message}` }) : connFail(end.message);
       }

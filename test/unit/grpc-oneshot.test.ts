@@ -216,12 +216,12 @@ describe('one-shot unary HTTP/2 exchange', () => {
       await p.request();
       p.write(Buffer.concat([SERVER_SETTINGS, goawayFrame(1, H2Error.ENHANCE_YOUR_CALM, 'calm down')]));
     });
-    expect(fatal.end).toEqual({ kind: 'goaway', code: H2Error.ENHANCE_YOUR_CALM, debug: 'calm down' });
+    expect(fatal.end).toEqual({ kind: 'goaway', code: H2Error.ENHANCE_YOUR_CALM, debug: 'calm down', processed: true });
     const unprocessed = await exchange(async (p) => {
       await p.request();
       p.write(Buffer.concat([SERVER_SETTINGS, goawayFrame(0, H2Error.NO_ERROR)]));
     });
-    expect(unprocessed.end).toMatchObject({ kind: 'goaway', code: 0 });
+    expect(unprocessed.end).toMatchObject({ kind: 'goaway', code: 0, processed: false });
     const graceful = await exchange(async (p) => {
       await p.request();
       const headers = encodeLiteralBlock([{ name: ':status', value: '200' }, { name: 'content-type', value: 'application/grpc' }]);
@@ -317,19 +317,19 @@ describe('one-shot unary HTTP/2 exchange', () => {
     expect(http1.end).toMatchObject({ kind: 'broken', message: expect.stringMatching(/exceeds SETTINGS_MAX_FRAME_SIZE/) });
     // A TLS server answers our preface with a fatal alert (7 octets, less than a frame header) and closes.
     const tls = await exchange(async (p) => void p.socket.end(Buffer.from([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46])));
-    expect(tls.end).toEqual({ kind: 'eof' });
+    expect(tls.end).toMatchObject({ kind: 'eof', headers: undefined });
     const noSettings = await exchange(async (p) => void p.write(frameBytes(FrameType.HEADERS, Flag.END_HEADERS | Flag.END_STREAM, 1, encodeLiteralBlock([{ name: ':status', value: '200' }]))));
     expect(noSettings.end).toMatchObject({ kind: 'broken', message: 'first frame from the server was type 1, not SETTINGS' });
   });
 
   it('a server that closes at once, and one that closes mid-answer: eof', async () => {
     const atOnce = await exchange(async (p) => void p.socket.end());
-    expect(atOnce.end).toEqual({ kind: 'eof' });
+    expect(atOnce.end).toMatchObject({ kind: 'eof', headers: undefined });
     const midway = await exchange(async (p) => {
       await p.request();
       p.socket.end(Buffer.concat([SERVER_SETTINGS, frameBytes(FrameType.HEADERS, Flag.END_HEADERS, 1, encodeLiteralBlock([{ name: ':status', value: '200' }]))]));
     });
-    expect(midway.end).toEqual({ kind: 'eof' });
+    expect(midway.end).toMatchObject({ kind: 'eof', headers: [{ name: ':status', value: '200' }], trailers: undefined });
   });
 
   it('a header list beyond our SETTINGS_MAX_HEADER_LIST_SIZE is a protocol error, with GOAWAY to the server', async () => {
