@@ -1,14 +1,16 @@
 /**
  * kubelet's gRPC probe (pkg/probe/grpc/grpc.go): grpc.health.v1.Health/Check in plaintext, one
  * deadline for dial and RPC, SERVING is success and everything else a failure, in kubelet's words.
- * Spoken over node:http2 on a socket we connected ourselves, since grpc-js cannot use a given socket.
+ * Spoken on a socket we connected ourselves (grpc-js cannot use a given socket) with our own one-shot
+ * HTTP/2 exchange (http2/unary-oneshot.ts): a node:http2 session per probe cost more CPU than the probe.
  *
  * Differences from kubelet (grpc-go with WithBlock): a refused or non-HTTP/2 target fails at once
  * with "error: failed to connect service ..." where grpc-go keeps redialling until the deadline and
  * then says "timeout: failed to connect service ..."; the User-Agent has no " grpc-go/x.y" suffix.
  */
-import { connect as http2Connect, constants as h2, type ClientHttp2Session, type ClientHttp2Stream } from 'node:http2';
 import { performance } from 'node:perf_hooks';
+import { encodeLiteralBlock, type HeaderField } from '../http2/hpack.ts';
+import { exchangeOnce, type OneShotExchange } from '../http2/unary-oneshot.ts';
 import { ConnectError, connectTo, type Deadline, type ProberResult } from './connect.ts';
 import { decodeHealthStatus, encodeHealthCheckRequest, goDuration, grpcFrame, percentDecode } from './grpc-wire.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
@@ -16,6 +18,8 @@ import type { FailureReason, GrpcHandler } from './types.ts';
 
 /** A health response is a few bytes; anything near this is not a health server. */
 const MAX_RESPONSE_BYTES = 16 * 1024;
+/** Our SETTINGS_MAX_HEADER_LIST_SIZE: a health answer's headers are a few hundred octets. */
+const MAX_HEADER_LIST = 16 * 1024;
 const CHECK_PATH = '/grpc.health.v1.Health/Check';
 const SERVING_STATUS: Record<number, string> = { 0: 'UNKNOWN', 1: 'SERVING', 2: 'NOT_SERVING', 3: 'SERVICE_UNKNOWN' };
 /** grpc-go's codes.Code String() names. */
@@ -26,6 +30,8 @@ const CODE_NAMES = [
 ];
 const UNIMPLEMENTED = 12;
 const DEADLINE_EXCEEDED = 4;
+/** HTTP/2 REFUSED_STREAM. */
+const REFUSED_STREAM = 7;
 /** HTTP/2 error codes as Go's http2.ErrCode prints them, by value. */
 const H2_ERROR_NAMES = [
   'NO_ERROR', 'PROTOCOL_ERROR', 'INTERNAL_ERROR', 'FLOW_CONTROL_ERROR', 'SETTINGS_TIMEOUT', 'STREAM_CLOSED', 'FRAME_SIZE_ERROR',
@@ -111,116 +117,99 @@ interface ConnFailure {
   timedOut: boolean;
 }
 
-/** One unary Health/Check over a fresh HTTP/2 session on `socket`. Resolves; never rejects. */
+/** HTTP/2 error code names as Node's http2 module printed them in stream errors (what this probe reported before). */
+function nghttp2Name(code: number): string {
+  const name = H2_ERROR_NAMES[code];
+  return name === undefined ? String(code) : `NGHTTP2_${name}`;
+}
+
+/** One unary Health/Check over a fresh HTTP/2 connection on `socket`. Resolves; never rejects. */
 function checkRpc(socket: import('node:net').Socket, authority: string, service: string, kubeVersion: string, deadline: Deadline): Promise<RpcResult | ConnFailure> {
   return new Promise((resolve) => {
     let settled = false;
-    let session: ClientHttp2Session | undefined;
-    let stream: ClientHttp2Stream | undefined;
-    let gotResponseHeaders = false;
-    let transportReady = false;
-    const chunks: Buffer[] = [];
-    let size = 0;
-    let headerStatus: { code?: string; message?: string; http?: number; contentType?: string } = {};
-
+    let exchange: OneShotExchange | undefined;
     const done = (r: RpcResult | ConnFailure): void => {
       if (settled) return;
       settled = true;
       deadline.signal.removeEventListener('abort', onAbort);
-      stream?.close(h2.NGHTTP2_CANCEL);
-      session?.destroy();
+      exchange?.cancel();
       resolve(r);
     };
     const onAbort = (): void => {
       const timedOut = deadline.why() === 'timeout';
       // grpc-go: a deadline before the transport is ready is a dial timeout; after, the RPC's DeadlineExceeded.
-      if (!gotResponseHeaders && !transportReady) done({ connFailure: 'context deadline exceeded', reason: 'timeout', timedOut });
+      if (!exchange?.responseStarted && !exchange?.settingsSeen) done({ connFailure: 'context deadline exceeded', reason: 'timeout', timedOut });
       else done({ code: DEADLINE_EXCEEDED, message: 'context deadline exceeded' });
     };
-    const connFail = (err: unknown): void => {
-      done({ connFailure: `connection error: desc = "transport: ${(err as Error)?.message ?? String(err)}"`, reason: 'protocol', timedOut: false });
+    const connFail = (message: string): void => {
+      done({ connFailure: `connection error: desc = "transport: ${message}"`, reason: 'protocol', timedOut: false });
     };
-
-    try {
-      session = http2Connect(`http://${authority}`, {
-        createConnection: () => socket,
-        settings: { enablePush: false, maxHeaderListSize: 16 * 1024 },
-        maxSessionMemory: 1,
-      });
-    } catch (err) {
-      connFail(err);
-      return;
-    }
-    // grpc-go calls a transport ready once the server's SETTINGS arrived; WithBlock waits for exactly that.
-    session.once('remoteSettings', () => (transportReady = true));
-    session.on('error', (err) => (gotResponseHeaders ? done({ code: 14, message: `connection error: ${err.message}` }) : connFail(err)));
-    session.on('close', () => {
-      if (!settled) (gotResponseHeaders ? done({ code: 14, message: 'error reading from server: EOF' }) : connFail(new Error('error reading server preface: EOF')));
-    });
     if (deadline.signal.aborted) return onAbort();
-    deadline.signal.addEventListener('abort', onAbort, { once: true });
 
-    stream = session.request(
-      {
-        [h2.HTTP2_HEADER_METHOD]: 'POST',
-        [h2.HTTP2_HEADER_PATH]: CHECK_PATH,
-        [h2.HTTP2_HEADER_SCHEME]: 'http',
-        // grpc-go uses the dial target as :authority, port included (Node would drop a default port).
-        [h2.HTTP2_HEADER_AUTHORITY]: authority,
-        'content-type': 'application/grpc',
-        te: 'trailers',
-        'user-agent': `kube-probe/${kubeVersion}`,
-        'grpc-timeout': `${Math.max(1, Math.floor(deadline.remainingMs()))}m`,
-      },
-      { endStream: false },
-    );
-    stream.on('error', (err) => {
-      if (settled) return;
-      // A server that resets the stream answered the RPC: grpc-go reports a status, not a dial error.
-      const reset = transportReady ? resetStatus(stream?.rstCode, err) : undefined;
-      if (reset) done(reset);
-      else if (gotResponseHeaders) done({ code: 13, message: err.message });
-      else connFail(err);
-    });
-    stream.on('response', (headers) => {
-      gotResponseHeaders = true;
-      headerStatus = {
-        http: Number(headers[h2.HTTP2_HEADER_STATUS]),
-        contentType: String(headers['content-type'] ?? ''),
-        code: headers['grpc-status'] as string | undefined,
-        message: headers['grpc-message'] as string | undefined,
-      };
-    });
-    stream.on('data', (chunk: Buffer) => {
-      size += chunk.length;
-      if (size > MAX_RESPONSE_BYTES) {
-        done({ code: 8, message: `grpc: received message larger than max (${size} vs. ${MAX_RESPONSE_BYTES})` });
-        return;
+    const block = encodeLiteralBlock([
+      { name: ':method', value: 'POST' },
+      { name: ':scheme', value: 'http' },
+      { name: ':path', value: CHECK_PATH },
+      // grpc-go uses the dial target as :authority, port included.
+      { name: ':authority', value: authority },
+      { name: 'content-type', value: 'application/grpc' },
+      { name: 'user-agent', value: `kube-probe/${kubeVersion}` },
+      { name: 'te', value: 'trailers' },
+      { name: 'grpc-timeout', value: `${Math.max(1, Math.floor(deadline.remainingMs()))}m` },
+    ]);
+    const request = { block, body: grpcFrame(encodeHealthCheckRequest(service)), maxResponseBytes: MAX_RESPONSE_BYTES, maxHeaderListSize: MAX_HEADER_LIST };
+    exchange = exchangeOnce(socket, request, (end) => {
+      const started = exchange?.responseStarted ?? false;
+      const ready = exchange?.settingsSeen ?? false;
+      switch (end.kind) {
+        case 'response':
+          return done(finishRpc(end.headers, end.trailers, end.body));
+        case 'too-large':
+          return done({ code: 8, message: `grpc: received message larger than max (${end.size} vs. ${MAX_RESPONSE_BYTES})` });
+        case 'reset': {
+          // A server that resets the stream answered the RPC: grpc-go reports a status, not a dial error.
+          if (end.code === 0) return end.headers ? done(finishRpc(end.headers, end.trailers, end.body)) : connFail('stream closed with code 0');
+          if (ready) return done(resetStatus(end.code));
+          return connFail(`Stream closed with error code ${nghttp2Name(end.code)}`);
+        }
+        case 'goaway': {
+          // Node's client (what this probe used before) and grpc-go: a stream the server never processed
+          // (graceful GOAWAY below it) is refused; a GOAWAY with an error closes the connection.
+          if (end.code === 0 && !end.processed) return ready ? done(resetStatus(REFUSED_STREAM)) : connFail(`Stream closed with error code ${nghttp2Name(REFUSED_STREAM)}`);
+          const why = `Session closed with error code ${end.code}`;
+          return started ? done({ code: 13, message: why }) : connFail(why);
+        }
+        case 'eof':
+          // After the response headers the stream ends with what came: no trailers is grpc-go's Internal.
+          return end.headers ? done(finishRpc(end.headers, end.trailers, end.body)) : connFail('error reading server preface: EOF');
+        case 'broken':
+          return started ? done({ code: 14, message: `connection error: ${end.message}` }) : connFail(end.message);
       }
-      chunks.push(chunk);
     });
-    stream.on('trailers', (trailers) => {
-      if (trailers['grpc-status'] !== undefined) headerStatus.code = trailers['grpc-status'] as string;
-      if (trailers['grpc-message'] !== undefined) headerStatus.message = trailers['grpc-message'] as string;
-    });
-    stream.on('close', () => {
-      if (settled) return;
-      if (!gotResponseHeaders) return connFail(new Error(`stream closed with code ${stream?.rstCode ?? 'unknown'}`));
-      done(finishRpc(headerStatus, Buffer.concat(chunks)));
-    });
-    stream.end(grpcFrame(encodeHealthCheckRequest(service)));
+    deadline.signal.addEventListener('abort', onAbort, { once: true });
   });
 }
 
-/** grpc-go's status for a stream the server reset (http2Client.handleRSTStream), when `err` reports one. */
-function resetStatus(rstCode: number | undefined, err: unknown): RpcResult | undefined {
-  if ((err as NodeJS.ErrnoException | undefined)?.code !== 'ERR_HTTP2_STREAM_ERROR' || rstCode === undefined) return undefined;
+/** grpc-go's status for a stream the server reset (http2Client.handleRSTStream). */
+function resetStatus(rstCode: number): RpcResult {
   const name = H2_ERROR_NAMES[rstCode] ?? `unknown error code 0x${rstCode.toString(16)}`;
   return { code: RST_STREAM_CODES[rstCode] ?? 2, message: `stream terminated by RST_STREAM with error code: ${name}` };
 }
 
 /** Turns response headers/trailers/body into a status, with grpc-go's HTTP-status fallback. */
-function finishRpc(h: { code?: string; message?: string; http?: number; contentType?: string }, body: Buffer): RpcResult {
+function finishRpc(headers: readonly HeaderField[], trailers: readonly HeaderField[] | undefined, body: Buffer): RpcResult {
+  const h: { code?: string; message?: string; http?: number; contentType?: string } = {};
+  for (const f of headers) {
+    if (f.name === ':status') h.http = Number(f.value);
+    else if (f.name === 'content-type') h.contentType = f.value;
+    else if (f.name === 'grpc-status') h.code = f.value;
+    else if (f.name === 'grpc-message') h.message = f.value;
+  }
+  for (const f of trailers ?? []) {
+    if (f.name === 'grpc-status') h.code = f.value;
+    else if (f.name === 'grpc-message') h.message = f.value;
+  }
+  h.contentType ??= '';
   if (h.code === undefined) {
     if (h.http !== 200) return { code: httpStatusToCode(h.http ?? 0), message: `unexpected HTTP status code received from server: ${h.http}` };
     if (!h.contentType?.startsWith('application/grpc')) return { code: 13, message: `transport: received unexpected content-type ${JSON.stringify(h.contentType)}` };
