@@ -14,7 +14,7 @@ import * as net from 'node:net';
 import { CLIENT_PREFACE, Flag, FrameReader, FrameType, H2InputError, H2_LIMITS, HeaderBlockCollector, type Frame } from './authority.ts';
 import { HpackDecoder, HpackError, type HeaderField } from './hpack.ts';
 import {
-  dataPayload, frameBytes, goawayFrame, H2Error, parseGoaway, parseSettings, rstStreamFrame, SendWindows, Setting, settingsFrame, u31,
+  applyPeerSettings, dataPayload, frameBytes, goawayFrame, H2Error, parseGoaway, rstStreamFrame, SendWindows, Setting, settingsFrame, u31,
   windowUpdateFrame,
 } from './unary-wire.ts';
 
@@ -250,12 +250,8 @@ class Connection {
       }
       case FrameType.SETTINGS: {
         if (f.flags & Flag.ACK) return;
-        const values = parseSettings(f.payload);
-        if (f.streamId !== 0 || values === undefined) throw new H2InputError('malformed SETTINGS');
-        for (const [id, v] of values) {
+        for (const [id, v] of applyPeerSettings(f.streamId, f.payload, this.#windows)) {
           if (id === Setting.MAX_CONCURRENT_STREAMS) this.#maxConcurrent = v;
-          else if (id === Setting.INITIAL_WINDOW_SIZE && !this.#windows.setInitialWindow(v)) throw new H2InputError('SETTINGS_INITIAL_WINDOW_SIZE beyond 2^31-1');
-          else if (id === Setting.MAX_FRAME_SIZE && !this.#windows.setMaxFrame(v)) throw new H2InputError('bad SETTINGS_MAX_FRAME_SIZE');
         }
         this.#socket.write(SETTINGS_ACK);
         while (!this.#closed && this.#queue.length > 0 && this.#streams.size < this.#maxConcurrent) this.#start(this.#queue.shift()!);

@@ -13,7 +13,7 @@ import type { Socket } from 'node:net';
 import { CLIENT_PREFACE, Flag, FrameReader, FrameType, H2InputError, HeaderBlockCollector, type Frame } from './authority.ts';
 import { HpackDecoder, HpackError, type HeaderField } from './hpack.ts';
 import {
-  dataPayload, DEFAULT_WINDOW, frameBytes, goawayFrame, H2Error, parseGoaway, parseSettings, rstStreamFrame, SendWindows, Setting, settingsFrame, u31,
+  applyPeerSettings, dataPayload, DEFAULT_WINDOW, frameBytes, goawayFrame, H2Error, parseGoaway, rstStreamFrame, SendWindows, Setting, settingsFrame, u31,
   windowUpdateFrame,
 } from './unary-wire.ts';
 
@@ -167,12 +167,7 @@ export function exchangeOnce(socket: Socket, req: OneShotRequest, onEnd: (end: O
       case FrameType.SETTINGS: {
         if (f.streamId !== 0) throw new H2InputError('SETTINGS on a stream');
         if (f.flags & Flag.ACK) return;
-        const values = parseSettings(f.payload);
-        if (values === undefined) throw new H2InputError('malformed SETTINGS');
-        for (const [id, v] of values) {
-          if (id === Setting.INITIAL_WINDOW_SIZE && !windows.setInitialWindow(v)) throw new H2InputError('SETTINGS_INITIAL_WINDOW_SIZE beyond 2^31-1');
-          if (id === Setting.MAX_FRAME_SIZE && !windows.setMaxFrame(v)) throw new H2InputError('bad SETTINGS_MAX_FRAME_SIZE');
-        }
+        applyPeerSettings(f.streamId, f.payload, windows);
         settingsSeen = true;
         write(SETTINGS_ACK);
         return;

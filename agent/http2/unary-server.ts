@@ -17,7 +17,7 @@ import type { Duplex } from 'node:stream';
 import { Flag, FrameReader, FrameType, H2InputError, H2_LIMITS, HeaderBlockCollector, clientHeaderDecoder, type Frame } from './authority.ts';
 import { encodeLiteralBlock, HpackError, type HeaderField } from './hpack.ts';
 import {
-  dataPayload, frameBytes, goawayFrame, H2Error, MAX_WINDOW, parseGoaway, parseSettings, rstStreamFrame, SendWindows, Setting, settingsFrame, u31,
+  applyPeerSettings, dataPayload, frameBytes, goawayFrame, H2Error, MAX_WINDOW, parseGoaway, rstStreamFrame, SendWindows, Setting, settingsFrame, u31,
   windowUpdateFrame,
 } from './unary-wire.ts';
 
@@ -289,12 +289,7 @@ class ServerConnection {
       }
       case FrameType.SETTINGS: {
         if (f.flags & Flag.ACK) return;
-        const values = parseSettings(f.payload);
-        if (f.streamId !== 0 || values === undefined) throw new H2InputError('malformed SETTINGS');
-        for (const [id, v] of values) {
-          if (id === Setting.INITIAL_WINDOW_SIZE && !this.#windows.setInitialWindow(v)) throw new H2InputError('SETTINGS_INITIAL_WINDOW_SIZE beyond 2^31-1');
-          if (id === Setting.MAX_FRAME_SIZE && !this.#windows.setMaxFrame(v)) throw new H2InputError('bad SETTINGS_MAX_FRAME_SIZE');
-        }
+        applyPeerSettings(f.streamId, f.payload, this.#windows);
         this.#write(SETTINGS_ACK);
         return;
       }

@@ -5,7 +5,7 @@
  * header blocks joined by its HeaderBlockCollector and decoded by hpack.ts; what we send is
  * literal HPACK only, so the peer's dynamic table never matters.
  */
-import { FRAME_HEADER, FrameType, H2_LIMITS } from './authority.ts';
+import { FRAME_HEADER, FrameType, H2_LIMITS, H2InputError } from './authority.ts';
 
 /** HTTP/2 error codes (RFC 9113 7). */
 export const H2Error = {
@@ -51,6 +51,20 @@ export function parseSettings(payload: Buffer): Array<[number, number]> | undefi
   const out: Array<[number, number]> = [];
   for (let i = 0; i < payload.length; i += 6) out.push([payload.readUInt16BE(i), payload.readUInt32BE(i + 2)]);
   return out;
+}
+
+/**
+ * Checks a peer's (non-ACK) SETTINGS frame and applies what flow control needs from it to
+ * `windows`; returns its values for the settings the caller keeps itself. Throws H2InputError.
+ */
+export function applyPeerSettings(streamId: number, payload: Buffer, windows: SendWindows): Array<[number, number]> {
+  const values = parseSettings(payload);
+  if (streamId !== 0 || values === undefined) throw new H2InputError('malformed SETTINGS');
+  for (const [id, v] of values) {
+    if (id === Setting.INITIAL_WINDOW_SIZE && !windows.setInitialWindow(v)) throw new H2InputError('SETTINGS_INITIAL_WINDOW_SIZE beyond 2^31-1');
+    if (id === Setting.MAX_FRAME_SIZE && !windows.setMaxFrame(v)) throw new H2InputError('bad SETTINGS_MAX_FRAME_SIZE');
+  }
+  return values;
 }
 
 /** WINDOW_UPDATE by `increment` (1..2^31-1). */
