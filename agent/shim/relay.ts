@@ -70,6 +70,7 @@ import {
   HeaderBlockCollector, headerFrames, withAcceptableAuthority, type Frame, type HeaderBlock,
 } from '../http2/authority.ts';
 import { encodeLiteralBlock, HpackError, type HeaderField } from '../http2/hpack.ts';
+import { dataPayload, DEFAULT_WINDOW, goawayFrame, H2Error, rstStreamFrame, Setting, windowUpdateFrame } from '../http2/unary-wire.ts';
 import { encodeGrpcMessage, grpcFrame } from '../api/protowire.ts';
 import { GrpcCode } from '../api/shim-client.ts';
 import type { ExecSyncAnswer } from './answer.ts';
@@ -100,11 +101,8 @@ const MAX_STREAMS = 4096;
 const MAX_TOMBSTONES = 1024;
 /** Largest frame either side may send through the relay (SETTINGS_MAX_FRAME_SIZE is clamped to it). */
 const MAX_FRAME = 1 << 20;
-const DEFAULT_WINDOW = 65_535;
 const DEFAULT_FRAME = 16_384;
 const MAX_TABLE = 4096;
-const Setting = { HEADER_TABLE_SIZE: 1, INITIAL_WINDOW_SIZE: 4, MAX_FRAME_SIZE: 5 } as const;
-const ErrorCode = { NO_ERROR: 0, PROTOCOL_ERROR: 1, INTERNAL_ERROR: 2, REFUSED_STREAM: 7, CANCEL: 8 } as const;
 /** Unacknowledged octets after which a WINDOW_UPDATE goes out on its own. */
 const KUBELET_CREDIT_BATCH = 16 * 1024;
 const RUNTIME_CREDIT_BATCH = RUNTIME_CONN_WINDOW / 4;
@@ -222,7 +220,7 @@ export class FrameSplitter {
 /** A connection-level failure: the connection is closed with GOAWAY(code). */
 class RelayProtocolError extends Error {
   readonly code: number;
-  constructor(message: string, code: number = ErrorCode.PROTOCOL_ERROR) {
+  constructor(message: string, code: number = H2Error.PROTOCOL_ERROR) {
     super(message);
     this.code = code;
     this.name = 'RelayProtocolError';
@@ -231,33 +229,6 @@ class RelayProtocolError extends Error {
 
 function setId(raw: Buffer, id: number): void {
   raw.writeUInt32BE(id, 5);
-}
-
-function windowUpdate(streamId: number, increment: number): Buffer {
-  const p = Buffer.allocUnsafe(4);
-  p.writeUInt32BE(increment, 0);
-  return frame(FrameType.WINDOW_UPDATE, 0, streamId, p);
-}
-
-function rstStream(streamId: number, code: number): Buffer {
-  const p = Buffer.allocUnsafe(4);
-  p.writeUInt32BE(code, 0);
-  return frame(FrameType.RST_STREAM, 0, streamId, p);
-}
-
-function goaway(lastStreamId: number, code: number): Buffer {
-  const p = Buffer.allocUnsafe(8);
-  p.writeUInt32BE(lastStreamId, 0);
-  p.writeUInt32BE(code, 4);
-  return frame(FrameType.GOAWAY, 0, 0, p);
-}
-
-/** DATA payload without its padding; throws on a bad pad length. */
-function unpadded(f: Frame): Buffer {
-  if (!(f.flags & Flag.PADDED)) return f.payload;
-  const pad = f.payload[0];
-  if (pad === undefined || pad > f.payload.length - 1) throw new RelayProtocolError('DATA padding longer than the frame');
-  return f.payload.subarray(1, f.payload.length - pad);
 }
 
 /** Clamps SETTINGS values in place (table size, frame size); returns the entries seen. */
@@ -391,7 +362,7 @@ export class FrameRelay {
           if (!this.#settingsForwarded) {
             // The preface's SETTINGS is out: now the runtime may queue a full RUNTIME_CONN_WINDOW for kubelet.
             this.#settingsForwarded = true;
-            this.#toRuntime.push(windowUpdate(0, RUNTIME_CONN_WINDOW - DEFAULT_WINDOW));
+            this.#toRuntime.push(windowUpdateFrame(0, RUNTIME_CONN_WINDOW - DEFAULT_WINDOW));
           }
         } else {
           this.#own(frame(FrameType.SETTINGS, Flag.ACK, 0, Buffer.alloc(0)));
@@ -527,7 +498,7 @@ export class FrameRelay {
     try {
       fields = this.#decoder.decode(h.block);
     } catch (err) {
-      if (err instanceof HpackError) throw new RelayProtocolError(`stream ${h.streamId}: ${err.message}`, 9 /* COMPRESSION_ERROR */);
+      if (err instanceof HpackError) throw new RelayProtocolError(`stream ${h.streamId}: ${err.message}`, H2Error.COMPRESSION_ERROR);
       throw err;
     }
     if (h.streamId <= this.#lastKid) {
@@ -552,7 +523,7 @@ export class FrameRelay {
     let path: string | undefined;
     for (const x of fields) if (x.name === ':path') path = x.value;
     if (this.#streams.size >= MAX_STREAMS) {
-      this.#own(rstStream(h.streamId, ErrorCode.REFUSED_STREAM));
+      this.#own(rstStreamFrame(h.streamId, H2Error.REFUSED_STREAM));
       return;
     }
     const s: RelayStream = {
@@ -591,13 +562,17 @@ export class FrameRelay {
       this.#toRuntime.push(raw);
     }
     s.held = [];
-    if (s.heldCredit > 0) this.#toRuntime.push(windowUpdate(s.rid, s.heldCredit));
+    if (s.heldCredit > 0) this.#toRuntime.push(windowUpdateFrame(s.rid, s.heldCredit));
   }
 
   /** A held ExecSync is complete: the shim's or the runtime's. */
   #decide(s: RelayStream): void {
     s.kubeletDone = true;
-    const body = Buffer.concat(s.held.map((raw) => unpadded({ type: 0, flags: raw[4]!, streamId: 0, payload: raw.subarray(FRAME_HEADER), raw })));
+    const body = Buffer.concat(s.held.map((raw) => {
+      const payload = dataPayload(raw[4]!, raw.subarray(FRAME_HEADER));
+      if (payload === undefined) throw new RelayProtocolError('DATA padding longer than the frame');
+      return payload;
+    }));
     const cancel = new AbortController();
     const pending = this.#host.intercept(body, s.fields!, cancel.signal);
     if (pending === null) {
@@ -759,7 +734,7 @@ export class FrameRelay {
     for (const s of [...this.#byRid.values()]) {
       if (s.rid <= lastRid) continue;
       this.#forget(s);
-      this.#queue.push({ buf: rstStream(s.kid, ErrorCode.REFUSED_STREAM), flow: 0, own: null });
+      this.#queue.push({ buf: rstStreamFrame(s.kid, H2Error.REFUSED_STREAM), flow: 0, own: null });
     }
     this.#sendGoaway();
   }
@@ -792,7 +767,7 @@ export class FrameRelay {
       if (s.responded) {
         this.#forget(s);
         this.#host.runtimeError(err);
-        this.#own(rstStream(s.kid, ErrorCode.INTERNAL_ERROR));
+        this.#own(rstStreamFrame(s.kid, H2Error.INTERNAL_ERROR));
       } else {
         this.#answerUnavailable(s, err);
       }
@@ -861,7 +836,7 @@ export class FrameRelay {
       this.#queueHead = i;
     }
     if (this.#kCredit > 0 && (out.length > 0 || this.#kCredit >= KUBELET_CREDIT_BATCH) && !insideBlock) {
-      out.push(windowUpdate(0, this.#kCredit));
+      out.push(windowUpdateFrame(0, this.#kCredit));
       this.#kCredit = 0;
     }
     if (out.length > 0) this.#write(this.#k, out);
@@ -874,7 +849,7 @@ export class FrameRelay {
     // Credit rides along with other frames, or goes alone once a quarter of the grant is used:
     // a WINDOW_UPDATE of its own per answer would be a system call (and a wakeup of the runtime).
     if (this.#rCredit > 0 && this.#rLive() && this.#settingsForwarded && (this.#toRuntime.length > 0 || this.#rCredit >= RUNTIME_CREDIT_BATCH)) {
-      this.#toRuntime.push(windowUpdate(0, this.#rCredit));
+      this.#toRuntime.push(windowUpdateFrame(0, this.#rCredit));
       this.#rCredit = 0;
     }
     if (this.#toRuntime.length === 0) return;
@@ -911,7 +886,7 @@ export class FrameRelay {
   #sendGoaway(): void {
     if (this.#goaway >= 0 || this.#closed) return;
     this.#goaway = this.#lastKid;
-    this.#own(goaway(this.#lastKid, ErrorCode.NO_ERROR));
+    this.#own(goawayFrame(this.#lastKid, H2Error.NO_ERROR));
     this.#flushKubelet();
   }
 
@@ -932,8 +907,8 @@ export class FrameRelay {
     } else if (!(err instanceof H2InputError) && !(err instanceof RelayProtocolError)) {
       this.#host.refused(new H2InputError(`unexpected: ${err.message}`));
     }
-    const code = err instanceof RelayProtocolError ? err.code : ErrorCode.PROTOCOL_ERROR;
-    if (!this.#k.destroyed && !this.#rBlockOpen) this.#k.write(goaway(this.#lastKid, code));
+    const code = err instanceof RelayProtocolError ? err.code : H2Error.PROTOCOL_ERROR;
+    if (!this.#k.destroyed && !this.#rBlockOpen) this.#k.write(goawayFrame(this.#lastKid, code));
     this.#destroy();
   }
 
