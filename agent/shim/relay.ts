@@ -128,9 +128,10 @@ export class FrameRelay {
 
   /** Closes both connections now (intercepted calls are aborted). */
   destroy(): void {
+    // Finished first: the runtime side closing now is not a runtime failure to report.
+    this.#finish();
     this.#k.destroy();
     this.#r?.destroy();
-    this.#finish();
   }
 
   // ---- the runtime connection ----
@@ -204,8 +205,8 @@ export class FrameRelay {
   /** The runtime's GOAWAY: streams it will not process are refused to kubelet, new calls go elsewhere. */
   #runtimeGoaway(lastRid: number, code: number, debug: string): void {
     if (code !== H2Error.NO_ERROR) this.#host.runtimeGoaway?.(code, debug);
-    if (this.#runtime !== 'up' && this.#runtime !== 'connecting') return;
-    this.#runtime = 'closing';
+    // A graceful shutdown sends two: the first with the largest id, the second with the real last one.
+    if (this.#runtime === 'up' || this.#runtime === 'connecting') this.#runtime = 'closing';
     for (const s of [...this.#byRid.values()]) {
       if (s.rid <= lastRid) continue;
       this.#forget(s);
@@ -387,10 +388,12 @@ export class FrameRelay {
     s.held = [];
     s.payloads = [];
     const r = this.#r;
-    if (r === null || (this.#runtime !== 'up' && this.#runtime !== 'connecting') || !r.mayStart) {
+    const live = r !== null && (this.#runtime === 'up' || this.#runtime === 'connecting' || this.#runtime === 'closing');
+    if (!live || !r.mayStart) {
       this.#k.consumed(s.heldFlow);
-      if (r !== null && this.#runtime !== 'absent' && !r.mayStart && this.#runtime !== 'gone' && this.#runtime !== 'closing') {
-        // Over the runtime's stream limit: refused (gRPC retries it), not failed.
+      if (live) {
+        // The runtime is leaving (its GOAWAY) or at its stream limit: not processed, so refused
+        // (gRPC retries such a call, on a new connection after the shim's GOAWAY).
         this.#forget(s);
         this.#k.reset(s.kid, H2Error.REFUSED_STREAM);
         return;
