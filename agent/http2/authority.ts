@@ -9,6 +9,7 @@
  * Every other frame passes untouched; nothing about the call changes but that header.
  */
 import { encodeLiteralBlock, HpackDecoder, HpackError, type HeaderField } from './hpack.ts';
+import { CLIENT_PREFACE, Flag, FRAME_HEADER, FrameType, H2InputError, type Frame } from './wire.ts';
 
 /** What replaces an authority nghttp2 would refuse (what k8s.io/cri-client itself sends from 1.31). */
 export const SUBSTITUTE_AUTHORITY = 'localhost';
@@ -59,21 +60,6 @@ export function withAcceptableAuthority(fields: readonly HeaderField[]): HeaderF
   return out;
 }
 
-/** Bytes or frames a client sent that are not HTTP/2 the shim can carry; the connection is closed. */
-export class H2InputError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = 'H2InputError';
-  }
-}
-
-/** The client connection preface (RFC 9113 3.4). */
-export const CLIENT_PREFACE = Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n', 'latin1');
-
-export const FRAME_HEADER = 9;
-export const FrameType = { DATA: 0, HEADERS: 1, PRIORITY: 2, RST_STREAM: 3, SETTINGS: 4, PUSH_PROMISE: 5, PING: 6, GOAWAY: 7, WINDOW_UPDATE: 8, CONTINUATION: 9 } as const;
-export const Flag = { END_STREAM: 0x1, ACK: 0x1, END_HEADERS: 0x4, PADDED: 0x8, PRIORITY: 0x20 } as const;
-
 /** The bounds the shim holds a client to. */
 export const H2_LIMITS = {
   /** SETTINGS_MAX_FRAME_SIZE: the shim never raises it from the protocol's initial 16384. */
@@ -85,15 +71,6 @@ export const H2_LIMITS = {
   /** Decoded header list, as nghttp2 counts it (name + value + 32 per field). */
   maxHeaderList: 64 * 1024,
 };
-
-/** One frame: its header fields, payload and the raw octets (header + payload) as received. */
-export interface Frame {
-  type: number;
-  flags: number;
-  streamId: number;
-  payload: Buffer;
-  raw: Buffer;
-}
 
 /** Encodes one frame. */
 export function frame(type: number, flags: number, streamId: number, payload: Buffer): Buffer {

@@ -17,9 +17,11 @@
  * `maxBufferedOutput` anyway (control frames it provokes and never reads) is cut.
  */
 import type { Duplex } from 'node:stream';
-import { CLIENT_PREFACE, Flag, FRAME_HEADER, FrameType, H2InputError, type Frame } from './authority.ts';
 import { encodeLiteralBlock, HpackDecoder, HpackError, type HeaderField } from './hpack.ts';
-import { dataPayload, DEFAULT_WINDOW, frameBytes, goawayFrame, H2Error, MAX_WINDOW, parseGoaway, rstStreamFrame, Setting, windowUpdateFrame } from './unary-wire.ts';
+import {
+  CLIENT_PREFACE, dataPayload, DEFAULT_WINDOW, Flag, FRAME_HEADER, frameBytes, FrameType, goawayFrame, H2Error, H2InputError, MAX_WINDOW, parseGoaway,
+  rstStreamFrame, Setting, windowUpdateFrame, type Frame,
+} from './wire.ts';
 
 /** SETTINGS values of one side (RFC 9113 6.5.2); maxConcurrentStreams Infinity when never set. */
 export interface H2Settings {

@@ -16,11 +16,9 @@
  */
 import type * as net from 'node:net';
 import { duplexPair, type Duplex } from 'node:stream';
-import {
-  authorityAcceptable, AuthorityRewriter, clientHeaderDecoder, CLIENT_PREFACE, Flag, frame, FrameReader, FrameType,
-  H2InputError, HeaderBlockCollector,
-} from './authority.ts';
+import { authorityAcceptable, AuthorityRewriter, clientHeaderDecoder, frame, FrameReader, HeaderBlockCollector } from './authority.ts';
 import { HpackError, type HeaderField } from './hpack.ts';
+import { CLIENT_PREFACE, Flag, FrameType, H2InputError } from './wire.ts';
 
 /** Octets a connection may send before the shim has decided how to carry it. */
 const MAX_SNIFFED = 256 * 1024;

@@ -11,12 +11,13 @@
  * read), so the server never waits on us; we send within the server's windows (SendWindows).
  */
 import * as net from 'node:net';
-import { CLIENT_PREFACE, Flag, FrameReader, FrameType, H2InputError, H2_LIMITS, HeaderBlockCollector, type Frame } from './authority.ts';
+import { FrameReader, H2_LIMITS, HeaderBlockCollector } from './authority.ts';
 import { HpackDecoder, HpackError, type HeaderField } from './hpack.ts';
 import {
   applyPeerSettings, dataPayload, frameBytes, goawayFrame, H2Error, parseGoaway, rstStreamFrame, SendWindows, Setting, settingsFrame, u31,
   windowUpdateFrame,
-} from './unary-wire.ts';
+  CLIENT_PREFACE, Flag, FrameType, H2InputError, type Frame,
+} from './wire.ts';
 
 /** Why a call got no response: 'unreachable' (never sent), 'broken' (the connection or stream failed), 'too-large'. */
 export type UnaryH2Failure = 'unreachable' | 'broken' | 'too-large';

@@ -10,12 +10,13 @@
  * sent as we read, so a server is never stuck on us. The caller owns the socket and destroys it.
  */
 import type { Socket } from 'node:net';
-import { CLIENT_PREFACE, Flag, FrameReader, FrameType, H2InputError, HeaderBlockCollector, type Frame } from './authority.ts';
+import { FrameReader, HeaderBlockCollector } from './authority.ts';
 import { HpackDecoder, HpackError, type HeaderField } from './hpack.ts';
 import {
   applyPeerSettings, dataPayload, DEFAULT_WINDOW, frameBytes, goawayFrame, H2Error, parseGoaway, rstStreamFrame, SendWindows, Setting, settingsFrame, u31,
   windowUpdateFrame,
-} from './unary-wire.ts';
+  CLIENT_PREFACE, Flag, FrameType, H2InputError, type Frame,
+} from './wire.ts';
 
 /** The request of a one-shot exchange and the bounds its response is held to. */
 export interface OneShotRequest {

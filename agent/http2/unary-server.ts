@@ -14,12 +14,13 @@
  * above it was not started; calls in flight finish, then the connection closes.
  */
 import type { Duplex } from 'node:stream';
-import { Flag, FrameReader, FrameType, H2InputError, H2_LIMITS, HeaderBlockCollector, clientHeaderDecoder, type Frame } from './authority.ts';
+import { FrameReader, H2_LIMITS, HeaderBlockCollector, clientHeaderDecoder } from './authority.ts';
 import { encodeLiteralBlock, HpackError, type HeaderField } from './hpack.ts';
 import {
   applyPeerSettings, dataPayload, frameBytes, goawayFrame, H2Error, MAX_WINDOW, parseGoaway, rstStreamFrame, SendWindows, Setting, settingsFrame, u31,
   windowUpdateFrame,
-} from './unary-wire.ts';
+  Flag, FrameType, H2InputError, type Frame,
+} from './wire.ts';
 
 /** Limits of the server. */
 export interface UnaryH2ServerLimits {

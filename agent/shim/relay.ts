@@ -29,10 +29,10 @@
  *   calls and closes the runtime's.
  */
 import * as net from 'node:net';
-import { authorityAcceptable, withAcceptableAuthority, type Frame } from '../http2/authority.ts';
+import { authorityAcceptable, withAcceptableAuthority } from '../http2/authority.ts';
 import { H2Connection, type H2Handler, type H2Settings } from '../http2/connection.ts';
 import type { HeaderField } from '../http2/hpack.ts';
-import { H2Error } from '../http2/unary-wire.ts';
+import { H2Error, type Frame } from '../http2/wire.ts';
 import { encodeGrpcMessage, grpcFrame } from '../api/protowire.ts';
 import { GrpcCode } from '../api/shim-client.ts';
 import type { ExecSyncAnswer } from './answer.ts';

@@ -5,7 +5,8 @@
  * (status, messages, trailers, a reset) is returned as the server sent it.
  */
 import * as net from 'node:net';
-import { CLIENT_PREFACE, Flag, frame, FrameReader, FrameType, HeaderBlockCollector } from '../../agent/http2/authority.ts';
+import { frame, FrameReader, HeaderBlockCollector } from '../../agent/http2/authority.ts';
+import { CLIENT_PREFACE, Flag, FrameType } from '../../agent/http2/wire.ts';
 import { encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/http2/hpack.ts';
 
 /** What came back on the call's stream. */

@@ -8,11 +8,13 @@
  */
 import * as net from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { CLIENT_PREFACE, Flag, FrameReader, FrameType, type Frame } from '../../agent/http2/authority.ts';
+import { FrameReader } from '../../agent/http2/authority.ts';
 import { encodeInteger, encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/http2/hpack.ts';
 import { huffmanEncode } from '../../agent/http2/huffman.ts';
 import { exchangeOnce, type OneShotEnd, type OneShotRequest } from '../../agent/http2/unary-oneshot.ts';
-import { frameBytes, goawayFrame, H2Error, parseSettings, rstStreamFrame, Setting, settingsFrame, windowUpdateFrame } from '../../agent/http2/unary-wire.ts';
+import {
+  CLIENT_PREFACE, Flag, frameBytes, FrameType, goawayFrame, H2Error, parseSettings, rstStreamFrame, Setting, settingsFrame, windowUpdateFrame, type Frame,
+} from '../../agent/http2/wire.ts';
 
 const cleanups: (() => void)[] = [];
 afterEach(() => {

@@ -7,7 +7,7 @@
 import net from 'node:net';
 import { afterAll, describe, expect, it } from 'vitest';
 import { encodeLiteralBlock } from '../../agent/http2/hpack.ts';
-import { frameBytes, goawayFrame, rstStreamFrame, settingsFrame } from '../../agent/http2/unary-wire.ts';
+import { frameBytes, goawayFrame, rstStreamFrame, settingsFrame } from '../../agent/http2/wire.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
 

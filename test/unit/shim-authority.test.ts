@@ -6,10 +6,8 @@
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import {
-  acceptableAuthority, AuthorityRewriter, CLIENT_PREFACE, Flag, frame, FrameReader, FrameType, H2_LIMITS, H2InputError, HeaderBlockCollector,
-  withAcceptableAuthority, type Frame,
-} from '../../agent/http2/authority.ts';
+import { acceptableAuthority, AuthorityRewriter, frame, FrameReader, H2_LIMITS, HeaderBlockCollector, withAcceptableAuthority } from '../../agent/http2/authority.ts';
+import { CLIENT_PREFACE, Flag, FrameType, H2InputError, type Frame } from '../../agent/http2/wire.ts';
 import { encodeInteger, encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/http2/hpack.ts';
 import { huffmanEncode } from '../../agent/http2/huffman.ts';
 

@@ -5,7 +5,8 @@
  */
 import { describe, expect, it } from 'vitest';
 import { FrameSplitter } from '../../agent/http2/connection.ts';
-import { CLIENT_PREFACE, frame, H2InputError } from '../../agent/http2/authority.ts';
+import { frame } from '../../agent/http2/authority.ts';
+import { CLIENT_PREFACE, H2InputError } from '../../agent/http2/wire.ts';
 
 function stream(): Buffer[] {
   const frames: Buffer[] = [];

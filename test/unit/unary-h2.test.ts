@@ -12,11 +12,13 @@ import * as net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { CLIENT_PREFACE, Flag, FrameReader, FrameType, type Frame } from '../../agent/http2/authority.ts';
+import { FrameReader } from '../../agent/http2/authority.ts';
 import { encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/http2/hpack.ts';
 import { UnaryH2Client, UnaryH2Error, type UnaryH2Response } from '../../agent/http2/unary-client.ts';
 import { UnaryH2Server, type UnaryH2Stream } from '../../agent/http2/unary-server.ts';
-import { frameBytes, goawayFrame, H2Error, parseGoaway, parseSettings, rstStreamFrame, Setting, settingsFrame, windowUpdateFrame } from '../../agent/http2/unary-wire.ts';
+import {
+  CLIENT_PREFACE, Flag, frameBytes, FrameType, goawayFrame, H2Error, parseGoaway, parseSettings, rstStreamFrame, Setting, settingsFrame, windowUpdateFrame, type Frame,
+} from '../../agent/http2/wire.ts';
 
 const dir = mkdtempSync(path.join(tmpdir(), 'unary-h2-'));
 let n = 0;

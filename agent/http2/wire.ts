@@ -1,11 +1,31 @@
 /**
- * What the hand-written unary HTTP/2 client (unary-client.ts, the shim's side) and server
- * (unary-server.ts, the agent's side for the shim's connections) share: the frames they build,
- * SETTINGS, and the send side of flow control. Frames are parsed by authority.ts's FrameReader and
- * header blocks joined by its HeaderBlockCollector and decoded by hpack.ts; what we send is
- * literal HPACK only, so the peer's dynamic table never matters.
+ * HTTP/2 on the wire, shared by every endpoint (connection.ts) and by the shim's authority
+ * rewrite (authority.ts): the preface, frame types, flags, error codes and SETTINGS identifiers,
+ * and the frames built outside a connection's own flow control.
  */
-import { FRAME_HEADER, FrameType, H2_LIMITS, H2InputError } from './authority.ts';
+/** Bytes or frames a client sent that are not HTTP/2 the shim can carry; the connection is closed. */
+export class H2InputError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'H2InputError';
+  }
+}
+
+/** The client connection preface (RFC 9113 3.4). */
+export const CLIENT_PREFACE = Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n', 'latin1');
+
+export const FRAME_HEADER = 9;
+export const FrameType = { DATA: 0, HEADERS: 1, PRIORITY: 2, RST_STREAM: 3, SETTINGS: 4, PUSH_PROMISE: 5, PING: 6, GOAWAY: 7, WINDOW_UPDATE: 8, CONTINUATION: 9 } as const;
+export const Flag = { END_STREAM: 0x1, ACK: 0x1, END_HEADERS: 0x4, PADDED: 0x8, PRIORITY: 0x20 } as const;
+
+/** One frame: its header fields, payload and the raw octets (header + payload) as received. */
+export interface Frame {
+  type: number;
+  flags: number;
+  streamId: number;
+  payload: Buffer;
+  raw: Buffer;
+}
 
 /** HTTP/2 error codes (RFC 9113 7). */
 export const H2Error = {
@@ -120,7 +140,7 @@ export class SendWindows {
   /** The peer's SETTINGS_INITIAL_WINDOW_SIZE. */
   #initial = DEFAULT_WINDOW;
   #conn = DEFAULT_WINDOW;
-  #maxFrame = H2_LIMITS.maxFrameSize;
+  #maxFrame = 16_384;
   readonly #streams = new Map<number, { window: number; queue: Buffer[]; queued: number; endStream: boolean; after: Buffer | undefined }>();
   readonly #send: (octets: Buffer) => void;
 
@@ -166,7 +186,7 @@ export class SendWindows {
   /** Applies the peer's SETTINGS_MAX_FRAME_SIZE (16384..2^24-1; we never send more than 16384 anyway). */
   setMaxFrame(size: number): boolean {
     if (size < 16_384 || size > 16_777_215) return false;
-    this.#maxFrame = Math.min(size, H2_LIMITS.maxFrameSize);
+    this.#maxFrame = Math.min(size, 16_384);
     return true;
   }
 
