@@ -9,6 +9,7 @@
  * Every other frame passes untouched; nothing about the call changes but that header.
  */
 import { encodeLiteralBlock, HpackDecoder, HpackError, type HeaderField } from './hpack.ts';
+import { FrameSplitter, HeaderBlockJoiner, headerBlockFrames, type HeaderBlock } from './connection.ts';
 import { CLIENT_PREFACE, Flag, FRAME_HEADER, FrameType, H2InputError, type Frame } from './wire.ts';
 
 /** What replaces an authority nghttp2 would refuse (what k8s.io/cri-client itself sends from 1.31). */
@@ -72,16 +73,6 @@ export const H2_LIMITS = {
   maxHeaderList: 64 * 1024,
 };
 
-/** Encodes one frame. */
-export function frame(type: number, flags: number, streamId: number, payload: Buffer): Buffer {
-  const h = Buffer.allocUnsafe(FRAME_HEADER);
-  h.writeUIntBE(payload.length, 0, 3);
-  h[3] = type;
-  h[4] = flags;
-  h.writeUInt32BE(streamId & 0x7fffffff, 5);
-  return Buffer.concat([h, payload]);
-}
-
 /**
  * Splits a client's byte stream into its preface and frames, bounded by H2_LIMITS.maxFrameSize
  * (`expectPreface` false: a server's stream, frames from the first octet).
@@ -138,14 +129,6 @@ interface OpenBlock {
   size: number;
 }
 
-/** A complete header block: the HEADERS frame's stream, END_STREAM and priority, and the HPACK octets. */
-export interface HeaderBlock {
-  streamId: number;
-  endStream: boolean;
-  priority: Buffer | null;
-  block: Buffer;
-}
-
 /**
  * Joins HEADERS and CONTINUATION frames into header blocks (RFC 9113 6.2, 6.10), stripping
  * padding. Returns null for a frame that is not the end of a block; throws H2InputError on frames
@@ -193,22 +176,6 @@ export class HeaderBlockCollector {
   }
 }
 
-/** Writes a header block as HEADERS + CONTINUATION frames no larger than H2_LIMITS.maxFrameSize. */
-export function headerFrames(h: HeaderBlock): Buffer[] {
-  const out: Buffer[] = [];
-  const prio = h.priority ?? Buffer.alloc(0);
-  const firstRoom = H2_LIMITS.maxFrameSize - prio.length;
-  let pos = Math.min(firstRoom, h.block.length);
-  const flags = (h.endStream ? Flag.END_STREAM : 0) | (h.priority ? Flag.PRIORITY : 0) | (pos === h.block.length ? Flag.END_HEADERS : 0);
-  out.push(frame(FrameType.HEADERS, flags, h.streamId, Buffer.concat([prio, h.block.subarray(0, pos)])));
-  while (pos < h.block.length) {
-    const end = Math.min(pos + H2_LIMITS.maxFrameSize, h.block.length);
-    out.push(frame(FrameType.CONTINUATION, end === h.block.length ? Flag.END_HEADERS : 0, h.streamId, h.block.subarray(pos, end)));
-    pos = end;
-  }
-  return out;
-}
-
 /** A decoder bound to H2_LIMITS, for the client→server direction of one connection. */
 export function clientHeaderDecoder(): HpackDecoder {
   return new HpackDecoder({ maxTableSize: H2_LIMITS.maxTableSize, maxHeaderListSize: H2_LIMITS.maxHeaderList });
@@ -217,11 +184,11 @@ export function clientHeaderDecoder(): HpackDecoder {
 /**
  * The client→server transform of one connection whose requests need an authority nghttp2 accepts.
  * Feed it the client's octets from the first (the preface included); it returns the octets to give
- * the server. Throws H2InputError or HpackError on input it cannot carry (close the connection).
+ * the server. Throws H2InputError on input it cannot carry (close the connection).
  */
 export class AuthorityRewriter {
-  readonly #reader = new FrameReader();
-  readonly #blocks = new HeaderBlockCollector();
+  readonly #frames = new FrameSplitter(true, H2_LIMITS.maxFrameSize);
+  readonly #blocks = new HeaderBlockJoiner(H2_LIMITS.maxHeaderBlock);
   readonly #decoder = clientHeaderDecoder();
   #prefaceSent = false;
   /** Client streams only grow (RFC 9113 5.1.1): a HEADERS on a stream at or below this one is trailers. */
@@ -229,21 +196,20 @@ export class AuthorityRewriter {
 
   /** Rewrites the next octets from the client. */
   transform(chunk: Buffer): Buffer {
-    this.#reader.push(chunk);
+    this.#frames.push(chunk);
     const out: Buffer[] = [];
     for (;;) {
-      const f = this.#reader.next();
-      if (!this.#prefaceSent && this.#reader.prefaceSeen) {
+      const f = this.#frames.next();
+      if (!this.#prefaceSent && this.#frames.prefaceSeen) {
         out.push(CLIENT_PREFACE);
         this.#prefaceSent = true;
       }
       if (f === null) break;
+      const h = this.#blocks.take(f);
       if (f.type === FrameType.HEADERS || f.type === FrameType.CONTINUATION) {
-        const h = this.#blocks.take(f);
-        if (h !== null) out.push(...this.#rewrite(h));
+        if (h !== null) out.push(this.#rewrite(h));
         continue;
       }
-      if (this.#blocks.open) throw new H2InputError(`frame type ${f.type} inside a header block`);
       // A client never sends PUSH_PROMISE; its header block would change HPACK state we re-encode.
       if (f.type === FrameType.PUSH_PROMISE) throw new H2InputError('PUSH_PROMISE from a client');
       out.push(f.raw);
@@ -251,7 +217,7 @@ export class AuthorityRewriter {
     return out.length === 1 ? out[0]! : Buffer.concat(out);
   }
 
-  #rewrite(h: HeaderBlock): Buffer[] {
+  #rewrite(h: HeaderBlock): Buffer {
     let fields: HeaderField[];
     try {
       fields = this.#decoder.decode(h.block);
@@ -263,6 +229,6 @@ export class AuthorityRewriter {
       this.#lastRequestStream = h.streamId;
       fields = withAcceptableAuthority(fields);
     }
-    return headerFrames({ ...h, block: encodeLiteralBlock(fields) });
+    return headerBlockFrames(h.streamId, encodeLiteralBlock(fields), h.endStream, H2_LIMITS.maxFrameSize, h.priority);
   }
 }

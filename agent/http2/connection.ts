@@ -46,7 +46,7 @@ const SETTING_KEYS: Record<number, keyof H2Settings> = {
 };
 
 /** A connection error: GOAWAY with `code`, then close. */
-export class H2ConnectionError extends Error {
+export class H2ConnectionError extends H2InputError {
   readonly code: number;
   constructor(code: number, message: string) {
     super(message);
@@ -153,6 +153,11 @@ export class FrameSplitter {
     return this.#buf;
   }
 
+  /** Whether the client preface has been read (or none was expected). */
+  get prefaceSeen(): boolean {
+    return this.#preface;
+  }
+
   /** Adds a read; call next() until null before the next push. */
   push(chunk: Buffer): void {
     let b = this.#buf;
@@ -238,16 +243,83 @@ function settingsPayload(s: Partial<H2Settings>): Buffer {
   return p;
 }
 
-/** Frames a header block as HEADERS + CONTINUATION no larger than `maxFrame`. */
-export function headerBlockFrames(streamId: number, block: Buffer, endStream: boolean, maxFrame: number): Buffer {
-  const es = endStream ? Flag.END_STREAM : 0;
-  if (block.length <= maxFrame) return frameBytes(FrameType.HEADERS, es | Flag.END_HEADERS, streamId, block);
-  const out = [frameBytes(FrameType.HEADERS, es, streamId, block.subarray(0, maxFrame))];
-  for (let pos = maxFrame; pos < block.length; pos += maxFrame) {
+/**
+ * Frames a header block as HEADERS + CONTINUATION no larger than `maxFrame`; `priority`: the 5
+ * octets a HEADERS with PRIORITY carries (the shim's authority rewrite keeps a client's).
+ */
+export function headerBlockFrames(streamId: number, block: Buffer, endStream: boolean, maxFrame: number, priority: Buffer | null = null): Buffer {
+  const first = maxFrame - (priority?.length ?? 0);
+  const flags = (endStream ? Flag.END_STREAM : 0) | (priority ? Flag.PRIORITY : 0);
+  if (block.length <= first) return frameBytes(FrameType.HEADERS, flags | Flag.END_HEADERS, streamId, priority ? Buffer.concat([priority, block]) : block);
+  const head = block.subarray(0, first);
+  const out = [frameBytes(FrameType.HEADERS, flags, streamId, priority ? Buffer.concat([priority, head]) : head)];
+  for (let pos = first; pos < block.length; pos += maxFrame) {
     const end = Math.min(pos + maxFrame, block.length);
     out.push(frameBytes(FrameType.CONTINUATION, end === block.length ? Flag.END_HEADERS : 0, streamId, block.subarray(pos, end)));
   }
   return Buffer.concat(out);
+}
+
+/** A header block joined from its HEADERS and CONTINUATION frames. */
+export interface HeaderBlock {
+  streamId: number;
+  endStream: boolean;
+  /** The HEADERS frame's 5 priority octets, or null. */
+  priority: Buffer | null;
+  /** The HPACK octets, padding removed. */
+  block: Buffer;
+}
+
+/**
+ * Joins HEADERS and CONTINUATION frames into header blocks (RFC 9113 6.2, 6.10), padding removed,
+ * bounded by `maxBlock`. Every frame read goes through take(): a frame other than the open block's
+ * CONTINUATION is a connection error.
+ */
+export class HeaderBlockJoiner {
+  #open: { streamId: number; endStream: boolean; priority: Buffer | null; fragments: Buffer[]; size: number } | null = null;
+  readonly #maxBlock: number;
+
+  constructor(maxBlock: number) {
+    this.#maxBlock = maxBlock;
+  }
+
+  /** The complete block a HEADERS or CONTINUATION frame ends, else null. Throws H2ConnectionError. */
+  take(f: Frame): HeaderBlock | null {
+    let fragment = f.payload;
+    if (f.type === FrameType.CONTINUATION) {
+      if (this.#open === null || this.#open.streamId !== f.streamId) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `CONTINUATION on stream ${f.streamId} without a header block open on it`);
+    } else if (this.#open !== null) {
+      throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `frame type ${f.type} inside a header block`);
+    } else if (f.type !== FrameType.HEADERS) {
+      return null;
+    } else {
+      if (f.streamId === 0) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'HEADERS on stream 0');
+      if (f.flags & Flag.PADDED) {
+        if (fragment.length < 1) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'PADDED HEADERS without a pad length');
+        const pad = fragment[0]!;
+        if (pad > fragment.length - 1) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'HEADERS padding longer than the frame');
+        fragment = fragment.subarray(1, fragment.length - pad);
+      }
+      let priority: Buffer | null = null;
+      if (f.flags & Flag.PRIORITY) {
+        if (fragment.length < 5) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'HEADERS with PRIORITY shorter than 5 octets');
+        priority = Buffer.from(fragment.subarray(0, 5));
+        fragment = fragment.subarray(5);
+      }
+      this.#open = { streamId: f.streamId, endStream: (f.flags & Flag.END_STREAM) !== 0, priority, fragments: [], size: 0 };
+    }
+    const b = this.#open;
+    b.size += fragment.length;
+    if (b.size > this.#maxBlock) throw new H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, `header block on stream ${b.streamId} larger than ${this.#maxBlock} octets`);
+    if ((f.flags & Flag.END_HEADERS) === 0) {
+      // The fragment is a view of this read: keep a copy, the next read may reuse nothing of it.
+      b.fragments.push(Buffer.from(fragment));
+      return null;
+    }
+    b.fragments.push(fragment);
+    this.#open = null;
+    return { streamId: b.streamId, endStream: b.endStream, priority: b.priority, block: b.fragments.length === 1 ? b.fragments[0]! : Buffer.concat(b.fragments, b.size) };
+  }
 }
 
 /** One HTTP/2 connection on a connected duplex (a socket), client or server. */
@@ -265,10 +337,8 @@ export class H2Connection implements Credit {
   /** Streams with queued output, in the order they are served. */
   readonly #ready = new Set<number>();
   readonly #maxBufferedOutput: number;
-  readonly #maxHeaderBlock: number;
   readonly #creditBatch: number;
-  /** The header block being joined: its stream, END_STREAM, fragments. */
-  #block: { streamId: number; endStream: boolean; fragments: Buffer[]; size: number } | null = null;
+  readonly #blocks: HeaderBlockJoiner;
   /** The peer's connection window (what we may still send). */
   #sendWindow = DEFAULT_WINDOW;
   /** Our connection window (what the peer may still send) and the octets consumed but not yet given back. */
@@ -293,7 +363,7 @@ export class H2Connection implements Credit {
     this.#splitter = new FrameSplitter(opts.role === 'server', this.local.maxFrameSize);
     this.#decoder = new HpackDecoder({ maxTableSize: this.local.headerTableSize, maxHeaderListSize: this.local.maxHeaderListSize });
     this.#maxBufferedOutput = opts.maxBufferedOutput ?? 4 * 1024 * 1024;
-    this.#maxHeaderBlock = opts.maxHeaderBlock ?? 64 * 1024;
+    this.#blocks = new HeaderBlockJoiner(opts.maxHeaderBlock ?? 64 * 1024);
     this.#recvWindow = opts.connectionWindow;
     this.#creditBatch = opts.creditBatch ?? Math.max(16_384, opts.connectionWindow >>> 2);
     this.#nextOwnStream = opts.role === 'client' ? 1 : 2;
@@ -505,11 +575,14 @@ export class H2Connection implements Credit {
     if (!this.#settingsSeen && f.type !== FrameType.SETTINGS) {
       throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `first frame of type ${f.type}, not SETTINGS`);
     }
-    if (this.#block !== null && f.type !== FrameType.CONTINUATION) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `frame type ${f.type} inside a header block`);
+    const block = this.#blocks.take(f);
     switch (f.type) {
       case FrameType.DATA: return this.#onData(f);
-      case FrameType.HEADERS: return this.#onHeaders(f);
-      case FrameType.CONTINUATION: return this.#onContinuation(f);
+      case FrameType.HEADERS:
+      case FrameType.CONTINUATION:
+        // Decoded whatever the stream's fate: the HPACK state is the connection's.
+        if (block !== null) this.#headerBlock(block.streamId, this.#decoder.decode(block.block), block.endStream);
+        return;
       case FrameType.RST_STREAM: return this.#onReset(f);
       case FrameType.SETTINGS: return this.#onSettings(f);
       case FrameType.PING:
@@ -628,44 +701,6 @@ export class H2Connection implements Credit {
     const end = (f.flags & Flag.END_STREAM) !== 0;
     if (end) this.#remoteEnd(f.streamId, s);
     this.#h!.data(f.streamId, f, payload, end);
-  }
-
-  #onHeaders(f: Frame): void {
-    if (f.streamId === 0) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'HEADERS on stream 0');
-    let fragment = f.payload;
-    if (f.flags & Flag.PADDED) {
-      if (fragment.length < 1) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'PADDED HEADERS without a pad length');
-      const pad = fragment[0]!;
-      if (pad > fragment.length - 1) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'HEADERS padding longer than the frame');
-      fragment = fragment.subarray(1, fragment.length - pad);
-    }
-    if (f.flags & Flag.PRIORITY) {
-      if (fragment.length < 5) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'HEADERS with PRIORITY shorter than 5 octets');
-      fragment = fragment.subarray(5);
-    }
-    this.#block = { streamId: f.streamId, endStream: (f.flags & Flag.END_STREAM) !== 0, fragments: [], size: 0 };
-    this.#fragment(f, fragment);
-  }
-
-  #onContinuation(f: Frame): void {
-    if (this.#block === null || this.#block.streamId !== f.streamId) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `CONTINUATION on stream ${f.streamId} without a header block open on it`);
-    this.#fragment(f, f.payload);
-  }
-
-  #fragment(f: Frame, fragment: Buffer): void {
-    const b = this.#block!;
-    b.size += fragment.length;
-    if (b.size > this.#maxHeaderBlock) throw new H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, `header block on stream ${b.streamId} larger than ${this.#maxHeaderBlock} octets`);
-    b.fragments.push(fragment);
-    if ((f.flags & Flag.END_HEADERS) === 0) {
-      // The fragment is a view of this read: keep a copy, the next read may reuse nothing of it.
-      b.fragments[b.fragments.length - 1] = Buffer.from(fragment);
-      return;
-    }
-    this.#block = null;
-    // Decoded whatever the stream's fate: the HPACK state is the connection's.
-    const fields = this.#decoder.decode(b.fragments.length === 1 ? b.fragments[0]! : Buffer.concat(b.fragments, b.size));
-    this.#headerBlock(b.streamId, fields, b.endStream);
   }
 
   #headerBlock(id: number, fields: HeaderField[], endStream: boolean): void {

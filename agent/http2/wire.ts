@@ -3,7 +3,7 @@
  * rewrite (authority.ts): the preface, frame types, flags, error codes and SETTINGS identifiers,
  * and the frames built outside a connection's own flow control.
  */
-/** Bytes or frames a client sent that are not HTTP/2 the shim can carry; the connection is closed. */
+/** Octets or frames from a peer that are not HTTP/2 we can take: the connection is closed (an H2ConnectionError says with which code). */
 export class H2InputError extends Error {
   constructor(message: string) {
     super(message);

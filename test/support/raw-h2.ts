@@ -5,8 +5,8 @@
  * (status, messages, trailers, a reset) is returned as the server sent it.
  */
 import * as net from 'node:net';
-import { frame, FrameReader, HeaderBlockCollector } from '../../agent/http2/authority.ts';
-import { CLIENT_PREFACE, Flag, FrameType } from '../../agent/http2/wire.ts';
+import { FrameSplitter, HeaderBlockJoiner } from '../../agent/http2/connection.ts';
+import { CLIENT_PREFACE, Flag, frameBytes, FrameType } from '../../agent/http2/wire.ts';
 import { encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/http2/hpack.ts';
 
 /** What came back on the call's stream. */
@@ -33,8 +33,8 @@ export function grpcRequestHeaders(path: string, authority: string | undefined):
 export function rawUnary(socketPath: string, headers: HeaderField[], message: Buffer, timeoutMs = 10_000): Promise<RawAnswer> {
   return new Promise((resolve, reject) => {
     const sock = net.connect(socketPath);
-    const reader = new FrameReader(false);
-    const blocks = new HeaderBlockCollector();
+    const reader = new FrameSplitter(false);
+    const blocks = new HeaderBlockJoiner(1 << 20);
     const decoder = new HpackDecoder({ maxTableSize: 4096, maxHeaderListSize: 1 << 20 });
     const answer: RawAnswer = { headers: [], trailers: [], messages: [] };
     let data = Buffer.alloc(0);
@@ -58,8 +58,8 @@ export function rawUnary(socketPath: string, headers: HeaderField[], message: Bu
     sock.on('data', (chunk: Buffer) => {
       reader.push(chunk);
       for (let f = reader.next(); f !== null; f = reader.next()) {
-        if (f.type === FrameType.SETTINGS && !(f.flags & Flag.ACK)) sock.write(frame(FrameType.SETTINGS, Flag.ACK, 0, Buffer.alloc(0)));
-        else if (f.type === FrameType.PING && !(f.flags & Flag.ACK)) sock.write(frame(FrameType.PING, Flag.ACK, 0, f.payload));
+        if (f.type === FrameType.SETTINGS && !(f.flags & Flag.ACK)) sock.write(frameBytes(FrameType.SETTINGS, Flag.ACK, 0, Buffer.alloc(0)));
+        else if (f.type === FrameType.PING && !(f.flags & Flag.ACK)) sock.write(frameBytes(FrameType.PING, Flag.ACK, 0, f.payload));
         else if (f.type === FrameType.GOAWAY) {
           answer.goawayCode = f.payload.readUInt32BE(4);
           finish();
@@ -92,9 +92,9 @@ export function rawUnary(socketPath: string, headers: HeaderField[], message: Bu
     prefix.writeUInt32BE(message.length, 1);
     sock.write(Buffer.concat([
       CLIENT_PREFACE,
-      frame(FrameType.SETTINGS, 0, 0, Buffer.alloc(0)),
-      frame(FrameType.HEADERS, Flag.END_HEADERS, 1, encodeLiteralBlock(headers)),
-      frame(FrameType.DATA, Flag.END_STREAM, 1, Buffer.concat([prefix, message])),
+      frameBytes(FrameType.SETTINGS, 0, 0, Buffer.alloc(0)),
+      frameBytes(FrameType.HEADERS, Flag.END_HEADERS, 1, encodeLiteralBlock(headers)),
+      frameBytes(FrameType.DATA, Flag.END_STREAM, 1, Buffer.concat([prefix, message])),
     ]));
   });
 }

@@ -12,7 +12,7 @@ import * as net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { FrameReader } from '../../agent/http2/authority.ts';
+import { FrameSplitter } from '../../agent/http2/connection.ts';
 import { encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/http2/hpack.ts';
 import { UnaryH2Client, UnaryH2Error, type UnaryH2Response } from '../../agent/http2/unary-client.ts';
 import { UnaryH2Server, type UnaryH2Stream } from '../../agent/http2/unary-server.ts';
@@ -78,12 +78,12 @@ class RawPeer {
   readonly frames: Frame[] = [];
   readonly decoder = new HpackDecoder({ maxTableSize: 4096, maxHeaderListSize: 1 << 20 });
   closed = false;
-  readonly #reader: FrameReader;
+  readonly #reader: FrameSplitter;
   #waiters: (() => void)[] = [];
 
   constructor(socket: net.Socket, isServer: boolean) {
     this.socket = socket;
-    this.#reader = new FrameReader(isServer);
+    this.#reader = new FrameSplitter(isServer);
     socket.on('data', (c: Buffer) => {
       this.#reader.push(c);
       for (let f = this.#reader.next(); f !== null; f = this.#reader.next()) this.frames.push({ ...f, payload: Buffer.from(f.payload) });
