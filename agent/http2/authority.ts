@@ -10,7 +10,7 @@
  */
 import { encodeLiteralBlock, HpackDecoder, HpackError, type HeaderField } from './hpack.ts';
 import { FrameSplitter, HeaderBlockJoiner, headerBlockFrames, type HeaderBlock } from './connection.ts';
-import { CLIENT_PREFACE, Flag, FRAME_HEADER, FrameType, H2InputError, type Frame } from './wire.ts';
+import { CLIENT_PREFACE, FrameType, H2InputError } from './wire.ts';
 
 /** What replaces an authority nghttp2 would refuse (what k8s.io/cri-client itself sends from 1.31). */
 export const SUBSTITUTE_AUTHORITY = 'localhost';
@@ -72,109 +72,6 @@ export const H2_LIMITS = {
   /** Decoded header list, as nghttp2 counts it (name + value + 32 per field). */
   maxHeaderList: 64 * 1024,
 };
-
-/**
- * Splits a client's byte stream into its preface and frames, bounded by H2_LIMITS.maxFrameSize
- * (`expectPreface` false: a server's stream, frames from the first octet).
- */
-export class FrameReader {
-  #buf: Buffer = Buffer.alloc(0);
-  #prefaceSeen: boolean;
-
-  constructor(expectPreface = true) {
-    this.#prefaceSeen = !expectPreface;
-  }
-
-  /** Octets received but not yet returned as a frame. */
-  get pending(): Buffer {
-    return this.#buf;
-  }
-
-  /** Adds received octets. */
-  push(chunk: Buffer): void {
-    this.#buf = this.#buf.length === 0 ? chunk : Buffer.concat([this.#buf, chunk]);
-  }
-
-  /** Whether the whole preface has been read (it is consumed, not returned as a frame). */
-  get prefaceSeen(): boolean {
-    return this.#prefaceSeen;
-  }
-
-  /** The next complete frame, or null until more octets arrive. Throws H2InputError. */
-  next(): Frame | null {
-    if (!this.#prefaceSeen) {
-      const n = Math.min(this.#buf.length, CLIENT_PREFACE.length);
-      if (!this.#buf.subarray(0, n).equals(CLIENT_PREFACE.subarray(0, n))) throw new H2InputError('not an HTTP/2 client preface');
-      if (n < CLIENT_PREFACE.length) return null;
-      this.#buf = this.#buf.subarray(CLIENT_PREFACE.length);
-      this.#prefaceSeen = true;
-    }
-    if (this.#buf.length < FRAME_HEADER) return null;
-    const length = this.#buf.readUIntBE(0, 3);
-    if (length > H2_LIMITS.maxFrameSize) throw new H2InputError(`frame of ${length} octets exceeds SETTINGS_MAX_FRAME_SIZE ${H2_LIMITS.maxFrameSize}`);
-    if (this.#buf.length < FRAME_HEADER + length) return null;
-    const raw = this.#buf.subarray(0, FRAME_HEADER + length);
-    this.#buf = this.#buf.subarray(FRAME_HEADER + length);
-    return { type: raw[3]!, flags: raw[4]!, streamId: raw.readUInt32BE(5) & 0x7fffffff, payload: raw.subarray(FRAME_HEADER), raw };
-  }
-}
-
-/** A header block being collected from HEADERS and CONTINUATION frames. */
-interface OpenBlock {
-  streamId: number;
-  flags: number;
-  /** The 5 priority octets of a HEADERS with PRIORITY, kept as sent. */
-  priority: Buffer | null;
-  fragments: Buffer[];
-  size: number;
-}
-
-/**
- * Joins HEADERS and CONTINUATION frames into header blocks (RFC 9113 6.2, 6.10), stripping
- * padding. Returns null for a frame that is not the end of a block; throws H2InputError on frames
- * that break the sequence.
- */
-export class HeaderBlockCollector {
-  #open: OpenBlock | null = null;
-
-  /** Whether a block is open (only CONTINUATION may come next). */
-  get open(): boolean {
-    return this.#open !== null;
-  }
-
-  /** Takes a HEADERS or CONTINUATION frame; other frames must not be passed while a block is open. */
-  take(f: Frame): HeaderBlock | null {
-    let fragment = f.payload;
-    if (f.type === FrameType.HEADERS) {
-      if (this.#open) throw new H2InputError(`HEADERS on stream ${f.streamId} inside the header block of stream ${this.#open.streamId}`);
-      if (f.streamId === 0) throw new H2InputError('HEADERS on stream 0');
-      if (f.flags & Flag.PADDED) {
-        if (fragment.length < 1) throw new H2InputError('PADDED HEADERS without a pad length');
-        const pad = fragment[0]!;
-        if (pad > fragment.length - 1) throw new H2InputError('HEADERS padding longer than the frame');
-        fragment = fragment.subarray(1, fragment.length - pad);
-      }
-      let priority: Buffer | null = null;
-      if (f.flags & Flag.PRIORITY) {
-        if (fragment.length < 5) throw new H2InputError('HEADERS with PRIORITY shorter than 5 octets');
-        priority = Buffer.from(fragment.subarray(0, 5));
-        fragment = fragment.subarray(5);
-      }
-      this.#open = { streamId: f.streamId, flags: f.flags, priority, fragments: [], size: 0 };
-    } else if (f.type === FrameType.CONTINUATION) {
-      if (!this.#open || this.#open.streamId !== f.streamId) throw new H2InputError(`CONTINUATION on stream ${f.streamId} without a header block open on it`);
-    } else {
-      throw new H2InputError(`frame type ${f.type} passed as a header block frame`);
-    }
-    const open = this.#open;
-    open.size += fragment.length;
-    if (open.size > H2_LIMITS.maxHeaderBlock) throw new H2InputError(`header block on stream ${open.streamId} larger than ${H2_LIMITS.maxHeaderBlock} octets`);
-    open.fragments.push(Buffer.from(fragment));
-    if ((f.flags & Flag.END_HEADERS) === 0) return null;
-    this.#open = null;
-    return { streamId: open.streamId, endStream: (open.flags & Flag.END_STREAM) !== 0, priority: open.priority, block: Buffer.concat(open.fragments, open.size) };
-  }
-}
 
 /** A decoder bound to H2_LIMITS, for the client→server direction of one connection. */
 export function clientHeaderDecoder(): HpackDecoder {

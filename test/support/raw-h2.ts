@@ -2,7 +2,8 @@
  * A bare HTTP/2 gRPC client for one unary call with exactly the request headers a test gives it,
  * for what no gRPC library sends: a request without `:authority` at all (grpc-js, grpc-go and
  * Node's http2 client always send one). Frames and HPACK are the shim's own modules; the answer
- * (status, messages, trailers, a reset) is returned as the server sent it.
+ * (status, messages, trailers, a reset) is returned as the server sent it. Also the SETTINGS
+ * frames raw test peers write and read.
  */
 import * as net from 'node:net';
 import { FrameSplitter, HeaderBlockJoiner } from '../../agent/http2/connection.ts';
@@ -97,6 +98,23 @@ export function rawUnary(socketPath: string, headers: HeaderField[], message: Bu
       frameBytes(FrameType.DATA, Flag.END_STREAM, 1, Buffer.concat([prefix, message])),
     ]));
   });
+}
+
+/** A SETTINGS frame with these entries ([identifier, value]), as a raw peer writes one. */
+export function settingsFrame(entries: ReadonlyArray<readonly [number, number]>): Buffer {
+  const p = Buffer.alloc(6 * entries.length);
+  entries.forEach(([id, v], i) => {
+    p.writeUInt16BE(id, i * 6);
+    p.writeUInt32BE(v, i * 6 + 2);
+  });
+  return frameBytes(FrameType.SETTINGS, 0, 0, p);
+}
+
+/** The entries of a SETTINGS frame's payload. */
+export function parseSettings(payload: Buffer): Array<[number, number]> {
+  const out: Array<[number, number]> = [];
+  for (let i = 0; i + 6 <= payload.length; i += 6) out.push([payload.readUInt16BE(i), payload.readUInt32BE(i + 2)]);
+  return out;
 }
 
 /** A header's value, or undefined. */

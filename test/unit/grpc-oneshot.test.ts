@@ -13,8 +13,9 @@ import { encodeInteger, encodeLiteralBlock, HpackDecoder, type HeaderField } fro
 import { huffmanEncode } from '../../agent/http2/huffman.ts';
 import { exchangeOnce, type OneShotEnd, type OneShotRequest } from '../../agent/http2/unary-oneshot.ts';
 import {
-  CLIENT_PREFACE, Flag, frameBytes, FrameType, goawayFrame, H2Error, parseSettings, rstStreamFrame, Setting, settingsFrame, windowUpdateFrame, type Frame,
+  CLIENT_PREFACE, Flag, frameBytes, FrameType, goawayFrame, H2Error, rstStreamFrame, Setting, windowUpdateFrame, type Frame,
 } from '../../agent/http2/wire.ts';
+import { parseSettings, settingsFrame } from '../support/raw-h2.ts';
 
 const cleanups: (() => void)[] = [];
 afterEach(() => {

@@ -17,8 +17,9 @@ import { encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/
 import { UnaryH2Client, UnaryH2Error, type UnaryH2Response } from '../../agent/http2/unary-client.ts';
 import { UnaryH2Server, type UnaryH2Stream } from '../../agent/http2/unary-server.ts';
 import {
-  CLIENT_PREFACE, Flag, frameBytes, FrameType, goawayFrame, H2Error, parseGoaway, parseSettings, rstStreamFrame, Setting, settingsFrame, windowUpdateFrame, type Frame,
+  CLIENT_PREFACE, Flag, frameBytes, FrameType, goawayFrame, H2Error, parseGoaway, rstStreamFrame, Setting, windowUpdateFrame, type Frame,
 } from '../../agent/http2/wire.ts';
+import { parseSettings, settingsFrame } from '../support/raw-h2.ts';
 
 const dir = mkdtempSync(path.join(tmpdir(), 'unary-h2-'));
 let n = 0;
