@@ -2,11 +2,14 @@
  * One HTTP/2 connection endpoint: the only place the connection-level rules live. It reads the
  * preface and frames (bounded by the SETTINGS_MAX_FRAME_SIZE we advertise), validates and
  * acknowledges the peer's SETTINGS (RFC 9113 6.5.2), answers PING, keeps both connection windows
- * (the peer's, which our DATA waits for, and ours, refilled as the owner consumes), joins
+ * (the peer's, which our DATA waits for, and ours, refilled as the owner consumes, with the
+ * stream's window for DATA the owner reads itself), joins
  * CONTINUATION frames, decodes header blocks with this connection's HPACK state, parses GOAWAY,
  * refuses streams beyond our SETTINGS_MAX_CONCURRENT_STREAMS and closes on protocol errors with
  * GOAWAY. Stream-level events go to the owner (`H2Handler`): the unary client and server, the
- * one-shot gRPC exchange and both sides of the shim's relay are owners of this one class.
+ * one-shot gRPC exchange and both sides of the shim's relay are owners of this one class. Its
+ * FrameSplitter and HeaderBlockJoiner also serve the handoff and the authority rewrite, which
+ * read a client's frames on their way to another server without being an endpoint.
  *
  * What we send is literal HPACK only (the peer's dynamic table is never touched, so our encoder
  * has no state), DATA within the peer's connection and stream windows (split to its frame size,
