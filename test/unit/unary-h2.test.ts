@@ -260,6 +260,23 @@ describe('the unary HTTP/2 server', () => {
     expect(peer.frames.some((f) => f.streamId === 3)).toBe(false);
   });
 
+  it('on drain, an answer waiting for the client\'s window is still sent whole; then the connection closes', async () => {
+    const { server, path: p } = await startServer((s) => s.message(Buffer.alloc(100, 9)));
+    const peer = await rawClient(p, [[Setting.INITIAL_WINDOW_SIZE, 10]]);
+    peer.write(frameBytes(FrameType.HEADERS, Flag.END_HEADERS, 1, requestBlock()), frameBytes(FrameType.DATA, Flag.END_STREAM, 1, grpcBody(Buffer.alloc(0))));
+    await peer.frame((f) => f.type === FrameType.DATA);
+    const closed = server.close();
+    await peer.frame((f) => f.type === FrameType.GOAWAY);
+    await new Promise((r) => setTimeout(r, 200));
+    expect(peer.closed).toBe(false);
+    peer.write(windowUpdateFrame(1, 1000));
+    await closed;
+    await peer.whenClosed();
+    const body = Buffer.concat(peer.frames.filter((f) => f.type === FrameType.DATA).map((f) => f.payload));
+    expect(body.subarray(5)).toEqual(Buffer.alloc(100, 9));
+    expect(peer.frames.some((f) => isHeaders(1)(f) && (f.flags & Flag.END_STREAM) !== 0)).toBe(true);
+  });
+
   it('a client RST_STREAM cancels the call in flight; the connection serves the next one', async () => {
     let cancelled = 0;
     const { path: p } = await startServer((s) => {
