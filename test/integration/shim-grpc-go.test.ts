@@ -20,7 +20,7 @@
  *
  * Run alone: `make test-grpc-go`, or `npx vitest run test/integration/shim-grpc-go.test.ts` after
  * `make build grpc-go-peer` (with .tools/bin first on PATH, for Node 24). Knobs: GRPC_GO_CHURN_SECONDS
- * (the shim phase's churn, default 30), GRPC_GO_BASELINE_SECONDS (the baseline's, default 20),
+ * (the shim phase's churn, default 30), GRPC_GO_BASELINE_SECONDS (the baseline's, default 15),
  * GRPC_GO_AUTHORITY (`path`, kubelet < 1.31, default; or `localhost`), GRPC_GO_LOG=1 (the peer's
  * transport events and the churn's wrong answers on stderr).
  */
@@ -43,7 +43,7 @@ import { GrpcGoCri, type GrpcGoPeerStats } from '../support/grpc-go-cri.ts';
 import { H2Tap } from '../support/h2-tap.ts';
 
 const SECONDS = Number(process.env['GRPC_GO_CHURN_SECONDS'] ?? 30);
-const BASELINE_SECONDS = Number(process.env['GRPC_GO_BASELINE_SECONDS'] ?? 20);
+const BASELINE_SECONDS = Number(process.env['GRPC_GO_BASELINE_SECONDS'] ?? 15);
 const AUTHORITY = (process.env['GRPC_GO_AUTHORITY'] ?? 'path') as 'path' | 'localhost';
 const VERBOSE = process.env['GRPC_GO_LOG'] === '1';
 if (!(SECONDS >= 10) || !(BASELINE_SECONDS >= 10) || (AUTHORITY !== 'path' && AUTHORITY !== 'localhost')) {
