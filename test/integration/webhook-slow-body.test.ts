@@ -197,7 +197,7 @@ describe('webhook under slow clients', () => {
   });
 
   it('keeps the requests waiting for their bodies within their count: the longest waiting is cut for a new one', async () => {
-    const server = await start({ maxReadingRequests: 8 });
+    const server = await start({ maxReadingRequests: 8, bodyTimeoutMs: 5000 });
     const slow: Slow[] = [];
     for (let i = 0; i < 12; i++) {
       slow.push(slowClient(server, { kind: 'body', declared: 64 * 1024, intervalMs: 100 }));
@@ -207,19 +207,22 @@ describe('webhook under slow clients', () => {
     const m = await metrics(server);
     expect(metric(m, 'probe_agent_webhook_requests_reading')).toBe(8);
     expect(metric(m, 'probe_agent_webhook_slow_requests_total{reason="evicted"}')).toBe(4);
-    // The four first were cut, the eight last still trickle.
-    const open = await Promise.all(slow.map((s) => closedWithin(s, 50)));
-    expect(open.slice(0, 4).every((t) => t !== Infinity)).toBe(true);
-    expect(open.slice(4).every((t) => t === Infinity)).toBe(true);
+    // The four first were cut (told to retry, after half a second of their body read and dropped),
+    // the eight last still trickle.
+    const cut = await Promise.all(slow.slice(0, 4).map((s) => closedWithin(s, 1500)));
+    expect(cut.every((t) => t !== Infinity)).toBe(true);
+    for (const s of slow.slice(0, 4)) expect(s.received()).toMatch(/^HTTP\/1\.1 429 [^]*retry-after: 1\r\n[^]*cut to make room for newer requests/i);
+    const open = await Promise.all(slow.slice(4).map((s) => closedWithin(s, 10)));
+    expect(open.every((t) => t === Infinity)).toBe(true);
     const a = await admissionReview(server);
     expect(a.status).toBe(200);
     expect(a.ms).toBeLessThan(2000);
   });
 
-  it('keeps the bytes of bodies not yet whole within their budget, whatever was declared', async () => {
+  it('keeps the bytes of bodies not yet whole within the in-flight budget, whatever was declared', async () => {
     const maxRequestBytes = 256 * 1024;
-    const maxReadingBytes = 512 * 1024;
-    const server = await start({ maxRequestBytes, maxReadingBytes });
+    const maxInflightBytes = 512 * 1024;
+    const server = await start({ maxRequestBytes, maxInflightBytes });
     // Each sends 200 KiB of its 256 KiB at once and then trickles: four would hold 800 KiB.
     const slow: Slow[] = [];
     for (let i = 0; i < 4; i++) {
@@ -230,7 +233,7 @@ describe('webhook under slow clients', () => {
     const m = await metrics(server);
     const reading = metric(m, 'probe_agent_webhook_request_bytes_reading');
     expect(reading).toBeGreaterThan(0);
-    expect(reading).toBeLessThanOrEqual(maxReadingBytes);
+    expect(reading).toBeLessThanOrEqual(maxInflightBytes);
     expect(metric(m, 'probe_agent_webhook_slow_requests_total{reason="evicted"}')).toBeGreaterThanOrEqual(2);
     const a = await admissionReview(server);
     expect(a.status).toBe(200);
