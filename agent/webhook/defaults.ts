@@ -26,3 +26,9 @@ export const DEFAULT_BODY_TIMEOUT_MS = 2000;
  * at least four per slot; beyond, the one reading the longest is cut (reading-set.ts).
  */
 export const DEFAULT_MAX_READING_REQUESTS = 64;
+/**
+ * How long a request may read its body before it can be cut to make room for a newer one. A body
+ * the API server sends arrives at network speed (3 MiB in tens of ms); a request still reading after
+ * this is slow, one within it is not cut (a burst of large reviews refuses the newest instead).
+ */
+export const DEFAULT_READING_GRACE_MS = 500;

@@ -37,7 +37,7 @@ export class WebhookMetrics {
     });
     this.#shed = new Counter({
       name: 'probe_agent_webhook_shed_total',
-      help: 'Admission requests answered 429 once their body was read, by the bound they met (concurrency, bytes).',
+      help: 'Admission requests answered 429, by the bound they met: concurrency (review slots), bytes (bodies held), arriving (requests reading their bodies, all within their grace).',
       labelNames: ['reason'],
       registers: [this.registry],
     });
@@ -54,7 +54,7 @@ export class WebhookMetrics {
   }
 
   /** Records one request shed with 429. */
-  shed(reason: ShedReason): void {
+  shed(reason: ShedReason | 'arriving'): void {
     this.#shed.inc({ reason });
   }
 

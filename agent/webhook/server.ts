@@ -12,7 +12,7 @@
  */
 import { createServer, type Server } from 'node:https';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
 import { ConfigError, describeError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
 import { admit, AdmissionRequestError, MUTATE_ANNOTATED_PATH, MUTATE_PATH, type AdmissionContext, type OptInMode } from './admission.ts';
@@ -24,13 +24,15 @@ import {
   DEFAULT_MAX_CONCURRENT_REQUESTS,
   DEFAULT_MAX_INFLIGHT_BYTES,
   DEFAULT_MAX_READING_REQUESTS,
+  DEFAULT_READING_GRACE_MS,
   DEFAULT_MAX_REQUEST_BYTES,
   DEFAULT_TLS_RELOAD_INTERVAL_MS,
   SHED_RETRY_AFTER_SECONDS,
 } from './defaults.ts';
 import { LoadShedder } from './load-shedder.ts';
-import { readBoundedBody, type ReadCut } from './request-body.ts';
+import { readBoundedBody, type BodyShortfall, type ReadCut } from './request-body.ts';
 import { ReadingSet } from './reading-set.ts';
+import { patientTimeout } from './patient-timer.ts';
 import { callerRefusal, callerVerified, clientAuthTlsOptions, loadClientCa } from './client-auth.ts';
 import { startWebhookMetricsListener, type WebhookMetricsListener } from './metrics-listener.ts';
 
@@ -57,6 +59,8 @@ export interface WebhookServerOptions {
   bodyTimeoutMs?: number;
   /** Requests reading their bodies at once (default the larger of DEFAULT_MAX_READING_REQUESTS and 4 per review slot). */
   maxReadingRequests?: number;
+  /** How long a request may read its body before it can be cut for a newcomer (default DEFAULT_READING_GRACE_MS). */
+  readingGraceMs?: number;
   log?: Logger;
   /** The cluster reads and choices the admission uses (admission.ts). */
   admission?: AdmissionContext;
@@ -92,6 +96,7 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
     // One budget for every body the server holds, read or being read.
     maxBytes: shedder.limits.maxInflightBytes,
     heldElsewhere: () => shedder.inFlightBytes,
+    graceMs: opts.readingGraceMs ?? DEFAULT_READING_GRACE_MS,
   });
   const ctx: Ctx = {
     maxBytes, log, metrics, shedder, reading, bodyTimeoutMs, slowLog: new SlowClientLog(log),
@@ -100,8 +105,9 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
   const tlsOptions = { minVersion: 'TLSv1.2' as const, ...clientAuthTlsOptions(clientCa) };
   const server: Server = createServer({
     ...loadTlsPair(opts.certFile, opts.keyFile), ...tlsOptions,
-    // A connection that has not finished its TLS handshake in this time is closed (Node's default: 120 s).
-    handshakeTimeout: headersTimeoutMs,
+    // Node's own handshake timer (default 120 s) is off: handshakeTimer() below does not count the
+    // time the server itself was stalled.
+    handshakeTimeout: 0,
     // Node enforces headersTimeout and requestTimeout on this tick (default 30 s, so a 2 s limit could take 32 s).
     connectionsCheckingInterval: Math.min(250, headersTimeoutMs),
     headersTimeout: headersTimeoutMs,
@@ -115,10 +121,8 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
     });
   });
   server.maxConnections = opts.maxConnections ?? 256;
-  server.on('tlsClientError', (err, socket) => {
-    if ((err as NodeJS.ErrnoException).code === 'ERR_TLS_HANDSHAKE_TIMEOUT') ctx.slowLog.cut('handshake-timeout', socket.remoteAddress, metrics);
-    else log.debug('TLS handshake failed', { error: describeError(err) });
-  });
+  handshakeTimer(server, headersTimeoutMs, (remote) => ctx.slowLog.cut('handshake-timeout', remote, metrics));
+  server.on('tlsClientError', (err) => log.debug('TLS handshake failed', { error: describeError(err) }));
   const watcher = new TlsFileWatcher(opts.certFile, opts.keyFile, (pair) => server.setSecureContext({ ...pair, ...tlsOptions }), log);
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
@@ -138,6 +142,9 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
     }
   }
   watcher.start(opts.tlsReloadIntervalMs ?? DEFAULT_TLS_RELOAD_INTERVAL_MS);
+  if (!ctx.verifyCaller) {
+    log.warn('admission callers are not verified (no --client-ca-file): anything that reaches this port can send reviews; give the API server an admission client certificate (docs/deploy.md, "The API server\'s client certificate")');
+  }
   const address = server.address() as AddressInfo;
   log.info('webhook listening', {
     address: address.address, port: address.port, verifyCaller: ctx.verifyCaller,
@@ -159,6 +166,36 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
       });
     },
   };
+}
+
+/**
+ * Closes a connection that has not finished its TLS handshake within `ms` of this process's
+ * unstalled time (patient-timer.ts). The raw socket and its TLS socket are one TCP connection: the
+ * peer's address and port name both.
+ */
+function handshakeTimer(server: Server, ms: number, onCut: (remote: string | undefined) => void): void {
+  const pending = new Map<string, () => void>();
+  const key = (s: { remoteAddress?: string | undefined; remotePort?: number | undefined }): string => `${s.remoteAddress}|${s.remotePort}`;
+  server.on('connection', (socket: Socket) => {
+    const k = key(socket);
+    const cancel = patientTimeout(ms, () => {
+      pending.delete(k);
+      if (socket.destroyed) return;
+      onCut(socket.remoteAddress);
+      socket.destroy();
+    });
+    pending.set(k, cancel);
+    socket.once('close', () => {
+      if (pending.get(k) !== cancel) return;
+      pending.delete(k);
+      cancel();
+    });
+  });
+  server.on('secureConnection', (tls: Socket) => {
+    const k = key(tls);
+    pending.get(k)?.();
+    pending.delete(k);
+  });
 }
 
 /** What every request handler shares. */
@@ -271,11 +308,12 @@ async function handle(req: IncomingMessage, res: ServerResponse, ctx: Ctx): Prom
     // own caught here (in a burst of large reviews, or the longest arriving when a flood came) gets
     // another try. Answered once the rest of the body is discarded (or after a moment): closing a
     // connection with unread bytes resets it, and the client could lose the answer.
-    if (read.shortfall === 'over-budget') {
+    if (read.shortfall === 'over-budget' || read.shortfall === 'arriving') {
+      const reason = read.shortfall === 'over-budget' ? 'bytes' : 'arriving';
       done('overloaded');
-      metrics.shed('bytes');
+      metrics.shed(reason);
       await discardRest(req);
-      replyAndClose(res, 429, 'too many admission request bytes in flight (bytes); retry\n', retry);
+      replyAndClose(res, 429, `too many admission requests in flight (${reason}); retry\n`, retry);
       return;
     }
     done(read.shortfall === 'timeout' || read.shortfall === 'evicted' ? 'slow' : 'bad-request');
@@ -308,7 +346,7 @@ async function handle(req: IncomingMessage, res: ServerResponse, ctx: Ctx): Prom
  * Reads the body as one of the bounded set of requests reading theirs: within the body timeout,
  * and cut early when newer requests need the room (reading-set.ts).
  */
-async function readBody(req: IncomingMessage, ctx: Ctx, declared: number | undefined): ReturnType<typeof readBoundedBody> {
+async function readBody(req: IncomingMessage, ctx: Ctx, declared: number | undefined): Promise<{ body: Buffer } | { shortfall: BodyShortfall | 'arriving' }> {
   const { reading, metrics } = ctx;
   const abort = new AbortController();
   const cut = (reason: ReadCut): void => {
@@ -316,13 +354,13 @@ async function readBody(req: IncomingMessage, ctx: Ctx, declared: number | undef
     abort.abort(reason);
   };
   const ticket = reading.enter(() => cut('evicted'));
-  // Checked after the I/O the event loop has pending: when the server itself was busy (deciding a
-  // large review), the bytes that arrived meanwhile are read before the body is judged late.
-  const timer = setTimeout(() => setImmediate(() => {
+  if (!ticket) return { shortfall: 'arriving' };
+  // Time the server itself was stalled (deciding a large review) is not held against the client.
+  const cancelTimer = patientTimeout(ctx.bodyTimeoutMs, () => {
     if (abort.signal.aborted || settled) return;
     ticket.leave();
     cut('timeout');
-  }), ctx.bodyTimeoutMs);
+  });
   metrics.setReading(reading.size, reading.bytes);
   let settled = false;
   try {
@@ -336,7 +374,7 @@ async function readBody(req: IncomingMessage, ctx: Ctx, declared: number | undef
     });
   } finally {
     settled = true;
-    clearTimeout(timer);
+    cancelTimer();
     ticket.leave();
     metrics.setReading(reading.size, reading.bytes);
   }

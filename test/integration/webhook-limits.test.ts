@@ -18,6 +18,7 @@ import { MUTATE_PATH } from '../../agent/webhook/admission.ts';
 import { startWebhookServer, type WebhookServer } from '../../agent/webhook/server.ts';
 import { ApiServerReader } from '../../agent/webhook/cluster-reader.ts';
 import { startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
+import { createLogger } from '../../agent/log.ts';
 
 let dir: string;
 const f = (name: string): string => path.join(dir, name);
@@ -185,6 +186,19 @@ describe('webhook caller verification', () => {
     const metrics = await send(server, '/metrics', { client: client('apiserver') });
     expect(metrics.status).toBe(200);
     expect(metrics.body).toMatch(/^probe_agent_webhook_requests_total\{path="\/mutate",outcome="unauthorized"\} 2$/m);
+  });
+
+  it('says at start, as a warning, when its callers are not verified, and not when they are', async () => {
+    const lines: { level: string; msg: string }[] = [];
+    const log = createLogger({ level: 'info', write: (l) => lines.push(JSON.parse(l) as { level: string; msg: string }) });
+    await start({ log });
+    const unverified = lines.filter((l) => l.level === 'warn');
+    expect(unverified).toHaveLength(1);
+    expect(unverified[0]!.msg).toMatch(/^admission callers are not verified \(no --client-ca-file\): anything that reaches this port can send reviews/);
+    lines.length = 0;
+    await start({ log, clientCaFile: f('apiserver-ca.crt') });
+    expect(lines.filter((l) => l.level === 'warn' || l.level === 'error')).toEqual([]);
+    expect(lines.find((l) => l.msg === 'webhook listening')).toMatchObject({ verifyCaller: true });
   });
 
   it('without a client CA never serves /metrics on the admission port', async () => {

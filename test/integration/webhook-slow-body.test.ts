@@ -191,19 +191,33 @@ describe('webhook under slow clients', () => {
     expect(Math.min(b, h, s)).toBeGreaterThan(1500);
     expect(body.received()).toMatch(/^HTTP\/1\.1 408 /);
     expect(body.received()).toMatch(/request body not received within 2000 ms/);
-    expect(metric(await metrics(server), 'probe_agent_webhook_slow_requests_total{reason="body-timeout"}')).toBe(1);
+    const m = await metrics(server);
+    expect(metric(m, 'probe_agent_webhook_slow_requests_total{reason="body-timeout"}')).toBe(1);
+    expect(metric(m, 'probe_agent_webhook_slow_requests_total{reason="handshake-timeout"}')).toBe(1);
     // The server is as it was.
     expect((await admissionReview(server)).status).toBe(200);
   });
 
+  it('counts as slow neither a client that connects and leaves nor one that finished its handshake', async () => {
+    const server = await start();
+    const gone = tcpConnect({ host: '127.0.0.1', port: server.port });
+    gone.on('error', () => undefined);
+    gone.once('connect', () => gone.destroy());
+    const a = await admissionReview(server);
+    expect(a.status).toBe(200);
+    await sleep(2600);
+    expect(await metrics(server)).not.toContain('probe_agent_webhook_slow_requests_total{reason="handshake-timeout"}');
+  });
+
   it('keeps the requests waiting for their bodies within their count: the longest waiting is cut for a new one', async () => {
-    const server = await start({ maxReadingRequests: 8, bodyTimeoutMs: 5000 });
+    const server = await start({ maxReadingRequests: 8, bodyTimeoutMs: 6000 });
     const slow: Slow[] = [];
+    // 100 ms apart: the ninth comes when the first has read for 800 ms, past its 500 ms grace.
     for (let i = 0; i < 12; i++) {
       slow.push(slowClient(server, { kind: 'body', declared: 64 * 1024, intervalMs: 100 }));
-      await sleep(30);
+      await sleep(100);
     }
-    await sleep(400);
+    await sleep(300);
     const m = await metrics(server);
     expect(metric(m, 'probe_agent_webhook_requests_reading')).toBe(8);
     expect(metric(m, 'probe_agent_webhook_slow_requests_total{reason="evicted"}')).toBe(4);
@@ -219,17 +233,33 @@ describe('webhook under slow clients', () => {
     expect(a.ms).toBeLessThan(2000);
   });
 
+  it('cuts no request within its grace: a newcomer to a full set of young ones is refused with 429, to retry', async () => {
+    const server = await start({ maxReadingRequests: 4 });
+    const young = Array.from({ length: 4 }, () => slowClient(server, { kind: 'body', declared: 64 * 1024, intervalMs: 50 }));
+    await sleep(200);
+    const refused = await admissionReview(server);
+    expect(refused.status).toBe(429);
+    expect(refused.body).toMatch(/too many admission requests in flight \(arriving\); retry/);
+    const m = await metrics(server);
+    expect(metric(m, 'probe_agent_webhook_shed_total{reason="arriving"}')).toBe(1);
+    expect(m).not.toContain('probe_agent_webhook_slow_requests_total{reason="evicted"}');
+    expect((await Promise.all(young.map((s) => closedWithin(s, 10)))).every((t) => t === Infinity)).toBe(true);
+    // Past their grace, the same four make room for it.
+    await sleep(400);
+    expect((await admissionReview(server)).status).toBe(200);
+  });
+
   it('keeps the bytes of bodies not yet whole within the in-flight budget, whatever was declared', async () => {
     const maxRequestBytes = 256 * 1024;
     const maxInflightBytes = 512 * 1024;
-    const server = await start({ maxRequestBytes, maxInflightBytes });
-    // Each sends 200 KiB of its 256 KiB at once and then trickles: four would hold 800 KiB.
+    const server = await start({ maxRequestBytes, maxInflightBytes, bodyTimeoutMs: 10_000 });
+    // Each sends 200 KiB of its 256 KiB at once and then trickles: four would hold 800 KiB. 600 ms
+    // apart, so the oldest is past its grace when the next comes.
     const slow: Slow[] = [];
     for (let i = 0; i < 4; i++) {
       slow.push(slowClient(server, { kind: 'body', declared: maxRequestBytes, firstBytes: 200 * 1024, intervalMs: 100 }));
-      await sleep(150);
+      await sleep(600);
     }
-    await sleep(300);
     const m = await metrics(server);
     const reading = metric(m, 'probe_agent_webhook_request_bytes_reading');
     expect(reading).toBeGreaterThan(0);
@@ -239,8 +269,12 @@ describe('webhook under slow clients', () => {
     expect(a.status).toBe(200);
   });
 
-  it('logs no warning or error for the real reviews it answered', () => {
-    const noisy = logLines.filter((l) => (l.level === 'warn' || l.level === 'error') && l.msg !== 'slow admission clients cut');
+  it('logs no warning or error for the real reviews it answered: only the slow clients and the unverified-callers posture', () => {
+    const warned = logLines.filter((l) => l.level === 'warn' || l.level === 'error');
+    // These servers run without --client-ca-file (the posture the attack needs), and say so once each at start.
+    const posture = warned.filter((l) => String(l.msg).startsWith('admission callers are not verified (no --client-ca-file)'));
+    expect(posture).toHaveLength(servers.length);
+    const noisy = warned.filter((l) => !posture.includes(l) && l.msg !== 'slow admission clients cut');
     expect(noisy).toEqual([]);
   });
 });
