@@ -29,7 +29,8 @@ interface Raw {
   maxInflightBytes: string;
   headerTimeout: string;
   bodyTimeout: string;
-  clientCaFile?: string;
+  /** A path, or false after --no-client-ca-file. */
+  clientCaFile?: string | false;
   metricsListen?: string;
   logLevel: LogLevel;
   logFormat: LogFormat;
@@ -54,6 +55,7 @@ export function registerWebhookCommand(program: Command): void {
     .option('--header-timeout <duration>', 'time a connection gets for its TLS handshake, and then for its request headers; it is closed beyond', `${DEFAULT_HEADERS_TIMEOUT_MS / 1000}s`)
     .option('--body-timeout <duration>', 'time a request gets for its body once its headers are in; 408 beyond. The API server sends both at once', `${DEFAULT_BODY_TIMEOUT_MS / 1000}s`)
     .option('--client-ca-file <file>', "CA the caller's client certificate must verify against (the API server's admission client certificate); admission paths and /metrics then answer only verified callers")
+    .option('--no-client-ca-file', 'answer callers without verifying them (a control plane that cannot present a client certificate); overrides an earlier --client-ca-file')
     .option('--metrics-listen <host:port>', 'plain-HTTP listener for GET /metrics alone (default: none)')
     .addOption(new Option('--log-level <level>', 'log level').choices(['error', 'warn', 'info', 'debug', 'trace']).default('info'))
     .addOption(new Option('--log-format <format>', 'log format on stderr').choices(['json', 'text']).default('json'))

@@ -524,8 +524,9 @@ describe('rewrite-webhook component', () => {
     expect(path.basename(flags.tlsCertFile!)).toBe('tls.crt');
     expect(path.basename(flags.tlsKeyFile!)).toBe('tls.key');
     const volume = (deployment().spec.template.spec.volumes as Obj[]).find((vol) => vol.name === mount!.name);
-    const cert = one('Certificate');
-    expect(volume?.secret?.secretName).toBe(cert.spec.secretName);
+    const cert = docs().find((o) => o.kind === 'Certificate' && o.spec.secretName === volume?.secret?.secretName);
+    expect(cert).toBeDefined();
+    expect(cert.spec.isCA ?? false).toBe(false);
     const svc = one('Service');
     expect(cert.spec.dnsNames).toContain(`${svc.metadata.name}.${svc.metadata.namespace}.svc`);
     expect(docs().find((o) => o.kind === 'Issuer' && o.metadata.name === cert.spec.issuerRef.name)).toBeDefined();
@@ -561,6 +562,48 @@ describe('rewrite-webhook component', () => {
   it('leaves the agent DaemonSet exactly as the base renders it', () => {
     const ds = (name: string) => rendered.get(name)!.find((o) => o.kind === 'DaemonSet');
     expect(ds('rewrite-webhook')).toEqual(ds('base'));
+  });
+
+  it("verifies its callers by default, against the CA that issues the API server's client certificate", () => {
+    const flags = webhookFlags();
+    expect(typeof flags.clientCaFile).toBe('string');
+    const c = container();
+    const mount = (c.volumeMounts as Obj[]).find((m) => path.dirname(flags.clientCaFile!) === m.mountPath);
+    expect(mount?.readOnly).toBe(true);
+    const volume = (deployment().spec.template.spec.volumes as Obj[]).find((vol) => vol.name === mount!.name);
+    // The CA's certificate only, never its key.
+    expect(volume.secret.items).toEqual([{ key: 'ca.crt', path: path.basename(flags.clientCaFile!) }]);
+    const certs = docs().filter((o) => o.kind === 'Certificate');
+    const ca = certs.find((o) => o.spec.secretName === volume.secret.secretName);
+    expect(ca?.spec.isCA).toBe(true);
+    const caIssuer = docs().find((o) => o.kind === 'Issuer' && o.spec.ca?.secretName === ca.spec.secretName);
+    expect(caIssuer).toBeDefined();
+    const client = certs.find((o) => o.spec.issuerRef.name === caIssuer.metadata.name);
+    expect(client?.spec.usages).toContain('client auth');
+    expect(client?.spec.usages).not.toContain('server auth');
+    expect(client?.spec.isCA ?? false).toBe(false);
+    // What docs/deploy.md tells the operator to copy to the API servers.
+    expect(client?.spec.secretName).toBe('probe-agent-apiserver-admission');
+    const deployDoc = readFileSync(path.join(ROOT, 'docs/deploy.md'), 'utf8');
+    expect(deployDoc).toContain(`secret ${client?.spec.secretName}`);
+    // The serving certificate is not from that CA: a client certificate cannot serve, nor the reverse.
+    const serving = certs.find((o) => !o.spec.isCA && o !== client);
+    expect(serving?.spec.issuerRef.name).not.toBe(caIssuer.metadata.name);
+  });
+
+  it('turns verification off only when told, with --no-client-ca-file after it', () => {
+    const parse = (args: string[]): Record<string, unknown> => {
+      const program = new Command().exitOverride();
+      registerWebhookCommand(program);
+      let raw: Record<string, unknown> = {};
+      program.commands.find((c) => c.name() === 'webhook')!.action((opts: Record<string, unknown>) => { raw = opts; });
+      program.parse(args, { from: 'user' });
+      return raw;
+    };
+    expect(parse(container().args as string[]).clientCaFile).toBe('/etc/probe-agent/webhook-client-ca/ca.crt');
+    expect(parse([...container().args as string[], '--no-client-ca-file']).clientCaFile).toBe(false);
+    // The flag's older meaning is kept: absent, callers are not verified (and the server says so).
+    expect(parse(['webhook']).clientCaFile).toBeUndefined();
   });
 
   it("admits only the overlay's API_SERVER_CIDR to the webhook's port, and applies nothing else of that setting", () => {
