@@ -1,9 +1,10 @@
 /**
- * Reads an admission request body within a byte cap, into one buffer that grows with what has
- * arrived: it starts at 16 KiB (or the declared length, when smaller) and doubles up to the
- * declared length (or the cap, when chunked), so a client that declares 3 MiB and sends a byte a
- * second holds 16 KiB, not 3 MiB. Reading stops the moment the cap is passed, or when the caller
- * aborts (the body did not arrive in time, or the request was cut to make room for others).
+ * Reads an admission request body within a byte cap, into a buffer that grows with what has
+ * arrived: 64 KiB first (or the declared length, when smaller), then, once that is full, the
+ * declared length at once (one copy; a chunked body doubles up to the cap instead). So a client
+ * that declares 3 MiB and sends a byte a second holds 64 KiB, not 3 MiB, and a real 3 MiB review
+ * costs two allocations. Reading stops the moment the cap is passed, or when the caller aborts
+ * (the body did not arrive in time, or the request was cut to make room for others).
  */
 import type { IncomingMessage } from 'node:http';
 
@@ -14,7 +15,7 @@ export type BodyShortfall = 'too-large' | 'aborted' | 'length-mismatch' | 'timeo
 export type ReadCut = 'timeout' | 'evicted';
 
 /** First buffer of a body: most reviews fit (a pod of a few containers is a few KiB). */
-const INITIAL_BYTES = 16 * 1024;
+const INITIAL_BYTES = 64 * 1024;
 
 export interface ReadHooks {
   /** Asked before each increase of the buffer's size (the first allocation included); false stops the read ('over-budget'). */
@@ -58,7 +59,8 @@ export function readBoundedBody(
         return;
       }
       if (size + chunk.length > buf.length) {
-        const want = Math.min(limit, Math.max(buf.length * 2, INITIAL_BYTES, size + chunk.length));
+        const next = buf.length === 0 ? INITIAL_BYTES : declared ?? buf.length * 2;
+        const want = Math.min(limit, Math.max(next, size + chunk.length));
         if (hooks.grow && !hooks.grow(want - buf.length)) {
           req.pause();
           settle({ shortfall: 'over-budget' });
