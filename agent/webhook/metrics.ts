@@ -5,7 +5,9 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { ShedReason } from './load-shedder.ts';
 import type { AdmissionOutcome } from './admission.ts';
-import type { SlowReason } from './server.ts';
+
+/** Why a slow client was cut. */
+export type SlowReason = 'handshake-timeout' | 'body-timeout' | 'evicted';
 
 /** What an HTTP request to the webhook ended as: an admission outcome, or the HTTP error it got. */
 export type RequestOutcome = AdmissionOutcome | 'bad-request' | 'too-large' | 'internal-error' | 'overloaded' | 'unauthorized' | 'slow';

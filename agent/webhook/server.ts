@@ -2,8 +2,8 @@
  * The mutating admission webhook server: HTTPS, AdmissionReview v1 in, JSONPatch out, /healthz.
  * Bounded: the time a connection gets for its TLS handshake and headers, then for its body (408
  * beyond); request bodies (refused on their declared length, cut off while streaming); the
- * requests reading their bodies and the bytes they hold (the longest waiting is cut for a newcomer:
- * reading-set.ts); the reviews decided at once and their bytes, a slot taken only once a whole
+ * requests reading their bodies and the bytes they hold (the longest waiting, once past a short
+ * grace, is cut for a newcomer: reading-set.ts); the reviews decided at once and their bytes, a slot taken only once a whole
  * body has arrived (429 with Retry-After beyond: load-shedder.ts); the connections. So clients that
  * send slowly hold no review slot, and cannot keep the API server's reviews out. With a client CA
  * only a verified caller is answered on the admission paths and /metrics (client-auth.ts), and an
@@ -16,7 +16,7 @@ import type { AddressInfo, Socket } from 'node:net';
 import { ConfigError, describeError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
 import { admit, AdmissionRequestError, MUTATE_ANNOTATED_PATH, MUTATE_PATH, type AdmissionContext, type OptInMode } from './admission.ts';
-import { WebhookMetrics, type RequestOutcome } from './metrics.ts';
+import { WebhookMetrics, type RequestOutcome, type SlowReason } from './metrics.ts';
 import { loadTlsPair, TlsFileWatcher } from './tls-files.ts';
 import {
   DEFAULT_BODY_TIMEOUT_MS,
@@ -111,7 +111,7 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
     // Node enforces headersTimeout and requestTimeout on this tick (default 30 s, so a 2 s limit could take 32 s).
     connectionsCheckingInterval: Math.min(250, headersTimeoutMs),
     headersTimeout: headersTimeoutMs,
-    // The body has its own, exact timer (answerReview); this is the backstop for the whole request.
+    // The body has its own timer (readBody); this is the backstop for the whole request.
     requestTimeout: headersTimeoutMs + bodyTimeoutMs + 1000,
   }, (req, res) => {
     handle(req, res, ctx).catch((err: unknown) => {
@@ -355,6 +355,7 @@ async function readBody(req: IncomingMessage, ctx: Ctx, declared: number | undef
   };
   const ticket = reading.enter(() => cut('evicted'));
   if (!ticket) return { shortfall: 'arriving' };
+  let settled = false;
   // Time the server itself was stalled (deciding a large review) is not held against the client.
   const cancelTimer = patientTimeout(ctx.bodyTimeoutMs, () => {
     if (abort.signal.aborted || settled) return;
@@ -362,7 +363,6 @@ async function readBody(req: IncomingMessage, ctx: Ctx, declared: number | undef
     cut('timeout');
   });
   metrics.setReading(reading.size, reading.bytes);
-  let settled = false;
   try {
     return await readBoundedBody(req, ctx.maxBytes, declared, {
       signal: abort.signal,
@@ -415,9 +415,6 @@ async function answerReview(
     done('bad-request');
   }
 }
-
-/** Why a slow client was cut. */
-export type SlowReason = 'handshake-timeout' | 'body-timeout' | 'evicted';
 
 /**
  * Counts slow clients cut and says so in the log: each at debug, and at most one warning a
