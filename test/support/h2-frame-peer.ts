@@ -483,6 +483,11 @@ export class FramePeer {
     return n;
   }
 
+  /** This peer's view of the other side's window for its sends on a stream. */
+  sendWindowOf(id: number): number {
+    return this.peerInitialWindow + this.stream(id).sendDelta;
+  }
+
   /** This peer's view of the other side's connection window for its sends. */
   get sendWindow(): number {
     return this.#sendConn;

@@ -10,7 +10,7 @@
  *    host's answers is.
  */
 import * as net from 'node:net';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readlinkSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { FrameRelay, type RelayHost } from '../../agent/shim/relay.ts';
@@ -349,4 +349,38 @@ export function call(c: FramePeer, p: string, body: Buffer, tag?: string): numbe
   c.open(requestHeaders(p, [{ name: STREAM_TAG, value: tag ?? String(id) }]), false);
   c.data(id, body, true);
   return id;
+}
+
+/** Open socket file descriptors of this process (/proc/self/fd), for leak checks. */
+export function socketFds(): number {
+  let n = 0;
+  for (const fd of readdirSync('/proc/self/fd')) {
+    try {
+      if (readlinkSync(`/proc/self/fd/${fd}`).startsWith('socket:')) n++;
+    } catch {
+      // closed meanwhile (readdir's own fd)
+    }
+  }
+  return n;
+}
+
+/** Resolves when `check()` holds, polling every 10 ms (for state no event announces); rejects after `ms`. */
+export async function until(check: () => boolean, ms: number, what: string): Promise<void> {
+  const t0 = Date.now();
+  while (!check()) {
+    if (Date.now() - t0 > ms) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+/** Resolves when the signal is aborted; rejects after `ms`. */
+export function aborted(signal: AbortSignal, ms: number, what: string): Promise<void> {
+  if (signal.aborted) return Promise.resolve();
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms);
+    signal.addEventListener('abort', () => {
+      clearTimeout(timer);
+      resolve();
+    }, { once: true });
+  });
 }
