@@ -384,3 +384,15 @@ export function aborted(signal: AbortSignal, ms: number, what: string): Promise<
     }, { once: true });
   });
 }
+
+/** A kubelet-side stream's outcome in words: "grpc-status 0", "reset 8", "refused by GOAWAY …", "connection closed …", "no answer". */
+export function outcome(c: FramePeer, id: number): string {
+  const s = c.stream(id);
+  const r = resultOf(s);
+  const goaway = c.goawayRecv ? ` after GOAWAY last=${c.goawayRecv.last} code=${c.goawayRecv.code}` : '';
+  if (r.rst !== undefined) return `reset ${r.rst}`;
+  if (s.recvEnd) return `grpc-status ${r.grpcStatus}${r.grpcStatus !== '0' ? ` (${r.grpcMessage})` : ''}`;
+  if (c.goawayRecv && id > c.goawayRecv.last) return `refused by GOAWAY last=${c.goawayRecv.last} code=${c.goawayRecv.code}`;
+  if (c.closed) return `connection closed (${c.closeReason})${goaway}`;
+  return 'no answer';
+}
