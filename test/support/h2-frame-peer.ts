@@ -229,6 +229,8 @@ export interface PeerStream {
   recvCredit: number;
   /** Credit this peer has yet to return for this stream (auto-credit). */
   recvUnreturned: number;
+  /** DATA payload octets this peer sent on it. */
+  sentData: number;
   /** The other side's credit for this peer's sends on top of its initial window, minus what was sent. */
   sendDelta: number;
   /** DATA waiting for window, then header frames (trailers) to follow it. */
@@ -387,7 +389,7 @@ export class FramePeer {
     if (!s) {
       s = {
         id, blocks: [], data: [], dataLength: 0, recvEnd: false, recvRst: undefined, sentEnd: false, sentRst: undefined, closedAtPing: undefined,
-        recvUsed: 0, recvCredit: 0, recvUnreturned: 0, sendDelta: 0, queue: [], queued: 0, trailers: undefined, frames: [],
+        recvUsed: 0, recvCredit: 0, recvUnreturned: 0, sentData: 0, sendDelta: 0, queue: [], queued: 0, trailers: undefined, frames: [],
       };
       this.streams.set(id, s);
     }
@@ -464,6 +466,7 @@ export class FramePeer {
         this.#sendConn -= take;
         s.sendDelta -= take;
         this.dataSent += take;
+        s.sentData += take;
         const end = last && head.end && s.trailers === undefined;
         this.#send(T.DATA, end ? FL.END_STREAM : 0, s.id, chunk);
         if (end) this.#sentEnd(s);
@@ -530,6 +533,11 @@ export class FramePeer {
     this.#pingsOut.set(payload.toString('hex'), n);
     this.#send(T.PING, 0, 0, payload);
     return this.waitFor(() => this.pingAckedUpTo >= n || this.closed, ms, `the ACK of PING ${payload.toString('hex')}`).then(() => this.pingAckedUpTo >= n);
+  }
+
+  /** PINGs this peer has sent. */
+  get pingsSent(): number {
+    return this.#pingCounter;
   }
 
   /** The payload of this peer's n-th PING. */
