@@ -1,10 +1,10 @@
 /**
- * The frame relay's reader (agent/shim/relay.ts FrameSplitter): frames come back whole and in
+ * The frame relay's reader (agent/http2/connection.ts FrameSplitter): frames come back whole and in
  * order however the octets are cut into reads (a frame header or body split across reads, many
  * frames in one read), the client preface is checked and consumed, and an oversized frame is refused.
  */
 import { describe, expect, it } from 'vitest';
-import { FrameSplitter } from '../../agent/shim/relay.ts';
+import { FrameSplitter } from '../../agent/http2/connection.ts';
 import { CLIENT_PREFACE, frame, H2InputError } from '../../agent/http2/authority.ts';
 
 function stream(): Buffer[] {
