@@ -254,6 +254,8 @@ export interface PeerOptions {
   credit?: CreditPolicy;
   /** Answer PINGs (default true). */
   autoPingAck?: boolean;
+  /** ACK the other side's SETTINGS (default true; false: this peer writes nothing unasked). */
+  autoSettingsAck?: boolean;
 }
 
 type Waiter = { check: () => boolean; resolve: () => void };
@@ -271,6 +273,7 @@ export class FramePeer {
   readonly streams = new Map<number, PeerStream>();
   credit: CreditPolicy;
   autoPingAck: boolean;
+  autoSettingsAck: boolean;
   /** Counters (flow-controlled DATA octets) for bounds on what a relay holds. */
   dataSent = 0;
   dataRecv = 0;
@@ -278,8 +281,9 @@ export class FramePeer {
   goawayRecv: { last: number; code: number; debug: string } | undefined;
   goawaySent: { last: number; code: number } | undefined;
   closed = false;
-  /** Set when the socket ended or errored; why. */
+  /** Set when the socket ended or errored; why, and when (performance.now()). */
   closeReason = '';
+  closedAt = Infinity;
   readonly #encoder = new IndexingEncoder();
   readonly #decoder = new HpackDecoder({ maxTableSize: 4096, maxHeaderListSize: 1 << 20 });
   #buf: Buffer = Buffer.alloc(0);
@@ -323,6 +327,7 @@ export class FramePeer {
     this.name = opts.tag;
     this.credit = opts.credit ?? 'eager';
     this.autoPingAck = opts.autoPingAck ?? true;
+    this.autoSettingsAck = opts.autoSettingsAck ?? true;
     this.#nextId = opts.role === 'client' ? 1 : 2;
     this.#prefaceLeft = opts.role === 'server' ? PREFACE.length : 0;
     socket.on('data', (c: Buffer) => this.#onData(c));
@@ -589,6 +594,7 @@ export class FramePeer {
     if (this.closed) return;
     this.closed = true;
     this.closeReason = why;
+    this.closedAt = performance.now();
     this.trace.log(`${this.name} socket ${why}`);
     if (!this.socket.destroyed) this.socket.destroy();
     this.#wake();
@@ -707,7 +713,7 @@ export class FramePeer {
           return;
         }
         this.#applyPeerSettings(parseSettings(f.payload));
-        this.#send(T.SETTINGS, FL.ACK, 0);
+        if (this.autoSettingsAck) this.#send(T.SETTINGS, FL.ACK, 0);
         return;
       case T.PING: {
         if (f.flags & FL.ACK) {

@@ -46,13 +46,15 @@ async function startChild(listen: string, runtime: string): Promise<Child> {
   return { proc, stderr, exit };
 }
 
-async function connect(p: string, trace: Trace, settings: ReadonlyArray<readonly [number, number]>): Promise<FramePeer> {
+/** A kubelet stand-in; with `corked`, what it writes is held until the caller uncorks its socket. */
+async function connect(p: string, trace: Trace, settings: ReadonlyArray<readonly [number, number]>, corked = false): Promise<FramePeer> {
   const sock = net.connect(p);
   await new Promise<void>((resolve, reject) => {
     sock.once('connect', resolve);
     sock.once('error', reject);
   });
-  return new FramePeer(sock, { role: 'client', tag: 'KUBE', trace, settings });
+  if (corked) sock.cork();
+  return new FramePeer(sock, { role: 'client', tag: 'KUBE', trace, settings, autoSettingsAck: !corked });
 }
 
 const CASES: Array<{ name: string; setting: number; value: number; code: number }> = [
@@ -80,11 +82,15 @@ describe('relay: SETTINGS out of range end the connection (issue 24 item 3)', ()
     const child = await startChild(listen, runtimePath);
     const peers: FramePeer[] = [];
     try {
-      const k = await connect(listen, trace, [[setting, value]]);
+      // Preface, SETTINGS and the call in one write, and nothing written after it (not even the
+      // ACK of the relay's SETTINGS): a relay may close at once after its GOAWAY, and a later write
+      // failing (EPIPE) would make Node drop the GOAWAY unread.
+      const k = await connect(listen, trace, [[setting, value]], true);
       peers.push(k);
       const id = k.nextStreamId;
       k.open(requestHeaders(EXEC_SYNC, [{ name: STREAM_TAG, value: 'probe' }]), false);
       k.data(id, execSyncBody('/.probe-agent/v1', 300), true);
+      k.socket.uncork();
       const got = await k.waitFor(() => k.goawayRecv !== undefined, 2000, 'GOAWAY').then(
         () => `GOAWAY code ${k.goawayRecv!.code}`,
         (err: Error) => `${err.message} (the stream got ${k.stream(id).recvEnd ? 'an answer' : 'nothing'}; connection ${k.closed ? `closed: ${k.closeReason}` : 'open'})`,
