@@ -16,7 +16,7 @@ import path from 'node:path';
 import { FrameRelay, type RelayHost } from '../../agent/shim/relay.ts';
 import type { ExecSyncAnswer } from '../../agent/shim/answer.ts';
 import type { HeaderField } from '../../agent/http2/hpack.ts';
-import { FramePeer, Trace, type CreditPolicy, type PeerStream } from './h2-frame-peer.ts';
+import { describeFrame, FramePeer, Trace, type CreditPolicy, type PeerStream } from './h2-frame-peer.ts';
 
 /** argv[0] of every command probe-agent's rewrite writes (agent/rewrite/shim-command.ts). */
 export const MARKER = '/.probe-agent/v1';
@@ -231,6 +231,23 @@ export class RelayRig {
     });
     this.#relayServer = net.createServer((sock) => {
       this.relaySockets.push(sock);
+      // The relay's side of the connection, as seen from outside (for the trace only).
+      sock.on('end', () => this.trace.log('relay: kubelet socket got EOF'));
+      sock.on('close', (hadError) => this.trace.log(`relay: kubelet socket closed${hadError ? ' (error)' : ''}`));
+      sock.on('error', (err) => this.trace.log(`relay: kubelet socket error: ${err.message}`));
+      const end = sock.end.bind(sock);
+      let ended = false;
+      sock.end = ((...args: Parameters<typeof sock.end>) => {
+        this.trace.log('relay: kubelet socket end() called');
+        ended = true;
+        return end(...args);
+      }) as typeof sock.end;
+      const write = sock.write.bind(sock);
+      sock.write = ((...args: Parameters<typeof sock.write>) => {
+        const b = args[0];
+        if (ended && Buffer.isBuffer(b)) this.trace.log(`relay: kubelet socket write() after end(): ${b.length} octets, first frame ${b.length >= 9 ? describeFrame(b[3]!, b[4]!, b.readUInt32BE(5) & 0x7fffffff, b.subarray(9, 9 + b.readUIntBE(0, 3))) : '?'}`);
+        return write(...args);
+      }) as typeof sock.write;
       this.relays.push(new FrameRelay(sock, this.host));
     });
   }
