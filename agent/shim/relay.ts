@@ -29,10 +29,10 @@
  *   calls and closes the runtime's.
  */
 import * as net from 'node:net';
-import { authorityAcceptable, withAcceptableAuthority, type Frame } from '../http2/authority.ts';
+import { authorityAcceptable, withAcceptableAuthority } from '../http2/authority.ts';
 import { H2Connection, type H2Handler, type H2Settings } from '../http2/connection.ts';
 import type { HeaderField } from '../http2/hpack.ts';
-import { H2Error } from '../http2/unary-wire.ts';
+import { dataPayload, H2Error, type Frame } from '../http2/wire.ts';
 import { encodeGrpcMessage, grpcFrame } from '../api/protowire.ts';
 import { GrpcCode } from '../api/shim-client.ts';
 import type { ExecSyncAnswer } from './answer.ts';
@@ -64,8 +64,6 @@ const CONN_WINDOW = 1 << 20;
 /** Live streams per kubelet connection (lower when the runtime says so). */
 const MAX_STREAMS = 4096;
 const HEADER_LIST = 64 * 1024;
-/** Stream window the shim gives back itself on an intercepted call, once this much is read. */
-const OWN_STREAM_CREDIT = 16 * 1024;
 
 /** One kubelet stream. */
 interface RelayStream {
@@ -83,8 +81,6 @@ interface RelayStream {
   heldFlow: number;
   /** Held: stream credit kubelet gave meanwhile, replayed to the runtime if forwarded. */
   heldCredit: number;
-  /** Ours: stream window read but not yet given back. */
-  ownUnacked: number;
   kubeletDone: boolean;
   responded: boolean;
   cancel: AbortController | null;
@@ -270,6 +266,8 @@ export class FrameRelay {
         this.#r?.goaway(H2Error.NO_ERROR);
         this.#maybeFinish();
       },
+      // The last answer that waited for kubelet's window is out: a leaving connection may close now.
+      idle: () => this.#maybeFinish(),
       closed: (err) => {
         if (err !== undefined && this.#firstRequest) this.#host.refused(err);
         this.destroy();
@@ -286,7 +284,7 @@ export class FrameRelay {
     for (const x of fields) if (x.name === ':path') path = x.value;
     const s: RelayStream = {
       kid, rid: 0, state: 'held', path, fields: withAcceptableAuthority(fields), held: [], payloads: [], size: 0, heldFlow: 0,
-      heldCredit: 0, ownUnacked: 0, kubeletDone: endStream, responded: false, cancel: null,
+      heldCredit: 0, kubeletDone: endStream, responded: false, cancel: null,
     };
     this.#streams.set(kid, s);
     if (path === EXEC_SYNC_PATH && !endStream) return; // waits for its first DATA
@@ -322,8 +320,8 @@ export class FrameRelay {
       return;
     }
     if (s.state === 'ours') {
-      this.#k.consumed(flow);
-      this.#ownCredit(s, flow);
+      // The runtime never reads it: the shim gives kubelet the stream's window back too.
+      this.#k.consumed(flow, kid);
       s.payloads.push(payload);
       s.size += payload.length;
       if (s.size > MAX_BUFFERED_EXEC + 5) this.#tooLarge(s);
@@ -344,18 +342,8 @@ export class FrameRelay {
     // Ours (or complete): the shim reads the rest itself.
     s.state = 'ours';
     s.held = [];
-    this.#k.consumed(s.heldFlow);
-    this.#ownCredit(s, s.heldFlow);
+    this.#k.consumed(s.heldFlow, kid);
     if (end) this.#decide(s);
-  }
-
-  /** Gives kubelet stream window back on a call the shim reads itself (the runtime never will). */
-  #ownCredit(s: RelayStream, n: number): void {
-    s.ownUnacked += n;
-    if (s.ownUnacked >= OWN_STREAM_CREDIT && !s.kubeletDone) {
-      this.#k.windowUpdate(s.kid, s.ownUnacked);
-      s.ownUnacked = 0;
-    }
   }
 
   #tooLarge(s: RelayStream): void {
@@ -410,8 +398,8 @@ export class FrameRelay {
     for (let i = 0; i < held.length; i++) {
       const f = held[i]!;
       const last = i === held.length - 1;
-      const payload = dataPayloadOf(f);
-      r.data(s.rid, payload, last && s.kubeletDone, this.#k, f.payload.length, f.raw);
+      // The connection checked its padding when it came.
+      r.data(s.rid, dataPayload(f.flags, f.payload)!, last && s.kubeletDone, this.#k, f.payload.length, f.raw);
     }
     if (body !== undefined) r.data(s.rid, body, true);
     if (s.heldCredit > 0) r.windowUpdate(s.rid, s.heldCredit);
@@ -496,11 +484,4 @@ function trailersOnly(code: number, message: string): HeaderField[] {
     { name: ':status', value: '200' }, { name: 'content-type', value: 'application/grpc' },
     { name: 'grpc-status', value: String(code) }, { name: 'grpc-message', value: encodeGrpcMessage(message.slice(0, 1024)) },
   ];
-}
-
-/** A held DATA frame's payload without padding (the connection already checked it). */
-function dataPayloadOf(f: Frame): Buffer {
-  if ((f.flags & 0x8) === 0) return f.payload;
-  const pad = f.payload[0]!;
-  return f.payload.subarray(1, f.payload.length - pad);
 }
