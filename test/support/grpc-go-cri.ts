@@ -153,6 +153,16 @@ export class GrpcGoCri implements CriCaller {
     return { ok: true, raw, msg: def.responseDeserialize(raw) as T };
   }
 
+  /**
+   * One unary call by its full path with the request's protobuf octets as they are (unknown
+   * fields, methods this repo's CRI proto lacks); the answer's octets as they came.
+   */
+  async callRaw(methodPath: string, body: Buffer, deadlineMs = 10_000): Promise<{ ok: true; raw: Buffer } | { ok: false; code: number; details: string }> {
+    const a = await this.#send({ method: methodPath, requestBase64: body.toString('base64'), timeoutMs: Math.max(1, Math.round(deadlineMs)) });
+    if (!a.ok) return { ok: false, code: a.code ?? -1, details: a.message ?? '' };
+    return { ok: true, raw: Buffer.from(a.responseBase64 ?? '', 'base64') };
+  }
+
   /** ExecSync as kubelet makes it: timeout in the request; deadline 2 min + timeout, none for timeout 0. */
   execSync(containerId: string, cmd: string[], timeoutSeconds: number): Promise<CriAnswer<{ stdout: Buffer; stderr: Buffer; exitCode: number }>> {
     const deadline = timeoutSeconds === 0 ? Infinity : KUBELET_RUNTIME_REQUEST_TIMEOUT_MS + timeoutSeconds * 1000;

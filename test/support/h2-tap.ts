@@ -9,6 +9,7 @@ import * as net from 'node:net';
 import { rmSync } from 'node:fs';
 
 const PREFACE_LEN = 24;
+const DATA = 0x0;
 const PING = 0x6;
 const GOAWAY = 0x7;
 const ACK = 0x1;
@@ -22,6 +23,8 @@ export interface TapCounts {
   pingsToTarget: number;
   /** PINGs (not ACKs) the target sent to the client. */
   pingsFromTarget: number;
+  /** DATA payloads the client sent the target, in order (kept only with `captureData`). */
+  dataToTarget: Buffer[];
 }
 
 /** Reads frame headers out of one direction's octets; `onFrame` gets GOAWAY and PING payloads whole. */
@@ -53,12 +56,12 @@ class FrameScanner {
 
 /** A running tap. */
 export class H2Tap {
-  readonly counts: TapCounts = { connections: 0, goawaysFromTarget: [], pingsToTarget: 0, pingsFromTarget: 0 };
+  readonly counts: TapCounts = { connections: 0, goawaysFromTarget: [], pingsToTarget: 0, pingsFromTarget: 0, dataToTarget: [] };
   readonly #server: net.Server;
   readonly #sockets = new Set<net.Socket>();
   readonly listenPath: string;
 
-  private constructor(listenPath: string, targetPath: string) {
+  private constructor(listenPath: string, targetPath: string, captureData: boolean) {
     this.listenPath = listenPath;
     this.#server = net.createServer((client) => {
       const conn = ++this.counts.connections;
@@ -72,8 +75,9 @@ export class H2Tap {
           target.destroy();
         });
       }
-      const up = new FrameScanner(PREFACE_LEN, (type, flags) => {
+      const up = new FrameScanner(PREFACE_LEN, (type, flags, payload) => {
         if (type === PING && !(flags & ACK)) this.counts.pingsToTarget++;
+        else if (type === DATA && captureData) this.counts.dataToTarget.push(Buffer.from(payload));
       });
       const down = new FrameScanner(0, (type, flags, payload) => {
         if (type === GOAWAY) this.counts.goawaysFromTarget.push({ conn, code: payload.length >= 8 ? payload.readUInt32BE(4) : -1, debug: payload.subarray(8).toString('latin1') });
@@ -86,10 +90,10 @@ export class H2Tap {
     });
   }
 
-  /** Starts a tap on `listenPath` in front of `targetPath`. */
-  static async start(listenPath: string, targetPath: string): Promise<H2Tap> {
+  /** Starts a tap on `listenPath` in front of `targetPath` (`captureData`: keep the DATA the client sends). */
+  static async start(listenPath: string, targetPath: string, captureData = false): Promise<H2Tap> {
     rmSync(listenPath, { force: true });
-    const tap = new H2Tap(listenPath, targetPath);
+    const tap = new H2Tap(listenPath, targetPath, captureData);
     await new Promise<void>((resolve, reject) => {
       tap.#server.once('error', reject);
       tap.#server.listen(listenPath, resolve);
