@@ -889,7 +889,8 @@ export class H2Connection implements Credit {
   }
 
   #flush(): void {
-    if (this.#closed || this.#socket.destroyed) return;
+    // Ended (GOAWAY sent, or the peer left): a frame read since then gets no answer; writing would be an error.
+    if (this.#closed || this.#socket.destroyed || this.#socket.writableEnded) return;
     if (this.#unacked > 0 && (this.#unacked >= this.#creditBatch || (this.#out.length > 0 && this.#unacked >= 4096))) {
       this.#recvWindow += this.#unacked;
       this.#out.push(windowUpdateFrame(0, this.#unacked));

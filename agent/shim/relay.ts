@@ -287,7 +287,13 @@ export class FrameRelay {
       heldCredit: 0, kubeletDone: endStream, responded: false, cancel: null,
     };
     this.#streams.set(kid, s);
-    if (path === EXEC_SYNC_PATH && !endStream) return; // waits for its first DATA
+    if (path === EXEC_SYNC_PATH && !endStream) {
+      // Waits for its first DATA, which kubelet may send whatever the runtime's stream window (the
+      // one kubelet sees): the shim reads those octets itself.
+      const short = MAX_UNDECIDED - this.#k.local.initialWindowSize;
+      if (short > 0) this.#k.windowUpdate(kid, short);
+      return;
+    }
     this.#forward(s);
   }
 
