@@ -721,8 +721,8 @@ export class FramePeer {
           const n = this.#pingsOut.get(key);
           if (n === undefined) return this.#violation(`PING ACK ${key} for no PING this peer sent (or answered twice)`);
           this.#pingsOut.delete(key);
+          // Frames received from now on are checked against streams closed before PING n (#streamRules).
           this.pingAckedUpTo = Math.max(this.pingAckedUpTo, n);
-          this.#barrierPassed(n);
           return;
         }
         this.pingsRecv.push(f.payload);
@@ -770,10 +770,6 @@ export class FramePeer {
     }
     if (!known && !mine && f.type === T.HEADERS) this.lastPeerStream = Math.max(this.lastPeerStream, f.streamId);
     this.stream(f.streamId).frames.push(f);
-  }
-
-  #barrierPassed(_n: number): void {
-    // Nothing to do at once: #streamRules compares each later frame against pingAckedUpTo.
   }
 
   #dataFrame(f: RecvFrame): void {

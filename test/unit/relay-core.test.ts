@@ -1,5 +1,5 @@
 /**
- * Two defects of the relay on the HTTP/2 connection core (e89c8b3, 3d8e9c3), found by the
+ * Three defects of the relay on the HTTP/2 connection core (e89c8b3, 3d8e9c3, e4b4af9), found by the
  * randomized schedule test (relay-schedule.test.ts) and pinned here as fixed schedules.
  *
  * 1. A connection the relay has ended (GOAWAY, then end()) must not be written to again: a SETTINGS
@@ -12,12 +12,17 @@
  *    request (100 octets, or 0) kubelet can never send the rest of an intercepted request, even after
  *    the runtime is gone. Schedule seeds 1, 2, 3, 5, 6, 8.
  *
+ * 3. The same, when the runtime lowers its initial stream window (to 100) after kubelet sent the
+ *    first 200 octets of an intercepted ExecSync: kubelet's window for that stream is then -100,
+ *    and the 200 octets read are given back only once they reach half the window advertised when
+ *    they were read, which nothing re-checks. Schedule seed 2 (path 113:0:0:0) on e4b4af9.
+ *
  * The runtime is a scripted frame peer (a stand-in for containerd), the host answers intercepted
  * calls itself (the agent is not under test).
  */
 import { describe, expect, it, onTestFailed } from 'vitest';
 import { ERR, SET } from '../support/h2-frame-peer.ts';
-import { answered, call, EXEC_SYNC, execSyncBody, outcome, RelayRig } from '../support/relay-harness.ts';
+import { answered, call, EXEC_SYNC, execSyncBody, outcome, RelayRig, requestHeaders, STREAM_TAG } from '../support/relay-harness.ts';
 
 describe('relay on the connection core: defects found by the schedule test', () => {
   it('kubelet leaves with a SETTINGS and a PING right behind its GOAWAY: its connection is never cut', async () => {
@@ -81,6 +86,31 @@ describe('relay on the connection core: defects found by the schedule test', () 
       // Answered by the host (it is ours), or failed (UNAVAILABLE, a reset): anything but hanging.
       const o = outcome(k, id);
       expect(o === 'no answer' || o.startsWith('connection closed'), `the ExecSync after the runtime was lost: ${o} (kubelet sent ${k.stream(id).sentData} of 3000 octets)`).toBe(false);
+    } finally {
+      await r.close();
+    }
+  });
+
+  it('an intercepted ExecSync is answered when the runtime lowers its initial stream window in the middle of it', async () => {
+    const r = await RelayRig.start();
+    onTestFailed(() => console.error(`frame trace (last lines):\n${r.trace.tail(60)}`));
+    try {
+      const k = await r.client();
+      const rt = await r.runtime();
+      expect(await rt.ping(3000)).toBe(true);
+      const body = execSyncBody('/.probe-agent/v1', 3000);
+      const id = k.nextStreamId;
+      k.open(requestHeaders(EXEC_SYNC, [{ name: STREAM_TAG, value: 'probe' }]), false);
+      k.data(id, body.subarray(0, 200), false);
+      // The relay has read the first 200 octets (argv[0] is ours) once a later PING is answered.
+      expect(await k.ping(3000)).toBe(true);
+      rt.settings([[SET.INITIAL_WINDOW_SIZE, 100]]);
+      await rt.waitFor(() => rt.settingsAcked >= 2, 3000, "the relay's ACK of the runtime's new SETTINGS");
+      expect(await k.ping(3000)).toBe(true);
+      k.data(id, body.subarray(200), true);
+      await answered(k, id, 3000, 'the intercepted ExecSync').catch(() => undefined);
+      expect(outcome(k, id), `the intercepted call (kubelet sent ${k.stream(id).sentData} of 3000 octets)`).toBe('grpc-status 0');
+      expect(r.violations()).toEqual([]);
     } finally {
       await r.close();
     }

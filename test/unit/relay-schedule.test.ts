@@ -526,7 +526,7 @@ async function runSchedule(sch: Schedule): Promise<{ violations: string[]; trace
         checkHeld('while quiescing');
       }
       return streams.every(terminal) || k.closed;
-    }, 8000, 'every kubelet stream to end').catch(() => undefined);
+    }, 4000, 'every kubelet stream to end').catch(() => undefined);
     const hanging = streams.filter((s) => !terminal(s));
     for (const s of hanging) {
       const ps = k.stream(s.id);
