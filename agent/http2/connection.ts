@@ -139,6 +139,8 @@ interface StreamState {
   remote: boolean;
   /** Octets the owner read on it whose stream window is not yet given back (consumed() with its id). */
   unacked: number;
+  /** What the peer may still send on it (our advertised initial window, its DATA, our updates). */
+  recvWindow: number;
 }
 
 /** The socket's unsent octets past which DATA waits in our queues. */
@@ -456,9 +458,18 @@ export class H2Connection implements Credit {
       if (this.local[k] !== v) changed[k] = v;
     }
     if (Object.keys(changed).length === 0) return;
+    const delta = changed.initialWindowSize === undefined ? 0 : changed.initialWindowSize - this.local.initialWindowSize;
     Object.assign(this.local, changed);
     if (changed.maxFrameSize !== undefined) this.#splitter.maxFrame = Math.max(this.#splitter.maxFrame, changed.maxFrameSize);
     this.#push(frameBytes(FrameType.SETTINGS, 0, 0, settingsPayload(changed)));
+    if (delta !== 0) {
+      // The new initial window applies to open streams too (RFC 9113 6.9.2): one that shrank below
+      // what the peer needs gets back what the owner already read, or it could never send again.
+      for (const [id, st] of this.#streams) {
+        st.recvWindow += delta;
+        this.#refill(id, st);
+      }
+    }
   }
 
   /**
@@ -469,7 +480,7 @@ export class H2Connection implements Credit {
     if (this.#closed || this.#goawayReceived || this.#goawaySent) return 0;
     const id = this.#nextOwnStream;
     this.#nextOwnStream += 2;
-    this.#streams.set(id, { sendWindow: this.peer.initialWindowSize, queue: [], localEnded: false, remoteEnded: false, remote: false, unacked: 0 });
+    this.#streams.set(id, { sendWindow: this.peer.initialWindowSize, queue: [], localEnded: false, remoteEnded: false, remote: false, unacked: 0, recvWindow: this.local.initialWindowSize });
     this.#localOpen++;
     this.headers(id, fields, endStream);
     return id;
@@ -524,27 +535,36 @@ export class H2Connection implements Credit {
 
   /** Gives the peer more window on a stream it sends on. */
   windowUpdate(streamId: number, increment: number): void {
-    if (this.#closed || increment <= 0 || !this.#streams.has(streamId)) return;
+    const s = this.#streams.get(streamId);
+    if (this.#closed || increment <= 0 || s === undefined) return;
+    s.recvWindow += increment;
     this.#push(windowUpdateFrame(streamId, increment));
   }
 
   /**
    * Gives `octets` of connection window back to the peer (batched). With `streamId`, the stream's
-   * window too, for DATA the owner reads itself rather than passes on: once half the stream window
-   * we advertise is read (as nghttp2 does), while the peer still sends on it.
+   * window too, for DATA the owner reads itself rather than passes on.
    */
   consumed(octets: number, streamId = 0): void {
     if (octets <= 0 || this.#closed) return;
     this.#unacked += octets;
     const s = streamId === 0 ? undefined : this.#streams.get(streamId);
-    if (s !== undefined && !s.remoteEnded) {
+    if (s !== undefined) {
       s.unacked += octets;
-      if (s.unacked >= this.local.initialWindowSize >>> 1) {
-        this.#push(windowUpdateFrame(streamId, s.unacked));
-        s.unacked = 0;
-      }
+      this.#refill(streamId, s);
     }
     if (this.#unacked >= this.#creditBatch) this.#scheduleFlush();
+  }
+
+  /**
+   * The one stream-window refill rule: what the owner read goes back once the peer has half the
+   * window we advertise left or less (as nghttp2 does), while the peer still sends on the stream.
+   */
+  #refill(id: number, s: StreamState): void {
+    if (s.unacked === 0 || s.remoteEnded || s.recvWindow > this.local.initialWindowSize >>> 1) return;
+    s.recvWindow += s.unacked;
+    this.#push(windowUpdateFrame(id, s.unacked));
+    s.unacked = 0;
   }
 
   /** GOAWAY: the last stream of the peer's we process; no new streams on either side after it. */
@@ -744,6 +764,7 @@ export class H2Connection implements Credit {
     }
     const payload = dataPayload(f.flags, f.payload);
     if (payload === undefined) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'DATA padding longer than the frame');
+    s.recvWindow -= n;
     const end = (f.flags & Flag.END_STREAM) !== 0;
     if (end) this.#remoteEnd(f.streamId, s);
     this.#h!.data(f.streamId, f, payload, end);
@@ -772,7 +793,7 @@ export class H2Connection implements Credit {
       this.#push(rstStreamFrame(id, H2Error.REFUSED_STREAM));
       return;
     }
-    const st: StreamState = { sendWindow: this.peer.initialWindowSize, queue: [], localEnded: false, remoteEnded: false, remote: true, unacked: 0 };
+    const st: StreamState = { sendWindow: this.peer.initialWindowSize, queue: [], localEnded: false, remoteEnded: false, remote: true, unacked: 0, recvWindow: this.local.initialWindowSize };
     this.#streams.set(id, st);
     this.#remoteOpen++;
     if (endStream) st.remoteEnded = true;
