@@ -32,6 +32,12 @@ const COMPONENTS = readdirSync(path.join(DEPLOY, 'components')).sort();
 const NODE = { NODE_NAME: 'node-a', HOST_IP: '192.0.2.10', POD_IP: '10.244.3.7' };
 
 type Obj = Record<string, any>;
+
+/** The object a lookup found, or a failure naming what is missing (rather than a TypeError on undefined). */
+function found(o: Obj | undefined, what: string): Obj {
+  if (o === undefined) throw new Error(`${what}: not in the rendered manifests`);
+  return o;
+}
 interface Variant { name: string; components: string[]; namespace?: string; overlay?: string }
 
 const VARIANTS: Variant[] = [
@@ -484,14 +490,14 @@ describe('rewrite-webhook component', () => {
     expect(c.args[0]).toBe('webhook');
     const flags = webhookFlags();
     expect(flags.listen).toBe(':8443');
-    const agentImage = rendered.get('base')!.find((o) => o.kind === 'DaemonSet').spec.template.spec.containers[0].image;
+    const agentImage = found(rendered.get('base')!.find((o) => o.kind === 'DaemonSet'), 'the base DaemonSet').spec.template.spec.containers[0].image;
     expect(c.image).toBe(agentImage);
     const spec = deployment().spec.template.spec;
     expect(spec.hostNetwork ?? false).toBe(false);
     // It reads one Node or RuntimeClass by name (DaemonSet pods, sandboxed classes), nothing else.
     expect(spec.automountServiceAccountToken).toBe(true);
     expect(spec.serviceAccountName).toBe('probe-agent-webhook');
-    const role = docs().find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'probe-agent-webhook');
+    const role = found(docs().find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'probe-agent-webhook'), 'ClusterRole probe-agent-webhook');
     expect(role.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['get'] }, { apiGroups: ['node.k8s.io'], resources: ['runtimeclasses'], verbs: ['get'] }]);
     expect(spec.securityContext.runAsNonRoot).toBe(true);
     expect(c.securityContext).toEqual({ allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } });
