@@ -32,6 +32,7 @@ import { REPO } from '../bench/build.ts';
 import { childrenOf, rssOf } from '../bench/procstat.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
+import { builtEntry } from '../support/built-cli.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri, type CriAnswer } from '../support/kubelet-cri.ts';
 import { makePod } from '../support/pod-factory.ts';
@@ -250,7 +251,7 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
     kubelet = await FakeKubelet.start({ pods: pods.map((p) => podSpec(p.sb, p.app)) });
 
     const agentSock = path.join(scratch, 'probe.sock');
-    const cli = path.join(REPO, 'dist/cli.js');
+    const cli = builtEntry('cli.js');
     const agentEnv = { ...process.env, NODE_OPTIONS: AGENT_NODE_OPTIONS };
     const agentStart = await spawnReady('nice', ['-n', '10', process.execPath, ...launcherNodeFlags(), ...extraFlags('SOAK_AGENT_NODE_FLAGS'), cli, 'run', `--kubelet-url=${kubelet.httpUrl}`, '--kubelet-token-file=',
       '--netns-resolvers=cri', `--cri-endpoint=${lab.endpoint}`, `--netns-dir=${lab.netnsDir}`, `--socket=${agentSock}`, '--metrics-address=127.0.0.1:0', '--log-format=json'],
@@ -260,7 +261,7 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
     const shimSock = path.join(scratch, 'cri.sock');
     // As the systemd unit runs it: its node flags (SOAK_SHIM_UNIT_FLAGS=0: none, to compare).
     const unitFlags = process.env['SOAK_SHIM_UNIT_FLAGS'] === '0' ? [] : shimUnitNodeFlags();
-    const shimStart = await spawnReady('nice', ['-n', '10', process.execPath, ...unitFlags, ...extraFlags('SOAK_SHIM_NODE_FLAGS'), path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
+    const shimStart = await spawnReady('nice', ['-n', '10', process.execPath, ...unitFlags, ...extraFlags('SOAK_SHIM_NODE_FLAGS'), builtEntry('shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
     procs.push(shimStart.child);
     // `nice` execs node: the pids are node's.
     const shimPid = shimStart.child.pid!;
