@@ -70,16 +70,21 @@ dist/.built: $(TS_SRC) tsconfig.json node_modules/.installed
 ## build: the agent (dist/) and the static netns helper; bin/probe-agent runs them.
 build: system-deps deps $(HELPER) dist/.built
 
+## typecheck: the agent as built (tsconfig.json), then the agent, test/ (harnesses, lab, bench, soak,
+## e2e-kubelet), tools/ and vitest.config.ts with the same strictness (tsconfig.test.json).
 typecheck: deps
 	tsc -p tsconfig.json --noEmit
+	tsc -p tsconfig.test.json
 
 ## test: the whole suite (unit and root integration tests against real netns, nftables, containerd, Prometheus,
 ## and the image from `make image` run through containerd with the DaemonSet's posture: test/deployed/).
 test: build image $(GRPC_GO_PEER)
+	tsc -p tsconfig.test.json
 	vitest run
 
 ## test-deployed: only the image run as deployed (test/deployed/).
 test-deployed: build image
+	tsc -p tsconfig.test.json
 	vitest run test/deployed
 
 ## grpc-go-peer: the kubelet-shaped grpc-go CRI client the shim tests drive (test/grpc-go-peer/main.go).
@@ -98,6 +103,7 @@ test-grpc-go: build $(GRPC_GO_PEER)
 	vitest run test/integration/shim-grpc-go.test.ts
 
 test-unit: build
+	tsc -p tsconfig.test.json
 	vitest run test/unit
 
 ## demo: a throw-away demo node: netns pods, a node->pod drop rule, the agent probing them.

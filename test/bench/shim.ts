@@ -21,11 +21,11 @@ import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
 import { POD_SERVER_PATH } from '../lab/server.ts';
+import { builtEntry } from '../support/built-cli.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';
 import { makePod } from '../support/pod-factory.ts';
 import { launcherNodeFlags } from './agent-process.ts';
-import { REPO } from './build.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
@@ -153,7 +153,8 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
 
     kubelet = await FakeKubelet.start({ pods: [makePod({ uid: pod.uid, name: pod.name, namespace: 'bench', ips: pod.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` })] });
     const agentSock = path.join(scratch, 'probe.sock');
-    const cli = o.cli ?? path.join(REPO, 'dist/cli.js');
+    const cli = o.cli ?? builtEntry('cli.js');
+    const shimMain = builtEntry('shim/main.js');
     // BENCH_SHIM_PROFILE=<dir>: CPU profiles of the agent and the shim (summarise with cpuprofile.ts).
     const prof = (name: string): string[] => (process.env.BENCH_SHIM_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_SHIM_PROFILE}`, `--cpu-prof-name=${name}.cpuprofile`] : []);
     const agent = await spawnLogged(process.execPath, [...launcherNodeFlags(), ...prof('agent'), cli, 'run', `--kubelet-url=${kubelet.httpUrl}`, '--kubelet-token-file=',
@@ -162,7 +163,7 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     procs.push(agent);
     const shimSock = path.join(scratch, 'cri.sock');
     const tShim = performance.now();
-    const builds = [path.join(REPO, 'dist/shim/main.js'), ...(o.compareShim ? [path.resolve(o.compareShim)] : [])];
+    const builds = [shimMain, ...(o.compareShim ? [path.resolve(o.compareShim)] : [])];
     const shimArgs = (sock: string, main: string): string[] => [main, '--listen', `unix://${sock}`, '--runtime-endpoint', lab!.endpoint, '--probe-socket', agentSock, '--metrics-socket', ''];
     const shim = await spawnLogged(process.execPath, [...prof('shim'), ...shimArgs(shimSock, builds[0]!)], /shim listening/, 'shim');
     const startupMs = round(performance.now() - tShim, 1);

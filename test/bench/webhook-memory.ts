@@ -16,6 +16,7 @@ import { request } from 'node:https';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { parse } from 'yaml';
+import { builtEntry } from '../support/built-cli.ts';
 
 const REPO = path.resolve(import.meta.dirname, '../..');
 const deployment = parse(readFileSync(path.join(REPO, 'deploy/components/rewrite-webhook/deployment.yaml'), 'utf8'));
@@ -79,7 +80,7 @@ async function round(n: number, unbounded: boolean, dir: string, body: string): 
   const args = ['webhook', `--listen=127.0.0.1:${port}`, `--tls-cert-file=${dir}/tls.crt`, `--tls-key-file=${dir}/tls.key`, '--log-level=error',
     ...(unbounded ? ['--max-concurrent-requests=4096', `--max-inflight-bytes=${1024 ** 3}`] : [])];
   // The deployment's image runs `node dist/cli.js` with NODE_OPTIONS; the shell puts itself in the cgroup first.
-  const child = spawn('sh', ['-c', `echo $$ > ${cg}/cgroup.procs && exec "$0" "$@"`, path.join(REPO, '.tools/bin/node'), path.join(REPO, 'dist/cli.js'), ...args], {
+  const child = spawn('sh', ['-c', `echo $$ > ${cg}/cgroup.procs && exec "$0" "$@"`, path.join(REPO, '.tools/bin/node'), builtEntry('cli.js'), ...args], {
     env: { ...process.env, NODE_OPTIONS: nodeOptions }, stdio: ['ignore', 'ignore', 'pipe'],
   });
   let stderr = '';

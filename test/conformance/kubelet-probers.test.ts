@@ -8,16 +8,16 @@ import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'openssl']);
 
 import { execFile } from 'node:child_process';
-import { existsSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLab, type Lab, type LabPod } from '../lab/lab.ts';
 import { startConformanceServer, type ConformanceServer } from '../lab/conformance-server.ts';
+import { builtCli } from '../support/built-cli.ts';
 import { conformanceCases, type ConformanceCase, type Expect } from './cases.ts';
 
 /** PROBE_AGENT_CONFORMANCE_CLI runs the table against another build (e.g. to compare before and after a change). */
-const CLI = process.env.PROBE_AGENT_CONFORMANCE_CLI ?? fileURLToPath(new URL('../../bin/probe-agent', import.meta.url));
-const DIST = fileURLToPath(new URL('../../dist/cli.js', import.meta.url));
+const CLI_OVERRIDE = process.env.PROBE_AGENT_CONFORMANCE_CLI;
+/** The CLI the table runs: the override, or this checkout's bin/probe-agent once dist/ is a build of the current sources. */
+let CLI: string;
 
 let lab: Lab;
 let pod: LabPod;
@@ -77,7 +77,7 @@ const outcomes = new Map<string, CliOutcome>();
 const key = (c: ConformanceCase): string => `${c.upstream} :: ${c.name}`;
 
 beforeAll(async () => {
-  if (!existsSync(DIST)) throw new Error('the conformance run needs the built CLI: run `make build`');
+  CLI = CLI_OVERRIDE ?? builtCli();
   lab = await createLab({ pods: 1, policy: 'drop', tag: 'conformance.test' });
   pod = lab.pods[0] as LabPod;
   server = await startConformanceServer(pod.name);

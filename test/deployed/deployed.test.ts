@@ -28,6 +28,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createContainerdLab, kubeletCgroupParent, type ContainerdLab, type LabSandbox } from '../lab/containerd.ts';
 import { slotLayout } from '../lab/containerd-sweep.ts';
 import { POD_SERVER_PATH } from '../lab/server.ts';
+import { builtCli, builtEntry } from '../support/built-cli.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod, makePods } from '../support/pod-factory.ts';
 import { agentPatchHead, agentPid, agentPorts, freePort, memoryCgroup, renderDeploy, useAgentPorts, type AgentPorts } from './agent-pod.ts';
@@ -245,7 +246,7 @@ describe('the image run through containerd with the rendered DaemonSet posture',
     const t = performance.now();
     const status = await waitFor('probe-agent status from the host to list both pods ready', async () => {
       if ((await runner.status(agentPod!.containerIds[0] as string)).state !== 'CONTAINER_RUNNING') throw new Error(`agent not running: ${await logTail(agentPod!, 0)}`);
-      const { stdout } = await run(path.join(REPO, 'bin/probe-agent'), ['status', '--socket', path.join(socketDir, 'probe.sock'), '--output', 'json'], { timeout: 10_000 });
+      const { stdout } = await run(builtCli(), ['status', '--socket', path.join(socketDir, 'probe.sock'), '--output', 'json'], { timeout: 10_000 });
       const list = JSON.parse(stdout) as { statuses: { pod: string; probeType?: string; result: string; ready?: boolean }[] };
       const ready = list.statuses.filter((s) => s.result === 'success');
       // Readiness and liveness of both pods.
@@ -519,7 +520,7 @@ describe('least privilege: a non-root agent', () => {
     expect(withDir.state).toBe('CONTAINER_RUNNING');
     const sock = path.join(scratch, 'sock-filecaps-dir', 'probe.sock');
     const statuses = await waitFor('the non-root agent to report both pods', async () => {
-      const { stdout } = await run(path.join(REPO, 'bin/probe-agent'), ['status', '--socket', sock, '--output', 'json'], { timeout: 10_000 });
+      const { stdout } = await run(builtCli(), ['status', '--socket', sock, '--output', 'json'], { timeout: 10_000 });
       const list = (JSON.parse(stdout) as { statuses: { pod: string; result: string; lastReason: string | null; lastMessage: string }[] }).statuses;
       const reported = (pod: string): boolean => {
         const mine = list.filter((s) => s.pod === pod);
@@ -559,7 +560,7 @@ describe('the other components that change privileges or mounts', () => {
     const pod = await startAgentPod(tpl, `probe-agent-${label}`);
     await waitFor(`${label}: both pods probed`, async () => {
       if ((await runner.status(pod.containerIds[0] as string)).state !== 'CONTAINER_RUNNING') throw new Error(await logTail(pod, 0));
-      const { stdout } = await run(path.join(REPO, 'bin/probe-agent'), ['status', '--socket', path.join(sockDir, 'probe.sock'), '--output', 'json'], { timeout: 10_000 });
+      const { stdout } = await run(builtCli(), ['status', '--socket', path.join(sockDir, 'probe.sock'), '--output', 'json'], { timeout: 10_000 });
       const list = (JSON.parse(stdout) as { statuses: { pod: string; result: string }[] }).statuses;
       return apps.every((a) => list.filter((x) => x.pod === a.name && x.result === 'success').length >= 2) ? true : undefined;
     }, 60_000);
@@ -592,7 +593,7 @@ describe('the other components that change privileges or mounts', () => {
     // systemd's RuntimeDirectoryMode makes it); the agent pod's shim-run volume points there.
     const shimRun = path.join(scratch, 'host-run-probe-agent-shim');
     mkdirSync(shimRun, { mode: 0o700 });
-    const shim = spawn(process.execPath, [path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${path.join(shimRun, 'cri.sock')}`,
+    const shim = spawn(process.execPath, [builtEntry('shim/main.js'), '--listen', `unix://${path.join(shimRun, 'cri.sock')}`,
       '--runtime-endpoint', ctrd.endpoint, '--probe-socket', path.join(scratch, 'sock-kubelet-shim', 'probe.sock'),
       '--hook-agent-wait', '60s', '--metrics-socket', path.join(shimRun, 'metrics.sock')], { stdio: ['ignore', 'ignore', 'pipe'], cwd: '/' });
     try {

@@ -15,17 +15,17 @@ import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_pr
 import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, readdirSync, rmSync, writeFileSync, accessSync, constants } from 'node:fs';
 import { createServer } from 'node:net';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { builtCli } from '../support/built-cli.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';
 import { e2ePods, HTTP_PORT, PODS } from './pods.ts';
 
-const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-const CLI = path.join(ROOT, 'bin/probe-agent');
+/** bin/probe-agent, set by main() once dist/ is known to be a build of the current sources. */
+let CLI = '';
 const NODE_NAME = 'probe-agent-e2e';
 const NFT_TABLE = 'probe_agent_e2e_kubelet';
 /** What kubelet sets at start unless protectKernelDefaults (pkg/kubelet/cm/container_manager_linux.go). */
@@ -194,7 +194,11 @@ function total(m: Map<string, number>, key: string): number {
 async function main(): Promise<number> {
   if (process.getuid?.() !== 0) usage('must run as root (it starts kubelet, containerd and nftables rules)');
   const kubeletBin = kubeletPathFromArgs();
-  if (!existsSync(path.join(ROOT, 'dist/cli.js'))) usage('the agent is not built: run make build');
+  try {
+    CLI = builtCli();
+  } catch (err) {
+    usage((err as Error).message);
+  }
   say(`kubelet ${kubeletBin}`);
 
   const scratch = mkdtempSync('/run/probe-agent-e2e-kubelet-');

@@ -10,7 +10,7 @@ import * as http2 from 'node:http2';
 import * as net from 'node:net';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ProbeApiClient } from '../../agent/api/client.ts';
+import { ApiError, ProbeApiClient } from '../../agent/api/client.ts';
 import { ShimProbeClient, WireProbeType, WireResult } from '../../agent/api/shim-client.ts';
 import type { OnDemandProbeRequest, OnDemandProber } from '../../agent/scheduler/types.ts';
 import { encodeProbeHandler } from '../../agent/api/handler-wire.ts';
@@ -96,10 +96,17 @@ describe('the lean server for the shim\'s connections', () => {
       expect(ok.status).toBe(0);
       expect(ok.result).toBe(1); // PROBE_RESULT_SUCCESS
       const lean = await rawCall(s, 'Probe', probeMsg('uid-nope', HTTP, 1)).done;
-      const viaGrpcJs = await codeOf(grpcClient.probe({ pod: { uid: 'uid-nope' }, handler: { kind: 'http', port: HTTP, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 1 }));
+      const viaGrpcJs = await grpcClient.probe({ pod: { uid: 'uid-nope' }, handler: { kind: 'http', port: HTTP, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 1 }).then(
+        () => { throw new Error('expected NOT_FOUND from grpc-js'); },
+        (err: unknown) => err,
+      );
       expect(lean.status).toBe(grpc.status.NOT_FOUND);
-      expect(viaGrpcJs.code).toBe(grpc.status.NOT_FOUND);
-      expect(viaGrpcJs.details).toContain(lean.message);
+      expect(viaGrpcJs).toBeInstanceOf(ApiError);
+      expect((viaGrpcJs as ApiError).grpcCode).toBe(grpc.status.NOT_FOUND);
+      // The same details, word for word (ApiError keeps grpc-js's details apart from its
+      // "Probe: NOT_FOUND: " prefix), and never empty: an empty grpc-message is contained in any text.
+      expect(lean.message).toMatch(/\S/);
+      expect((viaGrpcJs as ApiError).context['details']).toBe(lean.message);
       const other = await rawCall(s, 'Version', Buffer.alloc(0)).done;
       expect(other.status).toBe(grpc.status.UNIMPLEMENTED);
       expect(other.message).toContain('serves only Probe and RunLifecycleHandler');

@@ -474,7 +474,7 @@ describe('overload', () => {
     execFileSync('prlimit', ['--pid', pid, `--nofile=${Math.min(lowestFree, 16)}:${hard}`]);
     try {
       const steady = (l: ProbeStatus[]): ProbeStatus[] => l.filter((x) => x.podName === 'steady');
-      const s = await agent.waitForStatuses((l) => allOf(steady(l), (x) => x.lastReason !== undefined && x.lastReason !== ''), 8000);
+      const s = await agent.waitForStatuses((l) => allOf(steady(l), (x) => x.lastReason !== undefined), 8000);
       // Errors, thrown away: the decisions stay where they were (success), nothing goes on hold.
       for (const x of steady(s)) expect(x, x.key.probeType).toMatchObject({ result: 'success', onHold: false });
       expect(agent.proc.exitCode).toBeNull();

@@ -22,7 +22,7 @@ import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts
 import { CLOSED_HOLE_TOLERATION, SHIM_AFFINITY_REQUIREMENT } from '../../agent/rewrite/placement.ts';
 import { decodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { admit } from '../../agent/webhook/admission.ts';
-import { CLI, REPO, requireBuiltCli } from '../support/built-cli.ts';
+import { builtCli, REPO } from '../support/built-cli.ts';
 import { appProbers, containerOf, istioInject, ISTIO_PROXY, REWRITE_APP_PROBERS_ANNOTATION } from '../support/istio-injector.ts';
 import { applyJsonPatch } from '../support/json-patch-apply.ts';
 
@@ -128,9 +128,9 @@ describe('Istio first, then our webhook', () => {
   });
 
   it('the CLI does the same to the manifest, and --undo gives the file back byte for byte', () => {
-    requireBuiltCli(['agent/rewrite', 'agent/cli']);
+    const cli = builtCli();
     const file = path.join(FIXTURES, SIDECAR);
-    const rewritten = spawnSync(CLI, ['rewrite', '-f', file], { encoding: 'utf8' });
+    const rewritten = spawnSync(cli, ['rewrite', '-f', file], { encoding: 'utf8' });
     expect(rewritten.stderr).toBe('');
     expect(rewritten.status).toBe(0);
     const docs = parseAllDocuments(rewritten.stdout).map((d) => d.toJS() as Obj);
@@ -139,7 +139,7 @@ describe('Istio first, then our webhook', () => {
     expect(networkSlots(pod)).toEqual([]);
     expect(commandOf(pod, 'web/readinessProbe')).toEqual({ httpGet: { path: '/app-health/web/readyz', port: 15020 } });
     expect(appProbers(pod)).toEqual(appProbers(fixture(SIDECAR)));
-    const undone = spawnSync(CLI, ['rewrite', '--undo', '-f', '-'], { input: rewritten.stdout, encoding: 'utf8' });
+    const undone = spawnSync(cli, ['rewrite', '--undo', '-f', '-'], { input: rewritten.stdout, encoding: 'utf8' });
     expect(undone.status).toBe(0);
     expect(undone.stdout).toBe(readFileSync(file, 'utf8'));
   });

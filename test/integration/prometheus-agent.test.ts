@@ -31,7 +31,7 @@ import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod } from '../support/pod-factory.ts';
 import { dashboardQueries, readsShimMetrics, SHIM_METRICS, substitute } from '../support/dashboard.ts';
-import { REPO, requireBuiltCli } from '../support/built-cli.ts';
+import { builtEntry } from '../support/built-cli.ts';
 import { KubeletCri, RUNTIME_SERVICE, type CriAnswer } from '../support/kubelet-cri.ts';
 import { startShimProcess, type ShimProcess } from '../support/shim-process.ts';
 
@@ -107,7 +107,7 @@ function promtoolCheck(text: string): { status: number | null; output: string } 
 
 beforeAll(async () => {
   if (!existsSync(PROMETHEUS)) throw new Error(`this test needs Prometheus at ${PROMETHEUS}: run \`make test\`, which installs it`);
-  requireBuiltCli(['agent/shim']);
+  const cli = builtEntry('cli.js');
   lab = await createLab({ pods: 2, policy: 'drop', tag: 'prom-agent' });
   const [p1, p2] = lab.pods;
   await Promise.all([lab.startServer(p1!, { http: 8080 }), lab.startServer(p2!, { tcp: 5432 })]);
@@ -131,7 +131,7 @@ beforeAll(async () => {
   shimMetricsSocket = path.join(scratch, 'shim', 'metrics.sock');
   const probeLink = path.join(scratch, 'probe.sock');
   runtime = await startStandInRuntime(path.join(scratch, 'rt.sock'));
-  shim = await startShimProcess(path.join(REPO, 'dist/cli.js'), path.join(scratch, 'cri.sock'), [
+  shim = await startShimProcess(cli, path.join(scratch, 'cri.sock'), [
     `--runtime-endpoint=unix://${path.join(scratch, 'rt.sock')}`, `--probe-socket=${probeLink}`,
     `--metrics-socket=${shimMetricsSocket}`, '--hook-agent-wait=60s', '--agent-grace=1s',
   ]);

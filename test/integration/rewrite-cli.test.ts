@@ -8,19 +8,20 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'n
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { CLI, REPO, requireBuiltCli } from '../support/built-cli.ts';
+import { builtCli, REPO } from '../support/built-cli.ts';
 
 const CORPUS = path.join(REPO, 'test/fixtures/rewrite');
 const FILES = readdirSync(CORPUS).sort();
 
 function run(args: string[], input?: string): { status: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(CLI, args, { input, encoding: 'utf8', maxBuffer: 64 * 1024 * 1024 });
+  const r = spawnSync(cli, args, { input, encoding: 'utf8', maxBuffer: 64 * 1024 * 1024 });
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
+let cli: string;
 let scratch: string;
 beforeAll(() => {
-  requireBuiltCli(['agent/rewrite', 'agent/cli']);
+  cli = builtCli();
   scratch = mkdtempSync(path.join(tmpdir(), 'probe-agent-rewrite-cli-'));
 });
 afterAll(() => {

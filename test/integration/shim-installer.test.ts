@@ -16,6 +16,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { nodeObject, startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
+import { builtRepo } from '../support/built-cli.ts';
 import { ApiServerReader } from '../../agent/webhook/cluster-reader.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -38,7 +39,8 @@ async function runInstaller(cmd: 'install' | 'uninstall'): Promise<{ code: numbe
     env: {
       ...process.env,
       HOST_ROOT: host,
-      SHIM_SRC: ROOT,
+      // It copies this checkout's dist/: a build of the current sources, or the test fails here.
+      SHIM_SRC: builtRepo(),
       NODE_BIN: process.execPath,
       SYSTEMCTL: path.join(scratch, 'systemctl'),
       NODE_NAME: 'node-a',

@@ -14,9 +14,9 @@ import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
-import { REPO } from '../bench/build.ts';
 import { rssOf } from '../bench/procstat.ts';
 import { shimUnitNodeFlags } from '../soak/shim-soak.ts';
+import { builtEntry } from '../support/built-cli.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';
 
 /** Between what the unit's flags give (114 MB) and what V8's default young generation takes (230 MB). */
@@ -31,7 +31,7 @@ let shim: ChildProcess;
 beforeAll(async () => {
   scratch = mkdtempSync(path.join(tmpdir(), 'probe-agent-shim-mem-'));
   sock = path.join(scratch, 'cri.sock');
-  shim = spawn(process.execPath, [...shimUnitNodeFlags(), path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${sock}`,
+  shim = spawn(process.execPath, [...shimUnitNodeFlags(), builtEntry('shim/main.js'), '--listen', `unix://${sock}`,
     '--runtime-endpoint', `unix://${path.join(scratch, 'no-runtime.sock')}`, '--probe-socket', path.join(scratch, 'no-agent.sock')], { stdio: ['ignore', 'ignore', 'pipe'] });
   let err = '';
   await new Promise<void>((resolve, reject) => {

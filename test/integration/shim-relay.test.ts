@@ -143,6 +143,22 @@ function probeCmd(): string[] {
 
 type Listed = { containers: { id: string; annotations: Record<string, string> }[] };
 
+/** Intercepted ExecSyncs the shim has answered (its probe_agent_shim_intercepted_total, all labels). */
+function interceptedAnswers(s: CriShim): number {
+  let n = 0;
+  for (const m of s.metrics.render().matchAll(/^probe_agent_shim_intercepted_total\{[^}]*\} (\d+)$/gm)) n += Number(m[1]);
+  return n;
+}
+
+/** Polls `cond` every 20 ms; past `timeoutMs` fails naming what it waited for and where things stood. */
+async function waitUntil(what: string, cond: () => boolean, timeoutMs: number, state: () => string): Promise<void> {
+  const until = performance.now() + timeoutMs;
+  while (!cond()) {
+    if (performance.now() > until) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}: ${state()}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
 describe('the frame relay on one kubelet connection', () => {
   it("the client's HPACK encoder indexes request headers (precondition: kubelet's grpc-go does too)", async () => {
     // A plain socket server that records the client's header blocks: the second identical request
@@ -215,19 +231,32 @@ describe('the frame relay on one kubelet connection', () => {
   });
 
   it("the shim's own answers stay within kubelet's connection window while large runtime answers fill it", async () => {
-    // A hand-written client that grants streams 1 MiB each but the connection only the initial
-    // 65,535 octets: the runtime's ListContainers DATA fills that window, and answers the shim
-    // then writes on its own must wait for the client's WINDOW_UPDATE (a relay that passes the
-    // client's connection credit to the runtime and writes its own DATA besides overruns it).
+    // A hand-written client that grants streams 1 MiB each but the connection only 65,536 octets:
+    // the runtime's ListContainers DATA fills that window to the octet, and answers the shim then
+    // writes on its own must wait for the client's WINDOW_UPDATE (a relay that passes the client's
+    // connection credit to the runtime, or writes its own DATA besides, overruns it). The window
+    // is the initial 65,535 plus 1, four whole 16 KiB frames: with 65,535 the runtime's whole
+    // frames stop at 49,152 and leave room for every answer, so an overrun could not show.
+    // Each step waits (bounded) for what the case needs; the case is checked to have happened.
+    const WINDOW = 4 * 16_384;
     const c = new RawClient(shim.config.listenPath, 1 << 20);
     try {
       await c.ready;
+      c.grant(WINDOW - 65_535);
       const listIds = [0, 1, 2].map(() => c.request(RUNTIME_SERVICE['ListContainers']!.path, RUNTIME_SERVICE['ListContainers']!.requestSerialize({})));
-      await new Promise((r) => setTimeout(r, 300));
+      // The runtime fills the window: less is left than the 5-octet gRPC header any answer starts with.
+      await waitUntil('the runtime to fill the connection window', () => c.connectionData > WINDOW - 5, 20_000, () => `${c.connectionData} of ${WINDOW} octets of DATA`);
+      const answeredBefore = interceptedAnswers(shim);
       const probeIds = Array.from({ length: 6 }, () => c.request(RUNTIME_SERVICE['ExecSync']!.path, RUNTIME_SERVICE['ExecSync']!.requestSerialize({ containerId: app.id, cmd: probeCmd(), timeout: 1 })));
-      await new Promise((r) => setTimeout(r, 1000));
-      expect(c.connectionData).toBeGreaterThan(40_000); // the runtime filled the window (whole 16 KiB frames)
-      expect(c.connectionData).toBeLessThanOrEqual(65_535); // and nothing went beyond it
+      // The shim has all six answers in hand (the agent ran the probes; the relay was given them)...
+      await waitUntil('the shim to have its six answers', () => interceptedAnswers(shim) - answeredBefore === 6, 20_000, () => `${interceptedAnswers(shim) - answeredBefore} answered`);
+      // ...and whatever it was going to write without new credit has reached the client.
+      await c.quiet(250, 10_000);
+      expect(c.connectionData, 'DATA octets before any further credit').toBeLessThanOrEqual(WINDOW);
+      // The case happened: every ListContainers answer (over 100 KiB each) still waits for credit,
+      // and so do the shim's answers (each has DATA, and no octet of window is left for it).
+      expect(listIds.filter((id) => c.ended(id)), 'ListContainers answers ended before any credit').toEqual([]);
+      expect(probeIds.filter((id) => c.ended(id)), 'answers ended with no window left for their DATA').toEqual([]);
       c.grant(64 << 20);
       await c.allEnded([...listIds, ...probeIds], 20_000);
       for (const id of listIds) expect((RUNTIME_SERVICE['ListContainers']!.responseDeserialize(c.body(id)) as Listed).containers.length).toBeGreaterThan(BIG_CONTAINERS);
@@ -362,6 +391,8 @@ class RawClient {
   readonly ready: Promise<void>;
   connectionData = 0;
   goaway: number | undefined;
+  /** When the last frame arrived (performance.now()). */
+  lastFrameAt = performance.now();
   readonly #sock: net.Socket;
   readonly #reader = new FrameSplitter(false);
   readonly #blocks = new HeaderBlockJoiner(1 << 20);
@@ -384,6 +415,7 @@ class RawClient {
     this.#sock.on('data', (d: Buffer) => {
       this.#reader.push(d);
       for (let f = this.#reader.next(); f; f = this.#reader.next()) {
+        this.lastFrameAt = performance.now();
         if (f.type === FrameType.SETTINGS && !(f.flags & Flag.ACK)) this.#sock.write(frameBytes(FrameType.SETTINGS, Flag.ACK, 0, Buffer.alloc(0)));
         else if (f.type === FrameType.PING && !(f.flags & Flag.ACK)) this.#sock.write(frameBytes(FrameType.PING, Flag.ACK, 0, f.payload));
         else if (f.type === FrameType.GOAWAY) this.goaway = f.payload.readUInt32BE(4);
@@ -427,6 +459,16 @@ class RawClient {
     const p = Buffer.alloc(4);
     p.writeUInt32BE(n, 0);
     this.#sock.write(frameBytes(FrameType.WINDOW_UPDATE, 0, 0, p));
+  }
+
+  /** Whether a stream has ended (END_STREAM or RST_STREAM). */
+  ended(id: number): boolean {
+    return this.#ended.has(id);
+  }
+
+  /** Resolves once no frame has arrived for `quietMs`; fails past `timeoutMs`. */
+  async quiet(quietMs: number, timeoutMs: number): Promise<void> {
+    await waitUntil(`${quietMs} ms without a frame`, () => performance.now() - this.lastFrameAt >= quietMs, timeoutMs, () => `last frame ${Math.round(performance.now() - this.lastFrameAt)} ms ago`);
   }
 
   async allEnded(ids: number[], timeoutMs: number): Promise<void> {

@@ -26,7 +26,7 @@ import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
 import { SandboxServer } from '../soak/sandbox-server.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
-import { REPO, requireBuiltCli } from '../support/built-cli.ts';
+import { builtEntry, REPO } from '../support/built-cli.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri, type CriAnswer } from '../support/kubelet-cri.ts';
 import { makePod } from '../support/pod-factory.ts';
@@ -40,7 +40,8 @@ const SECRET = 'skew-s3cret-value';
 /** A second server in the pod's netns that records the X-Hook-Token each request carries (the hook's target). */
 const HOOK_PORT = 8081;
 const HOOK_SECRET = 'skew-hook-s3cret';
-const CURRENT_CLI = path.join(REPO, 'dist/cli.js');
+/** This checkout's dist/cli.js (set once dist/ is known to be a build of the current sources). */
+let CURRENT_CLI: string;
 
 /** What a user writes: named ports, an inline header value, every kind of handler the rewrite turns into the command. */
 const MANIFEST = {
@@ -168,7 +169,7 @@ function pair(shim: Release, agent: Release): Pair {
 }
 
 beforeAll(async () => {
-  requireBuiltCli(['agent', 'agent/cli', 'agent/shim', 'agent/rewrite', 'agent/api']);
+  CURRENT_CLI = builtEntry('cli.js');
   prev = buildPreviousRelease();
   ctrd = await createContainerdLab();
   importBusyboxImage(ctrd.socket);

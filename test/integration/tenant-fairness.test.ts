@@ -4,8 +4,8 @@
  * "noisy" holds 64 probes and 32 lifecycle hooks against a port that accepts and never answers
  * (timeouts of an hour); namespace "victim" then sends probes and hooks through the ProbeService
  * as the kubelet shim does (call deadline = timeout + the shim's 2 s agent grace), and every one is
- * answered within its own timeout. The noisy pod that is at its own cap is refused at once, with a
- * message that says why.
+ * answered within its own timeout (its latency, not only its outcome). The noisy pod that is at
+ * its own cap is refused at once, with a message that says why.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nsenter', 'containerd', 'ctr']);
@@ -74,8 +74,39 @@ afterAll(async () => {
   void Promise.allSettled(hanging);
 });
 
+/** One burst of the victim's calls: how long each took and how it ended. */
+interface Burst { probeMs: number[]; hookMs: number[]; probeOutcomes: string[]; hookOutcomes: string[] }
+
+/** Victim: kubelet-like probes (1 s timeouts) and hooks (5 s), 56 calls at once, as the shim sends them. */
+async function victimBurst(): Promise<Burst> {
+  const probeMs: number[] = [];
+  const hookMs: number[] = [];
+  const timed = async <T>(into: number[], call: () => Promise<T>): Promise<T> => {
+    const t = performance.now();
+    try {
+      return await call();
+    } finally {
+      into.push(performance.now() - t);
+    }
+  };
+  const probes = Array.from({ length: 40 }, (_, i) =>
+    timed(probeMs, () => agent.client.probe({ pod: { uid: victim.uid }, handler: i % 2 ? answering : answeringTcp, timeoutSeconds: 1, deadlineMs: 1000 + SHIM_GRACE_MS })));
+  const hooks = Array.from({ length: 16 }, (_, i) =>
+    timed(hookMs, () => agent.client.runLifecycleHandler({ pod: { uid: victim.uid }, hook: i % 2 ? 'preStop' : 'postStart', handler: { kind: 'http', port: 8080, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 5, deadlineMs: 5000 + SHIM_GRACE_MS })));
+  const probeOutcomes = await Promise.all(probes.map((p) => p.then((o) => `${o.result}`, (e: unknown) => codeOfError(e))));
+  const hookOutcomes = await Promise.all(hooks.map((p) => p.then((o) => `${o.result}`, (e: unknown) => codeOfError(e))));
+  return { probeMs, hookMs, probeOutcomes, hookOutcomes };
+}
+
+const inFlight = async (): Promise<number> => sample((await agent.http('/metrics')).body, 'probe_agent_probes_in_flight') ?? 0;
+
 describe('tenant fairness through the running agent', () => {
   it('64 hanging probes and 32 hanging hooks of one namespace leave another namespace\'s probes and hooks answered within their timeouts', async () => {
+    // The victim's burst alone first: what it costs on this machine now, the yardstick below.
+    const alone = await victimBurst();
+    expect(alone.probeOutcomes).toEqual(Array(40).fill('success'));
+    expect(alone.hookOutcomes).toEqual(Array(16).fill('success'));
+
     // Noisy: 32 probes and 16 hooks in each of its two pods.
     for (const sb of [noisyA, noisyB]) {
       for (let i = 0; i < 32; i++) {
@@ -85,35 +116,32 @@ describe('tenant fairness through the running agent', () => {
         hanging.push(statusNameOf(noisyClient.runLifecycleHandler({ pod: { uid: sb.uid }, hook: 'postStart', handler: { kind: 'http', port: HANG, path: '/', scheme: 'HTTP', headers: [] }, timeoutSeconds: HOUR })));
       }
     }
-    const inFlight = async (): Promise<number> => sample((await agent.http('/metrics')).body, 'probe_agent_probes_in_flight') ?? 0;
     await until(async () => (await inFlight()) >= 64, 20_000, '64 noisy probes in flight');
     // The hooks hold their connections to the hang port too (no metric of their own): give them a moment.
     await sleep(1000);
 
-    // Victim: kubelet-like probes (1 s timeouts) and hooks (5 s), all at once, while noisy hangs.
-    const probeMs: number[] = [];
-    const hookMs: number[] = [];
-    const timed = async <T>(into: number[], call: () => Promise<T>): Promise<T> => {
-      const t = performance.now();
-      try {
-        return await call();
-      } finally {
-        into.push(performance.now() - t);
-      }
-    };
-    const probes = Array.from({ length: 40 }, (_, i) =>
-      timed(probeMs, () => agent.client.probe({ pod: { uid: victim.uid }, handler: i % 2 ? answering : answeringTcp, timeoutSeconds: 1, deadlineMs: 1000 + SHIM_GRACE_MS })));
-    const hooks = Array.from({ length: 16 }, (_, i) =>
-      timed(hookMs, () => agent.client.runLifecycleHandler({ pod: { uid: victim.uid }, hook: i % 2 ? 'preStop' : 'postStart', handler: { kind: 'http', port: 8080, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 5, deadlineMs: 5000 + SHIM_GRACE_MS })));
-    const probeOutcomes = await Promise.all(probes.map((p) => p.then((o) => `${o.result}`, (e: unknown) => codeOfError(e))));
-    const hookOutcomes = await Promise.all(hooks.map((p) => p.then((o) => `${o.result}`, (e: unknown) => codeOfError(e))));
-    console.log(
-      `victim namespace under a noisy one (64 hanging probes, 32 hanging hooks): ` +
-        `40 probes (timeout 1 s): p50 ${percentile(probeMs, 50).toFixed(0)} ms, p95 ${percentile(probeMs, 95).toFixed(0)} ms, max ${Math.max(...probeMs).toFixed(0)} ms; ` +
-        `16 hooks (timeout 5 s): p50 ${percentile(hookMs, 50).toFixed(0)} ms, max ${Math.max(...hookMs).toFixed(0)} ms`,
-    );
-    expect(probeOutcomes).toEqual(Array(40).fill('success'));
-    expect(hookOutcomes).toEqual(Array(16).fill('success'));
+    // Victim: the same burst, while noisy hangs.
+    const noisy = await victimBurst();
+    const summary = (b: Burst): string =>
+      `40 probes (timeout 1 s): p50 ${percentile(b.probeMs, 50).toFixed(0)} ms, p95 ${percentile(b.probeMs, 95).toFixed(0)} ms, max ${Math.max(...b.probeMs).toFixed(0)} ms; ` +
+      `16 hooks (timeout 5 s): p50 ${percentile(b.hookMs, 50).toFixed(0)} ms, max ${Math.max(...b.hookMs).toFixed(0)} ms`;
+    console.log(`victim namespace alone: ${summary(alone)}`);
+    console.log(`victim namespace under a noisy one (64 hanging probes, 32 hanging hooks): ${summary(noisy)}`);
+    expect(noisy.probeOutcomes).toEqual(Array(40).fill('success'));
+    expect(noisy.hookOutcomes).toEqual(Array(16).fill('success'));
+    // Success alone does not show fairness: a victim call may queue for a slot for up to its
+    // deadline less its timeout (2 s, the shim's grace) and still succeed. So each victim call is
+    // held to a bound against the noisy tenant's cost, generous rather than tight: 1.5 s for a
+    // probe (its 1 s timeout and half again) and 5 s for a hook (its timeout), or 4x the slowest
+    // call of the same burst without the noisy tenant just before (the machine's load, other
+    // suites included, is in both), whichever is larger. Every noisy call holds its slot for an
+    // hour: a victim that waited for one of them would be three orders of magnitude over, and one
+    // queued behind them for most of its 2 s allowance is over too. Measured on the 2-core machine
+    // at load average 18-33: alone, the slowest probe took 152-270 ms; with the noisy tenant,
+    // 341-1098 ms (probes) and 268-977 ms (hooks).
+    const bound = (floorMs: number, aloneMs: number[]): number => Math.max(floorMs, 4 * Math.max(...aloneMs));
+    expect(Math.max(...noisy.probeMs), `victim probe latencies (ms): ${noisy.probeMs.map((x) => x.toFixed(0)).join(' ')}; alone: ${alone.probeMs.map((x) => x.toFixed(0)).join(' ')}`).toBeLessThan(bound(1500, alone.probeMs));
+    expect(Math.max(...noisy.hookMs), `victim hook latencies (ms): ${noisy.hookMs.map((x) => x.toFixed(0)).join(' ')}; alone: ${alone.hookMs.map((x) => x.toFixed(0)).join(' ')}`).toBeLessThan(bound(5000, alone.hookMs));
 
     // Noisy pod a fills its per-pod share (64 probes); one more call that could not start before
     // its deadline is refused at once, and says why.

@@ -22,13 +22,15 @@ import { ApiServerReader } from '../../agent/webhook/cluster-reader.ts';
 import { nodeObject, startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
 import { MUTATE_ANNOTATED_PATH, MUTATE_PATH, OPT_IN_ANNOTATION } from '../../agent/webhook/admission.ts';
 import { startWebhookServer, type WebhookServer } from '../../agent/webhook/server.ts';
-import { CLI, REPO, requireBuiltCli } from '../support/built-cli.ts';
+import { builtCli, REPO } from '../support/built-cli.ts';
 import { applyJsonPatch } from '../support/json-patch-apply.ts';
 
 type Obj = Record<string, any>;
 const CORPUS = path.join(REPO, 'test/fixtures/rewrite');
 
 let dir: string;
+/** bin/probe-agent, set once dist/ is known to be a build of the current sources. */
+let CLI: string;
 let server: WebhookServer;
 /** CA-signed serving pairs: `a` and `b` from two different CAs, so a rotation is visible. */
 const pairs: Record<'a' | 'b', { cert: string; key: string; ca: string }> = {} as never;
@@ -141,7 +143,7 @@ async function serving(ca: string): Promise<PeerCertificate> {
 }
 
 beforeAll(async () => {
-  requireBuiltCli(['agent/rewrite', 'agent/webhook', 'agent/cli']);
+  CLI = builtCli();
   dir = mkdtempSync(path.join(tmpdir(), 'probe-agent-webhook-'));
   makePair('a');
   makePair('b');

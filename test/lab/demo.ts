@@ -17,10 +17,10 @@ import { LAB_ROOT } from './slots.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod } from '../support/pod-factory.ts';
 import { shimDemo } from './demo-shim.ts';
+import { builtCli } from '../support/built-cli.ts';
 
 const run = promisify(execFile);
-const root = new URL('../..', import.meta.url).pathname;
-const cli = join(root, 'bin/probe-agent');
+const cli = builtCli();
 const bold = (s: string) => (process.stdout.isTTY ? `\x1b[1m${s}\x1b[0m` : s);
 
 interface DemoPod {

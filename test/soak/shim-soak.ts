@@ -14,8 +14,9 @@
  * ExecSync per probe with the timeout in the request and kubelet's deadline) runs every pod's rewritten HTTP
  * readiness and TCP liveness probe every second, and every 15 s replaces 4 pods: the sandbox is stopped and
  * removed (so their container IDs die) and a new one created. Every answer is judged: a probe of a running
- * pod must answer exit 0; a probe of a container whose sandbox was stopped or removed must be refused (a gRPC
- * error, never an exit code). Every few seconds the shim's and the agent's RSS is read from /proc, and the
+ * pod must answer exit 0; a probe of a container whose sandbox was stopped or removed must be refused as a
+ * dead container (NOT_FOUND "not known on this node" or UNAVAILABLE "no READY sandbox", see
+ * isDeadContainerRefusal; never an exit code, nor any other error). Every few seconds the shim's and the agent's RSS is read from /proc, and the
  * agent's V8 heap from its /metrics (the shim has no heap endpoint).
  *
  * Fails when any answer was wrong (or more than 1 % Unknown), the shim's RSS slope over the second half or its
@@ -32,6 +33,7 @@ import { REPO } from '../bench/build.ts';
 import { childrenOf, rssOf } from '../bench/procstat.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
+import { builtEntry } from '../support/built-cli.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri, type CriAnswer } from '../support/kubelet-cri.ts';
 import { makePod } from '../support/pod-factory.ts';
@@ -213,6 +215,34 @@ function extraFlags(name: string): string[] {
 
 interface SoakPod { sb: LabSandbox; app: LabContainer; stopped: boolean }
 
+const escapeRe = (s: string): string => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+
+/**
+ * Whether the answer to a rewritten `kind` probe of `app` (in sandbox `sb`, stopped or removed) is
+ * the shim's refusal of a dead container: the agent's refusal passed on as a gRPC error (never an
+ * exit code, which kubelet would take as the probe's verdict), for one of the two reasons a dead
+ * container has (agent/pods/container-lookup.ts, agent/netns/resolver.ts, agent/shim/answer.ts):
+ *  - NOT_FOUND "probe-agent refused the <kind> probe: container <id> is not known on this node"
+ *    (the runtime has no such container: removed);
+ *  - UNAVAILABLE "probe-agent refused the <kind> probe: netns of pod <ns>/<name> (<uid>) not
+ *    resolvable: ... no READY sandbox" (its sandbox is stopped; the wording differs once the
+ *    resolver saw the pod run: "the runtime no longer has a READY sandbox for it").
+ * Any other error is not: the agent not reached or too slow ("did not run"), a refusal for load
+ * (RESOURCE_EXHAUSTED), the shim's own INVALID_ARGUMENT or INTERNAL, or another pod named.
+ */
+export function isDeadContainerRefusal(a: CriAnswer<unknown>, kind: 'readiness' | 'liveness', sb: Pick<LabSandbox, 'namespace' | 'name' | 'uid'>, app: Pick<LabContainer, 'id'>): boolean {
+  if (a.ok) return false;
+  const refused = `^probe-agent refused the ${kind} probe: `;
+  if (a.code === grpc.status.NOT_FOUND) {
+    return new RegExp(`${refused}container ${escapeRe(app.id.slice(0, 12))}[0-9a-f]* is not known on this node( \\(|$)`).test(a.details);
+  }
+  if (a.code === grpc.status.UNAVAILABLE) {
+    const pod = escapeRe(`${sb.namespace}/${sb.name} (${sb.uid})`);
+    return new RegExp(`${refused}netns of pod ${pod} not resolvable: .*\\bno(?: longer has a)? READY sandbox\\b`).test(a.details);
+  }
+  return false;
+}
+
 /** Runs one soak; never throws for a wrong answer or growth (see `failures`), only for a broken setup. */
 export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
   const scratch = mkdtempSync(path.join(tmpdir(), 'probe-agent-shim-soak-'));
@@ -250,7 +280,7 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
     kubelet = await FakeKubelet.start({ pods: pods.map((p) => podSpec(p.sb, p.app)) });
 
     const agentSock = path.join(scratch, 'probe.sock');
-    const cli = path.join(REPO, 'dist/cli.js');
+    const cli = builtEntry('cli.js');
     const agentEnv = { ...process.env, NODE_OPTIONS: AGENT_NODE_OPTIONS };
     const agentStart = await spawnReady('nice', ['-n', '10', process.execPath, ...launcherNodeFlags(), ...extraFlags('SOAK_AGENT_NODE_FLAGS'), cli, 'run', `--kubelet-url=${kubelet.httpUrl}`, '--kubelet-token-file=',
       '--netns-resolvers=cri', `--cri-endpoint=${lab.endpoint}`, `--netns-dir=${lab.netnsDir}`, `--socket=${agentSock}`, '--metrics-address=127.0.0.1:0', '--log-format=json'],
@@ -260,7 +290,7 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
     const shimSock = path.join(scratch, 'cri.sock');
     // As the systemd unit runs it: its node flags (SOAK_SHIM_UNIT_FLAGS=0: none, to compare).
     const unitFlags = process.env['SOAK_SHIM_UNIT_FLAGS'] === '0' ? [] : shimUnitNodeFlags();
-    const shimStart = await spawnReady('nice', ['-n', '10', process.execPath, ...unitFlags, ...extraFlags('SOAK_SHIM_NODE_FLAGS'), path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
+    const shimStart = await spawnReady('nice', ['-n', '10', process.execPath, ...unitFlags, ...extraFlags('SOAK_SHIM_NODE_FLAGS'), builtEntry('shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
     procs.push(shimStart.child);
     // `nice` execs node: the pids are node's.
     const shimPid = shimStart.child.pid!;
@@ -319,12 +349,12 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
     pods.forEach(startWorkers);
 
     const deadProbe = async (p: SoakPod, when: string): Promise<void> => {
-      for (const cmd of [readinessCmd, livenessCmd]) {
+      for (const [kind, cmd] of [['readiness', readinessCmd], ['liveness', livenessCmd]] as const) {
         const a = await cri!.execSync(p.app.id, cmd, PROBE_TIMEOUT_S);
-        if (!a.ok) probes.dead.ok++;
+        if (isDeadContainerRefusal(a, kind, p.sb, p.app)) probes.dead.ok++;
         else {
           probes.dead.wrong++;
-          wrong(`probe of ${when} ${p.sb.name} (${p.app.id.slice(0, 12)}) answered ${describeAnswer(a)}`);
+          wrong(`${kind} probe of ${when} ${p.sb.name} (${p.app.id.slice(0, 12)}) not refused as a dead container: ${describeAnswer(a)}`);
         }
       }
     };
@@ -375,7 +405,7 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
     const all = probes.healthy.ok + probes.healthy.wrong + probes.healthy.unknown;
     if (probes.healthy.unknown > all * UNKNOWN_SHARE_MAX) result.failures.push(`${probes.healthy.unknown} of ${all} probes of running pods ended Unknown (gRPC error), more than ${UNKNOWN_SHARE_MAX * 100} %: ${unknownExamples.join('; ')}`);
     if (result.shimRss.peakMB > o.shimPeakBoundMB) result.failures.push(`shim RSS peaked at ${result.shimRss.peakMB} MB (bound ${o.shimPeakBoundMB})`);
-    if (probes.dead.wrong > 0) result.failures.push(`${probes.dead.wrong} probes of stopped/removed containers were answered, not refused`);
+    if (probes.dead.wrong > 0) result.failures.push(`${probes.dead.wrong} probes of stopped/removed containers were not refused as dead containers (answered, or another error)`);
     if (probes.healthy.ok === 0) result.failures.push('no probe succeeded');
     if (result.shimRss.slopeMBPerMin > o.shimSlopeBoundMBPerMin) result.failures.push(`shim RSS grew ${result.shimRss.slopeMBPerMin} MB/min over the second half (bound ${o.shimSlopeBoundMBPerMin})`);
     if (result.agentRss.peakMB > o.agentLimitMB) result.failures.push(`agent RSS peaked at ${result.agentRss.peakMB} MB, over its limit of ${o.agentLimitMB} MB`);

@@ -128,9 +128,12 @@ describe('metric names the rules and the dashboard read', () => {
       registerMemoryLimitGauge(metrics.registry);
       registerCloseHoleState(metrics.registry, path.join(scratch, 'no-state-file'));
       const names = new Set<string>();
-      for (const m of (await metrics.registry.getMetricsAsJSON()) as { name: string; type: string }[]) {
+      for (const m of await metrics.registry.getMetricsAsJSON()) {
         names.add(m.name);
-        if (m.type === 'histogram') for (const s of ['_bucket', '_count', '_sum']) names.add(`${m.name}${s}`);
+        // prom-client's index.d.ts types `type` as a numeric enum (MetricType) it never exports at
+        // run time; the value is the string ('counter', 'histogram', ...): compare it as what it is.
+        const type: unknown = m.type;
+        if (type === 'histogram') for (const s of ['_bucket', '_count', '_sum']) names.add(`${m.name}${s}`);
       }
       return names;
     } finally {

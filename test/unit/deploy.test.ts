@@ -44,6 +44,12 @@ const API_SERVER_CIDR_GENERATOR = [
   '    options: {disableNameSuffixHash: true, annotations: {config.kubernetes.io/local-config: "true"}}',
 ];
 
+/** The object a lookup found, or a failure naming what is missing (rather than a TypeError on undefined). */
+function found(o: Obj | undefined, what: string): Obj {
+  if (o === undefined) throw new Error(`${what}: not in the rendered manifests`);
+  return o;
+}
+
 const VARIANTS: Variant[] = [
   { name: 'base', components: [] },
   ...COMPONENTS.map((c) => ({ name: c, components: [c] })),
@@ -495,14 +501,14 @@ describe('rewrite-webhook component', () => {
     expect(c.args[0]).toBe('webhook');
     const flags = webhookFlags();
     expect(flags.listen).toBe(':8443');
-    const agentImage = rendered.get('base')!.find((o) => o.kind === 'DaemonSet').spec.template.spec.containers[0].image;
+    const agentImage = found(rendered.get('base')!.find((o) => o.kind === 'DaemonSet'), 'the base DaemonSet').spec.template.spec.containers[0].image;
     expect(c.image).toBe(agentImage);
     const spec = deployment().spec.template.spec;
     expect(spec.hostNetwork ?? false).toBe(false);
     // It reads one Node or RuntimeClass by name (DaemonSet pods, sandboxed classes), nothing else.
     expect(spec.automountServiceAccountToken).toBe(true);
     expect(spec.serviceAccountName).toBe('probe-agent-webhook');
-    const role = docs().find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'probe-agent-webhook');
+    const role = found(docs().find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'probe-agent-webhook'), 'ClusterRole probe-agent-webhook');
     expect(role.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['get'] }, { apiGroups: ['node.k8s.io'], resources: ['runtimeclasses'], verbs: ['get'] }]);
     expect(spec.securityContext.runAsNonRoot).toBe(true);
     expect(c.securityContext).toEqual({ allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } });
@@ -524,8 +530,7 @@ describe('rewrite-webhook component', () => {
     expect(path.basename(flags.tlsCertFile!)).toBe('tls.crt');
     expect(path.basename(flags.tlsKeyFile!)).toBe('tls.key');
     const volume = (deployment().spec.template.spec.volumes as Obj[]).find((vol) => vol.name === mount!.name);
-    const cert = docs().find((o) => o.kind === 'Certificate' && o.spec.secretName === volume?.secret?.secretName);
-    expect(cert).toBeDefined();
+    const cert = found(docs().find((o) => o.kind === 'Certificate' && o.spec.secretName === volume?.secret?.secretName), 'the serving Certificate');
     expect(cert.spec.isCA ?? false).toBe(false);
     const svc = one('Service');
     expect(cert.spec.dnsNames).toContain(`${svc.metadata.name}.${svc.metadata.namespace}.svc`);
@@ -570,14 +575,13 @@ describe('rewrite-webhook component', () => {
     const c = container();
     const mount = (c.volumeMounts as Obj[]).find((m) => path.dirname(flags.clientCaFile!) === m.mountPath);
     expect(mount?.readOnly).toBe(true);
-    const volume = (deployment().spec.template.spec.volumes as Obj[]).find((vol) => vol.name === mount!.name);
+    const volume = found((deployment().spec.template.spec.volumes as Obj[]).find((vol) => vol.name === mount!.name), 'the client CA volume');
     // The CA's certificate only, never its key.
     expect(volume.secret.items).toEqual([{ key: 'ca.crt', path: path.basename(flags.clientCaFile!) }]);
     const certs = docs().filter((o) => o.kind === 'Certificate');
-    const ca = certs.find((o) => o.spec.secretName === volume.secret.secretName);
-    expect(ca?.spec.isCA).toBe(true);
-    const caIssuer = docs().find((o) => o.kind === 'Issuer' && o.spec.ca?.secretName === ca.spec.secretName);
-    expect(caIssuer).toBeDefined();
+    const ca = found(certs.find((o) => o.spec.secretName === volume.secret.secretName), 'the client CA Certificate');
+    expect(ca.spec.isCA).toBe(true);
+    const caIssuer = found(docs().find((o) => o.kind === 'Issuer' && o.spec.ca?.secretName === ca.spec.secretName), 'the client CA Issuer');
     const client = certs.find((o) => o.spec.issuerRef.name === caIssuer.metadata.name);
     expect(client?.spec.usages).toContain('client auth');
     expect(client?.spec.usages).not.toContain('server auth');

@@ -81,7 +81,8 @@ async function closedPort(): Promise<number> {
 interface Seen {
   url: string;
   rawHeaders: string[];
-  servername?: string | false;
+  /** HTTPS only: the SNI name the client sent (TLSSocket.servername: false or null when it sent none). */
+  servername?: string | false | null;
   /** HTTPS only: whether the client resumed an earlier TLS session. */
   reused?: boolean;
 }

@@ -7,7 +7,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { RewriteError } from '../../agent/rewrite/errors.ts';
 import { transformObject, REWRITTEN_KINDS } from '../../agent/rewrite/objects.ts';
-import { ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SANDBOXED_RUNTIME_CLASSES, SHIM_NODE_LABEL, undoPod } from '../../agent/rewrite/pod-rewrite.ts';
+import { ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SANDBOXED_RUNTIME_CLASSES, SHIM_NODE_LABEL, undoPod, type RewriteOptions } from '../../agent/rewrite/pod-rewrite.ts';
 import { DEFAULT_SANDBOXED_RUNTIMES } from '../../agent/netns/resolver.ts';
 import { decodeShimCommand, encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 
@@ -31,6 +31,20 @@ function pod(spec: Obj, metadata: Obj | null = { name: 'p' }): Obj {
 }
 
 const web = (extra: Obj = {}): Obj => ({ name: 'web', image: 'nginx', ...extra });
+
+/**
+ * rewritePod / undoPod with the pod as the test's Obj: the agent types a pod as Record<string, unknown>,
+ * and a test walks into the JSON it built itself.
+ */
+const rewrite = (input: Obj, options: RewriteOptions = {}): { pod: Obj; changed: boolean } => rewritePod(input, '', options);
+const undo = (input: Obj): { pod: Obj; changed: boolean } => undoPod(input);
+
+/** The handler a rewritten command carries, or a failure when it carries none. */
+function handlerOf(command: readonly string[]): Obj {
+  const decoded = decodeShimCommand(command);
+  if (!decoded) throw new Error(`not a rewritten command: ${JSON.stringify(command)}`);
+  return decoded.handler;
+}
 
 /** Rewrites, checks the undo gives the input back exactly and that a second rewrite changes nothing. */
 function rewriteChecked(input: Obj): Obj {
@@ -85,14 +99,14 @@ describe('rewritePod', () => {
     for (const command of [c.livenessProbe.exec.command, c.lifecycle.postStart.exec.command]) {
       expect(JSON.stringify(command)).not.toContain('s3cr3t');
       expect(Buffer.from(command[2], 'base64url').toString()).not.toContain('s3cr3t');
-      expect(decodeShimCommand(command)!.handler.httpGet.httpHeaders).toEqual([
+      expect(handlerOf(command).httpGet.httpHeaders).toEqual([
         { name: 'Authorization', valueFrom: 'annotation' }, { name: 'X-Empty', valueFrom: 'annotation' }, { valueFrom: 'annotation', name: 'X-Order' },
       ]);
     }
     const record = JSON.parse(out.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]);
     for (const key of ['web/livenessProbe', 'web/lifecycle/postStart']) {
       const command = key === 'web/livenessProbe' ? c.livenessProbe.exec.command : c.lifecycle.postStart.exec.command;
-      const inCommand = decodeShimCommand(command)!.handler.httpGet.httpHeaders as Obj[];
+      const inCommand = handlerOf(command).httpGet.httpHeaders as Obj[];
       // The agent's lookup: same index, the record's value.
       inCommand.forEach((h, i) => expect(record.handlers[key].httpGet.httpHeaders[i]).toEqual(headers.find((o) => o.name === h.name)));
     }
@@ -145,7 +159,7 @@ describe('rewritePod', () => {
     expect(rewriteChecked(all).spec.tolerations).toEqual([{ operator: 'Exists' }]);
     const clean = pod({ containers: [web({ readinessProbe: { exec: { command: ['true'] } } })] });
     expect(rewritePod(clean)).toEqual({ pod: clean, changed: false });
-    expect(rewritePod(clean, '', { tolerateWhenClean: true }).pod.spec.tolerations).toEqual([{ key: 'probe-agent.io/hole-closed', operator: 'Exists', effect: 'NoSchedule' }]);
+    expect(rewrite(clean, { tolerateWhenClean: true }).pod.spec.tolerations).toEqual([{ key: 'probe-agent.io/hole-closed', operator: 'Exists', effect: 'NoSchedule' }]);
     const host = pod({ hostNetwork: true, containers: [web({ readinessProbe: { tcpSocket: { port: 80 } } })] });
     expect(rewritePod(host, '', { tolerateWhenClean: true }).changed).toBe(true);
     // Pods whose probes stay with kubelet need the node->pod path: never tolerated.
@@ -278,10 +292,10 @@ describe('rewritePod', () => {
 
     it('is restored by a rewrite when someone removed it from a rewritten pod, and the undo still comes back exact', () => {
       const input = pod({ containers: [web(probe)] });
-      const once = rewritePod(input).pod;
+      const once = rewrite(input).pod;
       const stripped = structuredClone(once);
       delete stripped.spec.affinity;
-      const again = rewritePod(stripped);
+      const again = rewrite(stripped);
       expect(again.changed).toBe(true);
       expect(again.pod.spec.affinity).toEqual(once.spec.affinity);
       expect(exact(undoPod(again.pod).pod)).toBe(exact(input));
@@ -289,10 +303,10 @@ describe('rewritePod', () => {
   });
 
   it('merges a later rewrite (a probe added after the first) into the record, and the undo restores both', () => {
-    const first = rewritePod(pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] })).pod;
+    const first = rewrite(pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] })).pod;
     const edited = structuredClone(first);
     edited.spec.containers[0].readinessProbe = { tcpSocket: { port: 81 } };
-    const second = rewritePod(edited);
+    const second = rewrite(edited);
     expect(second.changed).toBe(true);
     const record = JSON.parse(second.pod.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]);
     expect(Object.keys(record.handlers)).toEqual(['web/livenessProbe', 'web/readinessProbe']);
@@ -302,24 +316,24 @@ describe('rewritePod', () => {
 
   it('keeps what someone added inside the parts the rewrite created (pod anti-affinity, another annotation, another term)', () => {
     const input = pod({ containers: [web({ livenessProbe: { httpGet: { port: 80 } } })] });
-    const edited = structuredClone(rewritePod(input).pod);
+    const edited = structuredClone(rewrite(input).pod);
     const podAntiAffinity = { preferredDuringSchedulingIgnoredDuringExecution: [{ weight: 1, podAffinityTerm: { topologyKey: 'zone' } }] };
     edited.spec.affinity.podAntiAffinity = podAntiAffinity;
     edited.metadata.annotations['team'] = 'shop';
-    const undone = undoPod(edited).pod;
+    const undone = undo(edited).pod;
     expect(undone.spec.containers).toEqual(input.spec.containers);
     expect(undone.spec.affinity).toEqual({ podAntiAffinity });
     expect(undone.metadata.annotations).toEqual({ team: 'shop' });
-    const withTerm = structuredClone(rewritePod(input).pod);
+    const withTerm = structuredClone(rewrite(input).pod);
     withTerm.spec.affinity.nodeAffinity[REQ].nodeSelectorTerms[0].matchExpressions.push({ key: 'disk', operator: 'In', values: ['ssd'] });
-    expect(undoPod(withTerm).pod.spec.affinity).toEqual({ nodeAffinity: { [REQ]: { nodeSelectorTerms: [{ matchExpressions: [{ key: 'disk', operator: 'In', values: ['ssd'] }] }] } } });
+    expect(undo(withTerm).pod.spec.affinity).toEqual({ nodeAffinity: { [REQ]: { nodeSelectorTerms: [{ matchExpressions: [{ key: 'disk', operator: 'In', values: ['ssd'] }] }] } } });
   });
 
   it('undoes from the commands themselves when the annotation was stripped (affinity stays: it was not recorded)', () => {
     const input = pod({ containers: [web({ livenessProbe: { httpGet: { path: '/x', port: 80 } } })] });
-    const out = structuredClone(rewritePod(input).pod);
+    const out = structuredClone(rewrite(input).pod);
     delete out.metadata.annotations;
-    const undone = undoPod(out).pod;
+    const undone = undo(out).pod;
     expect(undone.spec.containers).toEqual(input.spec.containers);
   });
 
@@ -357,7 +371,7 @@ describe('rewritePod', () => {
       ['{"v":1,"handlers":{"a":1},"added":[]}', 'handler "a" is not an object'],
       ['{"v":1,"handlers":{},"added":["x"]}', 'added entry "x" is not a JSON pointer'],
     ])('refuses a malformed undo record %s', (value, message) => {
-      const input = rewritePod(pod({ containers: [web({ livenessProbe: { tcpSocket: { port: 1 } } })] })).pod;
+      const input = rewrite(pod({ containers: [web({ livenessProbe: { tcpSocket: { port: 1 } } })] })).pod;
       const broken = structuredClone(input);
       broken.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] = value;
       expect(() => undoPod(broken)).toThrow(`metadata.annotations["${ORIGINAL_HANDLERS_ANNOTATION}"]: ${message}`);

@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { parseAllDocuments } from 'yaml';
 import { SHIM_DEFAULTS } from '../../agent/shim/main.ts';
+import { builtEntry } from '../support/built-cli.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const COMPONENT = path.join(ROOT, 'deploy/components/kubelet-shim');
@@ -49,7 +50,7 @@ describe("the shim's socket", () => {
 
   it('is /run/probe-agent-shim/cri.sock for the shim, the CLI, the unit, the installer and the docs', () => {
     expect(SHIM_DEFAULTS.listen).toBe(`unix://${SOCKET}`);
-    const help = execFileSync(process.execPath, [path.join(ROOT, 'dist/cli.js'), 'shim', '--help'], { encoding: 'utf8' });
+    const help = execFileSync(process.execPath, [builtEntry('cli.js'), 'shim', '--help'], { encoding: 'utf8' });
     expect(help.replace(/\s+/g, ' ')).toContain(`(default: "unix://${SOCKET}")`);
     expect(/--listen (\S+)/.exec(unit)?.[1]).toBe(`unix://${SOCKET}`);
     expect(readFileSync(path.join(COMPONENT, 'install-shim.sh'), 'utf8')).toMatch(new RegExp(`^SHIM_SOCKET=\\$\\{SHIM_SOCKET:-${SOCKET}\\}$`, 'm'));

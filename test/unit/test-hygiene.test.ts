@@ -30,6 +30,24 @@ describe('test hygiene on a new machine', () => {
     expect(offenders).toEqual([]);
   });
 
+  it("no test reaches the checkout's dist/ or bin/probe-agent except through test/support/built-cli.ts (which checks dist/ is fresh)", () => {
+    // Files that name them without running what dist/ holds.
+    const allowed = new Map([
+      ['unit/deploy.test.ts', 'checks the launcher script is in the checkout'],
+      ['bench/agent-process.ts', "reads the launcher script's node flags"],
+      ['support/built-cli.ts', 'the freshness check itself'],
+    ]);
+    const offenders: string[] = [];
+    for (const file of sources(TEST_ROOT)) {
+      if (allowed.has(path.relative(TEST_ROOT, file))) continue;
+      const text = readFileSync(file, 'utf8');
+      for (const [i, line] of text.split('\n').entries()) {
+        if (/join\(\s*(REPO|ROOT)\s*,\s*['"`](dist\b|bin\/probe-agent)|new URL\(\s*['"`](\.\.\/)+(dist\b|bin\/probe-agent)/.test(line)) offenders.push(`${path.relative(TEST_ROOT, file)}:${i + 1}`);
+      }
+    }
+    expect(offenders).toEqual([]);
+  });
+
   it("no test runs the checkout's node as another user (a clone in a 0700 directory hides it; use test/support/other-user.ts)", () => {
     const offenders: string[] = [];
     for (const file of sources(TEST_ROOT)) {
