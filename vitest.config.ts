@@ -5,8 +5,9 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     include: ['test/**/*.test.ts'],
-    // No PROBE_AGENT_* from the caller's shell reaches a test or the agents it spawns (suite-env.ts).
-    setupFiles: ['test/support/setup-suite-env.ts'],
+    // No PROBE_AGENT_* from the caller's shell reaches a test or the agents it spawns (suite-env.ts);
+    // no agent or shim a test ran through the harnesses logged an unexpected warn/error (log-check.ts).
+    setupFiles: ['test/support/setup-suite-env.ts', 'test/support/setup-log-check.ts'],
     pool: 'forks',
     maxWorkers: 2,
     testTimeout: 30_000,

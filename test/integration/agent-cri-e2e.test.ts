@@ -155,6 +155,7 @@ beforeAll(async () => {
     kubeletUrl: kubelet.httpUrl,
     resolvers: 'cri',
     args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`],
+    expectedLogs: [{ level: 'warn', msg: 'probe errored; result kept', line: /"podUID":"[^"]+","containerName":"app","probeType":"(Liveness|Readiness)",.*"reason":"unsupported-pod","message":"pod \S+\/secure .*runtime handler \\"runsc\\" \(sandboxed\)/, why: 'pod "secure" runs under runsc on purpose: left to kubelet, and the agent says why' }],
   });
   console.log(`containerd lab, 3 sandboxes, servers and agent up in ${(performance.now() - t).toFixed(0)} ms`);
 }, 45_000);
@@ -210,6 +211,7 @@ describe('probe-agent run with the CRI resolver against containerd', () => {
     const before = find(await agent.waitForStatuses(() => true), 'web', 'Readiness') as ProbeStatus;
     const insideBefore = await counted(web, 'inside');
 
+    agent.expectLogs({ level: 'warn', msg: 'probe errored; result kept', line: /"reason":"netns-unresolved","message":"netns of pod \S+\/(late|secure) .*CRI endpoint \S+ unavailable/, why: 'containerd is stopped on purpose: pods not yet resolved cannot be' });
     await ctrd.stopContainerd();
     const down = performance.now();
     try {

@@ -102,6 +102,12 @@ beforeAll(async () => {
     resolvers: 'cri',
     pollInterval: `${POLL_MS}ms`,
     args: [`--cri-endpoint=${proxy.endpoint}`, `--netns-dir=${ctrd.netnsDir}`, `--kubelet-request-timeout=${REQUEST_TIMEOUT_MS}ms`],
+    // Every test here injects a fault into the runtime or the kubelet; each asserts what the agent makes of it.
+    expectedLogs: [
+      { level: 'warn', msg: 'probe errored; result kept', line: /"reason":"netns-unresolved"/, why: 'the runtime is gone, slow or lying, sandboxes are removed, and 3000 pods resolve nowhere, on purpose' },
+      { level: 'warn', msg: 'kubelet pod list unavailable; keeping the last known pods', why: 'the kubelet is down, slow, failing, cut short or malformed on purpose' },
+      { level: 'warn', msg: 'netns resolver unavailable; probing in the last known netns of the pod', line: /"resolver":"cri"/, why: 'the runtime is gone or slow on purpose: known pods keep their netns' },
+    ],
   });
   await until(() => webFresh(), 15_000, 'web probed and ready');
   console.log(`containerd, proxy, kubelet and agent up, web ready in ${(performance.now() - t).toFixed(0)} ms`);
@@ -392,7 +398,7 @@ describe('a node without CRI access (address resolver)', () => {
     const server = await lab.startServer(lab.pods[0]!, { http: 8080 });
     const labPod = podFor({ uid: '5e1f0000-0000-4000-8000-000000000001', name: 'lab-web', ips: lab.pods[0]!.ips }, NS, PROBES);
     const k = await FakeKubelet.start({ pods: [labPod, ...makePods(999, { namespace: 'nowhere', probe: 'tcp' })] });
-    const a = await startAgent({ kubeletUrl: k.httpUrl, resolvers: 'address', pollInterval: '1s' });
+    const a = await startAgent({ kubeletUrl: k.httpUrl, resolvers: 'address', pollInterval: '1s', expectedLogs: [{ level: 'warn', msg: 'probe errored; result kept', line: /"reason":"netns-unresolved".*nowhere\//, why: '999 pods in namespace nowhere whose IPs no netns holds, on purpose' }] });
     try {
       const netns = listNetns().length;
       const t0 = performance.now();

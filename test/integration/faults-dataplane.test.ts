@@ -237,7 +237,17 @@ beforeAll(async () => {
       podWithProbes('doomed', podC.ips, { app: { tcpSocket: { port: srvC.ports.http } } }),
   ];
   kubelet = await FakeKubelet.start({ pods: allPods });
-  agent = await startAgent({ kubeletUrl: kubelet.httpUrl, pollInterval: '300ms' });
+  agent = await startAgent({
+    kubeletUrl: kubelet.httpUrl,
+    pollInterval: '300ms',
+    // Every test here injects a fault; each asserts the reason its probes end with.
+    expectedLogs: [
+      { level: 'warn', msg: 'probe errored; result kept', line: /"reason":"(helper-error|timeout|netns-unresolved)"/, why: 'hostile targets, helper faults, a deleted netns and EMFILE end probes as errors on purpose' },
+      { level: 'warn', msg: 'netns helper died; restarting', why: 'the resident helper is killed on purpose' },
+      { level: 'error', msg: 'netns helper stopped answering; killing it', why: 'the resident helper is stopped (stuck) on purpose' },
+      { level: 'warn', msg: 'netns helper stderr', why: 'the helper says so when its children are killed or hung, or its agent runs out of fds, all on purpose' },
+    ],
+  });
   await agent.waitForStatuses((s) => s.length === 12 && s.every((x) => x.lastProbeTime > 0), 30_000);
 });
 
@@ -423,7 +433,7 @@ describe('netns helper faults', () => {
   }, 20_000);
 
   it('a missing helper binary stops the daemon at start with a clear error and a non-zero exit', async () => {
-    const err = await startAgent({ kubeletUrl: kubelet.httpUrl, args: ['--helper-path=/nonexistent/probe-agent-netns-helper'] }).then(
+    const err = await startAgent({ kubeletUrl: kubelet.httpUrl, args: ['--helper-path=/nonexistent/probe-agent-netns-helper'], expectedLogs: [{ level: 'error', msg: 'probe-agent failed to start', line: /nonexistent\/probe-agent-netns-helper/, why: 'the helper binary is missing on purpose' }] }).then(
       async (a) => { await a.stop('SIGKILL'); return undefined; },
       (e: Error) => e,
     );
@@ -491,7 +501,7 @@ describe('overload', () => {
     const quick = Array.from({ length: 2 }, (_, i) => podWithProbes(`quick-${i}`, podA.ips, { a: { tcpSocket: { port } }, b: { tcpSocket: { port } }, c: { tcpSocket: { port } } }));
     const hog = (probe: Record<string, unknown>): Record<string, unknown> => podWithProbes('hog', podA.ips, { app: probe }, { periodSeconds: 2 });
     const small = await FakeKubelet.start({ pods: [hog({ tcpSocket: { port } }), ...quick] });
-    const tiny = await startAgent({ kubeletUrl: small.httpUrl, pollInterval: '300ms', args: ['--max-concurrent-probes=1', '--max-queued-probes=1'] });
+    const tiny = await startAgent({ kubeletUrl: small.httpUrl, pollInterval: '300ms', args: ['--max-concurrent-probes=1', '--max-queued-probes=1'], expectedLogs: [{ level: 'warn', msg: 'probe errored; result kept', line: /"reason":"queue-full"/, why: 'a queue of one overflows on purpose' }] });
     try {
       // Every pod probed once first: resolving a netns by address is slow on a node with many of them.
       await tiny.waitForStatuses((s) => s.length === 7 && s.every((x) => x.result === 'success'), 40_000);

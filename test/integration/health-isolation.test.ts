@@ -166,6 +166,7 @@ describe('health that pods cannot take down', () => {
     startSidecar();
     await until(() => tablePresent(), 10_000, 'the table');
     // The agent goes unready on its own: the kubelet stops answering.
+    agent.expectLogs({ level: 'warn', msg: 'kubelet pod list unavailable; keeping the last known pods', line: /"kind":"unreachable"/, why: 'the kubelet is stopped on purpose' });
     await kubelet.stop();
     await until(() => !tablePresent(), 30_000, 'fail open');
     await until(() => /FAIL OPEN: /.test(output), 5000, 'the fail-open log line');

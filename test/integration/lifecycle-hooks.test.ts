@@ -35,6 +35,7 @@ import { CriShim } from '../../agent/shim/proxy.ts';
 import { startShimMetricsServer, type ShimMetricsServer } from '../../agent/shim/metrics-server.ts';
 import { KubeletCri, RUNTIME_SERVICE } from '../support/kubelet-cri.ts';
 import { getUnix } from '../support/http-unix.ts';
+import { shimLogSink } from '../support/log-check.ts';
 
 const run = promisify(execFile);
 const ROOT = new URL('../..', import.meta.url).pathname;
@@ -272,13 +273,16 @@ describe('rewritten hooks through the kubelet shim across agent restarts and dra
     return line ? Number(line.slice(series.length + 1)) : 0;
   }
 
+  /** The shim's log lines, checked when the file ends; a test lists the warnings it provokes. */
+  const shimLogs = shimLogSink('shim (lifecycle-hooks)');
+
   beforeAll(async () => {
     scratch = mkdtempSync('/tmp/lifecycle-shim-');
     link = path.join(scratch, 'probe.sock');
     // The old shim cut hooks at --hook-deadline; 1 s here would make a 3 s preStop fail on that code.
     shim = new CriShim({
       listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: path.join(scratch, 'no-runtime.sock'), probeSocket: link,
-      hookAgentWaitMs: 40_000, hookDeadlineMs: 1000, log: () => {},
+      hookAgentWaitMs: 40_000, hookDeadlineMs: 1000, log: shimLogs.log,
     });
     await shim.listen();
     shimMetrics = await startShimMetricsServer({ metrics: shim.metrics, socketPath: path.join(scratch, 'shim', 'metrics.sock') });
@@ -352,6 +356,7 @@ describe('rewritten hooks through the kubelet shim across agent restarts and dra
   }, 40_000);
 
   it('a hook kind with a probe timeout, or a probe kind with timeout 0, is refused (INVALID_ARGUMENT) and never run', async () => {
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent shim: a (postStart hook|liveness probe) with ExecSync timeout /, why: 'a hook and a probe with the other kind\'s timeout, on purpose' });
     const p = unique('posing');
     const hookWithTimeout = await execHook('postStart', p, 5);
     expect(!hookWithTimeout.ok && hookWithTimeout.code).toBe(grpc.status.INVALID_ARGUMENT);

@@ -90,6 +90,7 @@ afterAll(async () => {
 describe('SIGTERM', () => {
   it('with a Probe call to a hung target outlasting the grace period: the call is cut at the grace, the agent exits 0 right after', async () => {
     const agent = await run({ args: ['--shutdown-grace-period=2s'] });
+    agent.expectLogs({ level: 'warn', msg: 'grace period over, cancelling calls', why: 'a call to a hung target outlasts the grace period on purpose' });
     await agent.waitForStatuses(healthyReady);
     // A worker probe of the stuck pod is hanging too (its first run takes its whole 10 s timeout).
     await until(async () => (sample((await agent.http('/metrics')).body, 'probe_agent_probes_in_flight') ?? 0) >= 1, 5000, 'a worker probe in flight');

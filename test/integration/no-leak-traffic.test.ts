@@ -174,7 +174,7 @@ describe('the daemon probing every kind of probe for several periods', () => {
     expect(zero).toEqual({ node_to_pods: 0, routed_between_pods: 0, bridged_between_pods: 0, drops: 0 });
     const loBefore = (await podCounters(web)).via_lo ?? 0;
 
-    agent = await startAgent({ kubeletUrl: kubelet.httpUrl, pollInterval: '300ms' });
+    agent = await startAgent({ kubeletUrl: kubelet.httpUrl, pollInterval: '300ms', expectedLogs: [{ level: 'warn', msg: 'probe errored; result kept', line: /"containerName":"host[46]".*"reason":"host-refused"/, why: 'probes with a host field naming another address are refused on purpose (they would leak traffic)' }] });
     const started = Date.now();
     const ok = (s: ProbeStatus[], pod: string, c: string): boolean => byContainer(s, pod, c)?.result === 'success';
     await agent.waitForStatuses((s) => s.length === 11 && s.every((x) => x.lastProbeTime > 0), 30_000);

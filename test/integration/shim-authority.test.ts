@@ -24,6 +24,7 @@ import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri, readContainerEvents, RUNTIME_SERVICE, type CriAnswer } from '../support/kubelet-cri.ts';
 import { makePod } from '../support/pod-factory.ts';
 import { grpcRequestHeaders, headerValue, rawUnary } from '../support/raw-h2.ts';
+import { shimLogSink } from '../support/log-check.ts';
 
 const NS = 'shim-authority';
 const HTTP = 8080;
@@ -41,7 +42,7 @@ let direct: KubeletCri;
 let pod: LabSandbox;
 let app: LabContainer;
 let server: SandboxServer | undefined;
-const shimLog: Array<{ level: string; msg: string; fields?: Record<string, unknown> }> = [];
+const shimLog = shimLogSink('shim (shim-authority)');
 
 function same(a: CriAnswer, b: CriAnswer): void {
   if (a.ok && b.ok) expect(Buffer.compare(a.raw, b.raw)).toBe(0);
@@ -74,7 +75,7 @@ beforeAll(async () => {
   agent = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: 'cri', args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`] });
   shim = new CriShim({
     listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: agent.socket,
-    log: (level, msg, fields) => shimLog.push(fields ? { level, msg, fields } : { level, msg }),
+    log: shimLog.log,
   });
   await shim.listen();
   direct = new KubeletCri(ctrd.socket);
@@ -130,7 +131,7 @@ describe.each([
   });
 
   it(`the connection is ${rewritten ? 'rewritten (one info line naming the authority)' : 'carried natively (no rewrite)'}`, () => {
-    const lines = shimLog.filter((l) => l.msg.includes('rewriting') && l.fields?.['authority'] === authority);
+    const lines = shimLog.records.filter((l) => String(l['msg']).includes('rewriting') && l['authority'] === authority);
     expect(lines.length).toBe(rewritten ? 1 : 0);
   });
 });
@@ -170,6 +171,7 @@ describe('a client sending no :authority at all (raw HTTP/2: gRPC libraries alwa
 
 describe('malformed HTTP/2 from a client', () => {
   it('closes that connection with one warning; the shim serves the next client', async () => {
+    shimLog.expect({ level: 'warn', msg: 'closing a connection that is not HTTP/2 the shim can carry', line: /not an HTTP\/2 client preface/, why: 'an HTTP/1.1 client, on purpose' });
     const net = await import('node:net');
     const closed = await new Promise<boolean>((resolve) => {
       const s = net.connect(shim.config.listenPath);
@@ -179,8 +181,8 @@ describe('malformed HTTP/2 from a client', () => {
       s.on('close', () => resolve(true));
       setTimeout(() => resolve(false), 10_000);
     });
-    expect(closed, JSON.stringify(shimLog)).toBe(true);
-    expect(shimLog.some((l) => l.level === 'warn' && /not an HTTP\/2 client preface/.test(String(l.fields?.['error']))), JSON.stringify(shimLog)).toBe(true);
+    expect(closed, JSON.stringify(shimLog.records)).toBe(true);
+    expect(shimLog.records.some((l) => l['level'] === 'warn' && /not an HTTP\/2 client preface/.test(String(l['error']))), JSON.stringify(shimLog.records)).toBe(true);
     const c = new KubeletCri(shim.config.listenPath, { 'grpc.default_authority': SOCKET_PATH_AUTHORITY });
     try {
       const v = await c.call('Version', { version: 'v1' });

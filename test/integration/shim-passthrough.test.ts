@@ -18,6 +18,7 @@ import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { labScratch } from '../lab/slots.ts';
 import { createContainerdLab, type ContainerdLab, type LabSandbox } from '../lab/containerd.ts';
 import { KubeletCri, readContainerEvents, RUNTIME_SERVICE, type CriAnswer } from '../support/kubelet-cri.ts';
+import { shimLogSink } from '../support/log-check.ts';
 
 let ctrd: ContainerdLab;
 let scratch: string;
@@ -44,12 +45,15 @@ function sameMapped(a: CriAnswer, b: CriAnswer): void {
   } else expect(a).toEqual(b);
 }
 
+/** The shim's log lines, checked when the file ends; a test lists the warnings it provokes. */
+const shimLogs = shimLogSink('shim (shim-passthrough)');
+
 beforeAll(async () => {
   ctrd = await createContainerdLab();
   importBusyboxImage(ctrd.socket);
   scratch = labScratch('shim-test-');
   // No agent behind probe.sock: plain passthrough needs none.
-  shim = new CriShim({ listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: path.join(scratch, 'no-agent.sock'), log: () => {} });
+  shim = new CriShim({ listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: path.join(scratch, 'no-agent.sock'), log: shimLogs.log });
   await shim.listen();
   viaShim = new KubeletCri(shim.config.listenPath);
   direct = new KubeletCri(ctrd.socket);
@@ -241,6 +245,7 @@ describe('a rewritten command without the shim (issue 11 item 4)', () => {
 
 describe('the runtime down and back', () => {
   it('calls fail fast with UNAVAILABLE while containerd is down, and work again through the same shim once it is back', async () => {
+    shimLogs.expect({ level: 'warn', msg: 'runtime unavailable', line: /"error":"connection refused"/, why: 'containerd is stopped on purpose' });
     await ctrd.stopContainerd();
     const down = await viaShim.call('Version', { version: 'v1' }, 5000);
     expect(down.ok).toBe(false);
@@ -272,7 +277,7 @@ describe('streams through the shim', () => {
     }, def.responseSerialize, def.requestDeserialize, 'serverStream');
     const sock = path.join(scratch, 'stream-runtime.sock');
     await new Promise<void>((resolve, reject) => server.bindAsync(`unix:${sock}`, grpc.ServerCredentials.createInsecure(), (err) => (err ? reject(err) : resolve())));
-    const s2 = new CriShim({ listenPath: path.join(scratch, 'cri2.sock'), runtimeSocket: sock, probeSocket: path.join(scratch, 'none.sock'), log: () => {} });
+    const s2 = new CriShim({ listenPath: path.join(scratch, 'cri2.sock'), runtimeSocket: sock, probeSocket: path.join(scratch, 'none.sock'), log: shimLogSink('shim over a streaming runtime (shim-passthrough)').log });
     await s2.listen();
     const k = new KubeletCri(s2.config.listenPath);
     try {

@@ -25,6 +25,7 @@ import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri, type CriAnswer } from '../support/kubelet-cri.ts';
 import { makePod } from '../support/pod-factory.ts';
+import { shimLogSink } from '../support/log-check.ts';
 
 const NS = 'shim-e2e';
 const HTTP = 8080;
@@ -80,6 +81,9 @@ async function settled(name: 'inside' | 'outside'): Promise<number> {
 }
 
 
+/** The shim's log lines, checked when the file ends; each test lists the warnings it provokes. */
+const shimLogs = shimLogSink('shim (shim-probes)');
+
 async function startTheAgent(): Promise<AgentHandle> {
   const a = await startAgent({
     kubeletUrl: kubelet.httpUrl,
@@ -125,7 +129,7 @@ beforeAll(async () => {
   container.readinessProbe = { exec: { command: encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } }) }, periodSeconds: 1, timeoutSeconds: 1 };
   kubelet = await FakeKubelet.start({ pods: [spec] });
   agent = await startTheAgent();
-  shim = new CriShim({ listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: probeLink, agentGraceMs: 1000, hookAgentWaitMs: 1500, log: () => {} });
+  shim = new CriShim({ listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: probeLink, agentGraceMs: 1000, hookAgentWaitMs: 1500, log: shimLogs.log });
   await shim.listen();
   k = new KubeletCri(shim.config.listenPath);
 }, 90_000);
@@ -213,6 +217,7 @@ describe('rewritten HTTP/TCP hooks (kubelet sends exec hooks with timeout 0)', (
   });
 
   it('a hook for an unknown container: NOT_FOUND (a failed hook for kubelet, nothing crashes)', async () => {
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":5,.*is not known on this node/, why: 'a hook for a container the node does not have, on purpose' });
     const e = grpcError(await k.execSync('e'.repeat(64), encodeShimCommand('preStop', { httpGet: { path: '/', port: HTTP } }), 0));
     expect(e.code).toBe(grpc.status.NOT_FOUND);
   });
@@ -220,12 +225,15 @@ describe('rewritten HTTP/TCP hooks (kubelet sends exec hooks with timeout 0)', (
 
 describe('answers kubelet discards (gRPC errors, never DEADLINE_EXCEEDED)', () => {
   it('an unknown container: NOT_FOUND', async () => {
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":5,.*is not known on this node/, why: 'a probe of a container the node does not have, on purpose' });
     const e = grpcError(await probe('readiness', { httpGet: { path: '/healthz', port: HTTP } }, 1, 'f'.repeat(64)));
     expect(e.code).toBe(grpc.status.NOT_FOUND);
     expect(e.details).toMatch(/not known on this node/);
   });
 
   it('a port name the container does not have: a gRPC error', async () => {
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /no-such-port/, why: 'a probe of a port name the container does not have, on purpose' });
+    agent!.expectLogs({ level: 'warn', msg: 'probe errored; result kept', line: /"reason":"port-unresolved".*no-such-port/, why: 'the same probe, recorded by the agent as the rewritten probe\'s status' });
     const e = grpcError(await probe('readiness', { httpGet: { path: '/healthz', port: 'no-such-port' } }));
     expect(e.code).not.toBe(grpc.status.DEADLINE_EXCEEDED);
     expect(e.details).toMatch(/no-such-port/);
@@ -240,12 +248,14 @@ describe('answers kubelet discards (gRPC errors, never DEADLINE_EXCEEDED)', () =
     ['a port of the wrong type', [SHIM_COMMAND_PATH, 'liveness', Buffer.from(JSON.stringify({ tcpSocket: { port: { x: 1 } } })).toString('base64url')]],
     ['a grpc hook', [SHIM_COMMAND_PATH, 'postStart', Buffer.from(JSON.stringify({ grpc: { port: 1 } })).toString('base64url')]],
   ])('a malformed command (%s): INVALID_ARGUMENT with the reason', async (_name, cmd) => {
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent shim: /, why: 'malformed commands, on purpose' });
     const e = grpcError(await k.execSync(app.id, cmd as string[], 1));
     expect(e.code).toBe(grpc.status.INVALID_ARGUMENT);
     expect(e.details).toMatch(/^probe-agent shim: /);
   });
 
   it('an agent-side refusal (a port out of range): INVALID_ARGUMENT from the agent', async () => {
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent refused the liveness probe: .*70000/, why: 'a port out of range, refused by the agent, on purpose' });
     const e = grpcError(await probe('liveness', { tcpSocket: { port: 70000 } }));
     expect(e.code).toBe(grpc.status.INVALID_ARGUMENT);
   });
@@ -260,6 +270,7 @@ describe('the agent slow, down and restarted', () => {
   }
 
   it('a stopped (hung) agent: the probe gets UNAVAILABLE after timeout + grace, ordinary calls meanwhile are unaffected', async () => {
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":14,"error":"probe-agent did not run the readiness probe: .*did not answer/, why: 'the agent is stopped (SIGSTOP) on purpose' });
     process.kill(agent!.pid, 'SIGSTOP');
     try {
       const pending = probe('readiness', { httpGet: { path: '/healthz', port: HTTP } }, 1);
@@ -275,6 +286,7 @@ describe('the agent slow, down and restarted', () => {
   });
 
   it('a dead agent: UNAVAILABLE at once for probes, a failed hook after the wait, ordinary calls unaffected; a restarted agent is used again', async () => {
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":14,"error":"probe-agent did not run the (liveness probe|preStop hook): /, why: 'the agent is killed on purpose' });
     await agent!.stop('SIGKILL');
     agent = undefined;
     const e = grpcError(await probe('liveness', { tcpSocket: { port: HTTP } }));

@@ -30,6 +30,7 @@ import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri, RUNTIME_SERVICE } from '../support/kubelet-cri.ts';
 import { makePod } from '../support/pod-factory.ts';
+import { shimLogSink } from '../support/log-check.ts';
 
 const NS = 'shim-relay';
 const HTTP = 8080;
@@ -46,7 +47,7 @@ let direct: KubeletCri;
 let pod: LabSandbox;
 let app: LabContainer;
 let server: SandboxServer | undefined;
-const shimLog: Array<{ level: string; msg: string; fields?: Record<string, unknown> }> = [];
+const shimLog = shimLogSink('shim, frame relay (shim-relay)');
 
 beforeAll(async () => {
   ctrd = await createContainerdLab();
@@ -63,7 +64,7 @@ beforeAll(async () => {
   agent = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: 'cri', args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`] });
   shim = new CriShim({
     listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: agent.socket, relay: 'frames',
-    log: (level, msg, fields) => shimLog.push(fields ? { level, msg, fields } : { level, msg }),
+    log: shimLog.log,
   });
   await shim.listen();
   direct = new KubeletCri(ctrd.socket);
@@ -325,7 +326,7 @@ describe('the frame relay on one kubelet connection', () => {
 describe('close(graceMs) with the frame relay', () => {
   it('lets a hook in flight finish within the grace, then closes; a hook past the grace is cut', async () => {
     for (const [graceMs, slowMs, finishes] of [[20_000, 1500, true], [300, 5000, false]] as const) {
-      const s2 = new CriShim({ listenPath: path.join(scratch, `cri-close-${graceMs}.sock`), runtimeSocket: ctrd.socket, probeSocket: agent.socket, relay: 'frames', log: () => {} });
+      const s2 = new CriShim({ listenPath: path.join(scratch, `cri-close-${graceMs}.sock`), runtimeSocket: ctrd.socket, probeSocket: agent.socket, relay: 'frames', log: shimLogSink(`shim closing with grace ${graceMs} ms (shim-relay)`).log });
       await s2.listen();
       const k = new KubeletCri(s2.config.listenPath);
       try {
@@ -365,6 +366,7 @@ describe('containerd stopping while a hook runs', () => {
     try {
       expect((await k.call('Version', { version: 'v1' })).ok).toBe(true);
       const errorsBefore = shim.stats.runtimeErrors;
+      shimLog.expect({ level: 'warn', msg: 'runtime unavailable', line: /"error":"connection (refused|closed)"/, why: 'containerd is stopped on purpose while a hook runs' });
       const hook = k.execSync(app.id, encodeShimCommand('preStop', { httpGet: { path: '/slow?ms=3000', port: HTTP } }), 0);
       await new Promise((r) => setTimeout(r, 500));
       await ctrd.stopContainerd();

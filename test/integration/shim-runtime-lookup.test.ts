@@ -26,6 +26,7 @@ import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri, type CriAnswer } from '../support/kubelet-cri.ts';
 import { makePod } from '../support/pod-factory.ts';
+import { shimLogSink } from '../support/log-check.ts';
 
 const NS = 'shim-rt';
 const PORT = 8080;
@@ -92,6 +93,9 @@ async function podWithServer(name: string, annotations?: Record<string, string>,
   return sb;
 }
 
+/** The shim's log lines, checked when the file ends; a test lists the warnings it provokes. */
+const shimLogs = shimLogSink('shim (shim-runtime-lookup)');
+
 beforeAll(async () => {
   ctrd = await createContainerdLab();
   scratch = labScratch('shim-rt-');
@@ -106,7 +110,7 @@ beforeAll(async () => {
   // The agent's first (and, at 60 s, only) poll of the test.
   for (let i = 0; i < 200 && kubelet.requests.length === 0; i++) await new Promise((r) => setTimeout(r, 50));
   await new Promise((r) => setTimeout(r, 200));
-  shim = new CriShim({ listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: agent.socket, agentGraceMs: 1000, hookAgentWaitMs: 1500, log: () => {} });
+  shim = new CriShim({ listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: agent.socket, agentGraceMs: 1000, hookAgentWaitMs: 1500, log: shimLogs.log });
   await shim.listen();
   k = new KubeletCri(shim.config.listenPath);
 }, 90_000);
@@ -185,6 +189,7 @@ describe('header values from the pod\'s original-handlers annotation on the sand
     ['the recorded header at that index has another name', 'liveness', [{ name: 'Authorization', valueFrom: 'annotation' }], /recorded header at index 0 is "X-Other", not "Authorization"/],
     ['no recorded header at that index', 'readiness', [{ name: 'X-Trace', value: 'plain' }, { name: 'Authorization', value: SECRET }, { name: 'Authorization', valueFrom: 'annotation' }], /no recorded header at index 2/],
   ] as const)('%s: a gRPC error kubelet discards, naming the cause', async (_name, kind, headers, message) => {
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent refused the (startup|liveness|readiness) probe: handler\.http_get\.http_headers\[\d\]: value from annotation /, why: 'header records that do not fit the command, on purpose' });
     const before = seenAuth.get('annotated')!.length;
     const e = grpcError(await run(app, kind, rewritten('/auth', PORT, [...headers])));
     expect(e.code).toBe(grpc.status.INVALID_ARGUMENT);
@@ -194,6 +199,7 @@ describe('header values from the pod\'s original-handlers annotation on the sand
   });
 
   it('a pod without the annotation: a gRPC error for the probe, a failed hook for kubelet', async () => {
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent refused the (readiness probe|preStop hook): .*the pod has no such annotation/, why: 'a pod without the annotation, on purpose' });
     const e = grpcError(await run(bare, 'readiness', rewritten('/auth', PORT, [{ name: 'Authorization', valueFrom: 'annotation' }])));
     expect(e.code).toBe(grpc.status.INVALID_ARGUMENT);
     expect(e.details).toMatch(/the pod has no such annotation/);
@@ -205,6 +211,7 @@ describe('header values from the pod\'s original-handlers annotation on the sand
 
 describe('a sandbox that goes away', () => {
   it('once stopped, its container\'s probe through the shim is a gRPC error kubelet discards, not a success', async () => {
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"error":"probe-agent refused the readiness probe: .*(READY sandbox|SANDBOX_NOTREADY|not known on this node)/, why: 'the sandbox is stopped on purpose' });
     const sb = await podWithServer('going');
     const c = await ctrd.runContainer(sb, { name: 'app', annotations: PORTS });
     expect(execAnswer(await run(c, 'readiness', { tcpSocket: { port: PORT } })).exitCode).toBe(0);

@@ -32,6 +32,7 @@ import { KubeletCri, type CriAnswer } from '../support/kubelet-cri.ts';
 import { makePod } from '../support/pod-factory.ts';
 import { buildPreviousRelease, type PreviousRelease } from '../support/previous-release.ts';
 import { startShimProcess, type ShimProcess } from '../support/shim-process.ts';
+import type { ExpectedLog } from '../support/log-check.ts';
 
 const NS = 'skew';
 const HTTP = 8080;
@@ -162,6 +163,18 @@ function shape(v: Verdict): string {
   return v.kind === 'exit' ? `exit ${v.exitCode === 0 ? 0 : 'non-zero'}${v.exitCode !== 0 && v.stdout.length > 0 ? ' with a message' : ''}` : `gRPC ${grpc.status[v.code]}`;
 }
 
+/**
+ * What the error cases below provoke through every pair on purpose ("failures and errors keep their
+ * meaning", an unknown container, a header value the annotation contradicts): the agents record the
+ * probe of a port name the container lacks as errored, and the shims say they could not answer.
+ */
+const SKEW_AGENT_LOGS: ExpectedLog[] = [
+  { level: 'warn', msg: 'probe errored; result kept', line: /"reason":"port-unresolved","message":"port \\"no-such-port\\" not found"/, why: 'a probe of a port name the container lacks, on purpose' },
+];
+const SKEW_SHIM_LOGS: ExpectedLog[] = [
+  { level: 'warn', msg: 'rewritten handler not run', line: /no-such-port|70000|is not known on this node|X-Token/, why: 'the error cases: a missing port name, a port out of range, an unknown container, a contradicted header value' },
+];
+
 function pair(shim: Release, agent: Release): Pair {
   const p = pairs.find((x) => x.shim === shim && x.agent === agent);
   if (!p) throw new Error(`no ${shim} shim + ${agent} agent pair`);
@@ -194,13 +207,14 @@ beforeAll(async () => {
       kubeletUrl: kubelet.httpUrl,
       resolvers: 'cri',
       args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`],
+      expectedLogs: SKEW_AGENT_LOGS,
       ...(release === 'previous' ? { cli: prev.cli } : {}),
     }));
   }
   for (const shim of ['current', 'previous'] as const) {
     for (const agent of ['current', 'previous'] as const) {
       const listen = path.join(scratch, `${shim}-shim-${agent}-agent.sock`);
-      const proc = await startShimProcess(shim === 'current' ? CURRENT_CLI : prev.cli, listen, shimFlags(shim, agents.get(agent)!.socket));
+      const proc = await startShimProcess(shim === 'current' ? CURRENT_CLI : prev.cli, listen, shimFlags(shim, agents.get(agent)!.socket), undefined, SKEW_SHIM_LOGS);
       pairs.push({ shim, agent, proc, cri: new KubeletCri(listen) });
     }
   }

@@ -12,6 +12,7 @@
 import { fileURLToPath } from 'node:url';
 import { requireRoot } from '../support/root.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
+import type { ExpectedLog } from '../support/log-check.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import type { ProbeStatus } from '../../agent/scheduler/types.ts';
 import { cpuSeconds, sample, sleep, snapshot, type ProcessSnapshot } from './observe.ts';
@@ -40,6 +41,16 @@ export interface SoakOptions {
    */
   startAgent?: (kubelet: FakeKubelet) => Promise<SoakAgent>;
 }
+
+/**
+ * Warnings the churn itself causes (checked when the agent runs under vitest, test/support/log-check.ts):
+ * a pod whose netns was just deleted is not resolvable until kubelet's list drops it, and a reply
+ * the helper still had for a probe the agent gave up on meets a closed pipe.
+ */
+const CHURN_LOGS: ExpectedLog[] = [
+  { level: 'warn', msg: 'probe errored; result kept', line: /"reason":"netns-unresolved","message":"netns of pod soak\/soak-\d+ /, why: 'pods are deleted under their probes on purpose (churn)' },
+  { level: 'warn', msg: 'netns helper stderr', line: /"line":"probe-agent-netns-helper: dropping a reply: Broken pipe"/, why: 'the helper answers a probe of a pod deleted meanwhile after the agent stopped waiting (churn)' },
+];
 
 /** What the soak needs of a running agent: its process (host PID), its API, its metrics, and a way to stop it. */
 export type SoakAgent = Pick<AgentHandle, 'pid' | 'client' | 'http' | 'waitForStatuses' | 'stop'>;
@@ -106,7 +117,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakReport> {
     await world.start();
     agent = o.startAgent
       ? await o.startAgent(kubelet)
-      : await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: o.resolver, pollInterval: '1s', env: o.agentEnv ?? DAEMONSET_ENV });
+      : await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: o.resolver, pollInterval: '1s', env: o.agentEnv ?? DAEMONSET_ENV, expectedLogs: CHURN_LOGS });
     const a = agent;
     o.log(`soak: ${o.pods} pods x 3 probes on ${world.slots.length} netns (${o.labs} labs), ${o.resolver} resolver, agent pid ${a.pid}, seed ${o.seed}`);
     // Every probe has run; a result that is wrong already will be judged like any other.

@@ -1,7 +1,9 @@
 /**
  * Runs the real daemon (`node agent/cli.ts run`) as a child process for end-to-end tests: a
  * private socket and a loopback metrics port, JSON logs captured, and helpers to wait for
- * results through the real API and to read /metrics.
+ * results through the real API and to read /metrics. Once the test file ends, any warn/error
+ * (or non-JSON) line the agent wrote fails it unless listed in `expectedLogs` / expectLogs()
+ * (log-check.ts): a healthy run logs none.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -9,6 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ProbeApiClient } from '../../agent/api/client.ts';
 import type { ProbeStatus } from '../../agent/scheduler/types.ts';
+import { LogLines, trackLogs, type ExpectedLog, type LogRecord } from './log-check.ts';
 
 const ROOT = new URL('../..', import.meta.url).pathname;
 
@@ -25,6 +28,8 @@ export interface AgentOptions {
   detached?: boolean;
   /** The CLI entry to run (default this checkout's agent/cli.ts), e.g. a previous release's dist/cli.js. */
   cli?: string;
+  /** Warn/error lines the test provokes on purpose (each with why); any other fails the test file. */
+  expectedLogs?: ExpectedLog[];
 }
 
 /** A running agent process. */
@@ -33,8 +38,10 @@ export interface AgentHandle {
   pid: number;
   socket: string;
   metricsUrl: string;
-  /** Parsed JSON log lines so far (stderr). */
-  logs: Record<string, unknown>[];
+  /** Parsed JSON log lines so far (stderr); a line that is not JSON is `{ level: 'non-json', line }`. */
+  logs: LogRecord[];
+  /** Adds warn/error lines a later step of the test provokes on purpose (see AgentOptions.expectedLogs). */
+  expectLogs(...more: ExpectedLog[]): void;
   client: ProbeApiClient;
   /** Polls ListProbeStatus until `pred` holds; returns the statuses. */
   waitForStatuses(pred: (s: ProbeStatus[]) => boolean, timeoutMs?: number): Promise<ProbeStatus[]>;
@@ -79,27 +86,18 @@ export async function startAgent(opts: AgentOptions): Promise<AgentHandle> {
     ...(opts.args ?? []),
   ];
   const proc = spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...opts.env }, detached: opts.detached === true });
-  const logs: Record<string, unknown>[] = [];
-  let partial = '';
+  const lines = new LogLines();
+  const logs = lines.records;
   let metricsUrl = '';
   let exited: number | string | null | undefined;
   const exitWaiters: ((code: number | string | null) => void)[] = [];
   proc.stderr!.setEncoding('utf8');
   proc.stderr!.on('data', (chunk: string) => {
-    partial += chunk;
-    let nl: number;
-    while ((nl = partial.indexOf('\n')) >= 0) {
-      const line = partial.slice(0, nl);
-      partial = partial.slice(nl + 1);
-      try {
-        const rec = JSON.parse(line) as Record<string, unknown>;
-        logs.push(rec);
-        if (rec.msg === 'metrics listener started') metricsUrl = `http://${String(rec.address)}`;
-      } catch {
-        logs.push({ msg: 'non-json', line });
-      }
+    for (const rec of lines.push(chunk)) {
+      if (rec['msg'] === 'metrics listener started') metricsUrl = `http://${String(rec['address'])}`;
     }
   });
+  const checked = trackLogs(`agent pid ${proc.pid} (${args[0]})`, logs, opts.expectedLogs);
   proc.once('exit', (code, signal) => {
     exited = code ?? signal;
     for (const w of exitWaiters.splice(0)) w(exited);
@@ -132,6 +130,7 @@ export async function startAgent(opts: AgentOptions): Promise<AgentHandle> {
     socket,
     metricsUrl,
     logs,
+    expectLogs: checked.expect,
     client,
     waitForStatuses: (pred, timeoutMs = 15_000) => pollStatuses(client, pred, timeoutMs, 100,
       (last) => `last statuses: ${JSON.stringify(last.map((s) => [s.podName, s.key.probeType, s.result, s.lastMessage]))}`),

@@ -86,6 +86,10 @@ export class FakeKubelet {
     this.#https = createHttpsServer(tls, (req, res) => this.#handle('https', req, res));
     this.#http = createHttpServer((req, res) => this.#handle('http', req, res));
     for (const server of [this.#https, this.#http]) {
+      // As kubelet's own server (IdleTimeout 90 s), not Node's 5 s: with Node's default a test whose
+      // event loop is blocked for seconds (a spawnSync build) closes the agent's idle connection
+      // under the poll it just sent, and the agent logs "kubelet /pods unreachable: read ECONNRESET".
+      server.keepAliveTimeout = 90_000;
       server.on('connection', (socket: Socket) => {
         socket.on('error', () => {});
         if (this.#fault === 'reset') {
