@@ -3,6 +3,7 @@
  * `make e2e-critest`'s stand-in images. Plain HTTP, no auth; the packaged service is never used.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 
@@ -21,7 +22,8 @@ export async function startRegistry(dir: string, port: number, timeoutMs = 20_00
     'version: 0.1',
     'log: {level: warn, accesslog: {disabled: true}}',
     `storage: {filesystem: {rootdirectory: ${path.join(dir, 'data')}}, delete: {enabled: true}}`,
-    `http: {addr: "127.0.0.1:${port}"}`,
+    // A secret of its own, or the registry warns that it made one up.
+    `http: {addr: "127.0.0.1:${port}", secret: ${randomBytes(16).toString('hex')}}`,
     '',
   ].join('\n'));
   const logFile = path.join(dir, 'registry.log');
