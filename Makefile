@@ -137,7 +137,8 @@ e2e-kubelet: build
 
 ## e2e-critest: cri-tools' critest v1.26 you provide (CRITEST=/path/to/critest), run against the lab's containerd
 ## directly and through the shim, on busybox-based stand-in images served by a loopback registry; compares the two
-## JUnit reports spec by spec and prints a table (CRITEST_SEED, CRITEST_TIMEOUT_MIN, E2E_KEEP_LOGS=1; not in `make test`).
+## JUnit reports spec by spec and prints a table (CRITEST_SEED, CRITEST_FOCUS, CRITEST_SKIP, CRITEST_TIMEOUT_MIN,
+## E2E_KEEP_LOGS=1; not in `make test`).
 e2e-critest: build .tools/.critest-deps
 	@test -n "$(CRITEST)" || { echo "usage: make e2e-critest CRITEST=/path/to/critest" >&2; exit 2; }
 	node test/e2e-critest/run.ts --critest "$(CRITEST)"

@@ -161,11 +161,20 @@ async function startShim(scratch: string, ctrd: ContainerdLab): Promise<{ child:
   return { child, socket, metrics, log };
 }
 
+/**
+ * ginkgo's skip and focus: SKIPPED_SPECS unless CRITEST_SKIP gives another regex ('' for none), and
+ * CRITEST_FOCUS to run only some specs (both ways), e.g. again the one that ended differently.
+ */
+function ginkgoFilters(): { skip: string; focus: string } {
+  const skip = process.env['CRITEST_SKIP'] ?? SKIPPED_SPECS.map((s) => s.pattern.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')).join('|');
+  return { skip, focus: process.env['CRITEST_FOCUS'] ?? '' };
+}
+
 /** Runs critest against `endpoint`; resolves with its exit code (null when killed at the time limit). */
 async function runCritest(critest: string, endpoint: string, junit: string, logFile: string, seed: number, timeoutMs: number): Promise<number | null> {
-  const skip = SKIPPED_SPECS.map((s) => s.pattern.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')).join('|');
+  const { skip, focus } = ginkgoFilters();
   const args = [`--runtime-endpoint=${endpoint}`, `--image-endpoint=${endpoint}`, `-ginkgo.junit-report=${junit}`,
-    `-ginkgo.seed=${seed}`, `-ginkgo.skip=${skip}`, '-ginkgo.no-color'];
+    `-ginkgo.seed=${seed}`, '-ginkgo.no-color', ...(skip ? [`-ginkgo.skip=${skip}`] : []), ...(focus ? [`-ginkgo.focus=${focus}`] : [])];
   const child = startLogged(critest, args, logFile);
   cleanups.push(() => stopChild(child, 5000));
   const timer = setTimeout(() => {
@@ -262,7 +271,11 @@ function printReport(critest: string, seed: number, runs: RunResult[]): boolean 
   const diffs = compareRuns(a.specs, b.specs);
   const row = (label: string, x: string | number, y: string | number): void => console.log(`${label.padEnd(34)}${String(x).padStart(12)}${String(y).padStart(18)}`);
   console.log(`\ncritest ${critest}, ginkgo seed ${seed}`);
-  console.log(`skipped in both runs (-ginkgo.skip):\n${SKIPPED_SPECS.map((s) => `  "${s.pattern}": ${s.why}`).join('\n')}\n`);
+  const { skip, focus } = ginkgoFilters();
+  if (process.env['CRITEST_SKIP'] === undefined) console.log(`skipped in both runs (-ginkgo.skip):\n${SKIPPED_SPECS.map((s) => `  "${s.pattern}": ${s.why}`).join('\n')}`);
+  else console.log(`-ginkgo.skip from CRITEST_SKIP: ${skip ? `"${skip}"` : 'none'}`);
+  if (focus) console.log(`-ginkgo.focus from CRITEST_FOCUS: "${focus}"`);
+  console.log('');
   row('', 'direct', 'through the shim');
   row('specs', ca.total, cb.total);
   row('  passed', ca.passed, cb.passed);
@@ -279,7 +292,8 @@ function printReport(critest: string, seed: number, runs: RunResult[]): boolean 
 
   const both = (o: string): SpecResult[] => a.specs.filter((s) => outcomeOf(s.status) === o && b.specs.some((t) => t.name === s.name && outcomeOf(t.status) === o));
   const ownSkips = both('skipped').filter((s) => !SKIPPED_SPECS.some((k) => s.name.includes(k.pattern)));
-  if (ownSkips.length) console.log(`\nskipped by critest itself in both runs (${ownSkips.length}):\n${ownSkips.map((s) => `  ${s.name}${s.message && s.message !== 'skipped' ? ` (${s.message})` : ''}`).join('\n')}`);
+  // Listed when few: with CRITEST_FOCUS nearly every spec is skipped.
+  if (ownSkips.length > 0 && ownSkips.length <= 10) console.log(`\nskipped by critest itself in both runs (${ownSkips.length}):\n${ownSkips.map((s) => `  ${s.name}${s.message && s.message !== 'skipped' ? ` (${s.message})` : ''}`).join('\n')}`);
   const failedBoth = both('failed');
   if (failedBoth.length) {
     console.log(`\nfailed in both runs (${failedBoth.length}):`);
