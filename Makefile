@@ -28,7 +28,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: build deps system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet
+.PHONY: build deps system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -140,6 +140,18 @@ alerts: .tools/bin/node
 e2e-kubelet: build
 	@test -n "$(KUBELET)" || { echo "usage: make e2e-kubelet KUBELET=/path/to/kubelet" >&2; exit 2; }
 	node test/e2e-kubelet/run.ts --kubelet "$(KUBELET)"
+
+## e2e-critest: cri-tools' critest v1.26 you provide (CRITEST=/path/to/critest), run against the lab's containerd
+## directly and through the shim, on busybox-based stand-in images served by a loopback registry; compares the two
+## JUnit reports spec by spec and prints a table (CRITEST_SEED, CRITEST_FOCUS, CRITEST_SKIP, CRITEST_TIMEOUT_MIN,
+## E2E_KEEP_LOGS=1; not in `make test`).
+e2e-critest: build .tools/.critest-deps
+	@test -n "$(CRITEST)" || { echo "usage: make e2e-critest CRITEST=/path/to/critest" >&2; exit 2; }
+	node test/e2e-critest/run.ts --critest "$(CRITEST)"
+# Debian's docker-registry serves the stand-in images; skopeo pushes them there from docker-archives.
+.tools/.critest-deps: Makefile
+	@bash test/lab/install-system-deps.sh docker-registry skopeo
+	@mkdir -p .tools && touch $@
 
 ## image: build/probe-agent-image.tar (OCI archive, probe-agent:<version>) from the Dockerfile with
 ## buildah, on local stand-ins for node:24 / node:24-slim (cached in buildah's store by their inputs).

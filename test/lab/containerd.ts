@@ -110,8 +110,17 @@ export interface ContainerdLab {
   destroy(): Promise<void>;
 }
 
+/** How to set up the lab's containerd beyond its defaults. */
+export interface ContainerdLabOptions {
+  /**
+   * CRI registry mirrors: registry host -> endpoints (e.g. `{ 'registry.k8s.io': ['http://127.0.0.1:5000'] }`),
+   * so a test can pull images under their public names from a registry on loopback.
+   */
+  registryMirrors?: Record<string, string[]>;
+}
+
 /** Starts a private containerd with CNI and the pause image. */
-export async function createContainerdLab(): Promise<ContainerdLab> {
+export async function createContainerdLab(opts: ContainerdLabOptions = {}): Promise<ContainerdLab> {
   const slot = allocateSlot();
   const lay = slotLayout(slot);
   // A previous owner of this slot may have died without a sweep.
@@ -119,7 +128,7 @@ export async function createContainerdLab(): Promise<ContainerdLab> {
   const lab = new Lab(lay);
   registerExitCleanup(lab);
   try {
-    writeConfig(lay);
+    writeConfig(lay, opts);
     const image = ensurePauseImage();
     await lab.startContainerd();
     await run('ctr', ['--address', lab.socket, '-n', 'k8s.io', 'images', 'import', '--snapshotter', 'overlayfs', image], { timeout: 20_000 });
@@ -323,10 +332,13 @@ export function kubeletCgroupParent(prefix: string, uid: string, qos: QosClass):
   return qos === 'guaranteed' ? `/${prefix}/kubepods/pod${uid}` : `/${prefix}/kubepods/${qos}/pod${uid}`;
 }
 
-function writeConfig(lay: SlotLayout): void {
+function writeConfig(lay: SlotLayout, opts: ContainerdLabOptions): void {
   const d = lay.dir;
   for (const sub of ['root', 'state', 'net.d', 'ipam', 'runc', 'opt']) mkdirSync(path.join(d, sub), { recursive: true });
   const cri = 'plugins."io.containerd.grpc.v1.cri"';
+  // containerd 1.6 still reads registry.mirrors (config_path is the newer form); an http:// endpoint is pulled over plain HTTP.
+  const mirrors = Object.entries(opts.registryMirrors ?? {}).map(([host, endpoints]) =>
+    `[${cri}.registry.mirrors.${JSON.stringify(host)}]\n  endpoint = ${JSON.stringify(endpoints)}\n`).join('');
   const runtime = (name: string): string => `
 [${cri}.containerd.runtimes.${name}]
   runtime_type = "io.containerd.runc.v2"
@@ -366,7 +378,7 @@ ${runtime('runc')}${runtime('runsc')}
   bin_dir = "/usr/lib/cni"
   conf_dir = "${d}/net.d"
   max_conf_num = 1
-`);
+${mirrors}`);
   writeFileSync(path.join(d, 'net.d', '10-probe-agent-lab.conflist'), JSON.stringify({
     cniVersion: '1.0.0',
     name: lay.network,
