@@ -929,14 +929,7 @@ export class H2Connection implements Credit {
       else out[++merged] = b;
     }
     out.length = merged + 1;
-    if (out.length === 1) {
-      this.#socket.write(out[0]!);
-    } else {
-      // One writev, no copy: a large answer's frames from several reads are not concatenated.
-      this.#socket.cork();
-      for (const b of out) this.#socket.write(b);
-      this.#socket.uncork();
-    }
+    this.#socket.write(out.length === 1 ? out[0]! : Buffer.concat(out));
     if (this.#socket.writableLength > this.#maxBufferedOutput) {
       this.destroy(new H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, `peer does not read: ${this.#socket.writableLength} octets unsent`));
     }
