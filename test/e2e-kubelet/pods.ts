@@ -77,3 +77,11 @@ export function e2ePods(): Record<string, unknown>[] {
     ]),
   ];
 }
+
+/** A churn pod (issue 24): rewritten readiness on a named port and TCP liveness, every second. */
+export function churnPod(name: string): Record<string, unknown> {
+  return pod(name, [server('app', {
+    readinessProbe: { httpGet: { path: '/ready', port: 'http' }, ...fast },
+    livenessProbe: { tcpSocket: { port: HTTP_PORT }, ...fast, failureThreshold: 3 },
+  })]);
+}

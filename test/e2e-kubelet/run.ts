@@ -9,12 +9,14 @@
  * preStop hooks reach the pod, and a kubelet restart mid-run kills no pod. It reads kubelet's
  * /metrics/probes and the containers' restart counts, prints a pass/fail table (exit 0 when all
  * pass, 1 otherwise), puts back the sysctls kubelet changes and removes everything it created.
+ * Then the churn phase (churn.ts, issue 24) replaces pods for E2E_CHURN_SECONDS under a frame tap
+ * between the shim and containerd (frame-tap.ts). E2E_PHASES picks phases; the others print SKIP.
  * Any kubelet from 1.26 on: `kubelet --version` decides whether the runtime endpoints go in flags
  * (< 1.27) or in the config file (1.27 on; some builds have no flags for them), and the version heads
  * the table. Root only; not part of `make test` (no kubelet is built or fetched here).
  */
 import { execFileSync, spawnSync } from 'node:child_process';
-import { accessSync, constants, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { accessSync, constants, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { importBusyboxImage } from '../lab/busybox-image.ts';
@@ -23,12 +25,15 @@ import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';
+import { REPLACE_EVERY_MS, runChurn } from './churn.ts';
+import { startFrameTap, type FrameTap } from './frame-tap.ts';
 import { Kubelet, kubeletInfo } from './kubelet.ts';
 import {
-  check, checks, freePort, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
+  check, checks, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
   stopChild, tail, total, waitFor, type PodView,
 } from './lib.ts';
-import { e2ePods, HTTP_PORT, PODS } from './pods.ts';
+import { churnPod, e2ePods, HTTP_PORT, PODS } from './pods.ts';
+import { placePod, removePods, rewritePod, type PhaseContext } from './static-pods.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const CLI = path.join(ROOT, 'bin/probe-agent');
@@ -96,6 +101,9 @@ async function main(): Promise<number> {
   say('starting the lab containerd (CNI bridge, pause and busybox images)');
   const ctrd: ContainerdLab = await createContainerdLab();
   cleanups.push(() => ctrd.destroy());
+  cleanups.push(() => {
+    if (process.env['E2E_KEEP_LOGS'] === '1') execFileSync('cp', [path.join(ctrd.dir, 'containerd.log'), scratch]);
+  });
   importBusyboxImage(ctrd.socket);
   const lay = slotLayout(ctrd.slot);
 
@@ -107,12 +115,23 @@ async function main(): Promise<number> {
   const probeSocket = path.join(scratch, 'probe.sock');
   const shimSocket = path.join(scratch, 'cri.sock');
 
+  // The shim reaches containerd through a frame tap (frame-tap.ts) that counts the GOAWAYs
+  // containerd sends it, which containerd does not log; E2E_FRAME_TAP=0 connects it directly.
+  let tap: FrameTap | undefined;
+  let shimRuntime = ctrd.endpoint;
+  if (process.env['E2E_FRAME_TAP'] !== '0') {
+    tap = await startFrameTap(path.join(scratch, 'tap.sock'), ctrd.socket);
+    const t = tap;
+    cleanups.push(() => t.close());
+    shimRuntime = `unix://${path.join(scratch, 'tap.sock')}`;
+  }
+
   say('starting the agent (reading kubelet\'s /pods on the read-only port) and the shim');
   const agent = startLogged(CLI, ['run', `--kubelet-url=http://127.0.0.1:${roPort}`, '--kubelet-poll-interval=2s', `--cri-endpoint=${ctrd.endpoint}`,
     `--netns-dir=${ctrd.netnsDir}`, '--netns-resolvers=cri', `--socket=${probeSocket}`, '--metrics-address=127.0.0.1:0', `--node-name=${NODE_NAME}`], path.join(scratch, 'agent.log'));
   cleanups.push(() => stopChild(agent));
   // Its counters on a loopback port of this run, not the default socket another shim on this machine may hold.
-  const shim = startLogged(CLI, ['shim', '--listen', `unix://${shimSocket}`, '--runtime-endpoint', ctrd.endpoint, '--probe-socket', probeSocket,
+  const shim = startLogged(CLI, ['shim', '--listen', `unix://${shimSocket}`, '--runtime-endpoint', shimRuntime, '--probe-socket', probeSocket,
     '--metrics-socket=', `--metrics-listen=127.0.0.1:${shimMetricsPort}`], path.join(scratch, 'shim.log'));
   cleanups.push(() => stopChild(shim));
   if (!(await waitFor('the agent socket and the shim socket', 20_000, () => (existsSync(probeSocket) && existsSync(shimSocket)) || undefined))) {
@@ -120,14 +139,6 @@ async function main(): Promise<number> {
     return 1;
   }
 
-  // The pods, rewritten as a user would: probe-agent rewrite.
-  for (const p of e2ePods()) {
-    const name = (p.metadata as { name: string }).name;
-    const src = path.join(scratch, `${name}.json`);
-    writeFileSync(src, JSON.stringify(p));
-    const out = execFileSync(CLI, ['rewrite', '-f', src, '--output', 'json'], { encoding: 'utf8' });
-    writeFileSync(path.join(manifests, `${name}.json`), out);
-  }
   const podLogDirs = (): string[] => (existsSync('/var/log/pods') ? readdirSync('/var/log/pods').filter((d) => d.startsWith('default_') && d.includes(`-${NODE_NAME}_`)) : []);
   cleanups.push(() => {
     for (const d of podLogDirs()) rmSync(path.join('/var/log/pods', d), { recursive: true, force: true });
@@ -147,10 +158,46 @@ async function main(): Promise<number> {
     return 1;
   }
 
-  // The pods come up; readiness is timed from the container's start (CRI started_at) to kubelet's
-  // "SyncLoop (probe)" readiness line.
   const cri = new KubeletCri(ctrd.socket);
   cleanups.push(() => cri.close());
+  const ctx: PhaseContext = { kubelet, manifests, scratch, cli: CLI, cri, shimMetricsPort };
+  const phases = selectedPhases();
+  const unselected = `not in E2E_PHASES=${process.env['E2E_PHASES']}`;
+
+  if (phases.has('base')) await basePhase(ctx, shimSocket, lay.subnet4, lay.subnet6);
+  else skip('base phase (readiness, restart on 404, hooks, kubelet restart)', unselected);
+
+  if (phases.has('churn')) {
+    const seconds = Number(process.env['E2E_CHURN_SECONDS'] ?? 240);
+    if (!(seconds >= REPLACE_EVERY_MS / 1000)) {
+      skip('churn', `E2E_CHURN_SECONDS=${process.env['E2E_CHURN_SECONDS']}: less than one replacement round (${REPLACE_EVERY_MS / 1000} s)`);
+    } else {
+      // The churn starts from an empty node: its numbers are its own.
+      const left = readdirSafe(manifests).filter((f) => f.endsWith('.json')).map((f) => f.replace(/\.json$/, ''));
+      check('churn: earlier pods gone first', await removePods(ctx, left), left.join(', ') || 'none');
+      // One rewrite for all churn pods: the rewrite does not depend on the name, and a node process
+      // per pod would take the CPU the churn measures.
+      const template = rewritePod(ctx, churnPod('churn-template'));
+      await runChurn({
+        kubelet, manifests, cri, containerdLog: path.join(ctrd.dir, 'containerd.log'), tap, seconds,
+        manifest: (name) => JSON.stringify({ ...template, metadata: { ...template['metadata'], name } }),
+        shimPid: shim.pid!, shimLog: path.join(scratch, 'shim.log'), shimMetricsPort,
+      });
+    }
+  } else skip('churn', unselected);
+
+  console.log('logs: E2E_KEEP_LOGS=1 keeps kubelet\'s, the agent\'s and the shim\'s logs and the manifests in /tmp');
+  return checks.every((c) => c.outcome !== 'FAIL') ? 0 : 1;
+}
+
+/** The original checks: readiness, the hole closed, valueFrom headers, a 404 restart, hooks, a kubelet restart. */
+async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string, subnet6: string): Promise<void> {
+  const { kubelet, cri } = ctx;
+  const roPort = kubelet.setup.roPort;
+  for (const p of e2ePods()) placePod(ctx, p);
+
+  // The pods come up; readiness is timed from the container's start (CRI started_at) to kubelet's
+  // "SyncLoop (probe)" readiness line.
   const all = [PODS.webNum, PODS.webNamed, PODS.webExec, PODS.hooks] as string[];
   // When kubelet does not log its probe lines, the first /pods answer showing the pod Ready times it (100 ms polls).
   const seenReady = new Map<string, number>();
@@ -172,7 +219,7 @@ async function main(): Promise<number> {
     readiness[n] = started !== undefined && at !== undefined ? `${Math.round(at - started)} ms${line ? '' : ' (seen in /pods)'}` : 'not measured';
     check(`${n}: Ready`, p?.ready === true, `container start -> kubelet's readiness "ready": ${readiness[n]}`);
   }
-  check('the node cannot reach the pods (hole closed)', await nodeCannotReach(pods, roPort), `nft table ${NFT_TABLE} drops node -> ${lay.subnet4}, ${lay.subnet6}`);
+  check('the node cannot reach the pods (hole closed)', await nodeCannotReach(pods, roPort), `nft table ${NFT_TABLE} drops node -> ${subnet4}, ${subnet6}`);
 
   // Header values from the pod's annotation as kubelet copied it onto the sandbox: kubelet's own
   // ExecSync for a rewrite that keeps values out of the command (valueFrom), sent through the shim.
@@ -232,7 +279,7 @@ async function main(): Promise<number> {
   const crashyPod = (await podsOf(roPort)).find((p) => p.name === PODS.crashy);
   const crashyLogs = crashyPod ? podLogFiles(crashyPod.uid, 'app').map(safeRead).join('') : '';
   const preStops = (crashyLogs.match(/url:\/prestop/g) ?? []).length;
-  const preStopFailed = /PreStop hook failed|FailedPreStopHook/.test(safeRead(kubelet.log) + safeRead(path.join(scratch, 'kubelet-first.log')));
+  const preStopFailed = /PreStop hook failed|FailedPreStopHook/.test(safeRead(kubelet.log) + safeRead(path.join(ctx.scratch, 'kubelet-first.log')));
   check(`${PODS.crashy}: preStop httpGet runs in the pod before each kill`, preStops >= 1 && !preStopFailed,
     `${preStops} GET /prestop in the container's logs${preStopFailed ? '; kubelet: preStop failed' : ''}`);
 
@@ -259,8 +306,17 @@ async function main(): Promise<number> {
   console.log('\nrestart counts:');
   for (const p of finalPods.sort((a, b) => a.name.localeCompare(b.name))) console.log(`  ${p.name}: ${p.containers.map((c) => `${c.name}=${c.restartCount}`).join(' ')}`);
   console.log(`\nreadiness, container start -> ready: ${Object.entries(readiness).map(([n, v]) => `${n} ${v}`).join('; ')}`);
-  console.log('logs: E2E_KEEP_LOGS=1 keeps kubelet\'s, the agent\'s and the shim\'s logs and the manifests in /tmp');
-  return checks.every((c) => c.outcome !== 'FAIL') ? 0 : 1;
+}
+
+/** E2E_PHASES: a comma list of base, churn (default all); the others print SKIP rows. */
+function selectedPhases(): Set<string> {
+  const all = ['base', 'churn'];
+  const v = process.env['E2E_PHASES'];
+  if (!v) return new Set(all);
+  const want = v.split(',').map((x) => x.trim()).filter(Boolean);
+  const bad = want.filter((x) => !all.includes(x));
+  if (bad.length) usage(`E2E_PHASES: unknown phase ${bad.join(', ')} (want some of ${all.join(', ')})`);
+  return new Set(want);
 }
 
 /** Every pod IP on HTTP_PORT, from the node: none may connect (the nftables drop holds). */
