@@ -7,12 +7,13 @@
  * kubelet's PLEG healthy throughout. The GOAWAYs containerd sends the shim are counted by a frame
  * tap (frame-tap.ts), since containerd does not log them.
  */
-import { closeSync, openSync, readSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { closeSync, openSync, readSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import type { KubeletCri } from '../support/kubelet-cri.ts';
 import { goawaySummary, type FrameTap, type TapCounts } from './frame-tap.ts';
 import type { Kubelet } from './kubelet.ts';
 import { check, criMs, httpGet, klogTime, metricValue, NODE_NAME, podsOf, safeRead, say, skip, sleep } from './lib.ts';
+import { writeManifest } from './static-pods.ts';
 
 export const CHURN_PODS = 16;
 export const REPLACE_EVERY_MS = 15_000;
@@ -105,7 +106,7 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   const containers = new Map<string, ContainerRecord>();
   const add = (slot: number): void => {
     const name = podName(slot);
-    writeFileSync(path.join(ctx.manifests, `${name}.json`), ctx.manifest(name));
+    writeManifest(ctx.manifests, name, ctx.manifest(name));
     pods.set(name, { name, addedAt: Date.now(), maxRestartCount: 0 });
   };
   const remove = (slot: number): void => {

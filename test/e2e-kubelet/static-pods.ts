@@ -3,11 +3,11 @@
  * through its staticPodPath, and removed again.
  */
 import { execFileSync } from 'node:child_process';
-import { rmSync, writeFileSync } from 'node:fs';
+import { renameSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { KubeletCri } from '../support/kubelet-cri.ts';
 import type { Kubelet } from './kubelet.ts';
-import { podsOf, waitFor } from './lib.ts';
+import { NODE_NAME, podsOf, waitFor } from './lib.ts';
 
 export interface PhaseContext {
   kubelet: Kubelet;
@@ -31,16 +31,33 @@ export function rewritePod(ctx: PhaseContext, pod: Record<string, unknown>): Rec
 /** Rewrites a pod and hands it to kubelet; returns the rewritten pod. */
 export function placePod(ctx: PhaseContext, pod: Record<string, unknown>): Record<string, any> {
   const out = rewritePod(ctx, pod);
-  writeFileSync(path.join(ctx.manifests, `${out['metadata'].name}.json`), JSON.stringify(out));
+  writeManifest(ctx.manifests, out['metadata'].name, JSON.stringify(out));
   return out;
 }
 
-/** Removes pods' manifests and waits until kubelet no longer lists them. */
-export async function removePods(ctx: PhaseContext, names: string[], timeoutMs = 60_000): Promise<boolean> {
+/**
+ * Writes a static pod file whole: kubelet's inotify watch reads a file as it is being written
+ * ("couldn't parse as pod"), and it ignores hidden files, so the file is renamed into place.
+ */
+export function writeManifest(dir: string, name: string, text: string): void {
+  const tmp = path.join(dir, `.${name}.json.tmp`);
+  writeFileSync(tmp, text);
+  renameSync(tmp, path.join(dir, `${name}.json`));
+}
+
+/**
+ * Removes pods' manifests and waits until kubelet no longer lists them and containerd runs none of
+ * their containers: a kubelet that has just started drops a removed static pod from /pods but skips
+ * killing it until its sources are ready ("Failed to delete pod"), and then stops it as an orphan.
+ */
+export async function removePods(ctx: PhaseContext, names: string[], timeoutMs = 90_000): Promise<boolean> {
   for (const n of names) rmSync(path.join(ctx.manifests, `${n}.json`), { force: true });
+  const full = new Set(names.map((n) => `${n}-${NODE_NAME}`));
   return (await waitFor(`${names.join(', ')} to go`, timeoutMs, async () => {
-    const left = (await podsOf(ctx.kubelet.setup.roPort)).filter((p) => names.includes(p.name));
-    return left.length === 0 || undefined;
+    const listed = (await podsOf(ctx.kubelet.setup.roPort)).filter((p) => names.includes(p.name));
+    const r = await ctx.cri.call<{ containers: { labels: Record<string, string> }[] }>('ListContainers', { filter: { state: { state: 'CONTAINER_RUNNING' } } });
+    const running = r.ok ? r.msg.containers.filter((c) => full.has(c.labels['io.kubernetes.pod.name'] ?? '')).length : 1;
+    return (listed.length === 0 && running === 0) || undefined;
   }, 500)) === true;
 }
 
