@@ -9,8 +9,9 @@
  * preStop hooks reach the pod, and a kubelet restart mid-run kills no pod. It reads kubelet's
  * /metrics/probes and the containers' restart counts, prints a pass/fail table (exit 0 when all
  * pass, 1 otherwise), puts back the sysctls kubelet changes and removes everything it created.
- * Then the churn phase (churn.ts, issue 24) replaces pods for E2E_CHURN_SECONDS under a frame tap
- * between the shim and containerd (frame-tap.ts). E2E_PHASES picks phases; the others print SKIP.
+ * Then issue 25's cases (cases.ts: a sidecar, a sleep preStop, ExecProbeTimeout off) and the churn
+ * phase (churn.ts, issue 24), which replaces pods for E2E_CHURN_SECONDS under a frame tap between the
+ * shim and containerd (frame-tap.ts). E2E_PHASES picks phases; the others print SKIP.
  * Any kubelet from 1.26 on: `kubelet --version` decides whether the runtime endpoints go in flags
  * (< 1.27) or in the config file (1.27 on; some builds have no flags for them), and the version heads
  * the table. Root only; not part of `make test` (no kubelet is built or fetched here).
@@ -25,6 +26,7 @@ import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';
+import { runExecTimeoutGate, runSidecar, runSleepHook } from './cases.ts';
 import { REPLACE_EVERY_MS, runChurn } from './churn.ts';
 import { startFrameTap, type FrameTap } from './frame-tap.ts';
 import { Kubelet, kubeletInfo } from './kubelet.ts';
@@ -150,7 +152,7 @@ async function main(): Promise<number> {
   // As docs/closing-the-hole.md configures a node: the runtime through the shim, images direct.
   const kubelet = new Kubelet(info, {
     scratch, manifests, rootDir: kubeletRoot, port, roPort, healthzPort, runtimeEndpoint: `unix://${shimSocket}`, imageEndpoint: ctrd.endpoint,
-  }, {});
+  }, info.minor === 29 ? { PodLifecycleSleepAction: true } : {}); // 1.29: the sleep action is alpha, off by default
   cleanups.push(() => kubelet.stop());
   const up = await kubelet.start('first');
   if (!check('kubelet starts with the shim as its runtime endpoint', up,
@@ -167,6 +169,14 @@ async function main(): Promise<number> {
   if (phases.has('base')) await basePhase(ctx, shimSocket, lay.subnet4, lay.subnet6);
   else skip('base phase (readiness, restart on 404, hooks, kubelet restart)', unselected);
 
+  if (phases.has('cases')) {
+    await runSidecar(ctx);
+    await runSleepHook(ctx);
+  } else skip('issue 25 cases (sidecar, sleep preStop)', unselected);
+
+  if (phases.has('gate')) await runExecTimeoutGate(ctx);
+  else skip('ExecProbeTimeout off', unselected);
+
   if (phases.has('churn')) {
     const seconds = Number(process.env['E2E_CHURN_SECONDS'] ?? 240);
     if (!(seconds >= REPLACE_EVERY_MS / 1000)) {
@@ -174,7 +184,8 @@ async function main(): Promise<number> {
     } else {
       // The churn starts from an empty node: its numbers are its own.
       const left = readdirSafe(manifests).filter((f) => f.endsWith('.json')).map((f) => f.replace(/\.json$/, ''));
-      check('churn: earlier pods gone first', await removePods(ctx, left), left.join(', ') || 'none');
+      const gone = await removePods(ctx, left);
+      check('churn: earlier pods gone first', gone, `${left.join(', ') || 'none'}: ${gone ? 'not in /pods, no container running' : 'still listed or running after 90 s'}`);
       // One rewrite for all churn pods: the rewrite does not depend on the name, and a node process
       // per pod would take the CPU the churn measures.
       const template = rewritePod(ctx, churnPod('churn-template'));
@@ -308,9 +319,9 @@ async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string,
   console.log(`\nreadiness, container start -> ready: ${Object.entries(readiness).map(([n, v]) => `${n} ${v}`).join('; ')}`);
 }
 
-/** E2E_PHASES: a comma list of base, churn (default all); the others print SKIP rows. */
+/** E2E_PHASES: a comma list of base, cases, gate, churn (default all); the others print SKIP rows. */
 function selectedPhases(): Set<string> {
-  const all = ['base', 'churn'];
+  const all = ['base', 'cases', 'gate', 'churn'];
   const v = process.env['E2E_PHASES'];
   if (!v) return new Set(all);
   const want = v.split(',').map((x) => x.trim()).filter(Boolean);
