@@ -16,11 +16,19 @@ SYSTEM_PACKAGES := gcc libc6-dev make iproute2 nftables procps psmisc openssl ca
 # mmdebstrap makes the Debian root filesystems of the node:24 / node:24-slim stand-ins.
 IMAGE_PACKAGES := buildah mmdebstrap
 
+# Only the grpc-go CRI peer (test/grpc-go-peer) needs these: Go 1.19 and grpc-go 1.33's source
+# (with the -dev packages it depends on, under /usr/share/gocode), so it builds offline, in GOPATH
+# mode, with nothing from the Go module proxy.
+GO_PACKAGES := golang-1.19-go golang-google-grpc-dev
+GO := /usr/lib/go-1.19/bin/go
+GRPC_GO_PEER := build/grpc-go-peer
+GRPC_GO_PEER_SRC := $(wildcard test/grpc-go-peer/*.go)
+
 HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: build deps system-deps node test test-unit test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet
+.PHONY: build deps system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -67,12 +75,27 @@ typecheck: deps
 
 ## test: the whole suite (unit and root integration tests against real netns, nftables, containerd, Prometheus,
 ## and the image from `make image` run through containerd with the DaemonSet's posture: test/deployed/).
-test: build image
+test: build image $(GRPC_GO_PEER)
 	vitest run
 
 ## test-deployed: only the image run as deployed (test/deployed/).
 test-deployed: build image
 	vitest run test/deployed
+
+## grpc-go-peer: the kubelet-shaped grpc-go CRI client the shim tests drive (test/grpc-go-peer/main.go).
+grpc-go-peer: $(GRPC_GO_PEER)
+# Order-only on the packages' stamp: a Makefile edit re-checks them without rebuilding the binary.
+$(GRPC_GO_PEER): $(GRPC_GO_PEER_SRC) | .tools/.go-deps
+	@mkdir -p build
+	cd test/grpc-go-peer && GO111MODULE=off GOPATH=/usr/share/gocode GOPROXY=off GOFLAGS= GOTOOLCHAIN=local \
+		GOCACHE=$(TOOLS)/go-cache CGO_ENABLED=0 $(GO) build -trimpath -o $(CURDIR)/$@ .
+.tools/.go-deps: Makefile
+	@bash test/lab/install-system-deps.sh $(GO_PACKAGES)
+	@mkdir -p .tools && touch $@
+
+## test-grpc-go: only the shim under kubelet's real gRPC library (test/integration/shim-grpc-go.test.ts).
+test-grpc-go: build $(GRPC_GO_PEER)
+	vitest run test/integration/shim-grpc-go.test.ts
 
 test-unit: build
 	vitest run test/unit

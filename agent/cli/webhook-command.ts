@@ -7,7 +7,9 @@ import { Command, Option } from 'commander';
 import { ConfigError, describeError } from '../errors.ts';
 import { createLogger, type LogFormat, type LogLevel } from '../log.ts';
 import { parseListenAddress } from '../config/listen-address.ts';
-import { DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TLS_RELOAD_INTERVAL_MS } from '../webhook/defaults.ts';
+import {
+  DEFAULT_BODY_TIMEOUT_MS, DEFAULT_HEADERS_TIMEOUT_MS, DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TLS_RELOAD_INTERVAL_MS,
+} from '../webhook/defaults.ts';
 import { parseDuration } from '../config/duration.ts';
 
 /** Where the component mounts the serving certificate (a kubernetes.io/tls Secret). */
@@ -25,7 +27,10 @@ interface Raw {
   loopbackHost: 'rewrite' | 'keep';
   maxConcurrentRequests: string;
   maxInflightBytes: string;
-  clientCaFile?: string;
+  headerTimeout: string;
+  bodyTimeout: string;
+  /** A path, or false after --no-client-ca-file. */
+  clientCaFile?: string | false;
   metricsListen?: string;
   logLevel: LogLevel;
   logFormat: LogFormat;
@@ -47,7 +52,10 @@ export function registerWebhookCommand(program: Command): void {
     .addOption(new Option('--loopback-host <policy>', 'a probe host of 127.0.0.1/::1/localhost: rewrite (the pod\'s own loopback) or keep (the pod stays with kubelet)').choices(['rewrite', 'keep']).default('rewrite'))
     .option('--max-concurrent-requests <n>', 'AdmissionReviews handled at once; more are answered 429 with Retry-After', String(DEFAULT_MAX_CONCURRENT_REQUESTS))
     .option('--max-inflight-bytes <n>', 'request bytes the reviews in flight may hold together; more are answered 429 (at least --max-request-bytes)', String(DEFAULT_MAX_INFLIGHT_BYTES))
+    .option('--header-timeout <duration>', 'time a connection gets for its TLS handshake, and then for its request headers; it is closed beyond', `${DEFAULT_HEADERS_TIMEOUT_MS / 1000}s`)
+    .option('--body-timeout <duration>', 'time a request gets for its body once its headers are in; 408 beyond. The API server sends both at once', `${DEFAULT_BODY_TIMEOUT_MS / 1000}s`)
     .option('--client-ca-file <file>', "CA the caller's client certificate must verify against (the API server's admission client certificate); admission paths and /metrics then answer only verified callers")
+    .option('--no-client-ca-file', 'answer callers without verifying them (a control plane that cannot present a client certificate); overrides an earlier --client-ca-file')
     .option('--metrics-listen <host:port>', 'plain-HTTP listener for GET /metrics alone (default: none)')
     .addOption(new Option('--log-level <level>', 'log level').choices(['error', 'warn', 'info', 'debug', 'trace']).default('info'))
     .addOption(new Option('--log-format <format>', 'log format on stderr').choices(['json', 'text']).default('json'))
@@ -73,6 +81,12 @@ async function webhookCommand(raw: Raw): Promise<number> {
     if (!Number.isInteger(maxInflightBytes) || maxInflightBytes < maxRequestBytes) {
       throw new ConfigError(`--max-inflight-bytes: want an integer >= --max-request-bytes (${maxRequestBytes}), got "${raw.maxInflightBytes}"`);
     }
+    const headersTimeoutMs = parseDuration(raw.headerTimeout, '--header-timeout');
+    const bodyTimeoutMs = parseDuration(raw.bodyTimeout, '--body-timeout');
+    for (const [flag, ms] of [['--header-timeout', headersTimeoutMs], ['--body-timeout', bodyTimeoutMs]] as const) {
+      // The API server waits at most 30 s (timeoutSeconds) for the whole call.
+      if (ms < 100 || ms > 30_000) throw new ConfigError(`${flag}: want 100ms..30s, got "${flag === '--header-timeout' ? raw.headerTimeout : raw.bodyTimeout}"`);
+    }
     const metricsListen = raw.metricsListen ? parseListenAddress(raw.metricsListen, '--metrics-listen') : undefined;
     // Loaded here: the daemon and the other commands never need the webhook server.
     const { startWebhookServer } = await import('../webhook/server.ts');
@@ -92,7 +106,7 @@ async function webhookCommand(raw: Raw): Promise<number> {
       cluster = new ApiServerReader({ ...inCluster, ...(raw.apiTokenFile ? { tokenFile: raw.apiTokenFile } : {}), ...(raw.apiCaFile ? { caFile: raw.apiCaFile } : {}) });
     }
     server = await startWebhookServer({ ...address, certFile: raw.tlsCertFile, keyFile: raw.tlsKeyFile, tlsReloadIntervalMs, maxRequestBytes,
-      maxConcurrentRequests, maxInflightBytes, log,
+      maxConcurrentRequests, maxInflightBytes, headersTimeoutMs, bodyTimeoutMs, log,
       ...(raw.clientCaFile ? { clientCaFile: raw.clientCaFile } : {}),
       ...(metricsListen ? { metricsListen } : {}),
       admission: { ...(cluster ? { cluster } : {}), loopbackHost: raw.loopbackHost },

@@ -9,6 +9,8 @@
  * Every other frame passes untouched; nothing about the call changes but that header.
  */
 import { encodeLiteralBlock, HpackDecoder, HpackError, type HeaderField } from './hpack.ts';
+import { FrameSplitter, HeaderBlockJoiner, headerBlockFrames, type HeaderBlock } from './connection.ts';
+import { CLIENT_PREFACE, FrameType, H2InputError } from './wire.ts';
 
 /** What replaces an authority nghttp2 would refuse (what k8s.io/cri-client itself sends from 1.31). */
 export const SUBSTITUTE_AUTHORITY = 'localhost';
@@ -59,21 +61,6 @@ export function withAcceptableAuthority(fields: readonly HeaderField[]): HeaderF
   return out;
 }
 
-/** Bytes or frames a client sent that are not HTTP/2 the shim can carry; the connection is closed. */
-export class H2InputError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = 'H2InputError';
-  }
-}
-
-/** The client connection preface (RFC 9113 3.4). */
-export const CLIENT_PREFACE = Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n', 'latin1');
-
-export const FRAME_HEADER = 9;
-export const FrameType = { DATA: 0, HEADERS: 1, PRIORITY: 2, RST_STREAM: 3, SETTINGS: 4, PUSH_PROMISE: 5, PING: 6, GOAWAY: 7, WINDOW_UPDATE: 8, CONTINUATION: 9 } as const;
-export const Flag = { END_STREAM: 0x1, ACK: 0x1, END_HEADERS: 0x4, PADDED: 0x8, PRIORITY: 0x20 } as const;
-
 /** The bounds the shim holds a client to. */
 export const H2_LIMITS = {
   /** SETTINGS_MAX_FRAME_SIZE: the shim never raises it from the protocol's initial 16384. */
@@ -86,152 +73,6 @@ export const H2_LIMITS = {
   maxHeaderList: 64 * 1024,
 };
 
-/** One frame: its header fields, payload and the raw octets (header + payload) as received. */
-export interface Frame {
-  type: number;
-  flags: number;
-  streamId: number;
-  payload: Buffer;
-  raw: Buffer;
-}
-
-/** Encodes one frame. */
-export function frame(type: number, flags: number, streamId: number, payload: Buffer): Buffer {
-  const h = Buffer.allocUnsafe(FRAME_HEADER);
-  h.writeUIntBE(payload.length, 0, 3);
-  h[3] = type;
-  h[4] = flags;
-  h.writeUInt32BE(streamId & 0x7fffffff, 5);
-  return Buffer.concat([h, payload]);
-}
-
-/**
- * Splits a client's byte stream into its preface and frames, bounded by H2_LIMITS.maxFrameSize
- * (`expectPreface` false: a server's stream, frames from the first octet).
- */
-export class FrameReader {
-  #buf: Buffer = Buffer.alloc(0);
-  #prefaceSeen: boolean;
-
-  constructor(expectPreface = true) {
-    this.#prefaceSeen = !expectPreface;
-  }
-
-  /** Octets received but not yet returned as a frame. */
-  get pending(): Buffer {
-    return this.#buf;
-  }
-
-  /** Adds received octets. */
-  push(chunk: Buffer): void {
-    this.#buf = this.#buf.length === 0 ? chunk : Buffer.concat([this.#buf, chunk]);
-  }
-
-  /** Whether the whole preface has been read (it is consumed, not returned as a frame). */
-  get prefaceSeen(): boolean {
-    return this.#prefaceSeen;
-  }
-
-  /** The next complete frame, or null until more octets arrive. Throws H2InputError. */
-  next(): Frame | null {
-    if (!this.#prefaceSeen) {
-      const n = Math.min(this.#buf.length, CLIENT_PREFACE.length);
-      if (!this.#buf.subarray(0, n).equals(CLIENT_PREFACE.subarray(0, n))) throw new H2InputError('not an HTTP/2 client preface');
-      if (n < CLIENT_PREFACE.length) return null;
-      this.#buf = this.#buf.subarray(CLIENT_PREFACE.length);
-      this.#prefaceSeen = true;
-    }
-    if (this.#buf.length < FRAME_HEADER) return null;
-    const length = this.#buf.readUIntBE(0, 3);
-    if (length > H2_LIMITS.maxFrameSize) throw new H2InputError(`frame of ${length} octets exceeds SETTINGS_MAX_FRAME_SIZE ${H2_LIMITS.maxFrameSize}`);
-    if (this.#buf.length < FRAME_HEADER + length) return null;
-    const raw = this.#buf.subarray(0, FRAME_HEADER + length);
-    this.#buf = this.#buf.subarray(FRAME_HEADER + length);
-    return { type: raw[3]!, flags: raw[4]!, streamId: raw.readUInt32BE(5) & 0x7fffffff, payload: raw.subarray(FRAME_HEADER), raw };
-  }
-}
-
-/** A header block being collected from HEADERS and CONTINUATION frames. */
-interface OpenBlock {
-  streamId: number;
-  flags: number;
-  /** The 5 priority octets of a HEADERS with PRIORITY, kept as sent. */
-  priority: Buffer | null;
-  fragments: Buffer[];
-  size: number;
-}
-
-/** A complete header block: the HEADERS frame's stream, END_STREAM and priority, and the HPACK octets. */
-export interface HeaderBlock {
-  streamId: number;
-  endStream: boolean;
-  priority: Buffer | null;
-  block: Buffer;
-}
-
-/**
- * Joins HEADERS and CONTINUATION frames into header blocks (RFC 9113 6.2, 6.10), stripping
- * padding. Returns null for a frame that is not the end of a block; throws H2InputError on frames
- * that break the sequence.
- */
-export class HeaderBlockCollector {
-  #open: OpenBlock | null = null;
-
-  /** Whether a block is open (only CONTINUATION may come next). */
-  get open(): boolean {
-    return this.#open !== null;
-  }
-
-  /** Takes a HEADERS or CONTINUATION frame; other frames must not be passed while a block is open. */
-  take(f: Frame): HeaderBlock | null {
-    let fragment = f.payload;
-    if (f.type === FrameType.HEADERS) {
-      if (this.#open) throw new H2InputError(`HEADERS on stream ${f.streamId} inside the header block of stream ${this.#open.streamId}`);
-      if (f.streamId === 0) throw new H2InputError('HEADERS on stream 0');
-      if (f.flags & Flag.PADDED) {
-        if (fragment.length < 1) throw new H2InputError('PADDED HEADERS without a pad length');
-        const pad = fragment[0]!;
-        if (pad > fragment.length - 1) throw new H2InputError('HEADERS padding longer than the frame');
-        fragment = fragment.subarray(1, fragment.length - pad);
-      }
-      let priority: Buffer | null = null;
-      if (f.flags & Flag.PRIORITY) {
-        if (fragment.length < 5) throw new H2InputError('HEADERS with PRIORITY shorter than 5 octets');
-        priority = Buffer.from(fragment.subarray(0, 5));
-        fragment = fragment.subarray(5);
-      }
-      this.#open = { streamId: f.streamId, flags: f.flags, priority, fragments: [], size: 0 };
-    } else if (f.type === FrameType.CONTINUATION) {
-      if (!this.#open || this.#open.streamId !== f.streamId) throw new H2InputError(`CONTINUATION on stream ${f.streamId} without a header block open on it`);
-    } else {
-      throw new H2InputError(`frame type ${f.type} passed as a header block frame`);
-    }
-    const open = this.#open;
-    open.size += fragment.length;
-    if (open.size > H2_LIMITS.maxHeaderBlock) throw new H2InputError(`header block on stream ${open.streamId} larger than ${H2_LIMITS.maxHeaderBlock} octets`);
-    open.fragments.push(Buffer.from(fragment));
-    if ((f.flags & Flag.END_HEADERS) === 0) return null;
-    this.#open = null;
-    return { streamId: open.streamId, endStream: (open.flags & Flag.END_STREAM) !== 0, priority: open.priority, block: Buffer.concat(open.fragments, open.size) };
-  }
-}
-
-/** Writes a header block as HEADERS + CONTINUATION frames no larger than H2_LIMITS.maxFrameSize. */
-export function headerFrames(h: HeaderBlock): Buffer[] {
-  const out: Buffer[] = [];
-  const prio = h.priority ?? Buffer.alloc(0);
-  const firstRoom = H2_LIMITS.maxFrameSize - prio.length;
-  let pos = Math.min(firstRoom, h.block.length);
-  const flags = (h.endStream ? Flag.END_STREAM : 0) | (h.priority ? Flag.PRIORITY : 0) | (pos === h.block.length ? Flag.END_HEADERS : 0);
-  out.push(frame(FrameType.HEADERS, flags, h.streamId, Buffer.concat([prio, h.block.subarray(0, pos)])));
-  while (pos < h.block.length) {
-    const end = Math.min(pos + H2_LIMITS.maxFrameSize, h.block.length);
-    out.push(frame(FrameType.CONTINUATION, end === h.block.length ? Flag.END_HEADERS : 0, h.streamId, h.block.subarray(pos, end)));
-    pos = end;
-  }
-  return out;
-}
-
 /** A decoder bound to H2_LIMITS, for the client→server direction of one connection. */
 export function clientHeaderDecoder(): HpackDecoder {
   return new HpackDecoder({ maxTableSize: H2_LIMITS.maxTableSize, maxHeaderListSize: H2_LIMITS.maxHeaderList });
@@ -240,11 +81,11 @@ export function clientHeaderDecoder(): HpackDecoder {
 /**
  * The client→server transform of one connection whose requests need an authority nghttp2 accepts.
  * Feed it the client's octets from the first (the preface included); it returns the octets to give
- * the server. Throws H2InputError or HpackError on input it cannot carry (close the connection).
+ * the server. Throws H2InputError on input it cannot carry (close the connection).
  */
 export class AuthorityRewriter {
-  readonly #reader = new FrameReader();
-  readonly #blocks = new HeaderBlockCollector();
+  readonly #frames = new FrameSplitter(true, H2_LIMITS.maxFrameSize);
+  readonly #blocks = new HeaderBlockJoiner(H2_LIMITS.maxHeaderBlock);
   readonly #decoder = clientHeaderDecoder();
   #prefaceSent = false;
   /** Client streams only grow (RFC 9113 5.1.1): a HEADERS on a stream at or below this one is trailers. */
@@ -252,21 +93,20 @@ export class AuthorityRewriter {
 
   /** Rewrites the next octets from the client. */
   transform(chunk: Buffer): Buffer {
-    this.#reader.push(chunk);
+    this.#frames.push(chunk);
     const out: Buffer[] = [];
     for (;;) {
-      const f = this.#reader.next();
-      if (!this.#prefaceSent && this.#reader.prefaceSeen) {
+      const f = this.#frames.next();
+      if (!this.#prefaceSent && this.#frames.prefaceSeen) {
         out.push(CLIENT_PREFACE);
         this.#prefaceSent = true;
       }
       if (f === null) break;
+      const h = this.#blocks.take(f);
       if (f.type === FrameType.HEADERS || f.type === FrameType.CONTINUATION) {
-        const h = this.#blocks.take(f);
-        if (h !== null) out.push(...this.#rewrite(h));
+        if (h !== null) out.push(this.#rewrite(h));
         continue;
       }
-      if (this.#blocks.open) throw new H2InputError(`frame type ${f.type} inside a header block`);
       // A client never sends PUSH_PROMISE; its header block would change HPACK state we re-encode.
       if (f.type === FrameType.PUSH_PROMISE) throw new H2InputError('PUSH_PROMISE from a client');
       out.push(f.raw);
@@ -274,7 +114,7 @@ export class AuthorityRewriter {
     return out.length === 1 ? out[0]! : Buffer.concat(out);
   }
 
-  #rewrite(h: HeaderBlock): Buffer[] {
+  #rewrite(h: HeaderBlock): Buffer {
     let fields: HeaderField[];
     try {
       fields = this.#decoder.decode(h.block);
@@ -286,6 +126,6 @@ export class AuthorityRewriter {
       this.#lastRequestStream = h.streamId;
       fields = withAcceptableAuthority(fields);
     }
-    return headerFrames({ ...h, block: encodeLiteralBlock(fields) });
+    return headerBlockFrames(h.streamId, encodeLiteralBlock(fields), h.endStream, H2_LIMITS.maxFrameSize, h.priority);
   }
 }

@@ -11,20 +11,19 @@
  * A gRPC client waits for the server's SETTINGS before its first request, so the shim sends an
  * empty SETTINGS frame at once (all values at their initial defaults, which the server's own
  * SETTINGS then changes) and holds the connection until the client has acknowledged it: that ACK
- * is the shim's, not the server's, and is taken out of the stream. A PING meanwhile is answered
- * by the shim too.
+ * is the shim's, not the server's, and is taken out of the stream. Everything else (a PING too)
+ * stays in the octets the server gets, and the server answers it: the handoff is no endpoint.
  */
 import type * as net from 'node:net';
 import { duplexPair, type Duplex } from 'node:stream';
-import {
-  authorityAcceptable, AuthorityRewriter, clientHeaderDecoder, CLIENT_PREFACE, Flag, frame, FrameReader, FrameType,
-  H2InputError, HeaderBlockCollector,
-} from './authority.ts';
+import { authorityAcceptable, AuthorityRewriter, clientHeaderDecoder, H2_LIMITS } from './authority.ts';
+import { FrameSplitter, HeaderBlockJoiner } from './connection.ts';
 import { HpackError, type HeaderField } from './hpack.ts';
+import { CLIENT_PREFACE, Flag, frameBytes, FrameType, H2InputError } from './wire.ts';
 
 /** Octets a connection may send before the shim has decided how to carry it. */
 const MAX_SNIFFED = 256 * 1024;
-const EMPTY_SETTINGS = frame(FrameType.SETTINGS, 0, 0, Buffer.alloc(0));
+const EMPTY_SETTINGS = frameBytes(FrameType.SETTINGS, 0, 0);
 
 /** How a connection is carried, once known. */
 export type Carriage = 'native' | 'rewritten';
@@ -52,8 +51,8 @@ export interface Handoff {
 
 /** Starts reading `socket` and hands it to `server` as soon as its first request shows how. */
 export function handOff(socket: net.Socket, choice: TargetChoice, events: HandoffEvents): Handoff {
-  const reader = new FrameReader();
-  const blocks = new HeaderBlockCollector();
+  const reader = new FrameSplitter(true, H2_LIMITS.maxFrameSize);
+  const blocks = new HeaderBlockJoiner(H2_LIMITS.maxHeaderBlock);
   const decoder = clientHeaderDecoder();
   const kept: Buffer[] = [];
   let first: HeaderField[] | null = null;
@@ -89,17 +88,12 @@ export function handOff(socket: net.Socket, choice: TargetChoice, events: Handof
     reader.push(chunk);
     try {
       for (let f = reader.next(); f !== null; f = reader.next()) {
-        if (blocks.open && f.type !== FrameType.CONTINUATION) throw new H2InputError(`frame type ${f.type} inside a header block`);
+        const h = blocks.take(f);
         if (f.type === FrameType.SETTINGS && f.flags & Flag.ACK && !acked) {
           acked = true; // ours: the server never sent SETTINGS on this connection
-        } else if (f.type === FrameType.PING && f.streamId === 0 && f.payload.length === 8 && !(f.flags & Flag.ACK)) {
-          socket.write(frame(FrameType.PING, Flag.ACK, 0, f.payload));
         } else {
           kept.push(f.raw);
-          if (first === null && (f.type === FrameType.HEADERS || f.type === FrameType.CONTINUATION)) {
-            const h = blocks.take(f);
-            if (h !== null) first = decoder.decode(h.block);
-          }
+          if (first === null && h !== null) first = decoder.decode(h.block);
         }
         if (first !== null && acked) {
           decide(first);

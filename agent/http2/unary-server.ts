@@ -1,25 +1,23 @@
 /**
- * A hand-written HTTP/2 server for unary gRPC calls (the agent serves the shim's connections with
- * it, agent/api/hot-unary.ts): each stream is one request (HEADERS, DATA with one gRPC message,
- * END_STREAM) answered by HEADERS + DATA + trailers, or trailers-only. No node:http2 stream
- * objects: frames are read with authority.ts's FrameReader, header blocks joined by its
- * HeaderBlockCollector and decoded with our HPACK decoder; answers are literal HPACK.
+ * A server for unary gRPC calls on our HTTP/2 connection core (the agent serves the shim's
+ * connections with it, agent/api/hot-unary.ts): each stream is one request (HEADERS, DATA with one
+ * gRPC message, END_STREAM) answered by HEADERS + DATA + trailers, or trailers-only. The
+ * connection's rules (preface, SETTINGS, PING, flow control, CONTINUATION, HPACK, GOAWAY, refusing
+ * streams beyond SETTINGS_MAX_CONCURRENT_STREAMS with REFUSED_STREAM, which the client knows was
+ * not started) are connection.ts's; what is kept here is the calls.
  *
- * Bounded per connection: header blocks and lists (H2_LIMITS, 64 KiB), one request's body
- * (maxRequestBytes + the 5-octet gRPC prefix; beyond it RESOURCE_EXHAUSTED), concurrent streams
- * (SETTINGS_MAX_CONCURRENT_STREAMS; more are refused with REFUSED_STREAM, which the client knows
- * was not started), request octets held (the connection window, given back as requests complete),
- * and output the client does not read (the connection is cut beyond maxBufferedOutput).
+ * Bounded per connection: header blocks and lists (64 KiB), one request's body (maxRequestBytes +
+ * the 5-octet gRPC prefix; beyond it RESOURCE_EXHAUSTED), request octets held (the connection
+ * window, given back as requests complete), and answers the client does not read (the connection
+ * is cut beyond maxBufferedOutput, in the socket or waiting for the client's windows).
  * A drain (close()) sends GOAWAY with the last stream it took, so the client knows every stream
  * above it was not started; calls in flight finish, then the connection closes.
  */
 import type { Duplex } from 'node:stream';
-import { Flag, FrameReader, FrameType, H2InputError, H2_LIMITS, HeaderBlockCollector, clientHeaderDecoder, type Frame } from './authority.ts';
-import { encodeLiteralBlock, HpackError, type HeaderField } from './hpack.ts';
-import {
-  applyPeerSettings, dataPayload, frameBytes, goawayFrame, H2Error, MAX_WINDOW, parseGoaway, rstStreamFrame, SendWindows, Setting, settingsFrame, u31,
-  windowUpdateFrame,
-} from './unary-wire.ts';
+import { H2_LIMITS } from './authority.ts';
+import { H2Connection, type H2Handler } from './connection.ts';
+import { encodeLiteralBlock, type HeaderField } from './hpack.ts';
+import { H2Error, H2InputError, MAX_WINDOW, type Frame } from './wire.ts';
 
 /** Limits of the server. */
 export interface UnaryH2ServerLimits {
@@ -54,21 +52,7 @@ export interface UnaryH2Stream {
 
 const RESPONSE_HEADERS = encodeLiteralBlock([{ name: ':status', value: '200' }, { name: 'content-type', value: 'application/grpc+proto' }]);
 const OK_TRAILERS = encodeLiteralBlock([{ name: 'grpc-status', value: '0' }, { name: 'grpc-message', value: 'OK' }]);
-const SETTINGS_ACK = frameBytes(FrameType.SETTINGS, Flag.ACK, 0);
 const GRPC_RESOURCE_EXHAUSTED = 8;
-
-/** A header block as HEADERS (+ CONTINUATION) frames. */
-function headerFrames(streamId: number, block: Buffer, endStream: boolean): Buffer {
-  const max = H2_LIMITS.maxFrameSize;
-  const es = endStream ? Flag.END_STREAM : 0;
-  if (block.length <= max) return frameBytes(FrameType.HEADERS, es | Flag.END_HEADERS, streamId, block);
-  const out = [frameBytes(FrameType.HEADERS, es, streamId, block.subarray(0, max))];
-  for (let pos = max; pos < block.length; pos += max) {
-    const end = Math.min(pos + max, block.length);
-    out.push(frameBytes(FrameType.CONTINUATION, end === block.length ? Flag.END_HEADERS : 0, streamId, block.subarray(pos, end)));
-  }
-  return Buffer.concat(out);
-}
 
 class ServerStream implements UnaryH2Stream {
   readonly streamId: number;
@@ -104,7 +88,7 @@ class ServerStream implements UnaryH2Stream {
     framed[0] = 0;
     framed.writeUInt32BE(message.length, 1);
     message.copy(framed, 5);
-    this.#conn.answer(this, headerFrames(this.streamId, RESPONSE_HEADERS, false), framed, headerFrames(this.streamId, OK_TRAILERS, true));
+    this.#conn.answer(this, RESPONSE_HEADERS, framed);
   }
 
   status(code: number, message: string, extra?: readonly HeaderField[]): void {
@@ -117,32 +101,20 @@ class ServerStream implements UnaryH2Stream {
       { name: 'grpc-message', value: message },
       ...(extra ?? []),
     ];
-    this.#conn.answer(this, headerFrames(this.streamId, encodeLiteralBlock(fields), true), undefined, undefined);
+    this.#conn.answer(this, encodeLiteralBlock(fields), undefined);
   }
 }
 
-/** One connection's state. */
+/** One connection's calls. */
 class ServerConnection {
   readonly #socket: Duplex;
+  readonly #h2: H2Connection;
   readonly #limits: Required<UnaryH2ServerLimits>;
   readonly #onCall: (s: UnaryH2Stream) => void;
-  readonly #reader = new FrameReader(true);
-  readonly #blocks = new HeaderBlockCollector();
-  readonly #decoder = clientHeaderDecoder();
-  readonly #windows: SendWindows;
   readonly #streams = new Map<number, ServerStream>();
   readonly #peer: string;
-  /** The highest stream the client opened (client streams only grow). */
-  #lastStream = 0;
-  /** Set by a drain: streams above it are ignored (the GOAWAY told the client they were not started). */
-  #goawayLast: number | undefined;
-  /** Request octets the client may still send before we give window back. */
-  #clientWindow: number;
-  /** Octets read whose window is not yet given back. */
-  #toReturn = 0;
-  #closed = false;
-  /** Frames of one answer being built, written together. */
-  #batch: Buffer[] | undefined;
+  /** A drain or the client's GOAWAY: close once every call is answered and written. */
+  #leaving = false;
   readonly closed: Promise<void>;
 
   constructor(socket: Duplex, limits: Required<UnaryH2ServerLimits>, onCall: (s: UnaryH2Stream) => void) {
@@ -150,23 +122,20 @@ class ServerConnection {
     this.#limits = limits;
     this.#onCall = onCall;
     this.#peer = (socket as { remoteAddress?: string }).remoteAddress ?? 'unix:';
-    this.#windows = new SendWindows((b) => this.#write(b));
-    this.#clientWindow = limits.maxConnectionWindow;
     this.closed = new Promise((resolve) => socket.once('close', () => resolve()));
-    socket.on('data', (chunk: Buffer) => this.#onData(chunk));
-    socket.on('error', () => this.#onClose());
-    socket.on('close', () => this.#onClose());
-    // Our SETTINGS: the stream window takes a whole request of the largest size, so a client never waits for us.
-    const streamWindow = Math.min(MAX_WINDOW, limits.maxRequestBytes + 5 + H2_LIMITS.maxFrameSize);
-    this.#write(Buffer.concat([
-      settingsFrame([
-        [Setting.MAX_CONCURRENT_STREAMS, limits.maxConcurrentStreams],
-        [Setting.INITIAL_WINDOW_SIZE, streamWindow],
-        [Setting.MAX_HEADER_LIST_SIZE, H2_LIMITS.maxHeaderList],
-        [Setting.ENABLE_PUSH, 0],
-      ]),
-      windowUpdateFrame(0, limits.maxConnectionWindow - 65_535),
-    ]));
+    this.#h2 = new H2Connection(socket, {
+      role: 'server',
+      settings: {
+        maxConcurrentStreams: limits.maxConcurrentStreams,
+        // A stream window that takes a whole request of the largest size: a client never waits for us.
+        initialWindowSize: Math.min(MAX_WINDOW, limits.maxRequestBytes + 5 + H2_LIMITS.maxFrameSize),
+        maxHeaderListSize: H2_LIMITS.maxHeaderList,
+      },
+      connectionWindow: limits.maxConnectionWindow,
+      maxBufferedOutput: limits.maxBufferedOutput,
+      maxHeaderBlock: H2_LIMITS.maxHeaderBlock,
+    }).start(this.#handler());
+    // The handoff may hand over a paused socket.
     socket.resume();
   }
 
@@ -174,214 +143,104 @@ class ServerConnection {
     return this.#streams.get(s.streamId) === s;
   }
 
-  get streams(): number {
-    return this.#streams.size;
-  }
-
-  /** Queues a stream's answer: header frames, then (for a message) DATA within the client's windows and the trailers. */
-  answer(s: ServerStream, headers: Buffer, data: Buffer | undefined, trailers: Buffer | undefined): void {
-    if (this.#closed) return;
+  /** Queues a stream's answer: its header block, then (for a message) DATA within the client's windows and the trailers. */
+  answer(s: ServerStream, headers: Buffer, data: Buffer | undefined): void {
+    this.#streams.delete(s.streamId);
+    const id = s.streamId;
     if (data === undefined) {
-      this.#write(headers);
-      this.#windows.close(s.streamId);
+      this.#h2.headers(id, headers, true);
     } else {
-      // One write: HEADERS, the DATA the client's windows take now and (if all of it) the trailers.
-      const batch: Buffer[] = [headers];
-      this.#batch = batch;
-      this.#windows.data(s.streamId, data, true, trailers);
-      this.#batch = undefined;
-      this.#write(batch.length === 1 ? batch[0]! : Buffer.concat(batch));
+      this.#h2.headers(id, headers, false);
+      this.#h2.data(id, data, false);
+      this.#h2.headers(id, OK_TRAILERS, true);
     }
     if (!s.ended) {
       // Answered before the whole request came (too large): ask the client to stop sending (RFC 9113 8.1).
-      this.#write(rstStreamFrame(s.streamId, H2Error.NO_ERROR));
-      this.#giveBack(s.received);
+      this.#h2.reset(id, H2Error.NO_ERROR);
+      this.#h2.consumed(s.received);
       s.chunks = [];
     }
-    this.#streams.delete(s.streamId);
-    this.#maybeFinish();
+    // Answers the client does not read, in the socket or waiting for its windows: bounded.
+    if (this.#socket.writableLength + this.#h2.queuedData > this.#limits.maxBufferedOutput) this.destroy();
+    else this.#maybeFinish();
   }
 
   /** GOAWAY with the last stream taken; the connection closes once its calls are answered. */
   drain(): void {
-    if (this.#closed || this.#goawayLast !== undefined) return;
-    this.#goawayLast = this.#lastStream;
-    this.#write(goawayFrame(this.#lastStream, H2Error.NO_ERROR, 'probe-agent is draining'));
+    if (this.#h2.closed || this.#h2.goawaySent) return;
+    this.#h2.goaway(H2Error.NO_ERROR, 'probe-agent is draining');
+    this.#leaving = true;
     this.#maybeFinish();
   }
 
   destroy(): void {
-    this.#socket.destroy();
-    this.#onClose();
+    this.#h2.destroy();
   }
 
   #maybeFinish(): void {
-    if (this.#goawayLast !== undefined && this.#streams.size === 0 && !this.#windows.queued) this.#socket.end();
+    if (this.#leaving && this.#streams.size === 0 && this.#h2.streamCount === 0) this.#h2.end();
   }
 
-  #write(octets: Buffer): void {
-    if (this.#batch) {
-      this.#batch.push(octets);
-      return;
-    }
-    if (this.#closed) return;
-    this.#socket.write(octets);
-    // Answers the client does not read, in the socket or waiting for its window: bounded.
-    if (this.#socket.writableLength + this.#windows.queued > this.#limits.maxBufferedOutput) this.destroy();
-  }
-
-  /** A connection error: GOAWAY with the reason, then close. */
-  #protocolError(code: number, why: string): void {
-    if (this.#closed) return;
-    this.#socket.end(goawayFrame(this.#lastStream, code, why));
-    this.#onClose();
-    // The GOAWAY gets a moment to reach the client; a client that does not close is cut.
-    setTimeout(() => this.#socket.destroy(), 1000).unref();
-  }
-
-  #onClose(): void {
-    if (this.#closed) return;
-    this.#closed = true;
-    for (const s of this.#streams.values()) s.oncancel?.();
-    this.#streams.clear();
-  }
-
-  #onData(chunk: Buffer): void {
-    if (this.#closed) return;
-    this.#reader.push(chunk);
-    try {
-      for (let f = this.#reader.next(); f !== null; f = this.#reader.next()) {
-        if (this.#blocks.open && f.type !== FrameType.CONTINUATION) throw new H2InputError(`frame type ${f.type} inside a header block`);
-        this.#onFrame(f);
-        if (this.#closed) return;
-      }
-    } catch (err) {
-      if (err instanceof HpackError) this.#protocolError(H2Error.COMPRESSION_ERROR, err.message);
-      else if (err instanceof H2InputError) this.#protocolError(H2Error.PROTOCOL_ERROR, err.message);
-      else throw err;
-    }
-  }
-
-  #onFrame(f: Frame): void {
-    switch (f.type) {
-      case FrameType.DATA: return this.#onDataFrame(f);
-      case FrameType.HEADERS:
-      case FrameType.CONTINUATION: {
-        const h = this.#blocks.take(f);
-        if (h !== null) this.#onHeaders(h.streamId, this.#decoder.decode(h.block), h.endStream);
-        return;
-      }
-      case FrameType.RST_STREAM: {
-        const s = this.#streams.get(f.streamId);
-        if (u31(f.payload) === undefined) throw new H2InputError('RST_STREAM of a length other than 4');
-        // An answer still waiting for window is dropped too.
-        this.#windows.close(f.streamId);
-        if (!s) {
-          this.#maybeFinish();
+  #handler(): H2Handler {
+    return {
+      headers: (id, fields, endStream, opened) => {
+        if (opened) {
+          const s = new ServerStream(this, id, fields, this.#peer);
+          this.#streams.set(id, s);
+          if (endStream) this.#requestDone(s);
           return;
         }
-        this.#streams.delete(s.streamId);
-        this.#windows.close(s.streamId);
-        if (!s.ended) this.#giveBack(s.received);
+        const s = this.#streams.get(id);
+        if (!s) return; // trailers of a stream we already answered
+        // Trailers from the client: they must end the request.
+        if (!endStream) throw new H2InputError(`second HEADERS on stream ${id} without END_STREAM`);
+        this.#requestDone(s);
+      },
+      data: (id, f, payload, endStream) => this.#data(id, f, payload, endStream),
+      reset: (id) => {
+        const s = this.#streams.get(id);
+        if (!s) return;
+        this.#streams.delete(id);
+        if (!s.ended) this.#h2.consumed(s.received);
         s.oncancel?.();
         this.#maybeFinish();
-        return;
-      }
-      case FrameType.SETTINGS: {
-        if (f.flags & Flag.ACK) return;
-        applyPeerSettings(f.streamId, f.payload, this.#windows);
-        this.#write(SETTINGS_ACK);
-        return;
-      }
-      case FrameType.PING:
-        if (f.payload.length !== 8 || f.streamId !== 0) throw new H2InputError('malformed PING');
-        if (!(f.flags & Flag.ACK)) this.#write(frameBytes(FrameType.PING, Flag.ACK, 0, f.payload));
-        return;
-      case FrameType.WINDOW_UPDATE: {
-        const inc = u31(f.payload);
-        if (inc === undefined) throw new H2InputError('WINDOW_UPDATE of a length other than 4');
-        if (inc > 0 && !this.#windows.update(f.streamId, inc)) throw new H2InputError('WINDOW_UPDATE beyond 2^31-1');
-        this.#maybeFinish();
-        return;
-      }
-      case FrameType.GOAWAY:
-        if (!parseGoaway(f.payload)) throw new H2InputError('malformed GOAWAY');
+      },
+      goaway: () => {
         // The client opens no more streams: answer what is open, then close.
-        this.#goawayLast ??= this.#lastStream;
+        this.#leaving = true;
         this.#maybeFinish();
-        return;
-      case FrameType.PUSH_PROMISE: throw new H2InputError('PUSH_PROMISE from a client');
-      default: return; // PRIORITY and unknown types
-    }
+      },
+      idle: () => this.#maybeFinish(),
+      closed: () => {
+        for (const s of this.#streams.values()) s.oncancel?.();
+        this.#streams.clear();
+      },
+    };
   }
 
-  #onHeaders(id: number, fields: HeaderField[], endStream: boolean): void {
-    const open = this.#streams.get(id);
-    if (open) {
-      // Trailers from the client: they must end the request.
-      if (!endStream) throw new H2InputError(`second HEADERS on stream ${id} without END_STREAM`);
-      this.#requestDone(open);
+  #data(id: number, f: Frame, payload: Buffer, endStream: boolean): void {
+    const s = this.#streams.get(id);
+    if (!s) {
+      // A stream we answered or reset: its octets are dropped and given back.
+      this.#h2.consumed(f.payload.length);
       return;
     }
-    if (id % 2 === 0 || id <= this.#lastStream) {
-      if (id % 2 === 0 || endStream === false) throw new H2InputError(`HEADERS on stream ${id}, which the client cannot open now`);
-      return; // trailers of a stream we already answered or reset
-    }
-    this.#lastStream = id;
-    // Above the GOAWAY we sent: ignored; the client knows it was not started.
-    if (this.#goawayLast !== undefined && id > this.#goawayLast) return;
-    if (this.#streams.size >= this.#limits.maxConcurrentStreams) {
-      this.#write(rstStreamFrame(id, H2Error.REFUSED_STREAM));
-      return;
-    }
-    const s = new ServerStream(this, id, fields, this.#peer);
-    this.#streams.set(id, s);
-    this.#windows.open(id);
-    if (endStream) this.#requestDone(s);
-  }
-
-  #onDataFrame(f: Frame): void {
-    const n = f.payload.length;
-    if (n > this.#clientWindow) throw new H2InputError(`DATA beyond the connection window (${n} > ${this.#clientWindow})`);
-    this.#clientWindow -= n;
-    const s = this.#streams.get(f.streamId);
-    if (!s || s.ended || s.answered) {
-      // A stream we answered, reset or never took: its octets are dropped and given back.
-      this.#giveBack(n);
-      return;
-    }
-    const data = dataPayload(f.flags, f.payload);
-    if (data === undefined) throw new H2InputError('malformed DATA padding');
-    s.received += n;
-    s.size += data.length;
+    s.received += f.payload.length;
+    s.size += payload.length;
     if (s.size > this.#limits.maxRequestBytes + 5) {
       s.status(GRPC_RESOURCE_EXHAUSTED, `Received message larger than max (${s.size - 5} vs. ${this.#limits.maxRequestBytes})`);
       return;
     }
-    if (data.length > 0) s.chunks.push(data);
-    if (f.flags & Flag.END_STREAM) this.#requestDone(s);
+    if (payload.length > 0) s.chunks.push(payload);
+    if (endStream) this.#requestDone(s);
   }
 
   #requestDone(s: ServerStream): void {
     s.ended = true;
     s.body = s.chunks.length === 1 ? s.chunks[0]! : Buffer.concat(s.chunks, s.size);
     s.chunks = [];
-    this.#giveBack(s.received);
+    this.#h2.consumed(s.received);
     this.#onCall(s);
-  }
-
-  /**
-   * Gives `n` octets of connection window back to the client: in batches, but at once when the
-   * client's window runs low (so held requests can never starve the ones that would complete).
-   */
-  #giveBack(n: number): void {
-    this.#toReturn += n;
-    if (this.#toReturn === 0) return;
-    if (this.#toReturn >= 1024 * 1024 || this.#clientWindow < this.#limits.maxConnectionWindow / 2) {
-      this.#clientWindow += this.#toReturn;
-      this.#write(windowUpdateFrame(0, this.#toReturn));
-      this.#toReturn = 0;
-    }
   }
 }
 

@@ -1,32 +1,30 @@
 /**
  * The kubelet shim: a CRI proxy between kubelet and the container runtime. Every call is passed
- * through, never decoded: by default at the HTTP/2 frame level, one runtime connection per kubelet
- * connection (relay.ts, `relay: 'frames'`), or as node:http2 streams over one shared runtime
- * connection (`relay: 'streams'`, the previous design, kept as the fallback for one release). Only
- * ExecSync is buffered and read, and an ExecSync whose command is
- * probe-agent's (agent/rewrite/shim-command.ts) is answered from the agent's ProbeService over a
- * separate connection with its own deadlines, so a slow or dead agent costs kubelet nothing but
- * that one call. Kubelet's ordinary calls never wait on the agent.
+ * through at the HTTP/2 frame level, one runtime connection per kubelet connection (relay.ts).
+ * Only ExecSync is looked at, and an ExecSync whose command is probe-agent's
+ * (agent/rewrite/shim-command.ts) is answered from the agent's ProbeService over a separate
+ * connection with its own deadlines, so a slow or dead agent costs kubelet nothing but that one
+ * call. Kubelet's ordinary calls never wait on the agent.
  */
-import * as http2 from 'node:http2';
 import * as net from 'node:net';
 import { chmodSync, existsSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
 import { decodeShimCommand, isShimCommand, ShimCommandError, type ShimKind } from '../rewrite/shim-command.ts';
-import { encodeGrpcMessage, grpcFrame, readSingleGrpcFrame, WireError } from '../api/protowire.ts';
+import { readSingleGrpcFrame, WireError } from '../api/protowire.ts';
 import { encodeLifecycleHandler, encodeProbeHandler, HandlerShapeError } from '../api/handler-wire.ts';
 import { AgentCallError, GrpcCode, ShimProbeClient, WireHook, WireProbeType } from '../api/shim-client.ts';
 import { answerFromBadCommand, answerFromCallError, answerFromResult, causeOfAnswer, causeOfCallError, kindTimeoutMismatch, type ExecSyncAnswer } from './answer.ts';
 import { runHookOnce } from './hook-runner.ts';
 import { ShimMetrics, type AgentErrorCause, type InterceptKind } from './metrics.ts';
 import { parseGrpcTimeout } from './deadline.ts';
-import { decodeExecSyncRequest, encodeExecSyncResponse, EXEC_SYNC_PATH, mayBeShimCommand, type ExecSyncRequest } from './exec-sync.ts';
-import { H2_SETTINGS, UpstreamSession } from './upstream.ts';
-import { handOff, type Handoff } from '../http2/handoff.ts';
+import { decodeExecSyncRequest, mayBeShimCommand, type ExecSyncRequest } from './exec-sync.ts';
 import type { HeaderField } from '../http2/hpack.ts';
-import { FrameRelay, MAX_BUFFERED_EXEC } from './relay.ts';
+import { FrameRelay } from './relay.ts';
 
-/** How kubelet's connections are carried: frame relay (default) or node:http2 streams (fallback). */
+/**
+ * `--relay`: only 'frames' remains. 'streams' (node:http2 streams over one shared runtime
+ * connection) was removed; it is still accepted so that old unit files start, with a warning.
+ */
 export type RelayMode = 'frames' | 'streams';
 export const RELAY_MODES: readonly RelayMode[] = ['frames', 'streams'];
 
@@ -53,11 +51,7 @@ export interface ShimConfig {
   hookAgentWaitMs?: number;
   /** Local bound on one hook call to a hung agent (default: the agent's 1 h cap + 30 s). */
   hookLastResortMs?: number;
-  /**
-   * How kubelet's connections reach the runtime: 'frames' (default; HTTP/2 frames relayed, one
-   * runtime connection per kubelet connection) or 'streams' (node:http2 server and client streams
-   * over one shared runtime connection; the fallback, to be removed after one release).
-   */
+  /** Deprecated: 'frames' is the only relay; 'streams' is accepted and relays frames too (a warning says so). */
   relay?: RelayMode;
   /** Counters (default: a new set; main.ts serves them on --metrics-socket). */
   metrics?: ShimMetrics;
@@ -100,17 +94,11 @@ export class CriShim {
   readonly stats: ShimStats = { forwarded: 0, intercepted: 0, agentErrors: 0, runtimeErrors: 0 };
   /** The Prometheus counters (agent/shim/metrics.ts). */
   readonly metrics: ShimMetrics;
-  readonly #runtime: UpstreamSession;
   readonly #agent: ShimProbeClient;
   readonly #log: ShimLog;
-  /** Serves the HTTP/2 connections handOff gives it; never listens itself. */
-  readonly #server: http2.Http2Server;
   /** Accepts kubelet's connections on the shim socket. */
   readonly #listener: net.Server;
-  /** Connections not yet handed to #server (waiting for their first request). */
-  readonly #handoffs = new Set<Handoff>();
-  readonly #sessions = new Set<http2.ServerHttp2Session>();
-  /** Frame relays of kubelet connections (relay 'frames'). */
+  /** Frame relays of kubelet connections. */
   readonly #relays = new Set<FrameRelay>();
   readonly #warned = new Map<string, { at: number; suppressed: number }>();
 
@@ -119,17 +107,10 @@ export class CriShim {
     this.config = { ...DEFAULTS, ...rest } as Required<Omit<ShimConfig, 'log' | 'metrics'>>;
     this.#log = log ?? stderrLog;
     this.metrics = metrics ?? new ShimMetrics();
-    this.#runtime = new UpstreamSession(this.config.runtimeSocket);
     this.#agent = new ShimProbeClient(this.config.probeSocket);
-    this.#server = http2.createServer({ settings: H2_SETTINGS, maxSessionMemory: 64 });
-    this.#server.on('session', (s) => {
-      this.#sessions.add(s);
-      s.on('close', () => this.#sessions.delete(s));
-      s.on('error', () => {});
-    });
-    this.#server.on('stream', (stream, headers) => this.#onStream(stream, headers));
     if (!RELAY_MODES.includes(this.config.relay)) throw new Error(`relay ${JSON.stringify(this.config.relay)}: want one of ${RELAY_MODES.join(', ')}`);
-    this.#listener = net.createServer((socket) => (this.config.relay === 'frames' ? this.#relay(socket) : this.#accept(socket)));
+    if (this.config.relay === 'streams') this.#log('warn', '--relay streams was removed: relaying HTTP/2 frames (the default)', {});
+    this.#listener = net.createServer((socket) => this.#relay(socket));
   }
 
   /** Carries a kubelet connection frame by frame to its own runtime connection (relay.ts). */
@@ -148,6 +129,7 @@ export class CriShim {
         this.#warn('runtime unavailable', { runtime: this.config.runtimeSocket, error: err.message });
       },
       refused: (err) => this.#warn('closing a connection that is not HTTP/2 the shim can carry', { error: err.message }),
+      runtimeGoaway: (code, debug) => this.#warn('runtime closed the connection with an error', { runtime: this.config.runtimeSocket, http2Error: code, debug }),
       rewritingAuthority: (authority) => {
         if (authorityLogged) return;
         authorityLogged = true;
@@ -165,25 +147,6 @@ export class CriShim {
     this.stats.intercepted++;
     const timeout = fields.find((f) => f.name === 'grpc-timeout')?.value;
     return this.#answerFor(req, timeout, signal);
-  }
-
-  /**
-   * Hands a new connection to the HTTP/2 server: natively when its requests' :authority passes
-   * nghttp2's check, else through the authority rewrite (kubelet before 1.31 sends the socket path).
-   */
-  #accept(socket: net.Socket): void {
-    const h = handOff(socket, this.#server, {
-      carried: (how, authority) => {
-        this.#handoffs.delete(h);
-        if (how === 'rewritten') this.#log('info', 'client :authority refused by HTTP/2, rewriting it on this connection', { authority: authority ?? null, substitute: 'localhost' });
-      },
-      refused: (err) => {
-        this.#handoffs.delete(h);
-        this.#warn('closing a connection that is not HTTP/2 the shim can carry', { error: err.message });
-      },
-    });
-    this.#handoffs.add(h);
-    socket.once('close', () => this.#handoffs.delete(h));
   }
 
   /** Listens on the shim socket (mode 0600; a stale socket file is replaced). */
@@ -214,16 +177,12 @@ export class CriShim {
   /** Stops accepting, lets calls in flight finish for up to `graceMs`, then closes everything. */
   async close(graceMs = 5000): Promise<void> {
     const closed = new Promise<void>((resolve) => this.#listener.close(() => resolve()));
-    for (const h of this.#handoffs) h.cancel();
-    for (const s of this.#sessions) s.close();
     for (const r of this.#relays) r.drain();
     const timer = setTimeout(() => {
-      for (const s of this.#sessions) s.destroy();
       for (const r of this.#relays) r.destroy();
     }, graceMs);
     await closed;
     clearTimeout(timer);
-    this.#runtime.close();
     this.#agent.close();
     try {
       unlinkSync(this.config.listenPath);
@@ -245,143 +204,6 @@ export class CriShim {
     }
     this.#warned.set(msg, { at: now, suppressed: 0 });
     this.#log('warn', msg, seen?.suppressed ? { ...fields, suppressed: seen.suppressed } : fields);
-  }
-
-  #onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): void {
-    stream.on('error', () => {});
-    if (headers[':path'] === EXEC_SYNC_PATH) this.#bufferExecSync(stream, headers);
-    else this.#forward(stream, headers, null);
-  }
-
-  /**
-   * Passes one call through to the runtime. `body` is what was already read from kubelet (a
-   * buffered ExecSync), or null to pipe kubelet's stream as it comes.
-   */
-  #forward(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, body: Buffer | null): void {
-    this.stats.forwarded++;
-    this.metrics.forwarded(headers[':path'] as string | undefined);
-    let up: http2.ClientHttp2Stream;
-    try {
-      up = this.#runtime.get().request(headers, { endStream: false });
-    } catch (err) {
-      this.#runtimeUnavailable(stream, err as Error);
-      return;
-    }
-    let trailers: http2.OutgoingHttpHeaders | undefined;
-    up.on('response', (h) => {
-      if (stream.destroyed || stream.closed || stream.headersSent) return;
-      // A trailers-only answer (a gRPC error) ends the stream in its headers.
-      guarded(() => stream.respond(h, h['grpc-status'] !== undefined ? { endStream: true } : { waitForTrailers: true }));
-    });
-    up.on('trailers', (t) => {
-      trailers = t;
-    });
-    stream.on('wantTrailers', () => {
-      guarded(() => stream.sendTrailers(trailers ?? { 'grpc-status': String(GrpcCode.UNAVAILABLE), 'grpc-message': 'probe-agent shim: runtime closed the stream without a status' }));
-    });
-    up.on('data', (chunk: Buffer) => {
-      if (!stream.destroyed && !stream.closed && !stream.write(chunk)) {
-        up.pause();
-        stream.once('drain', () => up.resume());
-      }
-    });
-    up.on('end', () => {
-      if (!stream.destroyed && stream.headersSent && !stream.writableEnded) stream.end();
-    });
-    up.on('error', (err) => {
-      this.#runtimeUnavailable(stream, err);
-    });
-    up.on('close', () => {
-      // The runtime reset the stream: reset kubelet's with the same code.
-      if (!stream.destroyed && !stream.closed && !stream.writableEnded && up.rstCode !== undefined && up.rstCode !== http2.constants.NGHTTP2_NO_ERROR) {
-        if (stream.headersSent) guarded(() => stream.close(up.rstCode));
-        else this.#runtimeUnavailable(stream, new Error(`runtime reset the stream (code ${up.rstCode})`));
-      }
-    });
-    stream.on('close', () => {
-      // Kubelet cancelled (e.g. a GetContainerEvents watch ends): tell the runtime.
-      if (!up.closed) guarded(() => up.close(http2.constants.NGHTTP2_CANCEL));
-    });
-    if (body !== null) {
-      up.end(body);
-    } else {
-      stream.on('data', (chunk: Buffer) => {
-        if (!up.write(chunk)) {
-          stream.pause();
-          up.once('drain', () => stream.resume());
-        }
-      });
-      stream.on('end', () => up.end());
-    }
-  }
-
-  #runtimeUnavailable(stream: http2.ServerHttp2Stream, err: Error): void {
-    this.stats.runtimeErrors++;
-    this.metrics.runtimeError();
-    if (stream.destroyed || stream.closed) return;
-    if (stream.headersSent) {
-      guarded(() => stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR));
-      return;
-    }
-    this.#warn('runtime unavailable', { runtime: this.config.runtimeSocket, error: err.message });
-    respondError(stream, GrpcCode.UNAVAILABLE, `probe-agent shim: runtime ${this.config.runtimeSocket} unavailable: ${err.message}`);
-  }
-
-  /** Reads a whole ExecSync request, then answers it or forwards it unchanged. */
-  #bufferExecSync(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): void {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    let streaming = false;
-    const onData = (chunk: Buffer): void => {
-      size += chunk.length;
-      chunks.push(chunk);
-      if (size > MAX_BUFFERED_EXEC) {
-        // Too big to be ours: hand what we have and the rest to the runtime.
-        streaming = true;
-        stream.off('data', onData);
-        stream.off('end', onEnd);
-        stream.pause();
-        const first = Buffer.concat(chunks);
-        this.#forwardPrefixed(stream, headers, first);
-      }
-    };
-    const onEnd = (): void => {
-      if (streaming) return;
-      const body = Buffer.concat(chunks, size);
-      const req = readExecSync(body);
-      if (req === null || !isShimCommand(req.cmd)) {
-        this.#forward(stream, headers, body);
-        return;
-      }
-      this.stats.intercepted++;
-      void this.#answerShimCommand(stream, headers, req);
-    };
-    stream.on('data', onData);
-    stream.on('end', onEnd);
-  }
-
-  #forwardPrefixed(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, first: Buffer): void {
-    // Re-inject the buffered prefix, then pipe the rest as usual.
-    stream.unshift(first);
-    this.#forward(stream, headers, null);
-    stream.resume();
-  }
-
-  async #answerShimCommand(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, req: ExecSyncRequest): Promise<void> {
-    // Kubelet cancelling the ExecSync (RST_STREAM; a preStop at the end of the grace period) or
-    // going away cancels the agent call, and the agent aborts the hook or probe it runs.
-    const cancel = new AbortController();
-    let answered = false;
-    const onClose = (): void => {
-      if (!answered) cancel.abort();
-    };
-    stream.once('close', onClose);
-    const answer = await this.#answerFor(req, headers['grpc-timeout'], cancel.signal);
-    answered = true;
-    stream.off('close', onClose);
-    if (stream.destroyed || stream.closed || stream.headersSent) return;
-    if (answer.kind === 'error') respondError(stream, answer.grpcCode, answer.message);
-    else respondExecSync(stream, answer.exitCode, answer.stdout);
   }
 
   /** Runs an intercepted ExecSync through the agent and counts it; never throws. */
@@ -479,31 +301,4 @@ function readExecSync(body: Buffer): ExecSyncRequest | null {
     if (err instanceof WireError) return null;
     throw err;
   }
-}
-
-/** Runs an HTTP/2 stream operation that may race with the peer closing the stream; such a race is not an error. */
-function guarded(op: () => void): void {
-  try {
-    op();
-  } catch {
-    // the stream closed meanwhile (ERR_HTTP2_INVALID_STREAM and friends): nothing left to tell
-  }
-}
-
-function respondError(stream: http2.ServerHttp2Stream, code: number, message: string): void {
-  if (stream.destroyed || stream.closed || stream.headersSent) return;
-  guarded(() => stream.respond({
-    ':status': 200,
-    'content-type': 'application/grpc',
-    'grpc-status': String(code),
-    'grpc-message': encodeGrpcMessage(message.slice(0, 1024)),
-  }, { endStream: true }));
-}
-
-function respondExecSync(stream: http2.ServerHttp2Stream, exitCode: number, stdout: string): void {
-  guarded(() => {
-    stream.respond({ ':status': 200, 'content-type': 'application/grpc' }, { waitForTrailers: true });
-    stream.once('wantTrailers', () => guarded(() => stream.sendTrailers({ 'grpc-status': '0' })));
-    stream.end(grpcFrame(encodeExecSyncResponse(exitCode, stdout)));
-  });
 }

@@ -13,3 +13,22 @@ export const DEFAULT_MAX_CONCURRENT_REQUESTS = 16;
 export const DEFAULT_MAX_INFLIGHT_BYTES = 8 * 1024 * 1024;
 /** Seconds a shed request is told to wait (Retry-After); the API server's client honours it. */
 export const SHED_RETRY_AFTER_SECONDS = 1;
+/**
+ * Time a connection gets for its TLS handshake and its request headers, and then for its body.
+ * The API server sends headers and body at once right after the handshake, and gives the whole call
+ * the webhook's timeoutSeconds (3 s here, 30 s at most): a request still incomplete after 2 s has
+ * left its caller less than a second, so waiting longer only lets a slow sender hold a connection.
+ */
+export const DEFAULT_HEADERS_TIMEOUT_MS = 2000;
+export const DEFAULT_BODY_TIMEOUT_MS = 2000;
+/**
+ * Requests whose bodies are being read at once (before they may take one of the review slots),
+ * at least four per slot; beyond, the one reading the longest is cut (reading-set.ts).
+ */
+export const DEFAULT_MAX_READING_REQUESTS = 64;
+/**
+ * How long a request may read its body before it can be cut to make room for a newer one. A body
+ * the API server sends arrives at network speed (3 MiB in tens of ms); a request still reading after
+ * this is slow, one within it is not cut (a burst of large reviews refuses the newest instead).
+ */
+export const DEFAULT_READING_GRACE_MS = 500;

@@ -6,8 +6,11 @@ import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { ShedReason } from './load-shedder.ts';
 import type { AdmissionOutcome } from './admission.ts';
 
+/** Why a slow client was cut. */
+export type SlowReason = 'handshake-timeout' | 'body-timeout' | 'evicted';
+
 /** What an HTTP request to the webhook ended as: an admission outcome, or the HTTP error it got. */
-export type RequestOutcome = AdmissionOutcome | 'bad-request' | 'too-large' | 'internal-error' | 'overloaded' | 'unauthorized';
+export type RequestOutcome = AdmissionOutcome | 'bad-request' | 'too-large' | 'internal-error' | 'overloaded' | 'unauthorized' | 'slow';
 
 export class WebhookMetrics {
   readonly registry = new Registry();
@@ -16,11 +19,14 @@ export class WebhookMetrics {
   readonly #shed: Counter<'reason'>;
   readonly #inFlight: Gauge;
   readonly #inFlightBytes: Gauge;
+  readonly #slow: Counter<'reason'>;
+  readonly #reading: Gauge;
+  readonly #readingBytes: Gauge;
 
   constructor() {
     this.#requests = new Counter({
       name: 'probe_agent_webhook_requests_total',
-      help: 'Admission requests by webhook path and outcome (rewritten, unchanged, skipped, refused, bad-request, too-large, internal-error, overloaded, unauthorized).',
+      help: 'Admission requests by webhook path and outcome (rewritten, unchanged, skipped, refused, bad-request, too-large, internal-error, overloaded, unauthorized, slow).',
       labelNames: ['path', 'outcome'],
       registers: [this.registry],
     });
@@ -33,17 +39,36 @@ export class WebhookMetrics {
     });
     this.#shed = new Counter({
       name: 'probe_agent_webhook_shed_total',
-      help: 'Admission requests answered 429 before their body was read, by the bound they met (concurrency, bytes).',
+      help: 'Admission requests answered 429, by the bound they met: concurrency (review slots), bytes (bodies held), arriving (requests reading their bodies, all within their grace).',
       labelNames: ['reason'],
       registers: [this.registry],
     });
-    this.#inFlight = new Gauge({ name: 'probe_agent_webhook_requests_in_flight', help: 'Admission requests being read, decided or answered.', registers: [this.registry] });
-    this.#inFlightBytes = new Gauge({ name: 'probe_agent_webhook_request_bytes_in_flight', help: 'Request bytes reserved by the admission requests in flight.', registers: [this.registry] });
+    this.#inFlight = new Gauge({ name: 'probe_agent_webhook_requests_in_flight', help: 'Admission requests being decided or answered (their whole body read).', registers: [this.registry] });
+    this.#inFlightBytes = new Gauge({ name: 'probe_agent_webhook_request_bytes_in_flight', help: 'Request body bytes of the admission requests in flight.', registers: [this.registry] });
+    this.#slow = new Counter({
+      name: 'probe_agent_webhook_slow_requests_total',
+      help: 'Connections cut for sending too slowly, by reason: handshake-timeout, body-timeout, evicted (the longest-waiting body, cut to make room for newer requests).',
+      labelNames: ['reason'],
+      registers: [this.registry],
+    });
+    this.#reading = new Gauge({ name: 'probe_agent_webhook_requests_reading', help: 'Admission requests whose bodies are being read (they hold no review slot yet).', registers: [this.registry] });
+    this.#readingBytes = new Gauge({ name: 'probe_agent_webhook_request_bytes_reading', help: 'Bytes held by the buffers of the bodies being read.', registers: [this.registry] });
   }
 
   /** Records one request shed with 429. */
-  shed(reason: ShedReason): void {
+  shed(reason: ShedReason | 'arriving'): void {
     this.#shed.inc({ reason });
+  }
+
+  /** Records one slow client cut. */
+  slow(reason: SlowReason): void {
+    this.#slow.inc({ reason });
+  }
+
+  /** Sets the gauges of the bodies being read. */
+  setReading(requests: number, bytes: number): void {
+    this.#reading.set(requests);
+    this.#readingBytes.set(bytes);
   }
 
   /** Sets the in-flight gauges. */

@@ -1,27 +1,38 @@
 /**
  * The mutating admission webhook server: HTTPS, AdmissionReview v1 in, JSONPatch out, /healthz.
- * Bounded: request bodies (refused on their declared length, cut off while streaming), the reviews
- * in flight and their bytes (429 with Retry-After beyond, before the body is read: load-shedder.ts),
- * the connections. With a client CA only a verified caller is answered on the admission paths and
- * /metrics (client-auth.ts). Every request gets an answer and no request can stop the server.
+ * Bounded: the time a connection gets for its TLS handshake and headers, then for its body (408
+ * beyond); request bodies (refused on their declared length, cut off while streaming); the
+ * requests reading their bodies and the bytes they hold (the longest waiting, once past a short
+ * grace, is cut for a newcomer: reading-set.ts); the reviews decided at once and their bytes, a slot taken only once a whole
+ * body has arrived (429 with Retry-After beyond: load-shedder.ts); the connections. So clients that
+ * send slowly hold no review slot, and cannot keep the API server's reviews out. With a client CA
+ * only a verified caller is answered on the admission paths and /metrics (client-auth.ts), and an
+ * unverified one is refused before its body is read. Every request gets an answer and no request
+ * can stop the server.
  */
 import { createServer, type Server } from 'node:https';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
 import { ConfigError, describeError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
 import { admit, AdmissionRequestError, MUTATE_ANNOTATED_PATH, MUTATE_PATH, type AdmissionContext, type OptInMode } from './admission.ts';
-import { WebhookMetrics, type RequestOutcome } from './metrics.ts';
+import { WebhookMetrics, type RequestOutcome, type SlowReason } from './metrics.ts';
 import { loadTlsPair, TlsFileWatcher } from './tls-files.ts';
 import {
+  DEFAULT_BODY_TIMEOUT_MS,
+  DEFAULT_HEADERS_TIMEOUT_MS,
   DEFAULT_MAX_CONCURRENT_REQUESTS,
   DEFAULT_MAX_INFLIGHT_BYTES,
+  DEFAULT_MAX_READING_REQUESTS,
+  DEFAULT_READING_GRACE_MS,
   DEFAULT_MAX_REQUEST_BYTES,
   DEFAULT_TLS_RELOAD_INTERVAL_MS,
   SHED_RETRY_AFTER_SECONDS,
 } from './defaults.ts';
 import { LoadShedder } from './load-shedder.ts';
-import { readBoundedBody } from './request-body.ts';
+import { readBoundedBody, type BodyShortfall, type ReadCut } from './request-body.ts';
+import { ReadingSet } from './reading-set.ts';
+import { patientTimeout } from './patient-timer.ts';
 import { callerRefusal, callerVerified, clientAuthTlsOptions, loadClientCa } from './client-auth.ts';
 import { startWebhookMetricsListener, type WebhookMetricsListener } from './metrics-listener.ts';
 
@@ -42,6 +53,14 @@ export interface WebhookServerOptions {
   metricsListen?: { host: string; port: number };
   /** Open connections on the HTTPS port (default 256). */
   maxConnections?: number;
+  /** Time for the TLS handshake, and again for the request headers (default DEFAULT_HEADERS_TIMEOUT_MS). */
+  headersTimeoutMs?: number;
+  /** Time for the body once the headers are in (default DEFAULT_BODY_TIMEOUT_MS); 408 beyond. */
+  bodyTimeoutMs?: number;
+  /** Requests reading their bodies at once (default the larger of DEFAULT_MAX_READING_REQUESTS and 4 per review slot). */
+  maxReadingRequests?: number;
+  /** How long a request may read its body before it can be cut for a newcomer (default DEFAULT_READING_GRACE_MS). */
+  readingGraceMs?: number;
   log?: Logger;
   /** The cluster reads and choices the admission uses (admission.ts). */
   admission?: AdmissionContext;
@@ -70,19 +89,39 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
     maxInflightBytes: Math.max(maxBytes, opts.maxInflightBytes ?? DEFAULT_MAX_INFLIGHT_BYTES),
   });
   const clientCa = opts.clientCaFile ? loadClientCa(opts.clientCaFile) : undefined;
-  const ctx: Ctx = { maxBytes, log, metrics, shedder, verifyCaller: clientCa !== undefined, admission: opts.admission ?? {} };
+  const headersTimeoutMs = opts.headersTimeoutMs ?? DEFAULT_HEADERS_TIMEOUT_MS;
+  const bodyTimeoutMs = opts.bodyTimeoutMs ?? DEFAULT_BODY_TIMEOUT_MS;
+  const reading = new ReadingSet({
+    maxRequests: opts.maxReadingRequests ?? Math.max(DEFAULT_MAX_READING_REQUESTS, 4 * shedder.limits.maxConcurrent),
+    // One budget for every body the server holds, read or being read.
+    maxBytes: shedder.limits.maxInflightBytes,
+    heldElsewhere: () => shedder.inFlightBytes,
+    graceMs: opts.readingGraceMs ?? DEFAULT_READING_GRACE_MS,
+  });
+  const ctx: Ctx = {
+    maxBytes, log, metrics, shedder, reading, bodyTimeoutMs, slowLog: new SlowClientLog(log),
+    verifyCaller: clientCa !== undefined, admission: opts.admission ?? {},
+  };
   const tlsOptions = { minVersion: 'TLSv1.2' as const, ...clientAuthTlsOptions(clientCa) };
-  const server: Server = createServer({ ...loadTlsPair(opts.certFile, opts.keyFile), ...tlsOptions }, (req, res) => {
+  const server: Server = createServer({
+    ...loadTlsPair(opts.certFile, opts.keyFile), ...tlsOptions,
+    // Node's own handshake timer (default 120 s) is off: handshakeTimer() below does not count the
+    // time the server itself was stalled.
+    handshakeTimeout: 0,
+    // Node enforces headersTimeout and requestTimeout on this tick (default 30 s, so a 2 s limit could take 32 s).
+    connectionsCheckingInterval: Math.min(250, headersTimeoutMs),
+    headersTimeout: headersTimeoutMs,
+    // The body has its own timer (readBody); this is the backstop for the whole request.
+    requestTimeout: headersTimeoutMs + bodyTimeoutMs + 1000,
+  }, (req, res) => {
     handle(req, res, ctx).catch((err: unknown) => {
       log.error('webhook request failed', { error: describeError(err) });
       if (!res.headersSent) reply(res, 500, 'text/plain', `internal error: ${describeError(err)}\n`);
       else res.destroy();
     });
   });
-  // The API server gives up after the webhook's timeoutSeconds (at most 30 s); slow clients get no more.
-  server.requestTimeout = 30_000;
-  server.headersTimeout = 10_000;
   server.maxConnections = opts.maxConnections ?? 256;
+  handshakeTimer(server, headersTimeoutMs, (remote) => ctx.slowLog.cut('handshake-timeout', remote, metrics));
   server.on('tlsClientError', (err) => log.debug('TLS handshake failed', { error: describeError(err) }));
   const watcher = new TlsFileWatcher(opts.certFile, opts.keyFile, (pair) => server.setSecureContext({ ...pair, ...tlsOptions }), log);
   await new Promise<void>((resolve, reject) => {
@@ -103,10 +142,14 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
     }
   }
   watcher.start(opts.tlsReloadIntervalMs ?? DEFAULT_TLS_RELOAD_INTERVAL_MS);
+  if (!ctx.verifyCaller) {
+    log.warn('admission callers are not verified (no --client-ca-file): anything that reaches this port can send reviews; give the API server an admission client certificate (docs/deploy.md, "The API server\'s client certificate")');
+  }
   const address = server.address() as AddressInfo;
   log.info('webhook listening', {
     address: address.address, port: address.port, verifyCaller: ctx.verifyCaller,
     maxConcurrentRequests: shedder.limits.maxConcurrent, maxInflightBytes: shedder.limits.maxInflightBytes,
+    maxReadingRequests: reading.limits.maxRequests, headersTimeoutMs, bodyTimeoutMs,
   });
   return {
     port: address.port,
@@ -125,12 +168,46 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
   };
 }
 
+/**
+ * Closes a connection that has not finished its TLS handshake within `ms` of this process's
+ * unstalled time (patient-timer.ts). The raw socket and its TLS socket are one TCP connection: the
+ * peer's address and port name both.
+ */
+function handshakeTimer(server: Server, ms: number, onCut: (remote: string | undefined) => void): void {
+  const pending = new Map<string, () => void>();
+  const key = (s: { remoteAddress?: string | undefined; remotePort?: number | undefined }): string => `${s.remoteAddress}|${s.remotePort}`;
+  server.on('connection', (socket: Socket) => {
+    const k = key(socket);
+    const cancel = patientTimeout(ms, () => {
+      pending.delete(k);
+      if (socket.destroyed) return;
+      onCut(socket.remoteAddress);
+      socket.destroy();
+    });
+    pending.set(k, cancel);
+    socket.once('close', () => {
+      if (pending.get(k) !== cancel) return;
+      pending.delete(k);
+      cancel();
+    });
+  });
+  server.on('secureConnection', (tls: Socket) => {
+    const k = key(tls);
+    pending.get(k)?.();
+    pending.delete(k);
+  });
+}
+
 /** What every request handler shares. */
 interface Ctx {
   maxBytes: number;
   log: Logger;
   metrics: WebhookMetrics;
   shedder: LoadShedder;
+  /** The requests reading their bodies, before they take a slot of `shedder`. */
+  reading: ReadingSet;
+  bodyTimeoutMs: number;
+  slowLog: SlowClientLog;
   verifyCaller: boolean;
   /** What admission reads beyond the review (the API server, the loopback-host policy). */
   admission: AdmissionContext;
@@ -146,6 +223,24 @@ function replyAndClose(res: ServerResponse, status: number, body: string, header
   for (const [k, v] of Object.entries(headers)) res.setHeader(k, v);
   res.setHeader('connection', 'close');
   reply(res, status, 'text/plain', body);
+}
+
+/** How long a refused request's remaining body is read and dropped before the answer (then it is cut). */
+const DISCARD_MS = 500;
+
+/** Reads and drops the rest of a request's body (no buffer), until it ends or DISCARD_MS passed. */
+function discardRest(req: IncomingMessage): Promise<void> {
+  if (req.complete || req.destroyed) return Promise.resolve();
+  return new Promise((resolve) => {
+    const timer = setTimeout(finish, DISCARD_MS);
+    function finish(): void {
+      clearTimeout(timer);
+      req.off('end', finish).off('close', finish);
+      resolve();
+    }
+    req.once('end', finish).once('close', finish);
+    req.resume();
+  });
 }
 
 /** The declared Content-Length, undefined when absent (chunked), NaN when malformed. */
@@ -205,8 +300,33 @@ async function handle(req: IncomingMessage, res: ServerResponse, ctx: Ctx): Prom
     log.warn('admission request refused: too large', { limit: maxBytes });
   };
   if (declared !== undefined && declared > maxBytes) return tooLarge();
-  // Chunked bodies reserve the cap: their size is known only once read.
-  const admitted = shedder.tryAdmit(declared ?? maxBytes);
+  const read = await readBody(req, ctx, declared);
+  if ('shortfall' in read) {
+    if (read.shortfall === 'too-large') return tooLarge();
+    const retry = { 'retry-after': String(SHED_RETRY_AFTER_SECONDS) };
+    // 429 with Retry-After, which the API server retries within its timeoutSeconds: a review of its
+    // own caught here (in a burst of large reviews, or the longest arriving when a flood came) gets
+    // another try. Answered once the rest of the body is discarded (or after a moment): closing a
+    // connection with unread bytes resets it, and the client could lose the answer.
+    if (read.shortfall === 'over-budget' || read.shortfall === 'arriving') {
+      const reason = read.shortfall === 'over-budget' ? 'bytes' : 'arriving';
+      done('overloaded');
+      metrics.shed(reason);
+      await discardRest(req);
+      replyAndClose(res, 429, `too many admission requests in flight (${reason}); retry\n`, retry);
+      return;
+    }
+    done(read.shortfall === 'timeout' || read.shortfall === 'evicted' ? 'slow' : 'bad-request');
+    if (read.shortfall === 'length-mismatch') replyAndClose(res, 400, 'request body does not match its content-length\n');
+    else if (read.shortfall === 'timeout') replyAndClose(res, 408, `request body not received within ${ctx.bodyTimeoutMs} ms\n`);
+    else if (read.shortfall === 'evicted') {
+      await discardRest(req);
+      replyAndClose(res, 429, 'request body not whole yet: cut to make room for newer requests; retry\n', retry);
+    } else res.destroy();
+    return;
+  }
+  // Only now, with the whole body in hand, does the review take a slot.
+  const admitted = shedder.tryAdmit(read.body.length);
   if ('shed' in admitted) {
     done('overloaded');
     metrics.shed(admitted.shed);
@@ -215,36 +335,64 @@ async function handle(req: IncomingMessage, res: ServerResponse, ctx: Ctx): Prom
   }
   metrics.setInFlight(shedder.inFlight, shedder.inFlightBytes);
   try {
-    await answerReview(req, res, ctx, path, mode, declared, done, tooLarge);
+    await answerReview(read.body, res, ctx, path, mode, done);
   } finally {
     admitted.release();
     metrics.setInFlight(shedder.inFlight, shedder.inFlightBytes);
   }
 }
 
-/** Reads, decides and answers one admitted review. */
+/**
+ * Reads the body as one of the bounded set of requests reading theirs: within the body timeout,
+ * and cut early when newer requests need the room (reading-set.ts).
+ */
+async function readBody(req: IncomingMessage, ctx: Ctx, declared: number | undefined): Promise<{ body: Buffer } | { shortfall: BodyShortfall | 'arriving' }> {
+  const { reading, metrics } = ctx;
+  const abort = new AbortController();
+  const cut = (reason: ReadCut): void => {
+    ctx.slowLog.cut(reason === 'timeout' ? 'body-timeout' : 'evicted', req.socket.remoteAddress, metrics);
+    abort.abort(reason);
+  };
+  const ticket = reading.enter(() => cut('evicted'));
+  if (!ticket) return { shortfall: 'arriving' };
+  let settled = false;
+  // Time the server itself was stalled (deciding a large review) is not held against the client.
+  const cancelTimer = patientTimeout(ctx.bodyTimeoutMs, () => {
+    if (abort.signal.aborted || settled) return;
+    ticket.leave();
+    cut('timeout');
+  });
+  metrics.setReading(reading.size, reading.bytes);
+  try {
+    return await readBoundedBody(req, ctx.maxBytes, declared, {
+      signal: abort.signal,
+      grow: (bytes) => {
+        const ok = ticket.grow(bytes);
+        metrics.setReading(reading.size, reading.bytes);
+        return ok;
+      },
+    });
+  } finally {
+    settled = true;
+    cancelTimer();
+    ticket.leave();
+    metrics.setReading(reading.size, reading.bytes);
+  }
+}
+
+/** Decides and answers one admitted review. */
 async function answerReview(
-  req: IncomingMessage,
+  raw: Buffer,
   res: ServerResponse,
   ctx: Ctx,
   path: string,
   mode: OptInMode,
-  declared: number | undefined,
   done: (outcome: RequestOutcome) => void,
-  tooLarge: () => void,
 ): Promise<void> {
   const { log, admission } = ctx;
-  const read = await readBoundedBody(req, ctx.maxBytes, declared);
-  if ('shortfall' in read) {
-    if (read.shortfall === 'too-large') return tooLarge();
-    done('bad-request');
-    if (read.shortfall === 'length-mismatch') replyAndClose(res, 400, 'request body does not match its content-length\n');
-    else res.destroy();
-    return;
-  }
   let body: unknown;
   try {
-    body = JSON.parse(read.body.toString('utf8'));
+    body = JSON.parse(raw.toString('utf8'));
   } catch (err) {
     reply(res, 400, 'text/plain', `request body is not JSON: ${describeError(err)}\n`);
     done('bad-request');
@@ -254,7 +402,7 @@ async function answerReview(
     const { review, outcome, detail } = await admit(body, mode, admission);
     body = undefined;
     const r = review.response;
-    log.debug('admission', { uid: r.uid, path, outcome, ...(detail ? { detail } : {}) });
+    log.debug('admission', { uid: r.uid, path, outcome, remote: res.socket?.remoteAddress, ...(detail ? { detail } : {}) });
     if (outcome === 'refused') log.warn('pod not rewritten', { uid: r.uid, reason: detail });
     reply(res, 200, 'application/json', JSON.stringify(review));
     done(outcome);
@@ -265,5 +413,31 @@ async function answerReview(
     }
     reply(res, 400, 'text/plain', `not an admission.k8s.io/v1 AdmissionReview: ${err.message}\n`);
     done('bad-request');
+  }
+}
+
+/**
+ * Counts slow clients cut and says so in the log: each at debug, and at most one warning a
+ * minute with what was cut since the last one (a flood of slow clients is one line a minute).
+ */
+class SlowClientLog {
+  static readonly WARN_EVERY_MS = 60_000;
+  readonly #log: Logger;
+  #since: Record<SlowReason, number> = { 'handshake-timeout': 0, 'body-timeout': 0, evicted: 0 };
+  #lastWarn = -Infinity;
+
+  constructor(log: Logger) {
+    this.#log = log;
+  }
+
+  cut(reason: SlowReason, remote: string | undefined, metrics: WebhookMetrics): void {
+    metrics.slow(reason);
+    this.#since[reason]++;
+    this.#log.debug('slow admission client cut', { reason, remote });
+    const now = performance.now();
+    if (now - this.#lastWarn < SlowClientLog.WARN_EVERY_MS) return;
+    this.#lastWarn = now;
+    this.#log.warn('slow admission clients cut', { ...this.#since, lastRemote: remote });
+    this.#since = { 'handshake-timeout': 0, 'body-timeout': 0, evicted: 0 };
   }
 }

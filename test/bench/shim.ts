@@ -46,10 +46,10 @@ export interface ShimBenchOptions {
   /** The `:authority` the kubelet-shaped client sends the shim (BENCH_SHIM_AUTHORITY; default grpc-js's, `localhost`): a socket path measures kubelet before 1.31, whose connection the shim rewrites. */
   authority?: string;
   /**
-   * The shim's --relay for the measured shim, and optionally a second shim with the other mode,
-   * measured in the same run (BENCH_SHIM_RELAY=frames|streams|both; both = frames, then streams).
+   * A second shim, another build's `shim/main.js` (BENCH_SHIM_COMPARE=/path/to/dist/shim/main.js,
+   * e.g. a worktree of the previous release), measured in the same run against the same agent.
    */
-  relays?: string[];
+  compareShim?: string;
   /** `node <cli> run` starts the agent (default: the built dist/cli.js). */
   cli?: string;
   log: (line: string) => void;
@@ -86,9 +86,9 @@ export interface ShimBenchResult {
   ordinary: Record<string, { direct: Series; shim: Series; addedP50Ms: number; addedP99Ms: number }>;
   /** The shim's share of a core for PLEG's relist every second (one ListPodSandbox + one ListContainers), in %. */
   plegCorePercent: number;
-  /** The measured shim's --relay. */
+  /** The measured shim's main.js. */
   relay: string;
-  /** A second shim with the other --relay, measured in the same run (BENCH_SHIM_RELAY=both). */
+  /** A second shim build (BENCH_SHIM_COMPARE), measured in the same run. */
   compared?: { relay: string; shimPath: Series & { shimCpuMs: number }; ordinary: ShimBenchResult['ordinary']; plegCorePercent: number };
   targets: TargetCheck[];
 }
@@ -162,24 +162,24 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     procs.push(agent);
     const shimSock = path.join(scratch, 'cri.sock');
     const tShim = performance.now();
-    const relays = o.relays?.length ? o.relays : ['frames'];
-    const shimArgs = (sock: string, relay: string): string[] => [path.join(REPO, 'dist/shim/main.js'), '--listen', `unix://${sock}`, '--runtime-endpoint', lab!.endpoint, '--probe-socket', agentSock, '--relay', relay, '--metrics-socket', ''];
-    const shim = await spawnLogged(process.execPath, [...prof('shim'), ...shimArgs(shimSock, relays[0]!)], /shim listening/, 'shim');
+    const builds = [path.join(REPO, 'dist/shim/main.js'), ...(o.compareShim ? [path.resolve(o.compareShim)] : [])];
+    const shimArgs = (sock: string, main: string): string[] => [main, '--listen', `unix://${sock}`, '--runtime-endpoint', lab!.endpoint, '--probe-socket', agentSock, '--metrics-socket', ''];
+    const shim = await spawnLogged(process.execPath, [...prof('shim'), ...shimArgs(shimSock, builds[0]!)], /shim listening/, 'shim');
     const startupMs = round(performance.now() - tShim, 1);
     procs.push(shim);
     const viaShim = new KubeletCri(shimSock, o.authority ? { 'grpc.default_authority': o.authority } : {});
     if (o.authority) o.log(`shim: the client sends :authority ${JSON.stringify(o.authority)}`);
-    o.log(`shim: --relay ${relays[0]}${relays[1] ? `, compared in the same run with a second shim on --relay ${relays[1]}` : ''}`);
+    o.log(`shim: ${builds[0]}${builds[1] ? `, compared in the same run with a second shim, ${builds[1]}` : ''}`);
     const direct = new KubeletCri(lab.socket);
     clients.push(viaShim, direct);
     let alt: { relay: string; proc: ChildProcess; client: KubeletCri } | undefined;
-    if (relays[1]) {
+    if (builds[1]) {
       const altSock = path.join(scratch, 'cri-alt.sock');
-      const proc = await spawnLogged(process.execPath, [...prof('shim-alt'), ...shimArgs(altSock, relays[1])], /shim listening/, 'shim (compared)');
+      const proc = await spawnLogged(process.execPath, [...prof('shim-alt'), ...shimArgs(altSock, builds[1])], /shim listening/, 'shim (compared)');
       procs.push(proc);
       const client = new KubeletCri(altSock, o.authority ? { 'grpc.default_authority': o.authority } : {});
       clients.push(client);
-      alt = { relay: relays[1], proc, client };
+      alt = { relay: builds[1], proc, client };
     }
 
     // --- the shim path vs (a) ---
@@ -216,11 +216,11 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
         const t = performance.now();
         const r = await alt.client.execSync(app.id, cmd, 1);
         altLat.push(performance.now() - t);
-        if (!r.ok || r.msg.exitCode !== 0) throw new Error(`probe through the --relay ${alt.relay} shim did not succeed`);
+        if (!r.ok || r.msg.exitCode !== 0) throw new Error(`probe through the compared shim ${alt.relay} did not succeed`);
       }
       const used = totalCpuMs(alt.proc.pid!) - a0;
       altShimPath = { ...series(altLat, used), shimCpuMs: round(used / o.probes) };
-      o.log(`shim path through --relay ${alt.relay}: shim ${altShimPath.shimCpuMs} ms CPU/probe, p50 ${altShimPath.p50Ms} / p99 ${altShimPath.p99Ms} ms`);
+      o.log(`shim path through ${alt.relay}: shim ${altShimPath.shimCpuMs} ms CPU/probe, p50 ${altShimPath.p50Ms} / p99 ${altShimPath.p99Ms} ms`);
     }
 
     // --- the agent's two transports, same run, interleaved ---
@@ -332,16 +332,16 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
       if (alt) {
         const a = series(lats.alt, altCpuUsed);
         altOrdinary[name] = { direct: d, shim: a, addedP50Ms: round(a.p50Ms - d.p50Ms), addedP99Ms: round(a.p99Ms - d.p99Ms) };
-        o.log(`${name} through --relay ${alt.relay}: shim p50 ${a.p50Ms} / p99 ${a.p99Ms} ms (added p50 ${round(a.p50Ms - d.p50Ms)} ms), shim CPU ${a.cpuMsPerCall} ms/call`);
+        o.log(`${name} through ${alt.relay}: shim p50 ${a.p50Ms} / p99 ${a.p99Ms} ms (added p50 ${round(a.p50Ms - d.p50Ms)} ms), shim CPU ${a.cpuMsPerCall} ms/call`);
       }
     }
     const plegCorePercent = plegShare(ordinary);
     o.log(`PLEG relist through the shim (ListPodSandbox + ListContainers every second, ${o.sandboxes} pods): ${plegCorePercent} % of a core`);
 
-    const result: ShimBenchResult = { sandboxes: o.sandboxes, startupMs, shimPath, agentTransports, inNetns, realExec, ordinary, plegCorePercent, relay: relays[0]!, targets: [] };
+    const result: ShimBenchResult = { sandboxes: o.sandboxes, startupMs, shimPath, agentTransports, inNetns, realExec, ordinary, plegCorePercent, relay: builds[0]!, targets: [] };
     if (alt && altShimPath) {
       result.compared = { relay: alt.relay, shimPath: altShimPath, ordinary: altOrdinary, plegCorePercent: plegShare(altOrdinary) };
-      o.log(`PLEG relist through the --relay ${alt.relay} shim: ${result.compared.plegCorePercent} % of a core`);
+      o.log(`PLEG relist through the compared shim ${alt.relay}: ${result.compared.plegCorePercent} % of a core`);
     }
     result.targets = shimTargets(result);
     return result;
@@ -426,7 +426,7 @@ export function shimBenchOptions(env: NodeJS.ProcessEnv, log: (l: string) => voi
     execs: n('BENCH_SHIM_EXECS', quick ? 10 : 200),
     callsPerMethod: n('BENCH_SHIM_CALLS', quick ? 40 : 1000),
     ...(env.BENCH_SHIM_AUTHORITY ? { authority: env.BENCH_SHIM_AUTHORITY } : {}),
-    ...(env.BENCH_SHIM_RELAY ? { relays: env.BENCH_SHIM_RELAY === 'both' ? ['frames', 'streams'] : [env.BENCH_SHIM_RELAY] } : {}),
+    ...(env.BENCH_SHIM_COMPARE ? { compareShim: env.BENCH_SHIM_COMPARE } : {}),
     log,
   };
 }

@@ -19,7 +19,8 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
-import { CLIENT_PREFACE, FrameReader, FrameType, HeaderBlockCollector, Flag, frame, headerFrames } from '../../agent/http2/authority.ts';
+import { FrameSplitter, HeaderBlockJoiner, headerBlockFrames } from '../../agent/http2/connection.ts';
+import { CLIENT_PREFACE, Flag, frameBytes, FrameType } from '../../agent/http2/wire.ts';
 import { encodeLiteralBlock, HpackDecoder } from '../../agent/http2/hpack.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
@@ -149,13 +150,13 @@ describe('the frame relay on one kubelet connection', () => {
     const blocks: Buffer[] = [];
     const sock = path.join(scratch, 'hpack-probe.sock');
     const srv = net.createServer((c) => {
-      const reader = new FrameReader();
-      const coll = new HeaderBlockCollector();
-      c.write(frame(FrameType.SETTINGS, 0, 0, Buffer.alloc(0)));
+      const reader = new FrameSplitter(true);
+      const coll = new HeaderBlockJoiner(1 << 20);
+      c.write(frameBytes(FrameType.SETTINGS, 0, 0, Buffer.alloc(0)));
       c.on('data', (d: Buffer) => {
         reader.push(d);
         for (let f = reader.next(); f; f = reader.next()) {
-          if (f.type === FrameType.SETTINGS && !(f.flags & Flag.ACK)) c.write(frame(FrameType.SETTINGS, Flag.ACK, 0, Buffer.alloc(0)));
+          if (f.type === FrameType.SETTINGS && !(f.flags & Flag.ACK)) c.write(frameBytes(FrameType.SETTINGS, Flag.ACK, 0, Buffer.alloc(0)));
           if (f.type === FrameType.HEADERS || f.type === FrameType.CONTINUATION) {
             const h = coll.take(f);
             if (h) blocks.push(h.block);
@@ -362,8 +363,8 @@ class RawClient {
   connectionData = 0;
   goaway: number | undefined;
   readonly #sock: net.Socket;
-  readonly #reader = new FrameReader(false);
-  readonly #blocks = new HeaderBlockCollector();
+  readonly #reader = new FrameSplitter(false);
+  readonly #blocks = new HeaderBlockJoiner(1 << 20);
   readonly #decoder = new HpackDecoder({ maxTableSize: 4096, maxHeaderListSize: 1 << 20 });
   readonly #data = new Map<number, Buffer[]>();
   readonly #ended = new Set<number>();
@@ -377,14 +378,14 @@ class RawClient {
     settings.writeUInt16BE(4, 0);
     settings.writeUInt32BE(streamWindow, 2);
     this.ready = new Promise((resolve) => this.#sock.once('connect', () => {
-      this.#sock.write(Buffer.concat([CLIENT_PREFACE, frame(FrameType.SETTINGS, 0, 0, settings)]));
+      this.#sock.write(Buffer.concat([CLIENT_PREFACE, frameBytes(FrameType.SETTINGS, 0, 0, settings)]));
       resolve();
     }));
     this.#sock.on('data', (d: Buffer) => {
       this.#reader.push(d);
       for (let f = this.#reader.next(); f; f = this.#reader.next()) {
-        if (f.type === FrameType.SETTINGS && !(f.flags & Flag.ACK)) this.#sock.write(frame(FrameType.SETTINGS, Flag.ACK, 0, Buffer.alloc(0)));
-        else if (f.type === FrameType.PING && !(f.flags & Flag.ACK)) this.#sock.write(frame(FrameType.PING, Flag.ACK, 0, f.payload));
+        if (f.type === FrameType.SETTINGS && !(f.flags & Flag.ACK)) this.#sock.write(frameBytes(FrameType.SETTINGS, Flag.ACK, 0, Buffer.alloc(0)));
+        else if (f.type === FrameType.PING && !(f.flags & Flag.ACK)) this.#sock.write(frameBytes(FrameType.PING, Flag.ACK, 0, f.payload));
         else if (f.type === FrameType.GOAWAY) this.goaway = f.payload.readUInt32BE(4);
         else if (f.type === FrameType.DATA) {
           this.connectionData += f.payload.length;
@@ -417,7 +418,7 @@ class RawClient {
     const body = Buffer.alloc(5 + msg.length);
     body.writeUInt32BE(msg.length, 1);
     msg.copy(body, 5);
-    this.#sock.write(Buffer.concat([...headerFrames({ streamId: id, endStream: false, priority: null, block }), frame(FrameType.DATA, Flag.END_STREAM, id, body)]));
+    this.#sock.write(Buffer.concat([headerBlockFrames(id, block, false, 16_384), frameBytes(FrameType.DATA, Flag.END_STREAM, id, body)]));
     return id;
   }
 
@@ -425,7 +426,7 @@ class RawClient {
   grant(n: number): void {
     const p = Buffer.alloc(4);
     p.writeUInt32BE(n, 0);
-    this.#sock.write(frame(FrameType.WINDOW_UPDATE, 0, 0, p));
+    this.#sock.write(frameBytes(FrameType.WINDOW_UPDATE, 0, 0, p));
   }
 
   async allEnded(ids: number[], timeoutMs: number): Promise<void> {

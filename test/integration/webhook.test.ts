@@ -59,11 +59,12 @@ function install(name: 'a' | 'b'): void {
 interface Reply { status: number; body: string; json?: Obj }
 
 /** One request on a new TLS connection, verifying the server against `ca`. */
-function post(pathName: string, body: string | Buffer, opts: { method?: string; ca?: string; headers?: Record<string, string>; port?: number } = {}): Promise<Reply> {
+function post(pathName: string, body: string | Buffer, opts: { method?: string; ca?: string; headers?: Record<string, string>; port?: number; client?: { cert: string; key: string } } = {}): Promise<Reply> {
   return new Promise((resolve, reject) => {
     const o: RequestOptions = {
       host: '127.0.0.1', port: opts.port ?? server.port, path: pathName, method: opts.method ?? 'POST', ca: opts.ca ?? pairs.a.ca, agent: false,
       headers: { 'content-type': 'application/json', ...opts.headers },
+      ...(opts.client ?? {}),
     };
     const req = request(o, (res) => {
       const chunks: Buffer[] = [];
@@ -365,15 +366,26 @@ describe('probe-agent webhook (built CLI)', () => {
   it('runs as the rewrite-webhook component deploys it: its args, its probe path and scheme, its webhook paths', async () => {
     const kdir = mkdtempSync(path.join(dir, 'kustomize-'));
     const rel = (p: string) => path.relative(kdir, path.join(REPO, 'deploy', p));
-    writeFileSync(path.join(kdir, 'kustomization.yaml'), `resources: [${rel('base')}]\ncomponents: [${rel('components/rewrite-webhook')}]\n`);
+    writeFileSync(path.join(kdir, 'kustomization.yaml'), `resources: [${rel('base')}]\ncomponents: [${rel('components/rewrite-webhook')}]\n`
+      + 'configMapGenerator: [{name: probe-agent-webhook-network-policy, literals: [API_SERVER_CIDR=192.0.2.0/28], options: {disableNameSuffixHash: true, annotations: {config.kubernetes.io/local-config: "true"}}}]\n');
     const objects = parseAllDocuments(execFileSync('kubectl', ['kustomize', kdir], { encoding: 'utf8' })).map((d) => d.toJS() as Obj);
     const deployment = objects.find((o) => o.kind === 'Deployment')!;
     const c = deployment.spec.template.spec.containers[0];
     const mountPath = c.volumeMounts[0].mountPath as string;
+    const clientCaMount = (c.volumeMounts as Obj[]).find((m) => m.name === 'client-ca')!.mountPath as string;
+    // The API server's admission client certificate, from a client CA of the test's own.
+    const clientDir = mkdtempSync(path.join(dir, 'client-ca-'));
+    const cf = (f: string) => path.join(clientDir, f);
+    openssl(['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', cf('ca.key'), '-out', cf('ca.crt'), '-days', '2', '-subj', '/CN=client CA']);
+    openssl(['req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', cf('admission.key'), '-out', cf('admission.csr'), '-subj', '/CN=kube-apiserver-admission']);
+    writeFileSync(cf('ext'), 'extendedKeyUsage=clientAuth\n');
+    openssl(['x509', '-req', '-in', cf('admission.csr'), '-CA', cf('ca.crt'), '-CAkey', cf('ca.key'), '-CAcreateserial', '-out', cf('admission.crt'), '-days', '2', '-extfile', cf('ext')]);
+    const apiServer = { cert: readFileSync(cf('admission.crt'), 'utf8'), key: readFileSync(cf('admission.key'), 'utf8') };
     const port = 20000 + Math.floor(Math.random() * 20000);
-    // The deployed args, with the Secret mount pointed at the test's files and a free port.
-    const args = (c.args as string[]).map((a) => a.replace(mountPath, dir).replace(/^--listen=:\d+$/, `--listen=127.0.0.1:${port}`));
+    // The deployed args, with the Secret mounts pointed at the test's files and a free port.
+    const args = (c.args as string[]).map((a) => a.replace(mountPath, dir).replace(clientCaMount, clientDir).replace(/^--listen=:\d+$/, `--listen=127.0.0.1:${port}`));
     expect(args).toContain(`--tls-cert-file=${CERT()}`);
+    expect(args).toContain(`--client-ca-file=${cf('ca.crt')}`);
     const child = spawn(CLI, args, { stdio: ['ignore', 'ignore', 'pipe'] });
     let stderr = '';
     child.stderr!.on('data', (d) => (stderr += d));
@@ -396,8 +408,11 @@ describe('probe-agent webhook (built CLI)', () => {
       const annotated = { ...pod, metadata: { ...pod.metadata, annotations: { [OPT_IN_ANNOTATION]: 'enabled' } } };
       const config = objects.find((o) => o.kind === 'MutatingWebhookConfiguration')!;
       for (const w of config.webhooks as Obj[]) {
-        const r = await post(w.clientConfig.service.path, JSON.stringify(review(annotated)), { port, ca: await currentCa() });
+        const r = await post(w.clientConfig.service.path, JSON.stringify(review(annotated)), { port, ca: await currentCa(), client: apiServer });
         expect(r.json!.response.patchType, w.name).toBe('JSONPatch');
+        // As deployed, a caller without the API server's certificate is not answered.
+        const anonymous = await post(w.clientConfig.service.path, JSON.stringify(review(annotated)), { port, ca: await currentCa() });
+        expect(anonymous.status, w.name).toBe(403);
       }
     } finally {
       child.kill('SIGTERM');
@@ -418,6 +433,11 @@ describe('probe-agent webhook (built CLI)', () => {
     const listen = spawnSync(CLI, ['webhook', '--listen', 'nowhere', '--tls-cert-file', CERT(), '--tls-key-file', KEY()], { encoding: 'utf8' });
     expect(listen.status).toBe(2);
     expect(listen.stderr).toMatch(/--listen: want host:port.*got "nowhere"/);
+    for (const [flag, value] of [['--body-timeout', '0s'], ['--header-timeout', '45s']] as const) {
+      const timeout = spawnSync(CLI, ['webhook', flag, value, '--tls-cert-file', CERT(), '--tls-key-file', KEY()], { encoding: 'utf8' });
+      expect(timeout.status, flag).toBe(2);
+      expect(timeout.stderr).toContain(`${flag}: want 100ms..30s, got "${value}"`);
+    }
   });
 });
 

@@ -3,7 +3,8 @@
  * and PATCH with a JSON merge patch on labels/annotations, as `kubectl label`/the installer send
  * it), Pods (LIST with `fieldSelector=spec.nodeName=<node>`), RuntimeClasses (GET). Every request
  * is recorded, so tests can say exactly what a component asked for. `down = true` makes it answer
- * 503 (an outage); unknown paths get 404 like the real server.
+ * 503 (an outage), `delayMs` answers that much later (a slow API server); unknown paths get 404
+ * like the real server.
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -26,6 +27,8 @@ export interface ApiServerStandIn {
   runtimeClasses: Map<string, Obj>;
   /** Answer everything with 503 while true. */
   down: boolean;
+  /** Answer every request this many ms after it arrived (default 0). */
+  delayMs: number;
   close(): Promise<void>;
 }
 
@@ -45,11 +48,12 @@ function mergePatch(target: Obj, patch: Obj): Obj {
 }
 
 export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
-  const state: ApiServerStandIn = { url: '', requests: [], nodes: new Map(), pods: [], runtimeClasses: new Map(), down: false, close: async () => {} };
+  const state: ApiServerStandIn = { url: '', requests: [], nodes: new Map(), pods: [], runtimeClasses: new Map(), down: false, delayMs: 0, close: async () => {} };
   const server = http.createServer((req, res) => {
     let raw = '';
     req.on('data', (c) => (raw += c));
-    req.on('end', () => {
+    req.on('end', () => setTimeout(answer, state.delayMs));
+    const answer = (): unknown => {
       let body: unknown;
       try { body = raw ? JSON.parse(raw) : undefined; } catch { body = raw; }
       state.requests.push({ method: req.method ?? '', url: req.url ?? '', ...(req.headers['content-type'] ? { contentType: req.headers['content-type'] } : {}), ...(req.headers.authorization ? { authorization: req.headers.authorization } : {}), ...(body !== undefined ? { body } : {}) });
@@ -81,7 +85,7 @@ export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
         return rc ? send(200, rc) : notFound(`runtimeclasses.node.k8s.io "${m[1]}"`);
       }
       return notFound(url.pathname);
-    });
+    };
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   state.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;

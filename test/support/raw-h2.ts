@@ -2,10 +2,12 @@
  * A bare HTTP/2 gRPC client for one unary call with exactly the request headers a test gives it,
  * for what no gRPC library sends: a request without `:authority` at all (grpc-js, grpc-go and
  * Node's http2 client always send one). Frames and HPACK are the shim's own modules; the answer
- * (status, messages, trailers, a reset) is returned as the server sent it.
+ * (status, messages, trailers, a reset) is returned as the server sent it. Also the SETTINGS
+ * frames raw test peers write and read.
  */
 import * as net from 'node:net';
-import { CLIENT_PREFACE, Flag, frame, FrameReader, FrameType, HeaderBlockCollector } from '../../agent/http2/authority.ts';
+import { FrameSplitter, HeaderBlockJoiner } from '../../agent/http2/connection.ts';
+import { CLIENT_PREFACE, Flag, frameBytes, FrameType } from '../../agent/http2/wire.ts';
 import { encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/http2/hpack.ts';
 
 /** What came back on the call's stream. */
@@ -32,8 +34,8 @@ export function grpcRequestHeaders(path: string, authority: string | undefined):
 export function rawUnary(socketPath: string, headers: HeaderField[], message: Buffer, timeoutMs = 10_000): Promise<RawAnswer> {
   return new Promise((resolve, reject) => {
     const sock = net.connect(socketPath);
-    const reader = new FrameReader(false);
-    const blocks = new HeaderBlockCollector();
+    const reader = new FrameSplitter(false);
+    const blocks = new HeaderBlockJoiner(1 << 20);
     const decoder = new HpackDecoder({ maxTableSize: 4096, maxHeaderListSize: 1 << 20 });
     const answer: RawAnswer = { headers: [], trailers: [], messages: [] };
     let data = Buffer.alloc(0);
@@ -57,8 +59,8 @@ export function rawUnary(socketPath: string, headers: HeaderField[], message: Bu
     sock.on('data', (chunk: Buffer) => {
       reader.push(chunk);
       for (let f = reader.next(); f !== null; f = reader.next()) {
-        if (f.type === FrameType.SETTINGS && !(f.flags & Flag.ACK)) sock.write(frame(FrameType.SETTINGS, Flag.ACK, 0, Buffer.alloc(0)));
-        else if (f.type === FrameType.PING && !(f.flags & Flag.ACK)) sock.write(frame(FrameType.PING, Flag.ACK, 0, f.payload));
+        if (f.type === FrameType.SETTINGS && !(f.flags & Flag.ACK)) sock.write(frameBytes(FrameType.SETTINGS, Flag.ACK, 0, Buffer.alloc(0)));
+        else if (f.type === FrameType.PING && !(f.flags & Flag.ACK)) sock.write(frameBytes(FrameType.PING, Flag.ACK, 0, f.payload));
         else if (f.type === FrameType.GOAWAY) {
           answer.goawayCode = f.payload.readUInt32BE(4);
           finish();
@@ -91,11 +93,28 @@ export function rawUnary(socketPath: string, headers: HeaderField[], message: Bu
     prefix.writeUInt32BE(message.length, 1);
     sock.write(Buffer.concat([
       CLIENT_PREFACE,
-      frame(FrameType.SETTINGS, 0, 0, Buffer.alloc(0)),
-      frame(FrameType.HEADERS, Flag.END_HEADERS, 1, encodeLiteralBlock(headers)),
-      frame(FrameType.DATA, Flag.END_STREAM, 1, Buffer.concat([prefix, message])),
+      frameBytes(FrameType.SETTINGS, 0, 0, Buffer.alloc(0)),
+      frameBytes(FrameType.HEADERS, Flag.END_HEADERS, 1, encodeLiteralBlock(headers)),
+      frameBytes(FrameType.DATA, Flag.END_STREAM, 1, Buffer.concat([prefix, message])),
     ]));
   });
+}
+
+/** A SETTINGS frame with these entries ([identifier, value]), as a raw peer writes one. */
+export function settingsFrame(entries: ReadonlyArray<readonly [number, number]>): Buffer {
+  const p = Buffer.alloc(6 * entries.length);
+  entries.forEach(([id, v], i) => {
+    p.writeUInt16BE(id, i * 6);
+    p.writeUInt32BE(v, i * 6 + 2);
+  });
+  return frameBytes(FrameType.SETTINGS, 0, 0, p);
+}
+
+/** The entries of a SETTINGS frame's payload. */
+export function parseSettings(payload: Buffer): Array<[number, number]> {
+  const out: Array<[number, number]> = [];
+  for (let i = 0; i + 6 <= payload.length; i += 6) out.push([payload.readUInt16BE(i), payload.readUInt32BE(i + 2)]);
+  return out;
 }
 
 /** A header's value, or undefined. */

@@ -8,6 +8,7 @@
  */
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { isIP } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -32,7 +33,16 @@ const COMPONENTS = readdirSync(path.join(DEPLOY, 'components')).sort();
 const NODE = { NODE_NAME: 'node-a', HOST_IP: '192.0.2.10', POD_IP: '10.244.3.7' };
 
 type Obj = Record<string, any>;
-interface Variant { name: string; components: string[]; namespace?: string; overlay?: string }
+interface Variant { name: string; components: string[]; namespace?: string; overlay?: string; withoutApiServerCidr?: boolean }
+
+/** What an overlay with the rewrite-webhook component must add (the example overlay shows it). */
+const API_SERVER_CIDR = '192.0.2.0/28';
+const API_SERVER_CIDR_GENERATOR = [
+  'configMapGenerator:',
+  '  - name: probe-agent-webhook-network-policy',
+  `    literals: [API_SERVER_CIDR=${API_SERVER_CIDR}]`,
+  '    options: {disableNameSuffixHash: true, annotations: {config.kubernetes.io/local-config: "true"}}',
+];
 
 const VARIANTS: Variant[] = [
   { name: 'base', components: [] },
@@ -71,6 +81,7 @@ function render(v: Variant): Obj[] {
     const rel = (p: string) => path.relative(dir, path.join(DEPLOY, p));
     const lines = [`resources: [${rel('base')}]`, `components: [${v.components.map((c) => rel(`components/${c}`)).join(', ')}]`];
     if (v.namespace) lines.push(`namespace: ${v.namespace}`);
+    if (v.components.includes('rewrite-webhook') && !v.withoutApiServerCidr) lines.push(...API_SERVER_CIDR_GENERATOR);
     writeFileSync(path.join(dir, 'kustomization.yaml'), lines.join('\n') + '\n');
   }
   const out = execFileSync('kubectl', ['kustomize', dir], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
@@ -513,8 +524,9 @@ describe('rewrite-webhook component', () => {
     expect(path.basename(flags.tlsCertFile!)).toBe('tls.crt');
     expect(path.basename(flags.tlsKeyFile!)).toBe('tls.key');
     const volume = (deployment().spec.template.spec.volumes as Obj[]).find((vol) => vol.name === mount!.name);
-    const cert = one('Certificate');
-    expect(volume?.secret?.secretName).toBe(cert.spec.secretName);
+    const cert = docs().find((o) => o.kind === 'Certificate' && o.spec.secretName === volume?.secret?.secretName);
+    expect(cert).toBeDefined();
+    expect(cert.spec.isCA ?? false).toBe(false);
     const svc = one('Service');
     expect(cert.spec.dnsNames).toContain(`${svc.metadata.name}.${svc.metadata.namespace}.svc`);
     expect(docs().find((o) => o.kind === 'Issuer' && o.metadata.name === cert.spec.issuerRef.name)).toBeDefined();
@@ -551,7 +563,107 @@ describe('rewrite-webhook component', () => {
     const ds = (name: string) => rendered.get(name)!.find((o) => o.kind === 'DaemonSet');
     expect(ds('rewrite-webhook')).toEqual(ds('base'));
   });
+
+  it("verifies its callers by default, against the CA that issues the API server's client certificate", () => {
+    const flags = webhookFlags();
+    expect(typeof flags.clientCaFile).toBe('string');
+    const c = container();
+    const mount = (c.volumeMounts as Obj[]).find((m) => path.dirname(flags.clientCaFile!) === m.mountPath);
+    expect(mount?.readOnly).toBe(true);
+    const volume = (deployment().spec.template.spec.volumes as Obj[]).find((vol) => vol.name === mount!.name);
+    // The CA's certificate only, never its key.
+    expect(volume.secret.items).toEqual([{ key: 'ca.crt', path: path.basename(flags.clientCaFile!) }]);
+    const certs = docs().filter((o) => o.kind === 'Certificate');
+    const ca = certs.find((o) => o.spec.secretName === volume.secret.secretName);
+    expect(ca?.spec.isCA).toBe(true);
+    const caIssuer = docs().find((o) => o.kind === 'Issuer' && o.spec.ca?.secretName === ca.spec.secretName);
+    expect(caIssuer).toBeDefined();
+    const client = certs.find((o) => o.spec.issuerRef.name === caIssuer.metadata.name);
+    expect(client?.spec.usages).toContain('client auth');
+    expect(client?.spec.usages).not.toContain('server auth');
+    expect(client?.spec.isCA ?? false).toBe(false);
+    // What docs/deploy.md tells the operator to copy to the API servers.
+    expect(client?.spec.secretName).toBe('probe-agent-apiserver-admission');
+    const deployDoc = readFileSync(path.join(ROOT, 'docs/deploy.md'), 'utf8');
+    expect(deployDoc).toContain(`secret ${client?.spec.secretName}`);
+    // The serving certificate is not from that CA: a client certificate cannot serve, nor the reverse.
+    const serving = certs.find((o) => !o.spec.isCA && o !== client);
+    expect(serving?.spec.issuerRef.name).not.toBe(caIssuer.metadata.name);
+  });
+
+  it('turns verification off only when told, with --no-client-ca-file after it', () => {
+    const parse = (args: string[]): Record<string, unknown> => {
+      const program = new Command().exitOverride();
+      registerWebhookCommand(program);
+      let raw: Record<string, unknown> = {};
+      program.commands.find((c) => c.name() === 'webhook')!.action((opts: Record<string, unknown>) => { raw = opts; });
+      program.parse(args, { from: 'user' });
+      return raw;
+    };
+    expect(parse(container().args as string[]).clientCaFile).toBe('/etc/probe-agent/webhook-client-ca/ca.crt');
+    expect(parse([...container().args as string[], '--no-client-ca-file']).clientCaFile).toBe(false);
+    // The flag's older meaning is kept: absent, callers are not verified (and the server says so).
+    expect(parse(['webhook']).clientCaFile).toBeUndefined();
+  });
+
+  it("admits only the overlay's API_SERVER_CIDR to the webhook's port, and applies nothing else of that setting", () => {
+    const policy = one('NetworkPolicy');
+    const labels = deployment().spec.template.metadata.labels;
+    for (const [k, val] of Object.entries(policy.spec.podSelector.matchLabels)) expect(labels[k]).toBe(val);
+    expect(Object.keys(policy.spec.podSelector.matchLabels).length).toBeGreaterThan(0);
+    // Ingress only (the webhook's own calls to the API server stay open), one rule, one source.
+    expect(policy.spec.policyTypes).toEqual(['Ingress']);
+    expect(policy.spec.ingress).toHaveLength(1);
+    const [rule] = policy.spec.ingress as Obj[];
+    expect(rule!.from).toEqual([{ ipBlock: { cidr: API_SERVER_CIDR } }]);
+    expect(validCidr(rule!.from[0].ipBlock.cidr)).toBe(true);
+    const listen = Number(webhookFlags().listen!.split(':').at(-1));
+    expect(rule!.ports).toEqual([{ protocol: 'TCP', port: listen }]);
+    expect((container().ports as Obj[]).map((p) => p.containerPort)).toEqual([listen]);
+    expect(docs().filter((o) => o.kind === 'ConfigMap' && o.metadata.name === 'probe-agent-webhook-network-policy')).toEqual([]);
+  });
+
+  it('refuses to render without API_SERVER_CIDR, naming what to set', () => {
+    const dir = mkdtempSync(path.join(scratch, 'webhook-no-cidr-'));
+    const rel = (p: string) => path.relative(dir, path.join(DEPLOY, p));
+    writeFileSync(path.join(dir, 'kustomization.yaml'), `resources: [${rel('base')}]\ncomponents: [${rel('components/rewrite-webhook')}]\n`);
+    const r = spawnSync('kubectl', ['kustomize', dir], { encoding: 'utf8' });
+    expect(r.status).not.toBe(0);
+    expect(r.stdout).toBe('');
+    expect(r.stderr).toMatch(/nothing selected by ConfigMap.*probe-agent-webhook-network-policy.*data\.API_SERVER_CIDR/);
+  });
+
+  it("the example overlay's commented webhook lines, uncommented, render the webhook behind its NetworkPolicy", () => {
+    const example = readFileSync(path.join(DEPLOY, 'overlays/example/kustomization.yaml'), 'utf8').split('\n');
+    const start = example.indexOf('# configMapGenerator:');
+    expect(start).toBeGreaterThan(0);
+    const out: string[] = [];
+    let inBlock = false;
+    for (const [i, line] of example.entries()) {
+      if (i === start) inBlock = true;
+      if (inBlock && !line.startsWith('#')) inBlock = false;
+      if (inBlock) out.push(line.replace(/^# ?/, ''));
+      else out.push(line.replace(/^  # (- \.\.\/\.\.\/components\/(kubelet-shim|rewrite-webhook))$/, '  $1'));
+    }
+    const dir = mkdtempSync(path.join(scratch, 'example-webhook-'));
+    writeFileSync(path.join(dir, 'kustomization.yaml'), out.join('\n').replaceAll('../../', `${path.relative(dir, DEPLOY)}/`));
+    const objs = parseAllDocuments(execFileSync('kubectl', ['kustomize', dir], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })).map((d) => d.toJS() as Obj);
+    const policy = objs.find((o) => o.kind === 'NetworkPolicy' && o.metadata.name === 'probe-agent-webhook');
+    expect(policy?.spec.ingress[0].from[0].ipBlock.cidr).toMatch(/^\d+\.\d+\.\d+\.\d+\/\d+$/);
+    expect(validCidr(policy!.spec.ingress[0].from[0].ipBlock.cidr)).toBe(true);
+    expect(objs.some((o) => o.kind === 'DaemonSet' && o.metadata.name === 'probe-agent-shim-installer')).toBe(true);
+    expect(objs.some((o) => o.kind === 'Deployment' && o.metadata.name === 'probe-agent-webhook')).toBe(true);
+    expect(objs.some((o) => o.kind === 'ConfigMap' && o.metadata.name === 'probe-agent-webhook-network-policy')).toBe(false);
+  });
 });
+
+/** What the API server's validation accepts for an ipBlock cidr: an address with a prefix length in range. */
+function validCidr(cidr: string): boolean {
+  const m = /^(.+)\/(\d{1,3})$/.exec(cidr);
+  if (!m) return false;
+  const family = isIP(m[1]!);
+  return family !== 0 && Number(m[2]) <= (family === 4 ? 32 : 128);
+}
 
 describe('Dockerfile', () => {
   const dockerfile = readFileSync(path.join(ROOT, 'Dockerfile'), 'utf8').replace(/\\\n/g, ' ');

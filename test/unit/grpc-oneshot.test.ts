@@ -1,6 +1,6 @@
 /**
  * The gRPC probe's one-shot HTTP/2 exchange (agent/http2/unary-oneshot.ts) against raw frame peers
- * on real loopback TCP: each peer reads the client's preface and frames with our FrameReader and
+ * on real loopback TCP: each peer reads the client's preface and frames with our FrameSplitter and
  * writes its answer by hand, so what a naive codec gets wrong shows: an answer split into one-octet
  * reads, header blocks over CONTINUATION, Huffman strings and dynamic-table references (as grpc-go
  * and grpc-js send them), trailers-only answers, RST_STREAM, GOAWAY (fatal and graceful), flow
@@ -8,11 +8,14 @@
  */
 import * as net from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { CLIENT_PREFACE, Flag, FrameReader, FrameType, type Frame } from '../../agent/http2/authority.ts';
+import { FrameSplitter } from '../../agent/http2/connection.ts';
 import { encodeInteger, encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/http2/hpack.ts';
 import { huffmanEncode } from '../../agent/http2/huffman.ts';
 import { exchangeOnce, type OneShotEnd, type OneShotRequest } from '../../agent/http2/unary-oneshot.ts';
-import { frameBytes, goawayFrame, H2Error, parseSettings, rstStreamFrame, Setting, settingsFrame, windowUpdateFrame } from '../../agent/http2/unary-wire.ts';
+import {
+  CLIENT_PREFACE, Flag, frameBytes, FrameType, goawayFrame, H2Error, rstStreamFrame, Setting, windowUpdateFrame, type Frame,
+} from '../../agent/http2/wire.ts';
+import { parseSettings, settingsFrame } from '../support/raw-h2.ts';
 
 const cleanups: (() => void)[] = [];
 afterEach(() => {
@@ -22,7 +25,7 @@ afterEach(() => {
 /** The server side of one connection: frames the client sent, in order, and a way to write. */
 class Peer {
   readonly socket: net.Socket;
-  readonly #reader = new FrameReader(true);
+  readonly #reader = new FrameSplitter(true);
   readonly #frames: Frame[] = [];
   #wake: (() => void) | undefined;
   closed = false;

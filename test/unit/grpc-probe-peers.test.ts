@@ -7,7 +7,7 @@
 import net from 'node:net';
 import { afterAll, describe, expect, it } from 'vitest';
 import { encodeLiteralBlock } from '../../agent/http2/hpack.ts';
-import { frameBytes, goawayFrame, rstStreamFrame, settingsFrame } from '../../agent/http2/unary-wire.ts';
+import { frameBytes, goawayFrame, rstStreamFrame } from '../../agent/http2/wire.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
 
@@ -15,7 +15,7 @@ const sockets = new NodeSocketFactory();
 const servers: net.Server[] = [];
 afterAll(() => servers.forEach((s) => s.close()));
 
-const SETTINGS = settingsFrame([]);
+const SETTINGS = frameBytes(0x4, 0, 0);
 const headers = (fields: [string, string][], flags = 0x4): Buffer => frameBytes(0x1, flags, 1, encodeLiteralBlock(fields.map(([name, value]) => ({ name, value }))));
 const GRPC_HEADERS = headers([[':status', '200'], ['content-type', 'application/grpc']]);
 const message = (flag: number, status: number): Buffer => frameBytes(0x0, 0, 1, Buffer.from([flag, 0, 0, 0, 2, 0x08, status]));

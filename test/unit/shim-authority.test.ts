@@ -6,14 +6,13 @@
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import {
-  acceptableAuthority, AuthorityRewriter, CLIENT_PREFACE, Flag, frame, FrameReader, FrameType, H2_LIMITS, H2InputError, HeaderBlockCollector,
-  withAcceptableAuthority, type Frame,
-} from '../../agent/http2/authority.ts';
+import { acceptableAuthority, AuthorityRewriter, H2_LIMITS, withAcceptableAuthority } from '../../agent/http2/authority.ts';
+import { FrameSplitter, HeaderBlockJoiner } from '../../agent/http2/connection.ts';
+import { CLIENT_PREFACE, Flag, frameBytes, FrameType, H2InputError, type Frame } from '../../agent/http2/wire.ts';
 import { encodeInteger, encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/http2/hpack.ts';
 import { huffmanEncode } from '../../agent/http2/huffman.ts';
 
-const SETTINGS = frame(FrameType.SETTINGS, 0, 0, Buffer.from([0, 4, 0, 0x10, 0, 0]));
+const SETTINGS = frameBytes(FrameType.SETTINGS, 0, 0, Buffer.from([0, 4, 0, 0x10, 0, 0]));
 const REQUEST: HeaderField[] = [
   { name: ':method', value: 'POST' }, { name: ':scheme', value: 'http' }, { name: ':path', value: '/runtime.v1.RuntimeService/Version' },
   { name: ':authority', value: '/run/containerd/containerd.sock' }, { name: 'content-type', value: 'application/grpc' },
@@ -34,10 +33,10 @@ function indexedHuffmanBlock(fields: HeaderField[]): Buffer {
 /** Every frame of a server-bound byte stream (after the preface), and the request header lists decoded. */
 function readOutput(bytes: Buffer): { frames: Frame[]; blocks: Array<{ streamId: number; endStream: boolean; priority: Buffer | null; fields: HeaderField[] }> } {
   expect(bytes.subarray(0, CLIENT_PREFACE.length)).toEqual(CLIENT_PREFACE);
-  const r = new FrameReader();
+  const r = new FrameSplitter(true);
   r.push(bytes);
   const frames: Frame[] = [];
-  const collect = new HeaderBlockCollector();
+  const collect = new HeaderBlockJoiner(H2_LIMITS.maxHeaderBlock);
   const d = new HpackDecoder({ maxTableSize: 4096, maxHeaderListSize: 1 << 20 });
   const blocks = [];
   for (let f = r.next(); f !== null; f = r.next()) {
@@ -79,22 +78,22 @@ describe('the client→server rewrite', () => {
     const c = first.subarray(50);
     const priority = Buffer.from([0x80, 0, 0, 0, 15]);
     const padded = Buffer.concat([Buffer.from([7]), priority, a, Buffer.alloc(7)]);
-    const data = frame(FrameType.DATA, Flag.END_STREAM, 1, Buffer.from('\0\0\0\0\x03abc', 'latin1'));
-    const windowUpdate = frame(FrameType.WINDOW_UPDATE, 0, 0, Buffer.from([0, 0, 0x10, 0]));
-    const ping = frame(FrameType.PING, 0, 0, Buffer.alloc(8, 7));
+    const data = frameBytes(FrameType.DATA, Flag.END_STREAM, 1, Buffer.from('\0\0\0\0\x03abc', 'latin1'));
+    const windowUpdate = frameBytes(FrameType.WINDOW_UPDATE, 0, 0, Buffer.from([0, 0, 0x10, 0]));
+    const ping = frameBytes(FrameType.PING, 0, 0, Buffer.alloc(8, 7));
     // The second request refers to the first's dynamic table entries only (indexed fields 62..69).
     const second = Buffer.from([0xc5, 0xc4, 0xc3, 0xc2, 0xc1, 0xc0, 0xbf, 0xbe]);
     // Trailers on stream 3, after its data: no pseudo-headers, no authority to add.
     const trailers = encodeLiteralBlock([{ name: 'x-trailer', value: '1' }]);
     const bytes = Buffer.concat([
       CLIENT_PREFACE, SETTINGS,
-      frame(FrameType.HEADERS, Flag.PADDED | Flag.PRIORITY, 1, padded),
-      frame(FrameType.CONTINUATION, 0, 1, b),
-      frame(FrameType.CONTINUATION, Flag.END_HEADERS, 1, c),
+      frameBytes(FrameType.HEADERS, Flag.PADDED | Flag.PRIORITY, 1, padded),
+      frameBytes(FrameType.CONTINUATION, 0, 1, b),
+      frameBytes(FrameType.CONTINUATION, Flag.END_HEADERS, 1, c),
       data, windowUpdate, ping,
-      frame(FrameType.HEADERS, Flag.END_HEADERS, 3, second),
-      frame(FrameType.DATA, 0, 3, Buffer.from('\0\0\0\0\0', 'latin1')),
-      frame(FrameType.HEADERS, Flag.END_HEADERS | Flag.END_STREAM, 3, trailers),
+      frameBytes(FrameType.HEADERS, Flag.END_HEADERS, 3, second),
+      frameBytes(FrameType.DATA, 0, 3, Buffer.from('\0\0\0\0\0', 'latin1')),
+      frameBytes(FrameType.HEADERS, Flag.END_HEADERS | Flag.END_STREAM, 3, trailers),
     ]);
     return { bytes, data, windowUpdate, ping };
   }
@@ -126,7 +125,7 @@ describe('the client→server rewrite', () => {
 
   it('adds an authority to a request that has none', () => {
     const none = REQUEST.filter((f) => f.name !== ':authority');
-    const out = new AuthorityRewriter().transform(Buffer.concat([CLIENT_PREFACE, SETTINGS, frame(FrameType.HEADERS, Flag.END_HEADERS, 1, encodeLiteralBlock(none))]));
+    const out = new AuthorityRewriter().transform(Buffer.concat([CLIENT_PREFACE, SETTINGS, frameBytes(FrameType.HEADERS, Flag.END_HEADERS, 1, encodeLiteralBlock(none))]));
     expect(readOutput(out).blocks[0]!.fields.find((f) => f.name === ':authority')?.value).toBe('localhost');
   });
 
@@ -136,8 +135,8 @@ describe('the client→server rewrite', () => {
     const block = indexedHuffmanBlock(big);
     const input = Buffer.concat([
       CLIENT_PREFACE,
-      frame(FrameType.HEADERS, Flag.END_STREAM, 1, block.subarray(0, 16_000)),
-      frame(FrameType.CONTINUATION, Flag.END_HEADERS, 1, block.subarray(16_000)),
+      frameBytes(FrameType.HEADERS, Flag.END_STREAM, 1, block.subarray(0, 16_000)),
+      frameBytes(FrameType.CONTINUATION, Flag.END_HEADERS, 1, block.subarray(16_000)),
     ]);
     const { frames, blocks } = readOutput(new AuthorityRewriter().transform(input));
     expect(frames.map((f) => f.type)).toEqual([FrameType.HEADERS, FrameType.CONTINUATION]);
@@ -149,19 +148,19 @@ describe('the client→server rewrite', () => {
 });
 
 describe('input the rewrite cannot carry: an H2InputError', () => {
-  const hdr = (flags: number, sid: number, payload: Buffer): Buffer => frame(FrameType.HEADERS, flags, sid, payload);
+  const hdr = (flags: number, sid: number, payload: Buffer): Buffer => frameBytes(FrameType.HEADERS, flags, sid, payload);
   const ok = encodeLiteralBlock(REQUEST);
   it.each([
     ['not HTTP/2 at all', Buffer.from('GET / HTTP/1.1\r\nHost: x\r\n\r\n')],
     ['a frame beyond SETTINGS_MAX_FRAME_SIZE', Buffer.concat([CLIENT_PREFACE, Buffer.from([0, 0x40, 1, 0, 0, 0, 0, 0, 1])])],
-    ['CONTINUATION without HEADERS', Buffer.concat([CLIENT_PREFACE, frame(FrameType.CONTINUATION, Flag.END_HEADERS, 1, ok)])],
-    ['CONTINUATION on another stream', Buffer.concat([CLIENT_PREFACE, hdr(0, 1, ok.subarray(0, 5)), frame(FrameType.CONTINUATION, Flag.END_HEADERS, 3, ok.subarray(5))])],
-    ['DATA inside a header block', Buffer.concat([CLIENT_PREFACE, hdr(0, 1, ok.subarray(0, 5)), frame(FrameType.DATA, 0, 1, Buffer.alloc(1))])],
+    ['CONTINUATION without HEADERS', Buffer.concat([CLIENT_PREFACE, frameBytes(FrameType.CONTINUATION, Flag.END_HEADERS, 1, ok)])],
+    ['CONTINUATION on another stream', Buffer.concat([CLIENT_PREFACE, hdr(0, 1, ok.subarray(0, 5)), frameBytes(FrameType.CONTINUATION, Flag.END_HEADERS, 3, ok.subarray(5))])],
+    ['DATA inside a header block', Buffer.concat([CLIENT_PREFACE, hdr(0, 1, ok.subarray(0, 5)), frameBytes(FrameType.DATA, 0, 1, Buffer.alloc(1))])],
     ['padding longer than the frame', Buffer.concat([CLIENT_PREFACE, hdr(Flag.PADDED | Flag.END_HEADERS, 1, Buffer.from([9, 1, 2]))])],
     ['PRIORITY flag on a too short frame', Buffer.concat([CLIENT_PREFACE, hdr(Flag.PRIORITY | Flag.END_HEADERS, 1, Buffer.from([1, 2]))])],
     ['HEADERS on stream 0', Buffer.concat([CLIENT_PREFACE, hdr(Flag.END_HEADERS, 0, ok)])],
     ['a malformed HPACK block', Buffer.concat([CLIENT_PREFACE, hdr(Flag.END_HEADERS, 1, Buffer.from([0x80]))])],
-    ['PUSH_PROMISE from a client', Buffer.concat([CLIENT_PREFACE, frame(FrameType.PUSH_PROMISE, Flag.END_HEADERS, 1, Buffer.concat([Buffer.alloc(4), ok]))])],
+    ['PUSH_PROMISE from a client', Buffer.concat([CLIENT_PREFACE, frameBytes(FrameType.PUSH_PROMISE, Flag.END_HEADERS, 1, Buffer.concat([Buffer.alloc(4), ok]))])],
   ])('%s', (_name, bytes) => {
     expect(() => new AuthorityRewriter().transform(bytes)).toThrow(H2InputError);
   });
@@ -170,7 +169,7 @@ describe('input the rewrite cannot carry: an H2InputError', () => {
     const r = new AuthorityRewriter();
     r.transform(Buffer.concat([CLIENT_PREFACE, hdr(0, 1, Buffer.alloc(16_000))]));
     expect(() => {
-      for (let i = 0; i < 5; i++) r.transform(frame(FrameType.CONTINUATION, 0, 1, Buffer.alloc(16_000)));
+      for (let i = 0; i < 5; i++) r.transform(frameBytes(FrameType.CONTINUATION, 0, 1, Buffer.alloc(16_000)));
     }).toThrow(/larger than 65536/);
   });
 
@@ -178,7 +177,7 @@ describe('input the rewrite cannot carry: an H2InputError', () => {
     const anyFrame = fc.record({
       type: fc.integer({ min: 0, max: 12 }), flags: fc.integer({ min: 0, max: 255 }), sid: fc.integer({ min: 0, max: 7 }),
       payload: fc.oneof(fc.uint8Array({ maxLength: 64 }).map((a) => Buffer.from(a)), fc.constant(ok), fc.constant(indexedHuffmanBlock(REQUEST))),
-    }).map(({ type, flags, sid, payload }) => frame(type, flags, sid, payload));
+    }).map(({ type, flags, sid, payload }) => frameBytes(type, flags, sid, payload));
     fc.assert(fc.property(fc.array(anyFrame, { maxLength: 8 }), fc.integer({ min: 1, max: 64 }), (frames, chunk) => {
       const bytes = Buffer.concat([CLIENT_PREFACE, ...frames]);
       const r = new AuthorityRewriter();

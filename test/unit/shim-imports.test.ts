@@ -12,9 +12,9 @@ import { describe, expect, it } from 'vitest';
 
 const AGENT = fileURLToPath(new URL('../../agent/', import.meta.url));
 const ALLOWED = [
-  'shim/main.ts', 'shim/proxy.ts', 'shim/relay.ts', 'shim/answer.ts', 'shim/deadline.ts', 'shim/exec-sync.ts', 'shim/upstream.ts',
+  'shim/main.ts', 'shim/proxy.ts', 'shim/relay.ts', 'shim/answer.ts', 'shim/deadline.ts', 'shim/exec-sync.ts',
   'shim/hook-runner.ts', 'shim/metrics.ts', 'shim/metrics-server.ts',
-  'http2/handoff.ts', 'http2/authority.ts', 'http2/hpack.ts', 'http2/huffman.ts', 'http2/unary-client.ts', 'http2/unary-wire.ts',
+  'http2/connection.ts', 'http2/authority.ts', 'http2/hpack.ts', 'http2/huffman.ts', 'http2/unary-client.ts', 'http2/wire.ts',
   'api/protowire.ts', 'api/handler-wire.ts', 'api/shim-client.ts', 'api/hook-refusal.ts', 'rewrite/shim-command.ts',
 ];
 

@@ -1,17 +1,17 @@
 /**
- * The frame relay's reader (agent/shim/relay.ts FrameSplitter): frames come back whole and in
+ * The frame relay's reader (agent/http2/connection.ts FrameSplitter): frames come back whole and in
  * order however the octets are cut into reads (a frame header or body split across reads, many
  * frames in one read), the client preface is checked and consumed, and an oversized frame is refused.
  */
 import { describe, expect, it } from 'vitest';
-import { FrameSplitter } from '../../agent/shim/relay.ts';
-import { CLIENT_PREFACE, frame, H2InputError } from '../../agent/http2/authority.ts';
+import { FrameSplitter } from '../../agent/http2/connection.ts';
+import { CLIENT_PREFACE, frameBytes, H2InputError } from '../../agent/http2/wire.ts';
 
 function stream(): Buffer[] {
   const frames: Buffer[] = [];
   for (let i = 0; i < 40; i++) {
     const len = [0, 1, 8, 9, 100, 16_384, 5000][i % 7]!;
-    frames.push(frame(i % 10, i & 0xff, 2 * i + 1, Buffer.alloc(len, i)));
+    frames.push(frameBytes(i % 10, i & 0xff, 2 * i + 1, Buffer.alloc(len, i)));
   }
   return frames;
 }
@@ -58,10 +58,10 @@ describe('the relay frame splitter', () => {
     const bad = new FrameSplitter(true);
     bad.push(Buffer.from('GET / HTTP/1.1\r\n'));
     expect(() => bad.next()).toThrow(H2InputError);
-    const big = frame(0, 0, 1, Buffer.alloc(20_000));
+    const big = frameBytes(0, 0, 1, Buffer.alloc(20_000));
     for (const cut of [5, 9, 100]) {
       const s = new FrameSplitter(false);
-      s.push(Buffer.concat([frame(0, 0, 1, Buffer.alloc(10)), big.subarray(0, cut)]));
+      s.push(Buffer.concat([frameBytes(0, 0, 1, Buffer.alloc(10)), big.subarray(0, cut)]));
       expect(s.next()).not.toBeNull();
       expect(() => {
         s.next();

@@ -4,7 +4,8 @@
  * what a naive codec gets wrong shows: frames split across reads, CONTINUATION, flow control
  * (an answer larger than the window waits for WINDOW_UPDATE), PING, GOAWAY with streams above its
  * last-stream-id (not started), RST_STREAM either way, a garbage preface, over-size header blocks
- * and messages, and many concurrent calls beyond the server's MAX_CONCURRENT_STREAMS.
+ * and messages, many concurrent calls beyond the server's MAX_CONCURRENT_STREAMS, and a PING sent
+ * while the handoff holds the connection (answered by the server, not the handoff).
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import * as http2 from 'node:http2';
@@ -12,11 +13,15 @@ import * as net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { CLIENT_PREFACE, Flag, FrameReader, FrameType, type Frame } from '../../agent/http2/authority.ts';
+import { FrameSplitter } from '../../agent/http2/connection.ts';
+import { handOff } from '../../agent/http2/handoff.ts';
 import { encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/http2/hpack.ts';
 import { UnaryH2Client, UnaryH2Error, type UnaryH2Response } from '../../agent/http2/unary-client.ts';
 import { UnaryH2Server, type UnaryH2Stream } from '../../agent/http2/unary-server.ts';
-import { frameBytes, goawayFrame, H2Error, parseGoaway, parseSettings, rstStreamFrame, Setting, settingsFrame, windowUpdateFrame } from '../../agent/http2/unary-wire.ts';
+import {
+  CLIENT_PREFACE, Flag, frameBytes, FrameType, goawayFrame, H2Error, parseGoaway, rstStreamFrame, Setting, windowUpdateFrame, type Frame,
+} from '../../agent/http2/wire.ts';
+import { parseSettings, settingsFrame } from '../support/raw-h2.ts';
 
 const dir = mkdtempSync(path.join(tmpdir(), 'unary-h2-'));
 let n = 0;
@@ -76,12 +81,12 @@ class RawPeer {
   readonly frames: Frame[] = [];
   readonly decoder = new HpackDecoder({ maxTableSize: 4096, maxHeaderListSize: 1 << 20 });
   closed = false;
-  readonly #reader: FrameReader;
+  readonly #reader: FrameSplitter;
   #waiters: (() => void)[] = [];
 
   constructor(socket: net.Socket, isServer: boolean) {
     this.socket = socket;
-    this.#reader = new FrameReader(isServer);
+    this.#reader = new FrameSplitter(isServer);
     socket.on('data', (c: Buffer) => {
       this.#reader.push(c);
       for (let f = this.#reader.next(); f !== null; f = this.#reader.next()) this.frames.push({ ...f, payload: Buffer.from(f.payload) });
@@ -253,6 +258,23 @@ describe('the unary HTTP/2 server', () => {
     await peer.whenClosed();
     expect(peer.frames.some((f) => isHeaders(1)(f) && (f.flags & Flag.END_STREAM) !== 0)).toBe(true);
     expect(peer.frames.some((f) => f.streamId === 3)).toBe(false);
+  });
+
+  it('on drain, an answer waiting for the client\'s window is still sent whole; then the connection closes', async () => {
+    const { server, path: p } = await startServer((s) => s.message(Buffer.alloc(100, 9)));
+    const peer = await rawClient(p, [[Setting.INITIAL_WINDOW_SIZE, 10]]);
+    peer.write(frameBytes(FrameType.HEADERS, Flag.END_HEADERS, 1, requestBlock()), frameBytes(FrameType.DATA, Flag.END_STREAM, 1, grpcBody(Buffer.alloc(0))));
+    await peer.frame((f) => f.type === FrameType.DATA);
+    const closed = server.close();
+    await peer.frame((f) => f.type === FrameType.GOAWAY);
+    await new Promise((r) => setTimeout(r, 200));
+    expect(peer.closed).toBe(false);
+    peer.write(windowUpdateFrame(1, 1000));
+    await closed;
+    await peer.whenClosed();
+    const body = Buffer.concat(peer.frames.filter((f) => f.type === FrameType.DATA).map((f) => f.payload));
+    expect(body.subarray(5)).toEqual(Buffer.alloc(100, 9));
+    expect(peer.frames.some((f) => isHeaders(1)(f) && (f.flags & Flag.END_STREAM) !== 0)).toBe(true);
   });
 
   it('a client RST_STREAM cancels the call in flight; the connection serves the next one', async () => {
@@ -489,6 +511,27 @@ describe('client and server together', () => {
     const deadline = Date.now() + 10_000;
     while (!cancelled && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
     expect(cancelled).toBe(true);
+  });
+});
+
+describe('the handoff in front of the server', () => {
+  it('answers no PING itself: it stays in the octets handed over, and the server answers it once', async () => {
+    const { server } = await startServer();
+    const p = await listen((sock) => handOff(sock, server, { carried: () => {}, refused: () => {} }));
+    const peer = await rawClient(p);
+    await peer.frame((f) => f.type === FrameType.SETTINGS && (f.flags & Flag.ACK) === 0);
+    const isPong = (f: Frame): boolean => f.type === FrameType.PING && (f.flags & Flag.ACK) !== 0;
+    peer.write(frameBytes(FrameType.PING, 0, 0, Buffer.from('pingpong')));
+    await new Promise((r) => setTimeout(r, 200));
+    expect(peer.frames.some(isPong)).toBe(false);
+    // The handoff's SETTINGS acknowledged and a first request: the connection goes to the server.
+    peer.write(
+      frameBytes(FrameType.SETTINGS, Flag.ACK, 0),
+      frameBytes(FrameType.HEADERS, Flag.END_HEADERS, 1, requestBlock()),
+      frameBytes(FrameType.DATA, Flag.END_STREAM, 1, grpcBody(Buffer.from('hi'))),
+    );
+    await peer.frame((f) => isHeaders(1)(f) && (f.flags & Flag.END_STREAM) !== 0);
+    expect(peer.frames.filter(isPong).map((f) => f.payload.toString())).toEqual(['pingpong']);
   });
 });
 
