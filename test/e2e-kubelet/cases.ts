@@ -108,18 +108,21 @@ export async function runSleepHook(ctx: PhaseContext): Promise<void> {
     `preStop sleep kept byte for byte: ${kept}; postStart rewritten to exec: ${appPost?.exec?.command?.[0] === MARKER}; pod Ready: ${!!ready}; `
     + `${/url:\/poststart/.test(serverLog) ? 'server logged GET /poststart' : 'no /poststart in the server log'}; ${hookFailed ? 'kubelet: postStart failed' : 'no hook failure'}`);
 
-  // Removing the pod: kubelet runs the server's preStop sleep, then stops it (its TERM trap exits at once).
-  const before = (await containersOf(ctx.cri, name)).find((c) => c.name === 'server' && c.state === 'CONTAINER_RUNNING');
+  // Removing the pod: kubelet runs the server's preStop sleep, then asks containerd to stop it
+  // (containerd logs "StopContainer for <id>"; the container may be gone before a poll sees it).
+  const server = (await containersOf(ctx.cri, name)).find((c) => c.name === 'server' && c.state === 'CONTAINER_RUNNING');
   const removedAt = Date.now();
   rmSync(path.join(ctx.manifests, `${name}.json`), { force: true });
-  const exited = before ? await waitFor('the server container to exit', 30_000, async () => {
-    const st = await ctx.cri.call<{ status: { state: string; finishedAt: string } }>('ContainerStatus', { containerId: before.id });
-    return st.ok && st.msg.status.state === 'CONTAINER_EXITED' ? criMs(st.msg.status.finishedAt) : (st.ok ? undefined : false);
+  const stopAt = server ? await waitFor('containerd\'s StopContainer for the server', 30_000, () => {
+    const line = safeRead(ctx.containerdLog).split('\n').find((l) => l.includes(`msg="StopContainer for \\"${server.id}\\"`));
+    const t = line ? /^time="([^"]+)"/.exec(line)?.[1] : undefined;
+    return t ? Date.parse(t) : undefined;
   }, 200) : undefined;
-  const took = exited !== undefined ? exited - removedAt : undefined;
+  const took = stopAt !== undefined ? stopAt - removedAt : undefined;
   const preStopFailed = safeRead(ctx.kubelet.log).split('\n').some((l) => /PreStop hook failed|FailedPreStopHook/.test(l) && l.includes(name));
   check(`${P}kubelet runs the sleep preStop before stopping`, took !== undefined && took >= PRESTOP_SLEEP_SECONDS * 1000 && took < 10_000 && !preStopFailed,
-    `manifest removed -> server container exited: ${took === undefined ? 'not seen' : `${took} ms`} (sleep ${PRESTOP_SLEEP_SECONDS} s, grace 10 s)${preStopFailed ? '; kubelet: preStop failed' : ''}`);
+    `manifest removed -> containerd's StopContainer for the server: ${took === undefined ? (server ? 'not seen' : 'no running server container') : `${took} ms`} `
+    + `(preStop sleep ${PRESTOP_SLEEP_SECONDS} s; grace 10 s)${preStopFailed ? '; kubelet: preStop failed' : ''}`);
   await removePods(ctx, [name]);
 }
 

@@ -162,7 +162,7 @@ async function main(): Promise<number> {
 
   const cri = new KubeletCri(ctrd.socket);
   cleanups.push(() => cri.close());
-  const ctx: PhaseContext = { kubelet, manifests, scratch, cli: CLI, cri, shimMetricsPort };
+  const ctx: PhaseContext = { kubelet, manifests, scratch, cli: CLI, cri, shimMetricsPort, containerdLog: path.join(ctrd.dir, 'containerd.log') };
   const phases = selectedPhases();
   const unselected = `not in E2E_PHASES=${process.env['E2E_PHASES']}`;
 
@@ -190,7 +190,7 @@ async function main(): Promise<number> {
       // per pod would take the CPU the churn measures.
       const template = rewritePod(ctx, churnPod('churn-template'));
       await runChurn({
-        kubelet, manifests, cri, containerdLog: path.join(ctrd.dir, 'containerd.log'), tap, seconds,
+        kubelet, manifests, cri, containerdLog: ctx.containerdLog, tap, seconds,
         manifest: (name) => JSON.stringify({ ...template, metadata: { ...template['metadata'], name } }),
         shimPid: shim.pid!, shimLog: path.join(scratch, 'shim.log'), shimMetricsPort,
       });

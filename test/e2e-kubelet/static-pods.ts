@@ -18,6 +18,8 @@ export interface PhaseContext {
   /** Straight to containerd. */
   cri: KubeletCri;
   shimMetricsPort: number;
+  /** containerd's log file. */
+  containerdLog: string;
 }
 
 /** A pod as `probe-agent rewrite` rewrites it (as a user would; the original is kept in the scratch dir). */
