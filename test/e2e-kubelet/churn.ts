@@ -245,7 +245,7 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   const intercepted = m ? metricValue(m, 'probe_agent_shim_intercepted_total') - interceptedBefore : NaN;
   const shimLines = shimLog.split('\n').filter((l) => l.startsWith('{')).map((l) => {
     try {
-      return JSON.parse(l) as { level?: string; msg?: string; suppressed?: number };
+      return JSON.parse(l) as { level?: string; msg?: string; error?: string; suppressed?: number };
     } catch {
       return {};
     }
@@ -322,7 +322,7 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   // 7. The shim's own log: a healthy run has nothing to warn about.
   const noisy = shimLines.filter((l) => l.level === 'warn' || l.level === 'error');
   check(`${P}the shim logged no warn/error line`, noisy.length === 0,
-    noisy.length ? `${noisy.length} lines: ${topMessages(noisy.map((l) => `${l.level} ${l.msg}`))}` : 'none');
+    noisy.length ? `${noisy.length} lines: ${topMessages(noisy.map((l) => `${l.level} ${l.msg}${l.error ? `: ${l.error.slice(0, 110)}` : ''}`))}` : 'none');
 
   // The pods go; the next phase (or the cleanup) starts from an empty node.
   for (let s = 0; s < CHURN_PODS; s++) remove(s);

@@ -3,9 +3,9 @@
  * (started, stopped and restarted with other feature gates by the phases).
  */
 import { spawnSync, type ChildProcess } from 'node:child_process';
-import { writeFileSync } from 'node:fs';
+import { readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { httpGet, NODE_NAME, startLogged, stopChild, waitFor } from './lib.ts';
+import { httpGet, NODE_NAME, podsOf, sleep, startLogged, stopChild, waitFor } from './lib.ts';
 
 export interface KubeletInfo {
   bin: string;
@@ -111,14 +111,25 @@ export class Kubelet {
     ];
   }
 
-  /** Starts kubelet (log `kubelet-<label>.log`) with the base gates plus `gates`; true once /healthz answers. */
+  /**
+   * Starts kubelet (log `kubelet-<label>.log`) with the base gates plus `gates`; true once /healthz
+   * answers and /pods lists every static pod. Until kubelet has taken in its first static pod list
+   * its sources are not ready, and a manifest removed then is never killed ("Failed to delete pod
+   * ... sources aren't ready yet"): the phases change manifests only after this.
+   */
   async start(label: string, gates: Record<string, boolean> = {}): Promise<boolean> {
     this.gates = { ...this.baseGates, ...gates };
     this.log = path.join(this.setup.scratch, `kubelet-${label}.log`);
     const proc = startLogged(this.info.bin, this.#args(this.#config(label, this.gates)), this.log);
     this.proc = proc;
     const up = await waitFor(`kubelet /healthz (${label})`, 60_000, async () => (proc.exitCode !== null ? false : this.healthy()), 300);
-    return up === true && proc.exitCode === null;
+    if (up !== true || proc.exitCode !== null) return false;
+    const files = readdirSync(this.setup.manifests).filter((f) => f.endsWith('.json') && !f.startsWith('.')).length;
+    const listed = await waitFor(`kubelet to list its ${files} static pods (${label})`, 60_000, async () =>
+      (proc.exitCode !== null ? false : (await podsOf(this.setup.roPort)).length >= files || undefined), 300);
+    // A standalone main over KubeEdge's fork flips its sources ready on that same signal (200 ms polls).
+    await sleep(1000);
+    return listed === true && proc.exitCode === null;
   }
 
   async stop(): Promise<void> {
