@@ -23,12 +23,12 @@ function server(name: string, extra: Record<string, unknown> = {}): Record<strin
   };
 }
 
-function pod(name: string, containers: Record<string, unknown>[], grace = 2): Record<string, unknown> {
+function pod(name: string, containers: Record<string, unknown>[], grace = 2, initContainers?: Record<string, unknown>[]): Record<string, unknown> {
   return {
     apiVersion: 'v1',
     kind: 'Pod',
     metadata: { name, namespace: 'default', labels: { app: 'probe-agent-e2e' } },
-    spec: { containers, dnsPolicy: 'Default', restartPolicy: 'Always', terminationGracePeriodSeconds: grace },
+    spec: { ...(initContainers ? { initContainers } : {}), containers, dnsPolicy: 'Default', restartPolicy: 'Always', terminationGracePeriodSeconds: grace },
   };
 }
 
@@ -76,4 +76,72 @@ export function e2ePods(): Record<string, unknown>[] {
       },
     ]),
   ];
+}
+
+/** A churn pod (issue 24): rewritten readiness on a named port and TCP liveness, every second. */
+export function churnPod(name: string): Record<string, unknown> {
+  return pod(name, [server('app', {
+    readinessProbe: { httpGet: { path: '/ready', port: 'http' }, ...fast },
+    livenessProbe: { tcpSocket: { port: HTTP_PORT }, ...fast, failureThreshold: 3 },
+  })]);
+}
+
+/** The cases of issue 25 a standalone kubelet can run. */
+export const CASE_PODS = {
+  /** A restartable init container (kubelet >= 1.29) with rewritten startup/readiness/liveness probes. */
+  sidecar: 'sidecar',
+  /** A lifecycle sleep preStop next to a rewritten httpGet postStart. */
+  sleepHook: 'sleep-hook',
+  /** Rewritten liveness probes against a port that hangs and one that answers 500 (the ExecProbeTimeout gate off). */
+  gateHang: 'gate-hang',
+  gate500: 'gate-500',
+} as const;
+
+/** Seconds the sleep-hook pod's server container sleeps in its preStop. */
+export const PRESTOP_SLEEP_SECONDS = 3;
+
+// busybox httpd runs /www/cgi-bin/*: one never answers, one answers 500.
+const cgi = [
+  'mkdir -p /www/cgi-bin',
+  'printf "#!/bin/sh\\nsleep 30\\n" > /www/cgi-bin/hang',
+  // CRLF: busybox passes a CGI's header lines through as written, and a bare LF is not HTTP/1.1.
+  'printf \'#!/bin/sh\\nprintf "Status: 500 Internal Server Error\\\\r\\\\n\\\\r\\\\nboom\\\\n"\\n\' > /www/cgi-bin/boom',
+  'chmod +x /www/cgi-bin/hang /www/cgi-bin/boom',
+].join(' && ');
+const serveCgi = ['/bin/busybox', 'sh', '-c', `${cgi} && echo ok > /www/ready && exec /bin/busybox httpd -f -vv -p ${HTTP_PORT} -h /www`];
+// PID 1 ignores SIGTERM without a handler: trap it so the container ends as soon as kubelet stops it
+// (after the preStop), which is what the sleep-hook case times.
+const serveTrapped = ['/bin/busybox', 'sh', '-c', `mkdir -p /www && echo ok > /www/ready && /bin/busybox httpd -f -vv -p ${HTTP_PORT} -h /www & trap "exit 0" TERM; wait`];
+
+export function casePods(): Record<string, Record<string, unknown>> {
+  return {
+    [CASE_PODS.sidecar]: pod(CASE_PODS.sidecar, [{ name: 'app', image: BUSYBOX_IMAGE_REF, imagePullPolicy: 'Never', command: ['/bin/sleep', 'infinity'] }], 2, [
+      server('sidecar', {
+        restartPolicy: 'Always',
+        startupProbe: { httpGet: { path: '/ready', port: 'http' }, ...fast, failureThreshold: 30 },
+        readinessProbe: { httpGet: { path: '/ready', port: 'http' }, ...fast },
+        livenessProbe: { tcpSocket: { port: HTTP_PORT }, ...fast, failureThreshold: 3 },
+      }),
+      // Runs only once the sidecar is started: it must find the sidecar serving.
+      { name: 'after', image: BUSYBOX_IMAGE_REF, imagePullPolicy: 'Never', command: ['/bin/wget', '-q', '-O', '-', `http://127.0.0.1:${HTTP_PORT}/ready`] },
+    ]),
+    [CASE_PODS.sleepHook]: pod(CASE_PODS.sleepHook, [
+      server('server', { command: serveTrapped, lifecycle: { preStop: { sleep: { seconds: PRESTOP_SLEEP_SECONDS } } } }),
+      {
+        name: 'app', image: BUSYBOX_IMAGE_REF, imagePullPolicy: 'Never', command: ['/bin/sleep', 'infinity'],
+        lifecycle: {
+          postStart: { httpGet: { path: '/poststart', port: HTTP_PORT, httpHeaders: [{ name: 'X-E2E', value: 'hook' }] } },
+          preStop: { sleep: { seconds: 1 } },
+        },
+      },
+    ], 10),
+    [CASE_PODS.gateHang]: pod(CASE_PODS.gateHang, [server('app', {
+      command: serveCgi,
+      livenessProbe: { httpGet: { path: '/cgi-bin/hang', port: HTTP_PORT }, ...fast },
+    })]),
+    [CASE_PODS.gate500]: pod(CASE_PODS.gate500, [server('app', {
+      command: serveCgi,
+      livenessProbe: { httpGet: { path: '/cgi-bin/boom', port: 'http' }, ...fast },
+    })]),
+  };
 }

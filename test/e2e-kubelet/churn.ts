@@ -1,0 +1,335 @@
+/**
+ * The churn phase (issue 24): CHURN_PODS static pods, each with a rewritten readiness (httpGet on a
+ * named port) and liveness (tcpSocket) probe every second; every REPLACE_EVERY_MS, REPLACE_COUNT of
+ * them are replaced (file removed, a pod of a new name added) for E2E_CHURN_SECONDS. What an
+ * operator needs before trusting the shim on a busy node: no CRI call failed by the shim, no
+ * container restarted, every pod Ready within 2 s of its container's start, the shim's RSS flat and
+ * kubelet's PLEG healthy throughout. The GOAWAYs containerd sends the shim are counted by a frame
+ * tap (frame-tap.ts), since containerd does not log them.
+ */
+import { closeSync, openSync, readSync, rmSync, statSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
+import path from 'node:path';
+import type { KubeletCri } from '../support/kubelet-cri.ts';
+import { goawaySummary, type FrameTap, type TapCounts } from './frame-tap.ts';
+import type { Kubelet } from './kubelet.ts';
+import { check, criMs, httpGet, klogTime, metricValue, NODE_NAME, podsOf, safeRead, say, skip, sleep } from './lib.ts';
+import { writeManifest } from './static-pods.ts';
+
+export const CHURN_PODS = 16;
+export const REPLACE_EVERY_MS = 15_000;
+export const REPLACE_COUNT = 4;
+/** How long the pods take to be Ready, at most (issue 24), from their container's start. */
+export const READY_WITHIN_MS = 2000;
+/** "Flat": RSS growth over the second half of the churn below this (Node's heap moves by a few MB with GC). */
+export const RSS_FLAT_BYTES = 5 * 1024 * 1024;
+/** After the last replacement: time for the last pods to start and be probed before counting. */
+const SETTLE_MS = 15_000;
+
+export interface ChurnContext {
+  kubelet: Kubelet;
+  manifests: string;
+  /** A churn pod's manifest, already rewritten, under `name`. */
+  manifest: (name: string) => string;
+  /** Straight to containerd (the measurements must not add to the shim's load). */
+  cri: KubeletCri;
+  shimPid: number;
+  shimLog: string;
+  shimMetricsPort: number;
+  containerdLog: string;
+  tap: FrameTap | undefined;
+  seconds: number;
+}
+
+/** Whatever a file gained after `from` (logs are appended to for the whole run). */
+function readFrom(file: string, from: number): string {
+  let fd: number;
+  try {
+    fd = openSync(file, 'r');
+  } catch {
+    return '';
+  }
+  try {
+    const size = statSync(file).size;
+    if (size <= from) return '';
+    const buf = Buffer.alloc(size - from);
+    readSync(fd, buf, 0, buf.length, from);
+    return buf.toString('utf8');
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function sizeOf(file: string): number {
+  try {
+    return statSync(file).size;
+  } catch {
+    return 0;
+  }
+}
+
+function vmRssBytes(pid: number): number | undefined {
+  const m = /VmRSS:\s+(\d+) kB/.exec(safeRead(`/proc/${pid}/status`));
+  return m ? Number(m[1]) * 1024 : undefined;
+}
+
+const mb = (b: number): string => `${(b / 1024 / 1024).toFixed(1)} MB`;
+
+interface PodRecord {
+  name: string;
+  addedAt: number;
+  removedAt?: number;
+  /** The app container's first start (CRI started_at of its earliest started attempt). */
+  startedAt?: number;
+  /** First time kubelet said Ready (its log line, else /pods). */
+  readyAt?: number;
+  readyFrom?: 'log' | '/pods';
+  maxRestartCount: number;
+}
+
+interface ContainerRecord {
+  pod: string;
+  attempt: number;
+  startedAt?: number;
+}
+
+function tapSnapshot(c: TapCounts): TapCounts {
+  return { connections: c.connections, pingsToRuntime: c.pingsToRuntime, pingsFromRuntime: c.pingsFromRuntime, goaways: new Map(c.goaways) };
+}
+
+export async function runChurn(ctx: ChurnContext): Promise<void> {
+  const { kubelet } = ctx;
+  const roPort = kubelet.setup.roPort;
+  const P = 'churn: ';
+  const gen = new Array<number>(CHURN_PODS).fill(0);
+  const podName = (slot: number): string => `churn-${String(slot).padStart(2, '0')}-g${gen[slot]}`;
+  const pods = new Map<string, PodRecord>();
+  const containers = new Map<string, ContainerRecord>();
+  const add = (slot: number): void => {
+    const name = podName(slot);
+    writeManifest(ctx.manifests, name, ctx.manifest(name));
+    pods.set(name, { name, addedAt: Date.now(), maxRestartCount: 0 });
+  };
+  const remove = (slot: number): void => {
+    const name = podName(slot);
+    rmSync(path.join(ctx.manifests, `${name}.json`), { force: true });
+    const rec = pods.get(name);
+    if (rec) rec.removedAt = Date.now();
+  };
+
+  const metrics = async (): Promise<string> => (await httpGet(`http://127.0.0.1:${ctx.shimMetricsPort}/metrics`, 3000)).body;
+  const kubeletLogFrom = sizeOf(kubelet.log);
+  const kubeletLogFile = kubelet.log;
+  const shimLogFrom = sizeOf(ctx.shimLog);
+  const containerdLogFrom = sizeOf(ctx.containerdLog);
+  const errorsBefore = metricValue(await metrics(), 'probe_agent_shim_runtime_errors_total');
+  const interceptedBefore = metricValue(await metrics(), 'probe_agent_shim_intercepted_total');
+  const tapBefore = ctx.tap ? tapSnapshot(ctx.tap.counts) : undefined;
+
+  // Observers, until `done`.
+  let done = false;
+  const rss: { at: number; bytes: number }[] = [];
+  const health = { polls: 0, healthzFailed: 0, roFailed: 0, firstFailure: '' };
+  const loops: Promise<void>[] = [];
+  const every = (ms: number, fn: () => Promise<void> | void): void => {
+    loops.push((async () => {
+      while (!done) {
+        const t = Date.now();
+        try {
+          await fn();
+        } catch {
+          // the next round
+        }
+        await sleep(Math.max(0, ms - (Date.now() - t)));
+      }
+    })());
+  };
+  every(500, async () => {
+    for (const p of await podsOf(roPort)) {
+      const rec = pods.get(p.name);
+      if (!rec) continue;
+      if (p.ready && rec.readyAt === undefined) {
+        rec.readyAt = Date.now();
+        rec.readyFrom = '/pods';
+      }
+      for (const c of p.containers) rec.maxRestartCount = Math.max(rec.maxRestartCount, c.restartCount);
+    }
+  });
+  every(1000, async () => {
+    const r = await ctx.cri.call<{ containers: { id: string; state: string; metadata: { name: string; attempt: number }; labels: Record<string, string> }[] }>(
+      'ListContainers', { filter: { labelSelector: { 'io.kubernetes.pod.namespace': 'default' } } });
+    if (!r.ok) return;
+    for (const c of r.msg.containers) {
+      const pod = (c.labels['io.kubernetes.pod.name'] ?? '').replace(`-${NODE_NAME}`, '');
+      if (!pods.has(pod)) continue;
+      let rec = containers.get(c.id);
+      if (!rec) {
+        rec = { pod, attempt: Number(c.metadata.attempt) };
+        containers.set(c.id, rec);
+      }
+      if (rec.startedAt === undefined && c.state !== 'CONTAINER_CREATED') {
+        const st = await ctx.cri.call<{ status: { startedAt: string } }>('ContainerStatus', { containerId: c.id });
+        if (st.ok) rec.startedAt = criMs(st.msg.status.startedAt);
+      }
+    }
+  });
+  // The machine's 1-minute load average, for the readiness row: the cores are shared.
+  const load: number[] = [];
+  every(5000, () => {
+    const b = vmRssBytes(ctx.shimPid);
+    if (b !== undefined) rss.push({ at: Date.now(), bytes: b });
+    const l = Number(safeRead('/proc/loadavg').split(' ')[0]);
+    if (Number.isFinite(l)) load.push(l);
+  });
+  every(2000, async () => {
+    health.polls++;
+    const probe = async (url: string): Promise<string | undefined> => {
+      try {
+        const r = await httpGet(url, 1500);
+        return r.status === 200 ? undefined : `${r.status} ${r.body.slice(0, 200)}`;
+      } catch (err) {
+        return (err as Error).message;
+      }
+    };
+    const a = await probe(`http://127.0.0.1:${kubelet.setup.healthzPort}/healthz`);
+    const b = await probe(`http://127.0.0.1:${roPort}/healthz`);
+    if (a) health.healthzFailed++;
+    if (b) health.roFailed++;
+    if ((a || b) && !health.firstFailure) health.firstFailure = `${new Date().toISOString().slice(11, 19)} ${a ?? b}`;
+  });
+
+  say(`churn: ${CHURN_PODS} pods, ${REPLACE_COUNT} replaced every ${REPLACE_EVERY_MS / 1000} s, for ${ctx.seconds} s`);
+  const start = Date.now();
+  for (let s = 0; s < CHURN_PODS; s++) add(s);
+  let tick = 0;
+  while (Date.now() - start + REPLACE_EVERY_MS <= ctx.seconds * 1000) {
+    await sleep(start + (tick + 1) * REPLACE_EVERY_MS - Date.now());
+    for (let i = 0; i < REPLACE_COUNT; i++) {
+      const slot = (tick * REPLACE_COUNT + i) % CHURN_PODS;
+      remove(slot);
+      gen[slot]!++;
+      add(slot);
+    }
+    tick++;
+    if (tick % 4 === 0) say(`churn: ${Math.round((Date.now() - start) / 1000)} s, ${pods.size} pods so far`);
+  }
+  await sleep(Math.max(0, start + ctx.seconds * 1000 - Date.now()) + SETTLE_MS);
+  done = true;
+  await Promise.all(loops);
+  const end = Date.now();
+
+  const klog = readFrom(kubeletLogFile, kubeletLogFrom);
+  const shimLog = readFrom(ctx.shimLog, shimLogFrom);
+  const ctrdLog = readFrom(ctx.containerdLog, containerdLogFrom);
+
+  // Kubelet's own readiness lines time the Ready (ms); /pods polls are the fallback (500 ms).
+  for (const line of klog.split('\n')) {
+    if (!line.includes('"SyncLoop (probe)"') || !line.includes('probe="readiness"') || !line.includes('status="ready"')) continue;
+    const m = /pod="default\/(churn-\d+-g\d+)-/.exec(line);
+    const rec = m ? pods.get(m[1]!) : undefined;
+    const at = klogTime(line);
+    if (rec && at !== undefined && (rec.readyFrom !== 'log' || at < rec.readyAt!)) {
+      rec.readyAt = at;
+      rec.readyFrom = 'log';
+    }
+  }
+  for (const c of containers.values()) {
+    const rec = pods.get(c.pod);
+    // The first start of any attempt: a pod whose first container never ran is timed from its retry.
+    if (rec && c.startedAt !== undefined) rec.startedAt = Math.min(rec.startedAt ?? Infinity, c.startedAt);
+  }
+
+  // 1. CRI calls the shim failed.
+  const m = await metrics().catch(() => '');
+  const runtimeErrors = m ? metricValue(m, 'probe_agent_shim_runtime_errors_total') - errorsBefore : NaN;
+  const intercepted = m ? metricValue(m, 'probe_agent_shim_intercepted_total') - interceptedBefore : NaN;
+  const shimLines = shimLog.split('\n').filter((l) => l.startsWith('{')).map((l) => {
+    try {
+      return JSON.parse(l) as { level?: string; msg?: string; error?: string; suppressed?: number };
+    } catch {
+      return {};
+    }
+  });
+  const unavailable = shimLines.filter((l) => l.msg === 'runtime unavailable').reduce((n, l) => n + 1 + (l.suppressed ?? 0), 0);
+  const kubeletSaw = klog.split('\n').filter((l) => l.includes('probe-agent shim: runtime')).length;
+  const ctrdErrors = ctrdLog.split('\n').filter((l) => l.includes('level=error'));
+  const topCtrd = topMessages(ctrdErrors.map((l) => /msg="([^"]{0,80})/.exec(l)?.[1] ?? l.slice(0, 80)));
+  check(`${P}no CRI call failed by the shim`, runtimeErrors === 0 && unavailable === 0 && kubeletSaw === 0,
+    `shim runtime_errors_total +${runtimeErrors}; shim "runtime unavailable" warnings (with suppressed) ${unavailable}; kubelet log lines with "probe-agent shim: runtime" ${kubeletSaw}; `
+    + `containerd level=error lines ${ctrdErrors.length}${topCtrd ? ` (${topCtrd})` : ''}; rewritten probes answered by the shim ${intercepted}`);
+
+  // 2. GOAWAYs: the cause of (1) on today's relay.
+  const ctrdPings = ctrdLog.split('\n').filter((l) => /too_many_pings|too many pings|ENHANCE_YOUR_CALM|goaway/i.test(l));
+  if (ctx.tap && tapBefore) {
+    const now = ctx.tap.counts;
+    const goaways = new Map([...now.goaways].map(([k, v]) => [k, v - (tapBefore.goaways.get(k) ?? 0)] as const).filter(([, v]) => v > 0));
+    const tooMany = [...goaways].filter(([k]) => k.includes('too_many_pings')).reduce((n, [, v]) => n + v, 0);
+    check(`${P}containerd sent no GOAWAY too_many_pings`, tooMany === 0 && ctrdPings.length === 0,
+      `frame tap: GOAWAYs from containerd ${goawaySummary(goaways)}; shim->containerd connections ${now.connections - tapBefore.connections}, `
+      + `PINGs shim->containerd ${now.pingsToRuntime - tapBefore.pingsToRuntime}, containerd->shim ${now.pingsFromRuntime - tapBefore.pingsFromRuntime}; `
+      + `containerd log lines mentioning it ${ctrdPings.length}${ctrdPings[0] ? `: ${ctrdPings[0].slice(0, 200)}` : ''}`);
+  } else {
+    skip(`${P}containerd sent no GOAWAY too_many_pings`, `E2E_FRAME_TAP=0: no frame tap (containerd log lines mentioning it: ${ctrdPings.length})`);
+  }
+
+  // 3. Restarts.
+  const restarted = [...containers.values()].filter((c) => c.attempt > 0);
+  const byStatus = [...pods.values()].reduce((n, p) => n + p.maxRestartCount, 0);
+  check(`${P}no container restarted`, restarted.length === 0 && byStatus === 0,
+    `containers with attempt > 0 seen in CRI ${restarted.length}${restarted.length ? ` (${[...new Set(restarted.map((c) => c.pod))].slice(0, 6).join(', ')})` : ''}; `
+    + `sum of kubelet's restartCount ${byStatus}`);
+
+  // 4. Ready within 2 s of the container's start.
+  const all = [...pods.values()];
+  const neverStarted = all.filter((p) => p.startedAt === undefined);
+  const started = all.filter((p) => p.startedAt !== undefined);
+  // A pod replaced within READY_WITHIN_MS of its container's start had no chance to be Ready in time.
+  const cutShort = started.filter((p) => p.readyAt === undefined && p.removedAt !== undefined && p.removedAt - p.startedAt! < READY_WITHIN_MS);
+  const neverReady = started.filter((p) => p.readyAt === undefined && !cutShort.includes(p));
+  const lat = started.filter((p) => p.readyAt !== undefined).map((p) => ({ p, ms: p.readyAt! - p.startedAt! }));
+  const slow = lat.filter((x) => x.ms > READY_WITHIN_MS);
+  const sorted = lat.map((x) => x.ms).sort((a, b) => a - b);
+  const pct = (q: number): string => (sorted.length ? `${Math.round(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!)} ms` : 'n/a');
+  check(`${P}every pod Ready within ${READY_WITHIN_MS / 1000} s of its container start`, all.length > 0 && neverStarted.length === 0 && neverReady.length === 0 && slow.length === 0,
+    `${lat.length} of ${all.length} pods ever Ready; container never started ${neverStarted.length}; started but never Ready ${neverReady.length}`
+    + `${neverReady.length ? ` (${neverReady.slice(0, 4).map((p) => p.name).join(', ')})` : ''}; replaced within ${READY_WITHIN_MS} ms of their start ${cutShort.length}; `
+    + `Ready later than ${READY_WITHIN_MS} ms ${slow.length}${slow.length ? ` (${slow.sort((a, b) => b.ms - a.ms).slice(0, 6).map((x) => `${x.p.name} ${Math.round(x.ms)}`).join(', ')})` : ''}; `
+    + `start->Ready p50 ${pct(0.5)}, p90 ${pct(0.9)}, max ${pct(1)} (${lat.filter((x) => x.p.readyFrom === 'log').length} timed by kubelet's log, the rest by /pods polls); `
+    + `load average ${load.length ? `${Math.min(...load).toFixed(1)}-${Math.max(...load).toFixed(1)}` : 'n/a'} on ${availableParallelism()} cores`);
+
+  // 5. Shim RSS.
+  if (rss.length >= 4) {
+    const mid = start + ((end - start) / 2);
+    const avg = (xs: { bytes: number }[]): number => xs.reduce((n, x) => n + x.bytes, 0) / Math.max(1, xs.length);
+    // 20 s windows, at the middle and at the end: a GC cycle moves one sample, not four.
+    const atMid = avg(rss.filter((x) => Math.abs(x.at - mid) <= 10_000));
+    const atEnd = avg(rss.filter((x) => x.at >= end - 20_000));
+    const growth = atEnd - atMid;
+    check(`${P}shim RSS flat (growth over the second half < ${mb(RSS_FLAT_BYTES)})`, growth < RSS_FLAT_BYTES,
+      `VmRSS first ${mb(rss[0]!.bytes)}, middle ${mb(atMid)}, end ${mb(atEnd)}, max ${mb(Math.max(...rss.map((x) => x.bytes)))}; second-half growth ${mb(growth)} (${rss.length} samples, 5 s apart)`);
+  } else {
+    check(`${P}shim RSS flat`, false, `only ${rss.length} VmRSS samples of pid ${ctx.shimPid} (did the shim exit?)`);
+  }
+
+  // 6. PLEG.
+  // "Skipping pod synchronization" is the sync loop stopped by a runtime error (PLEG included).
+  const pleg = klog.split('\n').filter((l) => l.includes('PLEG is not healthy'));
+  const skipped = klog.split('\n').filter((l) => l.includes('Skipping pod synchronization')).length;
+  check(`${P}kubelet's PLEG healthy throughout`, pleg.length === 0 && skipped === 0 && health.healthzFailed === 0 && health.roFailed === 0 && health.polls > 0 && !kubelet.exited,
+    `"PLEG is not healthy" lines ${pleg.length}; "Skipping pod synchronization" ${skipped}; /healthz failed ${health.healthzFailed} on the healthz port (ping) and `
+    + `${health.roFailed} on the read-only port (with syncloop) of ${health.polls} polls 2 s apart${health.firstFailure ? `, first: ${health.firstFailure}` : ''}`);
+
+  // 7. The shim's own log: a healthy run has nothing to warn about.
+  const noisy = shimLines.filter((l) => l.level === 'warn' || l.level === 'error');
+  check(`${P}the shim logged no warn/error line`, noisy.length === 0,
+    noisy.length ? `${noisy.length} lines: ${topMessages(noisy.map((l) => `${l.level} ${l.msg}${l.error ? `: ${l.error.slice(0, 110)}` : ''}`))}` : 'none');
+
+  // The pods go; the next phase (or the cleanup) starts from an empty node.
+  for (let s = 0; s < CHURN_PODS; s++) remove(s);
+}
+
+function topMessages(msgs: string[]): string {
+  const n = new Map<string, number>();
+  for (const m of msgs) n.set(m, (n.get(m) ?? 0) + 1);
+  return [...n].sort((a, b) => b[1] - a[1]).slice(0, 3).map(([k, v]) => `${v}x ${k}`).join('; ');
+}

@@ -1,0 +1,152 @@
+/**
+ * The kubelet under test: its version, how it takes the runtime endpoints, and its process
+ * (started, stopped and restarted with other feature gates by the phases).
+ */
+import { spawnSync, type ChildProcess } from 'node:child_process';
+import { readdirSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { httpGet, NODE_NAME, podsOf, sleep, startLogged, stopChild, waitFor } from './lib.ts';
+
+export interface KubeletInfo {
+  bin: string;
+  /** "v1.26.7", or "unknown". */
+  version: string;
+  /** The minor version, when known. */
+  minor: number | undefined;
+  /** Endpoints in the config file (containerRuntimeEndpoint, imageServiceEndpoint) rather than flags. */
+  endpointsInConfig: boolean;
+  /** How that was decided, for the table. */
+  how: string;
+}
+
+/**
+ * `kubelet --version`. Kubelets from 1.27 read the endpoints from the config file and some builds
+ * (KubeEdge's fork) have no flags for them any more, while 1.26 reads only the flags. When the
+ * version cannot be read, whether --help lists the flag decides.
+ */
+export function kubeletInfo(bin: string): KubeletInfo {
+  const v = spawnSync(bin, ['--version'], { encoding: 'utf8', timeout: 30_000 });
+  const m = /v1\.(\d+)\.\d+[\w.+-]*/.exec(`${v.stdout ?? ''}${v.stderr ?? ''}`);
+  if (m) {
+    const minor = Number(m[1]);
+    return { bin, version: m[0], minor, endpointsInConfig: minor >= 27, how: minor >= 27 ? 'config file (>= 1.27)' : 'flags (< 1.27)' };
+  }
+  const help = spawnSync(bin, ['--help'], { encoding: 'utf8', timeout: 30_000 });
+  const hasFlag = /--container-runtime-endpoint/.test(`${help.stdout ?? ''}${help.stderr ?? ''}`);
+  return { bin, version: 'unknown', minor: undefined, endpointsInConfig: !hasFlag, how: hasFlag ? 'flags (--help lists them)' : 'config file (--help has no such flag)' };
+}
+
+export interface KubeletSetup {
+  scratch: string;
+  manifests: string;
+  rootDir: string;
+  port: number;
+  roPort: number;
+  healthzPort: number;
+  /** unix://… of the shim (runtime service). */
+  runtimeEndpoint: string;
+  /** unix://… of containerd (image service: direct, as docs/closing-the-hole.md configures a node). */
+  imageEndpoint: string;
+}
+
+export class Kubelet {
+  readonly info: KubeletInfo;
+  readonly setup: KubeletSetup;
+  /** Feature gates every start sets (what this version needs for the run's pods). */
+  readonly baseGates: Record<string, boolean>;
+  proc: ChildProcess | undefined;
+  /** The current start's log file. */
+  log = '';
+  /** Feature gates of the current start. */
+  gates: Record<string, boolean> = {};
+
+  constructor(info: KubeletInfo, setup: KubeletSetup, baseGates: Record<string, boolean>) {
+    this.info = info;
+    this.setup = setup;
+    this.baseGates = baseGates;
+  }
+
+  #config(label: string, gates: Record<string, boolean>): string {
+    const s = this.setup;
+    const file = path.join(s.scratch, `kubelet-config-${label}.yaml`);
+    const lines = [
+      'apiVersion: kubelet.config.k8s.io/v1beta1',
+      'kind: KubeletConfiguration',
+      `staticPodPath: ${s.manifests}`,
+      'fileCheckFrequency: 1s',
+      'syncFrequency: 10s',
+      'address: 127.0.0.1',
+      `port: ${s.port}`,
+      `readOnlyPort: ${s.roPort}`,
+      'healthzBindAddress: 127.0.0.1',
+      `healthzPort: ${s.healthzPort}`,
+      'authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}',
+      'authorization: {mode: AlwaysAllow}',
+      'cgroupDriver: cgroupfs',
+      'cgroupsPerQOS: false',
+      'enforceNodeAllocatable: []',
+      'failSwapOn: false',
+      'evictionHard: {}',
+      'makeIPTablesUtilChains: false',
+      'localStorageCapacityIsolation: false',
+      'serializeImagePulls: false',
+      // kubelet's probe and sync lines ("SyncLoop (probe)", "Probe failed") are at verbosity 1-2.
+      'logging: {verbosity: 2}',
+    ];
+    if (this.info.endpointsInConfig) lines.push(`containerRuntimeEndpoint: ${s.runtimeEndpoint}`, `imageServiceEndpoint: ${s.imageEndpoint}`);
+    if (Object.keys(gates).length > 0) lines.push(`featureGates: {${Object.entries(gates).map(([k, v]) => `${k}: ${v}`).join(', ')}}`);
+    writeFileSync(file, `${lines.join('\n')}\n`);
+    return file;
+  }
+
+  #args(config: string): string[] {
+    const s = this.setup;
+    return [
+      `--config=${config}`,
+      ...(this.info.endpointsInConfig ? [] : [`--container-runtime-endpoint=${s.runtimeEndpoint}`, `--image-service-endpoint=${s.imageEndpoint}`]),
+      `--root-dir=${s.rootDir}`,
+      `--cert-dir=${path.join(s.scratch, 'pki')}`,
+      `--hostname-override=${NODE_NAME}`,
+      '--node-labels=probe-agent.io/shim=ready',
+    ];
+  }
+
+  /**
+   * Starts kubelet (log `kubelet-<label>.log`) with the base gates plus `gates`; true once /healthz
+   * answers and /pods lists every static pod. Until kubelet has taken in its first static pod list
+   * its sources are not ready, and a manifest removed then is never killed ("Failed to delete pod
+   * ... sources aren't ready yet"): the phases change manifests only after this.
+   */
+  async start(label: string, gates: Record<string, boolean> = {}): Promise<boolean> {
+    this.gates = { ...this.baseGates, ...gates };
+    this.log = path.join(this.setup.scratch, `kubelet-${label}.log`);
+    const proc = startLogged(this.info.bin, this.#args(this.#config(label, this.gates)), this.log);
+    this.proc = proc;
+    const up = await waitFor(`kubelet /healthz (${label})`, 60_000, async () => (proc.exitCode !== null ? false : this.healthy()), 300);
+    if (up !== true || proc.exitCode !== null) return false;
+    const files = readdirSync(this.setup.manifests).filter((f) => f.endsWith('.json') && !f.startsWith('.')).length;
+    const listed = await waitFor(`kubelet to list its ${files} static pods (${label})`, 60_000, async () =>
+      (proc.exitCode !== null ? false : (await podsOf(this.setup.roPort)).length >= files || undefined), 300);
+    // A standalone main over KubeEdge's fork flips its sources ready on that same signal (200 ms polls).
+    await sleep(1000);
+    return listed === true && proc.exitCode === null;
+  }
+
+  async stop(): Promise<void> {
+    await stopChild(this.proc, 15_000);
+  }
+
+  /** The read-only port's /healthz (its "syncloop" check fails when the sync loop stalls). */
+  async healthy(): Promise<true | undefined> {
+    return (await httpGet(`http://127.0.0.1:${this.setup.roPort}/healthz`, 1000)).status === 200 || undefined;
+  }
+
+  get exited(): boolean {
+    return this.proc === undefined || this.proc.exitCode !== null || this.proc.signalCode !== null;
+  }
+
+  /** Whether this kubelet's minor is at least `minor` (unknown versions count as new). */
+  atLeast(minor: number): boolean {
+    return this.info.minor === undefined || this.info.minor >= minor;
+  }
+}

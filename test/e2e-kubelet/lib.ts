@@ -1,0 +1,209 @@
+/**
+ * What the phases of `make e2e-kubelet` share: the result table, polling, kubelet's read-only
+ * endpoints (/pods, /metrics/probes), its log, and child processes.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { closeSync, openSync, readdirSync, readFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import path from 'node:path';
+
+export const NODE_NAME = 'probe-agent-e2e';
+
+export type Outcome = 'PASS' | 'FAIL' | 'SKIP';
+
+export interface Check {
+  name: string;
+  outcome: Outcome;
+  detail: string;
+}
+
+export const checks: Check[] = [];
+
+export function check(name: string, ok: boolean, detail: string): boolean {
+  checks.push({ name, outcome: ok ? 'PASS' : 'FAIL', detail });
+  console.log(`${ok ? 'PASS' : 'FAIL'}  ${name}: ${detail}`);
+  return ok;
+}
+
+/** A check this kubelet (or this run's knobs) cannot make: a row in the table, never silent. */
+export function skip(name: string, why: string): void {
+  checks.push({ name, outcome: 'SKIP', detail: why });
+  console.log(`SKIP  ${name}: ${why}`);
+}
+
+export function say(msg: string): void {
+  console.log(`[e2e-kubelet ${new Date().toISOString().slice(11, 23)}] ${msg}`);
+}
+
+export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+/** Polls `fn` until it gives a value; `false` gives up at once. */
+export async function waitFor<T>(what: string, timeoutMs: number, fn: () => Promise<T | undefined | false> | T | undefined | false, everyMs = 200): Promise<T | undefined> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      const v = await fn();
+      if (v === false) return undefined;
+      if (v !== undefined) return v;
+    } catch {
+      // not yet
+    }
+    if (Date.now() > end) {
+      say(`gave up waiting for ${what} after ${timeoutMs / 1000} s`);
+      return undefined;
+    }
+    await sleep(everyMs);
+  }
+}
+
+export async function httpGet(url: string, timeoutMs = 3000): Promise<{ status: number; body: string }> {
+  const res = await fetch(url, { signal: AbortSignal.timeout(timeoutMs) });
+  return { status: res.status, body: await res.text() };
+}
+
+/** A child whose stdout+stderr go to a file; killed (group) by the cleanups. */
+export function startLogged(cmd: string, args: string[], logFile: string): ChildProcess {
+  const fd = openSync(logFile, 'a');
+  try {
+    return spawn(cmd, args, { stdio: ['ignore', fd, fd], detached: true });
+  } finally {
+    closeSync(fd);
+  }
+}
+
+export async function stopChild(child: ChildProcess | undefined, graceMs = 10_000): Promise<void> {
+  if (!child?.pid || child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise<void>((r) => child.once('exit', () => r()));
+  try {
+    process.kill(child.pid, 'SIGTERM');
+  } catch {
+    return;
+  }
+  const timer = setTimeout(() => {
+    try {
+      process.kill(-child.pid!, 'SIGKILL');
+    } catch {
+      // gone
+    }
+  }, graceMs);
+  await exited;
+  clearTimeout(timer);
+}
+
+/** klog's "I1124 20:04:55.831504" -> epoch ms (kubelet logs local time; this run is on one machine). */
+export function klogTime(line: string): number | undefined {
+  const m = /^[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6})/.exec(line);
+  if (!m) return undefined;
+  const now = new Date();
+  const d = new Date(now.getFullYear(), Number(m[1]) - 1, Number(m[2]), Number(m[3]), Number(m[4]), Number(m[5]), Number(m[6]) / 1000);
+  return d.getTime() + (Number(m[6]) % 1000) / 1000;
+}
+
+/** kubelet's "SyncLoop (probe)" line for a probe result of a pod: `probe` readiness/startup/liveness, `status` ready/started/unhealthy... */
+export function probeLines(log: string, podName: string, probe: string, status: string): string[] {
+  return log.split('\n').filter((l) => l.includes('"SyncLoop (probe)"') && l.includes(`probe="${probe}"`) && l.includes(`status="${status}"`)
+    && l.includes(`pod="default/${podName}-${NODE_NAME}"`));
+}
+
+export interface PodView {
+  name: string;
+  uid: string;
+  ready: boolean;
+  containers: { name: string; id: string; ready: boolean; restartCount: number }[];
+  initContainers: { name: string; id: string; ready: boolean; restartCount: number }[];
+}
+
+function containerViews(list: any[] | undefined): PodView['containers'] {
+  return (list ?? []).map((c: any) => ({ name: String(c.name), id: String(c.containerID ?? ''), ready: c.ready === true, restartCount: Number(c.restartCount ?? 0) }));
+}
+
+/** kubelet's /pods, reduced to what the checks read. */
+export async function podsOf(roPort: number): Promise<PodView[]> {
+  const { body } = await httpGet(`http://127.0.0.1:${roPort}/pods`);
+  const list = JSON.parse(body) as { items?: Record<string, any>[] };
+  return (list.items ?? []).map((p) => ({
+    name: String(p.metadata?.name ?? '').replace(`-${NODE_NAME}`, ''),
+    uid: String(p.metadata?.uid ?? ''),
+    ready: (p.status?.conditions ?? []).some((c: any) => c.type === 'Ready' && c.status === 'True'),
+    containers: containerViews(p.status?.containerStatuses),
+    initContainers: containerViews(p.status?.initContainerStatuses),
+  }));
+}
+
+/** One series of kubelet's /metrics/probes by "pod/container probe_type result" (result empty when the series has none). */
+export async function proberSeries(roPort: number, name: string): Promise<Map<string, number>> {
+  const { body } = await httpGet(`http://127.0.0.1:${roPort}/metrics/probes`);
+  const out = new Map<string, number>();
+  for (const line of body.split('\n')) {
+    if (!line.startsWith(`${name}{`)) continue;
+    const labels = Object.fromEntries([...line.matchAll(/(\w+)="([^"]*)"/g)].map((m) => [m[1], m[2]]));
+    const value = Number(line.slice(line.lastIndexOf(' ') + 1));
+    const pod = String(labels['pod'] ?? '').replace(`-${NODE_NAME}`, '');
+    out.set(`${pod}/${labels['container']} ${labels['probe_type']} ${labels['result'] ?? ''}`.trimEnd(), value);
+  }
+  return out;
+}
+
+/** prober_probe_total from kubelet's /metrics/probes: "pod/container probe_type result" -> count. */
+export async function proberTotals(roPort: number): Promise<Map<string, number>> {
+  return proberSeries(roPort, 'prober_probe_total');
+}
+
+export function total(m: Map<string, number>, key: string): number {
+  return m.get(key) ?? 0;
+}
+
+/** One sample of a Prometheus text exposition ("name{labels}" as written, or a bare name): summed over matches. */
+export function metricValue(text: string, nameAndLabels: string): number {
+  let sum = 0;
+  for (const line of text.split('\n')) {
+    if (line.startsWith(`${nameAndLabels} `) || (line.startsWith(`${nameAndLabels}{`) && !nameAndLabels.includes('{'))) sum += Number(line.slice(line.lastIndexOf(' ') + 1));
+  }
+  return sum;
+}
+
+/** A container's log files, one per restart (kubelet's /var/log/pods/<ns>_<name>_<uid>/<container>/<n>.log). */
+export function podLogFiles(uid: string, container: string): string[] {
+  const dir = readdirSafe('/var/log/pods').find((d) => d.endsWith(`_${uid}`));
+  if (!dir) return [];
+  const cdir = path.join('/var/log/pods', dir, container);
+  return readdirSafe(cdir).filter((x) => x.endsWith('.log')).sort().map((f) => path.join(cdir, f));
+}
+
+export function readdirSafe(d: string): string[] {
+  try {
+    return readdirSync(d);
+  } catch {
+    return [];
+  }
+}
+
+export function safeRead(f: string): string {
+  try {
+    return readFileSync(f, 'utf8');
+  } catch {
+    return '';
+  }
+}
+
+/** The last few lines of a log that match `re`, for a failure's detail. */
+export function tail(file: string, re: RegExp): string {
+  return safeRead(file).split('\n').filter((l) => re.test(l)).slice(-3).join(' | ').slice(0, 600) || '(nothing in the log)';
+}
+
+/** CRI's nanosecond timestamps (as the proto loader gives int64: a string) -> epoch ms. */
+export function criMs(ns: string | number | undefined): number | undefined {
+  if (ns === undefined || ns === null || String(ns) === '0') return undefined;
+  return Number(BigInt(String(ns)) / 1000n) / 1000;
+}
