@@ -14,15 +14,15 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { accessSync, closeSync, constants, copyFileSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 import { getUnix } from '../support/http-unix.ts';
+import { builtCli } from '../support/built-cli.ts';
 import { compareRuns, countOutcomes, outcomeOf, parseJUnit, type SpecResult } from './junit.ts';
 import { startRegistry } from './registry.ts';
 import { buildStandIns, MIRRORED_REGISTRIES, pushStandIns } from './stand-ins.ts';
 
-const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-const CLI = path.join(ROOT, 'bin/probe-agent');
+/** bin/probe-agent, set by main() once dist/ is known to be a build of the current sources. */
+let CLI = '';
 
 /**
  * Specs skipped in both runs (-ginkgo.skip), each for a reason of this lab, not of the shim. Every
@@ -319,7 +319,11 @@ function printReport(critest: string, seed: number, runs: RunResult[]): boolean 
 async function main(): Promise<number> {
   if (process.getuid?.() !== 0) usage('must run as root (it starts containerd and a registry)');
   const critest = critestFromArgs();
-  if (!existsSync(path.join(ROOT, 'dist/cli.js'))) usage('the agent is not built: run make build');
+  try {
+    CLI = builtCli();
+  } catch (err) {
+    usage((err as Error).message);
+  }
   const seed = Number(process.env['CRITEST_SEED'] ?? Math.floor(Math.random() * 100_000));
   const timeoutMs = Number(process.env['CRITEST_TIMEOUT_MIN'] ?? 40) * 60_000;
   const started = Date.now();
