@@ -39,7 +39,8 @@ import { placePod, removePods, rewritePod, type PhaseContext } from './static-po
 
 /** bin/probe-agent, set by main() once dist/ is known to be a build of the current sources. */
 let CLI = '';
-const NFT_TABLE = 'probe_agent_e2e_kubelet';
+/** Named after the containerd lab slot: its subnet is that slot's, and reset-lab-state.sh removes a dead slot's table. */
+let NFT_TABLE = '';
 /** What kubelet sets at start unless protectKernelDefaults (pkg/kubelet/cm/container_manager_linux.go). */
 const KUBELET_SYSCTLS = ['vm.overcommit_memory', 'vm.panic_on_oom', 'kernel.panic', 'kernel.panic_on_oops', 'kernel.keys.root_maxkeys', 'kernel.keys.root_maxbytes'];
 
@@ -113,7 +114,10 @@ async function main(): Promise<number> {
   importBusyboxImage(ctrd.socket);
   const lay = slotLayout(ctrd.slot);
 
-  // The node->pod path closed: nothing on the node may open a TCP connection to a pod.
+  // The node->pod path closed: nothing on the node may open a TCP connection to a pod. A table left
+  // by a killed run on this slot is replaced, never added to.
+  NFT_TABLE = `pa_e2e_kubelet_${ctrd.slot}`;
+  spawnSync('nft', ['delete', 'table', 'inet', NFT_TABLE]);
   execFileSync('nft', ['-f', '-'], { input: `table inet ${NFT_TABLE} {\n  chain output {\n    type filter hook output priority 0; policy accept;\n    ip daddr ${lay.subnet4} meta l4proto tcp counter drop\n    ip6 daddr ${lay.subnet6} meta l4proto tcp counter drop\n  }\n}\n` });
   cleanups.push(() => void spawnSync('nft', ['delete', 'table', 'inet', NFT_TABLE]));
 
