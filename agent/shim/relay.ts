@@ -219,7 +219,7 @@ export class FrameRelay {
       // Refused: the shim is the server on this connection now.
       this.#runtime = 'absent';
       this.#r = null;
-      for (const s of [...this.#byRid.values()]) this.#answerUnavailable(s, new Error(err?.message ?? 'connection refused'));
+      for (const s of [...this.#byRid.values()]) this.#answerUnavailable(s, new Error(err ? `connection refused (${err.message})` : 'connection refused'));
       if (this.#streams.size > 0 || this.#k.lastPeerStream > 0) this.#k.goaway(H2Error.NO_ERROR);
       this.#maybeFinish();
       return;

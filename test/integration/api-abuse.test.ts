@@ -224,9 +224,14 @@ describe('ProbeService abuse through the daemon socket', () => {
     const c = new ProbeApiClient(agent.socket);
     const ac = new AbortController();
     let healthyEvents = 0;
+    let healthyLast = 0;
     let healthyError: unknown;
     const healthy = (async () => {
-      for await (const m of c.watch({ signal: ac.signal })) if (m.kind === 'event') healthyEvents++;
+      for await (const m of c.watch({ signal: ac.signal })) {
+        if (m.kind !== 'event') continue;
+        healthyEvents++;
+        healthyLast = m.event.revision;
+      }
     })().catch((err: unknown) => (healthyError = err));
     const slow = raw.makeServerStreamRequest(def.path, def.requestSerialize, def.responseDeserialize, {}, new grpc.Metadata());
     const received: number[] = [];
@@ -246,22 +251,24 @@ describe('ProbeService abuse through the daemon socket', () => {
     }, 700);
     let peak = 0;
     try {
-      // Far more events than the slow watcher may leave unread (1024 messages, plus what the socket buffers hold).
+      // The cut comes once more than 1024 messages (plus what the socket buffers hold) lie unread:
+      // waited for by the agent's own word, however fast the suite's load lets the churn go.
       await until(() => {
         peak = Math.max(peak, snapshot(agent.pid).rssMB);
-        return healthyEvents > 6000;
-      }, 40_000, 'thousands of events to the reading watcher');
-      const sent = (await agent.client.listStatus({}, 5000)).revision;
-      expect(healthyError).toBeUndefined();
+        return agent.logs.some((l) => l['msg'] === 'watcher fell behind, cutting it');
+      }, 100_000, 'the agent to cut the watcher that stopped reading');
       // The status comes after the messages written before the cut: read them now.
       slow.resume();
       const [cut] = (await ended) as [grpc.ServiceError];
       expect(cut.code).toBe(grpc.status.ABORTED);
       const resumeFrom = Number(/resume from revision (\d+)/.exec(cut.details)?.[1]);
-      expect(received.length).toBeGreaterThan(0);
+      expect(received.length).toBeGreaterThanOrEqual(1024);
       expect(resumeFrom).toBe(received.at(-1));
-      // Cut long before the end: the agent stopped queueing for it.
-      expect(resumeFrom).toBeLessThan(sent - 2000);
+      // The agent stopped queueing for it and goes on serving the reading one well past the cut.
+      await until(() => healthyLast > resumeFrom + 1000, 60_000, 'the reading watcher 1000 revisions past the cut');
+      const sent = (await agent.client.listStatus({}, 5000)).revision;
+      expect(received.at(-1)).toBe(resumeFrom);
+      expect(healthyError).toBeUndefined();
       // Resuming from the point it was given works (a replay, or a resync snapshot once the ring moved on).
       const resumed = await c.watch({ fromRevision: resumeFrom }).next();
       expect(['event', 'snapshot']).toContain(resumed.value?.kind);
@@ -277,7 +284,7 @@ describe('ProbeService abuse through the daemon socket', () => {
     }
     await until(async () => (await agent.client.listStatus({}, 5000)).statuses.length === 1, 5000, 'the churn pods gone');
     await targetReady();
-  }, 60_000);
+  }, 180_000);
 
   it('a non-root user cannot connect to the socket, even through a world-searchable directory', async () => {
     const st = statSync(agent.socket);

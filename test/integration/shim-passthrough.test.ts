@@ -245,7 +245,7 @@ describe('a rewritten command without the shim (issue 11 item 4)', () => {
 
 describe('the runtime down and back', () => {
   it('calls fail fast with UNAVAILABLE while containerd is down, and work again through the same shim once it is back', async () => {
-    shimLogs.expect({ level: 'warn', msg: 'runtime unavailable', line: /"error":"connection refused"/, why: 'containerd is stopped on purpose' });
+    shimLogs.expect({ level: 'warn', msg: 'runtime unavailable', line: /"error":"connection refused\b/, why: 'containerd is stopped on purpose' });
     await ctrd.stopContainerd();
     const down = await viaShim.call('Version', { version: 'v1' }, 5000);
     expect(down.ok).toBe(false);

@@ -366,7 +366,7 @@ describe('containerd stopping while a hook runs', () => {
     try {
       expect((await k.call('Version', { version: 'v1' })).ok).toBe(true);
       const errorsBefore = shim.stats.runtimeErrors;
-      shimLog.expect({ level: 'warn', msg: 'runtime unavailable', line: /"error":"connection (refused|closed)"/, why: 'containerd is stopped on purpose while a hook runs' });
+      shimLog.expect({ level: 'warn', msg: 'runtime unavailable', line: /"error":"connection (refused|closed)\b/, why: 'containerd is stopped on purpose while a hook runs' });
       const hook = k.execSync(app.id, encodeShimCommand('preStop', { httpGet: { path: '/slow?ms=3000', port: HTTP } }), 0);
       await new Promise((r) => setTimeout(r, 500));
       await ctrd.stopContainerd();

@@ -68,7 +68,8 @@ export class FakeKubelet {
   requestCount = 0;
   /** Responses the client abandoned before the body was complete (the client dropped the connection). */
   abortedResponses = 0;
-  #body: string;
+  /** Encoded once per setPods, as kubelet serializes once per request: a 50 MB string re-encoded on every poll would make the test's own process the bottleneck. */
+  #body: Buffer;
   #token: string | undefined;
   #fault: KubeletFault = 'none';
   #faultOpts: FaultOptions = {};
@@ -81,7 +82,7 @@ export class FakeKubelet {
   private constructor(certs: FakeKubeletCerts, token: string | undefined, items: unknown[]) {
     this.certs = certs;
     this.#token = token;
-    this.#body = JSON.stringify(podList(items));
+    this.#body = Buffer.from(JSON.stringify(podList(items)));
     const tls = { key: readFileSync(certs.keyFile), cert: readFileSync(certs.certFile) };
     this.#https = createHttpsServer(tls, (req, res) => this.#handle('https', req, res));
     this.#http = createHttpServer((req, res) => this.#handle('http', req, res));
@@ -112,12 +113,12 @@ export class FakeKubelet {
 
   /** Serves `items` (v1.Pod objects) as the PodList; a non-array object is served verbatim. */
   setPods(items: unknown[] | Record<string, unknown>): void {
-    this.#body = JSON.stringify(Array.isArray(items) ? podList(items) : items);
+    this.#body = Buffer.from(JSON.stringify(Array.isArray(items) ? podList(items) : items));
   }
 
   /** Serves these exact bytes as the /pods answer (a list with a broken item, say). */
   setBody(text: string): void {
-    this.#body = text;
+    this.#body = Buffer.from(text);
   }
 
   /** The bearer token to require; undefined = no authentication (anonymous allowed). */
@@ -193,10 +194,10 @@ export class FakeKubelet {
       case 'status-500':
         return text(res, 500, 'Internal Server Error: pod manager not ready');
       case 'truncated':
-        return json(res, this.#body.slice(0, Math.floor(this.#body.length / 2)));
+        return json(res, this.#body.subarray(0, Math.floor(this.#body.length / 2)));
       case 'cut': {
-        const half = this.#body.slice(0, Math.floor(this.#body.length / 2));
-        res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(this.#body) });
+        const half = this.#body.subarray(0, Math.floor(this.#body.length / 2));
+        res.writeHead(200, { 'content-type': 'application/json', 'content-length': this.#body.length });
         res.write(half, () => res.destroy());
         return;
       }
@@ -215,7 +216,7 @@ export function podList(items: unknown[]): Record<string, unknown> {
   return { kind: 'PodList', apiVersion: 'v1', metadata: {}, items };
 }
 
-function json(res: ServerResponse, body: string): void {
+function json(res: ServerResponse, body: string | Buffer): void {
   res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
   res.end(body);
 }
