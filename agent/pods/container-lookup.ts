@@ -116,6 +116,8 @@ interface SandboxRecord {
 
 interface ContainerEntry {
   containerName: string;
+  /** CRI metadata.attempt: kubelet creates restart n of a container with attempt n. */
+  attempt: number;
   ports: ContainerPort[];
   sandbox: SandboxRecord;
 }
@@ -229,6 +231,11 @@ export class ContainerLocator {
     const e = this.#entries.get(id);
     if (e) {
       const rec = e.sandbox;
+      if (this.#superseded(e)) {
+        // Restarted in the same sandbox under a new ID: the runtime says what became of this one.
+        this.#entries.delete(id);
+        return undefined;
+      }
       if (!rec.gone && Date.now() < rec.freshUntil && this.#netnsStillThere(rec)) {
         // LRU: a hit moves to the back.
         this.#entries.delete(id);
@@ -245,6 +252,16 @@ export class ContainerLocator {
     if (pod && container) return { pod, container, containerName: l.containerName, containerID: id, from: 'pods' };
     this.#listed.delete(id);
     return undefined;
+  }
+
+  /**
+   * Whether kubelet's pod list shows a later restart of this container (restartCount above the
+   * cached attempt): the cached ID is then an earlier, replaced container. A list that lags behind
+   * the runtime shows a lower count, so a new container's entry is never dropped by it.
+   */
+  #superseded(e: ContainerEntry): boolean {
+    const listed = this.#o.pods.get(e.sandbox.view.uid)?.containers.find((c) => c.name === e.containerName);
+    return listed?.state !== undefined && listed.state.restartCount > e.attempt;
   }
 
   /** A cached sandbox's netns, when it has one, is still the same namespace (a sandbox torn down unmounts it). */
@@ -358,7 +375,12 @@ export class ContainerLocator {
     if (sandbox.view.uid !== uid) {
       throw new PodNotFoundError(`container ${short(id)} is labelled for pod ${uid} but its sandbox ${short(c.podSandboxId)} belongs to pod ${sandbox.view.uid}`, { containerID: id });
     }
-    const entry: ContainerEntry = { containerName, ports: containerPortsOf(c), sandbox };
+    if (c.state === 'CONTAINER_EXITED') {
+      // As the runtime's own ExecSync: nothing runs for a container that has exited (kubelet keeps the last one for its logs).
+      this.#entries.delete(id);
+      throw new PodNotFoundError(`container ${short(id)} has exited: nothing is probed for it`, { containerID: id });
+    }
+    const entry: ContainerEntry = { containerName, attempt: c.metadata?.attempt ?? 0, ports: containerPortsOf(c), sandbox };
     this.#bounded(this.#entries, id, entry);
     this.#unknown.delete(id);
     return this.#located(id, entry);
