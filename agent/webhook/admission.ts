@@ -11,7 +11,7 @@
  */
 import { describeError } from '../errors.ts';
 import { RewriteError } from '../rewrite/errors.ts';
-import { isObj, rewritePod, SHIM_NODE_LABEL, SHIM_NODE_LABEL_VALUE, type LoopbackHostPolicy, type PodResult, type RewriteOptions } from '../rewrite/pod-rewrite.ts';
+import { isObj, ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SHIM_NODE_LABEL, SHIM_NODE_LABEL_VALUE, type LoopbackHostPolicy, type PodResult, type RewriteOptions } from '../rewrite/pod-rewrite.ts';
 import { pinnedNodeName, SHIM_ROLLBACK_ANNOTATION } from '../rewrite/placement.ts';
 import type { ClusterReader } from './cluster-reader.ts';
 import { diffJson } from './json-patch.ts';
@@ -96,16 +96,24 @@ export async function admit(review: unknown, mode: OptInMode, context: Admission
   if (kind.kind !== 'Pod' || resource.resource !== 'pods' || (request.subResource ?? '') !== '') {
     return warn('skipped', `not a pod (${String(kind.kind ?? '?').slice(0, 40)}${request.subResource ? `/${String(request.subResource).slice(0, 40)}` : ''}): left unchanged`);
   }
-  if (request.operation !== 'CREATE') return answer('skipped', {}, `operation ${String(request.operation).slice(0, 16)}`);
+  const update = request.operation === 'UPDATE';
+  if (request.operation !== 'CREATE' && !update) return answer('skipped', {}, `operation ${String(request.operation).slice(0, 16)}`);
   const pod = request.object;
   if (!isObj(pod)) return warn('refused', 'the request has no pod object: left unchanged');
-  const annotations = isObj(pod.metadata) && isObj(pod.metadata.annotations) ? pod.metadata.annotations : {};
-  const optIn = annotations[OPT_IN_ANNOTATION];
-  if (optIn === OPT_OUT_VALUE) return answer('skipped', {}, 'opted out by annotation');
-  if (mode === 'annotated' && optIn !== OPT_IN_VALUE) return answer('skipped', {}, 'not opted in');
-  if (isObj(pod.spec) && typeof pod.spec.nodeName === 'string' && pod.spec.nodeName !== '') {
-    // The scheduler never sees a pod bound at creation, so the shim affinity could not keep it off shim-less nodes.
-    return warn('skipped', `pod is bound to node ${pod.spec.nodeName.slice(0, 64)} at creation: probes left unchanged (the shim node affinity needs the scheduler)`);
+  if (update) {
+    // Probes change on UPDATE only with MutableContainerProbes (KEP-6318). A pod rewritten at
+    // creation may run where the node->pod path is closed, so a new probe is rewritten too; any
+    // other pod was judged at creation and stays as it is.
+    if (!hasRewriteRecord(request.oldObject)) return answer('skipped', {}, 'UPDATE of a pod not rewritten at creation');
+  } else {
+    const annotations = isObj(pod.metadata) && isObj(pod.metadata.annotations) ? pod.metadata.annotations : {};
+    const optIn = annotations[OPT_IN_ANNOTATION];
+    if (optIn === OPT_OUT_VALUE) return answer('skipped', {}, 'opted out by annotation');
+    if (mode === 'annotated' && optIn !== OPT_IN_VALUE) return answer('skipped', {}, 'not opted in');
+    if (isObj(pod.spec) && typeof pod.spec.nodeName === 'string' && pod.spec.nodeName !== '') {
+      // The scheduler never sees a pod bound at creation, so the shim affinity could not keep it off shim-less nodes.
+      return warn('skipped', `pod is bound to node ${pod.spec.nodeName.slice(0, 64)} at creation: probes left unchanged (the shim node affinity needs the scheduler)`);
+    }
   }
   const spec = isObj(pod.spec) ? pod.spec : {};
   const options: RewriteOptions = { tolerateWhenClean: true, ...(context.loopbackHost ? { loopbackHost: context.loopbackHost } : {}) };
@@ -123,8 +131,9 @@ export async function admit(review: unknown, mode: OptInMode, context: Admission
   }
   const result = rewriteOrWarn(pod, options);
   if ('review' in result) return result;
-  // Only a pod the rewrite really changes (not for a toleration alone) needs its node read.
-  if (rewritesHandlers(pod, result)) {
+  // Only a pod the rewrite really changes (not for a toleration alone) needs its node read; an
+  // UPDATE's node was judged at creation.
+  if (!update && rewritesHandlers(pod, result)) {
     // A DaemonSet pod is made for one node: rewrite it only when that node's kubelet uses the shim.
     const pinned = pinnedNodeName(spec);
     if (pinned !== undefined) {
@@ -150,6 +159,11 @@ export async function admit(review: unknown, mode: OptInMode, context: Admission
       return warn('refused', `probes left unchanged: internal error: ${describeError(err)}`);
     }
   }
+}
+
+/** Whether a pod carries the record the rewrite leaves on every pod whose handlers it rewrote. */
+function hasRewriteRecord(pod: unknown): boolean {
+  return isObj(pod) && isObj(pod.metadata) && isObj(pod.metadata.annotations) && typeof pod.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] === 'string';
 }
 
 /** Whether the rewrite changes more than the pod's tolerations (its handlers, affinity, record). */

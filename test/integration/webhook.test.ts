@@ -242,8 +242,36 @@ describe('rewrite webhook over HTTPS', () => {
       expect(r.json!.response.warnings).toHaveLength(1);
       expect(r.json!.response.warnings[0]).toMatch(warning);
     }
+    // A pod the webhook did not rewrite at creation is not rewritten by an UPDATE either.
     const update = await post(MUTATE_PATH, JSON.stringify(review(base, { operation: 'UPDATE', oldObject: base })));
     expect(update.json!.response).toEqual({ uid: expect.any(String), allowed: true });
+  });
+
+  it('rewrites a probe changed by an UPDATE of a pod it rewrote at creation (MutableContainerProbes), and nothing else', async () => {
+    const pod = corpusPods().find((p) => JSON.stringify(p).includes('httpGet') && !p.spec.runtimeClassName && !p.spec.hostNetwork)!;
+    const created = transformObject({ ...pod, spec: { ...pod.spec, nodeName: 'node-a' } }, 'rewrite').object as Obj;
+    expect(created.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).toBeDefined();
+    const changed = structuredClone(created);
+    const c0 = changed.spec.containers[0];
+    c0.readinessProbe = { httpGet: { path: '/changed-on-update', port: 8080 }, periodSeconds: 3 };
+    for (const p of [MUTATE_PATH, MUTATE_ANNOTATED_PATH]) {
+      const r = await post(p, JSON.stringify(review(changed, { operation: 'UPDATE', oldObject: created, options: { kind: 'UpdateOptions', apiVersion: 'meta.k8s.io/v1' } })));
+      expect(r.json!.response.patchType, p).toBe('JSONPatch');
+      const patched = applyJsonPatch(changed, JSON.parse(Buffer.from(r.json!.response.patch, 'base64').toString('utf8')));
+      // The new probe runs through the shim like the others; the record holds its original; nothing else moved.
+      const command = patched.spec.containers[0].readinessProbe.exec.command as string[];
+      expect(command.slice(0, 2)).toEqual(['/.probe-agent/v1', 'readiness']);
+      expect(JSON.parse(Buffer.from(command[2]!, 'base64url').toString('utf8'))).toMatchObject({ httpGet: { path: '/changed-on-update' } });
+      expect(patched.spec.containers[0].readinessProbe.periodSeconds).toBe(3);
+      expect(JSON.parse(patched.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).handlers[`${c0.name}/readinessProbe`]).toEqual({ httpGet: { path: '/changed-on-update', port: 8080 } });
+      expect({ ...patched, spec: { ...patched.spec, containers: patched.spec.containers.slice(1) }, metadata: { ...patched.metadata, annotations: {} } })
+        .toEqual({ ...created, spec: { ...created.spec, containers: created.spec.containers.slice(1) }, metadata: { ...created.metadata, annotations: {} } });
+      expect(transformObject(patched, 'undo').object).toEqual(transformObject(changed, 'undo').object);
+    }
+    // An UPDATE that leaves the probes alone (labels, say) gets no patch.
+    const relabelled = { ...created, metadata: { ...created.metadata, labels: { ...created.metadata.labels, tier: 'gold' } } };
+    const same = await post(MUTATE_PATH, JSON.stringify(review(relabelled, { operation: 'UPDATE', oldObject: created })));
+    expect(same.json!.response).toEqual({ uid: expect.any(String), allowed: true });
   });
 
   it('answers requests that are not AdmissionReviews with a clear HTTP error and keeps serving', async () => {
@@ -302,7 +330,7 @@ describe('rewrite webhook over HTTPS', () => {
     expect(r.status).toBe(200);
     const value = (labels: string): number => Number(new RegExp(`^probe_agent_webhook_requests_total\\{${labels}\\} (\\d+)$`, 'm').exec(r.body)?.[1] ?? 0);
     expect(value('path="/mutate",outcome="rewritten"')).toBeGreaterThanOrEqual(8);
-    expect(value('path="/mutate-annotated",outcome="rewritten"')).toBe(1);
+    expect(value('path="/mutate-annotated",outcome="rewritten"')).toBe(2); // an opted-in pod, and a probe changed by an UPDATE
     expect(value('path="/mutate",outcome="refused"')).toBe(3);
     expect(value('path="/mutate",outcome="bad-request"')).toBe(4);
     expect(value('path="/mutate",outcome="too-large"')).toBe(2);

@@ -20,6 +20,7 @@ import { DEFAULT_SOCKET, parseRunConfig, type RunConfig } from '../../agent/conf
 import { DEFAULT_CRI_ENDPOINTS } from '../../agent/netns/cri-endpoint.ts';
 import { registerWebhookCommand } from '../../agent/cli/webhook-command.ts';
 import { MUTATE_ANNOTATED_PATH, MUTATE_PATH, OPT_IN_ANNOTATION, OPT_IN_NAMESPACE_LABEL, OPT_IN_VALUE } from '../../agent/webhook/admission.ts';
+import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
 import { Registry } from 'prom-client';
 import { HealthRegistry } from '../../agent/metrics/health.ts';
 import { startMetricsServer } from '../../agent/metrics/http-server.ts';
@@ -55,6 +56,7 @@ const VARIANTS: Variant[] = [
   ...COMPONENTS.map((c) => ({ name: c, components: [c] })),
   { name: 'containerd-full', components: ['containerd', 'procfs-resolver', 'nftables-close-hole', 'kubelet-insecure-tls', 'pod-monitor', 'nodes-proxy-fallback'] },
   { name: 'crio-privileged', components: ['crio', 'service-monitor', 'privileged'] },
+  { name: 'rewrite-webhook-on-update', components: ['rewrite-webhook', 'rewrite-on-update'] },
   { name: 'other-namespace', components: ['nodes-proxy-fallback', 'pod-monitor', 'alerts'], namespace: 'other-ns' },
   { name: 'example-overlay', components: ['containerd', 'pod-monitor'], overlay: 'overlays/example' },
 ];
@@ -469,6 +471,28 @@ describe('alerts component', () => {
       expect(JSON.parse(dashboardText).uid).toBe('probe-agent');
     }
     for (const name of ['base', 'pod-monitor']) expect(rendered.get(name)!.some((o) => o.kind === 'PrometheusRule'), name).toBe(false);
+  });
+
+  it('rewrite-on-update adds one UPDATE webhook, for pods rewritten at creation only, failing closed; nothing else changes', () => {
+    const isConfig = (o: Obj) => o.kind === 'MutatingWebhookConfiguration';
+    const before = found(rendered.get('rewrite-webhook')!.find(isConfig), 'rewrite-webhook config');
+    const after = found(rendered.get('rewrite-webhook-on-update')!.find(isConfig), 'rewrite-on-update config');
+    expect(after.webhooks.slice(0, 2)).toEqual(before.webhooks);
+    expect(after.webhooks).toHaveLength(3);
+    const u = after.webhooks[2] as Obj;
+    expect(u.rules).toEqual([{ operations: ['UPDATE'], apiGroups: [''], apiVersions: ['v1'], resources: ['pods'], scope: 'Namespaced' }]);
+    expect(u.clientConfig).toEqual(before.webhooks[0].clientConfig);
+    expect(u.clientConfig.service.path).toBe(MUTATE_PATH);
+    // A probe changed while the webhook is down would run from the node and fail: refuse the UPDATE instead.
+    expect(u.failurePolicy).toBe('Fail');
+    expect(u.sideEffects).toBe('None');
+    expect(u.timeoutSeconds).toBeLessThanOrEqual(5);
+    expect(u.matchConditions).toEqual([{ name: 'rewritten-at-creation', expression: `has(oldObject.metadata.annotations) && '${ORIGINAL_HANDLERS_ANNOTATION}' in oldObject.metadata.annotations` }]);
+    expect(u.namespaceSelector.matchExpressions).toContainEqual({ key: 'kubernetes.io/metadata.name', operator: 'NotIn', values: ['kube-system', 'probe-agent'] });
+    const rest = (name: string) => rendered.get(name)!.filter((o) => !isConfig(o));
+    expect(rest('rewrite-webhook-on-update')).toEqual(rest('rewrite-webhook'));
+    // Alone it patches nothing: the base renders unchanged.
+    expect(rendered.get('rewrite-on-update')).toEqual(rendered.get('base'));
   });
 
   it('leaves the agent DaemonSet exactly as the base renders it', () => {
