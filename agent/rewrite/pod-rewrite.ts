@@ -209,6 +209,28 @@ function readRecord(metadata: Obj | undefined, base: string): RewriteRecord | nu
   return parsed as unknown as RewriteRecord;
 }
 
+/** The fields of each network handler the agent runs as kubelet does (core/v1 up to 1.36). */
+const HANDLER_FIELDS: Record<string, ReadonlySet<string>> = {
+  httpGet: new Set(['path', 'port', 'host', 'scheme', 'httpHeaders']),
+  tcpSocket: new Set(['port', 'host']),
+  grpc: new Set(['port', 'service']),
+};
+const HEADER_FIELDS: ReadonlySet<string> = new Set(['name', 'value']);
+
+/** The path (below the handler) of the first field the agent does not know, or undefined. */
+function unknownField(key: string, action: Obj): string | undefined {
+  const known = HANDLER_FIELDS[key];
+  if (!known) return undefined;
+  for (const field of Object.keys(action)) if (!known.has(field)) return field;
+  if (key === 'httpGet' && Array.isArray(action.httpHeaders)) {
+    for (const [i, h] of action.httpHeaders.entries()) {
+      if (!isObj(h)) continue;
+      for (const field of Object.keys(h)) if (!HEADER_FIELDS.has(field)) return `httpHeaders[${i}].${field}`;
+    }
+  }
+  return undefined;
+}
+
 /** Splits a pod-like object into metadata/spec; `base` prefixes field paths in messages (e.g. `spec.template.`). */
 function podParts(pod: Obj, base: string): { spec: Obj | null } {
   if (pod.spec === undefined || pod.spec === null) return { spec: null };
@@ -249,6 +271,10 @@ export function rewritePod(input: Obj, base = '', options: RewriteOptions = {}):
     }
     const value = slot.holder[key];
     if (!isObj(value)) throw new RewriteError(`${slot.path}.${key}`, 'a handler must be an object');
+    const unknown = unknownField(key, value);
+    if (unknown !== undefined) {
+      return { pod: input, changed: false, skipped: `${slot.path}.${key}.${unknown} is a field this release does not know (a newer Kubernetes's, such as 1.37's httpGet.protocol or grpc.tls): kubelet keeps the probe rather than the agent running it without that field` };
+    }
     const foreign = foreignHost(value);
     if (foreign !== undefined) {
       return { pod: input, changed: false, skipped: `${slot.path}.${key}.host is ${JSON.stringify(foreign.slice(0, 64))}: the agent only probes the pod's own addresses, and Pod Security admission must still see that field` };

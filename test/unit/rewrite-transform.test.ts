@@ -128,6 +128,23 @@ describe('rewritePod', () => {
     expect(rewritePod(fits).changed).toBe(true);
   });
 
+  it('leaves a pod with a handler field it does not know (a newer Kubernetes\'s) to kubelet, never running it without that field', () => {
+    const cases: [Obj, RegExp][] = [
+      [{ readinessProbe: { httpGet: { port: 80, protocol: 'HTTP2' } } }, /^spec\.containers\[0\]\.readinessProbe\.httpGet\.protocol is a field this release does not know/],
+      [{ livenessProbe: { grpc: { port: 9090, tls: {} } } }, /^spec\.containers\[0\]\.livenessProbe\.grpc\.tls is a field/],
+      [{ startupProbe: { tcpSocket: { port: 80, keepalive: true } } }, /^spec\.containers\[0\]\.startupProbe\.tcpSocket\.keepalive is a field/],
+      [{ readinessProbe: { httpGet: { port: 80, httpHeaders: [{ name: 'X', value: 'y', sensitive: true }] } } }, /httpGet\.httpHeaders\[0\]\.sensitive is a field/],
+      [{ lifecycle: { postStart: { httpGet: { port: 80, protocol: 'HTTP2' } } } }, /^spec\.containers\[0\]\.lifecycle\.postStart\.httpGet\.protocol is a field/],
+    ];
+    for (const [extra, why] of cases) {
+      const p = pod({ containers: [web({ livenessProbe: { tcpSocket: { port: 80 } }, ...extra })] });
+      expect(rewritePod(p)).toEqual({ pod: p, changed: false, skipped: expect.stringMatching(why) });
+    }
+    // Every field core/v1 has up to 1.36 is known.
+    const full = pod({ containers: [web({ readinessProbe: { httpGet: { path: '/', port: 80, host: '', scheme: 'HTTP', httpHeaders: [{ name: 'X', value: 'y' }] } }, livenessProbe: { grpc: { port: 1, service: 's' } }, startupProbe: { tcpSocket: { port: 80, host: '' } } })] });
+    expect(rewritePod(full).changed).toBe(true);
+  });
+
   it('rewrites a loopback host by default; --loopback-host keep or the pod annotation leaves such pods to kubelet', () => {
     const probe = { readinessProbe: { httpGet: { host: 'localhost', port: 80 } } };
     const plain = pod({ containers: [web(probe)] });
