@@ -28,7 +28,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: build deps system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest
+.PHONY: bench-kubelet build deps system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -141,6 +141,13 @@ alerts: .tools/bin/node
 e2e-kubelet: build
 	@test -n "$(KUBELET)" || { echo "usage: make e2e-kubelet KUBELET=/path/to/kubelet" >&2; exit 2; }
 	node test/e2e-kubelet/run.ts --kubelet "$(KUBELET)"
+
+## bench-kubelet: what switching a node costs on a real kubelet you provide (KUBELET=/path/to/kubelet): N static pods
+## (BENCH_KUBELET_PODS, default 20) with a 1 s HTTP readiness probe, without probes, with kubelet's own and rewritten;
+## CPU per probe of kubelet, the runtime, the shim and the agent (BENCH_KUBELET_SECONDS per mode, default 60).
+bench-kubelet: build
+	@test -n "$(KUBELET)" || { echo "usage: make bench-kubelet KUBELET=/path/to/kubelet" >&2; exit 2; }
+	E2E_PHASES=bench node test/e2e-kubelet/run.ts --kubelet "$(KUBELET)"
 
 ## e2e-critest: cri-tools' critest v1.26 you provide (CRITEST=/path/to/critest), run against the lab's containerd
 ## directly and through the shim, on busybox-based stand-in images served by a loopback registry; compares the two

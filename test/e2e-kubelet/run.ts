@@ -34,6 +34,7 @@ import {
   check, checks, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
   stopChild, tail, total, waitFor, type PodView,
 } from './lib.ts';
+import { runBench } from './bench.ts';
 import { churnPod, e2ePods, HTTP_PORT, PODS } from './pods.ts';
 import { placePod, removePods, rewritePod, type PhaseContext } from './static-pods.ts';
 
@@ -117,9 +118,13 @@ async function main(): Promise<number> {
   // The node->pod path closed: nothing on the node may open a TCP connection to a pod. A table left
   // by a killed run on this slot is replaced, never added to.
   NFT_TABLE = `pa_e2e_kubelet_${ctrd.slot}`;
-  spawnSync('nft', ['delete', 'table', 'inet', NFT_TABLE]);
-  execFileSync('nft', ['-f', '-'], { input: `table inet ${NFT_TABLE} {\n  chain output {\n    type filter hook output priority 0; policy accept;\n    ip daddr ${lay.subnet4} meta l4proto tcp counter drop\n    ip6 daddr ${lay.subnet6} meta l4proto tcp counter drop\n  }\n}\n` });
-  cleanups.push(() => void spawnSync('nft', ['delete', 'table', 'inet', NFT_TABLE]));
+  const nodePath = (open: boolean): void => {
+    spawnSync('nft', ['delete', 'table', 'inet', NFT_TABLE]);
+    if (open) return;
+    execFileSync('nft', ['-f', '-'], { input: `table inet ${NFT_TABLE} {\n  chain output {\n    type filter hook output priority 0; policy accept;\n    ip daddr ${lay.subnet4} meta l4proto tcp counter drop\n    ip6 daddr ${lay.subnet6} meta l4proto tcp counter drop\n  }\n}\n` });
+  };
+  nodePath(false);
+  cleanups.push(() => nodePath(true));
 
   const [port, roPort, healthzPort, shimMetricsPort] = [await freePort(), await freePort(), await freePort(), await freePort()];
   const probeSocket = path.join(scratch, 'probe.sock');
@@ -204,6 +209,13 @@ async function main(): Promise<number> {
       });
     }
   } else skip('churn', unselected);
+
+  if (phases.has('bench')) {
+    await runBench({
+      ctx, kubeletPid: () => kubelet.proc?.pid, containerdPid: () => ctrd.pid, containerdSocket: ctrd.socket,
+      shimPid: shim.pid!, agentPid: agent.pid!, nodePath,
+    });
+  }
 
   console.log('logs: E2E_KEEP_LOGS=1 keeps kubelet\'s, the agent\'s and the shim\'s logs and the manifests in /tmp');
   return checks.every((c) => c.outcome !== 'FAIL') ? 0 : 1;
@@ -329,9 +341,10 @@ async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string,
 
 /** E2E_PHASES: a comma list of base, cases, gate, churn (default all); the others print SKIP rows. */
 function selectedPhases(): Set<string> {
-  const all = ['base', 'cases', 'gate', 'churn'];
+  // bench (make bench-kubelet) measures rather than checks: only when asked for.
+  const all = ['base', 'cases', 'gate', 'churn', 'bench'];
   const v = process.env['E2E_PHASES'];
-  if (!v) return new Set(all);
+  if (!v) return new Set(all.filter((x) => x !== 'bench'));
   const want = v.split(',').map((x) => x.trim()).filter(Boolean);
   const bad = want.filter((x) => !all.includes(x));
   if (bad.length) usage(`E2E_PHASES: unknown phase ${bad.join(', ')} (want some of ${all.join(', ')})`);

@@ -1,0 +1,194 @@
+/**
+ * `make bench-kubelet`: what switching a node costs, on a real kubelet. N static pods, each with
+ * one HTTP readiness probe every second, run three ways: without probes (the baseline), with
+ * kubelet's own network probes (the node->pod path open), and rewritten through the shim and the
+ * agent (the path dropped). CPU is read from /proc for each part: kubelet; the runtime (containerd
+ * and the pods' containerd-shim-runc-v2); the shim; the agent with its netns helper. Probes come
+ * from kubelet's own prober_probe_total, so a probe is counted once whichever way it ran. The pods'
+ * own servers answer the same requests either way and are left out; the agent is paused while
+ * kubelet probes alone, as a node without the switch has none probing beside it.
+ */
+import { execFileSync, spawnSync } from 'node:child_process';
+import { readFileSync, readdirSync } from 'node:fs';
+import { check, podsOf, proberTotals, say, sleep, waitFor } from './lib.ts';
+import { churnPod } from './pods.ts';
+import { removePods, rewritePod, writeManifest, type PhaseContext } from './static-pods.ts';
+
+const CLK_TCK = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
+
+/** What the bench needs beyond the phase context. */
+export interface BenchSetup {
+  ctx: PhaseContext;
+  kubeletPid: () => number | undefined;
+  containerdPid: () => number | undefined;
+  containerdSocket: string;
+  shimPid: number;
+  agentPid: number;
+  /** Opens and closes the node->pod path (kubelet's own probes need it open). */
+  nodePath: (open: boolean) => void;
+}
+
+type Part = 'kubelet' | 'runtime' | 'shim' | 'agent';
+const PARTS: Part[] = ['kubelet', 'runtime', 'shim', 'agent'];
+type Mode = 'none' | 'native' | 'rewritten';
+
+/** CPU seconds a process and the children it has waited for have used (utime+stime+cutime+cstime). */
+function cpuSeconds(pid: number): number {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) / CLK_TCK;
+  } catch {
+    return 0;
+  }
+}
+
+/** A process and its descendants (the agent's resident helper and its forks). */
+function withDescendants(pid: number): number[] {
+  const out = [pid];
+  for (let i = 0; i < out.length; i++) {
+    let tasks: string[] = [];
+    try {
+      tasks = readdirSync(`/proc/${out[i]}/task`);
+    } catch {
+      continue;
+    }
+    for (const t of tasks) {
+      try {
+        for (const c of readFileSync(`/proc/${out[i]}/task/${t}/children`, 'utf8').trim().split(/\s+/)) if (c) out.push(Number(c));
+      } catch {
+        // gone
+      }
+    }
+  }
+  return out;
+}
+
+/** The containerd-shim-runc-v2 processes of this lab's containerd. */
+function runcShims(socket: string): number[] {
+  const r = spawnSync('pgrep', ['-f', `containerd-shim-runc-v2 .*-address ${socket}`], { encoding: 'utf8' });
+  return r.stdout.trim().split('\n').filter(Boolean).map(Number);
+}
+
+function pidsOf(s: BenchSetup): Record<Part, number[]> {
+  const k = s.kubeletPid();
+  const c = s.containerdPid();
+  return {
+    kubelet: k ? [k] : [],
+    runtime: [...(c ? [c] : []), ...runcShims(s.containerdSocket)],
+    shim: withDescendants(s.shimPid),
+    agent: withDescendants(s.agentPid),
+  };
+}
+
+function sample(pids: Record<Part, number[]>): Record<Part, number> {
+  const out = {} as Record<Part, number>;
+  for (const p of PARTS) out[p] = pids[p].reduce((sum, pid) => sum + cpuSeconds(pid), 0);
+  return out;
+}
+
+function probesDone(totals: Map<string, number>, prefix: string): number {
+  let n = 0;
+  for (const [k, v] of totals) if (k.startsWith(prefix)) n += v;
+  return n;
+}
+
+/** One mode's measurement. */
+interface ModeResult {
+  mode: Mode;
+  seconds: number;
+  probes: number;
+  cpu: Record<Part, number>;
+}
+
+function benchPod(name: string, mode: Mode): Record<string, unknown> {
+  const pod = churnPod(name) as { spec: { containers: Record<string, unknown>[] } };
+  const app = pod.spec.containers[0]!;
+  delete app['livenessProbe'];
+  if (mode === 'none') delete app['readinessProbe'];
+  return pod as unknown as Record<string, unknown>;
+}
+
+async function runMode(s: BenchSetup, mode: Mode, pods: number, windowS: number): Promise<ModeResult | undefined> {
+  const names = Array.from({ length: pods }, (_, i) => `bench-${mode}-${String(i).padStart(2, '0')}`);
+  s.nodePath(mode === 'native');
+  // A node without the switch has no agent probing beside kubelet: it is paused while kubelet probes alone.
+  const paused = mode === 'native' ? withDescendants(s.agentPid) : [];
+  for (const pid of paused) process.kill(pid, 'SIGSTOP');
+  try {
+    return await measureMode(s, mode, names, windowS);
+  } finally {
+    for (const pid of paused) process.kill(pid, 'SIGCONT');
+  }
+}
+
+async function measureMode(s: BenchSetup, mode: Mode, names: string[], windowS: number): Promise<ModeResult | undefined> {
+  const { ctx } = s;
+  const pods = names.length;
+  // One rewrite for all pods (a node process per pod would take the CPU being measured).
+  const template = mode === 'rewritten' ? rewritePod(ctx, benchPod('bench-template', mode)) : undefined;
+  for (const n of names) {
+    const pod = template ? { ...template, metadata: { ...template['metadata'], name: n } } : benchPod(n, mode);
+    writeManifest(ctx.manifests, n, JSON.stringify(pod));
+  }
+  const settled = await waitFor(`${mode}: ${pods} pods running${mode === 'none' ? '' : ' and Ready'}`, 180_000, async () => {
+    const listed = (await podsOf(ctx.kubelet.setup.roPort)).filter((p) => names.includes(p.name));
+    return (listed.length === pods && listed.every((p) => p.containers.length > 0 && p.containers.every((c) => c.id !== '') && (mode === 'none' || p.ready))) || undefined;
+  }, 1000);
+  if (!settled) {
+    check(`bench: ${mode} pods up`, false, `not all ${pods} pods ${mode === 'none' ? 'running' : 'Ready'} within 180 s`);
+    await removePods(ctx, names);
+    return undefined;
+  }
+  await sleep(10_000); // past the start-up work
+  const pids = pidsOf(s);
+  const t0 = performance.now();
+  const before = sample(pids);
+  const p0 = probesDone(await proberTotals(ctx.kubelet.setup.roPort), 'bench-');
+  await sleep(windowS * 1000);
+  const after = sample(pids);
+  const p1 = probesDone(await proberTotals(ctx.kubelet.setup.roPort), 'bench-');
+  const seconds = (performance.now() - t0) / 1000;
+  const cpu = {} as Record<Part, number>;
+  for (const p of PARTS) cpu[p] = after[p] - before[p];
+  const gone = await removePods(ctx, names);
+  if (!gone) check(`bench: ${mode} pods removed`, false, 'still listed or running after 90 s');
+  return { mode, seconds, probes: p1 - p0, cpu };
+}
+
+const ms = (v: number): string => v.toFixed(2);
+
+/** Runs the three modes and prints the table; the marginal CPU of a probe is its mode minus the baseline. */
+export async function runBench(s: BenchSetup): Promise<void> {
+  const pods = Number(process.env['BENCH_KUBELET_PODS'] ?? 20);
+  const windowS = Number(process.env['BENCH_KUBELET_SECONDS'] ?? 60);
+  say(`bench: ${pods} pods, one HTTP readiness probe each every second; ${windowS} s per mode`);
+  const results: ModeResult[] = [];
+  for (const mode of ['none', 'native', 'rewritten'] as Mode[]) {
+    say(`bench: ${mode}`);
+    const r = await runMode(s, mode, pods, windowS);
+    if (!r) return;
+    results.push(r);
+  }
+  s.nodePath(false);
+  const [none, native, rewritten] = results as [ModeResult, ModeResult, ModeResult];
+  const rate = (r: ModeResult, p: Part): number => r.cpu[p] / r.seconds; // CPU s per s
+  // The agent is paused for the native mode: no part of it is that mode's cost.
+  const counted = (r: ModeResult): Part[] => (r.mode === 'native' ? PARTS.filter((p) => p !== 'agent') : PARTS);
+  const perProbe = (r: ModeResult, p: Part): number => (counted(r).includes(p) ? ((rate(r, p) - rate(none, p)) * r.seconds * 1000) / Math.max(1, r.probes) : 0);
+  const allIn = (r: ModeResult): number => (counted(r).reduce((sum, p) => sum + r.cpu[p], 0) * 1000) / Math.max(1, r.probes);
+  console.log('');
+  console.log(`bench-kubelet (${pods} pods, ${windowS} s per mode): CPU ms per probe, above the pods-without-probes baseline`);
+  console.log(`| mode | probes/s | ${PARTS.join(' | ')} | marginal total | all-in per probe |`);
+  console.log(`|---|---|${PARTS.map(() => '---|').join('')}---|---|`);
+  for (const r of [native, rewritten]) {
+    const parts = PARTS.map((p) => (counted(r).includes(p) ? ms(perProbe(r, p)) : 'paused'));
+    const marginal = PARTS.reduce((sum, p) => sum + perProbe(r, p), 0);
+    console.log(`| ${r.mode} | ${(r.probes / r.seconds).toFixed(1)} | ${parts.join(' | ')} | ${ms(marginal)} | ${ms(allIn(r))} |`);
+  }
+  console.log(`| none (baseline, CPU % of a core) | 0 | ${PARTS.map((p) => (rate(none, p) * 100).toFixed(1)).join(' | ')} | | |`);
+  const m = (r: ModeResult): number => PARTS.reduce((sum, p) => sum + perProbe(r, p), 0);
+  console.log(`rewritten / native marginal CPU per probe: ${(m(rewritten) / m(native)).toFixed(2)}x`);
+  check('bench: every mode measured', native.probes > 0 && rewritten.probes > 0,
+    `native ${native.probes} probes, rewritten ${rewritten.probes} probes in ${native.seconds.toFixed(0)} / ${rewritten.seconds.toFixed(0)} s`);
+}
