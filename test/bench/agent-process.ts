@@ -94,6 +94,8 @@ export async function startAgent(opts: AgentStartOptions): Promise<AgentProcess>
     `--metrics-address=127.0.0.1:${port}`,
     '--node-name=node-a',
     '--log-level=warn',
+    // BENCH_AGENT_ARGS: extra daemon flags for a before/after of a flag or gate (e.g. --feature-gates=WarmNetnsHelper=true).
+    ...(process.env.BENCH_AGENT_ARGS ?? '').split(' ').filter(Boolean),
   ];
   const child: ChildProcess = spawn(process.execPath, args, {
     stdio: ['ignore', 'ignore', 'pipe'],
