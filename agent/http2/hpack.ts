@@ -188,7 +188,7 @@ function readString(r: Reader): string {
 }
 
 /** RFC 7541 5.1: writes `value` with an N-bit prefix, `high` holding the representation's leading bits. */
-function writeInteger(out: number[], value: number, prefix: number, high: number): void {
+export function writeInteger(out: number[], value: number, prefix: number, high: number): void {
   const max = (1 << prefix) - 1;
   if (value < max) {
     out.push(high | value);
@@ -203,7 +203,8 @@ function writeInteger(out: number[], value: number, prefix: number, high: number
   out.push(rest);
 }
 
-function writeRawString(out: number[], s: string): void {
+/** RFC 7541 5.2: a string literal without Huffman coding (latin1 octets). */
+export function writeRawString(out: number[], s: string): void {
   writeInteger(out, s.length, 7, 0);
   for (let i = 0; i < s.length; i++) out.push(s.charCodeAt(i) & 0xff);
 }

@@ -10,13 +10,13 @@
  * fresh containerd, so neither sees what the other left. Everything it starts or creates is removed
  * on exit, failure included. Root only; not part of `make test` (no critest is built or fetched here).
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { accessSync, closeSync, constants, copyFileSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { spawnSync, type ChildProcess } from 'node:child_process';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 import { getUnix } from '../support/http-unix.ts';
 import { builtCli } from '../support/built-cli.ts';
+import { binaryFromArgs, freePort, startLogged, stopChild } from '../e2e-kubelet/lib.ts';
 import { compareRuns, countOutcomes, outcomeOf, parseJUnit, type SpecResult } from './junit.ts';
 import { startRegistry } from './registry.ts';
 import { buildStandIns, MIRRORED_REGISTRIES, pushStandIns } from './stand-ins.ts';
@@ -67,60 +67,6 @@ function say(msg: string): void {
 function usage(msg: string): never {
   console.error(`e2e-critest: ${msg}\nusage: make e2e-critest CRITEST=/path/to/critest   (or: node test/e2e-critest/run.ts --critest PATH)`);
   process.exit(2);
-}
-
-function critestFromArgs(): string {
-  const i = process.argv.indexOf('--critest');
-  const p = i >= 0 ? process.argv[i + 1] : process.env['CRITEST'];
-  if (!p) usage('no critest binary given');
-  const abs = path.resolve(p);
-  try {
-    accessSync(abs, constants.X_OK);
-  } catch {
-    usage(`${abs} is not an executable file`);
-  }
-  return abs;
-}
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-/** A child whose stdout+stderr go to a file, in its own process group. */
-function startLogged(cmd: string, args: string[], logFile: string): ChildProcess {
-  const fd = openSync(logFile, 'a');
-  try {
-    return spawn(cmd, args, { stdio: ['ignore', fd, fd], detached: true });
-  } finally {
-    closeSync(fd);
-  }
-}
-
-/** SIGTERM, then SIGKILL to its whole group after `graceMs`. */
-async function stopChild(child: ChildProcess | undefined, graceMs = 10_000): Promise<void> {
-  if (!child?.pid || child.exitCode !== null || child.signalCode !== null) return;
-  const exited = new Promise<void>((r) => child.once('exit', () => r()));
-  try {
-    process.kill(child.pid, 'SIGTERM');
-  } catch {
-    return;
-  }
-  const timer = setTimeout(() => {
-    try {
-      process.kill(-child.pid!, 'SIGKILL');
-    } catch {
-      // gone
-    }
-  }, graceMs);
-  await exited;
-  clearTimeout(timer);
 }
 
 function safeRead(f: string): string {
@@ -318,7 +264,7 @@ function printReport(critest: string, seed: number, runs: RunResult[]): boolean 
 
 async function main(): Promise<number> {
   if (process.getuid?.() !== 0) usage('must run as root (it starts containerd and a registry)');
-  const critest = critestFromArgs();
+  const critest = binaryFromArgs('--critest', 'CRITEST', usage);
   try {
     CLI = builtCli();
   } catch (err) {

@@ -1,9 +1,9 @@
 /**
  * What the phases of `make e2e-kubelet` share: the result table, polling, kubelet's read-only
- * endpoints (/pods, /metrics/probes), its log, and child processes.
+ * endpoints (/pods, /metrics/probes), its log, and child processes (e2e-critest uses those too).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, openSync, readdirSync, readFileSync } from 'node:fs';
+import { accessSync, closeSync, constants, openSync, readdirSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import path from 'node:path';
 
@@ -65,6 +65,23 @@ export async function waitFor<T>(what: string, timeoutMs: number, fn: () => Prom
     }
     await sleep(everyMs);
   }
+}
+
+/**
+ * The executable a `make` target was given (`--flag PATH` or the variable `env`), made absolute;
+ * exits 2 with the target's usage when it is missing or not executable.
+ */
+export function binaryFromArgs(flag: string, env: string, usage: (msg: string) => never): string {
+  const i = process.argv.indexOf(flag);
+  const p = i >= 0 ? process.argv[i + 1] : process.env[env];
+  if (!p) usage(`no ${flag.replace(/^--/, '')} binary given`);
+  const abs = path.resolve(p);
+  try {
+    accessSync(abs, constants.X_OK);
+  } catch {
+    usage(`${abs} is not an executable file`);
+  }
+  return abs;
 }
 
 export async function httpGet(url: string, timeoutMs = 3000): Promise<{ status: number; body: string }> {

@@ -17,7 +17,7 @@
  * the table. Root only; not part of `make test` (no kubelet is built or fetched here).
  */
 import { execFileSync, spawnSync } from 'node:child_process';
-import { accessSync, constants, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
@@ -31,7 +31,7 @@ import { REPLACE_EVERY_MS, runChurn } from './churn.ts';
 import { startFrameTap, type FrameTap } from './frame-tap.ts';
 import { Kubelet, kubeletInfo } from './kubelet.ts';
 import {
-  check, checks, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
+  binaryFromArgs, check, checks, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
   stopChild, tail, total, waitFor, type PodView,
 } from './lib.ts';
 import { runBench } from './bench.ts';
@@ -54,19 +54,6 @@ function usage(msg: string): never {
   process.exit(2);
 }
 
-function kubeletPathFromArgs(): string {
-  const i = process.argv.indexOf('--kubelet');
-  const p = i >= 0 ? process.argv[i + 1] : process.env['KUBELET'];
-  if (!p) usage('no kubelet binary given');
-  const abs = path.resolve(p);
-  try {
-    accessSync(abs, constants.X_OK);
-  } catch {
-    usage(`${abs} is not an executable file`);
-  }
-  return abs;
-}
-
 function sysctl(name: string): string | undefined {
   const r = spawnSync('sysctl', ['-n', name], { encoding: 'utf8' });
   return r.status === 0 ? r.stdout.trim() : undefined;
@@ -74,7 +61,7 @@ function sysctl(name: string): string | undefined {
 
 async function main(): Promise<number> {
   if (process.getuid?.() !== 0) usage('must run as root (it starts kubelet, containerd and nftables rules)');
-  const kubeletBin = kubeletPathFromArgs();
+  const kubeletBin = binaryFromArgs('--kubelet', 'KUBELET', usage);
   try {
     CLI = builtCli();
   } catch (err) {

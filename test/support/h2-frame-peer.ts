@@ -23,7 +23,7 @@
  *  - PING ACKs only for PINGs this peer sent, each once.
  */
 import * as net from 'node:net';
-import { HpackDecoder, STATIC_TABLE, type HeaderField } from '../../agent/http2/hpack.ts';
+import { HpackDecoder, STATIC_TABLE, writeInteger, writeRawString, type HeaderField } from '../../agent/http2/hpack.ts';
 
 export const T = { DATA: 0, HEADERS: 1, PRIORITY: 2, RST_STREAM: 3, SETTINGS: 4, PUSH_PROMISE: 5, PING: 6, GOAWAY: 7, WINDOW_UPDATE: 8, CONTINUATION: 9 } as const;
 export const FL = { END_STREAM: 0x1, ACK: 0x1, END_HEADERS: 0x4, PADDED: 0x8, PRIORITY: 0x20 } as const;
@@ -151,32 +151,32 @@ export class IndexingEncoder {
     for (const f of fields) {
       const staticFull = STATIC_TABLE.findIndex(([n, v]) => n === f.name && v === f.value);
       if (staticFull >= 0) {
-        writeInt(out, staticFull + 1, 7, 0x80);
+        writeInteger(out, staticFull + 1, 7, 0x80);
         continue;
       }
       const dyn = this.#table.findIndex(([n, v]) => n === f.name && v === f.value);
       if (dyn >= 0) {
-        writeInt(out, STATIC_TABLE.length + 1 + dyn, 7, 0x80);
+        writeInteger(out, STATIC_TABLE.length + 1 + dyn, 7, 0x80);
         continue;
       }
       const entry = f.name.length + f.value.length + 32;
       const staticName = STATIC_TABLE.findIndex(([n]) => n === f.name);
       if (entry > this.#max) {
         // Too large to index: literal without indexing.
-        if (staticName >= 0) writeInt(out, staticName + 1, 4, 0);
+        if (staticName >= 0) writeInteger(out, staticName + 1, 4, 0);
         else {
           out.push(0);
-          writeStr(out, f.name);
+          writeRawString(out, f.name);
         }
-        writeStr(out, f.value);
+        writeRawString(out, f.value);
         continue;
       }
-      if (staticName >= 0) writeInt(out, staticName + 1, 6, 0x40);
+      if (staticName >= 0) writeInteger(out, staticName + 1, 6, 0x40);
       else {
         out.push(0x40);
-        writeStr(out, f.name);
+        writeRawString(out, f.name);
       }
-      writeStr(out, f.value);
+      writeRawString(out, f.value);
       this.#table.unshift([f.name, f.value]);
       this.#size += entry;
       while (this.#size > this.#max) {
@@ -186,26 +186,6 @@ export class IndexingEncoder {
     }
     return Buffer.from(out);
   }
-}
-
-function writeInt(out: number[], value: number, prefix: number, high: number): void {
-  const max = (1 << prefix) - 1;
-  if (value < max) {
-    out.push(high | value);
-    return;
-  }
-  out.push(high | max);
-  let rest = value - max;
-  while (rest >= 128) {
-    out.push((rest % 128) | 0x80);
-    rest = Math.floor(rest / 128);
-  }
-  out.push(rest);
-}
-
-function writeStr(out: number[], s: string): void {
-  writeInt(out, s.length, 7, 0);
-  for (let i = 0; i < s.length; i++) out.push(s.charCodeAt(i) & 0xff);
 }
 
 /** One stream as one peer sees it. */
