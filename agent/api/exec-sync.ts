@@ -34,7 +34,7 @@ import type { ProbeHandler, ProbeType } from '../probe/types.ts';
 import { normalizeContainerID } from '../pods/container-lookup.ts';
 import { decodeShimCommand, SHIM_COMMAND_PATH, ShimCommandError, type ShimKind } from '../rewrite/shim-command.ts';
 import type { OnDemandProber } from '../scheduler/types.ts';
-import { DRAINING_DETAIL, NOT_STARTED_DRAINING } from './hook-refusal.ts';
+import { DRAINING_DETAIL, INVALID_COMMAND_PREFIX, NOT_STARTED_DRAINING } from './hook-refusal.ts';
 import { runLifecycleCall } from './lifecycle-call.ts';
 import { grpcStatusFor, NotStartedError, RpcError, runProbeCall, type CallLike, type ProbeCallGate } from './probe-call.ts';
 import { readFields, WireError, WireWriter } from './protowire.ts';
@@ -240,7 +240,7 @@ function refusal(err: unknown, what: string): RpcError {
 }
 
 function badCommand(message: string): RpcError {
-  return new RpcError(grpc.status.INVALID_ARGUMENT, `probe-agent: ${message}`);
+  return new RpcError(grpc.status.INVALID_ARGUMENT, `${INVALID_COMMAND_PREFIX}${message}`);
 }
 
 /**

@@ -6,7 +6,7 @@
  */
 
 /** Why a rewritten handler was not answered by the agent. */
-export type AgentErrorCause = 'unreachable' | 'unavailable' | 'timeout' | 'refused' | 'exhausted' | 'bad_command' | 'other';
+export type AgentErrorCause = 'unreachable' | 'unavailable' | 'timeout' | 'refused' | 'exhausted' | 'bad_command' | 'agent_too_old' | 'other';
 
 /** What the shim answered an intercepted ExecSync: an exit code 0, a non-zero one, or a gRPC error. */
 export type InterceptAnswer = 'success' | 'failure' | 'error';

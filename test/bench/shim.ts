@@ -29,9 +29,9 @@ import { launcherNodeFlags } from './agent-process.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
-import { ShimProbeClient, WireProbeType } from '../../agent/api/shim-client.ts';
+import { ShimProbeClient } from '../../agent/api/shim-client.ts';
 import { ProbeApiClient } from '../../agent/api/client.ts';
-import { encodeProbeHandler } from '../../agent/api/handler-wire.ts';
+import { grpcFrame, WireWriter } from '../../agent/api/protowire.ts';
 import type { ProbeContext, ProbeHandler } from '../../agent/probe/types.ts';
 import { cmdlineOf, findChild, totalCpuMs } from './procstat.ts';
 import { quantile, round } from './stats.ts';
@@ -227,9 +227,12 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     // --- the agent's two transports, same run, interleaved ---
     const lean = new ShimProbeClient(agentSock);
     const viaGrpcJs = new ProbeApiClient(agentSock);
-    const leanHandler = encodeProbeHandler({ httpGet: { path: '/healthz', port: HTTP } });
+    // The shim's call: kubelet's ExecSyncRequest bytes for the rewritten probe, to ProbeService ExecSync.
+    const execW = new WireWriter().bytes(1, app.id);
+    for (const arg of cmd) execW.bytes(2, arg);
+    const execBody = grpcFrame(execW.varint(3, 1).finish());
     const ways = {
-      lean: async (): Promise<boolean> => (await lean.probe({ containerId: app.id, handler: leanHandler, timeoutSeconds: 1, probeType: WireProbeType.readiness }, 3000)).result === 1,
+      lean: async (): Promise<boolean> => (await lean.execSync(execBody, { deadlineMs: 3000 })).exitCode === 0,
       grpcJs: async (): Promise<boolean> => (await viaGrpcJs.probe({ pod: { containerId: app.id }, handler: { kind: 'http', port: HTTP, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 1, probeType: 'Readiness' })).result === 'success',
     };
     const tLat = { lean: [] as number[], grpcJs: [] as number[] };
@@ -250,7 +253,7 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     lean.close();
     viaGrpcJs.close();
     const agentTransports = { lean: series(tLat.lean, tCpu.lean), grpcJs: series(tLat.grpcJs, tCpu.grpcJs) };
-    o.log(`agent alone, Probe by container ID: lean server ${agentTransports.lean.cpuMsPerCall} ms CPU (p50 ${agentTransports.lean.p50Ms}), grpc-js ${agentTransports.grpcJs.cpuMsPerCall} ms CPU (p50 ${agentTransports.grpcJs.p50Ms})`);
+    o.log(`agent alone, by container ID: ExecSync on the lean server ${agentTransports.lean.cpuMsPerCall} ms CPU (p50 ${agentTransports.lean.p50Ms}), Probe on grpc-js ${agentTransports.grpcJs.cpuMsPerCall} ms CPU (p50 ${agentTransports.grpcJs.p50Ms})`);
 
     // (a): runProbe with the resident helper in this process, allowed into containerd's netns dir.
     const helper = await ResidentHelper.start({ allowDirs: [lab.netnsDir], maxInFlight: 512 });

@@ -190,7 +190,7 @@ describe('Prometheus scraping the running daemon', () => {
     // Rewritten probes, answered by the agent inside the pods' netns: success, failure, error.
     expect(exitCode(await c.execSync(containerIdOf(webPod), encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: 8080 } }), 1))).toBe(0);
     expect(exitCode(await c.execSync(containerIdOf(dbPod), encodeShimCommand('liveness', { tcpSocket: { port: 5433 } }), 1))).not.toBe(0);
-    shim!.expectLogs({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent shim: probe-agent exec command: handler is not base64url"/, why: 'a malformed rewritten command, on purpose' });
+    shim!.expectLogs({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent: invalid rewritten command: probe-agent exec command: handler is not base64url"/, why: 'a malformed rewritten command, on purpose' });
     const bad = await c.execSync(containerIdOf(webPod), ['/.probe-agent/v1', 'readiness', '%%%'], 1);
     expect(bad.ok, 'a malformed rewritten command is a gRPC error').toBe(false);
 
