@@ -34,8 +34,9 @@ export class AgentCallError extends Error {
   /**
    * True only when the agent certainly did not start the call: no connection was ever made, the
    * stream was refused (HTTP/2 REFUSED_STREAM) or lay above a GOAWAY's last-stream-id, the agent
-   * refused admission (RESOURCE_EXHAUSTED),
-   * or it refused a hook while draining (NOT_STARTED_TRAILER). Only such a hook may be sent again.
+   * refused admission (RESOURCE_EXHAUSTED), it refused a hook while draining (NOT_STARTED_TRAILER),
+   * or it does not serve the method (UNIMPLEMENTED: an agent older than ExecSync). Only such a hook
+   * may be sent again.
    */
   readonly notStarted: boolean;
   constructor(failure: AgentCallFailure, grpcCode: number, message: string, notStarted = failure === 'unreachable') {
