@@ -182,6 +182,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       onRpc: (method, code, seconds) => metrics.agent.grpcRequest(`/${SERVICE_NAME}/${method}`, code, seconds),
     });
     apiServer = api;
+    metrics.agent.setExecSyncCacheSource(() => api.execSyncCacheStats());
     cleanups.push(() => api.stop());
 
     const health = new HealthRegistry({ log });
