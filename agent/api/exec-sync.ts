@@ -194,11 +194,11 @@ export async function handleExecSync(call: ExecSyncCall, deps: ExecSyncDeps): Pr
   }
   const mismatch = kindTimeoutMismatch(cmd.kind, cmd.probeType !== undefined, req.timeout);
   if (mismatch) throw badCommand(mismatch);
+  if (req.timeout > SPEC_LIMITS.maxTimeoutSeconds) throw badCommand(`a ${cmd.kind} probe with ExecSync timeout ${req.timeout}: at most ${SPEC_LIMITS.maxTimeoutSeconds} s`);
   const what = `${cmd.kind} ${cmd.probeType ? 'probe' : 'hook'}`;
   try {
     if (cmd.probeType) {
       if (deps.stopping()) throw new RpcError(grpc.status.UNAVAILABLE, 'probe-agent is shutting down');
-      if (req.timeout > SPEC_LIMITS.maxTimeoutSeconds) throw new InvalidProbeError(`timeout: must be 1..${SPEC_LIMITS.maxTimeoutSeconds}, got ${req.timeout}`, { field: 'timeout' });
       const outcome = await runProbeCall(
         { containerID: cmd.containerID, probeType: cmd.probeType, handler: cmd.handler, timeoutSeconds: req.timeout },
         call, deps.prober, deps.probeGate,

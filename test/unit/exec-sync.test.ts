@@ -224,6 +224,7 @@ describe('ExecSync on the agent, over both transports', () => {
       execSyncRequest(CID, ['/bin/true'], 1),
       msgFor(CID, 'liveness', { tcpSocket: { port } }, 0), // a probe kind with a hook's timeout
       msgFor(CID, 'postStart', { tcpSocket: { port } }, 5), // a hook kind with a probe's timeout
+      msgFor(CID, 'readiness', { tcpSocket: { port } }, 100_000), // beyond the agent's 3600 s cap
       execSyncRequest('', encodeShimCommand('readiness', { tcpSocket: { port } }), 1),
       Buffer.from([0x0a, 0x40]), // truncated
     ];
