@@ -226,6 +226,7 @@ describe('ExecSync on the agent, over both transports', () => {
       msgFor(CID, 'postStart', { tcpSocket: { port } }, 5), // a hook kind with a probe's timeout
       msgFor(CID, 'readiness', { tcpSocket: { port } }, 100_000), // beyond the agent's 3600 s cap
       execSyncRequest('', encodeShimCommand('readiness', { tcpSocket: { port } }), 1),
+      execSyncRequest(CID, [SHIM_COMMAND_PATH, 'readiness', 'A'.repeat(20_000)], 1), // a handler beyond 16 KiB encoded
       Buffer.from([0x0a, 0x40]), // truncated
     ];
     for (const m of cases) {
