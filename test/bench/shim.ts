@@ -222,6 +222,29 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
       const used = totalCpuMs(alt.proc.pid!) - a0;
       altShimPath = { ...series(altLat, used), shimCpuMs: round(used / o.probes) };
       o.log(`shim path through ${alt.relay}: shim ${altShimPath.shimCpuMs} ms CPU/probe, p50 ${altShimPath.p50Ms} / p99 ${altShimPath.p99Ms} ms`);
+      // The whole path, A/B in the same run: this shim and the compared one in alternating rounds,
+      // each with the agent's and the helper's CPU (the same agent serves both: ExecSync for a shim
+      // of issue 26 or later, Probe / RunLifecycleHandler for an older one).
+      const ab = { this: { shim: 0, agent: 0, helper: 0, n: 0 }, compared: { shim: 0, agent: 0, helper: 0, n: 0 } };
+      const perRound = Math.max(1, Math.floor(o.probes / 4));
+      for (let r = 0; r < 4; r++) {
+        for (const [which, proc, client] of [['this', shim, viaShim], ['compared', alt.proc, alt.client]] as const) {
+          const c0 = { shim: totalCpuMs(proc.pid!), agent: totalCpuMs(agent.pid!), helper: helperCpu() };
+          for (let i = 0; i < perRound; i++) {
+            const r2 = await client.execSync(app.id, cmd, 1);
+            if (!r2.ok || r2.msg.exitCode !== 0) throw new Error(`A/B probe through ${which} shim did not succeed`);
+          }
+          const x = ab[which];
+          x.shim += totalCpuMs(proc.pid!) - c0.shim;
+          x.agent += totalCpuMs(agent.pid!) - c0.agent;
+          x.helper += helperCpu() - c0.helper;
+          x.n += perRound;
+        }
+      }
+      for (const which of ['this', 'compared'] as const) {
+        const x = ab[which];
+        o.log(`A/B ${which} shim: ${round((x.shim + x.agent + x.helper) / x.n)} ms CPU/probe (shim ${round(x.shim / x.n)}, agent ${round(x.agent / x.n)}, helper ${round(x.helper / x.n)})`);
+      }
     }
 
     // --- the agent's two transports, same run, interleaved ---
