@@ -156,8 +156,14 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       metrics.agent.setPodCounts({ ours: snap.pods.length - manager.notOurs().length, notOurs });
       metrics.agent.setDroppedPods(snap.errors.map((e) => e.reason));
     });
+    // Set once the API listens; pods leaving before that have nothing cached there.
+    let apiServer: ProbeApiServer | undefined;
     source.on('diff', (diff) => {
-      for (const pod of diff.removed) prober.forget(pod.uid);
+      for (const pod of diff.removed) {
+        prober.forget(pod.uid);
+        // ExecSync's parsed commands of its containers (a restarted container's older IDs age out of the bounded cache).
+        apiServer?.forgetContainers(pod.containers.flatMap((c) => (c.state?.containerID ? [c.state.containerID] : [])));
+      }
     });
 
     const api = await ProbeApiServer.start({
@@ -175,6 +181,8 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       // The server names the method ('Probe'); the metric label is the full gRPC path, as in kubelet's CRI metrics.
       onRpc: (method, code, seconds) => metrics.agent.grpcRequest(`/${SERVICE_NAME}/${method}`, code, seconds),
     });
+    apiServer = api;
+    metrics.agent.setExecSyncCacheSource(() => api.execSyncCacheStats());
     cleanups.push(() => api.stop());
 
     const health = new HealthRegistry({ log });

@@ -1,9 +1,10 @@
 /**
- * The agent's lean server for the shim's two hot calls, Probe and RunLifecycleHandler: our own
+ * The agent's lean server for the shim's hot calls, ExecSync (today's shim) and Probe and
+ * RunLifecycleHandler (older shims): our own
  * unary HTTP/2 server (agent/http2/unary-server.ts: frames and HPACK we own, no node:http2 stream
  * objects) with the messages read and written by hand (protowire.ts), beside grpc-js for everything else.
  * The ProbeService contract is unchanged: the same socket, paths, messages, status codes and
- * trailers. A connection comes here only when its first request is one of the two methods from a
+ * trailers. A connection comes here only when its first request is one of those methods from a
  * client that is no gRPC library (the shim's own client, old or new; see routeConnection); every
  * other connection goes to grpc-js. Each call goes through the very handler function grpc-js
  * calls (ProbeApiServer's #unary wrappers: draining, admission, in-flight accounting, metrics),
@@ -23,8 +24,8 @@ import type {
 } from './proto.ts';
 
 const SERVICE_PATH = '/probe.v1alpha1.ProbeService/';
-/** The two methods served here. */
-export const HOT_PATHS = { probe: `${SERVICE_PATH}Probe`, hook: `${SERVICE_PATH}RunLifecycleHandler` } as const;
+/** The methods served here. */
+export const HOT_PATHS = { probe: `${SERVICE_PATH}Probe`, hook: `${SERVICE_PATH}RunLifecycleHandler`, execSync: `${SERVICE_PATH}ExecSync` } as const;
 
 /** Whether a connection whose first request has these header fields is served here: a hot method, not from a gRPC library. */
 export function isHotConnection(first: readonly HeaderField[]): boolean {
@@ -35,7 +36,7 @@ export function isHotConnection(first: readonly HeaderField[]): boolean {
     else if (f.name === 'user-agent') agent = f.value;
   }
   // grpc-js, grpc-go and friends may multiplex any method on the connection: they stay with grpc-js.
-  return (path === HOT_PATHS.probe || path === HOT_PATHS.hook) && !agent.startsWith('grpc-');
+  return (path === HOT_PATHS.execSync || path === HOT_PATHS.probe || path === HOT_PATHS.hook) && !agent.startsWith('grpc-');
 }
 
 // ---- hand decoding of the two requests (field numbers of proto/probe/v1alpha1/api.proto) ----
@@ -240,10 +241,11 @@ export function parseGrpcTimeoutMs(v: string | string[] | undefined): number | u
 /** A unary handler as grpc-js takes it. */
 type Unary = (call: grpc.ServerUnaryCall<never, never>, callback: grpc.sendUnaryData<never>) => void;
 
-/** The two handlers, as registered with grpc-js. */
+/** The handlers, as registered with grpc-js (ExecSync's take and give message bytes: exec-sync.ts). */
 export interface HotHandlers {
   probe: grpc.handleUnaryCall<WireProbeRequest, WireProbeResponse>;
   hook: grpc.handleUnaryCall<WireLifecycleRequest, WireLifecycleResponse>;
+  execSync: grpc.handleUnaryCall<Buffer, Buffer>;
 }
 
 /** Limits of the lean server, the same the grpc-js server has. */
@@ -253,7 +255,7 @@ export interface HotUnaryLimits {
 }
 
 /**
- * The lean server for Probe and RunLifecycleHandler; connections come from routeConnection. The
+ * The lean server for ExecSync, Probe and RunLifecycleHandler; connections come from routeConnection. The
  * HTTP/2 is our own (agent/http2/unary-server.ts): no node:http2 session, stream or header objects.
  */
 export class HotUnaryServer implements ConnectionTarget {
@@ -294,9 +296,9 @@ export class HotUnaryServer implements ConnectionTarget {
       else if (f.name === ':method') verb = f.value;
       else if (f.name === 'content-type') ct = f.value;
     }
-    const method = path === HOT_PATHS.probe ? 'probe' : path === HOT_PATHS.hook ? 'hook' : undefined;
+    const method = path === HOT_PATHS.execSync ? 'execSync' : path === HOT_PATHS.probe ? 'probe' : path === HOT_PATHS.hook ? 'hook' : undefined;
     if (method === undefined) {
-      respondStatus(stream, grpc.status.UNIMPLEMENTED, `${path}: this connection serves only Probe and RunLifecycleHandler; other methods are served on connections whose first call is another method`);
+      respondStatus(stream, grpc.status.UNIMPLEMENTED, `${path}: this connection serves only ExecSync, Probe and RunLifecycleHandler; other methods are served on connections whose first call is another method`);
       return;
     }
     if (verb !== 'POST' || !ct.startsWith('application/grpc')) {
@@ -309,9 +311,10 @@ export class HotUnaryServer implements ConnectionTarget {
       respondStatus(stream, grpc.status.INTERNAL, body.length >= 5 && body[0] !== 0 ? 'compressed messages are not supported' : 'malformed gRPC message framing');
       return;
     }
-    let request: WireProbeRequest | WireLifecycleRequest;
+    let request: WireProbeRequest | WireLifecycleRequest | Buffer;
     try {
-      request = method === 'probe' ? decodeProbeRequest(msg) : decodeLifecycleRequest(msg);
+      // ExecSync's handler reads the message bytes itself (exec-sync.ts).
+      request = method === 'execSync' ? msg : method === 'probe' ? decodeProbeRequest(msg) : decodeLifecycleRequest(msg);
     } catch (err) {
       respondStatus(stream, grpc.status.INTERNAL, `Error deserializing request: ${err instanceof WireError ? err.message : String(err)}`);
       return;
@@ -325,7 +328,7 @@ export class HotUnaryServer implements ConnectionTarget {
         respondStatus(stream, err.code ?? grpc.status.UNKNOWN, err.details ?? '', err.metadata ?? undefined);
         return;
       }
-      stream.message(method === 'probe' ? encodeProbeResponse(res as WireProbeResponse) : encodeLifecycleResponse(res as WireLifecycleResponse));
+      stream.message(method === 'execSync' ? (res as Buffer) : method === 'probe' ? encodeProbeResponse(res as WireProbeResponse) : encodeLifecycleResponse(res as WireLifecycleResponse));
     };
     (this.#handlers[method] as unknown as Unary)(call as unknown as grpc.ServerUnaryCall<never, never>, callback as grpc.sendUnaryData<never>);
   }

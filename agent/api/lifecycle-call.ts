@@ -4,10 +4,10 @@
  */
 import * as grpc from '@grpc/grpc-js';
 import type { HookOutcome } from '../probe/lifecycle.ts';
-import type { OnDemandProber } from '../scheduler/types.ts';
+import type { OnDemandHookRequest, OnDemandProber } from '../scheduler/types.ts';
 import { boundMessage } from '../probe/run.ts';
 import { lifecycleRequestFromWire } from './convert-request.ts';
-import { RpcError, type ProbeCallGate } from './probe-call.ts';
+import { RpcError, type CallLike, type ProbeCallGate } from './probe-call.ts';
 import type { WireLifecycleRequest, WireLifecycleResponse, WireProbeResult } from './proto.ts';
 
 const RESULT: Record<HookOutcome['result'], WireProbeResult> = {
@@ -31,7 +31,15 @@ export async function handleLifecycleCall(
   gate: ProbeCallGate,
 ): Promise<WireLifecycleResponse> {
   if (!prober.runHook) throw new RpcError(grpc.status.UNIMPLEMENTED, 'this agent does not run lifecycle hooks');
-  const req = lifecycleRequestFromWire(call.request);
+  return hookOutcomeToWire(await runLifecycleCall(lifecycleRequestFromWire(call.request), call, prober, gate));
+}
+
+/**
+ * Runs a validated hook request for a call (RunLifecycleHandler, and ExecSync for a rewritten hook):
+ * the gate, the call deadline as the hook's bound (DEADLINE_EXCEEDED when it cuts the hook), cancellation.
+ */
+export async function runLifecycleCall(req: OnDemandHookRequest, call: CallLike, prober: OnDemandProber, gate: ProbeCallGate): Promise<HookOutcome> {
+  if (!prober.runHook) throw new RpcError(grpc.status.UNIMPLEMENTED, 'this agent does not run lifecycle hooks');
   if (gate.inFlight >= gate.max) throw new RpcError(grpc.status.RESOURCE_EXHAUSTED, `too many RunLifecycleHandler calls in flight (limit ${gate.max})`);
   const deadline = call.getDeadline();
   const remainingMs = (deadline instanceof Date ? deadline.getTime() : deadline) - Date.now();
@@ -51,7 +59,7 @@ export async function handleLifecycleCall(
   try {
     const outcome = await prober.runHook(req, ac.signal);
     if (ac.signal.aborted || (capped && outcome.reason === 'timeout')) throw cutShort();
-    return hookOutcomeToWire(outcome);
+    return outcome;
   } catch (err) {
     if (ac.signal.aborted && !(err instanceof RpcError)) throw cutShort();
     throw err;

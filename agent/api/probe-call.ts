@@ -12,8 +12,10 @@ import {
   UnsupportedPodError,
   describeError,
 } from '../errors.ts';
-import type { OnDemandProber } from '../scheduler/types.ts';
+import type { OnDemandProber, OnDemandProbeRequest } from '../scheduler/types.ts';
+import type { ProbeOutcome } from '../probe/types.ts';
 import { outcomeToWire } from './convert.ts';
+import { NOT_STARTED_TRAILER } from './hook-refusal.ts';
 import { probeRequestFromWire } from './convert-request.ts';
 import type { WireProbeRequest, WireProbeResponse } from './proto.ts';
 
@@ -37,6 +39,21 @@ export function grpcStatusFor(err: unknown): { code: grpc.status; details: strin
   if (err instanceof NetnsUnavailableError) return { code: grpc.status.UNAVAILABLE, details };
   if (err instanceof OverloadedError) return { code: grpc.status.RESOURCE_EXHAUSTED, details };
   return { code: grpc.status.INTERNAL, details: `internal error: ${details}` };
+}
+
+/** A call refused before it started (UNAVAILABLE + the not-started trailer of hook-refusal.ts): a hook refused so is sent again. */
+export class NotStartedError extends RpcError {
+  readonly #why: string;
+  constructor(details: string, why: string) {
+    super(grpc.status.UNAVAILABLE, details);
+    this.#why = why;
+  }
+
+  trailers(): grpc.Metadata {
+    const md = new grpc.Metadata();
+    md.set(NOT_STARTED_TRAILER, this.#why);
+    return md;
+  }
 }
 
 /** Bounds Probe calls in flight; the server reads `inFlight` for its stats. */
@@ -65,7 +82,17 @@ export async function handleProbeCall(
   prober: OnDemandProber,
   gate: ProbeCallGate,
 ): Promise<WireProbeResponse> {
-  const req = probeRequestFromWire(call.request);
+  return outcomeToWire(await runProbeCall(probeRequestFromWire(call.request), call, prober, gate));
+}
+
+/** What the call runners read of a call (grpc-js's ServerUnaryCall, or the lean server's call). */
+export type CallLike = Pick<grpc.ServerUnaryCall<unknown, unknown>, 'getDeadline' | 'on' | 'off'>;
+
+/**
+ * Runs a validated probe request for a call (Probe, and ExecSync for a rewritten probe): the gate,
+ * the call deadline as a cap on the probe (DEADLINE_EXCEEDED when it cuts the probe), cancellation.
+ */
+export async function runProbeCall(req: OnDemandProbeRequest, call: CallLike, prober: OnDemandProber, gate: ProbeCallGate): Promise<ProbeOutcome> {
   if (gate.inFlight >= gate.max) throw new RpcError(grpc.status.RESOURCE_EXHAUSTED, `too many Probe calls in flight (limit ${gate.max})`);
   const remainingMs = deadlineMs(call.getDeadline()) - Date.now();
   if (remainingMs <= 0) throw new RpcError(grpc.status.DEADLINE_EXCEEDED, 'call deadline already passed');
@@ -83,7 +110,7 @@ export async function handleProbeCall(
   try {
     const outcome = await prober.probe(req, ac.signal);
     if (ac.signal.aborted || (capped && outcome.reason === 'timeout')) throw deadlineError(configured, remainingMs);
-    return outcomeToWire(outcome);
+    return outcome;
   } catch (err) {
     if (ac.signal.aborted && !(err instanceof RpcError)) throw deadlineError(configured, remainingMs);
     throw err;

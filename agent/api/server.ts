@@ -16,9 +16,10 @@ import { PROBE_TYPES } from '../probe/types.ts';
 import type { OnDemandProber, ProbeStatus, ResultsReader } from '../scheduler/types.ts';
 import { AGENT_NAME, AGENT_VERSION, API_VERSION } from '../version.ts';
 import { filterFromWire, revisionFromWire, statusToWire } from './convert.ts';
-import { RpcError, grpcStatusFor, handleProbeCall, type ProbeCallGate } from './probe-call.ts';
+import { NotStartedError, RpcError, grpcStatusFor, handleProbeCall, type ProbeCallGate } from './probe-call.ts';
+import { DEFAULT_EXEC_SYNC_CACHE_ENTRIES, ExecSyncHandlerCache, handleExecSync, type ExecSyncCall } from './exec-sync.ts';
 import { handleLifecycleCall } from './lifecycle-call.ts';
-import { DRAINING_DETAIL, NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from './hook-refusal.ts';
+import { DRAINING_DETAIL, NOT_STARTED_DRAINING } from './hook-refusal.ts';
 import {
   DEFAULT_SOCKET_PATH,
   LOADER_OPTIONS,
@@ -86,6 +87,8 @@ export interface ProbeApiServerOptions {
   maxInFlightProbes?: number;
   /** RunLifecycleHandler RPCs in flight on the node (default 1024), a backstop like maxInFlightProbes. */
   maxInFlightHooks?: number;
+  /** Parsed rewritten commands ExecSync keeps, by container and command (default 4096; exec-sync.ts). */
+  execSyncCacheEntries?: number;
   /** HTTP/2 streams per client connection (default 256). */
   maxConcurrentStreams?: number;
   /** Time stop() gives in-flight calls before cancelling them (default 10 s). */
@@ -93,21 +96,6 @@ export interface ProbeApiServerOptions {
   log?: Logger;
   /** Called after every unary RPC (metrics): method name, status code name, seconds. Must not throw. */
   onRpc?: (method: string, code: string, seconds: number) => void;
-}
-
-/** A call refused before it started (UNAVAILABLE + the not-started trailer of hook-refusal.ts). */
-class NotStartedError extends RpcError {
-  readonly #why: string;
-  constructor(details: string, why: string) {
-    super(grpc.status.UNAVAILABLE, details);
-    this.#why = why;
-  }
-
-  trailers(): grpc.Metadata {
-    const md = new grpc.Metadata();
-    md.set(NOT_STARTED_TRAILER, this.#why);
-    return md;
-  }
 }
 
 const TYPE_ORDER = new Map(PROBE_TYPES.map((t, i) => [t, i]));
@@ -144,6 +132,8 @@ export class ProbeApiServer {
   readonly #probeGate: ProbeCallGate;
   /** Hooks in flight: they take no probe slot, so they have their own bound. */
   readonly #hookGate: ProbeCallGate;
+  /** ExecSync's parsed commands (exec-sync.ts). */
+  readonly #execSyncCache: ExecSyncHandlerCache;
   #unaryInFlight = 0;
   #idleWaiters: (() => void)[] = [];
   #stopping: Promise<void> | undefined;
@@ -174,14 +164,36 @@ export class ProbeApiServer {
       if (this.#stopping) throw new NotStartedError(DRAINING_DETAIL, NOT_STARTED_DRAINING);
       return handleLifecycleCall(call, this.#opts.prober, this.#hookGate);
     });
-    this.#server.addService(api.service, {
+    this.#execSyncCache = new ExecSyncHandlerCache(opts.execSyncCacheEntries ?? DEFAULT_EXEC_SYNC_CACHE_ENTRIES);
+    const execSync = this.#unary('ExecSync', (call: ExecSyncCall) =>
+      handleExecSync(call, {
+        prober: this.#opts.prober,
+        probeGate: this.#probeGate,
+        hookGate: this.#hookGate,
+        cache: this.#execSyncCache,
+        stopping: () => this.#stopping !== undefined,
+      }),
+    );
+    // ExecSync's messages are read and written by hand (exec-sync.ts), on grpc-js as on the lean
+    // server: its handler takes the request's message bytes and returns the response's, so both
+    // transports answer the same bytes and the request is decoded once.
+    const service: grpc.ServiceDefinition = {
+      ...api.service,
+      ExecSync: {
+        ...(api.service['ExecSync'] as grpc.MethodDefinition<Buffer, Buffer>),
+        requestDeserialize: (b: Buffer) => b,
+        responseSerialize: (b: Buffer) => b,
+      },
+    };
+    this.#server.addService(service, {
       Version: this.#unary('Version', (call: grpc.ServerUnaryCall<WireVersionRequest, WireVersionResponse>) => this.#versionRpc(call)),
       Probe: probe,
       ListProbeStatus: this.#unary('ListProbeStatus', (call: grpc.ServerUnaryCall<WireListRequest, WireListResponse>) => this.#listRpc(call)),
       WatchProbeEvents: (call: grpc.ServerWritableStream<WireWatchRequest, WireWatchResponse>) => this.#watchRpc(call),
       RunLifecycleHandler: hook,
+      ExecSync: execSync,
     });
-    this.#hot = new HotUnaryServer({ probe, hook }, {
+    this.#hot = new HotUnaryServer({ probe, hook, execSync }, {
       maxRequestBytes: opts.maxRequestBytes ?? 1024 * 1024,
       maxConcurrentStreams: opts.maxConcurrentStreams ?? 256,
     });
@@ -265,6 +277,17 @@ export class ProbeApiServer {
   /** Live counters, for metrics and tests. */
   stats(): { watchers: number; probesInFlight: number; unaryInFlight: number } {
     return { watchers: this.#watchers.size, probesInFlight: this.#probeGate.inFlight, unaryInFlight: this.#unaryInFlight };
+  }
+
+  /** ExecSync's handler cache: entries, hits, parses (metrics and tests). */
+  execSyncCacheStats(): { entries: number; hits: number; parses: number } {
+    const c = this.#execSyncCache;
+    return { entries: c.size, hits: c.hits, parses: c.parses };
+  }
+
+  /** Drops ExecSync's parsed commands of containers that are gone (their pod left kubelet's list). */
+  forgetContainers(ids: Iterable<string>): void {
+    for (const id of ids) this.#execSyncCache.forgetContainer(id);
   }
 
   /** Sets grpc.health.v1 for the server and the service (the daemon may report NOT_SERVING while it cannot probe). */

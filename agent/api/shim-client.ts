@@ -1,29 +1,23 @@
 /**
  * The kubelet shim's lean ProbeService client: our own unary HTTP/2 client (agent/http2/unary-client.ts,
- * no node:http2) straight to the agent's unix socket, messages encoded by hand (protowire.ts). It
- * speaks only Probe and RunLifecycleHandler, loads no proto files and no gRPC library, so the shim starts in tens of milliseconds and a call costs
- * microseconds of its CPU. One HTTP/2 connection, rebuilt on demand after the agent restarts;
- * every call has a deadline, so a slow agent costs the caller only its own call.
+ * no node:http2) straight to the agent's unix socket. It speaks only ExecSync, whose request is
+ * kubelet's own ExecSyncRequest: the shim sends kubelet's gRPC message bytes as they came and gets
+ * back the agent's ExecSyncResponse bytes (or a gRPC status), encoding and decoding nothing but the
+ * answer's exit_code (one varint, for the shim's metrics). It loads no proto files and no gRPC
+ * library, so the shim starts in tens of milliseconds and a call costs microseconds of its CPU.
+ * One HTTP/2 connection, rebuilt on demand after the agent restarts; every probe call has a
+ * deadline, so a slow agent costs the caller only its own call.
  */
 import { encodeLiteralBlock, type HeaderField } from '../http2/hpack.ts';
 import { UnaryH2Client, type UnaryH2Call, type UnaryH2Error, type UnaryH2Response } from '../http2/unary-client.ts';
 import { NOT_STARTED_TRAILER } from './hook-refusal.ts';
-import { decodeGrpcMessage, grpcFrame, readFields, WireWriter } from './protowire.ts';
+import { decodeGrpcMessage, readFields, readSingleGrpcFrame } from './protowire.ts';
 
 /** gRPC status codes the shim uses (numbers from the gRPC spec). */
 export const GrpcCode = {
   OK: 0, CANCELLED: 1, UNKNOWN: 2, INVALID_ARGUMENT: 3, DEADLINE_EXCEEDED: 4, NOT_FOUND: 5,
   PERMISSION_DENIED: 7, FAILED_PRECONDITION: 9, UNIMPLEMENTED: 12, INTERNAL: 13, UNAVAILABLE: 14, RESOURCE_EXHAUSTED: 8,
 } as const;
-
-/** ProbeResult numbers of api.proto. */
-export const WireResult = { UNKNOWN: 0, SUCCESS: 1, WARNING: 2, FAILURE: 3, ERROR: 4 } as const;
-
-/** ProbeType numbers of api.proto. */
-export const WireProbeType = { liveness: 1, readiness: 2, startup: 3 } as const;
-
-/** LifecycleHook numbers of api.proto. */
-export const WireHook = { postStart: 1, preStop: 2 } as const;
 
 /**
  * Why a call to the agent did not give an answer: 'unreachable' (no connection, nothing was
@@ -40,8 +34,9 @@ export class AgentCallError extends Error {
   /**
    * True only when the agent certainly did not start the call: no connection was ever made, the
    * stream was refused (HTTP/2 REFUSED_STREAM) or lay above a GOAWAY's last-stream-id, the agent
-   * refused admission (RESOURCE_EXHAUSTED),
-   * or it refused a hook while draining (NOT_STARTED_TRAILER). Only such a hook may be sent again.
+   * refused admission (RESOURCE_EXHAUSTED), it refused a hook while draining (NOT_STARTED_TRAILER),
+   * or it does not serve the method (UNIMPLEMENTED: an agent older than ExecSync). Only such a hook
+   * may be sent again.
    */
   readonly notStarted: boolean;
   constructor(failure: AgentCallFailure, grpcCode: number, message: string, notStarted = failure === 'unreachable') {
@@ -63,35 +58,17 @@ export interface AgentCallOptions {
   signal?: AbortSignal;
 }
 
-/** The answer of Probe or RunLifecycleHandler. */
-export interface AgentAnswer {
-  result: number;
-  message: string;
-  reason: string;
-  durationSeconds: number;
-}
-
-/** Probe request, with the handler already encoded (handler-wire.ts). */
-export interface ShimProbeRequest {
-  containerId: string;
-  handler: Buffer;
-  timeoutSeconds: number;
-  probeType: number;
-}
-
-/** RunLifecycleHandler request, with the handler already encoded. */
-export interface ShimHookRequest {
-  containerId: string;
-  handler: Buffer;
-  hook: number;
-  timeoutSeconds: number;
+/** The agent's ExecSyncResponse: its gRPC-framed body as received (relayed to kubelet unchanged) and its exit_code. */
+export interface AgentExecAnswer {
+  body: Buffer;
+  exitCode: number;
 }
 
 const SERVICE = '/probe.v1alpha1.ProbeService/';
 const MAX_RESPONSE = 64 * 1024;
 
 /** The request header block of each method (literal HPACK, static-table names); grpc-timeout is appended per call. */
-const REQUEST_BLOCKS = new Map<string, Buffer>(['Probe', 'RunLifecycleHandler'].map((m) => [m, encodeLiteralBlock([
+const REQUEST_BLOCKS = new Map<string, Buffer>(['ExecSync'].map((m) => [m, encodeLiteralBlock([
   { name: ':method', value: 'POST' },
   { name: ':scheme', value: 'http' },
   { name: ':path', value: SERVICE + m },
@@ -120,26 +97,12 @@ export class ShimProbeClient {
     this.#h2 = new UnaryH2Client(socketPath, { maxResponseBytes: MAX_RESPONSE });
   }
 
-  /** Probe RPC; aborting `signal` cancels it. */
-  probe(req: ShimProbeRequest, deadlineMs: number, signal?: AbortSignal): Promise<AgentAnswer> {
-    const msg = new WireWriter()
-      .bytes(4, req.handler, true)
-      .varint(5, req.timeoutSeconds)
-      .bytes(8, req.containerId)
-      .varint(9, req.probeType)
-      .finish();
-    return this.#unary('Probe', msg, signal ? { deadlineMs, signal } : { deadlineMs });
-  }
-
-  /** RunLifecycleHandler RPC (a number is a deadline, sent to the agent as grpc-timeout). */
-  runLifecycleHandler(req: ShimHookRequest, opts: number | AgentCallOptions): Promise<AgentAnswer> {
-    const msg = new WireWriter()
-      .bytes(4, req.handler, true)
-      .varint(5, req.hook)
-      .varint(6, req.timeoutSeconds)
-      .bytes(7, req.containerId)
-      .finish();
-    return this.#unary('RunLifecycleHandler', msg, typeof opts === 'number' ? { deadlineMs: opts } : opts);
+  /**
+   * ExecSync with kubelet's request body (one uncompressed gRPC frame, sent as it is). Resolves with
+   * the agent's ExecSyncResponse; rejects with AgentCallError (a gRPC status, or no answer).
+   */
+  execSync(framedRequest: Buffer, opts: AgentCallOptions): Promise<AgentExecAnswer> {
+    return this.#unary('ExecSync', framedRequest, opts);
   }
 
   /** Closes the connection; a later call opens a new one. */
@@ -147,19 +110,19 @@ export class ShimProbeClient {
     this.#h2.close();
   }
 
-  #unary(method: string, message: Buffer, opts: AgentCallOptions): Promise<AgentAnswer> {
+  #unary(method: string, framed: Buffer, opts: AgentCallOptions): Promise<AgentExecAnswer> {
     const { deadlineMs, signal } = opts;
     const boundMs = deadlineMs ?? opts.lastResortMs;
-    return new Promise<AgentAnswer>((resolve, reject) => {
+    return new Promise<AgentExecAnswer>((resolve, reject) => {
       let settled = false;
       let call: UnaryH2Call | undefined;
-      const finish = (err: AgentCallError | null, answer?: AgentAnswer): void => {
+      const finish = (err: AgentCallError | null, answer?: AgentExecAnswer): void => {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
         signal?.removeEventListener('abort', onAbort);
         if (err) reject(err);
-        else resolve(answer as AgentAnswer);
+        else resolve(answer as AgentExecAnswer);
       };
       // Deadline and abort reset the stream (RST_STREAM CANCEL): the agent aborts what it runs.
       const timer = boundMs === undefined ? undefined : setTimeout(() => {
@@ -177,7 +140,7 @@ export class ShimProbeClient {
       signal?.addEventListener('abort', onAbort, { once: true });
       let block = REQUEST_BLOCKS.get(method) as Buffer;
       if (deadlineMs !== undefined) block = Buffer.concat([block, encodeLiteralBlock([{ name: 'grpc-timeout', value: `${Math.max(1, Math.ceil(deadlineMs))}m` }])]);
-      call = this.#h2.call(block, grpcFrame(message), {
+      call = this.#h2.call(block, framed, {
         done: (res) => finish(...answerOf(method, res)),
         fail: (err) => finish(callError(method, this.#socketPath, err)),
       });
@@ -196,35 +159,32 @@ function callError(method: string, socketPath: string, err: UnaryH2Error): Agent
 }
 
 /** The answer of a complete response, or the error its status says. */
-function answerOf(method: string, res: UnaryH2Response): [AgentCallError | null, AgentAnswer?] {
+function answerOf(method: string, res: UnaryH2Response): [AgentCallError | null, AgentExecAnswer?] {
   // Trailers, or the headers of a trailers-only response.
   const meta = res.trailers ?? res.headers;
   const code = Number(field(meta, 'grpc-status') ?? GrpcCode.UNKNOWN);
   if (code !== GrpcCode.OK) {
     const msg = decodeGrpcMessage(field(meta, 'grpc-message') ?? '');
-    // Admission refusals and a draining agent's refusals come before the call starts.
-    const notStarted = code === GrpcCode.RESOURCE_EXHAUSTED || field(meta, NOT_STARTED_TRAILER) !== undefined;
+    // Admission refusals and a draining agent's refusals come before the call starts; so does an
+    // agent too old to know the method.
+    const notStarted = code === GrpcCode.RESOURCE_EXHAUSTED || code === GrpcCode.UNIMPLEMENTED || field(meta, NOT_STARTED_TRAILER) !== undefined;
     return [new AgentCallError('status', code, msg || `probe-agent ${method} failed with gRPC status ${code}`, notStarted)];
   }
   try {
-    return [null, decodeAnswer(res.body)];
+    return [null, { body: res.body, exitCode: exitCodeOf(res.body) }];
   } catch (err) {
     return [new AgentCallError('status', GrpcCode.INTERNAL, `probe-agent ${method}: malformed answer: ${(err as Error).message}`)];
   }
 }
 
-/** Decodes a ProbeResponse or RunLifecycleHandlerResponse (same leading fields) from a gRPC body. */
-function decodeAnswer(body: Buffer): AgentAnswer {
-  if (body.length < 5) throw new Error('empty body');
-  if (body[0] !== 0) throw new Error('compressed answer');
-  const len = body.readUInt32BE(1);
-  const msg = body.subarray(5, 5 + len);
-  const answer: AgentAnswer = { result: 0, message: '', reason: '', durationSeconds: 0 };
-  readFields(msg, (field, value) => {
-    if (field === 1 && typeof value === 'number') answer.result = value;
-    else if (field === 2 && Buffer.isBuffer(value)) answer.message = value.toString('utf8');
-    else if (field === 3 && Buffer.isBuffer(value) && value.length === 8) answer.durationSeconds = value.readDoubleLE(0);
-    else if (field === 5 && Buffer.isBuffer(value)) answer.reason = value.toString('utf8');
+/** The exit_code (field 3) of a gRPC-framed ExecSyncResponse; throws when the body is not one uncompressed message. */
+function exitCodeOf(body: Buffer): number {
+  const msg = readSingleGrpcFrame(body);
+  if (msg === null) throw new Error(body.length >= 5 && body[0] !== 0 ? 'compressed answer' : 'not one gRPC message');
+  let exitCode = 0;
+  readFields(msg, (f, value) => {
+    // int32: a negative value arrives as a 10-byte varint, which readFields gives signed.
+    if (f === 3 && typeof value === 'number') exitCode = value | 0;
   });
-  return answer;
+  return exitCode;
 }

@@ -36,6 +36,13 @@ const GRPC_CODES = [
 /** gRPC method names come from our own service definition; the cap is a guard against a bug, not a feature. */
 const MAX_GRPC_METHODS = 32;
 
+/** ExecSync's parsed-command cache, as ProbeApiServer.execSyncCacheStats() gives it. */
+export interface ExecSyncCacheStats {
+  entries: number;
+  hits: number;
+  parses: number;
+}
+
 /** Live limiter occupancy, read at scrape time. */
 export interface LimiterStats {
   inFlight: number;
@@ -64,6 +71,7 @@ export class AgentMetrics {
   readonly #startedAt: number;
   #lastKubeletSuccess: number | undefined;
   #limiterSource: (() => LimiterStats) | undefined;
+  #execSyncCacheSource: (() => ExecSyncCacheStats) | undefined;
   #resultsSource: Pick<ResultsReader, 'list'> | undefined;
   readonly #grpcMethods = new Set<string>();
 
@@ -158,6 +166,28 @@ export class AgentMetrics {
       labelNames: ['resolver'] as const,
       buckets: [...CALL_BUCKETS],
       registers,
+    });
+    new Counter({
+      name: 'probe_agent_exec_sync_commands_total',
+      help: 'Rewritten commands of ProbeService ExecSync calls (the kubelet shim\'s) by how the agent got their handler: hit (the parsed-command cache) or parsed (base64url, JSON and validation).',
+      labelNames: ['result'] as const,
+      registers,
+      collect() {
+        const stats = self.#execSyncCacheStats();
+        if (!stats) return;
+        this.reset();
+        this.inc({ result: 'hit' }, stats.hits);
+        this.inc({ result: 'parsed' }, stats.parses);
+      },
+    });
+    new Gauge({
+      name: 'probe_agent_exec_sync_cache_entries',
+      help: 'Parsed rewritten commands ExecSync keeps (by container ID and command; bounded at 4096).',
+      registers,
+      collect() {
+        const stats = self.#execSyncCacheStats();
+        if (stats) this.set(stats.entries);
+      },
     });
     new Gauge({
       name: 'probe_agent_probes_in_flight',
@@ -277,6 +307,11 @@ export class AgentMetrics {
     this.#limiterSource = source;
   }
 
+  /** Where ExecSync's parsed-command cache counters come from (the API server); read at scrape time. */
+  setExecSyncCacheSource(source: () => ExecSyncCacheStats): void {
+    this.#execSyncCacheSource = source;
+  }
+
   /** Where worker states come from (the results store); read at scrape time. */
   setResultsSource(reader: Pick<ResultsReader, 'list'>): void {
     this.#resultsSource = reader;
@@ -316,6 +351,17 @@ export class AgentMetrics {
   /** A one-shot API probe finished (probe_agent_* series with probe_type="OnDemand"). */
   onDemandProbe(protocol: ProbeRunMeta['protocol'], outcome: ProbeOutcome): void {
     this.#probeMetrics.onDemandProbe(protocol, outcome);
+  }
+
+  #execSyncCacheStats(): ExecSyncCacheStats | undefined {
+    if (!this.#execSyncCacheSource) return undefined;
+    try {
+      const s = this.#execSyncCacheSource();
+      return { entries: count(s.entries), hits: count(s.hits), parses: count(s.parses) };
+    } catch (err) {
+      this.#log.warn('exec-sync cache source failed at scrape', { err });
+      return undefined;
+    }
   }
 
   #limiterStats(): LimiterStats | undefined {

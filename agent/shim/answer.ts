@@ -1,58 +1,37 @@
 /**
- * How the shim answers kubelet's ExecSync for a rewritten handler, so that kubelet's own exec
- * prober and hook runner reach the verdict they would reach for the original handler
- * (pkg/probe/exec, pkg/kubelet/prober, k8s.io/cri-client remote_runtime.go ExecSync):
+ * What the shim sends kubelet for a rewritten ExecSync. The agent decides the answer
+ * (agent/api/exec-sync.ts holds the mapping: exit 0 / exit 1 with the message, or a gRPC error,
+ * never DEADLINE_EXCEEDED), and the shim relays it unchanged. The shim answers by itself only when
+ * the agent gave no answer kubelet may see:
  *
- *  - exit_code 0                  → probe Success (a Warning's text rides in stdout); hook done.
- *  - exit_code != 0, message      → probe Failure with the message as its output; hook failed.
- *    A target that timed out is a Failure too, answered as an exit code, never as gRPC
- *    DEADLINE_EXCEEDED: kubelet turns DEADLINE_EXCEEDED into an exec TimeoutError, whose verdict
- *    depends on the ExecProbeTimeout gate (Success when it is off) and whose message is the
- *    unreadable rewritten command.
- *  - any gRPC error but DEADLINE_EXCEEDED → kubelet's prober returns Unknown + error, retries,
- *    then throws the result away: no state change. Used whenever the probe could not be run
- *    (agent unreachable or too slow, pod not known, bad handler, netns trouble), because the
- *    agent's trouble must never count as the target's failure. For a hook, kubelet counts any
- *    error as a failed hook, so a hook the agent did not start is first retried within
- *    --hook-agent-wait (hook-runner.ts; docs/closing-the-hole.md).
+ *  - no answer at all (unreachable, the connection broke, the shim's deadline, kubelet cancelled)
+ *    -> UNAVAILABLE: kubelet's prober returns Unknown and discards it; a hook counts as failed,
+ *    so a hook the agent certainly did not start is first sent again within --hook-agent-wait
+ *    (hook-runner.ts);
+ *  - DEADLINE_EXCEEDED from the agent's transport (its server cut the call at the deadline the
+ *    shim sent) -> UNAVAILABLE, never DEADLINE_EXCEEDED (kubelet would read an exec timeout);
+ *  - UNIMPLEMENTED: an agent older than ExecSync -> UNAVAILABLE saying to upgrade the agent first.
  */
-import { AgentCallError, GrpcCode, WireResult, type AgentAnswer } from '../api/shim-client.ts';
+import { AgentCallError, GrpcCode } from '../api/shim-client.ts';
 import type { AgentErrorCause } from './metrics.ts';
-
-/** Exit code of a failed probe or hook. */
-export const FAILURE_EXIT_CODE = 1;
+import { INVALID_COMMAND_PREFIX } from '../api/hook-refusal.ts';
 
 /** What the shim sends back for one ExecSync. */
 export type ExecSyncAnswer =
-  | { kind: 'exit'; exitCode: number; stdout: string }
+  /** The agent's ExecSyncResponse, gRPC-framed, as the agent sent it (relayed unchanged); exitCode read for the metrics. */
+  | { kind: 'message'; body: Buffer; exitCode: number }
   | { kind: 'error'; grpcCode: number; message: string };
 
-/** Maps the agent's Probe / RunLifecycleHandler answer. */
-export function answerFromResult(answer: AgentAnswer, what: string): ExecSyncAnswer {
-  switch (answer.result) {
-    case WireResult.SUCCESS:
-    case WireResult.WARNING:
-      return { kind: 'exit', exitCode: 0, stdout: answer.message };
-    case WireResult.FAILURE:
-      return { kind: 'exit', exitCode: FAILURE_EXIT_CODE, stdout: answer.message };
-    default: {
-      const reason = answer.reason ? ` (${answer.reason})` : '';
-      return { kind: 'error', grpcCode: GrpcCode.UNAVAILABLE, message: `probe-agent could not run the ${what}${reason}: ${answer.message}` };
-    }
-  }
-}
+/** The message kubelet gets when the agent does not know ExecSync. */
+export const AGENT_TOO_OLD = 'probe-agent agent too old for this shim: upgrade the agent DaemonSet before the shim';
 
-/** Maps a call that got no answer from the agent: always a gRPC error, never DEADLINE_EXCEEDED. */
+/** Maps a call that got no answer kubelet may see: the agent's status relayed, or UNAVAILABLE; never DEADLINE_EXCEEDED. */
 export function answerFromCallError(err: AgentCallError, what: string): ExecSyncAnswer {
-  if (err.failure === 'status' && err.grpcCode !== GrpcCode.DEADLINE_EXCEEDED && err.grpcCode !== GrpcCode.OK) {
-    return { kind: 'error', grpcCode: err.grpcCode, message: `probe-agent refused the ${what}: ${err.message}` };
+  if (err.failure === 'status') {
+    if (err.grpcCode === GrpcCode.UNIMPLEMENTED) return { kind: 'error', grpcCode: GrpcCode.UNAVAILABLE, message: AGENT_TOO_OLD };
+    if (err.grpcCode !== GrpcCode.DEADLINE_EXCEEDED && err.grpcCode !== GrpcCode.OK) return { kind: 'error', grpcCode: err.grpcCode, message: err.message };
   }
   return { kind: 'error', grpcCode: GrpcCode.UNAVAILABLE, message: `probe-agent did not run the ${what}: ${err.message}` };
-}
-
-/** Maps a rewritten command the shim cannot decode. */
-export function answerFromBadCommand(err: Error): ExecSyncAnswer {
-  return { kind: 'error', grpcCode: GrpcCode.INVALID_ARGUMENT, message: `probe-agent shim: ${err.message}` };
 }
 
 /** Why the agent did not answer a call, as the shim's agent-errors counter names it; undefined when kubelet cancelled it. */
@@ -76,35 +55,17 @@ export function causeOfCallError(err: AgentCallError): AgentErrorCause | undefin
       return 'unavailable';
     case GrpcCode.DEADLINE_EXCEEDED:
       return 'timeout';
+    case GrpcCode.UNIMPLEMENTED:
+      return 'agent_too_old';
     case GrpcCode.INVALID_ARGUMENT:
+      // The agent names a command it cannot read (malformed, kind and timeout disagreeing) so; other
+      // invalid arguments (a header value the annotation lacks, a port name) are refusals.
+      return err.message.startsWith(INVALID_COMMAND_PREFIX) ? 'bad_command' : 'refused';
     case GrpcCode.NOT_FOUND:
     case GrpcCode.FAILED_PRECONDITION:
-    case GrpcCode.UNIMPLEMENTED:
     case GrpcCode.PERMISSION_DENIED:
       return 'refused';
     default:
       return 'other';
   }
-}
-
-/** The agent-errors cause of an answer the agent did give: only "could not run" (a gRPC error answer) counts. */
-export function causeOfAnswer(answer: ExecSyncAnswer): AgentErrorCause | undefined {
-  return answer.kind === 'error' ? 'unavailable' : undefined;
-}
-
-/**
- * Kubelet runs probes with ExecSync timeout = timeoutSeconds (>= 1 after API defaulting;
- * pkg/kubelet/prober/prober.go) and exec hooks with timeout 0 (pkg/kubelet/lifecycle/handlers.go).
- * A rewritten command whose kind and timeout disagree did not come from kubelet's own prober or
- * hook runner for that kind: refused with INVALID_ARGUMENT (never DEADLINE_EXCEEDED), so kubelet
- * discards it and a probe cannot hold a hook's hour.
- */
-export function kindTimeoutMismatch(kind: string, isProbe: boolean, timeoutSeconds: number): ExecSyncAnswer | undefined {
-  if (isProbe && timeoutSeconds <= 0) {
-    return { kind: 'error', grpcCode: GrpcCode.INVALID_ARGUMENT, message: `probe-agent shim: a ${kind} probe with ExecSync timeout ${timeoutSeconds}: kubelet sends probes with timeout >= 1 s and only hooks with 0` };
-  }
-  if (!isProbe && timeoutSeconds !== 0) {
-    return { kind: 'error', grpcCode: GrpcCode.INVALID_ARGUMENT, message: `probe-agent shim: a ${kind} hook with ExecSync timeout ${timeoutSeconds} s: kubelet runs exec hooks with timeout 0, so this is not kubelet's hook call` };
-  }
-  return undefined;
 }

@@ -1,43 +1,57 @@
 /**
- * The one CRI message the shim reads: ExecSyncRequest {container_id = 1, cmd = 2, timeout = 3},
- * and the one it writes: ExecSyncResponse {stdout = 1, stderr = 2, exit_code = 3}
- * (k8s.io/cri-api runtime/v1 field numbers).
+ * What the shim reads of kubelet's ExecSyncRequest {container_id = 1, cmd = 2, timeout = 3}
+ * (k8s.io/cri-api runtime/v1 field numbers): whether argv[0] is probe-agent's (from the first
+ * octets), and for a rewritten command three cheap facts: the kind (cmd[1]), the timeout and the
+ * container ID. It never decodes the handler (cmd[2]): the agent does, once (agent/api/exec-sync.ts).
  */
-import { readFields, WireWriter } from '../api/protowire.ts';
+import { readFields, WireError } from '../api/protowire.ts';
 import { SHIM_COMMAND_PATH } from '../rewrite/shim-command.ts';
 
 /** CRI method path the shim intercepts. */
 export const EXEC_SYNC_PATH = '/runtime.v1.RuntimeService/ExecSync';
 
-/** A decoded ExecSyncRequest. */
-export interface ExecSyncRequest {
-  containerId: string;
-  cmd: string[];
-  /** Seconds; 0 = no timeout (kubelet's exec hooks). */
+/** The facts the shim needs of a rewritten ExecSync: no handler in them. */
+export interface ExecSyncFacts {
+  /** cmd[1] when it is one of the rewrite's kinds, else 'unknown' (the agent refuses it). */
+  kind: 'liveness' | 'readiness' | 'startup' | 'postStart' | 'preStop' | 'unknown';
+  /** ExecSync timeout in seconds (0 for kubelet's exec hooks). */
   timeoutSeconds: number;
+  /** The container_id field's octets (decoded only for a log line). */
+  containerId: Buffer;
 }
 
-/** Decodes an ExecSyncRequest message (throws WireError when malformed). */
-export function decodeExecSyncRequest(msg: Buffer): ExecSyncRequest {
-  const req: ExecSyncRequest = { containerId: '', cmd: [], timeoutSeconds: 0 };
-  readFields(msg, (field, value) => {
-    if (field === 1 && Buffer.isBuffer(value)) req.containerId = value.toString('utf8');
-    else if (field === 2 && Buffer.isBuffer(value)) req.cmd.push(value.toString('utf8'));
-    else if (field === 3 && typeof value === 'number') req.timeoutSeconds = value;
-  });
-  return req;
+const KINDS = new Map<string, ExecSyncFacts['kind']>(
+  (['liveness', 'readiness', 'startup', 'postStart', 'preStop'] as const).map((k) => [k, k]),
+);
+
+/**
+ * The facts of an ExecSyncRequest message whose argv[0] is probe-agent's; null when it is
+ * malformed or argv[0] is not ours (the runtime then gets it as kubelet sent it). Walks the
+ * top-level fields once, taking sub-slices: nothing is copied or decoded but cmd[1] (a few octets).
+ */
+export function execSyncFacts(msg: Buffer): ExecSyncFacts | null {
+  let argv = 0;
+  let ours = false;
+  let kind: ExecSyncFacts['kind'] = 'unknown';
+  let timeoutSeconds = 0;
+  let containerId: Buffer = EMPTY;
+  try {
+    readFields(msg, (field, value) => {
+      if (field === 2 && Buffer.isBuffer(value)) {
+        if (argv === 0) ours = value.equals(ARGV0);
+        else if (argv === 1 && value.length <= 16) kind = KINDS.get(value.toString('latin1')) ?? 'unknown';
+        argv++;
+      } else if (field === 1 && Buffer.isBuffer(value)) containerId = value;
+      else if (field === 3 && typeof value === 'number') timeoutSeconds = value;
+    });
+  } catch (err) {
+    if (err instanceof WireError) return null;
+    throw err;
+  }
+  return ours ? { kind, timeoutSeconds, containerId } : null;
 }
 
-/** Encodes an ExecSyncResponse message. */
-export function encodeExecSyncResponse(exitCode: number, stdout: string, stderr = ''): Buffer {
-  return new WireWriter().bytes(1, stdout).bytes(2, stderr).varint(3, exitCode).finish();
-}
-
-/** Whether a message looks like argv[0] == "/.probe-agent/v1" without decoding all of it (hot path filter). */
-export function mayBeShimCommand(msg: Buffer): boolean {
-  return msg.includes('/.probe-agent/');
-}
-
+const EMPTY = Buffer.alloc(0);
 const ARGV0 = Buffer.from(SHIM_COMMAND_PATH, 'utf8');
 
 /**

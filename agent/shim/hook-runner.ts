@@ -3,7 +3,7 @@
  *
  * Kubelet does not retry a hook and a failed postStart kills the container, so a hook that the
  * agent certainly did not start (no connection, a refused stream, an admission refusal, a draining
- * agent's documented refusal: AgentCallError.notStarted) is sent again until the agent takes it
+ * agent's documented refusal, an agent too old for ExecSync: AgentCallError.notStarted) is sent again until the agent takes it
  * or `agentWaitMs` has passed since the first try. A hook that may have run (the connection broke
  * during the call, a deadline) is never sent again: a hook must not run twice.
  *
@@ -11,7 +11,7 @@
  * until the pod's grace period ends, so only kubelet's cancellation (the signal) or the agent's own
  * cap (`lastResortMs`, the agent's 1 h bound plus a margin, for an agent that hangs) ends a hook.
  */
-import { AgentCallError, type AgentAnswer, type ShimHookRequest, type ShimProbeClient } from '../api/shim-client.ts';
+import { AgentCallError, type AgentExecAnswer, type ShimProbeClient } from '../api/shim-client.ts';
 
 /** How long a hook waits and how often it asks again. */
 export interface HookWaitPolicy {
@@ -28,13 +28,13 @@ export type HookWaitResult = 'ran' | 'gave_up' | undefined;
 
 /** The agent's answer, or the last AgentCallError, plus how the wait (if any) ended. */
 export type HookRunOutcome =
-  | { answer: AgentAnswer; error?: undefined; wait: HookWaitResult }
+  | { answer: AgentExecAnswer; error?: undefined; wait: HookWaitResult }
   | { answer?: undefined; error: AgentCallError; wait: HookWaitResult };
 
-/** Sends one hook to the agent per the policy above; never throws an AgentCallError (it is returned). */
+/** Sends one hook (kubelet's ExecSync body, as it came) to the agent per the policy above; never throws an AgentCallError (it is returned). */
 export async function runHookOnce(
   agent: ShimProbeClient,
-  req: ShimHookRequest,
+  framedRequest: Buffer,
   policy: HookWaitPolicy,
   signal: AbortSignal,
 ): Promise<HookRunOutcome> {
@@ -43,7 +43,7 @@ export async function runHookOnce(
   let waited = false;
   for (;;) {
     try {
-      const answer = await agent.runLifecycleHandler(req, { lastResortMs: policy.lastResortMs, signal });
+      const answer = await agent.execSync(framedRequest, { lastResortMs: policy.lastResortMs, signal });
       return { answer, wait: waited ? 'ran' : undefined };
     } catch (err) {
       if (!(err instanceof AgentCallError)) throw err;

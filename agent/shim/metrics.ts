@@ -6,7 +6,7 @@
  */
 
 /** Why a rewritten handler was not answered by the agent. */
-export type AgentErrorCause = 'unreachable' | 'unavailable' | 'timeout' | 'refused' | 'exhausted' | 'bad_command' | 'other';
+export type AgentErrorCause = 'unreachable' | 'unavailable' | 'timeout' | 'refused' | 'exhausted' | 'bad_command' | 'agent_too_old' | 'other';
 
 /** What the shim answered an intercepted ExecSync: an exit code 0, a non-zero one, or a gRPC error. */
 export type InterceptAnswer = 'success' | 'failure' | 'error';
@@ -14,7 +14,7 @@ export type InterceptAnswer = 'success' | 'failure' | 'error';
 /** How a hook that had to wait for the agent ended: it reached the agent, or the wait ran out. */
 export type HookWaitOutcome = 'ran' | 'gave_up';
 
-/** The intercepted kinds, plus 'unknown' for a command the shim could not decode. */
+/** The intercepted kinds (cmd[1] of the rewritten command), plus 'unknown' for a cmd[1] that is none of them. */
 export const INTERCEPT_KINDS = ['liveness', 'readiness', 'startup', 'postStart', 'preStop', 'unknown'] as const;
 export type InterceptKind = (typeof INTERCEPT_KINDS)[number];
 

@@ -2,22 +2,21 @@
  * The kubelet shim: a CRI proxy between kubelet and the container runtime. Every call is passed
  * through at the HTTP/2 frame level, one runtime connection per kubelet connection (relay.ts).
  * Only ExecSync is looked at, and an ExecSync whose command is probe-agent's
- * (agent/rewrite/shim-command.ts) is answered from the agent's ProbeService over a separate
- * connection with its own deadlines, so a slow or dead agent costs kubelet nothing but that one
- * call. Kubelet's ordinary calls never wait on the agent.
+ * (agent/rewrite/shim-command.ts) goes, as kubelet's message bytes unchanged, to the agent's
+ * ProbeService ExecSync over a separate connection with its own deadlines; the agent's answer goes
+ * back to kubelet unchanged. So a slow or dead agent costs kubelet nothing but that one call, and
+ * kubelet's ordinary calls never wait on the agent.
  */
 import * as net from 'node:net';
 import { chmodSync, existsSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
-import { decodeShimCommand, isShimCommand, ShimCommandError, type ShimKind } from '../rewrite/shim-command.ts';
-import { readSingleGrpcFrame, WireError } from '../api/protowire.ts';
-import { encodeLifecycleHandler, encodeProbeHandler, HandlerShapeError } from '../api/handler-wire.ts';
-import { AgentCallError, GrpcCode, ShimProbeClient, WireHook, WireProbeType } from '../api/shim-client.ts';
-import { answerFromBadCommand, answerFromCallError, answerFromResult, causeOfAnswer, causeOfCallError, kindTimeoutMismatch, type ExecSyncAnswer } from './answer.ts';
+import { readSingleGrpcFrame } from '../api/protowire.ts';
+import { AgentCallError, GrpcCode, ShimProbeClient } from '../api/shim-client.ts';
+import { answerFromCallError, causeOfCallError, type ExecSyncAnswer } from './answer.ts';
 import { runHookOnce } from './hook-runner.ts';
 import { ShimMetrics, type AgentErrorCause, type InterceptKind } from './metrics.ts';
 import { parseGrpcTimeout } from './deadline.ts';
-import { decodeExecSyncRequest, mayBeShimCommand, type ExecSyncRequest } from './exec-sync.ts';
+import { execSyncFacts, type ExecSyncFacts } from './exec-sync.ts';
 import type { HeaderField } from '../http2/hpack.ts';
 import { FrameRelay } from './relay.ts';
 
@@ -72,8 +71,7 @@ export interface ShimStats {
 
 const DEFAULTS = { relay: 'frames' as RelayMode, agentGraceMs: 2000, hookDeadlineMs: 0, hookAgentWaitMs: 60_000, hookLastResortMs: 3_630_000 };
 
-const PROBE_KINDS: Partial<Record<ShimKind, number>> = WireProbeType;
-const HOOK_KINDS: Partial<Record<ShimKind, number>> = WireHook;
+const HOOK_KINDS: ReadonlySet<InterceptKind> = new Set(['postStart', 'preStop']);
 
 /** Strips "unix://" from an endpoint; a bare path passes unchanged. */
 export function socketPathOf(endpoint: string): string {
@@ -142,11 +140,13 @@ export class CriShim {
 
   /** A complete ExecSync body from the frame relay: the shim's answer, or null to forward it. */
   #intercept(body: Buffer, fields: readonly HeaderField[], signal: AbortSignal): Promise<ExecSyncAnswer> | null {
-    const req = readExecSync(body);
-    if (req === null || !isShimCommand(req.cmd)) return null;
+    // Not one uncompressed message, or not probe-agent's argv[0] after all: the runtime gets it as sent.
+    const msg = readSingleGrpcFrame(body);
+    const facts = msg === null ? null : execSyncFacts(msg);
+    if (facts === null) return null;
     this.stats.intercepted++;
     const timeout = fields.find((f) => f.name === 'grpc-timeout')?.value;
-    return this.#answerFor(req, timeout, signal);
+    return this.#answerFor(body, facts, timeout, signal);
   }
 
   /** Listens on the shim socket (mode 0600; a stale socket file is replaced). */
@@ -207,66 +207,48 @@ export class CriShim {
   }
 
   /** Runs an intercepted ExecSync through the agent and counts it; never throws. */
-  async #answerFor(req: ExecSyncRequest, grpcTimeout: string | string[] | undefined, signal: AbortSignal): Promise<ExecSyncAnswer> {
+  async #answerFor(body: Buffer, facts: ExecSyncFacts, grpcTimeout: string | string[] | undefined, signal: AbortSignal): Promise<ExecSyncAnswer> {
     const started = performance.now();
     let run: ShimRun;
     try {
-      run = await this.#runThroughAgent(req, parseGrpcTimeout(grpcTimeout), signal);
+      run = await this.#runThroughAgent(body, facts, parseGrpcTimeout(grpcTimeout), signal);
     } catch (err) {
-      run = { kind: 'unknown', cause: 'other', answer: { kind: 'error', grpcCode: GrpcCode.INTERNAL, message: `probe-agent shim: ${(err as Error).message}` } };
+      run = { kind: facts.kind, cause: 'other', answer: { kind: 'error', grpcCode: GrpcCode.INTERNAL, message: `probe-agent shim: ${(err as Error).message}` } };
     }
     const { answer } = run;
     if (answer.kind === 'error' && run.cause !== undefined) {
       this.stats.agentErrors++;
       this.metrics.agentError(run.cause);
-      this.#warn('rewritten handler not run', { containerId: req.containerId, code: answer.grpcCode, error: answer.message });
+      this.#warn(run.cause === 'agent_too_old' ? answer.message : 'rewritten handler not run', { containerId: facts.containerId.toString('utf8'), code: answer.grpcCode, error: answer.message });
     }
     this.metrics.intercepted(run.kind, answer.kind === 'error' ? 'error' : answer.exitCode === 0 ? 'success' : 'failure', (performance.now() - started) / 1000);
     return answer;
   }
 
-  async #runThroughAgent(req: ExecSyncRequest, callerMs: number | undefined, signal: AbortSignal): Promise<ShimRun> {
-    let cmd;
-    let handler: Buffer;
+  /**
+   * Sends kubelet's request body to the agent's ExecSync unchanged. A probe gets its timeout plus
+   * agentGraceMs, within kubelet's own deadline; a hook (kubelet sends exec hooks with timeout 0)
+   * no deadline, and is sent again while the agent certainly has not started it (hook-runner.ts).
+   * Which is which comes from cmd[1]: the agent refuses a kind whose timeout disagrees.
+   */
+  async #runThroughAgent(body: Buffer, facts: ExecSyncFacts, callerMs: number | undefined, signal: AbortSignal): Promise<ShimRun> {
+    const kind = facts.kind;
+    if (HOOK_KINDS.has(kind)) {
+      const outcome = await runHookOnce(this.#agent, body, { agentWaitMs: this.config.hookAgentWaitMs, lastResortMs: this.config.hookLastResortMs }, signal);
+      if (outcome.wait) this.metrics.hookWait(outcome.wait);
+      if (outcome.error) return { kind, answer: answerFromCallError(outcome.error, `${kind} hook`), cause: causeOfCallError(outcome.error) };
+      return { kind, answer: { kind: 'message', ...outcome.answer } };
+    }
+    const ownMs = Math.min(Math.max(0, facts.timeoutSeconds) * 1000 + this.config.agentGraceMs, this.config.hookLastResortMs);
+    const deadlineMs = callerMs === undefined ? ownMs : Math.max(1, Math.min(ownMs, callerMs - 50));
+    const what = kind === 'unknown' ? 'rewritten handler' : `${kind} probe`;
     try {
-      cmd = decodeShimCommand(req.cmd);
-      if (cmd === null) throw new ShimCommandError('not a probe-agent command');
-      if (req.containerId === '') throw new ShimCommandError('ExecSync without a container_id');
-      handler = cmd.kind in PROBE_KINDS ? encodeProbeHandler(cmd.handler) : encodeLifecycleHandler(cmd.handler);
+      const a = await this.#agent.execSync(body, { deadlineMs, signal });
+      return { kind, answer: { kind: 'message', ...a } };
     } catch (err) {
-      if (err instanceof ShimCommandError || err instanceof HandlerShapeError) return { kind: 'unknown', cause: 'bad_command', answer: answerFromBadCommand(err) };
+      if (err instanceof AgentCallError) return { kind, answer: answerFromCallError(err, what), cause: causeOfCallError(err) };
       throw err;
     }
-    const kind: InterceptKind = cmd.kind;
-    // Kubelet sends probes with timeout >= 1 and exec hooks with timeout 0: anything else is not
-    // kubelet's own call for this kind (a probe posing as an hour-long hook, for one).
-    const mismatch = kindTimeoutMismatch(cmd.kind, PROBE_KINDS[cmd.kind] !== undefined, req.timeoutSeconds);
-    if (mismatch) return { kind, cause: 'bad_command', answer: mismatch };
-    const probeType = PROBE_KINDS[cmd.kind];
-    if (probeType !== undefined) {
-      const cap = (ms: number): number => (callerMs === undefined ? ms : Math.max(1, Math.min(ms, callerMs - 50)));
-      const timeoutSeconds = req.timeoutSeconds;
-      const what = `${cmd.kind} probe`;
-      try {
-        const a = await this.#agent.probe({ containerId: req.containerId, handler, timeoutSeconds, probeType }, cap(timeoutSeconds * 1000 + this.config.agentGraceMs), signal);
-        const answer = answerFromResult(a, what);
-        return { kind, answer, cause: causeOfAnswer(answer) };
-      } catch (err) {
-        if (err instanceof AgentCallError) return { kind, answer: answerFromCallError(err, what), cause: causeOfCallError(err) };
-        throw err;
-      }
-    }
-    const what = `${cmd.kind} hook`;
-    const outcome = await runHookOnce(
-      this.#agent,
-      { containerId: req.containerId, handler, hook: HOOK_KINDS[cmd.kind] as number, timeoutSeconds: 0 },
-      { agentWaitMs: this.config.hookAgentWaitMs, lastResortMs: this.config.hookLastResortMs },
-      signal,
-    );
-    if (outcome.wait) this.metrics.hookWait(outcome.wait);
-    if (outcome.error) return { kind, answer: answerFromCallError(outcome.error, what), cause: causeOfCallError(outcome.error) };
-    const answer = answerFromResult(outcome.answer, what);
-    return { kind, answer, cause: causeOfAnswer(answer) };
   }
 }
 
@@ -289,16 +271,4 @@ function socketAnswers(p: string): Promise<boolean> {
     s.once('error', () => done(false));
     s.setTimeout(1000, () => done(false));
   });
-}
-
-/** Decodes a buffered ExecSync body; null when it is not one uncompressed, well-formed message we can read. */
-function readExecSync(body: Buffer): ExecSyncRequest | null {
-  const msg = readSingleGrpcFrame(body);
-  if (msg === null || !mayBeShimCommand(msg)) return null;
-  try {
-    return decodeExecSyncRequest(msg);
-  } catch (err) {
-    if (err instanceof WireError) return null;
-    throw err;
-  }
 }

@@ -16,8 +16,8 @@
  *   side, so what the shim holds for a connection is bounded by the windows it grants.
  * - ExecSync. Its HEADERS wait for the first DATA: argv[0] (within the first hundred octets)
  *   says whether it is a probe-agent command. Every other call, and every other ExecSync, goes to
- *   the runtime at once. Ours is read to its end (bounded) and answered by `RelayHost.intercept`
- *   with frames the shim writes itself.
+ *   the runtime at once. Ours is read to its end (bounded) and answered by `RelayHost.intercept`:
+ *   the agent's ExecSyncResponse bytes as they came, or a status the shim writes itself.
  * - Failure. The runtime's GOAWAY refuses the streams above its last id to kubelet (REFUSED_STREAM,
  *   which gRPC retries) and sends kubelet a GOAWAY of the shim's, so kubelet's next call opens a
  *   connection that gets a runtime connection of its own. A lost runtime fails forwarded calls
@@ -33,10 +33,10 @@ import { authorityAcceptable, withAcceptableAuthority } from '../http2/authority
 import { H2Connection, type H2Handler, type H2Settings } from '../http2/connection.ts';
 import type { HeaderField } from '../http2/hpack.ts';
 import { dataPayload, H2Error, type Frame } from '../http2/wire.ts';
-import { encodeGrpcMessage, grpcFrame } from '../api/protowire.ts';
+import { encodeGrpcMessage } from '../api/protowire.ts';
 import { GrpcCode } from '../api/shim-client.ts';
 import type { ExecSyncAnswer } from './answer.ts';
-import { classifyExecSyncPrefix, encodeExecSyncResponse, EXEC_SYNC_PATH } from './exec-sync.ts';
+import { classifyExecSyncPrefix, EXEC_SYNC_PATH } from './exec-sync.ts';
 
 /** What a relay needs from the shim. */
 export interface RelayHost {
@@ -441,8 +441,9 @@ export class FrameRelay {
     if (answer.kind === 'error') {
       this.#k.headers(s.kid, trailersOnly(answer.grpcCode, answer.message), true);
     } else {
+      // The agent's ExecSyncResponse, gRPC-framed, as the agent sent it.
       this.#k.headers(s.kid, RESPONSE_HEADERS, false);
-      this.#k.data(s.kid, grpcFrame(encodeExecSyncResponse(answer.exitCode, answer.stdout)), false);
+      this.#k.data(s.kid, answer.body, false);
       this.#k.headers(s.kid, OK_TRAILERS, true);
     }
     this.#maybeFinish();

@@ -1,5 +1,5 @@
 /**
- * The shim -> agent hop alone: CPU per call of the shim's ProbeService client (ShimProbeClient) and
+ * The shim -> agent hop alone: CPU per ExecSync call of the shim's ProbeService client (ShimProbeClient) and
  * of the agent's lean server (HotUnaryServer), each in its own process, with a handler that answers
  * at once (no probe), so what is measured is the transport. Sequential calls, then 16 at a time.
  * Both sides are loaded from one checkout (HOP_REPO, default this one): run it against two
@@ -31,16 +31,22 @@ async function server(socket: string): Promise<void> {
   const hot = new HotUnaryServer({
     probe: (_call, cb) => cb(null, answer as never),
     hook: (_call, cb) => cb(null, { result: 'PROBE_RESULT_SUCCESS', message: '', duration_seconds: 0 } as never),
+    // ExecSync's answer: exit_code 0, stdout "ok" (field 1), as the agent encodes it.
+    execSync: (_call, cb) => cb(null, Buffer.from([0x0a, 0x02, 0x6f, 0x6b])),
   }, { maxRequestBytes: 1024 * 1024, maxConcurrentStreams: 256 });
   net.createServer((s) => hot.emit('connection', s)).listen(socket, () => process.stdout.write('listening\n'));
 }
 
 async function client(socket: string, calls: number): Promise<void> {
-  const { ShimProbeClient, WireProbeType } = (await import(path.join(REPO, 'agent/api/shim-client.ts'))) as typeof import('../../agent/api/shim-client.ts');
-  const { encodeProbeHandler } = (await import(path.join(REPO, 'agent/api/handler-wire.ts'))) as typeof import('../../agent/api/handler-wire.ts');
+  const { ShimProbeClient } = (await import(path.join(REPO, 'agent/api/shim-client.ts'))) as typeof import('../../agent/api/shim-client.ts');
+  const { grpcFrame, WireWriter } = (await import(path.join(REPO, 'agent/api/protowire.ts'))) as typeof import('../../agent/api/protowire.ts');
+  const { encodeShimCommand } = (await import(path.join(REPO, 'agent/rewrite/shim-command.ts'))) as typeof import('../../agent/rewrite/shim-command.ts');
   const c = new ShimProbeClient(socket);
-  const handler = encodeProbeHandler({ httpGet: { path: '/healthz', port: 8080 } });
-  const one = (): Promise<unknown> => c.probe({ containerId: 'c'.repeat(64), handler, timeoutSeconds: 1, probeType: WireProbeType.liveness }, 5000);
+  // Kubelet's ExecSyncRequest for a rewritten liveness probe, as the shim forwards it.
+  const w = new WireWriter().bytes(1, 'c'.repeat(64));
+  for (const arg of encodeShimCommand('liveness', { httpGet: { path: '/healthz', port: 8080 } })) w.bytes(2, arg);
+  const body = grpcFrame(w.varint(3, 1).finish());
+  const one = (): Promise<unknown> => c.execSync(body, { deadlineMs: 5000 });
   const lines = createInterface({ input: process.stdin });
   for await (const line of lines) {
     const started = performance.now();

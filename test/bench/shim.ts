@@ -29,9 +29,9 @@ import { launcherNodeFlags } from './agent-process.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
-import { ShimProbeClient, WireProbeType } from '../../agent/api/shim-client.ts';
+import { ShimProbeClient } from '../../agent/api/shim-client.ts';
 import { ProbeApiClient } from '../../agent/api/client.ts';
-import { encodeProbeHandler } from '../../agent/api/handler-wire.ts';
+import { grpcFrame, WireWriter } from '../../agent/api/protowire.ts';
 import type { ProbeContext, ProbeHandler } from '../../agent/probe/types.ts';
 import { cmdlineOf, findChild, totalCpuMs } from './procstat.ts';
 import { quantile, round } from './stats.ts';
@@ -222,14 +222,40 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
       const used = totalCpuMs(alt.proc.pid!) - a0;
       altShimPath = { ...series(altLat, used), shimCpuMs: round(used / o.probes) };
       o.log(`shim path through ${alt.relay}: shim ${altShimPath.shimCpuMs} ms CPU/probe, p50 ${altShimPath.p50Ms} / p99 ${altShimPath.p99Ms} ms`);
+      // The whole path, A/B in the same run: this shim and the compared one in alternating rounds,
+      // each with the agent's and the helper's CPU (the same agent serves both: ExecSync for a shim
+      // of issue 26 or later, Probe / RunLifecycleHandler for an older one).
+      const ab = { this: { shim: 0, agent: 0, helper: 0, n: 0 }, compared: { shim: 0, agent: 0, helper: 0, n: 0 } };
+      const perRound = Math.max(1, Math.floor(o.probes / 4));
+      for (let r = 0; r < 4; r++) {
+        for (const [which, proc, client] of [['this', shim, viaShim], ['compared', alt.proc, alt.client]] as const) {
+          const c0 = { shim: totalCpuMs(proc.pid!), agent: totalCpuMs(agent.pid!), helper: helperCpu() };
+          for (let i = 0; i < perRound; i++) {
+            const r2 = await client.execSync(app.id, cmd, 1);
+            if (!r2.ok || r2.msg.exitCode !== 0) throw new Error(`A/B probe through ${which} shim did not succeed`);
+          }
+          const x = ab[which];
+          x.shim += totalCpuMs(proc.pid!) - c0.shim;
+          x.agent += totalCpuMs(agent.pid!) - c0.agent;
+          x.helper += helperCpu() - c0.helper;
+          x.n += perRound;
+        }
+      }
+      for (const which of ['this', 'compared'] as const) {
+        const x = ab[which];
+        o.log(`A/B ${which} shim: ${round((x.shim + x.agent + x.helper) / x.n)} ms CPU/probe (shim ${round(x.shim / x.n)}, agent ${round(x.agent / x.n)}, helper ${round(x.helper / x.n)})`);
+      }
     }
 
     // --- the agent's two transports, same run, interleaved ---
     const lean = new ShimProbeClient(agentSock);
     const viaGrpcJs = new ProbeApiClient(agentSock);
-    const leanHandler = encodeProbeHandler({ httpGet: { path: '/healthz', port: HTTP } });
+    // The shim's call: kubelet's ExecSyncRequest bytes for the rewritten probe, to ProbeService ExecSync.
+    const execW = new WireWriter().bytes(1, app.id);
+    for (const arg of cmd) execW.bytes(2, arg);
+    const execBody = grpcFrame(execW.varint(3, 1).finish());
     const ways = {
-      lean: async (): Promise<boolean> => (await lean.probe({ containerId: app.id, handler: leanHandler, timeoutSeconds: 1, probeType: WireProbeType.readiness }, 3000)).result === 1,
+      lean: async (): Promise<boolean> => (await lean.execSync(execBody, { deadlineMs: 3000 })).exitCode === 0,
       grpcJs: async (): Promise<boolean> => (await viaGrpcJs.probe({ pod: { containerId: app.id }, handler: { kind: 'http', port: HTTP, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 1, probeType: 'Readiness' })).result === 'success',
     };
     const tLat = { lean: [] as number[], grpcJs: [] as number[] };
@@ -250,7 +276,7 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     lean.close();
     viaGrpcJs.close();
     const agentTransports = { lean: series(tLat.lean, tCpu.lean), grpcJs: series(tLat.grpcJs, tCpu.grpcJs) };
-    o.log(`agent alone, Probe by container ID: lean server ${agentTransports.lean.cpuMsPerCall} ms CPU (p50 ${agentTransports.lean.p50Ms}), grpc-js ${agentTransports.grpcJs.cpuMsPerCall} ms CPU (p50 ${agentTransports.grpcJs.p50Ms})`);
+    o.log(`agent alone, by container ID: ExecSync on the lean server ${agentTransports.lean.cpuMsPerCall} ms CPU (p50 ${agentTransports.lean.p50Ms}), Probe on grpc-js ${agentTransports.grpcJs.cpuMsPerCall} ms CPU (p50 ${agentTransports.grpcJs.p50Ms})`);
 
     // (a): runProbe with the resident helper in this process, allowed into containerd's netns dir.
     const helper = await ResidentHelper.start({ allowDirs: [lab.netnsDir], maxInFlight: 512 });

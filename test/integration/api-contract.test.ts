@@ -98,6 +98,9 @@ describe('ProbeService wire contract', () => {
       WatchProbeEventsResponse: 'snapshot=1 event=2',
       ProbeSnapshot: 'revision=1 instance_id=2 statuses=3 resynced=4 complete=5',
       ProbeEvent: 'revision=1 type=2 status=3 previous_result=4 time=5',
+      // CRI runtime.v1's own numbers (proto/cri/runtime_v1.proto): kubelet's bytes are the request.
+      ExecSyncRequest: 'container_id=1 cmd=2 timeout=3',
+      ExecSyncResponse: 'stdout=1 stderr=2 exit_code=3',
     });
   });
 

@@ -1,9 +1,9 @@
 /**
  * The agent's lean server for the shim's connections (agent/api/hot-unary.ts), on a real socket
- * with real probes in a lab pod: a connection whose first call is Probe from a client that is no
- * gRPC library is served by it, with the same answers, status codes, admission gate and
- * cancellation as grpc-js; other methods on such a connection are UNIMPLEMENTED, and grpc-js
- * clients on the same socket are unaffected.
+ * with real probes in a lab pod: a connection whose first call is Probe (an older shim) or
+ * ExecSync (the shim) from a client that is no gRPC library is served by it, with the same
+ * answers, status codes, admission gate and cancellation as grpc-js; other methods on such a
+ * connection are UNIMPLEMENTED, and grpc-js clients on the same socket are unaffected.
  */
 import { requireRoot } from '../support/root.ts';
 import * as http2 from 'node:http2';
@@ -11,10 +11,11 @@ import * as net from 'node:net';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ApiError, ProbeApiClient } from '../../agent/api/client.ts';
-import { ShimProbeClient, WireProbeType, WireResult } from '../../agent/api/shim-client.ts';
+import { AgentCallError, ShimProbeClient } from '../../agent/api/shim-client.ts';
 import type { OnDemandProbeRequest, OnDemandProber } from '../../agent/scheduler/types.ts';
-import { encodeProbeHandler } from '../../agent/api/handler-wire.ts';
 import { grpcFrame, readFields, WireWriter } from '../../agent/api/protowire.ts';
+import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { execSyncRequest } from '../support/relay-harness.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { createLab, type Lab } from '../lab/lab.ts';
 import { codeOf, LabProber, startApiFixture, until, type ApiFixture, type KnownPod } from '../support/api-harness.ts';
@@ -75,8 +76,15 @@ function rawCall(s: http2.ClientHttp2Session, method: string, msg: Buffer, timeo
   return { stream, done };
 }
 
+/** ProbeRequest {pod_uid = 1, handler = 4 {http_get = 2 {path = 1, port = 2 {int_val = 1}}}, timeout_seconds = 5}, as an older shim sends it. */
 function probeMsg(uid: string, port: number, timeoutSeconds: number): Buffer {
-  return new WireWriter().bytes(1, uid).bytes(4, encodeProbeHandler({ httpGet: { path: '/healthz', port } }), true).varint(5, timeoutSeconds).finish();
+  const httpGet = new WireWriter().bytes(1, '/healthz').bytes(2, new WireWriter().varint(1, port).finish(), true).finish();
+  return new WireWriter().bytes(1, uid).bytes(4, new WireWriter().bytes(2, httpGet, true).finish(), true).varint(5, timeoutSeconds).finish();
+}
+
+/** Kubelet's ExecSync body for a rewritten HTTP probe of `port`, as the shim forwards it. */
+function execBody(containerId: string, kind: 'liveness' | 'readiness', port: number, timeoutSeconds: number): Buffer {
+  return grpcFrame(execSyncRequest(containerId, encodeShimCommand(kind, { httpGet: { path: '/healthz', port } }), timeoutSeconds));
 }
 
 describe('the lean server for the shim\'s connections', () => {
@@ -109,7 +117,7 @@ describe('the lean server for the shim\'s connections', () => {
       expect((viaGrpcJs as ApiError).context['details']).toBe(lean.message);
       const other = await rawCall(s, 'Version', Buffer.alloc(0)).done;
       expect(other.status).toBe(grpc.status.UNIMPLEMENTED);
-      expect(other.message).toContain('serves only Probe and RunLifecycleHandler');
+      expect(other.message).toContain('serves only ExecSync, Probe and RunLifecycleHandler');
       expect((await grpcClient.version()).apiVersion).toBe('v1alpha1');
     } finally {
       s.close();
@@ -146,18 +154,20 @@ describe('the real shim client and a grpc-js client on the same agent socket', (
     await fx?.close();
   });
 
-  it('both at once: 60 shim probes on one connection and 20 grpc-js probes, every answer right; an unknown container is NOT_FOUND to both', async () => {
+  it('both at once: 60 shim ExecSyncs on one connection and 20 grpc-js probes, every answer right; an unknown container is NOT_FOUND to both', async () => {
     const shim = new ShimProbeClient(fx.socket);
     const grpcClient = new ProbeApiClient(fx.socket);
     try {
-      const handler = encodeProbeHandler({ httpGet: { path: '/healthz', port: HTTP } });
-      const viaShim = Array.from({ length: 60 }, () => shim.probe({ containerId: 'ctr-web', handler, timeoutSeconds: 2, probeType: WireProbeType.readiness }, 10_000));
+      const body = execBody('ctr-web', 'readiness', HTTP, 2);
+      const viaShim = Array.from({ length: 60 }, () => shim.execSync(body, { deadlineMs: 10_000 }));
       const viaGrpcJs = Array.from({ length: 20 }, () => grpcClient.probe({ pod: { uid: 'uid-web' }, handler: { kind: 'http', port: HTTP, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 2 }));
       const [a, b] = await Promise.all([Promise.all(viaShim), Promise.all(viaGrpcJs)]);
-      expect(a.map((x) => x.result)).toEqual(Array(60).fill(WireResult.SUCCESS));
+      expect(a.map((x) => x.exitCode)).toEqual(Array(60).fill(0));
       expect(b.map((x) => x.result)).toEqual(Array(20).fill('success'));
-      const lost = await shim.probe({ containerId: 'ctr-nope', handler, timeoutSeconds: 1, probeType: WireProbeType.liveness }, 10_000).then(() => undefined, (e: unknown) => e as { failure: string; grpcCode: number });
+      const lost = await shim.execSync(execBody('ctr-nope', 'liveness', HTTP, 1), { deadlineMs: 10_000 }).then(() => undefined, (e: unknown) => e as AgentCallError);
+      expect(lost).toBeInstanceOf(AgentCallError);
       expect(lost).toMatchObject({ failure: 'status', grpcCode: grpc.status.NOT_FOUND });
+      expect(lost!.message).toMatch(/^probe-agent refused the liveness probe: /);
       expect((await codeOf(grpcClient.probe({ pod: { uid: 'uid-nope' }, handler: { kind: 'http', port: HTTP, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 1 }))).code).toBe(grpc.status.NOT_FOUND);
     } finally {
       shim.close();
@@ -168,9 +178,8 @@ describe('the real shim client and a grpc-js client on the same agent socket', (
   it('a shim probe its caller aborts is reset (RST_STREAM CANCEL): the agent aborts it and frees its slot long before its deadline', async () => {
     const shim = new ShimProbeClient(fx.socket);
     try {
-      const handler = encodeProbeHandler({ httpGet: { path: '/healthz', port: HANG } });
       const abort = new AbortController();
-      const pending = shim.probe({ containerId: 'ctr-web', handler, timeoutSeconds: 20, probeType: WireProbeType.liveness }, 30_000, abort.signal).then(() => undefined, (e: unknown) => e as { failure: string });
+      const pending = shim.execSync(execBody('ctr-web', 'liveness', HANG, 20), { deadlineMs: 30_000, signal: abort.signal }).then(() => undefined, (e: unknown) => e as { failure: string });
       await until(() => fx.server.stats().probesInFlight === 1, 5000, 'the hanging probe in flight');
       abort.abort();
       expect(await pending).toMatchObject({ failure: 'cancelled' });

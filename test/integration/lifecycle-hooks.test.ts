@@ -12,8 +12,8 @@ import { createHash } from 'node:crypto';
 import { mkdtempSync, rmSync, symlinkSync, unlinkSync } from 'node:fs';
 import * as http2 from 'node:http2';
 import * as net from 'node:net';
-import { encodeLifecycleHandler } from '../../agent/api/handler-wire.ts';
-import { grpcFrame, WireWriter } from '../../agent/api/protowire.ts';
+import { grpcFrame } from '../../agent/api/protowire.ts';
+import { execSyncRequest } from '../support/relay-harness.ts';
 import { DRAINING_DETAIL, NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from '../../agent/api/hook-refusal.ts';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -356,7 +356,7 @@ describe('rewritten hooks through the kubelet shim across agent restarts and dra
   }, 40_000);
 
   it('a hook kind with a probe timeout, or a probe kind with timeout 0, is refused (INVALID_ARGUMENT) and never run', async () => {
-    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent shim: a (postStart hook|liveness probe) with ExecSync timeout /, why: 'a hook and a probe with the other kind\'s timeout, on purpose' });
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent: invalid rewritten command: a (postStart hook|liveness probe) with ExecSync timeout /, why: 'a hook and a probe with the other kind\'s timeout, on purpose' });
     const p = unique('posing');
     const hookWithTimeout = await execHook('postStart', p, 5);
     expect(!hookWithTimeout.ok && hookWithTimeout.code).toBe(grpc.status.INVALID_ARGUMENT);
@@ -373,7 +373,7 @@ describe('rewritten hooks through the kubelet shim across agent restarts and dra
 
   it('a hook that reaches a draining agent is refused as not started (UNAVAILABLE + the documented trailer), and not run', async () => {
     const p = unique('reached-draining');
-    // A RunLifecycleHandler stream opened before SIGTERM, its request sent after: the agent sees it
+    // The shim's ExecSync stream opened before SIGTERM, its request sent after: the agent sees it
     // only once it is draining.
     const session = http2.connect('http://probe-agent', { createConnection: () => net.connect(hookAgent!.socket) });
     session.on('error', () => {});
@@ -381,7 +381,7 @@ describe('rewritten hooks through the kubelet shim across agent restarts and dra
       session.once('connect', () => r());
       session.once('error', j);
     });
-    const stream = session.request({ ':method': 'POST', ':path': '/probe.v1alpha1.ProbeService/RunLifecycleHandler', 'content-type': 'application/grpc', te: 'trailers' });
+    const stream = session.request({ ':method': 'POST', ':path': '/probe.v1alpha1.ProbeService/ExecSync', 'content-type': 'application/grpc', te: 'trailers' });
     const answer = new Promise<http2.IncomingHttpHeaders>((resolve) => {
       let meta: http2.IncomingHttpHeaders = {};
       stream.on('response', (h) => (meta = { ...meta, ...h }));
@@ -400,17 +400,13 @@ describe('rewritten hooks through the kubelet shim across agent restarts and dra
     const stopped = old.stop('SIGTERM', 30_000);
     const end = Date.now() + 10_000;
     while (!old.logs.some((l) => l.msg === 'ProbeService draining') && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
-    const msg = new WireWriter()
-      .bytes(4, encodeLifecycleHandler({ httpGet: { path: p, port: httpPort } }), true)
-      .varint(5, 2)
-      .bytes(7, CONTAINER_ID)
-      .finish();
-    stream.end(grpcFrame(msg));
+    // Kubelet's ExecSync for a rewritten preStop hook (timeout 0), as the shim forwards it.
+    stream.end(grpcFrame(execSyncRequest(CONTAINER_ID, encodeShimCommand('preStop', { httpGet: { path: p, port: httpPort } }), 0)));
     const meta = await answer;
     session.destroy();
     expect(Number(meta['grpc-status'])).toBe(grpc.status.UNAVAILABLE);
     expect(meta[NOT_STARTED_TRAILER]).toBe(NOT_STARTED_DRAINING);
-    expect(decodeURIComponent(String(meta['grpc-message']))).toBe(DRAINING_DETAIL);
+    expect(decodeURIComponent(String(meta['grpc-message']))).toBe(`probe-agent refused the preStop hook: ${DRAINING_DETAIL}`);
     expect((await holder).result).toBe('success');
     expect(await stopped).toBe(0);
     expect(srv.count(p)).toBe(0);

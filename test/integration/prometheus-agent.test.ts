@@ -190,7 +190,7 @@ describe('Prometheus scraping the running daemon', () => {
     // Rewritten probes, answered by the agent inside the pods' netns: success, failure, error.
     expect(exitCode(await c.execSync(containerIdOf(webPod), encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: 8080 } }), 1))).toBe(0);
     expect(exitCode(await c.execSync(containerIdOf(dbPod), encodeShimCommand('liveness', { tcpSocket: { port: 5433 } }), 1))).not.toBe(0);
-    shim!.expectLogs({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent shim: probe-agent exec command: handler is not base64url"/, why: 'a malformed rewritten command, on purpose' });
+    shim!.expectLogs({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent: invalid rewritten command: probe-agent exec command: handler is not base64url"/, why: 'a malformed rewritten command, on purpose' });
     const bad = await c.execSync(containerIdOf(webPod), ['/.probe-agent/v1', 'readiness', '%%%'], 1);
     expect(bad.ok, 'a malformed rewritten command is a gRPC error').toBe(false);
 
@@ -198,7 +198,8 @@ describe('Prometheus scraping the running daemon', () => {
     await series(`probe_agent_shim_forwarded_total{job="probe-agent",node="${NODE}",method="Version"}`);
     await series(`probe_agent_shim_forwarded_total{job="probe-agent",node="${NODE}",method="ListContainers"}`);
     const answers = await prom.waitFor(`probe_agent_shim_intercepted_total{job="probe-agent",node="${NODE}"}`, (s) => s.length >= 4, 30_000);
-    expect(answers.map((s) => `${s.metric.kind}/${s.metric.answer}`).sort()).toEqual(['liveness/failure', 'postStart/success', 'readiness/success', 'unknown/error']);
+    // The malformed command names its kind (cmd[1], all the shim reads of it); the agent refused it.
+    expect(answers.map((s) => `${s.metric.kind}/${s.metric.answer}`).sort()).toEqual(['liveness/failure', 'postStart/success', 'readiness/error', 'readiness/success']);
     await series(`probe_agent_shim_agent_errors_total{job="probe-agent",node="${NODE}",cause="bad_command"}`);
     await series(`probe_agent_shim_hook_waits_total{job="probe-agent",node="${NODE}",outcome="ran"}`);
     await series(`probe_agent_shim_intercept_duration_seconds_count{job="probe-agent",node="${NODE}",kind="readiness"}`);

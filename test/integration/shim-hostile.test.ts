@@ -1,6 +1,6 @@
 /**
  * Bad input and bad peers never stop the shim: bytes that are not HTTP/2, a truncated ExecSync
- * that names probe-agent, an oversized handler, kubelet cancelling an intercepted call while the
+ * that names probe-agent, an oversized request, kubelet cancelling an intercepted call while the
  * agent hangs, and a burst of intercepted calls with the agent down. After each, ordinary calls
  * still pass through. The runtime here is a grpc-js RuntimeService (these faults are about the
  * shim's edges; real containerd is in shim-passthrough.test.ts); the hung agent is a socket that
@@ -17,7 +17,7 @@ import { encodeShimCommand, SHIM_COMMAND_PATH } from '../../agent/rewrite/shim-c
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { ShimMetrics } from '../../agent/shim/metrics.ts';
 import { startShimMetricsServer } from '../../agent/shim/metrics-server.ts';
-import { loadProbeApi, type WireLifecycleResponse } from '../../agent/api/proto.ts';
+import { loadProbeApi } from '../../agent/api/proto.ts';
 import { NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from '../../agent/api/hook-refusal.ts';
 import { KubeletCri, RUNTIME_SERVICE } from '../support/kubelet-cri.ts';
 import { getUnix } from '../support/http-unix.ts';
@@ -126,10 +126,12 @@ describe('the shim under bad input', () => {
     await stillServes();
   });
 
-  it('an oversized handler is INVALID_ARGUMENT, an ordinary exec is forwarded', async () => {
-    const huge = [SHIM_COMMAND_PATH, 'readiness', 'A'.repeat(20_000)];
+  it('a rewritten ExecSync larger than the shim reads is RESOURCE_EXHAUSTED without reaching the agent, an ordinary exec is forwarded', async () => {
+    const intercepted = shim.stats.intercepted;
+    const huge = [SHIM_COMMAND_PATH, 'readiness', 'A'.repeat(70_000)];
     const a = await k.execSync('c1', huge, 1);
-    expect(!a.ok && a.code).toBe(grpc.status.INVALID_ARGUMENT);
+    expect(!a.ok && a.code).toBe(grpc.status.RESOURCE_EXHAUSTED);
+    expect(shim.stats.intercepted).toBe(intercepted);
     const b = await k.execSync('c1', ['/bin/echo', 'hi'], 1);
     expect(b.ok && b.msg.stdout.toString()).toBe('/bin/echo hi');
   });
@@ -161,7 +163,7 @@ describe('the shim under bad input', () => {
 });
 
 /**
- * A stand-in ProbeService whose RunLifecycleHandler answers from a script: the shim must send a
+ * A stand-in ProbeService whose ExecSync answers from a script: the shim must send a
  * hook again only when the agent says it did not start it (RESOURCE_EXHAUSTED: admission refused;
  * UNAVAILABLE with the draining trailer), and never when it may have run.
  */
@@ -180,7 +182,7 @@ describe('hook refusals the shim retries within --hook-agent-wait, and those it 
   beforeAll(async () => {
     agentServer = new grpc.Server();
     agentServer.addService(loadProbeApi().service, {
-      RunLifecycleHandler: (_call: unknown, cb: grpc.sendUnaryData<WireLifecycleResponse>) => {
+      ExecSync: (_call: unknown, cb: grpc.sendUnaryData<{ stdout: Buffer; exit_code: number }>) => {
         calls++;
         const step = script.shift() ?? 'success';
         if (step === 'exhausted') return cb({ code: grpc.status.RESOURCE_EXHAUSTED, details: 'too many RunLifecycleHandler calls in flight for this pod' });
@@ -190,7 +192,7 @@ describe('hook refusals the shim retries within --hook-agent-wait, and those it 
           return cb({ code: grpc.status.UNAVAILABLE, details: 'probe-agent is draining: the hook was not started', metadata: md });
         }
         if (step === 'unavailable') return cb({ code: grpc.status.UNAVAILABLE, details: 'netns gone while running' });
-        cb(null, { result: 'PROBE_RESULT_SUCCESS', message: '', duration_seconds: 0.001 });
+        cb(null, { stdout: Buffer.alloc(0), exit_code: 0 });
       },
     });
     const sock = path.join(scratch, 'scripted-agent.sock');

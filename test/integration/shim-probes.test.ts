@@ -4,7 +4,7 @@
  * the CRI resolver), the agent into the sandbox netns of a real containerd pod, against a real
  * server there. A guard table in the pod counts every new TCP connection: from the pod's own
  * netns (lo) it is let through, from anywhere else (the node) it is dropped. Every mapping of
- * the shim's answer (answer.ts) is checked against what kubelet's exec prober makes of it; the
+ * the answer (agent/api/exec-sync.ts, relayed by the shim) is checked against what kubelet's exec prober makes of it; the
  * agent slow, killed and restarted never disturbs ordinary CRI calls.
  */
 import { connectFromNode } from '../lab/net.ts';
@@ -248,14 +248,14 @@ describe('answers kubelet discards (gRPC errors, never DEADLINE_EXCEEDED)', () =
     ['a port of the wrong type', [SHIM_COMMAND_PATH, 'liveness', Buffer.from(JSON.stringify({ tcpSocket: { port: { x: 1 } } })).toString('base64url')]],
     ['a grpc hook', [SHIM_COMMAND_PATH, 'postStart', Buffer.from(JSON.stringify({ grpc: { port: 1 } })).toString('base64url')]],
   ])('a malformed command (%s): INVALID_ARGUMENT with the reason', async (_name, cmd) => {
-    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent shim: /, why: 'malformed commands, on purpose' });
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent: invalid rewritten command: /, why: 'malformed commands, on purpose' });
     const e = grpcError(await k.execSync(app.id, cmd as string[], 1));
     expect(e.code).toBe(grpc.status.INVALID_ARGUMENT);
-    expect(e.details).toMatch(/^probe-agent shim: /);
+    expect(e.details).toMatch(/^probe-agent: invalid rewritten command: /);
   });
 
-  it('an agent-side refusal (a port out of range): INVALID_ARGUMENT from the agent', async () => {
-    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent refused the liveness probe: .*70000/, why: 'a port out of range, refused by the agent, on purpose' });
+  it("a handler the agent's validation refuses (a port out of range): INVALID_ARGUMENT naming the field", async () => {
+    shimLogs.expect({ level: 'warn', msg: 'rewritten handler not run', line: /"code":3,"error":"probe-agent: invalid rewritten command: handler\.tcpSocket\.port: .*70000/, why: 'a port out of range, refused by the agent, on purpose' });
     const e = grpcError(await probe('liveness', { tcpSocket: { port: 70000 } }));
     expect(e.code).toBe(grpc.status.INVALID_ARGUMENT);
   });

@@ -9,7 +9,10 @@
  *
  * The verdicts are kubelet's: exit 0 (success), a non-zero exit with the message (failure), or a
  * gRPC error other than DEADLINE_EXCEEDED (kubelet discards the result). For every call, every
- * pair must give the verdict the current shim and agent give; the key ones are also spelled out.
+ * supported pair must give the verdict the current shim and agent give; the key ones are also
+ * spelled out. The current shim with the previous agent is not supported (the shim calls
+ * ProbeService ExecSync, which the previous agent does not serve: upgrade the agent first): it
+ * must answer every call UNAVAILABLE saying so, which kubelet discards for probes.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb', 'git', 'tar', 'make', 'gcc']);
@@ -33,6 +36,7 @@ import { makePod } from '../support/pod-factory.ts';
 import { buildPreviousRelease, type PreviousRelease } from '../support/previous-release.ts';
 import { startShimProcess, type ShimProcess } from '../support/shim-process.ts';
 import type { ExpectedLog } from '../support/log-check.ts';
+import { AGENT_TOO_OLD } from '../../agent/shim/answer.ts';
 
 const NS = 'skew';
 const HTTP = 8080;
@@ -173,7 +177,13 @@ const SKEW_AGENT_LOGS: ExpectedLog[] = [
 ];
 const SKEW_SHIM_LOGS: ExpectedLog[] = [
   { level: 'warn', msg: 'rewritten handler not run', line: /no-such-port|70000|is not known on this node|X-Token/, why: 'the error cases: a missing port name, a port out of range, an unknown container, a contradicted header value' },
+  { level: 'warn', msg: AGENT_TOO_OLD, why: 'the current shim with the previous agent (an unsupported order), on purpose' },
 ];
+
+/** The pairs an upgrade may hold: every one but the current shim with the previous agent (the agent goes first). */
+function supported(): Pair[] {
+  return pairs.filter((p) => !(p.shim === 'current' && p.agent === 'previous'));
+}
 
 function pair(shim: Release, agent: Release): Pair {
   const p = pairs.find((x) => x.shim === shim && x.agent === agent);
@@ -265,9 +275,21 @@ describe('the contracts both releases speak', () => {
   });
 });
 
+describe('the current shim with the previous agent (an unsupported upgrade order)', () => {
+  it('answers every probe and hook UNAVAILABLE, saying to upgrade the agent first: kubelet discards the probes, nothing reaches the pod', async () => {
+    const p = pair('current', 'previous');
+    const before = hookTokens.length;
+    for (const kind of ['readiness', 'liveness', 'startup', 'postStart'] as const) {
+      expect(await call(p, byPrevious.commands[kind]), kind).toEqual({ kind: 'grpc', code: grpc.status.UNAVAILABLE, details: AGENT_TOO_OLD });
+    }
+    expect(await call(p, byCurrent.commands.postStart)).toEqual({ kind: 'grpc', code: grpc.status.UNAVAILABLE, details: AGENT_TOO_OLD });
+    expect(hookTokens.length).toBe(before);
+  }, 30_000);
+});
+
 describe('pods rewritten by the previous release, through every shim/agent pair', () => {
   it('every pair gives kubelet success for the rewritten readiness (inline header sent), liveness (named port), startup (gRPC) and hooks', async () => {
-    for (const p of pairs) {
+    for (const p of supported()) {
       const ready = await call(p, byPrevious.commands.readiness);
       expect(ready, label(p)).toMatchObject({ kind: 'exit', exitCode: 0 });
       // /echo answers with the request's headers: the inline value reached the pod.
@@ -283,8 +305,8 @@ describe('the ProbeService across releases', () => {
   it('each release\'s `probe-agent status` reads the other release\'s agent, which recorded what kubelet ran through the shims', async () => {
     for (const [cli, release] of [[CURRENT_CLI, 'previous'], [prev.cli, 'current']] as const) {
       const agent = agents.get(release)!;
-      // kubelet's readiness call through the other release's shim, recorded by this agent (on-demand mode).
-      expect(await call(pair(release === 'current' ? 'previous' : 'current', release), byPrevious.commands.readiness)).toMatchObject({ kind: 'exit', exitCode: 0 });
+      // kubelet's readiness call through the previous shim (the one every agent serves), recorded by this agent (on-demand mode).
+      expect(await call(pair('previous', release), byPrevious.commands.readiness)).toMatchObject({ kind: 'exit', exitCode: 0 });
       const out = execFileSync(process.execPath, [cli, 'status', `--socket=${agent.socket}`, '--namespace', NS, '--output', 'json'], { encoding: 'utf8' });
       const statuses = (JSON.parse(out) as { statuses: { pod: string; probeType: string; result: string }[] }).statuses;
       expect(statuses.find((x) => x.pod === 'web' && x.probeType === 'Readiness'), cli).toMatchObject({ result: 'success' });
@@ -308,7 +330,7 @@ describe('failures and errors keep their meaning across the skew', () => {
     const cmd = encodeShimCommand(kind, handler);
     const baseline = await call(pair('current', 'current'), cmd);
     expect(shape(baseline)).toBe(expected);
-    for (const p of pairs) {
+    for (const p of supported()) {
       const v = await call(p, cmd);
       expect(shape(v), label(p)).toBe(shape(baseline));
       // kubelet shows a failure's message in the pod's events: the same words whichever pair ran it.
@@ -317,7 +339,7 @@ describe('failures and errors keep their meaning across the skew', () => {
   });
 
   it('an unknown container: a discarded probe (NOT_FOUND) from every pair, for probes and hooks', async () => {
-    for (const p of pairs) {
+    for (const p of supported()) {
       for (const cmd of [byPrevious.commands.readiness, byPrevious.commands.preStop]) {
         const v = await call(p, cmd, 'a'.repeat(64));
         expect(v, label(p)).toMatchObject({ kind: 'grpc', code: grpc.status.NOT_FOUND });
@@ -328,7 +350,7 @@ describe('failures and errors keep their meaning across the skew', () => {
 
 describe('pods rewritten by the current release (webhook upgraded) through each pair', () => {
   it('resolved ports (liveness tcp, a hook without headers) and an untouched gRPC handler: success from every pair, the previous agent included', async () => {
-    for (const p of pairs) {
+    for (const p of supported()) {
       for (const kind of ['liveness', 'startup', 'preStop'] as const) {
         expect(await call(p, byCurrent.commands[kind]), `${label(p)}: ${kind}`).toMatchObject({ kind: 'exit', exitCode: 0 });
       }
@@ -363,15 +385,6 @@ describe('header values a current rewrite moved to the annotation (webhook upgra
     expect(hook.tokens).toEqual([HOOK_SECRET]);
   });
 
-  it('current shim + previous agent: the previous agent ignores field 100 and sends the header with an EMPTY value (probe passes, hook runs)', async () => {
-    const p = pair('current', 'previous');
-    const ready = await call(p, byCurrent.commands.readiness);
-    expect(ready).toMatchObject({ kind: 'exit', exitCode: 0 });
-    expect(echoedTokens(ready)).toEqual(['']);
-    const hook = await hookTokensOf(p);
-    expect(hook.verdict).toMatchObject({ kind: 'exit', exitCode: 0 });
-    expect(hook.tokens).toEqual(['']);
-  });
 
   it('previous shim + previous agent: the previous shim drops valueFrom; the header goes out EMPTY', async () => {
     const p = pair('previous', 'previous');

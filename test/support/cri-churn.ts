@@ -25,7 +25,7 @@ import { randomUUID } from 'node:crypto';
 import * as http from 'node:http';
 import * as net from 'node:net';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
-import { FAILURE_EXIT_CODE } from '../../agent/shim/answer.ts';
+import { FAILURE_EXIT_CODE } from '../../agent/api/exec-sync.ts';
 import { BUSYBOX_IMAGE_REF } from '../lab/busybox-image.ts';
 import { kubeletCgroupParent } from '../lab/containerd.ts';
 import type { CriCaller } from './grpc-go-cri.ts';

@@ -15,6 +15,8 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { FrameRelay, type RelayHost } from '../../agent/shim/relay.ts';
 import type { ExecSyncAnswer } from '../../agent/shim/answer.ts';
+import { encodeExecSyncResponse } from '../../agent/api/exec-sync.ts';
+import { grpcFrame } from '../../agent/api/protowire.ts';
 import type { HeaderField } from '../../agent/http2/hpack.ts';
 import { describeFrame, FramePeer, Trace, type CreditPolicy, type PeerStream } from './h2-frame-peer.ts';
 
@@ -25,6 +27,11 @@ export const LIST_CONTAINERS = '/runtime.v1.RuntimeService/ListContainers';
 export const VERSION = '/runtime.v1.RuntimeService/Version';
 /** The header every test request carries, naming its kubelet-side stream (for mapping runtime ids back). */
 export const STREAM_TAG = 'x-test-stream';
+
+/** The agent's answer with this exit code and stdout, as the shim relays it (an ExecSyncResponse, gRPC-framed). */
+export function exitAnswer(exitCode: number, stdout: string): ExecSyncAnswer {
+  return { kind: 'message', body: grpcFrame(encodeExecSyncResponse(exitCode, stdout)), exitCode };
+}
 
 /** gRPC request headers for `path`, plus extra fields. */
 export function requestHeaders(p: string, extra: HeaderField[] = []): HeaderField[] {
@@ -138,7 +145,7 @@ export class TestHost implements RelayHost {
 
   constructor(runtimeSocket: string, answer?: (call: InterceptCall) => ExecSyncAnswer | 'defer') {
     this.runtimeSocket = runtimeSocket;
-    this.answer = answer ?? ((c) => ({ kind: 'exit', exitCode: 0, stdout: `ok ${c.tag ?? ''}` }));
+    this.answer = answer ?? ((c) => exitAnswer(0, `ok ${c.tag ?? ''}`));
   }
 
   intercept(body: Buffer, fields: readonly HeaderField[], signal: AbortSignal): Promise<ExecSyncAnswer> | null {

@@ -76,7 +76,7 @@ function tableRows(text: string): [string, string][] {
 
 describe('docs/api.md against api.proto', () => {
   it('the proto has the contract names of the issue', () => {
-    expect([...rpcs.keys()].sort()).toEqual(['ListProbeStatus', 'Probe', 'RunLifecycleHandler', 'Version', 'WatchProbeEvents']);
+    expect([...rpcs.keys()].sort()).toEqual(['ExecSync', 'ListProbeStatus', 'Probe', 'RunLifecycleHandler', 'Version', 'WatchProbeEvents']);
     expect(enums.get('ProbeResult')).toEqual([
       'PROBE_RESULT_UNKNOWN',
       'PROBE_RESULT_SUCCESS',

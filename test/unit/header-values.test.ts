@@ -2,13 +2,14 @@
  * `valueFrom: "annotation"` headers (the contract with the rewrite): a rewritten handler's header
  * may leave its value out of the exec command kubelet prints; the agent takes it from the pod's
  * original-handlers annotation, `handlers["<container>/<field>"].httpGet.httpHeaders[i].value`,
- * same index, names matching. Parsing (pod specs, the wire), the shim's encoding, the record's
+ * same index, names matching. Parsing (pod specs, the command, the wire), the record's
  * bounds and every way the lookup can miss.
  */
 import { fileURLToPath } from 'node:url';
 import * as protoLoader from '@grpc/proto-loader';
 import { describe, expect, it } from 'vitest';
-import { encodeLifecycleHandler, encodeProbeHandler } from '../../agent/api/handler-wire.ts';
+import { parseCommand } from '../../agent/api/exec-sync.ts';
+import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { lifecycleRequestFromWire, probeRequestFromWire } from '../../agent/api/convert-request.ts';
 import { InvalidProbeError } from '../../agent/errors.ts';
 import { handlerFieldOf, refuseDroppedHeaderValues, withHeaderValues } from '../../agent/pods/header-values.ts';
@@ -48,22 +49,21 @@ describe('parsing valueFrom', () => {
     expect(() => rewritten([{ name: 'A', value: 'x', valueFrom: 'annotation' }])).toThrow(/httpHeaders\[0\]\.value: must be empty when valueFrom is set/);
   });
 
-  it('travels from the shim (JSON in the command) to the agent (the wire) and back to the handler', () => {
+  it('travels in the command (kubelet\'s ExecSync, parsed by the agent) and on the Probe / RunLifecycleHandler wire (value_from, older shims) to the handler', () => {
     const json = { httpGet: { path: '/r', port: 8080, httpHeaders: [{ name: 'X-A', value: 'a' }, { name: 'Authorization', valueFrom: 'annotation' }] } };
+    const want = { kind: 'http', headers: [{ name: 'X-A', value: 'a' }, { name: 'Authorization', value: '', valueFrom: 'annotation' }] };
+    const cid = 'c'.repeat(64);
+    const argv = (kind: 'readiness' | 'preStop'): Buffer[] => encodeShimCommand(kind, json).map((a) => Buffer.from(a));
+    expect(parseCommand(cid, argv('readiness')).handler).toMatchObject(want);
+    expect(parseCommand(cid, argv('preStop')).handler).toMatchObject(want);
     const api = protoLoader.loadSync(fileURLToPath(new URL('../../proto/probe/v1alpha1/api.proto', import.meta.url)), { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true })['probe.v1alpha1.ProbeService'] as protoLoader.ServiceDefinition;
     const probe = api['Probe'] as protoLoader.MethodDefinition<object, object>;
     const hook = api['RunLifecycleHandler'] as protoLoader.MethodDefinition<object, object>;
-    const bytes = encodeProbeHandler(json);
-    // ProbeRequest { container_id = 8; handler = 4 }.
-    const cid = Buffer.from('c'.repeat(64));
-    const msg = Buffer.concat([Buffer.from([0x22, bytes.length]), bytes, Buffer.from([0x42, cid.length]), cid]);
-    const req = probeRequestFromWire(probe.requestDeserialize(msg) as Parameters<typeof probeRequestFromWire>[0]);
-    expect(req.handler).toMatchObject({ kind: 'http', headers: [{ name: 'X-A', value: 'a' }, { name: 'Authorization', value: '', valueFrom: 'annotation' }] });
-    const hb = encodeLifecycleHandler(json);
-    const hmsg = Buffer.concat([Buffer.from([0x22, hb.length]), hb, Buffer.from([0x3a, cid.length]), cid, Buffer.from([0x28, 0x02])]);
-    const decodedHook = hook.requestDeserialize(hmsg) as Parameters<typeof lifecycleRequestFromWire>[0];
-    const h = lifecycleRequestFromWire(decodedHook);
-    expect(h.handler).toMatchObject({ kind: 'http', headers: [{ name: 'X-A', value: 'a' }, { name: 'Authorization', value: '', valueFrom: 'annotation' }] });
+    const handler = { http_get: { path: '/r', port: { int_val: 8080 }, http_headers: [{ name: 'X-A', value: 'a' }, { name: 'Authorization', value_from: 'annotation' }] } };
+    const msg = probe.requestSerialize({ container_id: cid, handler });
+    expect(probeRequestFromWire(probe.requestDeserialize(msg) as Parameters<typeof probeRequestFromWire>[0]).handler).toMatchObject(want);
+    const hmsg = hook.requestSerialize({ container_id: cid, handler, hook: 'LIFECYCLE_HOOK_PRE_STOP' });
+    expect(lifecycleRequestFromWire(hook.requestDeserialize(hmsg) as Parameters<typeof lifecycleRequestFromWire>[0]).handler).toMatchObject(want);
   });
 
   it('an unresolved valueFrom header never reaches the pod empty: the prober refuses it', async () => {

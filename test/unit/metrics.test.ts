@@ -4,6 +4,8 @@
  * layer maps them onto kubelet's series and ours. Real probes feed the integration tests.
  */
 import { describe, expect, it } from 'vitest';
+import { ExecSyncHandlerCache } from '../../agent/api/exec-sync.ts';
+import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { FEATURES, FeatureGates, parseFeatureGates } from '../../agent/featuregates.ts';
 import { createLogger } from '../../agent/log.ts';
 import { freshnessCheck, HealthRegistry } from '../../agent/metrics/health.ts';
@@ -267,6 +269,22 @@ describe('agent self-metrics', () => {
       throw new Error('limiter gone');
     });
     await expect(m.registry.metrics()).resolves.toContain('probe_agent_probes_in_flight');
+  });
+
+  it('reads ExecSync\'s parsed-command cache (hits, parses, entries) from a real cache at scrape time', async () => {
+    const m = newMetrics();
+    const cache = new ExecSyncHandlerCache(8);
+    m.agent.setExecSyncCacheSource(() => ({ entries: cache.size, hits: cache.hits, parses: cache.parses }));
+    const cmd = encodeShimCommand('readiness', { tcpSocket: { port: 8080 } }).map((x) => Buffer.from(x));
+    for (let i = 0; i < 3; i++) cache.get('c1', cmd);
+    cache.get('c2', cmd);
+    let s = await scrape(m);
+    expect(find(s, 'probe_agent_exec_sync_commands_total', { result: 'hit' })[0]?.value).toBe(2);
+    expect(find(s, 'probe_agent_exec_sync_commands_total', { result: 'parsed' })[0]?.value).toBe(2);
+    expect(find(s, 'probe_agent_exec_sync_cache_entries')[0]?.value).toBe(2);
+    cache.get('c1', cmd);
+    s = await scrape(m);
+    expect(find(s, 'probe_agent_exec_sync_commands_total', { result: 'hit' })[0]?.value).toBe(3);
   });
 
   it('counts workers by type and thresholded result from the real results store', async () => {

@@ -41,7 +41,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { ERR, FL, SET, T, parseSettings, Trace, type FramePeer, type PeerStream, type RecvFrame } from '../support/h2-frame-peer.ts';
-import { EXEC_SYNC, execSyncBody, grpcMessage, MARKER, RelayRig, requestHeaders, resultOf, STREAM_TAG, tagOf, until, VERSION } from '../support/relay-harness.ts';
+import { EXEC_SYNC, execSyncBody, exitAnswer, grpcMessage, MARKER, RelayRig, requestHeaders, resultOf, STREAM_TAG, tagOf, until, VERSION } from '../support/relay-harness.ts';
 
 const RUNS = Number(process.env.RELAY_SCHEDULE_RUNS ?? 150);
 /** fast-check's path of a failure (printed with its seed), to replay only that schedule. */
@@ -471,7 +471,7 @@ async function runSchedule(sch: Schedule): Promise<{ violations: string[]; trace
         const c = pick(rig.host.intercepts.filter((c) => !c.settled), x.pick);
         if (!c) return;
         if (x.error) c.resolve({ kind: 'error', grpcCode: 14, message: `host error for ${c.tag}` });
-        else c.resolve({ kind: 'exit', exitCode: 0, stdout: `ok ${c.tag}.${'y'.repeat(x.size)}` });
+        else c.resolve(exitAnswer(0, `ok ${c.tag}.${'y'.repeat(x.size)}`));
         return;
       }
       case 'drain':
@@ -515,8 +515,8 @@ async function runSchedule(sch: Schedule): Promise<{ violations: string[]; trace
     grant(k, K_SETTING_BASE + kSettingN++);
     for (const p of rig.runtimes) grant(p, R_SETTING_BASE + rSettingN++);
     for (const ks of kLive()) more(ks);
-    for (const c of rig.host.intercepts) c.resolve({ kind: 'exit', exitCode: 0, stdout: `ok ${c.tag}.` });
-    rig.host.answer = (c) => ({ kind: 'exit', exitCode: 0, stdout: `ok ${c.tag}.` });
+    for (const c of rig.host.intercepts) c.resolve(exitAnswer(0, `ok ${c.tag}.`));
+    rig.host.answer = (c) => (exitAnswer(0, `ok ${c.tag}.`));
     for (const p of rig.runtimes) for (const s of p.streams.values()) if (runtimeMay(p, s)) answerOnRuntime(p, s, 100, 0);
 
     let lastHeldCheck = 0;

@@ -9,7 +9,7 @@
 import { describe, expect, it, onTestFailed } from 'vitest';
 import { ERR, FL, SET, T, type FramePeer, type PeerStream, type RecvFrame } from '../support/h2-frame-peer.ts';
 import {
-  answered, autoAnswer, call, outcome, EXEC_SYNC, execSyncBody, grpcMessage, LIST_CONTAINERS, RelayRig, requestHeaders, respond, STREAM_TAG, tagOf, until, VERSION,
+  answered, autoAnswer, call, outcome, EXEC_SYNC, execSyncBody, exitAnswer, grpcMessage, LIST_CONTAINERS, RelayRig, requestHeaders, respond, STREAM_TAG, tagOf, until, VERSION,
 } from '../support/relay-harness.ts';
 
 async function rig(settings: ReadonlyArray<readonly [number, number]> = [], credit: 'eager' | 'manual' = 'eager'): Promise<{ r: RelayRig; k: FramePeer; rt: FramePeer }> {
@@ -124,13 +124,13 @@ describe('relay: smaller defects (issue 24 item 4)', () => {
   it('no frame is sent on an intercepted stream after kubelet reset it', async () => {
     // Kubelet's stream window of 100 octets holds back a 10,000-octet answer; kubelet resets the stream.
     const { r, k, rt } = await rig([[SET.INITIAL_WINDOW_SIZE, 100]], 'manual');
-    r.host.answer = (c) => (c.tag === 'big' ? 'defer' : { kind: 'exit', exitCode: 0, stdout: `ok ${c.tag}` });
+    r.host.answer = (c) => (c.tag === 'big' ? 'defer' : exitAnswer(0, `ok ${c.tag}`));
     try {
       autoAnswer(rt);
       await k.waitFor(() => k.settingsAcked >= 1, 3000, "the relay's ACK of kubelet's SETTINGS");
       const big = call(k, EXEC_SYNC, execSyncBody('/.probe-agent/v1', 300), 'big');
       await until(() => r.host.intercepts.some((c) => c.tag === 'big'), 3000, 'the big call at the host');
-      r.host.intercepts.find((c) => c.tag === 'big')!.resolve({ kind: 'exit', exitCode: 0, stdout: 'x'.repeat(10_000) });
+      r.host.intercepts.find((c) => c.tag === 'big')!.resolve(exitAnswer(0, 'x'.repeat(10_000)));
       await k.waitFor(() => k.stream(big).blocks.length >= 1, 3000, "the big answer's HEADERS");
       const before = k.stream(big).frames.length;
       k.rst(big, ERR.CANCEL);
@@ -154,13 +154,13 @@ describe('relay: smaller defects (issue 24 item 4)', () => {
 
   it("an intercepted answer waiting for its stream's window does not hold back other streams' frames", async () => {
     const { r, k, rt } = await rig([[SET.INITIAL_WINDOW_SIZE, 100]], 'manual');
-    r.host.answer = (c) => (c.tag === 'big' ? 'defer' : { kind: 'exit', exitCode: 0, stdout: `ok ${c.tag}` });
+    r.host.answer = (c) => (c.tag === 'big' ? 'defer' : exitAnswer(0, `ok ${c.tag}`));
     try {
       rt.onEnd = (s) => respond(rt, s.id, Buffer.alloc(5000, 0x61));
       await k.waitFor(() => k.settingsAcked >= 1, 3000, "the relay's ACK of kubelet's SETTINGS");
       const big = call(k, EXEC_SYNC, execSyncBody('/.probe-agent/v1', 300), 'big');
       await until(() => r.host.intercepts.some((c) => c.tag === 'big'), 3000, 'the big call at the host');
-      r.host.intercepts.find((c) => c.tag === 'big')!.resolve({ kind: 'exit', exitCode: 0, stdout: 'x'.repeat(10_000) });
+      r.host.intercepts.find((c) => c.tag === 'big')!.resolve(exitAnswer(0, 'x'.repeat(10_000)));
       await k.waitFor(() => k.stream(big).blocks.length >= 1, 3000, "the big answer's HEADERS");
       // A forwarded call with a stream window of its own, and a small intercepted one.
       const list = call(k, LIST_CONTAINERS, grpcMessage(Buffer.alloc(0)), 'list');

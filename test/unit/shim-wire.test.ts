@@ -1,18 +1,21 @@
 /**
- * The shim's hand-rolled wire code against protobufjs (through proto-loader, the reference
- * encoder): ExecSync requests and responses and the ProbeService messages decode to what the
- * reference reads, for generated and hostile inputs; the answer mapping is total.
+ * The hand-rolled ExecSync wire code against protobufjs (through proto-loader, the reference
+ * encoder): kubelet's ExecSyncRequest bytes are a valid ProbeService ExecSync request unchanged;
+ * the agent's decoder and the shim's fact reader read what the reference encodes, for generated
+ * and hostile inputs; the agent's answers decode as CRI's ExecSyncResponse; the shim's own answers
+ * (no answer from the agent) are never DEADLINE_EXCEEDED.
  */
 import * as protoLoader from '@grpc/proto-loader';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { encodeGrpcMessage, decodeGrpcMessage, readFields, WireError } from '../../agent/api/protowire.ts';
-import { encodeLifecycleHandler, encodeProbeHandler, HandlerShapeError } from '../../agent/api/handler-wire.ts';
-import { AgentCallError, GrpcCode, WireResult } from '../../agent/api/shim-client.ts';
+import { AgentCallError, GrpcCode } from '../../agent/api/shim-client.ts';
+import { decodeExecSyncRequest, encodeExecSyncResponse } from '../../agent/api/exec-sync.ts';
 import { CRI_PROTO_PATH } from '../../agent/netns/cri-client.ts';
-import { answerFromCallError, answerFromResult } from '../../agent/shim/answer.ts';
+import { SHIM_COMMAND_PATH, SHIM_KINDS } from '../../agent/rewrite/shim-command.ts';
+import { AGENT_TOO_OLD, answerFromCallError, causeOfCallError } from '../../agent/shim/answer.ts';
 import { parseGrpcTimeout } from '../../agent/shim/deadline.ts';
-import { decodeExecSyncRequest, encodeExecSyncResponse } from '../../agent/shim/exec-sync.ts';
+import { execSyncFacts } from '../../agent/shim/exec-sync.ts';
 import { fileURLToPath } from 'node:url';
 
 const opts = { keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true };
@@ -20,22 +23,39 @@ const cri = protoLoader.loadSync(CRI_PROTO_PATH, opts)['runtime.v1.RuntimeServic
 const probeProto = fileURLToPath(new URL('../../proto/probe/v1alpha1/api.proto', import.meta.url));
 const api = protoLoader.loadSync(probeProto, opts)['probe.v1alpha1.ProbeService'] as protoLoader.ServiceDefinition;
 const execSync = cri['ExecSync'] as protoLoader.MethodDefinition<object, object>;
-const probeRpc = api['Probe'] as protoLoader.MethodDefinition<object, object>;
-const hookRpc = api['RunLifecycleHandler'] as protoLoader.MethodDefinition<object, object>;
+const probeExecSync = api['ExecSync'] as protoLoader.MethodDefinition<object, object>;
 
 describe('ExecSync wire', () => {
-  it('decodes any request the reference encodes', () => {
+  it('kubelet\'s request bytes are a ProbeService ExecSync request unchanged; the agent decodes what the reference encodes', () => {
     fc.assert(fc.property(fc.string(), fc.array(fc.string({ unit: 'grapheme' })), fc.nat({ max: 1e9 }), (id, cmd, timeout) => {
       const bytes = execSync.requestSerialize({ container_id: id, cmd, timeout });
-      expect(decodeExecSyncRequest(bytes)).toEqual({ containerId: id, cmd, timeoutSeconds: timeout });
+      expect(probeExecSync.requestDeserialize(bytes)).toEqual(execSync.requestDeserialize(bytes));
+      const got = decodeExecSyncRequest(bytes);
+      expect({ containerId: got.containerId, cmd: got.cmd.map((b) => b.toString('utf8')), timeout: got.timeout }).toEqual({ containerId: id, cmd, timeout });
     }));
   });
 
-  it('encodes responses the reference reads back, including negative exit codes', () => {
+  it('the shim reads kind, timeout and container ID of a rewritten command without its handler, and nothing of any other', () => {
+    fc.assert(fc.property(fc.string(), fc.oneof(fc.constantFrom(...SHIM_KINDS), fc.string()), fc.string(), fc.nat({ max: 1e9 }), (id, kind, rest, timeout) => {
+      const ours = execSync.requestSerialize({ container_id: id, cmd: [SHIM_COMMAND_PATH, kind, rest], timeout });
+      const facts = execSyncFacts(ours);
+      expect(facts).not.toBeNull();
+      expect(facts!.kind).toBe((SHIM_KINDS as readonly string[]).includes(kind) ? kind : 'unknown');
+      expect(facts!.timeoutSeconds).toBe(timeout);
+      expect(facts!.containerId.toString('utf8')).toBe(id);
+      const theirs = execSync.requestSerialize({ container_id: id, cmd: [`${SHIM_COMMAND_PATH}x`, kind, rest], timeout });
+      expect(execSyncFacts(theirs)).toBeNull();
+    }));
+  });
+
+  it('the agent\'s answers are what the reference reads as CRI\'s ExecSyncResponse, including negative exit codes', () => {
     for (const code of [0, 1, 137, -1]) {
-      const out = execSync.responseDeserialize(encodeExecSyncResponse(code, 'out ✓')) as { stdout: Buffer; exit_code: number };
+      const bytes = encodeExecSyncResponse(code, 'out ✓');
+      const out = execSync.responseDeserialize(bytes) as { stdout: Buffer; stderr: Buffer; exit_code: number };
       expect(out.exit_code).toBe(code);
       expect(out.stdout.toString()).toBe('out ✓');
+      expect(out.stderr.length).toBe(0);
+      expect(probeExecSync.responseDeserialize(bytes)).toEqual(out);
     }
   });
 
@@ -46,48 +66,16 @@ describe('ExecSync wire', () => {
       } catch (err) {
         expect(err).toBeInstanceOf(WireError);
       }
+      // The shim's reader: null (the runtime gets it) or facts, never a throw.
+      const facts = execSyncFacts(Buffer.from(b));
+      expect(facts === null || typeof facts.kind === 'string').toBe(true);
     }));
   });
 });
 
-describe('handlers to ProbeService messages', () => {
-  it('a probe request carries the handler field for field', () => {
-    const handler = encodeProbeHandler({ httpGet: { path: '/h?x=$(Y)', port: 'http', scheme: 'HTTPS', host: '', httpHeaders: [{ name: 'A', value: '' }, { name: 'B', value: 'v' }] } });
-    const msg = Buffer.concat([Buffer.from([0x22, handler.length]), handler]);
-    const req = probeRpc.requestDeserialize(msg) as { handler: Record<string, unknown> };
-    expect(req.handler['http_get']).toMatchObject({ path: '/h?x=$(Y)', port: { str_val: 'http' }, scheme: 'HTTPS', http_headers: [{ name: 'A', value: '' }, { name: 'B', value: 'v' }] });
-    const tcp = encodeProbeHandler({ tcpSocket: { port: 8080 } });
-    const r2 = probeRpc.requestDeserialize(Buffer.concat([Buffer.from([0x22, tcp.length]), tcp])) as { handler: Record<string, any> };
-    expect(r2.handler['tcp_socket'].port.int_val).toBe(8080);
-    const g = encodeProbeHandler({ grpc: { port: 9090, service: null } });
-    const r3 = probeRpc.requestDeserialize(Buffer.concat([Buffer.from([0x22, g.length]), g])) as { handler: Record<string, any> };
-    expect(r3.handler['grpc']).toMatchObject({ port: 9090, service: '' });
-    const h = encodeLifecycleHandler({ httpGet: { path: '/stop', port: 80 } });
-    const r4 = hookRpc.requestDeserialize(Buffer.concat([Buffer.from([0x22, h.length]), h])) as { handler: Record<string, any> };
-    expect(r4.handler['http_get']).toMatchObject({ path: '/stop', port: { int_val: 80 } });
-  });
-
-  it('refuses shapes that cannot be a handler', () => {
-    for (const bad of [{}, { exec: { command: ['x'] } }, { httpGet: { port: 1 }, tcpSocket: { port: 1 } }, { httpGet: 'x' }, { tcpSocket: { port: 1.5 } }, { httpGet: { port: 1, path: 7 } }, { httpGet: { port: 1, httpHeaders: {} } }]) {
-      expect(() => encodeProbeHandler(bad as Record<string, unknown>)).toThrow(HandlerShapeError);
-    }
-    expect(() => encodeLifecycleHandler({ grpc: { port: 1 } })).toThrow(/exactly one of httpGet, tcpSocket/);
-  });
-});
-
-describe('answer mapping', () => {
-  const a = (result: number, message = 'm', reason = ''): Parameters<typeof answerFromResult>[0] => ({ result, message, reason, durationSeconds: 0 });
-  it('success and warning are exit 0 with the message; failure a non-zero exit; error and unknown a gRPC error', () => {
-    expect(answerFromResult(a(WireResult.SUCCESS), 'p')).toEqual({ kind: 'exit', exitCode: 0, stdout: 'm' });
-    expect(answerFromResult(a(WireResult.WARNING, 'redirect'), 'p')).toEqual({ kind: 'exit', exitCode: 0, stdout: 'redirect' });
-    expect(answerFromResult(a(WireResult.FAILURE, 'timeout'), 'p')).toEqual({ kind: 'exit', exitCode: 1, stdout: 'timeout' });
-    for (const r of [WireResult.ERROR, WireResult.UNKNOWN, 99]) {
-      const x = answerFromResult(a(r, 'netns gone', 'netns-gone'), 'readiness probe');
-      expect(x).toMatchObject({ kind: 'error', grpcCode: GrpcCode.UNAVAILABLE });
-    }
-  });
-  it('no call error ever becomes DEADLINE_EXCEEDED', () => {
-    for (const failure of ['unreachable', 'broken', 'deadline', 'status'] as const) {
+describe('the shim\'s own answers (the agent gave none kubelet may see)', () => {
+  it('never DEADLINE_EXCEEDED nor OK; the agent\'s other statuses pass with its message; UNIMPLEMENTED says the agent is too old', () => {
+    for (const failure of ['unreachable', 'broken', 'deadline', 'cancelled', 'status'] as const) {
       for (const code of Object.values(GrpcCode)) {
         const x = answerFromCallError(new AgentCallError(failure, code, 'x'), 'p');
         expect(x.kind).toBe('error');
@@ -97,7 +85,16 @@ describe('answer mapping', () => {
         }
       }
     }
-    expect(answerFromCallError(new AgentCallError('status', GrpcCode.NOT_FOUND, 'x'), 'p')).toMatchObject({ grpcCode: GrpcCode.NOT_FOUND });
+    expect(answerFromCallError(new AgentCallError('status', GrpcCode.NOT_FOUND, 'probe-agent refused the readiness probe: gone'), 'p')).toEqual({ kind: 'error', grpcCode: GrpcCode.NOT_FOUND, message: 'probe-agent refused the readiness probe: gone' });
+    expect(answerFromCallError(new AgentCallError('status', GrpcCode.UNIMPLEMENTED, 'unknown method'), 'p')).toEqual({ kind: 'error', grpcCode: GrpcCode.UNAVAILABLE, message: AGENT_TOO_OLD });
+    expect(answerFromCallError(new AgentCallError('deadline', GrpcCode.DEADLINE_EXCEEDED, 'slow'), 'liveness probe')).toMatchObject({ grpcCode: GrpcCode.UNAVAILABLE, message: 'probe-agent did not run the liveness probe: slow' });
+  });
+
+  it('counts each cause: a command the agent cannot read apart from its refusals, a too-old agent apart from both', () => {
+    expect(causeOfCallError(new AgentCallError('status', GrpcCode.INVALID_ARGUMENT, 'probe-agent: invalid rewritten command: not JSON'))).toBe('bad_command');
+    expect(causeOfCallError(new AgentCallError('status', GrpcCode.INVALID_ARGUMENT, 'probe-agent refused the readiness probe: header'))).toBe('refused');
+    expect(causeOfCallError(new AgentCallError('status', GrpcCode.UNIMPLEMENTED, 'x'))).toBe('agent_too_old');
+    expect(causeOfCallError(new AgentCallError('cancelled', GrpcCode.CANCELLED, 'x'))).toBeUndefined();
   });
 });
 

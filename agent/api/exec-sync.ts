@@ -1,0 +1,261 @@
+/**
+ * ProbeService ExecSync: kubelet's CRI ExecSync for probe-agent's rewritten command, as the kubelet
+ * shim forwards it (kubelet's message bytes unchanged; CRI runtime.v1's own ExecSyncRequest and
+ * ExecSyncResponse, see proto/probe/v1alpha1/api.proto). One handler for both transports: grpc-js
+ * (identity (de)serializers, so it sees the same bytes) and the lean server (hot-unary.ts).
+ *
+ * The hot path converts the handler at most twice: the request is decoded once here
+ * (decodeExecSyncRequest: container_id, the command's three strings as raw bytes, timeout), and the
+ * command is parsed once per (container ID, command bytes) (ExecSyncHandlerCache: base64url, JSON,
+ * parseProbe's validation); a cached command skips all three. The parsed handler then runs the path
+ * the Probe and RunLifecycleHandler RPCs run for a call by container ID (runProbeCall /
+ * runLifecycleCall -> PodProber: container lookup, tenant admission, the host policy, header values
+ * from the pod's annotation), and the answer is encoded by hand.
+ *
+ * The answer mapping (what kubelet must see; kubelet's exec prober, hook runner and cri-client
+ * remote_runtime.go ExecSync) lives here and only here:
+ *  - success / warning            -> exit_code 0, the message in stdout;
+ *  - failure (a target timeout too) -> exit_code 1, the message in stdout. Never gRPC
+ *    DEADLINE_EXCEEDED: kubelet turns it into an exec TimeoutError whose verdict depends on its
+ *    ExecProbeTimeout gate (Success when off) and whose message is the unreadable command;
+ *  - could not run (error result, refusals, the call deadline cutting the run) -> a gRPC error, never
+ *    DEADLINE_EXCEEDED: kubelet's prober returns Unknown and discards it (no state change); a hook
+ *    counts as failed, so a hook the agent did not start (draining: the not-started trailer;
+ *    admission: RESOURCE_EXHAUSTED) is sent again by the shim within --hook-agent-wait.
+ *  - kind and timeout must agree as kubelet sends them (probes >= 1 s, exec hooks 0), otherwise
+ *    INVALID_ARGUMENT: a probe cannot pose as an hour-long hook.
+ */
+import * as grpc from '@grpc/grpc-js';
+import { InvalidProbeError, PodNotFoundError } from '../errors.ts';
+import type { LifecycleHandlerSpec, LifecycleHook } from '../probe/lifecycle.ts';
+import { boundMessage } from '../probe/run.ts';
+import { parseProbe, SPEC_LIMITS } from '../probe/spec.ts';
+import type { ProbeHandler, ProbeType } from '../probe/types.ts';
+import { normalizeContainerID } from '../pods/container-lookup.ts';
+import { decodeShimCommand, SHIM_COMMAND_PATH, ShimCommandError, type ShimKind } from '../rewrite/shim-command.ts';
+import type { OnDemandProber } from '../scheduler/types.ts';
+import { DRAINING_DETAIL, INVALID_COMMAND_PREFIX, NOT_STARTED_DRAINING } from './hook-refusal.ts';
+import { runLifecycleCall } from './lifecycle-call.ts';
+import { grpcStatusFor, NotStartedError, RpcError, runProbeCall, type CallLike, type ProbeCallGate } from './probe-call.ts';
+import { readFields, WireError, WireWriter } from './protowire.ts';
+
+/** Exit code of a failed probe or hook. */
+export const FAILURE_EXIT_CODE = 1;
+
+/** Default bound of the handler cache (see ExecSyncHandlerCache). */
+export const DEFAULT_EXEC_SYNC_CACHE_ENTRIES = 4096;
+
+/** A decoded ExecSyncRequest: the command's arguments stay raw bytes (a cached command is never decoded). */
+export interface ExecSyncRequestView {
+  containerId: string;
+  cmd: Buffer[];
+  /** Seconds; 0 for kubelet's exec hooks. */
+  timeout: number;
+}
+
+/** Decodes an ExecSyncRequest message (CRI field numbers); throws WireError when malformed. */
+export function decodeExecSyncRequest(msg: Buffer): ExecSyncRequestView {
+  const req: ExecSyncRequestView = { containerId: '', cmd: [], timeout: 0 };
+  readFields(msg, (field, value) => {
+    if (field === 1 && Buffer.isBuffer(value)) req.containerId = value.toString('utf8');
+    else if (field === 2 && Buffer.isBuffer(value)) req.cmd.push(value);
+    else if (field === 3 && typeof value === 'number') req.timeout = value;
+  });
+  return req;
+}
+
+/** Encodes an ExecSyncResponse message (stderr always empty, so omitted). */
+export function encodeExecSyncResponse(exitCode: number, stdout: string): Buffer {
+  return new WireWriter().bytes(1, stdout).varint(3, exitCode).finish();
+}
+
+const PROBE_TYPE_OF: Partial<Record<ShimKind, ProbeType>> = { liveness: 'Liveness', readiness: 'Readiness', startup: 'Startup' };
+const HOOK_OF: Partial<Record<ShimKind, LifecycleHook>> = { postStart: 'postStart', preStop: 'preStop' };
+const PROBE_ACTIONS = ['httpGet', 'tcpSocket', 'grpc'];
+const HOOK_ACTIONS = ['httpGet', 'tcpSocket'];
+
+/** A rewritten command, parsed and validated: what a cache hit hands out. */
+export type ParsedCommand =
+  | { kind: ShimKind; containerID: string; probeType: ProbeType; hook?: undefined; handler: ProbeHandler }
+  | { kind: ShimKind; containerID: string; probeType?: undefined; hook: LifecycleHook; handler: LifecycleHandlerSpec };
+
+/** Parses a rewritten command for a container; throws ShimCommandError or InvalidProbeError. */
+export function parseCommand(containerId: string, cmd: readonly Buffer[]): ParsedCommand {
+  const args = cmd.map((b) => b.toString('utf8'));
+  if (args[0] !== SHIM_COMMAND_PATH) {
+    throw new ShimCommandError(`ExecSync serves only probe-agent's rewritten command (argv[0] ${SHIM_COMMAND_PATH}), got ${JSON.stringify((args[0] ?? '').slice(0, 64))}`);
+  }
+  if (containerId === '') throw new ShimCommandError('ExecSync without a container_id');
+  const containerID = normalizeContainerID(containerId);
+  const decoded = decodeShimCommand(args);
+  if (decoded === null) throw new ShimCommandError('not a probe-agent command');
+  const probeType = PROBE_TYPE_OF[decoded.kind];
+  const actions = probeType ? PROBE_ACTIONS : HOOK_ACTIONS;
+  const present = Object.keys(decoded.handler).filter((k) => decoded.handler[k] !== undefined && decoded.handler[k] !== null);
+  if (present.length !== 1 || !actions.includes(present[0] as string)) {
+    const what = probeType ? 'probe handler' : 'lifecycle handler';
+    throw new ShimCommandError(`${what}: expected exactly one of ${actions.join(', ')}, got ${present.length === 0 ? 'none' : present.slice(0, 3).join(', ')}`);
+  }
+  const handler = parseProbe(decoded.handler, { allowHandlerOnly: true, fieldPath: 'handler' }).handler;
+  if (probeType) return { kind: decoded.kind, containerID, probeType, handler };
+  return { kind: decoded.kind, containerID, hook: HOOK_OF[decoded.kind] as LifecycleHook, handler: handler as LifecycleHandlerSpec };
+}
+
+/**
+ * Parsed commands by (container ID, command bytes), least recently used first. Kubelet sends the
+ * same command for a container every period, so after the first call a probe costs one Map lookup
+ * here instead of base64url + JSON.parse + parseProbe. Bounded at 4096 entries by default: a node's
+ * 250 pods with three probes and two hooks each stay well inside it, an entry is under 1 KiB (the
+ * cap is a few MB at worst), and anything beyond it (a hostile client on the root-only socket
+ * inventing commands) only evicts. The container ID is part of the key, so a restarted container
+ * (a new ID) misses; a container that is gone is dropped (forgetContainer: the pod left kubelet's
+ * list, or the container lookup no longer finds it), so its entries are never served again.
+ * A malformed command is not cached (it is answered INVALID_ARGUMENT each time).
+ */
+export class ExecSyncHandlerCache {
+  readonly max: number;
+  readonly #entries = new Map<string, ParsedCommand>();
+  /** Cache hits: calls that skipped base64url, JSON and parseProbe (metrics and tests). */
+  hits = 0;
+  /** Commands parsed (cache misses, malformed ones included). */
+  parses = 0;
+
+  constructor(max = DEFAULT_EXEC_SYNC_CACHE_ENTRIES) {
+    this.max = Math.max(1, Math.floor(max));
+  }
+
+  get size(): number {
+    return this.#entries.size;
+  }
+
+  /** The parsed command for a request; throws ShimCommandError or InvalidProbeError for a bad one. */
+  get(containerId: string, cmd: readonly Buffer[]): ParsedCommand {
+    let key = containerId;
+    for (const arg of cmd) key += `\u0000${arg.toString('latin1')}`;
+    const hit = this.#entries.get(key);
+    if (hit !== undefined) {
+      this.hits++;
+      // Most recently used moves to the back.
+      this.#entries.delete(key);
+      this.#entries.set(key, hit);
+      return hit;
+    }
+    this.parses++;
+    const parsed = parseCommand(containerId, cmd);
+    this.#entries.set(key, parsed);
+    if (this.#entries.size > this.max) this.#entries.delete(this.#entries.keys().next().value as string);
+    return parsed;
+  }
+
+  /** Drops every command of a container (raw or normalized ID): it is gone. */
+  forgetContainer(id: string): void {
+    if (this.#entries.size === 0) return;
+    let normalized: string;
+    try {
+      normalized = normalizeContainerID(id);
+    } catch {
+      return;
+    }
+    for (const [key, entry] of this.#entries) if (entry.containerID === normalized) this.#entries.delete(key);
+  }
+}
+
+/** What the ExecSync handler needs from the server. */
+export interface ExecSyncDeps {
+  prober: OnDemandProber;
+  probeGate: ProbeCallGate;
+  hookGate: ProbeCallGate;
+  cache: ExecSyncHandlerCache;
+  /** True once the server drains: probes are refused, hooks refused as not started. */
+  stopping(): boolean;
+}
+
+/** The call as both transports give it: the request is the ExecSyncRequest's message bytes. */
+export type ExecSyncCall = CallLike & { readonly request: Buffer };
+
+/**
+ * Serves one ExecSync: resolves with the ExecSyncResponse's message bytes, or rejects with the
+ * RpcError (or NotStartedError) kubelet must see.
+ */
+export async function handleExecSync(call: ExecSyncCall, deps: ExecSyncDeps): Promise<Buffer> {
+  let req: ExecSyncRequestView;
+  try {
+    req = decodeExecSyncRequest(call.request);
+  } catch (err) {
+    if (err instanceof WireError) throw badCommand(`malformed ExecSyncRequest: ${err.message}`);
+    throw err;
+  }
+  let cmd: ParsedCommand;
+  try {
+    cmd = deps.cache.get(req.containerId, req.cmd);
+  } catch (err) {
+    if (err instanceof ShimCommandError || err instanceof InvalidProbeError) throw badCommand(err.message);
+    throw err;
+  }
+  const mismatch = kindTimeoutMismatch(cmd.kind, cmd.probeType !== undefined, req.timeout);
+  if (mismatch) throw badCommand(mismatch);
+  if (req.timeout > SPEC_LIMITS.maxTimeoutSeconds) throw badCommand(`a ${cmd.kind} probe with ExecSync timeout ${req.timeout}: at most ${SPEC_LIMITS.maxTimeoutSeconds} s`);
+  const what = `${cmd.kind} ${cmd.probeType ? 'probe' : 'hook'}`;
+  try {
+    if (cmd.probeType) {
+      if (deps.stopping()) throw new RpcError(grpc.status.UNAVAILABLE, 'probe-agent is shutting down');
+      const outcome = await runProbeCall(
+        { containerID: cmd.containerID, probeType: cmd.probeType, handler: cmd.handler, timeoutSeconds: req.timeout },
+        call, deps.prober, deps.probeGate,
+      );
+      return answerOf(outcome.result, boundMessage(outcome.message), outcome.reason ?? '', what);
+    }
+    // A draining agent refuses new hooks in a way the shim can tell from "it may have run": the
+    // shim sends such a hook again to the next agent (docs/closing-the-hole.md).
+    if (deps.stopping()) throw new NotStartedError(`probe-agent refused the ${what}: ${DRAINING_DETAIL}`, NOT_STARTED_DRAINING);
+    const outcome = await runLifecycleCall({ containerID: cmd.containerID, hook: cmd.hook, handler: cmd.handler, timeoutSeconds: 0 }, call, deps.prober, deps.hookGate);
+    // A hook's answer names no reason (RunLifecycleHandlerResponse has none).
+    return answerOf(outcome.result, boundMessage(outcome.message), '', what);
+  } catch (err) {
+    if (err instanceof NotStartedError) throw err;
+    if (err instanceof PodNotFoundError) deps.cache.forgetContainer(cmd.containerID);
+    throw refusal(err, what);
+  }
+}
+
+/** The answer for an outcome the agent reached. */
+function answerOf(result: string, message: string, reason: string, what: string): Buffer {
+  switch (result) {
+    case 'success':
+    case 'warning':
+      return encodeExecSyncResponse(0, message);
+    case 'failure':
+      return encodeExecSyncResponse(FAILURE_EXIT_CODE, message);
+    default:
+      throw new RpcError(grpc.status.UNAVAILABLE, `probe-agent could not run the ${what}${reason ? ` (${reason})` : ''}: ${message}`);
+  }
+}
+
+/** A refusal as kubelet sees it: its own code, but never DEADLINE_EXCEEDED (nor UNIMPLEMENTED, which says "agent too old" to the shim). */
+function refusal(err: unknown, what: string): RpcError {
+  const st = grpcStatusFor(err);
+  if (st.code === grpc.status.DEADLINE_EXCEEDED) return new RpcError(grpc.status.UNAVAILABLE, `probe-agent did not run the ${what}: ${st.details}`);
+  const code = st.code === grpc.status.UNIMPLEMENTED || st.code === grpc.status.OK ? grpc.status.FAILED_PRECONDITION : st.code;
+  return new RpcError(code, `probe-agent refused the ${what}: ${st.details}`);
+}
+
+function badCommand(message: string): RpcError {
+  return new RpcError(grpc.status.INVALID_ARGUMENT, `${INVALID_COMMAND_PREFIX}${message}`);
+}
+
+/**
+ * Kubelet runs probes with ExecSync timeout = timeoutSeconds (>= 1 after API defaulting;
+ * pkg/kubelet/prober/prober.go) and exec hooks with timeout 0 (pkg/kubelet/lifecycle/handlers.go).
+ * A rewritten command whose kind and timeout disagree did not come from kubelet's own prober or
+ * hook runner for that kind: refused (INVALID_ARGUMENT, never DEADLINE_EXCEEDED), so kubelet
+ * discards it and a probe cannot hold a hook's hour. Returns the message, or undefined when they agree.
+ */
+export function kindTimeoutMismatch(kind: string, isProbe: boolean, timeoutSeconds: number): string | undefined {
+  if (isProbe && timeoutSeconds <= 0) {
+    return `a ${kind} probe with ExecSync timeout ${timeoutSeconds}: kubelet sends probes with timeout >= 1 s and only hooks with 0`;
+  }
+  if (!isProbe && timeoutSeconds !== 0) {
+    return `a ${kind} hook with ExecSync timeout ${timeoutSeconds} s: kubelet runs exec hooks with timeout 0, so this is not kubelet's hook call`;
+  }
+  return undefined;
+}
