@@ -10,7 +10,7 @@
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { readFileSync, readdirSync } from 'node:fs';
-import { check, podsOf, proberTotals, say, sleep, waitFor } from './lib.ts';
+import { check, NODE_NAME, podsOf, proberTotals, say, sleep, waitFor } from './lib.ts';
 import { churnPod, HTTP_PORT } from './pods.ts';
 import { removePods, rewritePod, writeManifest, type PhaseContext } from './static-pods.ts';
 
@@ -32,12 +32,16 @@ type Part = 'kubelet' | 'runtime' | 'shim' | 'agent';
 const PARTS: Part[] = ['kubelet', 'runtime', 'shim', 'agent'];
 type Mode = 'none' | 'native' | 'rewritten';
 
-/** CPU seconds a process and the children it has waited for have used (utime+stime+cutime+cstime). */
-function cpuSeconds(pid: number): number {
+/**
+ * CPU seconds a process has used (utime+stime), with the children it has waited for
+ * (cutime+cstime) when `children`: the netns helper's forks are the agent's probing, but
+ * containerd's children (CNI plugins, shim starts) are pod lifecycle, not probes.
+ */
+function cpuSeconds(pid: number, children = false): number {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
     const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) / CLK_TCK;
+    return (Number(f[11]) + Number(f[12]) + (children ? Number(f[13]) + Number(f[14]) : 0)) / CLK_TCK;
   } catch {
     return 0;
   }
@@ -83,7 +87,7 @@ function pidsOf(s: BenchSetup): Record<Part, number[]> {
 
 function sample(pids: Record<Part, number[]>): Record<Part, number> {
   const out = {} as Record<Part, number>;
-  for (const p of PARTS) out[p] = pids[p].reduce((sum, pid) => sum + cpuSeconds(pid), 0);
+  for (const p of PARTS) out[p] = pids[p].reduce((sum, pid) => sum + cpuSeconds(pid, p === 'agent' || p === 'shim'), 0);
   return out;
 }
 
@@ -155,7 +159,23 @@ async function measureMode(s: BenchSetup, mode: Mode, names: string[], windowS: 
   for (const p of PARTS) cpu[p] = after[p] - before[p];
   const gone = await removePods(ctx, names);
   if (!gone) check(`bench: ${mode} pods removed`, false, 'still listed or running after 90 s');
+  await removeSandboxes(ctx, names);
   return { mode, seconds, probes: p1 - p0, cpu };
+}
+
+/**
+ * Removes the pods' stopped sandboxes now, as kubelet's garbage collection would within a minute or
+ * two: otherwise their teardown (CNI, mounts) lands in the next mode's window.
+ */
+async function removeSandboxes(ctx: PhaseContext, names: string[]): Promise<void> {
+  const full = new Set(names.map((n) => `${n}-${NODE_NAME}`));
+  const r = await ctx.cri.call<{ items: { id: string; metadata: { name: string } }[] }>('ListPodSandbox', {});
+  if (!r.ok) return;
+  for (const sb of r.msg.items.filter((x) => full.has(x.metadata.name))) {
+    await ctx.cri.call('StopPodSandbox', { podSandboxId: sb.id });
+    await ctx.cri.call('RemovePodSandbox', { podSandboxId: sb.id });
+  }
+  await sleep(5000);
 }
 
 const ms = (v: number): string => v.toFixed(2);
