@@ -11,12 +11,12 @@
  * on exit, failure included. Root only; not part of `make test` (no critest is built or fetched here).
  */
 import { spawnSync, type ChildProcess } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 import { getUnix } from '../support/http-unix.ts';
 import { builtCli } from '../support/built-cli.ts';
-import { binaryFromArgs, freePort, startLogged, stopChild } from '../e2e-kubelet/lib.ts';
+import { binaryFromArgs, Cleanups, freePort, readdirSafe, startLogged, stopChild } from '../e2e-kubelet/lib.ts';
 import { compareRuns, countOutcomes, outcomeOf, parseJUnit, type SpecResult } from './junit.ts';
 import { startRegistry } from './registry.ts';
 import { buildStandIns, MIRRORED_REGISTRIES, pushStandIns } from './stand-ins.ts';
@@ -55,9 +55,9 @@ interface RunResult {
   runtimeErrors?: number;
 }
 
-const cleanups: (() => void | Promise<void>)[] = [];
 /** Set by SIGINT/SIGTERM: main stops before its next step while the cleanups run. */
 let interrupted = false;
+const cleanups = new Cleanups('e2e-critest', () => (interrupted = true));
 let keepLogs = process.env['E2E_KEEP_LOGS'] === '1';
 
 function say(msg: string): void {
@@ -305,36 +305,6 @@ async function main(): Promise<number> {
   return ok ? 0 : 1;
 }
 
-function readdirSafe(d: string): string[] {
-  try {
-    return readdirSync(d);
-  } catch {
-    return [];
-  }
-}
-
-async function runCleanups(): Promise<void> {
-  while (cleanups.length) {
-    const c = cleanups.pop()!;
-    try {
-      await c();
-    } catch (err) {
-      console.error(`e2e-critest: cleanup step failed: ${(err as Error).message}`);
-    }
-  }
-}
-
-let exiting = false;
-for (const sig of ['SIGINT', 'SIGTERM'] as const) {
-  process.on(sig, () => {
-    interrupted = true;
-    if (exiting) return;
-    exiting = true;
-    console.error(`e2e-critest: ${sig}: cleaning up`);
-    void runCleanups().finally(() => process.exit(130));
-  });
-}
-
 let code = 1;
 try {
   code = await main();
@@ -342,7 +312,6 @@ try {
   keepLogs = true;
   console.error(`e2e-critest: ${(err as Error).stack ?? err}`);
 } finally {
-  exiting = true;
-  await runCleanups();
+  await cleanups.run();
 }
 process.exit(code);

@@ -224,3 +224,41 @@ export function criMs(ns: string | number | undefined): number | undefined {
   if (ns === undefined || ns === null || String(ns) === '0') return undefined;
   return Number(BigInt(String(ns)) / 1000n) / 1000;
 }
+
+/**
+ * A run's cleanup steps, undone last-in first-out and once: at the end of main, or on SIGINT or
+ * SIGTERM (then the process exits 130). A step that fails is reported and the rest still run.
+ */
+export class Cleanups {
+  readonly #who: string;
+  readonly #steps: (() => void | Promise<void>)[] = [];
+  #running = false;
+
+  constructor(who: string, onSignal?: () => void) {
+    this.#who = who;
+    for (const sig of ['SIGINT', 'SIGTERM'] as const) {
+      process.on(sig, () => {
+        onSignal?.();
+        if (this.#running) return;
+        console.error(`${who}: ${sig}: cleaning up`);
+        void this.run().finally(() => process.exit(130));
+      });
+    }
+  }
+
+  push(step: () => void | Promise<void>): void {
+    this.#steps.push(step);
+  }
+
+  async run(): Promise<void> {
+    this.#running = true;
+    while (this.#steps.length) {
+      const step = this.#steps.pop()!;
+      try {
+        await step();
+      } catch (err) {
+        console.error(`${this.#who}: cleanup step failed: ${(err as Error).message}`);
+      }
+    }
+  }
+}

@@ -31,7 +31,7 @@ import { REPLACE_EVERY_MS, runChurn } from './churn.ts';
 import { startFrameTap, type FrameTap } from './frame-tap.ts';
 import { Kubelet, kubeletInfo } from './kubelet.ts';
 import {
-  binaryFromArgs, check, checks, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
+  binaryFromArgs, check, Cleanups, checks, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
   stopChild, tail, total, waitFor, type PodView,
 } from './lib.ts';
 import { runBench } from './bench.ts';
@@ -45,7 +45,7 @@ let NFT_TABLE = '';
 /** What kubelet sets at start unless protectKernelDefaults (pkg/kubelet/cm/container_manager_linux.go). */
 const KUBELET_SYSCTLS = ['vm.overcommit_memory', 'vm.panic_on_oom', 'kernel.panic', 'kernel.panic_on_oops', 'kernel.keys.root_maxkeys', 'kernel.keys.root_maxbytes'];
 
-const cleanups: (() => void | Promise<void>)[] = [];
+const cleanups = new Cleanups('e2e-kubelet');
 /** Set once known, for the table's heading. */
 let kubeletLine = '';
 
@@ -359,35 +359,13 @@ function unmountUnder(dir: string): void {
   for (const m of mounts.sort((a, b) => b.length - a.length)) spawnSync('umount', ['-l', m]);
 }
 
-async function runCleanups(): Promise<void> {
-  while (cleanups.length) {
-    const c = cleanups.pop()!;
-    try {
-      await c();
-    } catch (err) {
-      console.error(`e2e-kubelet: cleanup step failed: ${(err as Error).message}`);
-    }
-  }
-}
-
-let exiting = false;
-for (const sig of ['SIGINT', 'SIGTERM'] as const) {
-  process.on(sig, () => {
-    if (exiting) return;
-    exiting = true;
-    console.error(`e2e-kubelet: ${sig}: cleaning up`);
-    void runCleanups().finally(() => process.exit(130));
-  });
-}
-
 let code = 1;
 try {
   code = await main();
 } catch (err) {
   console.error(`e2e-kubelet: ${(err as Error).stack ?? err}`);
 } finally {
-  exiting = true;
-  await runCleanups();
+  await cleanups.run();
 }
 console.log(`\n${kubeletLine || 'kubelet: not started'}`);
 console.log(`${'check'.padEnd(58)} result  detail`);
