@@ -126,7 +126,12 @@ export class CriShim {
         this.metrics.runtimeError();
         this.#warn('runtime unavailable', { runtime: this.config.runtimeSocket, error: err.message });
       },
-      refused: (err) => this.#warn('closing a connection that is not HTTP/2 the shim can carry', { error: err.message }),
+      refused: (err) => {
+        // A connection reset before its first request is a liveness check (the installer's, a
+        // health script), not a client speaking something else: nothing to report.
+        const code = (err as NodeJS.ErrnoException).code;
+        if (code !== 'ECONNRESET' && code !== 'EPIPE') this.#warn('closing a connection that is not HTTP/2 the shim can carry', { error: err.message });
+      },
       runtimeGoaway: (code, debug) => this.#warn('runtime closed the connection with an error', { runtime: this.config.runtimeSocket, http2Error: code, debug }),
       rewritingAuthority: (authority) => {
         if (authorityLogged) return;

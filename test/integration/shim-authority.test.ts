@@ -169,6 +169,32 @@ describe('a client sending no :authority at all (raw HTTP/2: gRPC libraries alwa
   });
 });
 
+describe('a client that only connects (the installer\'s check)', () => {
+  it('connect and reset: no warning, and the shim serves the next client', async () => {
+    const net = await import('node:net');
+    const before = shimLog.records.length;
+    for (let i = 0; i < 3; i++) {
+      await new Promise<void>((resolve) => {
+        // As label-node.mjs probes: connect, close; the shim's SETTINGS left unread make the
+        // shim's side see ECONNRESET.
+        const s = net.connect(shim.config.listenPath, () => setTimeout(() => s.destroy(), 200));
+        s.pause();
+        s.on('error', () => {});
+        s.on('close', () => resolve());
+      });
+    }
+    const c = new KubeletCri(shim.config.listenPath, { 'grpc.default_authority': SOCKET_PATH_AUTHORITY });
+    try {
+      const v = await c.call('Version', { version: 'v1' });
+      expect(v.ok, JSON.stringify(v)).toBe(true);
+    } finally {
+      c.close();
+    }
+    const since = shimLog.records.slice(before);
+    expect(since.filter((l) => l['level'] === 'warn' || l['level'] === 'error'), JSON.stringify(since)).toEqual([]);
+  });
+});
+
 describe('malformed HTTP/2 from a client', () => {
   it('closes that connection with one warning; the shim serves the next client', async () => {
     shimLog.expect({ level: 'warn', msg: 'closing a connection that is not HTTP/2 the shim can carry', line: /not an HTTP\/2 client preface/, why: 'an HTTP/1.1 client, on purpose' });
