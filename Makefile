@@ -28,7 +28,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: bench-kubelet build deps system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest
+.PHONY: bench-kubelet build deps system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -148,6 +148,15 @@ e2e-kubelet: build
 bench-kubelet: build
 	@test -n "$(KUBELET)" || { echo "usage: make bench-kubelet KUBELET=/path/to/kubelet" >&2; exit 2; }
 	E2E_PHASES=bench node test/e2e-kubelet/run.ts --kubelet "$(KUBELET)"
+
+## e2e-cluster: probe-agent deployed with kubectl apply -k on a one-node cluster made of the Kubernetes binaries you
+## provide (KUBE_BIN_DIR=/dir with kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kubelet of one
+## version; v1.24 checked) and Debian's etcd: the DaemonSet, the installer, the webhook, the closed-hole taint, faults,
+## the rollback and 100 pods. Root; about 15 minutes; not part of make test (test/e2e-cluster/run.ts says what it checks).
+e2e-cluster: build image
+	@test -n "$(KUBE_BIN_DIR)" || { echo "usage: make e2e-cluster KUBE_BIN_DIR=/dir/with/kube-apiserver,kubectl,..." >&2; exit 2; }
+	@bash test/lab/install-system-deps.sh etcd-server
+	node test/e2e-cluster/run.ts --kube-bin-dir "$(KUBE_BIN_DIR)"
 
 ## e2e-critest: cri-tools' critest v1.26 you provide (CRITEST=/path/to/critest), run against the lab's containerd
 ## directly and through the shim, on busybox-based stand-in images served by a loopback registry; compares the two

@@ -47,6 +47,23 @@ export interface KubeletSetup {
   runtimeEndpoint: string;
   /** unix://… of containerd (image service: direct, as docs/closing-the-hole.md configures a node). */
   imageEndpoint: string;
+  /** Registered with an API server (make e2e-cluster) rather than standalone with static pods. */
+  cluster?: ClusterMembership;
+}
+
+/**
+ * What a kubelet registered with an API server needs: its client credentials, the cluster CA for
+ * the callers it authenticates (the API server, the agent's service-account token through the
+ * webhook authenticator), and a serving certificate from the cluster CA, so the agent verifies it
+ * as in deploy/base. No read-only port: pods could read it on the node address.
+ */
+export interface ClusterMembership {
+  kubeconfig: string;
+  clientCaFile: string;
+  tlsCertFile: string;
+  tlsPrivateKeyFile: string;
+  nodeIp: string;
+  maxPods: number;
 }
 
 export class Kubelet {
@@ -75,13 +92,21 @@ export class Kubelet {
       `staticPodPath: ${s.manifests}`,
       'fileCheckFrequency: 1s',
       'syncFrequency: 10s',
-      'address: 127.0.0.1',
       `port: ${s.port}`,
-      `readOnlyPort: ${s.roPort}`,
       'healthzBindAddress: 127.0.0.1',
       `healthzPort: ${s.healthzPort}`,
-      'authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}',
-      'authorization: {mode: AlwaysAllow}',
+      ...(s.cluster
+        ? [
+          `address: ${s.cluster.nodeIp}`,
+          'readOnlyPort: 0',
+          `authentication: {anonymous: {enabled: false}, webhook: {enabled: true}, x509: {clientCAFile: ${s.cluster.clientCaFile}}}`,
+          'authorization: {mode: Webhook}',
+          `tlsCertFile: ${s.cluster.tlsCertFile}`,
+          `tlsPrivateKeyFile: ${s.cluster.tlsPrivateKeyFile}`,
+          `maxPods: ${s.cluster.maxPods}`,
+          'nodeStatusReportFrequency: 10s',
+        ]
+        : ['address: 127.0.0.1', `readOnlyPort: ${s.roPort}`, 'authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}', 'authorization: {mode: AlwaysAllow}']),
       'cgroupDriver: cgroupfs',
       'cgroupsPerQOS: false',
       'enforceNodeAllocatable: []',
@@ -107,7 +132,8 @@ export class Kubelet {
       `--root-dir=${s.rootDir}`,
       `--cert-dir=${path.join(s.scratch, 'pki')}`,
       `--hostname-override=${NODE_NAME}`,
-      '--node-labels=probe-agent.io/shim=ready',
+      // Registered, the shim installer labels the node (make e2e-cluster's step 3).
+      ...(s.cluster ? [`--kubeconfig=${s.cluster.kubeconfig}`, `--node-ip=${s.cluster.nodeIp}`] : ['--node-labels=probe-agent.io/shim=ready']),
     ];
   }
 
@@ -124,6 +150,7 @@ export class Kubelet {
     this.proc = proc;
     const up = await waitFor(`kubelet /healthz (${label})`, 60_000, async () => (proc.exitCode !== null ? false : this.healthy()), 300);
     if (up !== true || proc.exitCode !== null) return false;
+    if (this.setup.cluster) return true;
     const files = readdirSync(this.setup.manifests).filter((f) => f.endsWith('.json') && !f.startsWith('.')).length;
     const listed = await waitFor(`kubelet to list its ${files} static pods (${label})`, 60_000, async () =>
       (proc.exitCode !== null ? false : (await podsOf(this.setup.roPort)).length >= files || undefined), 300);
@@ -136,9 +163,10 @@ export class Kubelet {
     await stopChild(this.proc, 15_000);
   }
 
-  /** The read-only port's /healthz (its "syncloop" check fails when the sync loop stalls). */
+  /** The read-only port's /healthz (its "syncloop" check fails when the sync loop stalls), or the healthz port's when registered. */
   async healthy(): Promise<true | undefined> {
-    return (await httpGet(`http://127.0.0.1:${this.setup.roPort}/healthz`, 1000)).status === 200 || undefined;
+    const port = this.setup.cluster ? this.setup.healthzPort : this.setup.roPort;
+    return (await httpGet(`http://127.0.0.1:${port}/healthz`, 1000)).status === 200 || undefined;
   }
 
   get exited(): boolean {

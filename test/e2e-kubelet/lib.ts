@@ -2,7 +2,7 @@
  * What the phases of `make e2e-kubelet` share: the result table, polling, kubelet's read-only
  * endpoints (/pods, /metrics/probes), its log, and child processes (e2e-critest uses those too).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { accessSync, closeSync, constants, openSync, readdirSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import path from 'node:path';
@@ -31,8 +31,14 @@ export function skip(name: string, why: string): void {
   console.log(`SKIP  ${name}: ${why}`);
 }
 
+let sayWho = 'e2e-kubelet';
+/** The harness named in progress lines. */
+export function sayAs(who: string): void {
+  sayWho = who;
+}
+
 export function say(msg: string): void {
-  console.log(`[e2e-kubelet ${new Date().toISOString().slice(11, 23)}] ${msg}`);
+  console.log(`[${sayWho} ${new Date().toISOString().slice(11, 23)}] ${msg}`);
 }
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
@@ -261,4 +267,19 @@ export class Cleanups {
       }
     }
   }
+}
+
+/** Kubelet mounts its root dir onto itself and volumes below it: unmount them before removing it. */
+export function unmountUnder(dir: string): void {
+  const mounts = safeRead('/proc/mounts').split('\n').map((l) => l.split(' ')[1] ?? '').filter((m) => m === dir || m.startsWith(dir + '/'));
+  for (const m of mounts.sort((a, b) => b.length - a.length)) spawnSync('umount', ['-l', m]);
+}
+
+/** The result table every harness ends with. */
+export function printChecks(heading: string, width: number): void {
+  console.log(`\n${heading}`);
+  console.log(`${'check'.padEnd(width)} result  detail`);
+  for (const c of checks) console.log(`${c.name.padEnd(width)} ${c.outcome}    ${c.detail}`);
+  const count = (o: Outcome): number => checks.filter((c) => c.outcome === o).length;
+  console.log(`\n${count('PASS')}/${checks.length} passed, ${count('FAIL')} failed, ${count('SKIP')} skipped`);
 }

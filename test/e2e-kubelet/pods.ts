@@ -10,9 +10,9 @@ import { BUSYBOX_IMAGE_REF } from '../lab/busybox-image.ts';
 export const HTTP_PORT = 8080;
 
 const serve = ['/bin/busybox', 'sh', '-c', `mkdir -p /www && echo ok > /www/ready && exec /bin/busybox httpd -f -vv -p ${HTTP_PORT} -h /www`];
-const fast = { periodSeconds: 1, timeoutSeconds: 1, successThreshold: 1, failureThreshold: 1 };
+export const fast = { periodSeconds: 1, timeoutSeconds: 1, successThreshold: 1, failureThreshold: 1 };
 
-function server(name: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
+export function server(name: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
   return {
     name,
     image: BUSYBOX_IMAGE_REF,

@@ -32,7 +32,7 @@ import { startFrameTap, type FrameTap } from './frame-tap.ts';
 import { Kubelet, kubeletInfo } from './kubelet.ts';
 import {
   binaryFromArgs, check, Cleanups, checks, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
-  stopChild, tail, total, waitFor, type PodView,
+  stopChild, tail, total, unmountUnder, printChecks, waitFor, type PodView,
 } from './lib.ts';
 import { runBench } from './bench.ts';
 import { churnPod, e2ePods, HTTP_PORT, PODS } from './pods.ts';
@@ -352,12 +352,6 @@ async function sandboxIDs(cri: KubeletCri): Promise<Set<string>> {
   return new Set(r.ok ? r.msg.items.filter((s) => s.state === 'SANDBOX_READY').map((s) => `${s.id} ${s.metadata.name}`) : []);
 }
 
-/** Kubelet may mount things under its root dir (volumes); unmount before removing it. */
-function unmountUnder(dir: string): void {
-  // kubelet bind-mounts its root dir onto itself, and volumes below it.
-  const mounts = safeRead('/proc/mounts').split('\n').map((l) => l.split(' ')[1] ?? '').filter((m) => m === dir || m.startsWith(dir + '/'));
-  for (const m of mounts.sort((a, b) => b.length - a.length)) spawnSync('umount', ['-l', m]);
-}
 
 let code = 1;
 try {
@@ -367,9 +361,5 @@ try {
 } finally {
   await cleanups.run();
 }
-console.log(`\n${kubeletLine || 'kubelet: not started'}`);
-console.log(`${'check'.padEnd(58)} result  detail`);
-for (const c of checks) console.log(`${c.name.padEnd(58)} ${c.outcome}    ${c.detail}`);
-const count = (o: string): number => checks.filter((c) => c.outcome === o).length;
-console.log(`\n${count('PASS')}/${checks.length} passed, ${count('FAIL')} failed, ${count('SKIP')} skipped`);
+printChecks(kubeletLine || 'kubelet: not started', 58);
 process.exit(code);

@@ -117,6 +117,8 @@ export interface ContainerdLabOptions {
    * so a test can pull images under their public names from a registry on loopback.
    */
   registryMirrors?: Record<string, string[]>;
+  /** IPv4 destinations pods route through the bridge's gateway (the host), besides their own subnet. */
+  routes?: string[];
 }
 
 /** Starts a private containerd with CNI and the pause image. */
@@ -393,6 +395,7 @@ ${mirrors}`);
         type: 'host-local',
         dataDir: path.join(d, 'ipam'),
         ranges: [[{ subnet: lay.subnet4 }], [{ subnet: lay.subnet6 }]],
+        ...(opts.routes?.length ? { routes: opts.routes.map((dst) => ({ dst })) } : {}),
       },
     }],
   }, null, 2));

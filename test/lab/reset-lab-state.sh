@@ -14,7 +14,7 @@ set -uo pipefail
 
 LAB_ROOT=/run/probe-agent-lab
 # Tables tests create in the node's netns (slot or pid suffixed); pod-netns tables go with their netns.
-NODE_TABLES='^(probe_agent_lab|pa_deployed|pa_e2e_kubelet|probe_agent_close_hole_t|probe_agent_count)_?[0-9]+$'
+NODE_TABLES='^(probe_agent_lab|pa_deployed|pa_e2e_kubelet|pa_e2e_cluster|probe_agent_close_hole_t|probe_agent_count)_?[0-9]+$'
 
 [[ $EUID -eq 0 ]] || { echo "reset-lab-state: needs root" >&2; exit 1; }
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -79,9 +79,18 @@ fi
 if have nft; then
   for t in $(nft list tables inet 2>/dev/null | awk '{print $3}' | grep -E "$NODE_TABLES"); do
     n=${t##*_}; n=${n#t}
-    if [[ $t == pa_deployed_* || $t == pa_e2e_kubelet_* ]]; then is_live "$n" "${live_ctrd[@]}" && continue
+    if [[ $t == pa_deployed_* || $t == pa_e2e_kubelet_* || $t == pa_e2e_cluster_* ]]; then is_live "$n" "${live_ctrd[@]}" && continue
     else is_live "$n" "${live_lab[@]}" && continue; fi
     act nft delete table inet "$t"
+  done
+fi
+
+# make e2e-cluster's node address on lo (10.252.<slot>.1), when its slot is dead.
+if have ip; then
+  for a in $(ip -4 -o addr show dev lo 2>/dev/null | awk '{print $4}' | grep -E '^10\.252\.[0-9]+\.1/32$'); do
+    n=${a#10.252.}; n=${n%%.*}
+    is_live "$n" "${live_ctrd[@]}" && continue
+    act ip addr del "$a" dev lo
   done
 fi
 

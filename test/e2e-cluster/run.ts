@@ -1,0 +1,693 @@
+/**
+ * `make e2e-cluster KUBE_BIN_DIR=/dir`: probe-agent deployed on a real one-node cluster the way an
+ * operator deploys it, from binaries the user gives (kube-apiserver, kube-controller-manager,
+ * kube-scheduler, kubectl and kubelet of one Kubernetes version; nothing is built or fetched here)
+ * and Debian's etcd. The kubelet registers with the API server and runs on the lab's containerd;
+ * the image from `make image` is imported into it. The steps, each a row of the table:
+ * 1. `kubectl apply -k` of the overlay (overlay.ts) brings the agent DaemonSet up Ready.
+ * 2. The shim installer installs the shim; the run starts it as its unit says (there is no systemd
+ *    here) and switches kubelet to it as docs/closing-the-hole.md does; the installer labels the
+ *    node. The webhook's certificates are made as docs/rewrite.md says without cert-manager. The
+ *    node->pod path is dropped and the node tainted hole-closed; a Deployment and a DaemonSet with
+ *    HTTP, TCP and gRPC probes and an HTTP postStart are created: the API server applies the
+ *    webhook's patch, kubelet runs them through the shim and they become Ready. A second webhook
+ *    adds a container before and after ours (reinvocation).
+ * 3. The installer's RBAC (its own node; what this version can and cannot restrict) and its
+ *    refusal to unlabel while rewritten pods run.
+ * 4. The closed-hole taint and the shim affinity, through the real scheduler.
+ * 5. Faults: the webhook down under failurePolicy Ignore and Fail, the agent rolled to a new image
+ *    under rewritten probes, the rollback procedure of docs/closing-the-hole.md step by step.
+ * 6. Scale: SCALE_PODS (100) pods through the webhook; the API server's own admission latency.
+ * Stand-ins, each because nothing real can run here: no kube-proxy (one nft DNAT for the
+ * `kubernetes` Service; the API server reaches the webhook by endpoint routing), no systemd (the
+ * run starts the installed shim), no NetworkPolicy enforcement (the bridge CNI has none: the policy
+ * is applied, not enforced), the PodMonitor CRD (overlay.ts), and the webhook pods stand for pods on
+ * an open node: the node->pod drop exempts their addresses, since the API server runs on this node.
+ * Root only; not part of `make test`.
+ */
+import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { request as httpsRequest } from 'node:https';
+import { connect } from 'node:net';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { importBusyboxImage, BUSYBOX_IMAGE_REF } from '../lab/busybox-image.ts';
+import { createContainerdLab } from '../lab/containerd.ts';
+import { slotLayout } from '../lab/containerd-sweep.ts';
+import { connectFromNode } from '../lab/net.ts';
+import { Kubelet, kubeletInfo } from '../e2e-kubelet/kubelet.ts';
+import { check, checks, Cleanups, freePort, NODE_NAME, printChecks, readdirSafe, say, sayAs, skip, sleep, startLogged, stopChild, unmountUnder, waitFor } from '../e2e-kubelet/lib.ts';
+import { SHIM_COMMAND_PATH } from '../../agent/rewrite/shim-command.ts';
+import { CLOSED_HOLE_TAINT_KEY, SHIM_NODE_LABEL } from '../../agent/rewrite/placement.ts';
+import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
+import { KUBERNETES_SERVICE_IP, SERVICE_CIDR, startControlPlane, WEBHOOK_HOST, type ControlPlane } from './control-plane.ts';
+import { Kubectl } from './kubectl.ts';
+import { POD_MONITOR_CRD, writeOverlay } from './overlay.ts';
+import { secondWebhookConfig, startSecondWebhook } from './second-webhook.ts';
+import { APPS_NS, daemonSet, grpcDeployment, OTHER_NS, plainPod, scaleDeployment, webDeployment } from './workloads.ts';
+
+sayAs('e2e-cluster');
+const REPO = fileURLToPath(new URL('../..', import.meta.url));
+const VERSION = (JSON.parse(readFileSync(path.join(REPO, 'package.json'), 'utf8')) as { version: string }).version;
+const IMAGE = `probe-agent:${VERSION}`;
+const IMAGE_TAR = path.join(REPO, 'build/probe-agent-image.tar');
+const BINARIES = ['kube-apiserver', 'kube-controller-manager', 'kube-scheduler', 'kubectl', 'kubelet'];
+const SHIM_SOCKET = '/run/probe-agent-shim/cri.sock';
+const AGENT_SOCKET_DIR = '/run/probe-agent';
+const KUBELET_PORT = 10250;
+/** deploy/components/rewrite-webhook's container port. */
+const WEBHOOK_PORT = 8443;
+/** The node's address is 10.252.<slot>.1. */
+const NODE_IP_RANGE = '10.252.0.0/16';
+const SCALE_PODS = Number(process.env['E2E_SCALE_PODS'] ?? 100);
+
+const cleanups = new Cleanups('e2e-cluster');
+let heading = '';
+
+type Obj = Record<string, any>;
+
+function usage(msg: string): never {
+  console.error(`e2e-cluster: ${msg}\nusage: make e2e-cluster KUBE_BIN_DIR=/dir   (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet of one version)`);
+  process.exit(2);
+}
+
+function binDirFromArgs(): string {
+  const i = process.argv.indexOf('--kube-bin-dir');
+  const d = i >= 0 ? process.argv[i + 1] : process.env['KUBE_BIN_DIR'];
+  if (!d) usage('no KUBE_BIN_DIR given');
+  const abs = path.resolve(d);
+  const missing = BINARIES.filter((b) => spawnSync('test', ['-x', path.join(abs, b)]).status !== 0);
+  if (missing.length) usage(`${abs} lacks ${missing.join(', ')}`);
+  return abs;
+}
+
+/** Every container (init ones too) of a pod. */
+const containersOf = (pod: Obj): Obj[] => [...(pod.spec?.initContainers ?? []), ...(pod.spec?.containers ?? [])];
+const handlersOf = (c: Obj): Obj[] => [c.livenessProbe, c.readinessProbe, c.startupProbe, c.lifecycle?.postStart, c.lifecycle?.preStop].filter(Boolean);
+const isRewrittenHandler = (h: Obj): boolean => h.exec?.command?.[0] === SHIM_COMMAND_PATH;
+/** Rewritten: the record annotation, every handler is the shim command, the toleration, the shim affinity. */
+function rewriteFacts(pod: Obj): { all: boolean; detail: string } {
+  const hs = containersOf(pod).flatMap(handlersOf);
+  const rewritten = hs.filter(isRewrittenHandler).length;
+  const record = pod.metadata?.annotations?.[ORIGINAL_HANDLERS_ANNOTATION] !== undefined;
+  const toleration = (pod.spec?.tolerations ?? []).some((t: Obj) => t.key === CLOSED_HOLE_TAINT_KEY);
+  const affinity = JSON.stringify(pod.spec?.affinity?.nodeAffinity?.requiredDuringSchedulingIgnoredDuringExecution ?? {}).includes(SHIM_NODE_LABEL);
+  return {
+    all: hs.length > 0 && rewritten === hs.length && record && toleration && affinity,
+    detail: `${rewritten}/${hs.length} handlers rewritten, record ${record ? 'yes' : 'no'}, toleration ${toleration ? 'yes' : 'no'}, shim affinity ${affinity ? 'yes' : 'no'}`,
+  };
+}
+const isReady = (pod: Obj): boolean => (pod.status?.conditions ?? []).some((c: Obj) => c.type === 'Ready' && c.status === 'True');
+const restartsOf = (pod: Obj): number => (pod.status?.containerStatuses ?? []).reduce((n: number, s: Obj) => n + (s.restartCount ?? 0), 0);
+const containerIds = (pod: Obj): string => JSON.stringify((pod.status?.containerStatuses ?? []).map((s: Obj) => s.containerID).sort());
+
+/** warn/error lines of the agent's, the webhook's and the shim's JSON logs, gathered before their pods go. */
+class LogWatch {
+  readonly lines: { who: string; line: string }[] = [];
+  readonly #seen = new Set<string>();
+
+  readonly k: Kubectl;
+
+  constructor(k: Kubectl) {
+    this.k = k;
+  }
+
+  take(who: string, text: string): void {
+    for (const line of text.split('\n')) {
+      const level = /"level":"(\w+)"/.exec(line)?.[1];
+      if ((level === 'warn' || level === 'error') && !this.#seen.has(line)) {
+        this.#seen.add(line);
+        this.lines.push({ who, line });
+      }
+    }
+  }
+
+  /** The current pods' logs of a probe-agent workload. */
+  pods(cluster: Cluster, selector: string): void {
+    for (const p of cluster.pods('probe-agent', selector)) this.take(p.metadata.name, this.k.run(['-n', 'probe-agent', 'logs', p.metadata.name, '--all-containers']).stdout);
+  }
+}
+
+class Cluster {
+  readonly k: Kubectl;
+
+  constructor(k: Kubectl) {
+    this.k = k;
+  }
+
+  pods(ns: string, selector?: string): Obj[] {
+    return this.k.json<{ items: Obj[] }>(['pods', '-n', ns, ...(selector ? ['-l', selector] : [])])?.items ?? [];
+  }
+
+  pod(ns: string, name: string): Obj | undefined {
+    return this.k.json<Obj>(['pod', '-n', ns, name]);
+  }
+
+  /** Waits until `n` pods match and all are Ready. */
+  async ready(ns: string, selector: string, n: number, timeoutMs: number): Promise<Obj[] | undefined> {
+    return waitFor(`${n} Ready pods ${ns}/${selector}`, timeoutMs, () => {
+      const ps = this.pods(ns, selector).filter((p) => !p.metadata.deletionTimestamp);
+      return ps.length >= n && ps.every(isReady) ? ps : undefined;
+    }, 1000);
+  }
+
+  /** The scheduler's reason a pending pod is not placed, from its PodScheduled condition. */
+  unschedulable(ns: string, name: string): string | undefined {
+    const c = (this.pod(ns, name)?.status?.conditions ?? []).find((x: Obj) => x.type === 'PodScheduled' && x.status === 'False');
+    return c ? String(c.message ?? c.reason) : undefined;
+  }
+}
+
+/**
+ * containerd refuses a HostToContainer volume whose host path is not on a shared or slave mount,
+ * and this machine's / is private (a node's systemd makes it shared). The run therefore goes on in a
+ * mount namespace of its own with / made rshared there: the host's mounts stay as they were.
+ */
+async function inOwnMountNamespace(): Promise<void> {
+  if (process.env['E2E_CLUSTER_MOUNT_NS'] !== String(process.ppid)) {
+    const child = spawn('unshare', ['--mount', '--propagation', 'private', '--', process.execPath, ...process.execArgv, ...process.argv.slice(1)],
+      { stdio: 'inherit', env: { ...process.env, E2E_CLUSTER_MOUNT_NS: String(process.pid) } });
+    // The run and its cleanups are the child's: this process only passes signals on and waits.
+    for (const sig of ['SIGINT', 'SIGTERM'] as const) {
+      process.removeAllListeners(sig);
+      process.on(sig, () => child.kill(sig));
+    }
+    const code = await new Promise<number>((resolve) => child.on('exit', (c, signal) => resolve(c ?? (signal ? 130 : 1))));
+    process.exit(code);
+  }
+  execFileSync('mount', ['--make-rshared', '/']);
+}
+
+async function main(): Promise<number> {
+  if (process.getuid?.() !== 0) usage('must run as root (it starts a kubelet, containerd and nftables rules)');
+  const binDir = binDirFromArgs();
+  if (!existsSync(IMAGE_TAR)) usage(`${IMAGE_TAR} is missing: make e2e-cluster builds it with make image`);
+  if (spawnSync('etcd', ['--version']).status !== 0) usage('etcd is not installed (make e2e-cluster installs Debian\'s etcd-server)');
+  for (const p of [SHIM_SOCKET, path.join(AGENT_SOCKET_DIR, 'probe.sock')]) {
+    if (!existsSync(p)) continue;
+    if (await socketAnswers(p)) usage(`${p} answers: a shim or an agent of this node runs; this run sets up its own`);
+    rmSync(p, { force: true }); // left by a killed run
+  }
+  const kinfo = kubeletInfo(path.join(binDir, 'kubelet'));
+  const kv = spawnSync(path.join(binDir, 'kubectl'), ['version', '--client', '--short'], { encoding: 'utf8' }).stdout.trim().split('\n')[0] ?? '';
+  heading = `Kubernetes ${kinfo.version} (${binDir}); ${kv}; etcd ${/etcd Version: (\S+)/.exec(spawnSync('etcd', ['--version'], { encoding: 'utf8' }).stdout)?.[1]}`;
+  say(heading);
+
+  const scratch = mkdtempSync('/run/probe-agent-e2e-cluster-');
+  cleanups.push(() => {
+    if (process.env['E2E_KEEP_LOGS'] === '1') {
+      const keep = `/tmp/e2e-cluster-logs-${Date.now()}`;
+      mkdirSync(keep);
+      for (const f of readdirSafe(scratch).filter((x) => x.endsWith('.log'))) execFileSync('cp', [path.join(scratch, f), keep]);
+      console.log(`logs kept in ${keep}`);
+    }
+    rmSync(scratch, { recursive: true, force: true });
+  });
+  // Pod logs of this run's pods (kubelet writes them under /var/log, outside its root dir).
+  const logDirs = (d: string): Set<string> => new Set(readdirSafe(d));
+  const before = { pods: logDirs('/var/log/pods'), containers: logDirs('/var/log/containers') };
+  cleanups.push(() => {
+    for (const [dir, had] of [['/var/log/pods', before.pods], ['/var/log/containers', before.containers]] as const) {
+      for (const f of readdirSafe(dir)) if (!had.has(f)) rmSync(path.join(dir, f), { recursive: true, force: true });
+    }
+  });
+  const hostRoot = path.join(scratch, 'host');
+  const kubeletDir = path.join(scratch, 'kubelet');
+  for (const d of [path.join(hostRoot, 'etc/systemd/system'), kubeletDir]) mkdirSync(d, { recursive: true });
+  cleanups.push(() => unmountUnder(kubeletDir));
+  for (const d of [AGENT_SOCKET_DIR, path.dirname(SHIM_SOCKET)]) {
+    const had = existsSync(d);
+    cleanups.push(() => {
+      if (!had) rmSync(d, { recursive: true, force: true });
+    });
+  }
+
+  say('the lab containerd (CNI bridge, pause and busybox images) and the image from make image');
+  // Pods reach the node's address and the Service range through their gateway, the host.
+  const ctrd = await createContainerdLab({ routes: [NODE_IP_RANGE, SERVICE_CIDR] });
+  cleanups.push(() => ctrd.destroy());
+  importBusyboxImage(ctrd.socket);
+  execFileSync('ctr', ['--address', ctrd.socket, '-n', 'k8s.io', 'images', 'import', '--snapshotter', 'overlayfs', IMAGE_TAR], { stdio: 'pipe', timeout: 120_000 });
+  const lay = slotLayout(ctrd.slot);
+
+  // The node's address, on lo: pods reach it through their gateway, and kubelet checks that
+  // --node-ip is one of the host's own.
+  const nodeIp = NODE_IP_RANGE.replace(/0\.0\/16$/, `${ctrd.slot}.1`);
+  spawnSync('ip', ['addr', 'del', `${nodeIp}/32`, 'dev', 'lo']);
+  execFileSync('ip', ['addr', 'add', `${nodeIp}/32`, 'dev', 'lo']);
+  cleanups.push(() => void spawnSync('ip', ['addr', 'del', `${nodeIp}/32`, 'dev', 'lo']));
+
+  // When the run restarts kubelet or deletes pods on purpose (the log check allows what that causes).
+  const switchWindow = { from: 0, to: 0 };
+  const webhookDownWindow = { from: 0, to: 0 };
+  const cp = await startControlPlane({ binDir, scratch, nodeIp, nodeName: NODE_NAME });
+  cleanups.push(() => cp.stop());
+  const k = cp.admin;
+  const cluster = new Cluster(k);
+
+  // kube-proxy's one rule this run needs: the `kubernetes` Service to the API server.
+  const NFT = `pa_e2e_cluster_${ctrd.slot}`;
+  const nft = (rules: string): void => void execFileSync('nft', ['-f', '-'], { input: rules });
+  spawnSync('nft', ['delete', 'table', 'inet', NFT]);
+  nft(`table inet ${NFT} {\n  chain pre {\n    type nat hook prerouting priority dstnat;\n    ip daddr ${KUBERNETES_SERVICE_IP} tcp dport 443 dnat ip to ${nodeIp}:${cp.apiPort}\n  }\n  chain out {\n    type filter hook output priority 0; policy accept;\n  }\n}\n`);
+  cleanups.push(() => void spawnSync('nft', ['delete', 'table', 'inet', NFT]));
+
+  // The kubelet, registered; first on containerd directly, as a node is before the switch.
+  if (spawnSync('ss', ['-Htln', `sport = :${KUBELET_PORT}`], { encoding: 'utf8' }).stdout.trim()) usage(`port ${KUBELET_PORT} is taken: another kubelet runs here`);
+  const kubelet = new Kubelet(kinfo, {
+    scratch, manifests: path.join(scratch, 'manifests'), rootDir: kubeletDir, port: KUBELET_PORT, roPort: 0, healthzPort: await freePort(),
+    runtimeEndpoint: ctrd.endpoint, imageEndpoint: ctrd.endpoint,
+    cluster: { kubeconfig: cp.kubeletKubeconfig, clientCaFile: cp.ca.cert, tlsCertFile: cp.kubeletServing.cert, tlsPrivateKeyFile: cp.kubeletServing.key, nodeIp, maxPods: SCALE_PODS + 40 },
+  }, {});
+  mkdirSync(kubelet.setup.manifests);
+  cleanups.push(() => kubelet.stop());
+  const kubeletFlags = (): void => writeFileSync(path.join(kubeletDir, 'kubeadm-flags.env'), `KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=${kubelet.setup.runtimeEndpoint}"\n`);
+  kubeletFlags();
+  const up = await kubelet.start('containerd');
+  const nodeReady = up && await waitFor('the node Ready', 90_000, () => {
+    const n = k.json<Obj>(['node', NODE_NAME]);
+    return (n?.status?.conditions ?? []).some((c: Obj) => c.type === 'Ready' && c.status === 'True') || undefined;
+  }, 1000);
+  if (!check('kubelet registers and its node is Ready', nodeReady === true, nodeReady ? `${NODE_NAME} at ${nodeIp}` : `see ${kubelet.log}`)) return 1;
+
+  // Step 1: the operator's apply.
+  const overlay = writeOverlay({
+    repo: REPO, dir: path.join(scratch, 'overlay'), version: VERSION, containerdDir: ctrd.dir, containerdEndpoint: ctrd.endpoint, netnsDir: ctrd.netnsDir,
+    hostRoot, kubeletDir, apiServerCidr: `${lay.subnet4.replace(/0\/24$/, '1')}/32`,
+  });
+  k.apply([POD_MONITOR_CRD]);
+  k.run(['wait', '--for=condition=established', '--timeout=30s', `crd/${POD_MONITOR_CRD.metadata.name}`]);
+  const applied = k.run(['apply', '-k', overlay], undefined, 120_000);
+  check('kubectl apply -k: every object accepted', applied.ok, applied.ok ? `${applied.stdout.trim().split('\n').length} objects` : applied.stderr.trim().slice(0, 400));
+  if (!applied.ok) return 1;
+  const agentPods = await cluster.ready('probe-agent', 'app.kubernetes.io/name=probe-agent', 1, 180_000);
+  check('agent DaemonSet Ready on the node', agentPods !== undefined, agentPods ? `${agentPods[0]!.metadata.name}, image ${agentPods[0]!.spec.containers[0].image}` : podSummary(cluster, 'probe-agent'));
+
+  // The webhook's certificates, as docs/rewrite.md "Without cert-manager" says.
+  k.must(['-n', 'probe-agent', 'create', 'secret', 'tls', 'probe-agent-webhook-tls', `--cert=${cp.webhookServing.cert}`, `--key=${cp.webhookServing.key}`]);
+  k.must(['-n', 'probe-agent', 'create', 'secret', 'generic', 'probe-agent-webhook-client-ca', `--from-file=ca.crt=${cp.admissionClientCa.cert}`]);
+  const caB64 = readFileSync(cp.webhookCa.cert).toString('base64');
+  const mwc = k.json<Obj>(['mutatingwebhookconfiguration', 'probe-agent-rewrite']);
+  k.must(['patch', 'mutatingwebhookconfiguration', 'probe-agent-rewrite', '--type=json', '-p',
+    JSON.stringify((mwc?.webhooks ?? []).map((_: unknown, i: number) => ({ op: 'add', path: `/webhooks/${i}/clientConfig/caBundle`, value: caB64 })))]);
+  const webhookPods = await cluster.ready('probe-agent', 'app.kubernetes.io/name=probe-agent-webhook', 2, 180_000);
+  check('webhook Deployment Ready (2 replicas), registered with its caBundle', webhookPods !== undefined && (mwc?.webhooks ?? []).length >= 1,
+    `${webhookPods?.length ?? 0} Ready; ${(mwc?.webhooks ?? []).map((w: Obj) => w.name).join(', ')}`);
+
+  // Step 2a: the installer installs the shim; the run starts it as the unit says; kubelet switches.
+  const installed = await waitFor('the installer to install the shim release', 120_000, () => existsSync(path.join(hostRoot, 'opt/probe-agent-shim/current/dist/shim/main.js')) || undefined, 1000);
+  const unit = path.join(hostRoot, 'etc/systemd/system/probe-agent-shim.service');
+  check('installer copies the shim release and its unit onto the host', installed === true && existsSync(unit), installed ? `${hostRoot}/opt/probe-agent-shim/current, ${path.basename(unit)}` : podSummary(cluster, 'probe-agent'));
+  if (!installed || !existsSync(unit)) return 1;
+  const shim = startShimFromUnit(unit, hostRoot, ctrd.endpoint, path.join(scratch, 'shim.log'));
+  cleanups.push(() => stopChild(shim));
+  if (!(await waitFor('the shim socket', 20_000, () => existsSync(SHIM_SOCKET) || undefined))) {
+    check('the installed shim starts', false, `see ${scratch}/shim.log`);
+    return 1;
+  }
+  say('switching kubelet to the shim (docs/closing-the-hole.md)');
+  switchWindow.from = Date.now();
+  await kubelet.stop();
+  kubelet.setup.runtimeEndpoint = `unix://${SHIM_SOCKET}`;
+  kubeletFlags();
+  const switched = await kubelet.start('shim');
+  switchWindow.to = Date.now() + 10_000;
+  const labelled = switched && await waitFor('the installer to label the node', 60_000, () => k.json<Obj>(['node', NODE_NAME])?.metadata?.labels?.[SHIM_NODE_LABEL] === 'ready' || undefined, 1000);
+  const agentAfter = cluster.pods('probe-agent', 'app.kubernetes.io/name=probe-agent')[0];
+  check('kubelet through the shim; installer labels the node shim=ready; no pod restarted', labelled === true && restartsOf(agentAfter ?? {}) === 0,
+    `label ${labelled ? 'set by the installer' : 'missing'}; agent restarts ${restartsOf(agentAfter ?? {})}`);
+  if (!labelled) return 1;
+
+  // Close the hole: taint, and drop node->pod connections. The webhook's port stays open: its pods
+  // stand for pods on an open node (overlay.ts gives them the toleration), where kubelet probes them.
+  nft(`table inet ${NFT} {\n  chain out {\n    ip daddr ${lay.subnet4} tcp dport != ${WEBHOOK_PORT} ct state new counter drop\n  }\n}\n`);
+  k.must(['taint', 'node', NODE_NAME, `${CLOSED_HOLE_TAINT_KEY}=:NoSchedule`]);
+
+  // Step 2b: workloads through the API server and the webhook.
+  k.apply([
+    { apiVersion: 'v1', kind: 'Namespace', metadata: { name: APPS_NS, labels: { 'probe-agent.io/rewrite': 'enabled' } } },
+    { apiVersion: 'v1', kind: 'Namespace', metadata: { name: OTHER_NS } },
+  ]);
+  await waitFor('the namespaces\' default service accounts', 30_000, () => (k.run(['-n', APPS_NS, 'get', 'sa', 'default']).ok && k.run(['-n', OTHER_NS, 'get', 'sa', 'default']).ok) || undefined, 500);
+  const created = k.apply([webDeployment(), grpcDeployment(`docker.io/library/${IMAGE}`), daemonSet('daemon', true), daemonSet('daemon-untolerated', false)]);
+  check('workloads created', created.ok, created.ok ? 'web (2), grpc (1), daemon (DaemonSet)' : created.stderr.slice(0, 300));
+  const apps = { web: 2, grpc: 1, daemon: 1 };
+  const readyApps: Record<string, Obj[] | undefined> = {};
+  for (const [app, n] of Object.entries(apps)) readyApps[app] = await cluster.ready(APPS_NS, `app=${app}`, n, 180_000);
+  for (const [app, n] of Object.entries(apps)) {
+    const ps = readyApps[app] ?? cluster.pods(APPS_NS, `app=${app}`);
+    const facts = ps.map(rewriteFacts);
+    check(`${app}: stored pods rewritten by the API server's call`, ps.length >= n && facts.every((f) => f.all), facts.map((f) => f.detail).join('; ') || 'no pod');
+    check(`${app}: Ready through the shim, node->pod dropped`, readyApps[app] !== undefined && ps.every((p) => restartsOf(p) === 0) && (await nodeCannotReach(ps)),
+      `${ps.filter(isReady).length}/${ps.length} Ready, restarts ${ps.map(restartsOf).join(',')}`);
+  }
+  // Without the toleration in its template the DaemonSet controller makes no pod for the closed node.
+  const untolerated = k.json<Obj>(['daemonset', '-n', APPS_NS, 'daemon-untolerated']);
+  check('a DaemonSet whose template lacks the toleration skips the closed node', untolerated?.status?.desiredNumberScheduled === 0 && cluster.pods(APPS_NS, 'app=daemon-untolerated').length === 0,
+    `desiredNumberScheduled ${untolerated?.status?.desiredNumberScheduled}, pods ${cluster.pods(APPS_NS, 'app=daemon-untolerated').length} (docs/closing-the-hole.md: add the toleration to daemons that must run there)`);
+  k.run(['-n', APPS_NS, 'delete', 'daemonset', 'daemon-untolerated']);
+  const web = readyApps['web'] ?? [];
+  const postStart = web.every((p) => /url:\/poststart/.test(k.run(['-n', APPS_NS, 'logs', p.metadata.name, '-c', 'server']).stdout));
+  check('web: postStart httpGet reached the pod', web.length > 0 && postStart, postStart ? 'each web pod\'s httpd logged GET /poststart' : 'missing in a pod\'s log');
+
+  // Reinvocation beside a second webhook, in both orders.
+  const second = await startSecondWebhook(nodeIp, cp.pki.issue('second-webhook', cp.webhookCa, { subject: '/CN=second', server: true, sans: [`IP:${nodeIp}`] }), BUSYBOX_IMAGE_REF);
+  cleanups.push(() => second.close());
+  for (const name of ['a-second', 'z-second']) {
+    k.apply([secondWebhookConfig(name, second.url, cp.webhookCa.cert, APPS_NS)]);
+    await sleep(2000);
+    const podName = `reinvoked-${name}`;
+    const made = k.apply([{ ...plainPod(podName, APPS_NS), metadata: { name: podName, namespace: APPS_NS, labels: { app: podName, 'e2e-second': name } } }]);
+    const p = made.ok ? await waitFor(`${podName} Ready`, 120_000, () => { const x = cluster.pod(APPS_NS, podName); return x && isReady(x) ? x : undefined; }, 1000) : undefined;
+    const stored = p ?? cluster.pod(APPS_NS, podName) ?? {};
+    const added = (stored.spec?.containers ?? []).find((c: Obj) => c.name === 'added');
+    const f = rewriteFacts(stored);
+    check(`reinvocation: ${name} ${name < 'probe-agent-rewrite' ? 'before' : 'after'} ours: the added container's probe rewritten`,
+      added !== undefined && isRewrittenHandler(added.readinessProbe ?? {}) && f.all && p !== undefined,
+      `${added ? 'container added' : made.ok ? 'no container added' : made.stderr.slice(0, 200)}; ${f.detail}; ${p ? 'Ready' : 'not Ready'}`);
+    k.run(['delete', 'mutatingwebhookconfiguration', name]);
+  }
+
+  // Step 3: the installer's RBAC and its unlabel refusal.
+  await installerChecks(k, cluster, scratch, cp.server, cp.ca.cert);
+
+  // Step 4: the taint and the affinity, through the real scheduler.
+  k.apply([plainPod('unrewritten', OTHER_NS)]);
+  // A node without the shim: no kubelet behind it, so tainted not-ready from the start (as the node controller would).
+  k.apply([{ apiVersion: 'v1', kind: 'Node', metadata: { name: 'e2e-no-shim', labels: { 'kubernetes.io/hostname': 'e2e-no-shim' } }, spec: { taints: [{ key: 'node.kubernetes.io/not-ready', effect: 'NoSchedule' }] } }]);
+  k.apply([plainPod('pinned-elsewhere', APPS_NS, {
+    nodeSelector: { 'kubernetes.io/hostname': 'e2e-no-shim' },
+    tolerations: [{ key: 'node.kubernetes.io/not-ready', operator: 'Exists' }, { key: 'node.kubernetes.io/unreachable', operator: 'Exists' }],
+  })]);
+  await sleep(5000);
+  const why1 = cluster.unschedulable(OTHER_NS, 'unrewritten');
+  check('taint: an unrewritten pod stays off the closed node', why1 !== undefined && /taint/i.test(why1), why1 ?? `scheduled on ${cluster.pod(OTHER_NS, 'unrewritten')?.spec?.nodeName}`);
+  const why2 = cluster.unschedulable(APPS_NS, 'pinned-elsewhere');
+  const pinned = cluster.pod(APPS_NS, 'pinned-elsewhere') ?? {};
+  check('affinity: a rewritten pod stays off a node without the shim', rewriteFacts(pinned).all && why2 !== undefined && /affinity|selector/i.test(why2),
+    `${rewriteFacts(pinned).detail}; ${why2 ?? `scheduled on ${pinned.spec?.nodeName}`}`);
+  k.run(['-n', APPS_NS, 'delete', 'pod', 'pinned-elsewhere', '--wait=false']);
+  k.run(['delete', 'node', 'e2e-no-shim']);
+
+  // Step 5's first faults, then step 6 (scale), then the rollback, which takes the node out.
+  const logs = new LogWatch(k);
+  const WEBHOOK = 'app.kubernetes.io/name=probe-agent-webhook';
+  const AGENT = 'app.kubernetes.io/name=probe-agent';
+  logs.pods(cluster, WEBHOOK);
+  webhookDownWindow.from = Date.now();
+  await webhookDown(k, cluster);
+  webhookDownWindow.to = Date.now();
+  logs.pods(cluster, AGENT);
+  say('rolling the agent DaemonSet to a new image');
+  const rolloutWindow = { from: Date.now(), to: 0 };
+  await agentRollout(k, cluster, ctrd.socket);
+  rolloutWindow.to = Date.now();
+  say(`${SCALE_PODS} pods`);
+  const scaleWindow = { from: Date.now(), to: 0 };
+  await scaleStep(k, cluster, cp);
+  scaleWindow.to = Date.now() + 20_000;
+  logs.pods(cluster, AGENT);
+  logs.pods(cluster, WEBHOOK);
+  logs.pods(cluster, 'app.kubernetes.io/name=probe-agent-shim-installer');
+  await rollback(k, cluster, kubelet, kubeletFlags, ctrd.endpoint, NFT);
+  logs.take('shim', readFileSync(path.join(scratch, 'shim.log'), 'utf8'));
+  // What the run causes on purpose, each only in its own step: the agent's rollout leaves the shim
+  // without an agent for a moment; 100 pods starting at once on this 2-core node (the control plane
+  // on it too) starve the agent, whose probes then time out or wait for the netns helper, and the
+  // shim answers kubelet's rewritten probes UNAVAILABLE (kubelet keeps their last result).
+  const at = (line: string): number => Date.parse(/"(?:ts|time)":"([^"]+)"/.exec(line)?.[1] ?? '');
+  const within = (w: { from: number; to: number }) => (line: string) => at(line) >= w.from && at(line) <= w.to;
+  const expected = [
+    { re: /kubelet pod list unavailable/, when: within(switchWindow), why: 'the kubelet restart onto the shim' },
+    // The webhook's pods deleted: until kubelet's /pods shows it, the agent still probes a pod whose sandbox is gone.
+    { re: /probe errored; result kept.*no longer has a READY sandbox/, when: within(webhookDownWindow), why: 'the webhook scaled to 0' },
+    { re: /rewritten handler not run/, when: within(rolloutWindow), why: 'the agent rollout' },
+    { re: /probe errored; result kept.*"reason":"(timeout|helper-error)"|netns helper stderr.*agent is not reading|rewritten handler not run/, when: within(scaleWindow), why: `the ${SCALE_PODS}-pod burst` },
+  ];
+  const unexpected = logs.lines.filter((l) => !expected.some((e) => e.re.test(l.line) && e.when(l.line)));
+  const perRule = expected.map((e) => `${logs.lines.filter((l) => e.re.test(l.line) && e.when(l.line)).length} during ${e.why}`);
+  const allowed = logs.lines.length - unexpected.length;
+  writeFileSync(path.join(scratch, 'warnings.log'), logs.lines.map((l) => `${l.who}: ${l.line}`).join('\n'));
+  const byMsg = new Map<string, number>();
+  for (const l of unexpected) {
+    const key = `${l.who.replace(/-[a-z0-9]{5}$/, '')}: ${/"msg":"([^"]*)"/.exec(l.line)?.[1] ?? l.line.slice(0, 80)}${/"reason":"([^"]*)"/.exec(l.line)?.[1] ? ` (${/"reason":"([^"]*)"/.exec(l.line)?.[1]})` : ''}`;
+    byMsg.set(key, (byMsg.get(key) ?? 0) + 1);
+  }
+  check('no unexpected warn/error in the agent, webhook, installer and shim logs', unexpected.length === 0,
+    `${allowed} expected (${perRule.join(', ')}); unexpected: ${[...byMsg].map(([k, n]) => `${n}x ${k}`).join('; ') || 'none'} (all lines: warnings.log)`);
+
+  console.log(`\nlogs: E2E_KEEP_LOGS=1 keeps the control plane's, kubelet's and the shim's logs (${Object.keys(cp.logs).join(', ')}, kubelet, shim)`);
+  return checks.every((c) => c.outcome !== 'FAIL') ? 0 : 1;
+}
+
+function socketAnswers(p: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const c = connect(p, () => {
+      c.destroy();
+      resolve(true);
+    });
+    c.on('error', () => resolve(false));
+  });
+}
+
+/** The unit's ExecStart with the run's host root and the lab containerd: what systemd would run. */
+function startShimFromUnit(unit: string, hostRoot: string, runtimeEndpoint: string, log: string): ChildProcess {
+  const text = readFileSync(unit, 'utf8').replace(/\\\n\s*/g, ' ');
+  const exec = /^ExecStart=(.*)$/m.exec(text)?.[1]?.trim().split(/\s+/) ?? [];
+  const args = exec.map((a) => a.replace(/^\/opt\/probe-agent-shim\//, `${path.join(hostRoot, 'opt/probe-agent-shim')}/`));
+  const i = args.indexOf('--runtime-endpoint');
+  if (i >= 0) args[i + 1] = runtimeEndpoint;
+  return startLogged(args[0]!, args.slice(1), log);
+}
+
+function podSummary(cluster: Cluster, ns: string): string {
+  return cluster.pods(ns).map((p) => `${p.metadata.name} ${p.status?.phase} ${(p.status?.containerStatuses ?? []).map((s: Obj) => JSON.stringify(s.state)).join(' ')}`).join('; ').slice(0, 500) || 'no pods';
+}
+
+/** Every pod IP on its first container port, from the node: none may connect. */
+async function nodeCannotReach(pods: Obj[]): Promise<boolean> {
+  for (const p of pods) {
+    const port = p.spec.containers[0]?.ports?.[0]?.containerPort;
+    if (!p.status?.podIP || !port) return false;
+    if ((await connectFromNode(p.status.podIP, port, 1000)).result === 'connected') return false;
+  }
+  return pods.length > 0;
+}
+
+/** A token of the installer's service account, and its pod. */
+async function installerChecks(k: Kubectl, cluster: Cluster, scratch: string, server: string, caFile: string): Promise<void> {
+  const pod = cluster.pods('probe-agent', 'app.kubernetes.io/name=probe-agent-shim-installer')[0];
+  const token = k.must(['-n', 'probe-agent', 'create', 'token', 'probe-agent-shim-installer']).trim();
+  const tokenFile = path.join(scratch, 'installer.token');
+  writeFileSync(tokenFile, token, { mode: 0o600 });
+  const as = (args: string[]) => k.withToken(token, path.join(scratch, 'installer.kubeconfig')).run(args);
+  // The installer's own code (label-node.mjs) with the installer's token, for a node it names.
+  const labelAs = (node: string, state: 'ready' | 'absent') => spawnSync(process.execPath, [path.join(REPO, 'deploy/components/kubelet-shim/label-node.mjs'), 'label', state], {
+    encoding: 'utf8', timeout: 30_000, env: { ...process.env, NODE_NAME: node, KUBERNETES_API_URL: server, TOKEN_FILE: tokenFile, NODE_EXTRA_CA_CERTS: caFile },
+  });
+  k.apply([{ apiVersion: 'v1', kind: 'Node', metadata: { name: 'e2e-other-node' } }]);
+  const ownRun = labelAs(NODE_NAME, 'ready');
+  const otherRun = labelAs('e2e-other-node', 'ready');
+  const own = { ok: ownRun.status === 0, stderr: ownRun.stderr ?? '' };
+  const other = { ok: otherRun.status === 0, stderr: otherRun.stderr ?? '' };
+  const vap = k.run(['api-resources', '--api-group=admissionregistration.k8s.io']).stdout.includes('validatingadmissionpolicies');
+  const listAll = as(['get', 'pods', '-A', '-o', 'name']);
+  check('installer RBAC: the protection this version has',
+    own.ok && (vap ? !other.ok : other.ok),
+    `own node label: ${own.ok ? 'allowed' : own.stderr.trim().slice(0, 300)}; another node's shim label: ${other.ok ? 'allowed' : 'denied'} (${vap ? 'ValidatingAdmissionPolicy present: must be denied' : 'no ValidatingAdmissionPolicy before 1.30: RBAC cannot narrow it, documented'}); list pods in every namespace: ${listAll.ok ? `${listAll.stdout.trim().split('\n').length} pods readable` : 'denied'}`);
+  k.run(['delete', 'node', 'e2e-other-node']);
+  const unlabel = pod ? k.run(['-n', 'probe-agent', 'exec', pod.metadata.name, '--', '/bin/bash', '/installer/install-shim.sh', 'unlabel']) : undefined;
+  const still = k.json<Obj>(['node', NODE_NAME])?.metadata?.labels?.[SHIM_NODE_LABEL];
+  check('installer refuses to unlabel while rewritten pods run', unlabel !== undefined && !unlabel.ok && still === 'ready' && /web-|daemon-|grpc-/.test(unlabel.stderr),
+    unlabel ? `exit ${unlabel.ok ? 0 : 'non-zero'}; label ${still}; ${unlabel.stderr.trim().split('\n').slice(-3).join(' | ').slice(0, 200)}` : 'no installer pod');
+}
+
+/** Quantiles of a Prometheus histogram's buckets (upper bounds, linear within a bucket). */
+function quantile(buckets: [number, number][], q: number): number {
+  const total = buckets[buckets.length - 1]?.[1] ?? 0;
+  const want = q * total;
+  let prevLe = 0;
+  let prevN = 0;
+  for (const [le, n] of buckets) {
+    if (n >= want) return Number.isFinite(le) ? prevLe + ((le - prevLe) * (want - prevN)) / Math.max(1, n - prevN) : prevLe;
+    prevLe = le;
+    prevN = n;
+  }
+  return prevLe;
+}
+
+/** A histogram's cumulative buckets (upper bound, count) from Prometheus text, summed over the series `match` accepts. */
+function histogram(text: string, name: string, match: (line: string) => boolean): [number, number][] {
+  const byLe = new Map<number, number>();
+  for (const line of text.split('\n')) {
+    if (!line.startsWith(`${name}_bucket{`) || !match(line)) continue;
+    const le = /le="([^"]+)"/.exec(line)?.[1];
+    if (le === undefined) continue;
+    const bound = le === '+Inf' ? Infinity : Number(le);
+    byLe.set(bound, (byLe.get(bound) ?? 0) + Number(line.slice(line.lastIndexOf(' ') + 1)));
+  }
+  return [...byLe].sort((a, b) => a[0] - b[0]);
+}
+
+/** `after` minus `before`, bucket by bucket. */
+const minus = (after: [number, number][], before: [number, number][]): [number, number][] =>
+  after.map(([le, n]) => [le, n - (before.find((b) => b[0] === le)?.[1] ?? 0)]);
+
+const p50p99 = (h: [number, number][]): string => `p50 ${(quantile(h, 0.5) * 1000).toFixed(1)} ms, p99 ${(quantile(h, 0.99) * 1000).toFixed(1)} ms over ${h[h.length - 1]?.[1] ?? 0}`;
+
+/** The API server's calls of `webhook` that did not answer 200, by code and rejection, summed. */
+function failedCalls(text: string, webhook: string): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const line of text.split('\n')) {
+    if (!line.startsWith('apiserver_admission_webhook_request_total{') || !line.includes(`name="${webhook}"`) || line.includes('code="200"')) continue;
+    const key = `code ${/code="([^"]*)"/.exec(line)?.[1]}, rejected ${/rejected="([^"]*)"/.exec(line)?.[1]}`;
+    out.set(key, (out.get(key) ?? 0) + Number(line.slice(line.lastIndexOf(' ') + 1)));
+  }
+  return out;
+}
+
+/** The webhook pods' own request-duration histogram, read with the API server's admission client certificate. */
+async function webhookServerView(cluster: Cluster, cp: ControlPlane): Promise<[number, number][]> {
+  const sum = new Map<number, number>();
+  for (const p of cluster.pods('probe-agent', 'app.kubernetes.io/name=probe-agent-webhook')) {
+    const text = await new Promise<string>((resolve) => {
+      const req = httpsRequest({ host: p.status.podIP, port: WEBHOOK_PORT, path: '/metrics', cert: readFileSync(cp.admissionClient.cert), key: readFileSync(cp.admissionClient.key), ca: readFileSync(cp.webhookCa.cert), servername: WEBHOOK_HOST, timeout: 5000 }, (res) => {
+        let body = '';
+        res.setEncoding('utf8');
+        res.on('data', (c: string) => { body += c; });
+        res.on('end', () => resolve(body));
+      });
+      req.on('error', () => resolve(''));
+      req.end();
+    });
+    for (const [le, n] of histogram(text, 'probe_agent_webhook_request_duration_seconds', (l) => l.includes('path="/mutate"'))) sum.set(le, (sum.get(le) ?? 0) + n);
+  }
+  return [...sum].sort((a, b) => a[0] - b[0]);
+}
+
+async function scaleStep(k: Kubectl, cluster: Cluster, cp: ControlPlane): Promise<void> {
+  if (!(SCALE_PODS > 0)) {
+    skip('scale', `E2E_SCALE_PODS=${process.env['E2E_SCALE_PODS']}`);
+    return;
+  }
+  const hook = 'namespaces.rewrite.probe-agent.io';
+  const latency = (text: string) => histogram(text, 'apiserver_admission_webhook_admission_duration_seconds', (l) => l.includes(`name="${hook}"`) && l.includes('operation="CREATE"'));
+  const metricsBefore = k.raw('/metrics');
+  const serverBefore = await webhookServerView(cluster, cp);
+  const t0 = Date.now();
+  k.apply([scaleDeployment(SCALE_PODS)]);
+  // Each pod ends rewritten and Ready, or (its review failed: failurePolicy Ignore) as written and
+  // held Pending by the closed-hole taint, which is where such a pod is safe.
+  const settled = (p: Obj): 'rewritten' | 'held' | undefined =>
+    (rewriteFacts(p).all && isReady(p) ? 'rewritten' : !rewriteFacts(p).all && /taint/i.test(JSON.stringify(p.status?.conditions ?? [])) ? 'held' : undefined);
+  const ps = await waitFor(`${SCALE_PODS} scale pods settled`, 900_000, () => {
+    const all = cluster.pods(APPS_NS, 'app=scale');
+    return all.length >= SCALE_PODS && all.every((p) => settled(p) !== undefined) ? all : undefined;
+  }, 2000);
+  const secs = ((Date.now() - t0) / 1000).toFixed(0);
+  const metricsAfter = k.raw('/metrics');
+  const apiView = minus(latency(metricsAfter), latency(metricsBefore));
+  const serverView = minus(await webhookServerView(cluster, cp), serverBefore);
+  const failedBefore = failedCalls(metricsBefore, hook);
+  const failed = [...failedCalls(metricsAfter, hook)].map(([key, n]) => [key, n - (failedBefore.get(key) ?? 0)] as const).filter(([, n]) => n > 0);
+  const all = ps ?? cluster.pods(APPS_NS, 'app=scale');
+  const rewritten = all.filter((p) => settled(p) === 'rewritten').length;
+  const held = all.filter((p) => settled(p) === 'held').length;
+  check(`scale: ${SCALE_PODS} pods through the scheduler and the webhook, each rewritten or held safe`, ps !== undefined && rewritten + held === SCALE_PODS && rewritten > 0,
+    `${rewritten} rewritten and Ready, ${held} admitted as written after a failed review and held Pending by the taint, in ${secs} s; admission latency measured by the API server (${hook}): ${p50p99(apiView)}; by the webhook: ${p50p99(serverView)}; failed calls: ${failed.map(([key, n]) => `${key}: ${n}`).join('; ') || 'none'}`);
+  k.run(['-n', APPS_NS, 'delete', 'deployment', 'scale'], undefined, 120_000);
+  await waitFor('the scale pods gone', 300_000, () => cluster.pods(APPS_NS, 'app=scale').length === 0 || undefined, 2000);
+}
+
+async function webhookDown(k: Kubectl, cluster: Cluster): Promise<void> {
+  k.must(['-n', 'probe-agent', 'scale', 'deployment', 'probe-agent-webhook', '--replicas=0']);
+  await waitFor('the webhook pods gone', 60_000, () => cluster.pods('probe-agent', 'app.kubernetes.io/name=probe-agent-webhook').length === 0 || undefined, 1000);
+  k.apply([plainPod('while-down-ignore', APPS_NS)]);
+  await sleep(5000);
+  const p = cluster.pod(APPS_NS, 'while-down-ignore');
+  const why = cluster.unschedulable(APPS_NS, 'while-down-ignore');
+  check('webhook down, failurePolicy Ignore: admitted as written, kept off the closed node', p !== undefined && !rewriteFacts(p).all && why !== undefined && /taint/i.test(why),
+    p ? `${rewriteFacts(p).detail}; ${why ?? `scheduled on ${p.spec.nodeName}`}` : 'not admitted');
+  k.run(['-n', APPS_NS, 'delete', 'pod', 'while-down-ignore', '--wait=false']);
+  const mwc = k.json<Obj>(['mutatingwebhookconfiguration', 'probe-agent-rewrite']);
+  const policy = (v: string) => JSON.stringify((mwc?.webhooks ?? []).map((_: unknown, i: number) => ({ op: 'replace', path: `/webhooks/${i}/failurePolicy`, value: v })));
+  k.must(['patch', 'mutatingwebhookconfiguration', 'probe-agent-rewrite', '--type=json', '-p', policy('Fail')]);
+  const refused = k.apply([plainPod('while-down-fail', APPS_NS)]);
+  check('webhook down, failurePolicy Fail: the pod is refused', !refused.ok && cluster.pod(APPS_NS, 'while-down-fail') === undefined, refused.ok ? 'admitted' : refused.stderr.trim().split('\n')[0]!.slice(0, 200));
+  k.must(['patch', 'mutatingwebhookconfiguration', 'probe-agent-rewrite', '--type=json', '-p', policy('Ignore')]);
+  k.must(['-n', 'probe-agent', 'scale', 'deployment', 'probe-agent-webhook', '--replicas=2']);
+  const back = await cluster.ready('probe-agent', 'app.kubernetes.io/name=probe-agent-webhook', 2, 120_000);
+  check('webhook back: 2 replicas Ready', back !== undefined, back ? back.map((p) => p.metadata.name).join(', ') : podSummary(cluster, 'probe-agent'));
+}
+
+/** The agent DaemonSet rolled to a new image tag while rewritten probes run: nothing restarts. */
+async function agentRollout(k: Kubectl, cluster: Cluster, containerdSocket: string): Promise<void> {
+  const newTag = `probe-agent:${VERSION}-e2e-rollout`;
+  execFileSync('ctr', ['--address', containerdSocket, '-n', 'k8s.io', 'images', 'tag', '--force', `docker.io/library/${IMAGE}`, `docker.io/library/${newTag}`], { stdio: 'pipe' });
+  const before = cluster.pods(APPS_NS).filter((p) => /^(web|grpc|daemon)-/.test(p.metadata.name));
+  let notReady = 0;
+  let polls = 0;
+  k.must(['-n', 'probe-agent', 'set', 'image', 'daemonset/probe-agent', `agent=${newTag}`]);
+  const done = await waitFor('the agent rollout', 240_000, () => {
+    polls++;
+    notReady += cluster.pods(APPS_NS).filter((p) => /^(web|grpc|daemon)-/.test(p.metadata.name) && !isReady(p)).length > 0 ? 1 : 0;
+    const a = cluster.pods('probe-agent', 'app.kubernetes.io/name=probe-agent');
+    return a.length === 1 && a[0]!.spec.containers[0].image === newTag && isReady(a[0]!) || undefined;
+  }, 1000);
+  await sleep(10_000);
+  const after = cluster.pods(APPS_NS).filter((p) => /^(web|grpc|daemon)-/.test(p.metadata.name));
+  const changed = before.filter((b) => { const a = after.find((x) => x.metadata.name === b.metadata.name); return !a || containerIds(a) !== containerIds(b) || restartsOf(a) !== restartsOf(b); });
+  check('agent rolled to a new image under rewritten probes: nothing restarts', done === true && changed.length === 0 && after.every(isReady),
+    `rollout ${done ? 'done' : 'not done'}; pods changed ${changed.map((p) => p.metadata.name).join(', ') || 'none'}; polls with a workload pod not Ready: ${notReady}/${polls}`);
+}
+
+/** docs/closing-the-hole.md, "Roll back", step by step on this node: no pod killed. */
+async function rollback(k: Kubectl, cluster: Cluster, kubelet: Kubelet, kubeletFlags: () => void, containerdEndpoint: string, nftTable: string): Promise<void> {
+  const daemons = (): Obj[] => [...cluster.pods('probe-agent'), ...cluster.pods(APPS_NS, 'app=daemon')].filter((p) => p.metadata.ownerReferences?.[0]?.kind === 'DaemonSet');
+  // 1. Open the hole.
+  execFileSync('nft', ['flush', 'chain', 'inet', nftTable, 'out']);
+  k.must(['taint', 'node', NODE_NAME, `${CLOSED_HOLE_TAINT_KEY}:NoSchedule-`]);
+  // 2. Mark and cordon.
+  k.must(['annotate', 'node', NODE_NAME, 'probe-agent.io/shim-rollback=true', '--overwrite']);
+  k.must(['cordon', NODE_NAME]);
+  // 3. Drain the rewritten pods (their controllers recreate them: Pending, no other shim node here).
+  // The webhook's pods stay: on one node its PodDisruptionBudget would hold the drain forever.
+  const drain = k.run(['drain', NODE_NAME, '--ignore-daemonsets', '--delete-emptydir-data', '--force', '--timeout=120s', '--pod-selector=app.kubernetes.io/name!=probe-agent-webhook'], undefined, 180_000);
+  // 4. Un-rewrite the daemon pods: delete each; the webhook leaves the new one as written (its 10 s cache first).
+  await sleep(11_000);
+  for (const p of cluster.pods(APPS_NS, 'app=daemon')) k.run(['-n', APPS_NS, 'delete', 'pod', p.metadata.name]);
+  const daemonBack = await cluster.ready(APPS_NS, 'app=daemon', 1, 120_000);
+  const plain = daemonBack?.every((p) => !containersOf(p).flatMap(handlersOf).some(isRewrittenHandler)) ?? false;
+  check('rollback 1-4: hole open, cordoned, drained; daemon pod recreated as written and Ready', drain.ok && plain,
+    `drain ${drain.ok ? 'ok' : drain.stderr.trim().slice(0, 160)}; daemon pod ${daemonBack ? (plain ? 'unrewritten, Ready' : 'still rewritten') : 'not Ready'}`);
+  // 5. Remove the label.
+  const installer = cluster.pods('probe-agent', 'app.kubernetes.io/name=probe-agent-shim-installer')[0];
+  const unlabel = installer ? k.run(['-n', 'probe-agent', 'exec', installer.metadata.name, '--', '/bin/bash', '/installer/install-shim.sh', 'unlabel'], undefined, 120_000) : undefined;
+  const label = k.json<Obj>(['node', NODE_NAME])?.metadata?.labels?.[SHIM_NODE_LABEL];
+  check('rollback 5: install-shim.sh unlabel removes the label', unlabel?.ok === true && label === undefined, `exit ${unlabel?.ok ? 0 : 'non-zero'}; label ${label ?? 'gone'}; ${unlabel?.stderr.trim().split('\n').pop()?.slice(0, 160)}`);
+  // 6. Kubelet back to the runtime, restarted: the running pods survive.
+  const before = daemons();
+  await kubelet.stop();
+  kubelet.setup.runtimeEndpoint = containerdEndpoint;
+  kubeletFlags();
+  const back = await kubelet.start('rolled-back');
+  await sleep(20_000);
+  const after = daemons();
+  const killed = before.filter((b) => { const a = after.find((x) => x.metadata.name === b.metadata.name); return !a || containerIds(a) !== containerIds(b) || restartsOf(a) !== restartsOf(b); });
+  check('rollback 6: kubelet on the runtime again; no pod killed', back && killed.length === 0 && after.every(isReady),
+    `kubelet ${back ? 'up' : 'down'}; ${before.length} daemon pods, changed: ${killed.map((p) => p.metadata.name).join(', ') || 'none'}`);
+  k.run(['uncordon', NODE_NAME]);
+}
+
+
+let code = 1;
+try {
+  if (process.getuid?.() === 0) await inOwnMountNamespace();
+  code = await main();
+} catch (err) {
+  console.error(`e2e-cluster: ${(err as Error).stack ?? err}`);
+} finally {
+  await cleanups.run();
+}
+printChecks(heading || 'e2e-cluster: not started', 70);
+process.exit(code);
