@@ -606,22 +606,6 @@ describe('rewrite-webhook component', () => {
     expect(cel).toContain(`'${OPT_IN_ANNOTATION}' in object.metadata.annotations`);
   });
 
-  it('before-1.30 removes the 1.30-only objects (the installer policy, the matchCondition webhook entry) and nothing else', () => {
-    const key = (o: Obj) => `${o.kind}/${o.metadata.name}`;
-    const full = rendered.get('shim-webhook')!;
-    const old = rendered.get('shim-webhook-before-1.30')!;
-    const removed = full.map(key).filter((k) => !old.map(key).includes(k));
-    expect(removed.sort()).toEqual(['ValidatingAdmissionPolicy/probe-agent-shim-installer-node-label', 'ValidatingAdmissionPolicyBinding/probe-agent-shim-installer-node-label']);
-    const cfg = (objs: Obj[]) => found(objs.find((o) => o.kind === 'MutatingWebhookConfiguration'), 'webhook config');
-    // No CEL left for a 1.24 API server to refuse; the namespace entry stays as it was.
-    expect(JSON.stringify(old)).not.toContain('matchConditions');
-    expect(cfg(old).webhooks).toEqual([cfg(full).webhooks[0]]);
-    const rest = (objs: Obj[]) => objs.filter((o) => o.kind !== 'MutatingWebhookConfiguration' && !removed.includes(key(o)));
-    expect(rest(old)).toEqual(rest(full));
-    // Alone it patches nothing: the base renders unchanged.
-    expect(rendered.get('before-1.30')).toEqual(rendered.get('base'));
-  });
-
   it('leaves the agent DaemonSet exactly as the base renders it', () => {
     const ds = (name: string) => rendered.get(name)!.find((o) => o.kind === 'DaemonSet');
     expect(ds('rewrite-webhook')).toEqual(ds('base'));
