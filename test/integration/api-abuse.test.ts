@@ -265,7 +265,11 @@ describe('ProbeService abuse through the daemon socket', () => {
       expect(received.length).toBeGreaterThanOrEqual(1024);
       expect(resumeFrom).toBe(received.at(-1));
       // The agent stopped queueing for it and goes on serving the reading one well past the cut.
-      await until(() => healthyLast > resumeFrom + 1000, 60_000, 'the reading watcher 1000 revisions past the cut');
+      // Ends early if the reading watcher itself ends, so the failure says how.
+      await until(() => healthyLast > resumeFrom + 1000 || healthyError !== undefined, 60_000, 'the reading watcher 1000 revisions past the cut').catch((err: Error) => {
+        throw new Error(`${err.message}: cut at ${resumeFrom}, the reading watcher at ${healthyLast} after ${healthyEvents} events`);
+      });
+      expect(healthyError, `the reading watcher ended at revision ${healthyLast}`).toBeUndefined();
       const sent = (await agent.client.listStatus({}, 5000)).revision;
       expect(received.at(-1)).toBe(resumeFrom);
       expect(healthyError).toBeUndefined();
