@@ -182,7 +182,8 @@ describe('close-hole sidecar script', () => {
 
   it('refuses a relative state file before touching the ruleset', async () => {
     const child = start({ CLOSE_HOLE_STATE_FILE: 'state' });
-    const [code] = (await once(child, 'exit')) as [number | null];
+    // 'close', not 'exit': the script's last words may still be in the pipe when it has exited.
+    const [code] = (await once(child, 'close')) as [number | null];
     expect(code).toBe(2);
     expect(output).toMatch(/CLOSE_HOLE_STATE_FILE: want an absolute path/);
     expect(tablePresent()).toBe(false);
@@ -190,7 +191,7 @@ describe('close-hole sidecar script', () => {
 
   it('refuses settings nft rejects, before touching the ruleset', async () => {
     const child = start({ CLOSE_HOLE_POD_CIDRS: `${lab.subnetV4},fd00:10:250:${lab.id}::1::/64` });
-    const [code] = (await once(child, 'exit')) as [number | null];
+    const [code] = (await once(child, 'close')) as [number | null];
     expect(code).toBe(2);
     expect(output).toMatch(/nft refused the table/);
     expect(tablePresent()).toBe(false);
