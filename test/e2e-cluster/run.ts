@@ -35,7 +35,7 @@ import { importBusyboxImage, BUSYBOX_IMAGE_REF } from '../lab/busybox-image.ts';
 import { createContainerdLab } from '../lab/containerd.ts';
 import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
-import { Kubelet, kubeletInfo } from '../e2e-kubelet/kubelet.ts';
+import { keepKubeletSysctls, Kubelet, kubeletInfo } from '../e2e-kubelet/kubelet.ts';
 import { check, checks, Cleanups, freePort, NODE_NAME, printChecks, readdirSafe, say, sayAs, skip, sleep, startLogged, stopChild, unmountUnder, waitFor } from '../e2e-kubelet/lib.ts';
 import { SHIM_COMMAND_PATH } from '../../agent/rewrite/shim-command.ts';
 import { CLOSED_HOLE_TAINT_KEY, SHIM_NODE_LABEL } from '../../agent/rewrite/placement.ts';
@@ -215,6 +215,7 @@ async function main(): Promise<number> {
   const kubeletDir = path.join(scratch, 'kubelet');
   for (const d of [path.join(hostRoot, 'etc/systemd/system'), kubeletDir]) mkdirSync(d, { recursive: true });
   cleanups.push(() => unmountUnder(kubeletDir));
+  cleanups.push(keepKubeletSysctls());
   for (const d of [AGENT_SOCKET_DIR, path.dirname(SHIM_SOCKET)]) {
     const had = existsSync(d);
     cleanups.push(() => {

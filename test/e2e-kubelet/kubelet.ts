@@ -7,6 +7,22 @@ import { readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { httpGet, NODE_NAME, podsOf, sleep, startLogged, stopChild, waitFor } from './lib.ts';
 
+/** What kubelet sets at start unless protectKernelDefaults (pkg/kubelet/cm/container_manager_linux.go). */
+const KUBELET_SYSCTLS = ['vm.overcommit_memory', 'vm.panic_on_oom', 'kernel.panic', 'kernel.panic_on_oops', 'kernel.keys.root_maxkeys', 'kernel.keys.root_maxbytes'];
+
+function sysctl(name: string): string | undefined {
+  const r = spawnSync('sysctl', ['-n', name], { encoding: 'utf8' });
+  return r.status === 0 ? r.stdout.trim() : undefined;
+}
+
+/** Reads the sysctls kubelet changes at start; the step returned puts back whatever they were. */
+export function keepKubeletSysctls(): () => void {
+  const saved = new Map(KUBELET_SYSCTLS.map((n) => [n, sysctl(n)] as const));
+  return () => {
+    for (const [n, v] of saved) if (v !== undefined && sysctl(n) !== v) spawnSync('sysctl', ['-q', '-w', `${n}=${v}`]);
+  };
+}
+
 export interface KubeletInfo {
   bin: string;
   /** "v1.26.7", or "unknown". */

@@ -29,7 +29,7 @@ import { KubeletCri } from '../support/kubelet-cri.ts';
 import { runExecTimeoutGate, runSidecar, runSleepHook } from './cases.ts';
 import { REPLACE_EVERY_MS, runChurn } from './churn.ts';
 import { startFrameTap, type FrameTap } from './frame-tap.ts';
-import { Kubelet, kubeletInfo } from './kubelet.ts';
+import { keepKubeletSysctls, Kubelet, kubeletInfo } from './kubelet.ts';
 import {
   binaryFromArgs, check, Cleanups, checks, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
   stopChild, tail, total, unmountUnder, printChecks, waitFor, type PodView,
@@ -42,8 +42,6 @@ import { placePod, removePods, rewritePod, type PhaseContext } from './static-po
 let CLI = '';
 /** Named after the containerd lab slot: its subnet is that slot's, and reset-lab-state.sh removes a dead slot's table. */
 let NFT_TABLE = '';
-/** What kubelet sets at start unless protectKernelDefaults (pkg/kubelet/cm/container_manager_linux.go). */
-const KUBELET_SYSCTLS = ['vm.overcommit_memory', 'vm.panic_on_oom', 'kernel.panic', 'kernel.panic_on_oops', 'kernel.keys.root_maxkeys', 'kernel.keys.root_maxbytes'];
 
 const cleanups = new Cleanups('e2e-kubelet');
 /** Set once known, for the table's heading. */
@@ -52,11 +50,6 @@ let kubeletLine = '';
 function usage(msg: string): never {
   console.error(`e2e-kubelet: ${msg}\nusage: make e2e-kubelet KUBELET=/path/to/kubelet   (or: node test/e2e-kubelet/run.ts --kubelet PATH)`);
   process.exit(2);
-}
-
-function sysctl(name: string): string | undefined {
-  const r = spawnSync('sysctl', ['-n', name], { encoding: 'utf8' });
-  return r.status === 0 ? r.stdout.trim() : undefined;
 }
 
 async function main(): Promise<number> {
@@ -87,11 +80,7 @@ async function main(): Promise<number> {
   mkdirSync(kubeletRoot);
   cleanups.push(() => unmountUnder(kubeletRoot));
 
-  // Sysctls kubelet changes at start: put back whatever they were.
-  const saved = new Map(KUBELET_SYSCTLS.map((n) => [n, sysctl(n)] as const));
-  cleanups.push(() => {
-    for (const [n, v] of saved) if (v !== undefined && sysctl(n) !== v) spawnSync('sysctl', ['-q', '-w', `${n}=${v}`]);
-  });
+  cleanups.push(keepKubeletSysctls());
 
   say('starting the lab containerd (CNI bridge, pause and busybox images)');
   const ctrd: ContainerdLab = await createContainerdLab();

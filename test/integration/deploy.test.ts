@@ -168,7 +168,9 @@ describe('close-hole sidecar script', () => {
   it('leaves exempt ports open, only guards the listed interfaces, watches an IPv6 agent address', async () => {
     const pod = lab.pods[0]!;
     ready = true;
-    start({ CLOSE_HOLE_EXEMPT_TCP_PORTS: String(tcpPort()), CLOSE_HOLE_AGENT_ADDRESS: `[::1]:${metricsV6.port}` });
+    // Not a fail-open case: a readiness check slowed by the suite's load must not open the hole
+    // between the table appearing and the connections below.
+    start({ CLOSE_HOLE_EXEMPT_TCP_PORTS: String(tcpPort()), CLOSE_HOLE_AGENT_ADDRESS: `[::1]:${metricsV6.port}`, CLOSE_HOLE_FAIL_OPEN_AFTER: '60', CLOSE_HOLE_CHECK_TIMEOUT: '5' });
     await waitFor('the table', tablePresent);
     expect((await connectFromNode(pod.ipv4, tcpPort(), 1000)).result).toBe('connected');
     expect((await connectFromNode(pod.ipv4, httpPort(), 1000)).result).not.toBe('connected');
