@@ -35,7 +35,7 @@ export interface ProcfsResolverOptions {
   missReuseMs?: number;
   pathChecker?: NetnsPathChecker;
   /**
-   * The node's netns, to recognise host-network pods. Default: <procRoot>/1/ns/net, else the
+   * The node's netns, to set aside processes of the pod that are not in its netns. Default: <procRoot>/1/ns/net, else the
    * agent's own (it runs with hostNetwork); PID 1 may be unreadable (e.g. a non-dumpable init).
    */
   nodeNetnsPath?: string;
@@ -128,8 +128,10 @@ export class ProcfsResolver implements NetnsResolver {
     if (byInode.size === 0) throw resolveFailure('not-found', `pod ${who}: its processes exited during the scan`, { uid: pod.uid });
     const hostIno = await this.#nodeNetnsInode();
     if (hostIno !== undefined && byInode.has(hostIno)) {
+      // hostNetwork pods never get here (the pod model leaves them to kubelet): a process of a pod
+      // that is starting sits in its cgroup before it enters the pod's netns. Try again later.
       if (byInode.size === 1) {
-        throw new UnsupportedPodError(`pod ${who}: its processes share the node's network namespace (hostNetwork): probed by kubelet, not by us`, { uid: pod.uid });
+        throw resolveFailure('not-found', `pod ${who}: its processes are all still in the node's network namespace (a container starting)`, { uid: pod.uid });
       }
       // Runtime helpers (e.g. conmon) can sit in the pod cgroup while living in the node netns.
       byInode.delete(hostIno);

@@ -151,12 +151,13 @@ describe('ProcfsResolver with kubelet-shaped cgroups', () => {
     expect((err as Error).message).toMatch(/2 different network namespaces/);
   });
 
-  it('reports a pod that shares the node netns as unsupported (hostNetwork)', async () => {
+  it("reports not-found, to retry, while a pod's only process is still in the node netns (a container starting)", async () => {
     const uid = randomUUID();
     await podProcess(`kubepods/besteffort/pod${uid}/${'5'.repeat(64)}`, undefined);
     const err = await rejection(resolver.resolve(podRef(uid)));
-    expect(err).toBeInstanceOf(UnsupportedPodError);
-    expect((err as Error).message).toMatch(/hostNetwork/);
+    expect(err).toBeInstanceOf(NetnsUnavailableError);
+    expect(outcomeOf(err)).toBe('not-found');
+    expect((err as Error).message).toMatch(/still in the node's network namespace/);
   });
 
   it('ignores a node-netns helper in the pod cgroup when the pod has its own netns', async () => {
