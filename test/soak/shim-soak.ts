@@ -282,7 +282,7 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
     const agentSock = path.join(scratch, 'probe.sock');
     const cli = builtEntry('cli.js');
     const agentEnv = { ...process.env, NODE_OPTIONS: AGENT_NODE_OPTIONS };
-    const agentStart = await spawnReady('nice', ['-n', '10', process.execPath, ...launcherNodeFlags(), ...extraFlags('SOAK_AGENT_NODE_FLAGS'), cli, 'run', `--kubelet-url=${kubelet.httpUrl}`, '--kubelet-token-file=',
+    const agentStart = await spawnReady(process.execPath, [...launcherNodeFlags(), ...extraFlags('SOAK_AGENT_NODE_FLAGS'), cli, 'run', `--kubelet-url=${kubelet.httpUrl}`, '--kubelet-token-file=',
       '--netns-resolvers=cri', `--cri-endpoint=${lab.endpoint}`, `--netns-dir=${lab.netnsDir}`, `--socket=${agentSock}`, '--metrics-address=127.0.0.1:0', '--log-format=json'],
     /metrics listener started[^\n]*"address":"([^"]+)"/, 'agent', agentEnv);
     procs.push(agentStart.child);
@@ -290,9 +290,8 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
     const shimSock = path.join(scratch, 'cri.sock');
     // As the systemd unit runs it: its node flags (SOAK_SHIM_UNIT_FLAGS=0: none, to compare).
     const unitFlags = process.env['SOAK_SHIM_UNIT_FLAGS'] === '0' ? [] : shimUnitNodeFlags();
-    const shimStart = await spawnReady('nice', ['-n', '10', process.execPath, ...unitFlags, ...extraFlags('SOAK_SHIM_NODE_FLAGS'), builtEntry('shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
+    const shimStart = await spawnReady(process.execPath, [...unitFlags, ...extraFlags('SOAK_SHIM_NODE_FLAGS'), builtEntry('shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
     procs.push(shimStart.child);
-    // `nice` execs node: the pids are node's.
     const shimPid = shimStart.child.pid!;
     const agentPid = agentStart.child.pid!;
     cri = new KubeletCri(shimSock, o.authority === 'path' ? { 'grpc.default_authority': shimSock } : {});
