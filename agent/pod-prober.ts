@@ -12,13 +12,13 @@ import {
 } from './errors.ts';
 import type { FeatureGates } from './featuregates.ts';
 import { silentLogger, type Logger } from './log.ts';
-import { outcomeOf, type NetnsResolverChain, type PodRef } from './netns/resolver.ts';
+import { isSandboxGone, outcomeOf, type NetnsResolverChain, type PodRef } from './netns/resolver.ts';
 import type { ContainerLocator, PodIndex, RuntimeSandbox } from './pods/container-lookup.ts';
 import { handlerFieldOf, needsHeaderValues, refuseDroppedHeaderValues, withHeaderValues, type HeaderValueSource } from './pods/header-values.ts';
 import type { ContainerInfo, NotOursReason, PodInfo } from './pods/types.ts';
 import { runProbe } from './probe/run.ts';
 import { refuseForeignHostInShimCall } from './probe/target.ts';
-import type { ProbeContext, ProbeHandler, ProbeOutcome, ProbeSpec, ProbeType, SocketFactory } from './probe/types.ts';
+import type { FailureReason, ProbeContext, ProbeHandler, ProbeOutcome, ProbeSpec, ProbeType, SocketFactory } from './probe/types.ts';
 import { errorOutcome, type RunProbe } from './scheduler/guarded-run.ts';
 import type { FairLimiter } from './scheduler/limiter.ts';
 import type { SandboxGoing } from './sandbox-going.ts';
@@ -113,7 +113,7 @@ export class PodProber implements OnDemandProber {
    * (runtime calls, a /proc or netns scan): with many of them the node's real probes starve. A
    * runtime that could not be asked (unavailable) is not remembered: it must be retried at once.
    */
-  readonly #unresolved = new Map<string, { key: string; failures: number; retryAt: number; message: string }>();
+  readonly #unresolved = new Map<string, { key: string; failures: number; retryAt: number; reason: FailureReason; message: string }>();
 
   constructor(opts: PodProberOptions) {
     this.#o = opts;
@@ -124,13 +124,14 @@ export class PodProber implements OnDemandProber {
   readonly runForWorker: RunProbe = async (pod, container, spec, signal) => {
     const miss = this.#unresolved.get(pod.uid);
     // The key (string building) only for a pod that missed: not on every probe of a resolved pod.
-    if (miss && miss.key === unresolvedKey(pod) && Date.now() < miss.retryAt) return errorOutcome('netns-unresolved', miss.message);
+    if (miss && miss.key === unresolvedKey(pod) && Date.now() < miss.retryAt) return errorOutcome(miss.reason, miss.message);
     let netns: string;
     try {
       netns = await this.#resolve(pod, signal);
       this.#unresolved.delete(pod.uid);
     } catch (err) {
-      const reason = err instanceof UnsupportedPodError ? 'unsupported-pod' : 'netns-unresolved';
+      // A sandbox the runtime no longer has READY is a pod going (or its sandbox replaced): expected churn.
+      const reason: FailureReason = err instanceof UnsupportedPodError ? 'unsupported-pod' : isSandboxGone(err) ? 'netns-gone' : 'netns-unresolved';
       const message = describeError(err);
       if (outcomeOf(err) === 'not-found' && !signal.aborted) {
         const key = unresolvedKey(pod);
@@ -139,7 +140,7 @@ export class PodProber implements OnDemandProber {
         // pods which failed together (a burst of new pods) do not come back together.
         const periodMs = Math.max(1, spec.periodSeconds) * 1000;
         const delay = Math.min(UNRESOLVED_MAX_BACKOFF_MS, periodMs * 2 ** Math.min(failures, 20) * (0.75 + Math.random() / 2));
-        this.#unresolved.set(pod.uid, { key, failures, retryAt: Date.now() + delay, message });
+        this.#unresolved.set(pod.uid, { key, failures, retryAt: Date.now() + delay, reason, message });
       } else {
         this.#unresolved.delete(pod.uid);
       }

@@ -58,6 +58,11 @@ export function resolveFailure(
   return new NetnsUnavailableError(message, { ...context, outcome }, cause === undefined ? undefined : { cause });
 }
 
+/** True for a pod the runtime ran and no longer has a READY sandbox for: going, or its sandbox replaced. */
+export function isSandboxGone(err: unknown): boolean {
+  return err instanceof ProbeAgentError && err.context['sandboxGone'] === true;
+}
+
 /** Maps any error a resolver threw onto the metric outcome label. */
 export function outcomeOf(err: unknown): Exclude<ResolveOutcome, 'ok'> {
   if (err instanceof UnsupportedPodError) return 'unsupported';
@@ -260,7 +265,7 @@ export class NetnsResolverChain {
             'not-found',
             `netns of pod ${podLabel(pod)} not resolvable: the runtime no longer has a READY sandbox for it (${describeError(err)}); ` +
               'not falling back to the other resolvers, whose match could be another pod that reused its IP',
-            { uid: pod.uid, namespace: pod.namespace, name: pod.name, resolver: 'cri' },
+            { uid: pod.uid, namespace: pod.namespace, name: pod.name, resolver: 'cri', sandboxGone: true },
             err,
           );
         }

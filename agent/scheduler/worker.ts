@@ -388,7 +388,9 @@ export class ProbeWorker {
     if (outcome.result === 'error') {
       // Reported (kubelet: an "errored" event per run), but once per streak of the same reason.
       if (!this.#erroredBefore || this.#lastErrorReason !== outcome.reason) {
-        this.#host.logger.warn('probe errored; result kept', { ...this.key, kept: after, reason: outcome.reason, message: this.#lastMessage });
+        // A pod's netns or sandbox gone is a pod going or its sandbox replaced: churn, nothing to chase.
+        const level = outcome.reason === 'netns-gone' ? 'info' : 'warn';
+        this.#host.logger[level]('probe errored; result kept', { ...this.key, kept: after, reason: outcome.reason, message: this.#lastMessage });
       }
       this.#erroredBefore = true;
       this.#lastErrorReason = outcome.reason;

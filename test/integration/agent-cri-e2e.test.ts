@@ -243,6 +243,22 @@ describe('probe-agent run with the CRI resolver against containerd', () => {
     expect(await counted(late, 'outside')).toBe(0);
   }, 45_000);
 
+  it('a pod whose sandbox the runtime removed before the pod list shows it: netns-gone, logged at info as churn', async () => {
+    const going = await ctrd.runSandbox({ name: 'going', namespace: NS });
+    await startSandboxServer(going);
+    kubelet.setPods([podFor(web), podFor(secure, { runtimeClassName: 'secure-rc' }), podFor(going)]);
+    await agent.waitForStatuses((s) => find(s, 'going', 'Readiness')?.result === 'success', 20_000);
+    await ctrd.stopSandbox(going.id);
+    await ctrd.removeSandbox(going.id);
+    // The pod list still shows it (kubelet's /pods lags the runtime): its workers keep asking.
+    const after = await agent.waitForStatuses((s) => /no longer has a READY sandbox/.test(find(s, 'going', 'Readiness')?.lastMessage ?? ''), 20_000);
+    // An error keeps the last result, as kubelet does.
+    expect(find(after, 'going', 'Readiness')).toMatchObject({ lastReason: 'netns-gone', result: 'success', ready: true });
+    const errored = agent.logs.filter((r) => r['msg'] === 'probe errored; result kept' && r['podUID'] === going.uid);
+    expect(errored.length).toBeGreaterThan(0);
+    expect(errored.map((r) => `${String(r['level'])} ${String(r['reason'])}`)).toEqual(errored.map(() => 'info netns-gone'));
+  }, 45_000);
+
   it('exits 0 on SIGTERM', async () => {
     expect(await agent.stop('SIGTERM')).toBe(0);
   });
