@@ -9,7 +9,7 @@ import { statSync } from 'node:fs';
 import { readdir, realpath, stat } from 'node:fs/promises';
 import { networkInterfaces } from 'node:os';
 import path from 'node:path';
-import { UnsupportedPodError, describeError } from '../errors.ts';
+import { NetnsError, UnsupportedPodError, describeError } from '../errors.ts';
 import { canonicalIp } from './ip.ts';
 import { NetnsPathChecker } from './netns-path.ts';
 import {
@@ -231,8 +231,9 @@ export class AddressResolver implements NetnsResolver {
           const ino = (await stat(file)).ino;
           namespaces.push({ index, file, ino, addrs: await this.#list(file) });
         } catch (err) {
-          // A netns deleted meanwhile holds nobody's IPs; one that cannot be read (stale mount,
+          // A netns deleted or unmounted meanwhile holds nobody's IPs; one that cannot be read (stale mount,
           // the helper timing out) might: it makes a miss uncertain. Neither may block the others.
+          if (err instanceof NetnsError && err.kind === 'gone') continue;
           if (!(await stat(file).then(() => true, () => false))) continue;
           errors.push(`${file}: ${describeError(err)}`);
         }

@@ -81,8 +81,11 @@ export function replyToError(netns: string, family: 4 | 6, reply: Extract<Helper
   const gone = code === 'ENOENT' || code === 'ENOTDIR' || code === 'ESRCH';
   const denied = code === 'EPERM' || code === 'EACCES';
   switch (reply.stage) {
-    case 'validate':
     case 'nstype':
+      // A path checked as a namespace earlier that is a plain file now: its sandbox unmounted it.
+      if (code === 'ENOTTY') return new NetnsError('gone', `netns "${netns}" is no longer a mounted namespace`, ctx);
+      return new NetnsError('invalid', `netns "${netns}" refused: ${reply.error}`, ctx);
+    case 'validate':
       return new NetnsError('invalid', `netns "${netns}" refused: ${reply.error}`, ctx);
     case 'open':
       if (gone) return new NetnsError('gone', `netns "${netns}" is gone (${code})`, ctx);

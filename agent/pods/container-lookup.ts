@@ -8,8 +8,8 @@
  * the fallback while the runtime cannot be asked.
  *
  * Answers are cached per container and per sandbox (bounded, LRU), so a probe per second per
- * container costs no runtime round trip: a cached sandbox's netns is re-checked (same inode) on
- * every use, the runtime is asked again after a TTL, and a sandbox found gone (netns replaced or
+ * container costs no runtime round trip: a cached sandbox's netns is re-checked (same inode) at
+ * most a second before use, the runtime is asked again after a TTL, and a sandbox found gone (netns replaced or
  * unmounted, a probe that met a vanished netns, its pod removed) is dropped with its containers.
  */
 import { describeError, InvalidProbeError, NetnsUnavailableError, PodNotFoundError, UnsupportedPodError } from '../errors.ts';
@@ -109,6 +109,8 @@ interface SandboxRecord {
   view: SandboxView;
   /** Absent when the pod cannot be probed from a netns: `unsupported` says why. */
   netns?: { path: string; inode: number };
+  /** When the netns was last found the same (Date.now() ms); see NETNS_RECHECK_MS. */
+  netnsCheckedAt?: number;
   unsupported?: UnsupportedPodError;
   freshUntil: number;
   gone: boolean;
@@ -121,6 +123,15 @@ interface ContainerEntry {
   ports: ContainerPort[];
   sandbox: SandboxRecord;
 }
+
+/**
+ * How long one check of a sandbox's bind-mounted netns file stands (three syscalls per probe
+ * otherwise). Such a name is never reused, and a torn-down sandbox's file is no namespace, which
+ * the helper refuses (NS_GET_NSTYPE) before any setns: a probe never runs elsewhere in between.
+ * A /proc/<pid>/ns/net path is checked every time: its pid can be reused by another pod's process.
+ */
+const NETNS_RECHECK_MS = 1000;
+const PROC_NETNS = /\/\d+\/ns\/net$/;
 
 /** Container ID -> pod and container, from the runtime (kubelet's pod list as the fallback). */
 export class ContainerLocator {
@@ -266,8 +277,14 @@ export class ContainerLocator {
 
   /** A cached sandbox's netns, when it has one, is still the same namespace (a sandbox torn down unmounts it). */
   #netnsStillThere(rec: SandboxRecord): boolean {
-    if (!rec.netns) return true;
-    if (isSameNetnsNow(rec.netns.path, rec.netns.inode)) return true;
+    const ns = rec.netns;
+    if (!ns) return true;
+    const now = Date.now();
+    if (rec.netnsCheckedAt !== undefined && now - rec.netnsCheckedAt < NETNS_RECHECK_MS && !PROC_NETNS.test(ns.path)) return true;
+    if (isSameNetnsNow(ns.path, ns.inode)) {
+      rec.netnsCheckedAt = now;
+      return true;
+    }
     this.invalidateSandbox(rec.view.id);
     return false;
   }
