@@ -231,8 +231,8 @@ export class AddressResolver implements NetnsResolver {
           const ino = (await stat(file)).ino;
           namespaces.push({ index, file, ino, addrs: await this.#list(file) });
         } catch (err) {
-          // A netns deleted or unmounted meanwhile holds nobody's IPs; one that cannot be read (stale mount,
-          // the helper timing out) might: it makes a miss uncertain. Neither may block the others.
+          // A netns deleted or unmounted meanwhile holds nobody's IPs; one that cannot be read (stale
+          // mount, the helper timing out) might: it makes a miss uncertain. Neither may block the others.
           if (err instanceof NetnsError && err.kind === 'gone') continue;
           if (!(await stat(file).then(() => true, () => false))) continue;
           errors.push(`${file}: ${describeError(err)}`);

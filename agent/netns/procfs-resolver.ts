@@ -35,8 +35,9 @@ export interface ProcfsResolverOptions {
   missReuseMs?: number;
   pathChecker?: NetnsPathChecker;
   /**
-   * The node's netns, to set aside processes of the pod that are not in its netns. Default: <procRoot>/1/ns/net, else the
-   * agent's own (it runs with hostNetwork); PID 1 may be unreadable (e.g. a non-dumpable init).
+   * The node's netns, to set aside the pod's processes that are not in its netns. Default:
+   * <procRoot>/1/ns/net, else the agent's own (it runs with hostNetwork); PID 1 may be unreadable
+   * (e.g. a non-dumpable init).
    */
   nodeNetnsPath?: string;
   /** Pods with one of these runtimeClassNames are refused (UnsupportedPodError); default DEFAULT_SANDBOXED_RUNTIMES. */

@@ -9,8 +9,9 @@
  *
  * Answers are cached per container and per sandbox (bounded, LRU), so a probe per second per
  * container costs no runtime round trip: a cached sandbox's netns is re-checked (same inode) at
- * most a second before use, the runtime is asked again after a TTL, and a sandbox found gone (netns replaced or
- * unmounted, a probe that met a vanished netns, its pod removed) is dropped with its containers.
+ * most a second before use, the runtime is asked again after a TTL, and a sandbox found gone
+ * (netns replaced or unmounted, a probe that met a vanished netns, its pod removed) is dropped
+ * with its containers.
  */
 import { describeError, InvalidProbeError, NetnsUnavailableError, PodNotFoundError, UnsupportedPodError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
