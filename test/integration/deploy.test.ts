@@ -72,13 +72,23 @@ describe('close-hole sidecar script', () => {
     return script;
   }
 
+  /** SIGTERM, as kubelet stops the sidecar; a script still running 15 s later is killed and reported. */
   async function stop(): Promise<number | null> {
     const child = script;
     script = undefined;
     if (!child || child.exitCode !== null) return child?.exitCode ?? null;
     const exited = once(child, 'exit');
     child.kill('SIGTERM');
-    const [code] = (await exited) as [number | null];
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<'late'>((r) => (timer = setTimeout(() => r('late'), 15_000)));
+    const first = await Promise.race([exited, late]);
+    clearTimeout(timer);
+    if (first === 'late') {
+      child.kill('SIGKILL');
+      await exited;
+      throw new Error(`close-hole.sh still ran 15 s after SIGTERM; its output:\n${output.slice(-2000)}`);
+    }
+    const [code] = first as [number | null];
     return code;
   }
 
@@ -96,8 +106,11 @@ describe('close-hole sidecar script', () => {
   });
 
   afterEach(async () => {
-    await stop();
-    if (tablePresent()) execFileSync('nft', ['delete', 'table', 'inet', table]);
+    try {
+      await stop();
+    } finally {
+      if (tablePresent()) execFileSync('nft', ['delete', 'table', 'inet', table]);
+    }
   });
 
   afterAll(async () => {
