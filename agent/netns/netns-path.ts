@@ -113,13 +113,18 @@ export async function isSameNetns(p: string, inode: number): Promise<boolean> {
   return isSameNetnsNow(p, inode);
 }
 
+/** A <proc root>/<pid>/ns/net path: a magic link, and its pid may later be another process's. */
+export function isProcNetnsPath(p: string): boolean {
+  return /\/\d+\/ns\/net$/.test(p);
+}
+
 /** isSameNetns, synchronously (for callers on a synchronous fast path). */
 export function isSameNetnsNow(p: string, inode: number): boolean {
   // Synchronous on purpose: this runs before every probe, and on nsfs/procfs (in-memory) the three
   // sync calls cost ~3 µs where the libuv round trips cost 40–160 µs of CPU (profiled in make bench).
   try {
     const l = lstatSync(p);
-    if (l.isSymbolicLink() && !/\/\d+\/ns\/net$/.test(p)) return false;
+    if (l.isSymbolicLink() && !isProcNetnsPath(p)) return false;
     return statfsSync(p).type === NSFS_MAGIC && statSync(p).ino === inode;
   } catch {
     return false;

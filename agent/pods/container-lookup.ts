@@ -16,7 +16,7 @@
 import { describeError, InvalidProbeError, NetnsUnavailableError, PodNotFoundError, UnsupportedPodError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
 import type { CriContainer, CriContainerFilter, CriPodSandboxStatusResponse } from '../netns/cri-client.ts';
-import { isSameNetnsNow } from '../netns/netns-path.ts';
+import { isProcNetnsPath, isSameNetnsNow } from '../netns/netns-path.ts';
 import { outcomeOf } from '../netns/resolver.ts';
 import { CONTAINER_LABELS, containerNameOf, containerPortsOf, sandboxViewOf, type RecordedHeaders, type SandboxView } from './sandbox-view.ts';
 import type { ContainerInfo, ContainerPort, PodInfo } from './types.ts';
@@ -132,7 +132,6 @@ interface ContainerEntry {
  * A /proc/<pid>/ns/net path is checked every time: its pid can be reused by another pod's process.
  */
 const NETNS_RECHECK_MS = 1000;
-const PROC_NETNS = /\/\d+\/ns\/net$/;
 
 /** Container ID -> pod and container, from the runtime (kubelet's pod list as the fallback). */
 export class ContainerLocator {
@@ -281,7 +280,7 @@ export class ContainerLocator {
     const ns = rec.netns;
     if (!ns) return true;
     const now = Date.now();
-    if (rec.netnsCheckedAt !== undefined && now - rec.netnsCheckedAt < NETNS_RECHECK_MS && !PROC_NETNS.test(ns.path)) return true;
+    if (rec.netnsCheckedAt !== undefined && now - rec.netnsCheckedAt < NETNS_RECHECK_MS && !isProcNetnsPath(ns.path)) return true;
     if (isSameNetnsNow(ns.path, ns.inode)) {
       rec.netnsCheckedAt = now;
       return true;
