@@ -36,7 +36,7 @@ import { createContainerdLab } from '../lab/containerd.ts';
 import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
 import { keepKubeletSysctls, Kubelet, kubeletInfo } from '../e2e-kubelet/kubelet.ts';
-import { check, checks, Cleanups, freePort, NODE_NAME, printChecks, readdirSafe, say, sayAs, skip, sleep, startLogged, stopChild, unmountUnder, waitFor } from '../e2e-kubelet/lib.ts';
+import { check, checks, Cleanups, freePort, NODE_NAME, readdirSafe, runHarness, say, sayAs, skip, sleep, startLogged, stopChild, unmountUnder, waitFor } from '../e2e-kubelet/lib.ts';
 import { SHIM_COMMAND_PATH } from '../../agent/rewrite/shim-command.ts';
 import { CLOSED_HOLE_TAINT_KEY, SHIM_NODE_LABEL } from '../../agent/rewrite/placement.ts';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
@@ -691,14 +691,7 @@ async function rollback(k: Kubectl, cluster: Cluster, kubelet: Kubelet, kubeletF
 }
 
 
-let code = 1;
-try {
+await runHarness('e2e-cluster', async () => {
   if (process.getuid?.() === 0) await inOwnMountNamespace();
-  code = await main();
-} catch (err) {
-  console.error(`e2e-cluster: ${(err as Error).stack ?? err}`);
-} finally {
-  await cleanups.run();
-}
-printChecks(heading || 'e2e-cluster: not started', 70);
-process.exit(code);
+  return main();
+}, cleanups, () => heading || 'e2e-cluster: not started', 70);

@@ -229,15 +229,16 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   const shimLog = readFrom(ctx.shimLog, shimLogFrom);
   const ctrdLog = readFrom(ctx.containerdLog, containerdLogFrom);
 
-  // When kubelet's PLEG saw each container start: what the probe worker waits for.
+  // Kubelet's own readiness lines time the Ready (ms); /pods polls are the fallback (500 ms). Its
+  // PLEG lines say when it saw each container start: what the probe worker waits for.
   const plegSeen = new Map<string, number>();
   for (const line of klog.split('\n')) {
-    const m = /Type:ContainerStarted Data:([0-9a-f]{64})/.exec(line);
-    const at = m ? klogTime(line) : undefined;
-    if (m && at !== undefined && !plegSeen.has(m[1]!)) plegSeen.set(m[1]!, at);
-  }
-  // Kubelet's own readiness lines time the Ready (ms); /pods polls are the fallback (500 ms).
-  for (const line of klog.split('\n')) {
+    const started = /Type:ContainerStarted Data:([0-9a-f]{64})/.exec(line);
+    if (started) {
+      const at = klogTime(line);
+      if (at !== undefined && !plegSeen.has(started[1]!)) plegSeen.set(started[1]!, at);
+      continue;
+    }
     if (!line.includes('"SyncLoop (probe)"') || !line.includes('probe="readiness"') || !line.includes('status="ready"')) continue;
     const m = /pod="default\/(churn-\d+-g\d+)-/.exec(line);
     const rec = m ? pods.get(m[1]!) : undefined;

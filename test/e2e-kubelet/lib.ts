@@ -275,8 +275,24 @@ export function unmountUnder(dir: string): void {
   for (const m of mounts.sort((a, b) => b.length - a.length)) spawnSync('umount', ['-l', m]);
 }
 
-/** The result table every harness ends with. */
-export function printChecks(heading: string, width: number): void {
+/**
+ * A harness's whole run: main, its cleanups whatever happened, then the result table under
+ * `heading()` (read at the end: main sets what it names) and main's exit code.
+ */
+export async function runHarness(name: string, main: () => Promise<number>, cleanups: Cleanups, heading: () => string, width: number): Promise<never> {
+  let code = 1;
+  try {
+    code = await main();
+  } catch (err) {
+    console.error(`${name}: ${(err as Error).stack ?? err}`);
+  } finally {
+    await cleanups.run();
+  }
+  printChecks(heading(), width);
+  process.exit(code);
+}
+
+function printChecks(heading: string, width: number): void {
   console.log(`\n${heading}`);
   console.log(`${'check'.padEnd(width)} result  detail`);
   for (const c of checks) console.log(`${c.name.padEnd(width)} ${c.outcome}    ${c.detail}`);

@@ -32,7 +32,7 @@ import { startFrameTap, type FrameTap } from './frame-tap.ts';
 import { keepKubeletSysctls, Kubelet, kubeletInfo } from './kubelet.ts';
 import {
   binaryFromArgs, check, Cleanups, checks, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
-  stopChild, tail, total, unmountUnder, printChecks, waitFor, type PodView,
+  stopChild, tail, total, unmountUnder, runHarness, waitFor, type PodView,
 } from './lib.ts';
 import { runBench } from './bench.ts';
 import { churnPod, e2ePods, HTTP_PORT, PODS } from './pods.ts';
@@ -342,13 +342,4 @@ async function sandboxIDs(cri: KubeletCri): Promise<Set<string>> {
 }
 
 
-let code = 1;
-try {
-  code = await main();
-} catch (err) {
-  console.error(`e2e-kubelet: ${(err as Error).stack ?? err}`);
-} finally {
-  await cleanups.run();
-}
-printChecks(kubeletLine || 'kubelet: not started', 58);
-process.exit(code);
+await runHarness('e2e-kubelet', main, cleanups, () => kubeletLine || 'kubelet: not started', 58);
