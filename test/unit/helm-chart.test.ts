@@ -302,6 +302,28 @@ describe('helm chart deploy/helm/probe-agent', () => {
     expect(c.volumeMounts.map((m: Obj) => m.name)).toEqual(['tls']);
   });
 
+  it('adds the extra settings and volumes an operator gives, and the installer host directories', () => {
+    const objs = template({
+      mode: 'shim',
+      runtime: '',
+      agent: {
+        extraEnv: [{ name: 'PROBE_AGENT_CRI_ENDPOINT', value: 'unix:///run/lab/containerd.sock' }],
+        extraVolumes: [{ name: 'lab', hostPath: { path: '/run/lab', type: 'Directory' } }],
+        extraVolumeMounts: [{ name: 'lab', mountPath: '/run/lab', readOnly: true }],
+      },
+      shimInstaller: { extraEnv: [{ name: 'SYSTEMCTL', value: 'none' }], hostPaths: { shimDir: '/lab/opt', systemdUnits: '/lab/units', kubeletDir: '/lab/kubelet' } },
+    });
+    const agentPod = objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'probe-agent')!.spec.template.spec;
+    const agent = agentPod.containers[0];
+    expect(agent.env.filter((e: Obj) => e.name === 'PROBE_AGENT_CRI_ENDPOINT')).toEqual([{ name: 'PROBE_AGENT_CRI_ENDPOINT', value: 'unix:///run/lab/containerd.sock' }]);
+    expect(agent.volumeMounts).toContainEqual({ name: 'lab', mountPath: '/run/lab', readOnly: true });
+    expect(agentPod.volumes).toContainEqual({ name: 'lab', hostPath: { path: '/run/lab', type: 'Directory' } });
+    const installer = objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'probe-agent-shim-installer')!.spec.template.spec;
+    expect(installer.containers[0].env).toContainEqual({ name: 'SYSTEMCTL', value: 'none' });
+    const hostPath = (name: string) => installer.volumes.find((v: Obj) => v.name === name).hostPath.path;
+    expect([hostPath('shim-dir'), hostPath('units'), hostPath('kubelet')]).toEqual(['/lab/opt', '/lab/units', '/lab/kubelet']);
+  });
+
   it.each([
     ['an unknown mode', { mode: 'gates' }, /mode "gates" is not available/],
     ['the webhook outside shim mode', { webhook: { enabled: true, apiServerCIDRs: [API_SERVER_CIDR] } }, /webhook.enabled needs mode: shim/],
