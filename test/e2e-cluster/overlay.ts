@@ -1,8 +1,9 @@
 /**
  * The overlay an operator of this lab node writes: deploy/base with the components docs/deploy.md
- * names for a 1.24 cluster with containerd (containerd, pod-monitor, nodes-proxy-fallback,
- * kubelet-shim, rewrite-webhook, before-1.30), the webhook's certificates made without
- * cert-manager (docs/rewrite.md), and the patches this node needs because its containerd, its
+ * names for the cluster's version with containerd (components(): containerd, pod-monitor,
+ * kubelet-shim, rewrite-webhook; nodes-proxy-fallback before 1.33 and before-1.30 before 1.30),
+ * the webhook's certificates made without cert-manager (docs/rewrite.md), and the patches this
+ * node needs because its containerd, its
  * kubelet's directory and its host root are the lab's, not a distribution's:
  * - the agent reaches the lab containerd's socket and netns files at their host paths;
  * - the webhook tolerates the closed-hole taint: this one node is closed, and its pods stand for
@@ -28,9 +29,21 @@ export interface OverlayOptions {
   kubeletDir: string;
   /** The address range the API server's connections to the webhook come from. */
   apiServerCidr: string;
+  /** The API server's minor version (1.<minor>): which version components the overlay takes. */
+  serverMinor: number;
 }
 
-export const COMPONENTS = ['containerd', 'pod-monitor', 'nodes-proxy-fallback', 'kubelet-shim', 'rewrite-webhook', 'before-1.30'];
+/** The components docs/deploy.md names for a containerd cluster of 1.<minor> (API server and kubelets alike). */
+export function components(minor: number): string[] {
+  return [
+    'containerd', 'pod-monitor',
+    // The kubelet authorizes GET /pods as nodes/pods from 1.33 (KubeletFineGrainedAuthz), as nodes/proxy before.
+    ...(minor < 33 ? ['nodes-proxy-fallback'] : []),
+    'kubelet-shim', 'rewrite-webhook',
+    // ValidatingAdmissionPolicy (v1) and matchConditions are 1.30's: before, the objects that need them go.
+    ...(minor < 30 ? ['before-1.30'] : []),
+  ];
+}
 
 export function writeOverlay(o: OverlayOptions): string {
   mkdirSync(o.dir, { recursive: true });
@@ -76,7 +89,7 @@ export function writeOverlay(o: OverlayOptions): string {
     // kustomize v4 (kubectl 1.21-1.26) runs an overlay's generators after its components and drops
     // local-config objects before them: the CIDR is a plain resource there (docs/deploy.md).
     resources: [rel('base'), 'api-server-cidr.json'],
-    components: COMPONENTS.map((c) => rel(`components/${c}`)),
+    components: components(o.serverMinor).map((c) => rel(`components/${c}`)),
     images: [{ name: 'probe-agent', newName: 'probe-agent', newTag: o.version }],
     patches: [{ patch: JSON.stringify(agentPatch) }, { patch: JSON.stringify(installerPatch) }, { patch: JSON.stringify(webhookPatch) }, ...noCertManager],
   }, null, 2));

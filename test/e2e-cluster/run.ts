@@ -42,7 +42,7 @@ import { CLOSED_HOLE_TAINT_KEY, SHIM_NODE_LABEL } from '../../agent/rewrite/plac
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
 import { KUBERNETES_SERVICE_IP, SERVICE_CIDR, startControlPlane, WEBHOOK_HOST, type ControlPlane } from './control-plane.ts';
 import { Kubectl } from './kubectl.ts';
-import { POD_MONITOR_CRD, writeOverlay } from './overlay.ts';
+import { components, POD_MONITOR_CRD, writeOverlay } from './overlay.ts';
 import { secondWebhookConfig, startSecondWebhook } from './second-webhook.ts';
 import { APPS_NS, daemonSet, grpcDeployment, OTHER_NS, plainPod, scaleDeployment, webDeployment } from './workloads.ts';
 
@@ -189,7 +189,9 @@ async function main(): Promise<number> {
     rmSync(p, { force: true }); // left by a killed run
   }
   const kinfo = kubeletInfo(path.join(binDir, 'kubelet'));
-  const kv = spawnSync(path.join(binDir, 'kubectl'), ['version', '--client', '--short'], { encoding: 'utf8' }).stdout.trim().split('\n')[0] ?? '';
+  // `kubectl version --short` is gone since 1.28; -o json works on every version.
+  const kvJson = spawnSync(path.join(binDir, 'kubectl'), ['version', '--client', '-o', 'json'], { encoding: 'utf8' }).stdout;
+  const kv = `kubectl ${(JSON.parse(kvJson || '{}') as { clientVersion?: { gitVersion?: string } }).clientVersion?.gitVersion ?? 'unknown'}`;
   heading = `Kubernetes ${kinfo.version} (${binDir}); ${kv}; etcd ${/etcd Version: (\S+)/.exec(spawnSync('etcd', ['--version'], { encoding: 'utf8' }).stdout)?.[1]}`;
   say(heading);
 
@@ -271,9 +273,14 @@ async function main(): Promise<number> {
   if (!check('kubelet registers and its node is Ready', nodeReady === true, nodeReady ? `${NODE_NAME} at ${nodeIp}` : `see ${kubelet.log}`)) return 1;
 
   // Step 1: the operator's apply.
+  // The components follow the server's version, as an operator's overlay does (docs/deploy.md).
+  const serverVersion = JSON.parse(k.raw('/version') || '{}') as { minor?: string; gitVersion?: string };
+  const serverMinor = Number.parseInt(serverVersion.minor ?? '', 10);
+  if (!Number.isInteger(serverMinor)) throw new Error(`the API server's /version has no minor: ${JSON.stringify(serverVersion)}`);
+  say(`API server ${serverVersion.gitVersion}: components ${components(serverMinor).join(', ')}`);
   const overlay = writeOverlay({
     repo: REPO, dir: path.join(scratch, 'overlay'), version: VERSION, containerdDir: ctrd.dir, containerdEndpoint: ctrd.endpoint, netnsDir: ctrd.netnsDir,
-    hostRoot, kubeletDir, apiServerCidr: `${lay.subnet4.replace(/0\/24$/, '1')}/32`,
+    hostRoot, kubeletDir, apiServerCidr: `${lay.subnet4.replace(/0\/24$/, '1')}/32`, serverMinor,
   });
   k.apply([POD_MONITOR_CRD]);
   k.run(['wait', '--for=condition=established', '--timeout=30s', `crd/${POD_MONITOR_CRD.metadata.name}`]);
@@ -485,32 +492,48 @@ async function nodeCannotReach(pods: Obj[]): Promise<boolean> {
   return pods.length > 0;
 }
 
-/** A token of the installer's service account, and its pod. */
+/**
+ * The installer's token as its pod holds it: bound to the installer pod, so from 1.30 it carries the
+ * pod's node (the authentication.kubernetes.io/node-name extra the node-label policy reads). Both sides:
+ * its own node's label allowed, another node's refused (where the policy exists); and an unbound token
+ * of the same account, which names no node, refused for its own node too.
+ */
 async function installerChecks(k: Kubectl, cluster: Cluster, scratch: string, server: string, caFile: string): Promise<void> {
   const pod = cluster.pods('probe-agent', 'app.kubernetes.io/name=probe-agent-shim-installer')[0];
-  const token = k.must(['-n', 'probe-agent', 'create', 'token', 'probe-agent-shim-installer']).trim();
+  if (pod === undefined) {
+    check('installer RBAC: the protection this version has (a token bound to the installer pod)', false, `no installer pod to bind a token to: ${podSummary(cluster, 'probe-agent')}`);
+    check('installer refuses to unlabel while rewritten pods run', false, 'no installer pod');
+    return;
+  }
+  const mint = (bound: boolean): string => k.must(['-n', 'probe-agent', 'create', 'token', 'probe-agent-shim-installer',
+    ...(bound ? ['--bound-object-kind', 'Pod', '--bound-object-name', pod.metadata.name] : [])]).trim();
+  const token = mint(true);
   const tokenFile = path.join(scratch, 'installer.token');
   writeFileSync(tokenFile, token, { mode: 0o600 });
+  const unboundFile = path.join(scratch, 'installer-unbound.token');
+  writeFileSync(unboundFile, mint(false), { mode: 0o600 });
   const as = (args: string[]) => k.withToken(token, path.join(scratch, 'installer.kubeconfig')).run(args);
-  // The installer's own code (label-node.mjs) with the installer's token, for a node it names.
-  const labelAs = (node: string, state: 'ready' | 'absent') => spawnSync(process.execPath, [path.join(REPO, 'deploy/components/kubelet-shim/label-node.mjs'), 'label', state], {
-    encoding: 'utf8', timeout: 30_000, env: { ...process.env, NODE_NAME: node, KUBERNETES_API_URL: server, TOKEN_FILE: tokenFile, NODE_EXTRA_CA_CERTS: caFile },
+  // The installer's own code (label-node.mjs) with an installer token, for a node it names.
+  const labelAs = (node: string, state: 'ready' | 'absent', file = tokenFile) => spawnSync(process.execPath, [path.join(REPO, 'deploy/components/kubelet-shim/label-node.mjs'), 'label', state], {
+    encoding: 'utf8', timeout: 30_000, env: { ...process.env, NODE_NAME: node, KUBERNETES_API_URL: server, TOKEN_FILE: file, NODE_EXTRA_CA_CERTS: caFile },
   });
   k.apply([{ apiVersion: 'v1', kind: 'Node', metadata: { name: 'e2e-other-node' } }]);
   const ownRun = labelAs(NODE_NAME, 'ready');
   const otherRun = labelAs('e2e-other-node', 'ready');
+  const unboundRun = labelAs(NODE_NAME, 'ready', unboundFile);
   const own = { ok: ownRun.status === 0, stderr: ownRun.stderr ?? '' };
   const other = { ok: otherRun.status === 0, stderr: otherRun.stderr ?? '' };
+  const unbound = { ok: unboundRun.status === 0 };
   const vap = k.run(['api-resources', '--api-group=admissionregistration.k8s.io']).stdout.includes('validatingadmissionpolicies');
   const listAll = as(['get', 'pods', '-A', '-o', 'name']);
-  check('installer RBAC: the protection this version has',
-    own.ok && (vap ? !other.ok : other.ok),
-    `own node label: ${own.ok ? 'allowed' : own.stderr.trim().slice(0, 300)}; another node's shim label: ${other.ok ? 'allowed' : 'denied'} (${vap ? 'ValidatingAdmissionPolicy present: must be denied' : 'no ValidatingAdmissionPolicy before 1.30: RBAC cannot narrow it, documented'}); list pods in every namespace: ${listAll.ok ? `${listAll.stdout.trim().split('\n').length} pods readable` : 'denied'}`);
+  check('installer RBAC: the protection this version has (a token bound to the installer pod)',
+    own.ok && (vap ? !other.ok && !unbound.ok : other.ok),
+    `own node label: ${own.ok ? 'allowed' : own.stderr.trim().slice(0, 300)}; another node's shim label: ${other.ok ? 'allowed' : 'denied'} (${vap ? 'ValidatingAdmissionPolicy present: must be denied' : 'no ValidatingAdmissionPolicy before 1.30: RBAC cannot narrow it, documented'}); an unbound token, own node: ${unbound.ok ? 'allowed' : 'denied'}${vap ? ' (no node-name: must be denied)' : ''}; list pods in every namespace: ${listAll.ok ? `${listAll.stdout.trim().split('\n').length} pods readable` : 'denied'}`);
   k.run(['delete', 'node', 'e2e-other-node']);
-  const unlabel = pod ? k.run(['-n', 'probe-agent', 'exec', pod.metadata.name, '--', '/bin/bash', '/installer/install-shim.sh', 'unlabel']) : undefined;
+  const unlabel = k.run(['-n', 'probe-agent', 'exec', pod.metadata.name, '--', '/bin/bash', '/installer/install-shim.sh', 'unlabel']);
   const still = k.json<Obj>(['node', NODE_NAME])?.metadata?.labels?.[SHIM_NODE_LABEL];
-  check('installer refuses to unlabel while rewritten pods run', unlabel !== undefined && !unlabel.ok && still === 'ready' && /web-|daemon-|grpc-/.test(unlabel.stderr),
-    unlabel ? `exit ${unlabel.ok ? 0 : 'non-zero'}; label ${still}; ${unlabel.stderr.trim().split('\n').slice(-3).join(' | ').slice(0, 200)}` : 'no installer pod');
+  check('installer refuses to unlabel while rewritten pods run', !unlabel.ok && still === 'ready' && /web-|daemon-|grpc-/.test(unlabel.stderr),
+    `exit ${unlabel.ok ? 0 : 'non-zero'}; label ${still}; ${unlabel.stderr.trim().split('\n').slice(-3).join(' | ').slice(0, 200)}`);
 }
 
 /** Quantiles of a Prometheus histogram's buckets (upper bounds, linear within a bucket). */

@@ -1,0 +1,1 @@
+../../../components/nftables-close-hole/close-hole.sh

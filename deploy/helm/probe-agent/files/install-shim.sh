@@ -1,0 +1,1 @@
+../../../components/kubelet-shim/install-shim.sh
