@@ -88,8 +88,9 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       maxInFlight: config.maxConcurrentProbes,
       maxQueued: config.maxQueuedProbes,
       maxInFlightPerGroup: config.maxProbesPerNamespace,
-      // A namespace's probes may wait up to the node's queue: a node's probes (at most a few per
-      // pod, max-pods pods) never fill it, and the pump still serves namespaces fairly.
+      // A namespace waits for at most its own share: beyond it a call is refused at once (a clear
+      // RESOURCE_EXHAUSTED), so one namespace can never fill the node's queue for the others.
+      maxQueuedPerGroup: config.maxProbesPerNamespace,
       maxInFlightPerOwner: config.maxProbesPerPod,
       maxQueuedPerOwner: config.maxProbesPerPod,
     });
@@ -103,6 +104,8 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       maxQueuedPerOwner: config.maxHooksPerPod,
     });
     metrics.agent.setLimiterSource(() => ({ inFlight: limiter.inFlight, queued: limiter.queued }));
+    metrics.agent.setLimiterBounds('probe', limiter);
+    metrics.agent.setLimiterBounds('hook', hookLimiter);
 
     const client = new KubeletClient(kubeletClientOptions(config, log));
     cleanups.push(() => client.close());

@@ -198,7 +198,8 @@ export async function handleExecSync(call: ExecSyncCall, deps: ExecSyncDeps): Pr
   const what = `${cmd.kind} ${cmd.probeType ? 'probe' : 'hook'}`;
   try {
     if (cmd.probeType) {
-      if (deps.stopping()) throw new RpcError(grpc.status.UNAVAILABLE, 'probe-agent is shutting down');
+      // Not started: the shim sends it to the next agent (a probe may run twice; it only reads).
+      if (deps.stopping()) throw new NotStartedError(`probe-agent is shutting down: the ${what} was not started`, NOT_STARTED_DRAINING);
       const outcome = await runProbeCall(
         { containerID: cmd.containerID, probeType: cmd.probeType, handler: cmd.handler, timeoutSeconds: req.timeout },
         call, deps.prober, deps.probeGate,

@@ -89,8 +89,14 @@ export interface ProbeApiServerOptions {
   maxInFlightHooks?: number;
   /** Parsed rewritten commands ExecSync keeps, by container and command (default 4096; exec-sync.ts). */
   execSyncCacheEntries?: number;
-  /** HTTP/2 streams per client connection (default 256). */
+  /** HTTP/2 streams per client connection on grpc-js (default 256). */
   maxConcurrentStreams?: number;
+  /**
+   * HTTP/2 streams per connection of the shim's hot calls (hot-unary.ts). Default: every call the
+   * probe and hook gates admit plus 1024 for refusals on their way out, so the per-tenant limiter,
+   * never this cap, decides which call waits; an open stream costs a few hundred octets and its request.
+   */
+  maxHotStreams?: number;
   /** Time stop() gives in-flight calls before cancelling them (default 10 s). */
   shutdownGraceMs?: number;
   log?: Logger;
@@ -195,7 +201,7 @@ export class ProbeApiServer {
     });
     this.#hot = new HotUnaryServer({ probe, hook, execSync }, {
       maxRequestBytes: opts.maxRequestBytes ?? 1024 * 1024,
-      maxConcurrentStreams: opts.maxConcurrentStreams ?? 256,
+      maxConcurrentStreams: opts.maxHotStreams ?? this.#probeGate.max + this.#hookGate.max + 1024,
     });
     this.#listener = net.createServer((socket) => this.#route(socket));
     this.#health = new HealthImplementation({ '': 'SERVING', [SERVICE_NAME]: 'SERVING' });
@@ -416,7 +422,7 @@ export class ProbeApiServer {
   }
 
   #probeRpc(call: grpc.ServerUnaryCall<WireProbeRequest, WireProbeResponse>): Promise<WireProbeResponse> {
-    if (this.#stopping) throw new RpcError(grpc.status.UNAVAILABLE, 'probe-agent is shutting down');
+    if (this.#stopping) throw new NotStartedError('probe-agent is shutting down: the probe was not started', NOT_STARTED_DRAINING);
     return handleProbeCall(call, this.#opts.prober, this.#probeGate);
   }
 

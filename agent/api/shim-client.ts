@@ -5,8 +5,9 @@
  * back the agent's ExecSyncResponse bytes (or a gRPC status), encoding and decoding nothing but the
  * answer's exit_code (one varint, for the shim's metrics). It loads no proto files and no gRPC
  * library, so the shim starts in tens of milliseconds and a call costs microseconds of its CPU.
- * One HTTP/2 connection, rebuilt on demand after the agent restarts; every probe call has a
- * deadline, so a slow agent costs the caller only its own call.
+ * One HTTP/2 connection (more only while every one is at the agent's stream cap), rebuilt on demand
+ * after the agent restarts; every probe call has a deadline, so a slow agent costs the caller only
+ * its own call.
  */
 import { encodeLiteralBlock, type HeaderField } from '../http2/hpack.ts';
 import { UnaryH2Client, type UnaryH2Call, type UnaryH2Error, type UnaryH2Response } from '../http2/unary-client.ts';
@@ -39,12 +40,18 @@ export class AgentCallError extends Error {
    * may be sent again.
    */
   readonly notStarted: boolean;
-  constructor(failure: AgentCallFailure, grpcCode: number, message: string, notStarted = failure === 'unreachable') {
+  /**
+   * True when no agent is there to answer: unreachable, the connection broke or was sent away
+   * (GOAWAY), or the agent refused the call because it is draining. A restarted agent may answer it.
+   */
+  readonly agentAway: boolean;
+  constructor(failure: AgentCallFailure, grpcCode: number, message: string, notStarted = failure === 'unreachable', draining = false) {
     super(message);
     this.name = 'AgentCallError';
     this.failure = failure;
     this.grpcCode = grpcCode;
     this.notStarted = notStarted;
+    this.agentAway = failure === 'unreachable' || failure === 'broken' || draining;
   }
 }
 
@@ -86,7 +93,7 @@ function field(fields: readonly HeaderField[] | undefined, name: string): string
 
 /**
  * A connection to one agent socket: our own unary HTTP/2 client (agent/http2/unary-client.ts),
- * one connection multiplexing every call, reopened after the agent restarts.
+ * connections multiplexing every call, reopened after the agent restarts.
  */
 export class ShimProbeClient {
   readonly #socketPath: string;
@@ -167,8 +174,9 @@ function answerOf(method: string, res: UnaryH2Response): [AgentCallError | null,
     const msg = decodeGrpcMessage(field(meta, 'grpc-message') ?? '');
     // Admission refusals and a draining agent's refusals come before the call starts; so does an
     // agent too old to know the method.
-    const notStarted = code === GrpcCode.RESOURCE_EXHAUSTED || code === GrpcCode.UNIMPLEMENTED || field(meta, NOT_STARTED_TRAILER) !== undefined;
-    return [new AgentCallError('status', code, msg || `probe-agent ${method} failed with gRPC status ${code}`, notStarted)];
+    const draining = field(meta, NOT_STARTED_TRAILER) !== undefined;
+    const notStarted = code === GrpcCode.RESOURCE_EXHAUSTED || code === GrpcCode.UNIMPLEMENTED || draining;
+    return [new AgentCallError('status', code, msg || `probe-agent ${method} failed with gRPC status ${code}`, notStarted, draining)];
   }
   try {
     return [null, { body: res.body, exitCode: exitCodeOf(res.body) }];

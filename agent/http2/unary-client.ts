@@ -5,8 +5,9 @@
  * flow control both ways, GOAWAY, CONTINUATION, HPACK) are connection.ts's; what is kept here is
  * what the caller needs to decide whether a failed call may be sent again: a call that never
  * reached the socket, a stream the server refused (REFUSED_STREAM), or a stream above a GOAWAY's
- * last-stream-id was certainly not started (notStarted). Calls beyond the server's
- * SETTINGS_MAX_CONCURRENT_STREAMS wait here for a stream to close.
+ * last-stream-id was certainly not started (notStarted). When every connection is at the server's
+ * SETTINGS_MAX_CONCURRENT_STREAMS another is opened (up to a bound); beyond it, calls wait for a
+ * stream to close.
  *
  * We announce a 16 MiB stream window and a 1 GiB connection window, given back as we read, so the
  * server never waits on us.
@@ -57,6 +58,8 @@ export interface UnaryH2Call {
 export interface UnaryH2ClientOptions {
   /** Largest response body (DATA octets) accepted; beyond it the call fails 'too-large' and its stream is reset. */
   maxResponseBytes: number;
+  /** Connections opened when every open one is at the server's stream cap (default 16). */
+  maxConnections?: number;
 }
 
 const STREAM_WINDOW = 16 * 1024 * 1024;
@@ -67,6 +70,7 @@ const CONN_WINDOW = 2 ** 30;
  * not refused before the server's SETTINGS arrive.
  */
 const ASSUMED_MAX_STREAMS = 100;
+const DEFAULT_MAX_CONNECTIONS = 16;
 const NOT_LISTENING = new Set(['ECONNREFUSED', 'ENOENT', 'EACCES', 'ENOTSOCK']);
 
 interface Stream {
@@ -97,8 +101,12 @@ class Connection {
   /** Set once no new stream may start here (GOAWAY received, failure, close). */
   #closed = false;
 
-  constructor(socketPath: string, opts: UnaryH2ClientOptions) {
+  /** The server's stream cap assumed until its SETTINGS arrive. */
+  readonly #assumedMaxStreams: number;
+
+  constructor(socketPath: string, opts: UnaryH2ClientOptions, assumedMaxStreams = ASSUMED_MAX_STREAMS) {
     this.#label = socketPath;
+    this.#assumedMaxStreams = assumedMaxStreams;
     this.#opts = opts;
     const socket = net.connect(socketPath);
     socket.setNoDelay?.(true);
@@ -118,6 +126,16 @@ class Connection {
     return !this.#closed;
   }
 
+  /** Whether a new call would start now rather than wait for a stream to close. */
+  get hasRoom(): boolean {
+    return !this.#closed && this.#queue.length === 0 && this.#mayStart();
+  }
+
+  /** Calls waiting here for a stream. */
+  get waiting(): number {
+    return this.#queue.length;
+  }
+
   /** Closes the connection; calls on it fail as the connection breaking. */
   destroy(): void {
     this.#h2.destroy();
@@ -132,7 +150,12 @@ class Connection {
   }
 
   #mayStart(): boolean {
-    return this.#h2.mayStart && (this.#h2.settingsSeen || this.#h2.localStreams < ASSUMED_MAX_STREAMS);
+    return this.#h2.mayStart && (this.#h2.settingsSeen || this.#h2.localStreams < this.#assumedMaxStreams);
+  }
+
+  /** The server's SETTINGS_MAX_CONCURRENT_STREAMS once its SETTINGS came. */
+  get serverMaxStreams(): number | undefined {
+    return this.#h2.settingsSeen ? this.#h2.peer.maxConcurrentStreams : undefined;
   }
 
   #start(p: Pending): void {
@@ -243,31 +266,49 @@ class Connection {
   }
 }
 
-/** Unary calls over one connection at a time to a unix socket, opened on demand and again after it breaks. */
+/**
+ * Unary calls to a unix socket over a few connections, opened on demand and again after they break.
+ * A call goes to the first connection with a stream free under the server's
+ * SETTINGS_MAX_CONCURRENT_STREAMS; when every connection is full another is opened (up to
+ * maxConnections, as grpc-go does when a server's stream cap is reached), so the server's per-tenant
+ * admission, not its per-connection stream cap, decides which calls wait. Beyond that a call waits
+ * on the connection with the shortest queue until a stream closes or the caller cancels it.
+ */
 export class UnaryH2Client {
   readonly #socketPath: string;
   readonly #opts: UnaryH2ClientOptions;
-  #conn: Connection | undefined;
+  readonly #maxConnections: number;
+  #conns: Connection[] = [];
 
   constructor(socketPath: string, opts: UnaryH2ClientOptions) {
     this.#socketPath = socketPath;
     this.#opts = opts;
+    this.#maxConnections = Math.max(1, Math.floor(opts.maxConnections ?? DEFAULT_MAX_CONNECTIONS));
+  }
+
+  /** Connections open (usable) now, for tests and metrics. */
+  get connections(): number {
+    return this.#conns.filter((c) => c.usable).length;
   }
 
   /** Sends a request (its HPACK header block and body); the outcome goes to `cb` once, unless cancelled. */
   call(block: Buffer, body: Buffer, cb: UnaryH2Callbacks): UnaryH2Call {
-    let c = this.#conn;
-    if (!c || !c.usable) {
-      c = new Connection(this.#socketPath, this.#opts);
-      this.#conn = c;
+    this.#conns = this.#conns.filter((c) => c.usable);
+    let pick = this.#conns.find((c) => c.hasRoom);
+    if (!pick && this.#conns.length < this.#maxConnections) {
+      // The same server: a new connection takes no more streams before its SETTINGS than the others were allowed.
+      const known = this.#conns.find((c) => c.serverMaxStreams !== undefined)?.serverMaxStreams;
+      pick = new Connection(this.#socketPath, this.#opts, known === undefined ? ASSUMED_MAX_STREAMS : Math.min(ASSUMED_MAX_STREAMS, known));
+      this.#conns.push(pick);
     }
-    return c.call(block, body, cb);
+    if (!pick) pick = this.#conns.reduce((a, b) => (b.waiting < a.waiting ? b : a));
+    return pick.call(block, body, cb);
   }
 
-  /** Closes the connection; calls in flight fail, a later call opens a new one. */
+  /** Closes every connection; calls in flight fail, a later call opens a new one. */
   close(): void {
-    const c = this.#conn;
-    this.#conn = undefined;
-    c?.destroy();
+    const conns = this.#conns;
+    this.#conns = [];
+    for (const c of conns) c.destroy();
   }
 }

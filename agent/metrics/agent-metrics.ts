@@ -49,6 +49,16 @@ export interface LimiterStats {
   queued: number;
 }
 
+/** A limiter's caps (FairLimiter has these fields). */
+export interface LimiterBounds {
+  maxInFlight: number;
+  maxQueued: number;
+  maxInFlightPerGroup: number;
+  maxQueuedPerGroup: number;
+  maxInFlightPerOwner: number;
+  maxQueuedPerOwner: number;
+}
+
 /** Pods known from the kubelet: probed by us, or left to kubelet and why. */
 export interface PodCounts {
   ours: number;
@@ -86,6 +96,7 @@ export class AgentMetrics {
   readonly #addressListings: Counter;
   readonly #netnsSeconds: Histogram<'resolver'>;
   readonly #pods: Gauge<'state'>;
+  readonly #limiterBounds: Gauge<'limiter' | 'scope' | 'slots'>;
   readonly #grpcRequests: Counter<'method' | 'code'>;
   readonly #grpcSeconds: Histogram<'method'>;
   readonly #droppedPods: Gauge<'reason'>;
@@ -207,6 +218,12 @@ export class AgentMetrics {
         if (stats) this.set(stats.queued);
       },
     });
+    this.#limiterBounds = new Gauge({
+      name: 'probe_agent_limiter_bound',
+      help: 'The fair limiter\'s caps: runs one node, namespace or pod may hold (slots="in_flight") or have waiting (slots="queued"); beyond them a call is refused at once.',
+      labelNames: ['limiter', 'scope', 'slots'] as const,
+      registers,
+    });
     this.#pods = new Gauge({
       name: 'probe_agent_pods',
       help: 'Pods on this node by state: ours (probed by the agent) or the reason they are left to kubelet.',
@@ -305,6 +322,19 @@ export class AgentMetrics {
   /** Where in-flight/queued probe counts come from (the limiter); read at scrape time. */
   setLimiterSource(source: () => LimiterStats): void {
     this.#limiterSource = source;
+  }
+
+  /** Publishes a limiter's caps (probe_agent_limiter_bound). */
+  setLimiterBounds(limiter: 'probe' | 'hook', b: LimiterBounds): void {
+    this.#guard('setLimiterBounds', () => {
+      const put = (scope: string, slots: string, v: number): void => void this.#limiterBounds.set({ limiter, scope, slots }, v);
+      put('node', 'in_flight', b.maxInFlight);
+      put('node', 'queued', b.maxQueued);
+      put('namespace', 'in_flight', b.maxInFlightPerGroup);
+      put('namespace', 'queued', b.maxQueuedPerGroup);
+      put('pod', 'in_flight', b.maxInFlightPerOwner);
+      put('pod', 'queued', b.maxQueuedPerOwner);
+    });
   }
 
   /** Where ExecSync's parsed-command cache counters come from (the API server); read at scrape time. */

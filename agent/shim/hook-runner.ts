@@ -59,7 +59,8 @@ export async function runHookOnce(
   }
 }
 
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
+/** Resolves after `ms`, or at once when `signal` aborts. */
+export function sleep(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
     const done = (): void => {
       clearTimeout(t);

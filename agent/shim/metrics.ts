@@ -54,6 +54,7 @@ export class ShimMetrics {
   readonly #intercepted = new Map<string, number>();
   readonly #agentErrors = new Map<AgentErrorCause, number>();
   readonly #hookWaits = new Map<HookWaitOutcome, number>();
+  readonly #probeWaits = new Map<HookWaitOutcome, number>();
   readonly #durations = new Map<InterceptKind, Histogram>();
   #runtimeErrors = 0;
 
@@ -87,6 +88,11 @@ export class ShimMetrics {
     this.#hookWaits.set(outcome, (this.#hookWaits.get(outcome) ?? 0) + 1);
   }
 
+  /** One probe that had to wait for an agent that was not there (restart, rollout), by how the wait ended. */
+  probeWait(outcome: HookWaitOutcome): void {
+    this.#probeWaits.set(outcome, (this.#probeWaits.get(outcome) ?? 0) + 1);
+  }
+
   /** One forwarded call the runtime could not take (unreachable, reset). */
   runtimeError(): void {
     this.#runtimeErrors++;
@@ -109,6 +115,8 @@ export class ShimMetrics {
     for (const [c, v] of sorted(this.#agentErrors)) out.push(`probe_agent_shim_agent_errors_total{cause="${c}"} ${v}`);
     family('probe_agent_shim_hook_waits_total', 'counter', 'Hooks that waited for the agent (down, starting or draining), by outcome.');
     for (const [o, v] of sorted(this.#hookWaits)) out.push(`probe_agent_shim_hook_waits_total{outcome="${o}"} ${v}`);
+    family('probe_agent_shim_probe_waits_total', 'counter', 'Probes sent again while no agent was there to run them (down, starting or draining), by outcome.');
+    for (const [o, v] of sorted(this.#probeWaits)) out.push(`probe_agent_shim_probe_waits_total{outcome="${o}"} ${v}`);
     family('probe_agent_shim_intercept_duration_seconds', 'histogram', 'Time from a rewritten ExecSync read to its answer, by kind.');
     for (const [kind, h] of sorted(this.#durations)) {
       DURATION_BUCKETS.forEach((le, i) => out.push(`probe_agent_shim_intercept_duration_seconds_bucket{kind="${kind}",le="${le}"} ${h.buckets[i]}`));

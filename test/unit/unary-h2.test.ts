@@ -472,27 +472,30 @@ describe('the unary HTTP/2 client', () => {
 });
 
 describe('client and server together', () => {
-  it('many concurrent calls on one connection beyond MAX_CONCURRENT_STREAMS: the client queues, every call gets its own answer', async () => {
-    let active = 0;
-    let peak = 0;
-    const { path: p, server } = await startServer((s) => {
-      active++;
-      peak = Math.max(peak, active);
-      setTimeout(() => {
-        active--;
-        s.message(s.body.subarray(5));
-      }, 1 + (s.streamId % 7));
-    }, { maxConcurrentStreams: 16 });
-    const c = new UnaryH2Client(p, { maxResponseBytes: 1024 });
-    cleanups.push(() => c.close());
-    // Let the server's SETTINGS arrive first, as they do for the shim's long-lived connection.
-    await call(c, grpcBody(Buffer.from('warm'))).done;
-    const answers = await Promise.all(Array.from({ length: 400 }, (_, i) => call(c, grpcBody(Buffer.from(`call-${i}`))).done));
-    expect(answers.map((a) => a.body.subarray(5).toString())).toEqual(Array.from({ length: 400 }, (_, i) => `call-${i}`));
-    expect(peak).toBeLessThanOrEqual(16);
-    expect(peak).toBeGreaterThan(1);
-    expect(server.connections).toBe(1);
-  });
+  for (const maxConnections of [1, 4]) {
+    it(`many concurrent calls beyond MAX_CONCURRENT_STREAMS, at most ${maxConnections} connection(s): ${maxConnections > 1 ? 'more connections open, ' : ''}the rest wait in the client, none is refused, every call gets its own answer`, async () => {
+      let active = 0;
+      let peak = 0;
+      const { path: p, server } = await startServer((s) => {
+        active++;
+        peak = Math.max(peak, active);
+        setTimeout(() => {
+          active--;
+          s.message(s.body.subarray(5));
+        }, 1 + (s.streamId % 7));
+      }, { maxConcurrentStreams: 16 });
+      const c = new UnaryH2Client(p, { maxResponseBytes: 1024, maxConnections });
+      cleanups.push(() => c.close());
+      // Let the server's SETTINGS arrive first, as they do for the shim's long-lived connection.
+      await call(c, grpcBody(Buffer.from('warm'))).done;
+      const answers = await Promise.all(Array.from({ length: 400 }, (_, i) => call(c, grpcBody(Buffer.from(`call-${i}`))).done));
+      expect(answers.map((a) => a.body.subarray(5).toString())).toEqual(Array.from({ length: 400 }, (_, i) => `call-${i}`));
+      expect(peak).toBeLessThanOrEqual(16 * maxConnections);
+      expect(peak).toBeGreaterThan(maxConnections > 1 ? 16 : 1);
+      expect(server.connections).toBe(maxConnections);
+      expect(c.connections).toBe(maxConnections);
+    });
+  }
 
   it('a client cancel reaches the server as RST_STREAM: the handler sees oncancel', async () => {
     let cancelled = false;

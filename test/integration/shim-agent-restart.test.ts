@@ -1,0 +1,139 @@
+/**
+ * An agent restart (a DaemonSet rollout: SIGTERM, the old pod gone, the new one starting) fails no
+ * rewritten call kubelet made (issue 31, item 9). Real parts: kubelet's side is grpc-go
+ * (build/grpc-go-peer), the shim runs as its own process (`probe-agent shim`), the agent is
+ * `probe-agent run` with the CRI resolver, the pod a real containerd sandbox with a server in its
+ * netns. The shim's --probe-socket is a link to the running agent's socket, as the DaemonSet's
+ * hostPath socket is: during the gap it leads nowhere.
+ *
+ * While a slow postStart hook runs and readiness probes keep coming (as kubelet's workers send
+ * them, one at a time each), the agent gets SIGTERM; once it has exited, and a moment later, a new
+ * agent starts. Every call gets the agent's own answer: the hook in flight finishes on the old
+ * agent (its drain), and the calls made while it drained or while no agent was there are answered
+ * by the new one, within kubelet's deadlines.
+ */
+import { requireRoot } from '../support/root.ts';
+requireRoot(['ip', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
+import { requireGrpcGoPeer } from '../support/grpc-go-cri.ts';
+requireGrpcGoPeer();
+
+import { rmSync, symlinkSync, unlinkSync } from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
+import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
+import { labScratch } from '../lab/slots.ts';
+import { SandboxServer } from '../soak/sandbox-server.ts';
+import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
+import { REPO } from '../support/built-cli.ts';
+import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { GrpcGoCri } from '../support/grpc-go-cri.ts';
+import { makePod } from '../support/pod-factory.ts';
+import { startShimProcess, type ShimProcess } from '../support/shim-process.ts';
+
+const HTTP = 8080;
+/** How long the in-flight postStart hook's target takes to answer. */
+const SLOW_HOOK_MS = 4000;
+/** Probe workers (each sends its next probe once the last one is answered, as kubelet's do). */
+const PROBE_LOOPS = 3;
+/** Between the old agent's exit and the new one's start: the rollout's gap. */
+const GAP_MS = 1500;
+
+let ctrd: ContainerdLab;
+let kubelet: FakeKubelet;
+let scratch: string;
+let probeLink: string;
+let sb: LabSandbox;
+let app: LabContainer;
+let server: SandboxServer;
+let shim: ShimProcess;
+let peer: GrpcGoCri;
+const agents: AgentHandle[] = [];
+
+async function startTheAgent(): Promise<AgentHandle> {
+  const a = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: 'cri', args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`] });
+  agents.push(a);
+  try {
+    unlinkSync(probeLink);
+  } catch {
+    // first start
+  }
+  symlinkSync(a.socket, probeLink);
+  return a;
+}
+
+beforeAll(async () => {
+  ctrd = await createContainerdLab();
+  importBusyboxImage(ctrd.socket);
+  scratch = labScratch('agent-restart-');
+  probeLink = path.join(scratch, 'probe.sock');
+  sb = await ctrd.runSandbox({ name: 'web', namespace: 'rollout' });
+  app = await ctrd.runContainer(sb, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
+  server = await SandboxServer.start(sb, { http: HTTP });
+  kubelet = await FakeKubelet.start({ pods: [makePod({ uid: sb.uid, name: sb.name, namespace: 'rollout', ips: sb.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` })] });
+  await startTheAgent();
+  shim = await startShimProcess(path.join(REPO, 'agent/cli.ts'), path.join(scratch, 'cri.sock'), [
+    `--runtime-endpoint=unix://${ctrd.socket}`, `--probe-socket=${probeLink}`, `--metrics-socket=${path.join(scratch, 'shim-metrics.sock')}`,
+  ]);
+  peer = new GrpcGoCri(shim.listenPath);
+}, 120_000);
+
+afterAll(async () => {
+  await peer?.close(5000);
+  await shim?.stop();
+  for (const a of agents) await a.stop('SIGKILL').catch(() => {});
+  await kubelet?.stop();
+  await server?.stop();
+  await ctrd?.destroy();
+  if (scratch) rmSync(scratch, { recursive: true, force: true });
+}, 60_000);
+
+describe('an agent rollout under load', () => {
+  it('fails no hook and no probe: the hook in flight finishes, calls in the gap are answered by the new agent', async () => {
+    const probeCmd = encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } });
+    const hookCmd = (ms: number): string[] => encodeShimCommand('postStart', { httpGet: { path: `/slow?ms=${ms}`, port: HTTP } });
+    const answers: { what: string; at: number; ms: number; outcome: string }[] = [];
+    const t0 = Date.now();
+    const call = async (what: string, cmd: string[], timeout: number): Promise<void> => {
+      const at = Date.now() - t0;
+      const a = await peer.execSync(app.id, cmd, timeout);
+      answers.push({ what, at, ms: Date.now() - t0 - at, outcome: a.ok ? `exit ${a.msg.exitCode}` : `gRPC ${a.code}: ${a.details}` });
+    };
+    expect((await peer.execSync(app.id, probeCmd, 1)).ok).toBe(true);
+
+    let rolling = true;
+    const loops = Array.from({ length: PROBE_LOOPS }, async () => {
+      while (rolling) {
+        await call('probe', probeCmd, 1);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    });
+    const hooks: Promise<void>[] = [call('hook in flight', hookCmd(SLOW_HOOK_MS), 0)];
+    await new Promise((r) => setTimeout(r, 800));
+
+    // The rollout: SIGTERM; a hook sent while the old agent drains; the old agent gone; the gap; the new agent.
+    const old = agents[0]!;
+    const exited = old.stop('SIGTERM', 30_000);
+    await new Promise((r) => setTimeout(r, 200));
+    hooks.push(call('hook while draining', hookCmd(0), 0));
+    expect(await exited).toBe(0);
+    hooks.push(call('hook in the gap', hookCmd(0), 0));
+    await new Promise((r) => setTimeout(r, GAP_MS));
+    const gapEnd = Date.now() - t0;
+    await startTheAgent();
+    const upAt = Date.now() - t0;
+    await new Promise((r) => setTimeout(r, 1500));
+    rolling = false;
+    await Promise.all([...loops, ...hooks]);
+
+    const inGap = answers.filter((a) => a.what === 'probe' && a.at + a.ms > gapEnd - GAP_MS && a.at < upAt);
+    const failed = answers.filter((a) => a.outcome !== 'exit 0');
+    console.log(`agent restart: new agent up at ${upAt} ms; ${answers.length} calls, ${inGap.length} probes sent before it was up; ` +
+      `hooks ${JSON.stringify(answers.filter((a) => a.what !== 'probe'))}; ${failed.length} failed, first: ${JSON.stringify(failed.slice(0, 3))}`);
+    expect({ failed: failed.length, first: failed.slice(0, 3) }).toEqual({ failed: 0, first: [] });
+    expect(answers.filter((a) => a.what.startsWith('hook')).length).toBe(3);
+    // Probes were made while no agent was there, and answered.
+    expect(inGap.length).toBeGreaterThan(0);
+  }, 180_000);
+});
