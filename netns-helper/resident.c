@@ -434,7 +434,9 @@ static int can_take_request(const struct resident *rs) {
 static void answer_overlong(struct resident *rs, const char *buf, size_t len) {
   static struct request req;
   const char *why = NULL;
-  if (parse_request(buf, len, &req, &why) == 0 || !req.has_id || req.has_cmd) {
+  /* Whether or not the cut prefix parses: it is not the whole request. */
+  (void)parse_request(buf, len, &req, &why);
+  if (!req.has_id || req.has_cmd) {
     fprintf(stderr, "probe-agent-netns-helper: dropping a line longer than %d bytes\n", MAX_LINE);
     return;
   }
