@@ -366,6 +366,7 @@ describe('install-shim.sh: the label only once kubelet\'s calls reach the shim',
       await kubelet.stop();
     }
     expect(r.code, r.stderr).toBe(0);
+    expect(labelPatches()).toEqual([]);
     expect(r.stderr).toContain("kubelet's runtime endpoint is unix:///run/containerd/containerd.sock (containerRuntimeEndpoint in /var/lib/kubelet/config.yaml), not unix:///run/probe-agent-shim/cri.sock");
     // Only commented out: kubelet's default, not the shim.
     kubeletFiles('#containerRuntimeEndpoint: unix:///run/probe-agent-shim/cri.sock');
@@ -385,6 +386,7 @@ describe('install-shim.sh: the label only once kubelet\'s calls reach the shim',
       await kubelet.stop();
     }
     expect(r.code, r.stderr).toBe(0);
+    expect(labelPatches()).toEqual([]);
     expect(r.stderr).toContain("kubelet's runtime endpoint is unix:///run/containerd/containerd.sock (--container-runtime-endpoint in /var/lib/kubelet/kubeadm-flags.env, which overrides /var/lib/kubelet/config.yaml)");
     expect(labelPatches()).toEqual([]);
   });
@@ -393,6 +395,7 @@ describe('install-shim.sh: the label only once kubelet\'s calls reach the shim',
     kubeletFiles('containerRuntimeEndpoint: unix:///run/probe-agent-shim/cri.sock');
     const idle = await install();
     expect(idle.code, idle.stderr).toBe(0);
+    expect(labelPatches()).toEqual([]);
     expect(idle.stderr).toContain("kubelet's configuration names the shim (containerRuntimeEndpoint in /var/lib/kubelet/config.yaml) but its calls do not reach the shim: no connection to the shim's socket in 2 x 1s; label not set");
     // One call, then the connection sits idle (kubelet stuck, or a tool that called once).
     const once = new GrpcGoCri(shim.socket);
@@ -400,6 +403,7 @@ describe('install-shim.sh: the label only once kubelet\'s calls reach the shim',
       expect((await once.call('Version', { version: 'v1' })).ok).toBe(true);
       const r = await install();
       expect(r.code, r.stderr).toBe(0);
+      expect(labelPatches()).toEqual([]);
       expect(r.stderr).toMatch(/its calls do not reach the shim: no connection's calls rose by 2 in each interval of 2 x 1s \(busiest: connection \d+, \+0 \+0\); label not set/);
     } finally {
       await once.close();
