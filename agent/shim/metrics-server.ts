@@ -1,5 +1,6 @@
 /**
- * Serves the shim's counters (GET /metrics) over HTTP on a root-only unix socket, and optionally on
+ * Serves the shim's counters (GET /metrics, and GET /cri-clients: the calls of each open connection
+ * on kubelet's socket, JSON) over HTTP on a root-only unix socket, and optionally on
  * a TCP address, apart from kubelet's CRI socket: scraping never touches kubelet's path. Bounded:
  * GET/HEAD only, no request body read, few connections, short timeouts.
  */
@@ -45,7 +46,10 @@ function handler(metrics: ShimMetrics): http.RequestListener {
       res.end(req.method === 'HEAD' ? undefined : body);
     };
     if (req.method !== 'GET' && req.method !== 'HEAD') return send(405, 'method not allowed\n');
-    if ((req.url ?? '/').split('?', 1)[0] !== '/metrics') return send(404, 'not found: try /metrics\n');
+    const url = (req.url ?? '/').split('?', 1)[0];
+    // The installer reads it to prove that kubelet's calls reach the shim (install-shim.sh).
+    if (url === '/cri-clients') return send(200, `${JSON.stringify({ clients: metrics.criClients() })}\n`, 'application/json');
+    if (url !== '/metrics') return send(404, 'not found: try /metrics or /cri-clients\n');
     send(200, metrics.render(), 'text/plain; version=0.0.4; charset=utf-8');
   };
 }

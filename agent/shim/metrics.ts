@@ -42,6 +42,17 @@ export function methodLabel(path: string | undefined): string {
   return (path !== undefined && LABEL_OF_PATH.get(path)) || 'other';
 }
 
+/** Calls on one connection of the kubelet-facing socket: the installer's proof that kubelet uses the shim. */
+export interface CriClient {
+  /** Connection number, unique for the shim's life. */
+  readonly id: number;
+  readonly openedAt: number;
+  calls: number;
+}
+
+/** How many connections GET /cri-clients lists (the busiest): kubelet holds two or three. */
+export const CRI_CLIENTS_LISTED = 16;
+
 interface Histogram {
   buckets: number[];
   sum: number;
@@ -57,6 +68,9 @@ export class ShimMetrics {
   readonly #probeWaits = new Map<HookWaitOutcome, number>();
   readonly #durations = new Map<InterceptKind, Histogram>();
   #runtimeErrors = 0;
+  #criCalls = 0;
+  #nextClient = 1;
+  readonly #clients = new Set<CriClient>();
 
   /** One call passed through to the runtime, by its `:path`. */
   forwarded(path: string | undefined): void {
@@ -93,6 +107,34 @@ export class ShimMetrics {
     this.#probeWaits.set(outcome, (this.#probeWaits.get(outcome) ?? 0) + 1);
   }
 
+  /** A connection opened on the kubelet-facing socket; count its calls with criCall(), end it with criClientClosed(). */
+  criClientOpened(): CriClient {
+    const c: CriClient = { id: this.#nextClient++, openedAt: Date.now(), calls: 0 };
+    this.#clients.add(c);
+    return c;
+  }
+
+  /** One call started on that connection. */
+  criCall(c: CriClient): void {
+    c.calls++;
+    this.#criCalls++;
+  }
+
+  criClientClosed(c: CriClient): void {
+    this.#clients.delete(c);
+  }
+
+  /**
+   * The busiest open connections of the kubelet-facing socket (at most CRI_CLIENTS_LISTED): kubelet
+   * keeps its connection and calls about every second (PLEG relist), so one id whose count keeps
+   * rising is kubelet's; a tool such as crictl opens a new connection for each command.
+   */
+  criClients(): { id: number; ageSeconds: number; calls: number }[] {
+    const now = Date.now();
+    return [...this.#clients].sort((a, b) => b.calls - a.calls).slice(0, CRI_CLIENTS_LISTED)
+      .map((c) => ({ id: c.id, ageSeconds: Math.round((now - c.openedAt) / 100) / 10, calls: c.calls }));
+  }
+
   /** One forwarded call the runtime could not take (unreachable, reset). */
   runtimeError(): void {
     this.#runtimeErrors++;
@@ -104,6 +146,10 @@ export class ShimMetrics {
     const family = (name: string, type: string, help: string): void => {
       out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
     };
+    family('probe_agent_shim_cri_calls_total', 'counter', 'CRI calls received on the kubelet-facing socket (forwarded, intercepted or refused).');
+    out.push(`probe_agent_shim_cri_calls_total ${this.#criCalls}`);
+    family('probe_agent_shim_cri_connections', 'gauge', 'Open connections on the kubelet-facing socket.');
+    out.push(`probe_agent_shim_cri_connections ${this.#clients.size}`);
     family('probe_agent_shim_forwarded_total', 'counter', 'CRI calls passed through to the runtime, by method.');
     for (const [m, v] of sorted(this.#forwarded)) out.push(`probe_agent_shim_forwarded_total{method="${m}"} ${v}`);
     family('probe_agent_shim_intercepted_total', 'counter', 'Rewritten probes and hooks answered by the shim, by kind and answer (success: exit 0, failure: non-zero exit, error: a gRPC error).');

@@ -119,7 +119,9 @@ export class CriShim {
   /** Carries a kubelet connection frame by frame to its own runtime connection (relay.ts). */
   #relay(socket: net.Socket): void {
     let authorityLogged = false;
+    const client = this.metrics.criClientOpened();
     const relay = new FrameRelay(socket, {
+      called: () => this.metrics.criCall(client),
       runtimeSocket: this.config.runtimeSocket,
       intercept: (body, fields, signal) => this.#intercept(body, fields, signal),
       forwarded: (p) => {
@@ -145,7 +147,10 @@ export class CriShim {
       },
     });
     this.#relays.add(relay);
-    relay.onClose(() => this.#relays.delete(relay));
+    relay.onClose(() => {
+      this.#relays.delete(relay);
+      this.metrics.criClientClosed(client);
+    });
   }
 
   /** A complete ExecSync body from the frame relay: the shim's answer, or null to forward it. */

@@ -45,6 +45,8 @@ export interface RelayHost {
   intercept(body: Buffer, fields: readonly HeaderField[], signal: AbortSignal): Promise<ExecSyncAnswer> | null;
   /** One call forwarded to the runtime. */
   forwarded(path: string | undefined): void;
+  /** Kubelet started a call on this connection (whatever becomes of it). */
+  called?(): void;
   /** One call answered UNAVAILABLE or reset because the runtime was not there. */
   runtimeError(err: Error): void;
   /** Kubelet's connection is not HTTP/2 the relay can carry (closed). */
@@ -276,6 +278,7 @@ export class FrameRelay {
   }
 
   #request(kid: number, fields: HeaderField[], endStream: boolean): void {
+    this.#host.called?.();
     if (this.#firstRequest) {
       this.#firstRequest = false;
       if (!authorityAcceptable(fields)) this.#host.rewritingAuthority(fields.find((x) => x.name === ':authority')?.value);

@@ -2,10 +2,12 @@
  * The kubelet-shim installer (deploy/components/kubelet-shim/install-shim.sh) against a scratch
  * host root: it installs a self-sufficient shim (dist/, package.json and node; no node_modules)
  * and its unit, the unit passes `systemd-analyze verify` in that root, the installed shim runs,
- * and the node label follows reality: "ready" only while the shim answers AND kubelet's runtime
- * endpoint is the shim, removed otherwise and on uninstall; uninstall refuses while kubelet still
- * uses the shim. systemd is not PID 1 here: the host's systemctl is a recorder, and the API
- * server a recorder of the label patches (the only stand-ins; everything else is real).
+ * and the node label follows reality: "ready" only once kubelet's runtime endpoint names the shim
+ * AND the real shim counts a kubelet-shaped client's calls (grpc-go, relisting through the shim to
+ * a real containerd), never on configuration alone; removed only on unlabel/uninstall, which read
+ * the node's pods from its kubelet. systemd is not PID 1 here: the host's systemctl is a recorder,
+ * the API server a recorder of the label patches and the kubelet's /pods a test kubelet (the only
+ * stand-ins; everything else is real).
  */
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { chmodSync, cpSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
@@ -17,18 +19,87 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { nodeObject, startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
 import { builtRepo } from '../support/built-cli.ts';
+import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { GrpcGoCri } from '../support/grpc-go-cri.ts';
+import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 import { ApiServerReader } from '../../agent/webhook/cluster-reader.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const COMPONENT = path.join(ROOT, 'deploy/components/kubelet-shim');
 const SCRIPT = path.join(COMPONENT, 'install-shim.sh');
 const VERSION = (JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
+/** The proof's window in these tests: 2 intervals of 1 s, at least 2 calls in each (kubelet's relist makes ~2 a second). */
+const PROOF_ENV = { KUBELET_CALLS_INTERVAL: '1', KUBELET_CALLS_ROUNDS: '2', KUBELET_CALLS_MIN: '2' };
+
+let ctrd: ContainerdLab | undefined;
+/** The runtime behind the shim: a real containerd, started once for the file. */
+async function runtime(): Promise<ContainerdLab> {
+  ctrd ??= await createContainerdLab();
+  return ctrd;
+}
+afterAll(async () => {
+  await ctrd?.destroy();
+}, 60_000);
+
+/** A kubelet-shaped client (grpc-go) relisting as kubelet's PLEG does, every 250 ms, until stopped. */
+interface Relist { stop(): Promise<void>; readonly calls: number; readonly failures: number }
+function relist(socket: string): Relist {
+  const peer = new GrpcGoCri(socket);
+  let stopped = false;
+  const state = { calls: 0, failures: 0 };
+  const loop = (async () => {
+    while (!stopped) {
+      for (const m of ['ListPodSandbox', 'ListContainers']) {
+        const r = await peer.call(m, {});
+        state.calls++;
+        if (!r.ok) state.failures++;
+      }
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  })();
+  return {
+    get calls() { return state.calls; },
+    get failures() { return state.failures; },
+    stop: async () => {
+      stopped = true;
+      await loop;
+      await peer.close();
+    },
+  };
+}
+
+/**
+ * Starts a shim (its node and dist/ from `cur`) on the host root's paths: kubelet's socket and the
+ * metrics socket the installer reads, in front of the lab's containerd.
+ */
+async function startShimAt(hostRoot: string, cur = builtRepo(), nodeBin = process.execPath): Promise<ChildProcess & { socket: string }> {
+  const ctr = await runtime();
+  const sock = path.join(hostRoot, 'run/probe-agent-shim/cri.sock');
+  const child = spawn(nodeBin, [path.join(cur, 'dist/shim/main.js'), '--listen', `unix://${sock}`,
+    '--runtime-endpoint', ctr.endpoint, '--probe-socket', path.join(hostRoot, 'no-agent.sock'),
+    '--metrics-socket', path.join(hostRoot, 'run/probe-agent-shim/metrics.sock')],
+  { stdio: ['ignore', 'ignore', 'pipe'], cwd: '/' });
+  await new Promise<void>((resolve, reject) => {
+    child.stderr!.on('data', (d: Buffer) => {
+      if (d.toString().includes('shim listening')) resolve();
+    });
+    child.once('exit', (c) => reject(new Error(`shim exited (${c})`)));
+  });
+  return Object.assign(child, { socket: sock });
+}
+
+async function stopShim(shim: ChildProcess): Promise<void> {
+  if (shim.exitCode !== null || shim.signalCode !== null) return;
+  shim.kill('SIGTERM');
+  await new Promise((r) => shim.once('exit', r));
+}
 
 let scratch: string;
 let host: string;
 let systemctlLog: string;
 let api: http.Server;
 let apiUrl: string;
+let kubeletPods: FakeKubelet;
 const patches: { node: string; body: unknown }[] = [];
 const running: ChildProcess[] = [];
 
@@ -48,6 +119,9 @@ async function runInstaller(cmd: 'install' | 'uninstall'): Promise<{ code: numbe
       TOKEN_FILE: path.join(scratch, 'no-token'),
       ONESHOT: '1',
       UNLABEL_SETTLE: '0',
+      KUBELET_URL: kubeletPods.httpsUrl,
+      KUBELET_CA_FILE: kubeletPods.certs.caFile,
+      ...PROOF_ENV,
     },
   });
   let stderr = '';
@@ -70,19 +144,10 @@ imageServiceEndpoint: unix:///run/containerd/containerd.sock
 }
 
 /** Starts the shim the installer put on the host, with the host root's paths. */
-async function startInstalledShim(): Promise<ChildProcess> {
+async function startInstalledShim(): Promise<ChildProcess & { socket: string }> {
   const cur = path.join(host, 'opt/probe-agent-shim/current');
-  const sock = path.join(host, 'run/probe-agent-shim/cri.sock');
-  const child = spawn(path.join(cur, 'node'), [path.join(cur, 'dist/shim/main.js'), '--listen', `unix://${sock}`,
-    '--runtime-endpoint', `unix://${path.join(scratch, 'no-runtime.sock')}`, '--probe-socket', path.join(scratch, 'no-agent.sock')],
-  { stdio: ['ignore', 'ignore', 'pipe'], cwd: '/' });
+  const child = await startShimAt(host, cur, path.join(cur, 'node'));
   running.push(child);
-  await new Promise<void>((resolve, reject) => {
-    child.stderr!.on('data', (d: Buffer) => {
-      if (d.toString().includes('shim listening')) resolve();
-    });
-    child.once('exit', (c) => reject(new Error(`installed shim exited (${c})`)));
-  });
   return child;
 }
 
@@ -98,10 +163,6 @@ beforeAll(async () => {
     let body = '';
     req.on('data', (c) => (body += c));
     req.on('end', () => {
-      if (req.method === 'GET' && (req.url ?? '').startsWith('/api/v1/pods?')) {
-        res.writeHead(200, { 'content-type': 'application/json' }).end('{"kind":"PodList","items":[]}');
-        return;
-      }
       const m = /^\/api\/v1\/nodes\/([^/]+)$/.exec(req.url ?? '');
       if (req.method !== 'PATCH' || !m || req.headers['content-type'] !== 'application/merge-patch+json') {
         res.writeHead(400).end('unexpected request');
@@ -113,11 +174,13 @@ beforeAll(async () => {
   });
   await new Promise<void>((r) => api.listen(0, '127.0.0.1', r));
   apiUrl = `http://127.0.0.1:${(api.address() as { port: number }).port}`;
+  kubeletPods = await FakeKubelet.start();
 }, 120_000);
 
-afterAll(() => {
+afterAll(async () => {
   for (const c of running) c.kill('SIGKILL');
   api?.close();
+  await kubeletPods?.stop();
   if (scratch) rmSync(scratch, { recursive: true, force: true });
 });
 
@@ -152,7 +215,7 @@ describe('install-shim.sh on a scratch host root', () => {
     rmSync(broken);
   });
 
-  it('the installed copy runs on its own, and the label becomes ready once kubelet points at the shim', async () => {
+  it('the installed copy runs on its own, and the label becomes ready once kubelet points at the shim and calls it', async () => {
     const shim = await startInstalledShim();
     // The shim answers but kubelet still talks to the runtime: no label (rewritten pods would lose their probes).
     kubeletEndpoint('unix:///run/containerd/containerd.sock');
@@ -160,7 +223,17 @@ describe('install-shim.sh on a scratch host root', () => {
     expect((await runInstaller('install')).code).toBe(0);
     expect(patches.slice(patchesBefore).filter((p) => JSON.stringify(p.body).includes('"ready"'))).toEqual([]);
     kubeletEndpoint('unix:///run/probe-agent-shim/cri.sock');
-    expect((await runInstaller('install')).code).toBe(0);
+    const kubelet = relist(shim.socket);
+    try {
+      const r = await runInstaller('install');
+      expect(r.code, r.stderr).toBe(0);
+      expect(r.stderr).toMatch(/label probe-agent\.io\/shim: ready \(kubelet's calls reach the shim: connection \d+ of the shim's socket made \+\d+ \+\d+ calls in 2 x 1s\)/);
+    } finally {
+      await kubelet.stop();
+    }
+    // The calls went through the installed shim to containerd and back.
+    expect(kubelet.calls).toBeGreaterThan(4);
+    expect(kubelet.failures).toBe(0);
     expect(patches.at(-1)).toEqual({ node: 'node-a', body: { metadata: { labels: { 'probe-agent.io/shim': 'ready' } } } });
     // The shim down: the label stays (kubelet is still configured with it; removing the label would
     // make kubelet kill every rewritten pod at its next restart).
@@ -194,6 +267,7 @@ describe('install-shim.sh on a scratch host root', () => {
     writeFileSync(path.join(host, 'var/lib/kubelet/kubeadm-flags.env'), 'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/probe-agent/cri.sock --pod-infra-container-image=registry.k8s.io/pause:3.10"\n');
     kubeletEndpoint('unix:///run/containerd/containerd.sock');
     const shim = await startInstalledShim();
+    const kubelet = relist(shim.socket);
     try {
       const r = await runInstaller('install');
       expect(r.code, r.stderr).toBe(0);
@@ -209,8 +283,8 @@ describe('install-shim.sh on a scratch host root', () => {
       expect(existsSync(legacy) || (() => { try { lstatSync(legacy); return true; } catch { return false; } })()).toBe(false);
       expect(patches.at(-1)?.body).toEqual({ metadata: { labels: { 'probe-agent.io/shim': 'ready' } } });
     } finally {
-      shim.kill('SIGTERM');
-      await new Promise((r) => shim.once('exit', r));
+      await kubelet.stop();
+      await stopShim(shim);
       rmSync(path.join(host, 'var/lib/kubelet/kubeadm-flags.env'), { force: true });
     }
   });
@@ -235,15 +309,138 @@ describe('install-shim.sh on a scratch host root', () => {
 });
 
 /**
+ * The label needs proof that kubelet uses the shim: its configuration naming the shim is only a
+ * hint (a commented line, a flag in kubeadm-flags.env that overrides config.yaml), and the shim's
+ * own count of calls on kubelet's socket decides. A kubelet-shaped client (grpc-go) relists against
+ * a real containerd, either directly or through the real shim.
+ */
+describe('install-shim.sh: the label only once kubelet\'s calls reach the shim', () => {
+  let api: ApiServerStandIn;
+  let kubeletPods: FakeKubelet;
+  let root: string;
+  let hostRoot: string;
+  let shim: ChildProcess & { socket: string };
+  const labelPatches = () => api.requests.filter((q) => q.method === 'PATCH').map((q) => (q.body as any).metadata.labels['probe-agent.io/shim']);
+  async function install(): Promise<{ code: number; stderr: string }> {
+    const child = spawn('bash', [SCRIPT, 'install'], { stdio: ['ignore', 'ignore', 'pipe'], env: {
+      ...process.env, HOST_ROOT: hostRoot, SHIM_SRC: ROOT, NODE_BIN: process.execPath, SYSTEMCTL: path.join(root, 'systemctl'),
+      NODE_NAME: 'node-k', KUBERNETES_API_URL: api.url, TOKEN_FILE: path.join(root, 'no-token'), ONESHOT: '1',
+      KUBELET_URL: kubeletPods.httpsUrl, KUBELET_CA_FILE: kubeletPods.certs.caFile, ...PROOF_ENV } });
+    let stderr = '';
+    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    return { code: await new Promise<number>((r) => child.once('exit', (c) => r(c ?? -1))), stderr };
+  }
+  function kubeletFiles(config: string, flags?: string): void {
+    mkdirSync(path.join(hostRoot, 'var/lib/kubelet'), { recursive: true });
+    writeFileSync(path.join(hostRoot, 'var/lib/kubelet/config.yaml'), `apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n${config}\n`);
+    const f = path.join(hostRoot, 'var/lib/kubelet/kubeadm-flags.env');
+    if (flags === undefined) rmSync(f, { force: true });
+    else writeFileSync(f, `${flags}\n`);
+  }
+
+  beforeAll(async () => {
+    api = await startApiServerStandIn();
+    api.nodes.set('node-k', nodeObject('node-k'));
+    kubeletPods = await FakeKubelet.start();
+    root = mkdtempSync(path.join(tmpdir(), 'shim-proof-'));
+    hostRoot = path.join(root, 'host');
+    mkdirSync(path.join(hostRoot, 'etc/systemd/system'), { recursive: true });
+    writeFileSync(path.join(root, 'systemctl'), '#!/bin/sh\nexit 0\n');
+    chmodSync(path.join(root, 'systemctl'), 0o755);
+    shim = await startShimAt(hostRoot);
+  }, 120_000);
+  afterAll(async () => {
+    if (shim) await stopShim(shim);
+    await api?.close();
+    await kubeletPods?.stop();
+    if (root) rmSync(root, { recursive: true, force: true });
+  });
+
+  it('a commented line naming the shim gets no label: kubelet relists on containerd, as its live line says', async () => {
+    kubeletFiles('# containerRuntimeEndpoint: unix:///run/probe-agent-shim/cri.sock\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock');
+    const kubelet = relist((await runtime()).socket);
+    let r;
+    try {
+      r = await install();
+    } finally {
+      await kubelet.stop();
+    }
+    expect(r.code, r.stderr).toBe(0);
+    expect(labelPatches()).toEqual([]);
+    expect(r.stderr).toContain("kubelet's runtime endpoint is unix:///run/containerd/containerd.sock (containerRuntimeEndpoint in /var/lib/kubelet/config.yaml), not unix:///run/probe-agent-shim/cri.sock");
+    // Only commented out: kubelet's default, not the shim.
+    kubeletFiles('#containerRuntimeEndpoint: unix:///run/probe-agent-shim/cri.sock');
+    const alone = await install();
+    expect(alone.stderr).toMatch(/runtime endpoint is unset \(set in neither .* kubelet's default\)/);
+    expect(labelPatches()).toEqual([]);
+  });
+
+  it('a --container-runtime-endpoint flag in kubeadm-flags.env pointing elsewhere overrides config.yaml: no label', async () => {
+    kubeletFiles('containerRuntimeEndpoint: unix:///run/probe-agent-shim/cri.sock',
+      '# KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/probe-agent-shim/cri.sock"\nKUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/containerd/containerd.sock --pod-infra-container-image=registry.k8s.io/pause:3.10"');
+    const kubelet = relist((await runtime()).socket);
+    let r;
+    try {
+      r = await install();
+    } finally {
+      await kubelet.stop();
+    }
+    expect(r.code, r.stderr).toBe(0);
+    expect(labelPatches()).toEqual([]);
+    expect(r.stderr).toContain("kubelet's runtime endpoint is unix:///run/containerd/containerd.sock (--container-runtime-endpoint in /var/lib/kubelet/kubeadm-flags.env, which overrides /var/lib/kubelet/config.yaml)");
+    expect(labelPatches()).toEqual([]);
+  });
+
+  it('switched, but nothing calls the shim (kubelet not restarted), or a client that stays idle: no label within the proof\'s window, and the log says why', async () => {
+    kubeletFiles('containerRuntimeEndpoint: unix:///run/probe-agent-shim/cri.sock');
+    const idle = await install();
+    expect(idle.code, idle.stderr).toBe(0);
+    expect(labelPatches()).toEqual([]);
+    expect(idle.stderr).toContain("kubelet's configuration names the shim (containerRuntimeEndpoint in /var/lib/kubelet/config.yaml) but its calls do not reach the shim: no connection to the shim's socket in 2 x 1s; label not set");
+    // One call, then the connection sits idle (kubelet stuck, or a tool that called once).
+    const once = new GrpcGoCri(shim.socket);
+    try {
+      expect((await once.call('Version', { version: 'v1' })).ok).toBe(true);
+      const r = await install();
+      expect(r.code, r.stderr).toBe(0);
+      expect(labelPatches()).toEqual([]);
+      expect(r.stderr).toMatch(/its calls do not reach the shim: no connection's calls rose by 2 in each interval of 2 x 1s \(busiest: connection \d+, \+0 \+0\); label not set/);
+    } finally {
+      await once.close();
+    }
+    expect(labelPatches()).toEqual([]);
+  });
+
+  it('kubelet relisting through the shim gets the label, with the count that proved it in the log', async () => {
+    kubeletFiles('containerRuntimeEndpoint: unix:///run/containerd/containerd.sock', 'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/probe-agent-shim/cri.sock"');
+    const kubelet = relist(shim.socket);
+    let r;
+    try {
+      r = await install();
+    } finally {
+      await kubelet.stop();
+    }
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).toMatch(/label probe-agent\.io\/shim: ready \(kubelet's calls reach the shim: connection \d+ of the shim's socket made \+\d+ \+\d+ calls in 2 x 1s\)/);
+    expect(kubelet.failures).toBe(0);
+    expect(labelPatches()).toEqual(['ready']);
+    expect(api.nodes.get('node-k')!.metadata.labels['probe-agent.io/shim']).toBe('ready');
+  });
+});
+
+/**
  * The guard's procedures (docs/closing-the-hole.md) step by step, against an API server stand-in
  * that holds the Node and the pods: the label survives a flapping shim; the shim restarts only for
  * a new release; unlabel and uninstall refuse while a rewritten pod is on the node.
  */
 describe('install-shim.sh: the label that never kills a pod', () => {
   let api: ApiServerStandIn;
+  let kubeletPods: FakeKubelet;
   let root: string;
   let hostRoot: string;
   let callsLog: string;
+  /** The node's kubelet serves the pods bound to it. */
+  const syncKubelet = () => kubeletPods.setPods(api.pods.filter((p) => p.spec?.nodeName === 'node-g'));
   const rewrittenPod = (name: string, node: string, phase = 'Running'): Record<string, any> => ({
     apiVersion: 'v1', kind: 'Pod', metadata: { namespace: 'shop', name, annotations: { 'probe-agent.io/original-handlers': '{"v":1,"handlers":{},"added":[]}' } },
     spec: { nodeName: node, containers: [{ name: 'a', readinessProbe: { exec: { command: ['/.probe-agent/v1', 'readiness', 'e30'] } } }] }, status: { phase },
@@ -252,9 +449,11 @@ describe('install-shim.sh: the label that never kills a pod', () => {
   const labelPatches = () => api.requests.filter((q) => q.method === 'PATCH').map((q) => (q.body as any).metadata.labels['probe-agent.io/shim']);
   const env = (extra: Record<string, string> = {}) => ({
     ...process.env, HOST_ROOT: hostRoot, SHIM_SRC: ROOT, NODE_BIN: process.execPath, SYSTEMCTL: path.join(root, 'systemctl'),
-    NODE_NAME: 'node-g', KUBERNETES_API_URL: api.url, TOKEN_FILE: path.join(root, 'no-token'), ONESHOT: '1', UNLABEL_SETTLE: '0', ...extra,
+    NODE_NAME: 'node-g', KUBERNETES_API_URL: api.url, TOKEN_FILE: path.join(root, 'no-token'), ONESHOT: '1', UNLABEL_SETTLE: '0',
+    KUBELET_URL: kubeletPods.httpsUrl, KUBELET_CA_FILE: kubeletPods.certs.caFile, ...PROOF_ENV, ...extra,
   });
   async function run(cmd: string, extra: Record<string, string> = {}): Promise<{ code: number; stdout: string; stderr: string }> {
+    syncKubelet();
     const child = spawn('bash', [SCRIPT, cmd], { stdio: ['ignore', 'pipe', 'pipe'], env: env(extra) });
     let stdout = '';
     let stderr = '';
@@ -281,6 +480,7 @@ describe('install-shim.sh: the label that never kills a pod', () => {
   beforeAll(async () => {
     api = await startApiServerStandIn();
     api.nodes.set('node-g', nodeObject('node-g'));
+    kubeletPods = await FakeKubelet.start();
     root = mkdtempSync(path.join(tmpdir(), 'shim-guard-'));
     hostRoot = path.join(root, 'host');
     mkdirSync(path.join(hostRoot, 'etc/systemd/system'), { recursive: true });
@@ -290,6 +490,7 @@ describe('install-shim.sh: the label that never kills a pod', () => {
   });
   afterAll(async () => {
     await api?.close();
+    await kubeletPods?.stop();
     if (root) rmSync(root, { recursive: true, force: true });
   });
 
@@ -311,7 +512,7 @@ describe('install-shim.sh: the label that never kills a pod', () => {
     expect(calls().at(-1)).toBe('restart probe-agent-shim.service');
   });
 
-  it('sets the label once kubelet is configured with the shim and it answers, and keeps it through a flapping shim', async () => {
+  it('sets the label once kubelet is configured with the shim and calls it, and keeps it through a flapping shim', async () => {
     kubelet('unix:///run/probe-agent-shim/cri.sock');
     // Configured, but the shim does not answer yet: no label.
     rmSync(path.join(hostRoot, 'run/probe-agent-shim/cri.sock'), { force: true });
@@ -322,9 +523,17 @@ describe('install-shim.sh: the label that never kills a pod', () => {
     let log = '';
     loop.stderr!.on('data', (d: Buffer) => (log += d.toString()));
     try {
+      // The shim comes up and kubelet's relist reaches it: labelled.
+      const real = await startShimAt(hostRoot);
+      const relisting = relist(real.socket);
+      try {
+        for (let i = 0; i < 600 && labelOf() !== 'ready'; i++) await new Promise((r) => setTimeout(r, 50));
+      } finally {
+        await relisting.stop();
+        await stopShim(real);
+      }
+      expect(labelOf(), log).toBe('ready');
       let shim = await shimSocket();
-      for (let i = 0; i < 200 && labelOf() !== 'ready'; i++) await new Promise((r) => setTimeout(r, 50));
-      expect(labelOf()).toBe('ready');
       for (let flap = 0; flap < 4; flap++) {
         await new Promise<void>((r) => shim.close(() => r()));
         await new Promise((r) => setTimeout(r, 600)); // three checks with the shim down
@@ -375,26 +584,39 @@ describe('install-shim.sh: the label that never kills a pod', () => {
   it('unlabel puts the label back when a rewritten pod lands on the node while it settles', async () => {
     api.nodes.get('node-g')!.metadata.labels['probe-agent.io/shim'] = 'ready';
     const pending = run('unlabel', { UNLABEL_SETTLE: '1' });
-    // The scheduler binds a pod from its cache just after the label went.
+    // The scheduler binds a pod from its cache just after the label went; kubelet sees it.
     for (let i = 0; i < 100 && labelOf() === 'ready'; i++) await new Promise((r) => setTimeout(r, 20));
     expect(labelOf()).toBeUndefined();
     api.pods.push(rewrittenPod('late', 'node-g'));
+    syncKubelet();
     const r = await pending;
     expect(r.code).toBe(4);
     expect(r.stderr).toMatch(/landed on this node meanwhile; label put back/);
     expect(labelOf()).toBe('ready');
   });
 
-  it('unlabel refuses when the pods cannot be listed (API outage), keeping the label', async () => {
-    api.down = true;
+  it('unlabel refuses when the node\'s kubelet cannot list its pods (down, or refusing the installer), keeping the label', async () => {
+    await kubeletPods.setFault('down');
     try {
       const r = await run('unlabel');
       expect(r.code).toBe(4);
       expect(r.stderr).toMatch(/cannot list this node's pods; label kept/);
+      expect(r.stderr).toMatch(/GET https:\/\/127\.0\.0\.1:\d+\/pods \(this node's kubelet\)/);
     } finally {
-      api.down = false;
+      await kubeletPods.setFault('none');
+    }
+    // The kubelet refuses the account (no get on nodes/pods): the message says what to grant.
+    kubeletPods.setToken('someone-else');
+    try {
+      const r = await run('unlabel');
+      expect(r.code).toBe(4);
+      expect(r.stderr).toMatch(/HTTP 401 .*needs get on nodes\/pods/);
+    } finally {
+      kubeletPods.setToken(undefined);
     }
     expect(labelOf()).toBe('ready');
+    // The account never lists pods through the API server: the node's kubelet answers.
+    expect(api.requests.filter((q) => q.method === 'GET' && q.url.startsWith('/api/v1/pods'))).toEqual([]);
   });
 });
 
@@ -410,6 +632,7 @@ describe('install-shim.sh: the label that never kills a pod', () => {
 describe('closing-the-hole procedures, step by step (installer + webhook + API server stand-in)', () => {
   type Pod = Record<string, any>;
   let api: ApiServerStandIn;
+  let kubeletPods: FakeKubelet;
   let root: string;
   let hostRoot: string;
   const NODE = 'node-p';
@@ -464,9 +687,11 @@ describe('closing-the-hole procedures, step by step (installer + webhook + API s
   }
   const kubeletRestartKills = () => onNode().filter((p) => !kubeletReadmits(p, node())).map((p) => p.metadata.name);
   async function installer(cmd: string): Promise<{ code: number; stderr: string }> {
+    kubeletPods.setPods(onNode());
     const child = spawn('bash', [SCRIPT, cmd], { stdio: ['ignore', 'ignore', 'pipe'], env: {
       ...process.env, HOST_ROOT: hostRoot, SHIM_SRC: ROOT, NODE_BIN: process.execPath, SYSTEMCTL: path.join(root, 'systemctl'),
-      NODE_NAME: NODE, KUBERNETES_API_URL: api.url, TOKEN_FILE: path.join(root, 'no-token'), ONESHOT: '1', UNLABEL_SETTLE: '0' } });
+      NODE_NAME: NODE, KUBERNETES_API_URL: api.url, TOKEN_FILE: path.join(root, 'no-token'), ONESHOT: '1', UNLABEL_SETTLE: '0',
+      KUBELET_URL: kubeletPods.httpsUrl, KUBELET_CA_FILE: kubeletPods.certs.caFile, ...PROOF_ENV } });
     let stderr = '';
     child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
     return { code: await new Promise<number>((r) => child.once('exit', (c) => r(c ?? -1))), stderr };
@@ -479,6 +704,7 @@ describe('closing-the-hole procedures, step by step (installer + webhook + API s
   beforeAll(async () => {
     api = await startApiServerStandIn();
     api.nodes.set(NODE, nodeObject(NODE));
+    kubeletPods = await FakeKubelet.start();
     root = mkdtempSync(path.join(tmpdir(), 'shim-procedures-'));
     hostRoot = path.join(root, 'host');
     mkdirSync(path.join(hostRoot, 'etc/systemd/system'), { recursive: true });
@@ -487,6 +713,7 @@ describe('closing-the-hole procedures, step by step (installer + webhook + API s
   });
   afterAll(async () => {
     await api?.close();
+    await kubeletPods?.stop();
     if (root) rmSync(root, { recursive: true, force: true });
   });
 
@@ -503,14 +730,16 @@ describe('closing-the-hole procedures, step by step (installer + webhook + API s
       expect(isRewritten(await create('daemon-early', reader, true))).toBe(false);
       expect(onNode().map((p) => p.metadata.name)).toEqual(['daemon-early']);
 
-      // Switch kubelet to the shim (config + restart); the shim answers; the installer labels the node.
+      // Switch kubelet to the shim (config + restart); its calls reach the shim; the installer labels the node.
       kubelet('unix:///run/probe-agent-shim/cri.sock');
-      const sock = path.join(hostRoot, 'run/probe-agent-shim/cri.sock');
-      mkdirSync(path.dirname(sock), { recursive: true });
-      const shim = net.createServer((c) => c.destroy());
-      await new Promise<void>((r) => shim.listen(sock, r));
+      const shim = await startShimAt(hostRoot);
+      const relisting = relist(shim.socket);
       expect(kubeletRestartKills()).toEqual([]);
-      expect((await installer('install')).code).toBe(0);
+      try {
+        expect((await installer('install')).code).toBe(0);
+      } finally {
+        await relisting.stop();
+      }
       expect(node().metadata.labels['probe-agent.io/shim']).toBe('ready');
 
       // Rollout: rewritten pods and daemon pods land on the node.
@@ -530,7 +759,7 @@ describe('closing-the-hole procedures, step by step (installer + webhook + API s
       expect(onNode().map((p) => p.metadata.name)).toContain('web-2');
 
       // The shim goes down (and the installer checks meanwhile), kubelet restarts: nothing is killed.
-      await new Promise<void>((r) => shim.close(() => r()));
+      await stopShim(shim);
       expect((await installer('install')).code).toBe(0);
       expect(node().metadata.labels['probe-agent.io/shim']).toBe('ready');
       expect(kubeletRestartKills()).toEqual([]);

@@ -59,6 +59,7 @@ const VARIANTS: Variant[] = [
   { name: 'rewrite-webhook-on-update', components: ['rewrite-webhook', 'rewrite-on-update'] },
   { name: 'shim-webhook', components: ['kubelet-shim', 'rewrite-webhook'] },
   { name: 'shim-webhook-before-1.30', components: ['kubelet-shim', 'rewrite-webhook', 'before-1.30'] },
+  { name: 'shim-self-signed-kubelet-before-1.33', components: ['containerd', 'kubelet-shim', 'kubelet-insecure-tls', 'nodes-proxy-fallback'] },
   { name: 'other-namespace', components: ['nodes-proxy-fallback', 'pod-monitor', 'alerts'], namespace: 'other-ns' },
   { name: 'example-overlay', components: ['containerd', 'pod-monitor'], overlay: 'overlays/example' },
 ];
@@ -400,10 +401,14 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     }
   });
 
-  if (has('kubelet-shim')) it('installs the shim with patch on nodes and list on pods only (unlabel proves no rewritten pod is left), its own service account, and the installer files it runs', () => {
+  if (has('kubelet-shim')) it('installs the shim with patch on nodes and its kubelet\'s /pods only (no pod list: unlabel asks the node\'s kubelet), its own service account, and the installer files it runs', () => {
     const own = docs().filter((o) => String(o.metadata?.name ?? '').startsWith('probe-agent-shim-installer'));
     const role = own.find((o) => o.kind === 'ClusterRole')!;
-    expect(role.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['patch'] }, { apiGroups: [''], resources: ['pods'], verbs: ['list'] }]);
+    const expected = [{ apiGroups: [''], resources: ['nodes'], verbs: ['patch'] }, { apiGroups: [''], resources: ['nodes/pods'], verbs: ['get'] }];
+    // Before 1.33 the kubelet authorizes GET /pods as nodes/proxy, for the installer as for the agent.
+    if (has('nodes-proxy-fallback')) expected.push({ apiGroups: [''], resources: ['nodes/proxy'], verbs: ['get'] });
+    expect(role.rules).toEqual(expected);
+    expect(role.rules.some((r: Obj) => r.resources.includes('pods'))).toBe(false);
     const binding = own.find((o) => o.kind === 'ClusterRoleBinding')!;
     expect(binding.subjects).toEqual([{ kind: 'ServiceAccount', name: 'probe-agent-shim-installer', namespace: v.namespace ?? 'probe-agent' }]);
     const ds = own.find((o) => o.kind === 'DaemonSet')!;
@@ -413,6 +418,14 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     expect(Object.keys(cm.data).sort()).toEqual(['install-shim.sh', 'label-node.mjs', 'probe-agent-shim.service']);
     expect(spec.volumes.find((vol: Obj) => vol.name === 'installer').configMap.name).toBe(cm.metadata.name);
     expect(spec.containers[0].command).toEqual(['/bin/bash', '/installer/install-shim.sh', 'install']);
+    // It reaches its node's kubelet at the host IP, verifying it as the agent does.
+    const env = Object.fromEntries((spec.containers[0].env as Obj[]).map((e) => [e.name, e.value ?? e.valueFrom?.fieldRef?.fieldPath]));
+    expect(env.HOST_IP).toBe('status.hostIP');
+    expect(env.KUBELET_INSECURE_TLS).toBe(has('kubelet-insecure-tls') ? 'true' : undefined);
+    // The shim's metrics socket (its count of kubelet's calls) is in the directory it mounts read-only.
+    const shimRun = (spec.containers[0].volumeMounts as Obj[]).find((m) => m.mountPath === '/host/run/probe-agent-shim')!;
+    expect(shimRun.readOnly).toBe(true);
+    expect(readFileSync(path.join(DEPLOY, 'components/kubelet-shim/probe-agent-shim.service'), 'utf8')).toContain('--metrics-socket /run/probe-agent-shim/metrics.sock');
   });
 
   if (has('nftables-close-hole')) it('wires the close-hole sidecar to the agent and to its script', () => {

@@ -277,7 +277,10 @@ describe('helm chart deploy/helm/probe-agent', () => {
     expect(mwc.webhooks.map((w: Obj) => w.name)).toEqual(['namespaces.rewrite.probe-agent.io', 'updates.rewrite.probe-agent.io']);
     // before130: false overrides the version (an operator who knows better).
     const forced = template({ ...SHIM_VALUES, before130: false }, '1.29.0');
-    expect(forced.filter((o) => o.kind.startsWith('ValidatingAdmissionPolicy')).length).toBe(2);
+    // The installer's node-label policy and the webhook's unreviewed-pod policy, each with its binding.
+    expect(forced.filter((o) => o.kind.startsWith('ValidatingAdmissionPolicy')).map((o) => o.metadata.name).sort()).toEqual([
+      'probe-agent-rewrite-reviewed', 'probe-agent-rewrite-reviewed', 'probe-agent-shim-installer-node-label', 'probe-agent-shim-installer-node-label',
+    ]);
   });
 
   it('opts namespaces in by name with an entry of their own, kept out of the annotated entry', () => {

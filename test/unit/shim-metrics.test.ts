@@ -5,7 +5,7 @@
  */
 import { spawnSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
-import { DURATION_BUCKETS, methodLabel, ShimMetrics } from '../../agent/shim/metrics.ts';
+import { CRI_CLIENTS_LISTED, DURATION_BUCKETS, methodLabel, ShimMetrics } from '../../agent/shim/metrics.ts';
 
 function promtool(text: string): { status: number | null; output: string } {
   const r = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
@@ -62,5 +62,24 @@ describe('ShimMetrics', () => {
     const r = promtool(m.render());
     expect(r.output).toBe('');
     expect(r.status).toBe(0);
+  });
+
+  it('counts the calls of each open connection on kubelet\'s socket, lists the busiest, and forgets closed ones', () => {
+    const m = new ShimMetrics();
+    const kubelet = m.criClientOpened();
+    const crictl = m.criClientOpened();
+    for (let i = 0; i < 5; i++) m.criCall(kubelet);
+    m.criCall(crictl);
+    expect(m.criClients().map((c) => [c.id, c.calls])).toEqual([[kubelet.id, 5], [crictl.id, 1]]);
+    m.criClientClosed(crictl);
+    expect(m.criClients().map((c) => c.id)).toEqual([kubelet.id]);
+    const text = m.render();
+    expect(text).toMatch(/^probe_agent_shim_cri_calls_total 6$/m);
+    expect(text).toMatch(/^probe_agent_shim_cri_connections 1$/m);
+    // Bounded whatever the number of connections.
+    for (let i = 0; i < 100; i++) m.criCall(m.criClientOpened());
+    expect(m.criClients()).toHaveLength(CRI_CLIENTS_LISTED);
+    expect(m.criClients()[0]!.id).toBe(kubelet.id);
+    expect(promtool(m.render()).status).toBe(0);
   });
 });

@@ -4,15 +4,17 @@
 #   install-shim.sh install         copy the shim (dist/, node, package.json) and its systemd unit onto
 #                                   the host under $HOST_ROOT, enable it, start it (restart it only
 #                                   when its release or unit changed), then label the node
-#                                   probe-agent.io/shim=ready once kubelet is configured with the shim
+#                                   probe-agent.io/shim=ready once kubelet is proven to call the shim
 #   install-shim.sh rewritten-pods  list the rewritten pods still on this node (namespace/name)
 #   install-shim.sh unlabel         remove the label, only when no rewritten pod is left on the node
 #   install-shim.sh uninstall       unlabel, then (refusing while kubelet still points at the shim)
 #                                   stop and disable the unit and remove the files
 #
-# The label means "this node's kubelet is configured with the shim": it is set once kubelet's
-# configured runtime endpoint is the shim's socket AND the shim answers there, and it is NEVER
-# removed because a later check failed. Rewritten pods carry a required node affinity on it, and
+# The label means "this node's kubelet uses the shim": it is set once kubelet's configured runtime
+# endpoint is the shim's socket (a hint: a --container-runtime-endpoint flag in kubeadm-flags.env
+# overrides config.yaml, comments do not count) AND the shim's own count shows kubelet's calls
+# arriving (kubelet-calls in label-node.mjs: one connection calling steadily, as kubelet's relist
+# does), and it is NEVER removed because a later check failed. Rewritten pods carry a required node affinity on it, and
 # kubelet re-checks required node affinity of every running pod when it restarts: a label that
 # disappears with a shim blip would kill every rewritten pod on the node at the next kubelet
 # restart. A shim that is down makes kubelet's CRI calls fail until systemd restarts it; it does
@@ -36,6 +38,7 @@ KUBELET_FLAGS=${KUBELET_FLAGS:-/var/lib/kubelet/kubeadm-flags.env}
 # How to reach the host's systemd: enter PID 1's namespaces (hostPID). "none" skips it (tests).
 SYSTEMCTL=${SYSTEMCTL:-nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl}
 LABEL_SCRIPT=${LABEL_SCRIPT:-$(dirname "$(readlink -f "$0")")/label-node.mjs}
+SHIM_METRICS_SOCKET=${SHIM_METRICS_SOCKET:-/run/probe-agent-shim/metrics.sock}
 CHECK_INTERVAL=${CHECK_INTERVAL:-10}
 # unlabel: how long to wait after removing the label before listing the node's pods (a pod the
 # scheduler placed from its cache just before the removal is bound by then).
@@ -84,16 +87,31 @@ install_files() {
   fi
 }
 
-# Whether kubelet's runtime endpoint is the given socket (config file or kubeadm flags).
+# Kubelet's configured runtime endpoint into ENDPOINT, and where it is set into ENDPOINT_FROM. A
+# --container-runtime-endpoint flag (kubeadm's flags file; the last one wins) overrides config.yaml's
+# containerRuntimeEndpoint; commented lines count for nothing. Only a hint: kubelet may not have been
+# restarted since, or be started with flags from elsewhere; the label waits for its calls.
+kubelet_endpoint() {
+  local flags="$HOST_ROOT$KUBELET_FLAGS" config="$HOST_ROOT$KUBELET_CONFIG"
+  ENDPOINT='' ENDPOINT_FROM=''
+  if [[ -f $flags ]]; then
+    ENDPOINT=$(grep -v '^[[:space:]]*#' "$flags" | grep -oE -- "--container-runtime-endpoint[= ]+[\"']?[^\"'[:space:]]+" | tail -1 \
+      | sed -E "s/^--container-runtime-endpoint[= ]+[\"']?//" || true)
+    [[ -n $ENDPOINT ]] && ENDPOINT_FROM="--container-runtime-endpoint in $KUBELET_FLAGS, which overrides $KUBELET_CONFIG"
+  fi
+  if [[ -z $ENDPOINT && -f $config ]]; then
+    # A top-level key (kubelet's configuration has no nested one of this name); a trailing comment cut.
+    ENDPOINT=$(sed -nE "s/^containerRuntimeEndpoint:[[:space:]]*[\"']?([^\"'#[:space:]]+).*/\1/p" "$config" | tail -1 || true)
+    [[ -n $ENDPOINT ]] && ENDPOINT_FROM="containerRuntimeEndpoint in $KUBELET_CONFIG"
+  fi
+  [[ -n $ENDPOINT ]] || ENDPOINT_FROM="set in neither $KUBELET_FLAGS nor $KUBELET_CONFIG: kubelet's default"
+  return 0
+}
+
+# Whether kubelet's configured runtime endpoint is the given socket.
 kubelet_points_at() {
-  local f
-  for f in "$HOST_ROOT$KUBELET_CONFIG" "$HOST_ROOT$KUBELET_FLAGS"; do
-    [[ -f $f ]] || continue
-    if grep -Eq "(containerRuntimeEndpoint:|--container-runtime-endpoint[= ])[[:space:]\"']*(unix://)?$1([\"'[:space:]]|\$)" "$f"; then
-      return 0
-    fi
-  done
-  return 1
+  kubelet_endpoint
+  [[ $ENDPOINT == "$1" || $ENDPOINT == "unix://$1" ]]
 }
 
 # Whether kubelet's runtime endpoint is the shim's socket, at its path or the legacy one.
@@ -123,6 +141,11 @@ shim_up() {
   "$NODE_BIN" "$LABEL_SCRIPT" probe "$HOST_ROOT$SHIM_SOCKET"
 }
 
+# Whether kubelet calls through the shim now: prints what the shim counted either way.
+kubelet_calls() {
+  "$NODE_BIN" "$LABEL_SCRIPT" kubelet-calls "$HOST_ROOT$SHIM_METRICS_SOCKET"
+}
+
 set_label() {
   "$NODE_BIN" "$LABEL_SCRIPT" label "$1"
 }
@@ -143,26 +166,32 @@ cmd_install() {
     # Same release: an installer pod restart must not blip kubelet's runtime path.
     systemctl_host start probe-agent-shim.service
   fi
-  local state='' warned=''
+  local state='' warned='' why='' proof
   trap 'log "stopping; the shim keeps running on the host, the label stays"; exit 0' TERM INT
+  # Logs a reason the label is not set, once until the reason changes.
+  not_yet() { [[ $why == "$1" ]] || log "$2"; why=$1; }
   while :; do
     sync_legacy_socket
     if kubelet_uses_shim; then
       warned=''
       if [[ $state != ready ]]; then
-        if shim_up; then
+        if ! shim_up; then
+          not_yet down "kubelet is configured with the shim but it does not answer yet; label not set"
+        elif proof=$(kubelet_calls); then
           if set_label ready; then
-            log "label probe-agent.io/shim: ready (kubelet is configured with the shim, and it answers)"
+            log "label probe-agent.io/shim: ready (kubelet's calls reach the shim: $proof)"
             state=ready
           fi
         else
-          log "kubelet is configured with the shim but it does not answer yet; label not set"
+          # Kubelet left where the operator put it: only the operator restarts or reconfigures it.
+          not_yet idle "kubelet's configuration names the shim ($ENDPOINT_FROM) but its calls do not reach the shim: $proof; label not set. Restart kubelet after switching it, and check for another --container-runtime-endpoint (docs/closing-the-hole.md)"
         fi
       fi
     elif [[ -z $warned ]]; then
       # Never removed here: pods rewritten for this node may run on it (see the header).
-      log "kubelet's runtime endpoint is not $SHIM_SOCKET; the label is not set by this check and never removed by it (roll back: docs/closing-the-hole.md)"
-      warned=1
+      kubelet_endpoint
+      log "kubelet's runtime endpoint is ${ENDPOINT:-unset} ($ENDPOINT_FROM), not unix://$SHIM_SOCKET; the label is not set by this check and never removed by it (roll back: docs/closing-the-hole.md)"
+      warned=1 why=''
     fi
     [[ ${ONESHOT:-} == 1 ]] && return 0
     sleep "$CHECK_INTERVAL" & wait $!
