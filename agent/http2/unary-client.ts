@@ -57,6 +57,8 @@ export interface UnaryH2Call {
 export interface UnaryH2ClientOptions {
   /** Largest response body (DATA octets) accepted; beyond it the call fails 'too-large' and its stream is reset. */
   maxResponseBytes: number;
+  /** The first stream id of each connection (default 1): a test reaches the last id fast. */
+  firstStreamId?: number;
 }
 
 const STREAM_WINDOW = 16 * 1024 * 1024;
@@ -110,12 +112,13 @@ class Connection {
       role: 'client',
       settings: { initialWindowSize: STREAM_WINDOW, maxHeaderListSize: H2_LIMITS.maxHeaderList },
       connectionWindow: CONN_WINDOW,
+      ...(opts.firstStreamId === undefined ? {} : { firstStreamId: opts.firstStreamId }),
     }).start(this.#handler());
   }
 
-  /** Whether new calls may start here. */
+  /** Whether a new call may go here: every call queued here still gets a stream id before they run out. */
   get usable(): boolean {
-    return !this.#closed;
+    return !this.#closed && this.#h2.streamsLeft > this.#queue.length;
   }
 
   /** Closes the connection; calls on it fail as the connection breaking. */
@@ -168,8 +171,11 @@ class Connection {
     // A response complete before our request was all sent: the rest is not wanted.
     if (this.#h2.has(s.id)) this.#h2.reset(s.id, H2Error.CANCEL);
     this.#startQueued();
-    // After GOAWAY, the last answer closes the connection.
-    if (this.#closed && this.#streams.size === 0) this.#h2.end();
+    // After GOAWAY, or with its stream ids used up, the last answer closes the connection.
+    if ((this.#closed || !this.usable) && this.#streams.size === 0 && this.#queue.length === 0) {
+      this.#h2.goaway(H2Error.NO_ERROR);
+      this.#h2.end();
+    }
   }
 
   #handler(): H2Handler {
