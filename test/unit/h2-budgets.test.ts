@@ -121,7 +121,7 @@ describe('CONTINUATION frames per header block are bounded', () => {
 
   it('the joiner (handoff, authority rewrite) takes a block in 8 CONTINUATIONs and refuses the 9th', () => {
     const j = new HeaderBlockJoiner(64 * 1024);
-    const f = (type: number, flags: number, payload = Buffer.alloc(0)) => {
+    const f = (type: number, flags: number, payload: Buffer = Buffer.alloc(0)) => {
       const raw = frameBytes(type, flags, 1, payload);
       return { type, flags, streamId: 1, payload: raw.subarray(9), raw };
     };
