@@ -30,7 +30,7 @@
  */
 import * as net from 'node:net';
 import { authorityAcceptable, withAcceptableAuthority } from '../http2/authority.ts';
-import { H2Connection, type H2Handler, type H2Settings } from '../http2/connection.ts';
+import { H2Connection, H2ConnectionError, type H2Handler, type H2Settings } from '../http2/connection.ts';
 import type { HeaderField } from '../http2/hpack.ts';
 import { dataPayload, FRAME_HEADER, H2Error, type Frame } from '../http2/wire.ts';
 import { encodeGrpcMessage } from '../api/protowire.ts';
@@ -279,7 +279,8 @@ export class FrameRelay {
       // The last answer that waited for kubelet's window is out: a leaving connection may close now.
       idle: () => this.#maybeFinish(),
       closed: (err) => {
-        if (err !== undefined && this.#firstRequest) this.#host.refused(err);
+        // Before any request, or a protocol violation (a flood among them) at any time.
+        if (err !== undefined && (this.#firstRequest || err instanceof H2ConnectionError)) this.#host.refused(err);
         this.destroy();
       },
     };

@@ -50,6 +50,9 @@ describe('relay: floods from kubelet', () => {
       expect(k.goawayRecv!.code).toBe(ERR.ENHANCE_YOUR_CALM);
       expect(k.goawayRecv!.debug).toMatch(/peer flooded frames without progress \(DATA \d+/);
       expect(neighbourOk).toBeGreaterThan(0);
+      // Said to the host (the shim logs it).
+      await k.waitFor(() => r.host.refusals.length > 0, 5000, 'the refusal reported');
+      expect(r.host.refusals.map((e) => e.message)).toEqual([expect.stringMatching(/peer flooded frames without progress/)]);
       for (let i = 0; i < 5; i++) {
         const n = call(neighbour, VERSION, grpcMessage(Buffer.alloc(3)));
         expect((await answered(neighbour, n, 10_000, 'the neighbour answered')).grpcStatus).toBe('0');
