@@ -6,7 +6,8 @@
  * what the caller needs to decide whether a failed call may be sent again: a call that never
  * reached the socket, a stream the server refused (REFUSED_STREAM), or a stream above a GOAWAY's
  * last-stream-id was certainly not started (notStarted). Calls beyond the server's
- * SETTINGS_MAX_CONCURRENT_STREAMS wait here for a stream to close.
+ * SETTINGS_MAX_CONCURRENT_STREAMS wait here for a stream to close. Before a connection's stream ids
+ * run out (2^31-1) new calls go to a new connection; the old one closes after its last answer.
  *
  * We announce a 16 MiB stream window and a 1 GiB connection window, given back as we read, so the
  * server never waits on us.
