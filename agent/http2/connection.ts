@@ -18,6 +18,14 @@
  * loop. A peer that does not read is bounded: DATA waits in our queue (bounded by the windows the
  * owner grants) once the socket holds HIGH_WATER octets, and a connection whose unsent octets pass
  * `maxBufferedOutput` anyway (control frames it provokes and never reads) is cut.
+ *
+ * Every frame a peer sends costs bounded work (the CONTINUATION and empty-frame floods): a header
+ * block takes at most `maxContinuations` CONTINUATION frames, and frames that move no stream
+ * forward (PING, SETTINGS, empty DATA, RST_STREAM or WINDOW_UPDATE on closed streams, refused
+ * HEADERS, PRIORITY, unknown types...) spend a per-connection budget that progress (a header block
+ * or DATA with octets on a live stream, each way) and time refill; a peer that spends it all is
+ * closed with GOAWAY ENHANCE_YOUR_CALM. Stream ids of ours stop at 2^31-1: `mayStart` turns false
+ * and the owner opens a new connection.
  */
 import type { Duplex } from 'node:stream';
 import { encodeLiteralBlock, HpackDecoder, HpackError, type HeaderField } from './hpack.ts';
@@ -111,7 +119,26 @@ export interface H2ConnectionOptions {
    * 5.1), as grpc-go's client does: for a prober that must judge a server as kubelet does.
    */
   ignoreIdleStreams?: boolean;
+  /** CONTINUATION frames one header block may take (default 8, as nghttp2; at least what maxHeaderBlock needs in 16 KiB frames). */
+  maxContinuations?: number;
+  /**
+   * Frames without progress the peer may send in a burst (default 1000): each spends one; each
+   * frame of progress either way gives one back, and the budget refills in full over 10 s.
+   */
+  noProgressBudget?: number;
+  /** The first stream id we start (client role; default 1): a test drives a connection to the last id fast. */
+  firstStreamId?: number;
 }
+
+/** The highest stream id (RFC 9113 5.1.1): a client needs a new connection past it. */
+export const MAX_STREAM_ID = 2 ** 31 - 1;
+/** Default frames without progress per connection burst (as nghttp2's and Node's 1000 invalid or queued control frames). */
+export const NO_PROGRESS_BUDGET = 1000;
+/** Default CONTINUATION frames per header block (nghttp2's limit). */
+export const MAX_CONTINUATIONS = 8;
+/** The no-progress budget refills in full over this long. */
+const BUDGET_REFILL_MS = 10_000;
+const TYPE_NAMES = ['DATA', 'HEADERS', 'PRIORITY', 'RST_STREAM', 'SETTINGS', 'PUSH_PROMISE', 'PING', 'GOAWAY', 'WINDOW_UPDATE', 'CONTINUATION'];
 
 /** One queued item of a stream's output: a header block (already framed) or DATA. */
 interface Pending {
@@ -290,15 +317,19 @@ export interface HeaderBlock {
 
 /**
  * Joins HEADERS and CONTINUATION frames into header blocks (RFC 9113 6.2, 6.10), padding removed,
- * bounded by `maxBlock`. Every frame read goes through take(): a frame other than the open block's
- * CONTINUATION is a connection error.
+ * bounded by `maxBlock` octets and by `maxContinuations` CONTINUATION frames (empty ones add no
+ * octets but cost a frame each). Every frame read goes through take(): a frame other than the open
+ * block's CONTINUATION is a connection error.
  */
 export class HeaderBlockJoiner {
-  #open: { streamId: number; endStream: boolean; priority: Buffer | null; fragments: Buffer[]; size: number } | null = null;
+  #open: { streamId: number; endStream: boolean; priority: Buffer | null; fragments: Buffer[]; size: number; continuations: number } | null = null;
   readonly #maxBlock: number;
+  readonly #maxContinuations: number;
 
-  constructor(maxBlock: number) {
+  constructor(maxBlock: number, maxContinuations = MAX_CONTINUATIONS) {
     this.#maxBlock = maxBlock;
+    // A block of maxBlock octets in the smallest frames a peer may be held to still fits.
+    this.#maxContinuations = Math.max(maxContinuations, Math.ceil(maxBlock / INITIAL_SETTINGS.maxFrameSize));
   }
 
   /** The complete block a HEADERS or CONTINUATION frame ends, else null. Throws H2ConnectionError. */
@@ -306,6 +337,9 @@ export class HeaderBlockJoiner {
     let fragment = f.payload;
     if (f.type === FrameType.CONTINUATION) {
       if (this.#open === null || this.#open.streamId !== f.streamId) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `CONTINUATION on stream ${f.streamId} without a header block open on it`);
+      if (++this.#open.continuations > this.#maxContinuations) {
+        throw new H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, `header block on stream ${f.streamId} in more than ${this.#maxContinuations} CONTINUATION frames`);
+      }
     } else if (this.#open !== null) {
       throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `frame type ${f.type} inside a header block`);
     } else if (f.type !== FrameType.HEADERS) {
@@ -324,17 +358,17 @@ export class HeaderBlockJoiner {
         priority = Buffer.from(fragment.subarray(0, 5));
         fragment = fragment.subarray(5);
       }
-      this.#open = { streamId: f.streamId, endStream: (f.flags & Flag.END_STREAM) !== 0, priority, fragments: [], size: 0 };
+      this.#open = { streamId: f.streamId, endStream: (f.flags & Flag.END_STREAM) !== 0, priority, fragments: [], size: 0, continuations: 0 };
     }
     const b = this.#open;
     b.size += fragment.length;
     if (b.size > this.#maxBlock) throw new H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, `header block on stream ${b.streamId} larger than ${this.#maxBlock} octets`);
     if ((f.flags & Flag.END_HEADERS) === 0) {
       // The fragment is a view of this read: keep a copy, the next read may reuse nothing of it.
-      b.fragments.push(Buffer.from(fragment));
+      if (fragment.length > 0) b.fragments.push(Buffer.from(fragment));
       return null;
     }
-    b.fragments.push(fragment);
+    if (fragment.length > 0 || b.fragments.length === 0) b.fragments.push(fragment);
     this.#open = null;
     return { streamId: b.streamId, endStream: b.endStream, priority: b.priority, block: b.fragments.length === 1 ? b.fragments[0]! : Buffer.concat(b.fragments, b.size) };
   }
@@ -376,6 +410,11 @@ export class H2Connection implements Credit {
   #closed = false;
   #ending = false;
   #idleQueued = false;
+  /** The no-progress budget: what is left, its size, when time last refilled it, and what was spent by frame type. */
+  #budget: number;
+  readonly #budgetMax: number;
+  #budgetAt = performance.now();
+  readonly #spent = new Map<string, number>();
 
   constructor(socket: Duplex, opts: H2ConnectionOptions) {
     this.role = opts.role;
@@ -384,10 +423,13 @@ export class H2Connection implements Credit {
     this.#splitter = new FrameSplitter(opts.role === 'server', this.local.maxFrameSize);
     this.#decoder = new HpackDecoder({ maxTableSize: this.local.headerTableSize, maxHeaderListSize: this.local.maxHeaderListSize });
     this.#maxBufferedOutput = opts.maxBufferedOutput ?? 4 * 1024 * 1024;
-    this.#blocks = new HeaderBlockJoiner(opts.maxHeaderBlock ?? 64 * 1024);
+    this.#blocks = new HeaderBlockJoiner(opts.maxHeaderBlock ?? 64 * 1024, opts.maxContinuations);
+    this.#budgetMax = opts.noProgressBudget ?? NO_PROGRESS_BUDGET;
+    this.#budget = this.#budgetMax;
     this.#recvWindow = opts.connectionWindow;
     this.#creditBatch = opts.creditBatch ?? Math.max(16_384, opts.connectionWindow >>> 2);
-    this.#nextOwnStream = opts.role === 'client' ? 1 : 2;
+    this.#nextOwnStream = opts.role === 'client' ? (opts.firstStreamId ?? 1) : 2;
+    if (this.#nextOwnStream % 2 !== (opts.role === 'client' ? 1 : 0)) throw new RangeError(`first stream id ${this.#nextOwnStream} is not a ${opts.role}'s`);
     this.#ignoreIdle = opts.ignoreIdleStreams ?? false;
     // The preface: ours first (a client's magic, then SETTINGS), our connection window beyond the default.
     const hello = [frameBytes(FrameType.SETTINGS, 0, 0, settingsPayload({ ...opts.settings, ...(opts.role === 'client' ? { enablePush: 0 } : {}) }))];
@@ -477,7 +519,7 @@ export class H2Connection implements Credit {
    * may start. `fields` as in headers().
    */
   request(fields: readonly HeaderField[] | Buffer, endStream: boolean): number {
-    if (this.#closed || this.#goawayReceived || this.#goawaySent) return 0;
+    if (this.#closed || this.#goawayReceived || this.#goawaySent || this.#nextOwnStream > MAX_STREAM_ID) return 0;
     const id = this.#nextOwnStream;
     this.#nextOwnStream += 2;
     this.#streams.set(id, { sendWindow: this.peer.initialWindowSize, queue: [], localEnded: false, remoteEnded: false, remote: false, unacked: 0, recvWindow: this.local.initialWindowSize });
@@ -488,8 +530,13 @@ export class H2Connection implements Credit {
 
   /** Whether a stream of ours may start now (within the peer's SETTINGS_MAX_CONCURRENT_STREAMS). */
   get mayStart(): boolean {
-    if (this.#closed || this.#goawayReceived || this.#goawaySent) return false;
+    if (this.#closed || this.#goawayReceived || this.#goawaySent || this.#nextOwnStream > MAX_STREAM_ID) return false;
     return this.#localOpen < this.peer.maxConcurrentStreams;
+  }
+
+  /** Streams we may still start here before the ids run out (the owner moves to a new connection at 0). */
+  get streamsLeft(): number {
+    return this.#nextOwnStream > MAX_STREAM_ID ? 0 : ((MAX_STREAM_ID - this.#nextOwnStream) >>> 1) + 1;
   }
 
   /**
@@ -505,6 +552,7 @@ export class H2Connection implements Credit {
     if (endStream) s.localEnded = true;
     if (s.queue.length === 0) {
       this.#push(frames);
+      this.#progress();
       if (endStream) this.#localEnd(streamId, s);
     } else {
       s.queue.push({ frames, payload: EMPTY, end: endStream, raw: null, creditOctets: 0, credit: null });
@@ -595,6 +643,29 @@ export class H2Connection implements Credit {
     this.#gone(err);
   }
 
+  // ---- the no-progress budget ----
+
+  /** A frame that moved no stream forward: spends one of the budget, which time refills; throws once it is gone. */
+  #noProgress(f: Frame): void {
+    const name = TYPE_NAMES[f.type] ?? `type ${f.type}`;
+    this.#spent.set(name, (this.#spent.get(name) ?? 0) + 1);
+    if (--this.#budget >= 0) return;
+    const now = performance.now();
+    const refill = Math.floor(((now - this.#budgetAt) * this.#budgetMax) / BUDGET_REFILL_MS);
+    if (refill > 0) {
+      this.#budgetAt = now;
+      this.#budget = Math.min(this.#budgetMax, this.#budget + refill);
+      if (this.#budget >= 0) return;
+    }
+    const what = [...this.#spent].sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${v}`).join(', ');
+    throw new H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, `peer flooded frames without progress (${what}): budget of ${this.#budgetMax} spent`);
+  }
+
+  /** A frame of progress, received or sent: gives one back. */
+  #progress(): void {
+    if (this.#budget < this.#budgetMax) this.#budget++;
+  }
+
   // ---- reading ----
 
   #onRead(chunk: Buffer): void {
@@ -653,16 +724,18 @@ export class H2Connection implements Credit {
       case FrameType.HEADERS:
       case FrameType.CONTINUATION:
         // Decoded whatever the stream's fate: the HPACK state is the connection's.
-        if (block !== null) this.#headerBlock(block.streamId, this.#decoder.decode(block.block), block.endStream);
+        if (block !== null && !this.#headerBlock(block.streamId, this.#decoder.decode(block.block), block.endStream)) this.#noProgress(f);
         return;
       case FrameType.RST_STREAM: return this.#onReset(f);
       case FrameType.SETTINGS: return this.#onSettings(f);
       case FrameType.PING:
+        this.#noProgress(f);
         if (f.streamId !== 0) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'PING on a stream');
         if (f.payload.length !== 8) throw new H2ConnectionError(H2Error.FRAME_SIZE_ERROR, 'PING of a length other than 8');
         if (!(f.flags & Flag.ACK)) this.#push(frameBytes(FrameType.PING, Flag.ACK, 0, f.payload));
         return;
       case FrameType.GOAWAY: {
+        this.#noProgress(f);
         if (f.streamId !== 0) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'GOAWAY on a stream');
         const g = parseGoaway(f.payload);
         if (!g) throw new H2ConnectionError(H2Error.FRAME_SIZE_ERROR, 'GOAWAY shorter than 8 octets');
@@ -675,17 +748,20 @@ export class H2Connection implements Credit {
       case FrameType.WINDOW_UPDATE: return this.#onWindowUpdate(f);
       case FrameType.PRIORITY:
         // Advisory; never passed on (its dependency would name this connection's ids).
+        this.#noProgress(f);
         if (f.streamId === 0) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'PRIORITY on stream 0');
         if (f.payload.length !== 5) this.#streamError(f.streamId, H2Error.FRAME_SIZE_ERROR);
         return;
       case FrameType.PUSH_PROMISE:
         throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'PUSH_PROMISE although SETTINGS_ENABLE_PUSH is 0');
       default:
+        this.#noProgress(f);
         return; // unknown frame types are ignored (RFC 9113 5.5)
     }
   }
 
   #onSettings(f: Frame): void {
+    this.#noProgress(f);
     if (f.streamId !== 0) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'SETTINGS on a stream');
     if (f.flags & Flag.ACK) {
       if (f.payload.length !== 0) throw new H2ConnectionError(H2Error.FRAME_SIZE_ERROR, 'SETTINGS ACK with a payload');
@@ -716,6 +792,8 @@ export class H2Connection implements Credit {
   }
 
   #onWindowUpdate(f: Frame): void {
+    // A reader's WINDOW_UPDATEs follow the DATA we send, which gives them back.
+    this.#noProgress(f);
     if (f.payload.length !== 4) throw new H2ConnectionError(H2Error.FRAME_SIZE_ERROR, 'WINDOW_UPDATE of a length other than 4');
     const inc = f.payload.readUInt32BE(0) & 0x7fffffff;
     if (f.streamId === 0) {
@@ -738,6 +816,7 @@ export class H2Connection implements Credit {
   }
 
   #onReset(f: Frame): void {
+    this.#noProgress(f);
     if (f.streamId === 0) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'RST_STREAM on stream 0');
     if (f.payload.length !== 4) throw new H2ConnectionError(H2Error.FRAME_SIZE_ERROR, 'RST_STREAM of a length other than 4');
     const s = this.#streams.get(f.streamId);
@@ -757,6 +836,7 @@ export class H2Connection implements Credit {
     const s = this.#streams.get(f.streamId);
     if (!s || s.remoteEnded) {
       if (!s && this.#idle(f.streamId)) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `DATA on idle stream ${f.streamId}`);
+      this.#noProgress(f);
       // A stream closed here (reset, or ended): its octets are dropped and given back.
       this.consumed(n);
       if (s) this.#streamError(f.streamId, H2Error.STREAM_CLOSED);
@@ -766,38 +846,47 @@ export class H2Connection implements Credit {
     if (payload === undefined) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'DATA padding longer than the frame');
     s.recvWindow -= n;
     const end = (f.flags & Flag.END_STREAM) !== 0;
+    if (payload.length > 0 || end) this.#progress();
+    else this.#noProgress(f);
     if (end) this.#remoteEnd(f.streamId, s);
     this.#h!.data(f.streamId, f, payload, end);
   }
 
-  #headerBlock(id: number, fields: HeaderField[], endStream: boolean): void {
+  /** A complete header block; false when it moved no stream forward (refused, ignored, on a closed stream). */
+  #headerBlock(id: number, fields: HeaderField[], endStream: boolean): boolean {
     const s = this.#streams.get(id);
     if (s) {
-      if (s.remoteEnded) return this.#streamError(id, H2Error.STREAM_CLOSED);
+      if (s.remoteEnded) {
+        this.#streamError(id, H2Error.STREAM_CLOSED);
+        return false;
+      }
       if (endStream) this.#remoteEnd(id, s);
+      this.#progress();
       this.#h!.headers(id, fields, endStream, false);
-      return;
+      return true;
     }
     if (!this.#isPeerId(id)) {
       if (this.#idle(id)) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `HEADERS on idle stream ${id}`);
-      return; // a stream of ours already closed here
+      return false; // a stream of ours already closed here
     }
     if (this.role === 'client') {
-      if (this.#ignoreIdle) return;
+      if (this.#ignoreIdle) return false;
       throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `server started stream ${id}`);
     }
-    if (id <= this.#lastPeerStream) return; // closed (we reset it, or it ended)
+    if (id <= this.#lastPeerStream) return false; // closed (we reset it, or it ended)
     this.#lastPeerStream = id;
-    if (this.#goawaySent) return; // above our GOAWAY: not processed; the client retries it elsewhere
+    if (this.#goawaySent) return false; // above our GOAWAY: not processed; the client retries it elsewhere
     if (this.#remoteOpen >= this.local.maxConcurrentStreams) {
       this.#push(rstStreamFrame(id, H2Error.REFUSED_STREAM));
-      return;
+      return false;
     }
     const st: StreamState = { sendWindow: this.peer.initialWindowSize, queue: [], localEnded: false, remoteEnded: false, remote: true, unacked: 0, recvWindow: this.local.initialWindowSize };
     this.#streams.set(id, st);
     this.#remoteOpen++;
     if (endStream) st.remoteEnded = true;
+    this.#progress();
     this.#h!.headers(id, fields, endStream, true);
+    return true;
   }
 
   // ---- stream bookkeeping ----
@@ -872,6 +961,7 @@ export class H2Connection implements Credit {
     if (p.frames !== null) {
       s.queue.shift();
       this.#push(p.frames);
+      this.#progress();
       return true;
     }
     const len = p.payload.length;
@@ -890,6 +980,7 @@ export class H2Connection implements Credit {
     }
     this.#sendWindow -= take;
     s.sendWindow -= take;
+    if (take > 0) this.#progress();
     if (whole) {
       s.queue.shift();
       if (p.credit !== null && p.creditOctets > 0) p.credit.consumed(p.creditOctets);

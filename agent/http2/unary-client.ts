@@ -7,7 +7,8 @@
  * reached the socket, a stream the server refused (REFUSED_STREAM), or a stream above a GOAWAY's
  * last-stream-id was certainly not started (notStarted). When every connection is at the server's
  * SETTINGS_MAX_CONCURRENT_STREAMS another is opened (up to a bound); beyond it, calls wait for a
- * stream to close.
+ * stream to close. Before a connection's stream ids run out (2^31-1) new calls go to a new
+ * connection; the old one closes after its last answer.
  *
  * We announce a 16 MiB stream window and a 1 GiB connection window, given back as we read, so the
  * server never waits on us.
@@ -60,6 +61,8 @@ export interface UnaryH2ClientOptions {
   maxResponseBytes: number;
   /** Connections opened when every open one is at the server's stream cap (default 16). */
   maxConnections?: number;
+  /** The first stream id of each connection (default 1): a test reaches the last id fast. */
+  firstStreamId?: number;
 }
 
 const STREAM_WINDOW = 16 * 1024 * 1024;
@@ -118,12 +121,13 @@ class Connection {
       role: 'client',
       settings: { initialWindowSize: STREAM_WINDOW, maxHeaderListSize: H2_LIMITS.maxHeaderList },
       connectionWindow: CONN_WINDOW,
+      ...(opts.firstStreamId === undefined ? {} : { firstStreamId: opts.firstStreamId }),
     }).start(this.#handler());
   }
 
-  /** Whether new calls may start here. */
+  /** Whether a new call may go here: every call queued here still gets a stream id before they run out. */
   get usable(): boolean {
-    return !this.#closed;
+    return !this.#closed && this.#h2.streamsLeft > this.#queue.length;
   }
 
   /** Whether a new call would start now rather than wait for a stream to close. */
@@ -191,8 +195,11 @@ class Connection {
     // A response complete before our request was all sent: the rest is not wanted.
     if (this.#h2.has(s.id)) this.#h2.reset(s.id, H2Error.CANCEL);
     this.#startQueued();
-    // After GOAWAY, the last answer closes the connection.
-    if (this.#closed && this.#streams.size === 0) this.#h2.end();
+    // After GOAWAY, or with its stream ids used up, the last answer closes the connection.
+    if ((this.#closed || !this.usable) && this.#streams.size === 0 && this.#queue.length === 0) {
+      this.#h2.goaway(H2Error.NO_ERROR);
+      this.#h2.end();
+    }
   }
 
   #handler(): H2Handler {

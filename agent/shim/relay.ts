@@ -30,9 +30,9 @@
  */
 import * as net from 'node:net';
 import { authorityAcceptable, withAcceptableAuthority } from '../http2/authority.ts';
-import { H2Connection, type H2Handler, type H2Settings } from '../http2/connection.ts';
+import { H2Connection, H2ConnectionError, type H2Handler, type H2Settings } from '../http2/connection.ts';
 import type { HeaderField } from '../http2/hpack.ts';
-import { dataPayload, H2Error, type Frame } from '../http2/wire.ts';
+import { dataPayload, FRAME_HEADER, H2Error, type Frame } from '../http2/wire.ts';
 import { encodeGrpcMessage } from '../api/protowire.ts';
 import { GrpcCode } from '../api/shim-client.ts';
 import type { ExecSyncAnswer } from './answer.ts';
@@ -59,7 +59,13 @@ export interface RelayHost {
 
 /** A probe-agent ExecSync body larger than this is refused (a rewritten command is < 17 KiB). */
 export const MAX_BUFFERED_EXEC = 64 * 1024;
-/** Octets of an ExecSync's first DATA read before "ours or not" must be decided (argv[0] is near the start). */
+/**
+ * What reading one ExecSync may cost: its DATA frames' octets as sent (padding included) and 9 per
+ * frame, so that empty or padded frames count. A whole request of the largest size in 16 KiB
+ * frames is far below it.
+ */
+const MAX_EXEC_COST = MAX_BUFFERED_EXEC + 5 + 1024;
+/** What an ExecSync's first DATA may cost (as above) before "ours or not" must be decided (argv[0] is near the start). */
 const MAX_UNDECIDED = 4096;
 /** Connection windows each side grants: what the shim may hold for one connection, each way. */
 const CONN_WINDOW = 1 << 20;
@@ -76,11 +82,15 @@ interface RelayStream {
   path: string | undefined;
   /** Request header fields (held streams, for the forward or the agent call). */
   fields: HeaderField[] | null;
-  /** Held or ours: DATA frames as received and their payloads; octets of connection window they took. */
+  /** Held: DATA frames as received. Ours: their payloads (non-empty copies). Octets of connection window they took. */
   held: Frame[];
   payloads: Buffer[];
   size: number;
   heldFlow: number;
+  /** Held or ours: what its DATA frames cost (octets as sent, padding included, and 9 per frame). */
+  cost: number;
+  /** Held: the payload octets so far, in one buffer (classified again only when octets come). */
+  prefix: Buffer | null;
   /** Held: stream credit kubelet gave meanwhile, replayed to the runtime if forwarded. */
   heldCredit: number;
   kubeletDone: boolean;
@@ -271,7 +281,8 @@ export class FrameRelay {
       // The last answer that waited for kubelet's window is out: a leaving connection may close now.
       idle: () => this.#maybeFinish(),
       closed: (err) => {
-        if (err !== undefined && this.#firstRequest) this.#host.refused(err);
+        // Before any request, or a protocol violation (a flood among them) at any time.
+        if (err !== undefined && (this.#firstRequest || err instanceof H2ConnectionError)) this.#host.refused(err);
         this.destroy();
       },
     };
@@ -287,7 +298,7 @@ export class FrameRelay {
     for (const x of fields) if (x.name === ':path') path = x.value;
     const s: RelayStream = {
       kid, rid: 0, state: 'held', path, fields: withAcceptableAuthority(fields), held: [], payloads: [], size: 0, heldFlow: 0,
-      heldCredit: 0, kubeletDone: endStream, responded: false, cancel: null,
+      cost: 0, prefix: null, heldCredit: 0, kubeletDone: endStream, responded: false, cancel: null,
     };
     this.#streams.set(kid, s);
     if (path === EXEC_SYNC_PATH && !endStream) {
@@ -328,22 +339,28 @@ export class FrameRelay {
       this.#r.data(s.rid, payload, end, this.#k, flow, f.raw);
       return;
     }
+    s.cost += FRAME_HEADER + flow;
     if (s.state === 'ours') {
       // The runtime never reads it: the shim gives kubelet the stream's window back too.
       this.#k.consumed(flow, kid);
-      s.payloads.push(payload);
+      // A copy: a view would keep the whole read it came in.
+      if (payload.length > 0) s.payloads.push(Buffer.from(payload));
       s.size += payload.length;
-      if (s.size > MAX_BUFFERED_EXEC + 5) this.#tooLarge(s);
+      if (s.size > MAX_BUFFERED_EXEC + 5 || s.cost > MAX_EXEC_COST) this.#tooLarge(s);
       else if (end) this.#decide(s);
       return;
     }
     s.held.push(f);
-    s.payloads.push(payload);
-    s.size += payload.length;
     s.heldFlow += flow;
-    const body = s.payloads.length === 1 ? payload : Buffer.concat(s.payloads, s.size);
-    const verdict = classifyExecSyncPrefix(body);
-    if (verdict === 'not-ours' || (verdict === 'more' && !end && s.size > MAX_UNDECIDED)) {
+    let verdict: 'ours' | 'not-ours' | 'more' = 'more';
+    if (payload.length > 0) {
+      s.size += payload.length;
+      s.prefix = s.prefix === null ? payload : Buffer.concat([s.prefix, payload]);
+      verdict = classifyExecSyncPrefix(s.prefix);
+    } else if (end && s.prefix !== null) {
+      verdict = classifyExecSyncPrefix(s.prefix);
+    }
+    if (verdict === 'not-ours' || (verdict === 'more' && !end && s.cost > MAX_UNDECIDED)) {
       this.#forward(s);
       return;
     }
@@ -351,13 +368,18 @@ export class FrameRelay {
     // Ours (or complete): the shim reads the rest itself.
     s.state = 'ours';
     s.held = [];
+    // A copy: the first payload is a view of the read it came in.
+    s.payloads = s.prefix === null ? [] : [Buffer.from(s.prefix)];
+    s.prefix = null;
     this.#k.consumed(s.heldFlow, kid);
     if (end) this.#decide(s);
   }
 
   #tooLarge(s: RelayStream): void {
     this.#forget(s);
-    const message = `probe-agent shim: ExecSync request larger than ${MAX_BUFFERED_EXEC} octets`;
+    const message = s.size > MAX_BUFFERED_EXEC + 5
+      ? `probe-agent shim: ExecSync request larger than ${MAX_BUFFERED_EXEC} octets`
+      : `probe-agent shim: ExecSync request in frames costing more than ${MAX_EXEC_COST} octets (9 per frame, padding included)`;
     this.#k.headers(s.kid, trailersOnly(GrpcCode.RESOURCE_EXHAUSTED, message), true);
     // The rest of the request is not wanted (RFC 9113 8.1).
     if (!s.kubeletDone) this.#k.reset(s.kid, H2Error.NO_ERROR);
@@ -384,6 +406,7 @@ export class FrameRelay {
     const held = s.held;
     s.held = [];
     s.payloads = [];
+    s.prefix = null;
     const r = this.#r;
     const live = r !== null && (this.#runtime === 'up' || this.#runtime === 'connecting' || this.#runtime === 'closing');
     if (!live || !r.mayStart) {
@@ -393,6 +416,8 @@ export class FrameRelay {
         // (gRPC retries such a call, on a new connection after the shim's GOAWAY).
         this.#forget(s);
         this.#k.reset(s.kid, H2Error.REFUSED_STREAM);
+        // Its stream ids used up: kubelet's next call takes a new connection, with a runtime connection of its own.
+        if (r.streamsLeft === 0) this.#k.goaway(H2Error.NO_ERROR);
         return;
       }
       this.#answerUnavailable(s, new Error(this.#runtime === 'absent' ? 'connection refused' : 'connection closed'));

@@ -8,6 +8,10 @@
  * - `garbageH2`:    answers the HTTP/2 preface with random bytes and keeps the connection open
  * - `rstStream`:    real HTTP/2; every stream is reset (RST_STREAM INTERNAL_ERROR) before any header
  * - `rstAfterHeaders`: real HTTP/2; gRPC response headers and 2 bytes of a message, then RST_STREAM INTERNAL_ERROR
+ * - `h2<Flood>` (H2_FLOODS): a raw HTTP/2 server that answers the client's first request with its
+ *   SETTINGS (and response HEADERS), then floods one kind of frame as fast as the client reads:
+ *   empty CONTINUATIONs, empty DATA, PING, SETTINGS, RST_STREAM on idle streams, server-opened
+ *   HEADERS, WINDOW_UPDATE 0 on idle streams, padding-only DATA within the client's windows
  *
  * Run as `ip netns exec <ns> node test/lab/hostile-server.ts '<json HostileOptions>'` (or through
  * startHostileServer()); prints `ready {ports}` once listening. Stdin lines: `stats` answers
@@ -22,7 +26,10 @@ import { fileURLToPath } from 'node:url';
 import { startNetnsScript } from './netns-script.ts';
 
 /** The behaviours, each a port key in the options and in the ready line. */
-export const HOSTILE_BEHAVIOURS = ['endlessBody', 'dripBody', 'hugeHeaders', 'garbageH2', 'rstStream', 'rstAfterHeaders'] as const;
+/** The frame floods, each a behaviour of its own (the attacks of issue 31 items 1 and 4). */
+export const H2_FLOODS = ['h2Continuation', 'h2EmptyData', 'h2Ping', 'h2Settings', 'h2RstIdle', 'h2ServerHeaders', 'h2WindowUpdate0', 'h2Padded'] as const;
+export type H2Flood = (typeof H2_FLOODS)[number];
+export const HOSTILE_BEHAVIOURS = ['endlessBody', 'dripBody', 'hugeHeaders', 'garbageH2', 'rstStream', 'rstAfterHeaders', ...H2_FLOODS] as const;
 export type HostileBehaviour = (typeof HOSTILE_BEHAVIOURS)[number];
 /** Which behaviours to serve, and on which port (0 = any). */
 export type HostileOptions = Partial<Record<HostileBehaviour, number>>;
@@ -119,6 +126,73 @@ function h2Server(kind: 'rstStream' | 'rstAfterHeaders'): net.Server {
   return server;
 }
 
+function h2Frame(type: number, flags: number, id: number, payload: Buffer = Buffer.alloc(0)): Buffer {
+  const h = Buffer.alloc(9);
+  h.writeUIntBE(payload.length, 0, 3);
+  h[3] = type;
+  h[4] = flags;
+  h.writeUInt32BE(id, 5);
+  return Buffer.concat([h, payload]);
+}
+
+/** `:status: 200`, `content-type: application/grpc`, as HPACK literals without indexing. */
+const GRPC_RESPONSE = Buffer.concat([Buffer.from([0x08, 0x03]), Buffer.from('200'), Buffer.from([0x0f, 0x10, 0x10]), Buffer.from('application/grpc')]);
+
+/** One flood frame (`i`: how many came before it). */
+function floodFrame(kind: H2Flood, i: number): Buffer {
+  switch (kind) {
+    case 'h2Continuation': return h2Frame(9, 0, 1);
+    case 'h2EmptyData': return h2Frame(0, 0, 1);
+    case 'h2Ping': return h2Frame(6, 0, 0, Buffer.alloc(8, i & 0xff));
+    case 'h2Settings': return h2Frame(4, 0, 0);
+    case 'h2RstIdle': return h2Frame(3, 0, 3 + 2 * (i % 1e9), Buffer.alloc(4));
+    case 'h2ServerHeaders': return h2Frame(1, 0x5, 2 + 2 * (i % 1e9), GRPC_RESPONSE);
+    case 'h2WindowUpdate0': return h2Frame(8, 0, 3 + 2 * (i % 1e9), Buffer.alloc(4));
+    // 255 octets of padding and none of data: flow-controlled, so sent only within the client's windows.
+    case 'h2Padded': return h2Frame(0, 0x8, 1, Buffer.concat([Buffer.from([255]), Buffer.alloc(255)]));
+  }
+}
+
+/** Answers the client's first frames, then floods `kind` with backpressure until the client goes. */
+function h2Flood(kind: H2Flood, socket: net.Socket): void {
+  socket.once('data', () => {
+    const head = [h2Frame(4, 0, 0), h2Frame(4, 1, 0)];
+    // The response's HEADERS, left open (no END_HEADERS) for the CONTINUATION flood.
+    head.push(h2Frame(1, kind === 'h2Continuation' ? 0 : 0x4, 1, GRPC_RESPONSE));
+    write(kind, socket, Buffer.concat(head));
+    // Padding counts against the windows: the client's initial 65,535 (it gives them back as it reads).
+    const window = kind === 'h2Padded' ? [65_535, 65_535] : [Infinity, Infinity];
+    let sent = 0;
+    const pump = (): void => {
+      while (!socket.destroyed) {
+        const n = Math.min(1000, Math.floor(Math.min(window[0]!, window[1]!) / 256));
+        if (n === 0) return;
+        const batch: Buffer[] = [];
+        for (let i = 0; i < n; i++) batch.push(floodFrame(kind, sent + i));
+        sent += n;
+        if (kind === 'h2Padded') {
+          window[0]! -= 256 * n;
+          window[1]! -= 256 * n;
+        }
+        if (!write(kind, socket, Buffer.concat(batch))) return void socket.once('drain', pump);
+      }
+    };
+    if (kind === 'h2Padded') {
+      // Window credit from the client (WINDOW_UPDATE on the connection and on stream 1) lets more padding go.
+      socket.on('data', (d: Buffer) => {
+        for (let at = 0; at + 9 <= d.length;) {
+          const len = d.readUIntBE(at, 3);
+          const id = d.readUInt32BE(at + 5);
+          if (d[at + 3] === 8 && id <= 1 && len === 4 && at + 13 <= d.length) window[id]! += d.readUInt32BE(at + 9) & 0x7fffffff;
+          at += 9 + len;
+        }
+        pump();
+      });
+    }
+    pump();
+  });
+}
+
 function rawServer(kind: HostileBehaviour, serve: (s: net.Socket) => void): net.Server {
   return net.createServer((socket) => {
     count(kind, socket);
@@ -133,6 +207,7 @@ const SERVERS: Record<HostileBehaviour, () => net.Server> = {
   garbageH2: () => rawServer('garbageH2', garbageH2),
   rstStream: () => h2Server('rstStream'),
   rstAfterHeaders: () => h2Server('rstAfterHeaders'),
+  ...Object.fromEntries(H2_FLOODS.map((k) => [k, () => rawServer(k, (s) => h2Flood(k, s))])) as Record<H2Flood, () => net.Server>,
 };
 
 function parseOptions(raw: string | undefined): HostileOptions {
