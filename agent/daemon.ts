@@ -131,6 +131,8 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
         ...(cri ? { runtime: cri.client, sandboxNetns: (res, id, who, uid) => cri.netnsOfStatus(res, id, who, uid) } : {}),
         refreshPods: refreshPodsOf(source),
         onLookup: (how) => metrics.agent.containerLookup(how),
+        // A dead or replaced container's parsed ExecSync commands go with it.
+        onContainerGone: (id) => apiServer?.forgetContainers([id]),
         log,
       }),
       // On-demand mode: results of probes kubelet drives through the shim feed those probes' workers.
@@ -161,7 +163,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     source.on('diff', (diff) => {
       for (const pod of diff.removed) {
         prober.forget(pod.uid);
-        // ExecSync's parsed commands of its containers (a restarted container's older IDs age out of the bounded cache).
+        // ExecSync's parsed commands of its containers (older IDs went when the lookup saw them replaced).
         apiServer?.forgetContainers(pod.containers.flatMap((c) => (c.state?.containerID ? [c.state.containerID] : [])));
       }
     });
