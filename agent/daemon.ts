@@ -27,6 +27,7 @@ import { PodSource } from './pods/source.ts';
 import { ContainerLocator, refreshPodsOf } from './pods/container-lookup.ts';
 import type { PodInfo } from './pods/types.ts';
 import { PodProber } from './pod-prober.ts';
+import { onOverloadedTimeout } from './probe/loop-lag.ts';
 import { FairLimiter } from './scheduler/limiter.ts';
 import { ProbeManager } from './scheduler/manager.ts';
 import { ResultsStore } from './scheduler/results-store.ts';
@@ -56,6 +57,19 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
 
   const metrics = createMetrics({ gates, version: AGENT_VERSION, apiVersion: API_VERSION, log });
   const cleanups: (() => Promise<void> | void)[] = [];
+  // Probe timeouts the agent's own stalled loop caused are errors (probe/loop-lag.ts): said in the log, at most every 10 s.
+  let overloadLoggedAt = -Infinity;
+  let overloadUnlogged = 0;
+  onOverloadedTimeout((stalledMs, timeoutMs) => {
+    overloadUnlogged++;
+    if (Date.now() - overloadLoggedAt < 10_000) return;
+    log.warn('probe timeouts not counted: the agent\'s event loop was stalled (overloaded); kubelet keeps their last result', {
+      probes: overloadUnlogged, stalledMs: Math.round(stalledMs), timeoutMs,
+    });
+    overloadLoggedAt = Date.now();
+    overloadUnlogged = 0;
+  });
+  cleanups.push(() => onOverloadedTimeout(undefined));
   try {
     const helperMode = gates.enabled('WarmNetnsHelper') ? 'warm' : 'resident';
     const helper = await ResidentHelper.start({

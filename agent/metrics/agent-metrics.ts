@@ -7,6 +7,7 @@ import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import type { Logger } from '../log.ts';
 import type { NotOursReason } from '../pods/types.ts';
 import { DROPPED_POD_REASONS, type DroppedPodReason } from '../pods/pod-list-stream.ts';
+import { overloadedTimeouts } from '../probe/loop-lag.ts';
 import { PROBE_TYPES, type ProbeOutcome } from '../probe/types.ts';
 import type { ProbeRunMeta, ResultsReader, ThresholdResult } from '../scheduler/types.ts';
 import type { ProbeMetrics } from './probe-metrics.ts';
@@ -192,6 +193,15 @@ export class AgentMetrics {
       collect() {
         const stats = self.#execSyncCacheStats();
         if (stats) this.set(stats.entries);
+      },
+    });
+    new Counter({
+      name: 'probe_agent_probe_timeouts_overloaded_total',
+      help: 'Probe timeouts reported as error (agent-overloaded), not failure: the agent\'s event loop was stalled for much of the probe.',
+      registers,
+      collect() {
+        this.reset();
+        this.inc(overloadedTimeouts());
       },
     });
     new Gauge({

@@ -7,6 +7,7 @@ import { InvalidProbeError, describeError } from '../errors.ts';
 import { Deadline, type ProberResult } from './connect.ts';
 import { probeGrpc } from './grpc.ts';
 import { probeHttp } from './http.ts';
+import { overloadedTimeout, watchLoopLag, type LagWatch } from './loop-lag.ts';
 import { boundMessage } from './message.ts';
 import { SPEC_LIMITS } from './spec.ts';
 import { TargetError, planTargets } from './target.ts';
@@ -18,7 +19,14 @@ export { MAX_MESSAGE_BYTES, boundMessage } from './message.ts';
 /** Runs `handler` in `ctx` and reports kubelet's result; never throws. */
 export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promise<ProbeOutcome> {
   const started = performance.now();
-  const finish = (r: ProberResult): ProbeOutcome => {
+  let lag: LagWatch | undefined;
+  const finish = (prober: ProberResult): ProbeOutcome => {
+    let r = prober;
+    // A timeout while the agent's own loop was stalled is the agent's error, not the target's failure (loop-lag.ts).
+    if (r.result === 'failure' && r.reason === 'timeout' && lag) {
+      const why = overloadedTimeout(lag.stalledMs(), ctx.timeoutSeconds * 1000);
+      if (why !== undefined) r = { ...r, result: 'error', reason: 'agent-overloaded', message: `${why}: ${r.message}` };
+    }
     const total = (performance.now() - started) / 1000;
     const outcome: ProbeOutcome = {
       result: r.result,
@@ -39,6 +47,7 @@ export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promis
     return fail('error', 'invalid-spec', `timeoutSeconds: must be 1..${SPEC_LIMITS.maxTimeoutSeconds}, got ${timeout}`);
   }
   const deadline = new Deadline(timeout * 1000, ctx.signal);
+  lag = watchLoopLag();
   try {
     let plan;
     try {
@@ -64,5 +73,6 @@ export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promis
     return fail('error', 'other', `probe crashed: ${describeError(err)}`);
   } finally {
     deadline.dispose();
+    lag.stop();
   }
 }
