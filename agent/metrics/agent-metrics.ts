@@ -197,7 +197,7 @@ export class AgentMetrics {
     });
     new Counter({
       name: 'probe_agent_probe_timeouts_overloaded_total',
-      help: 'Probe timeouts reported as error (agent-overloaded), not failure: the agent\'s event loop was stalled for much of the probe.',
+      help: 'Probe timeouts reported as error (agent-overloaded), not failure: the agent\'s event loop stalled longer than the probe\'s budget could give back to the target.',
       registers,
       collect() {
         this.reset();

@@ -7,7 +7,7 @@ import { InvalidProbeError, describeError } from '../errors.ts';
 import { Deadline, type ProberResult } from './connect.ts';
 import { probeGrpc } from './grpc.ts';
 import { probeHttp } from './http.ts';
-import { overloadedTimeout, watchLoopLag, type LagWatch } from './loop-lag.ts';
+import { overloadedTimeout } from './loop-lag.ts';
 import { boundMessage } from './message.ts';
 import { SPEC_LIMITS } from './spec.ts';
 import { TargetError, planTargets } from './target.ts';
@@ -19,12 +19,12 @@ export { MAX_MESSAGE_BYTES, boundMessage } from './message.ts';
 /** Runs `handler` in `ctx` and reports kubelet's result; never throws. */
 export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promise<ProbeOutcome> {
   const started = performance.now();
-  let lag: LagWatch | undefined;
+  let deadline: Deadline | undefined;
   const finish = (prober: ProberResult): ProbeOutcome => {
     let r = prober;
-    // A timeout while the agent's own loop was stalled is the agent's error, not the target's failure (loop-lag.ts).
-    if (r.result === 'failure' && r.reason === 'timeout' && lag) {
-      const why = overloadedTimeout(lag.stalledMs(), ctx.timeoutSeconds * 1000);
+    // A timeout the agent's own stalled loop caused is its error, not the target's failure (loop-lag.ts).
+    if (r.result === 'failure' && r.reason === 'timeout' && deadline) {
+      const why = overloadedTimeout(deadline.uncreditedStallMs(), ctx.timeoutSeconds * 1000);
       if (why !== undefined) r = { ...r, result: 'error', reason: 'agent-overloaded', message: `${why}: ${r.message}` };
     }
     const total = (performance.now() - started) / 1000;
@@ -46,8 +46,7 @@ export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promis
   if (!Number.isFinite(timeout) || timeout <= 0 || timeout > SPEC_LIMITS.maxTimeoutSeconds) {
     return fail('error', 'invalid-spec', `timeoutSeconds: must be 1..${SPEC_LIMITS.maxTimeoutSeconds}, got ${timeout}`);
   }
-  const deadline = new Deadline(timeout * 1000, ctx.signal);
-  lag = watchLoopLag();
+  deadline = new Deadline(timeout * 1000, ctx.signal);
   try {
     let plan;
     try {
@@ -73,6 +72,5 @@ export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promis
     return fail('error', 'other', `probe crashed: ${describeError(err)}`);
   } finally {
     deadline.dispose();
-    lag.stop();
   }
 }
