@@ -57,13 +57,14 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
 
   const metrics = createMetrics({ gates, version: AGENT_VERSION, apiVersion: API_VERSION, log });
   const cleanups: (() => Promise<void> | void)[] = [];
-  // Probe timeouts the agent's own stalled loop caused are errors (probe/loop-lag.ts): said in the log, at most every 10 s.
+  // Probe timeouts the agent's own stalled loop caused are errors (probe/loop-lag.ts): said in the log at
+  // most every 10 s, a warning once they are many (a stray stall of a loaded node is no alarm).
   let overloadLoggedAt = -Infinity;
   let overloadUnlogged = 0;
   onOverloadedTimeout((stalledMs, timeoutMs) => {
     overloadUnlogged++;
     if (Date.now() - overloadLoggedAt < 10_000) return;
-    log.warn('probe timeouts not counted: the agent\'s event loop was stalled (overloaded); kubelet keeps their last result', {
+    log[overloadUnlogged >= 10 ? 'warn' : 'info']('probe timeouts not counted: the agent\'s event loop was stalled (overloaded); kubelet keeps their last result', {
       probes: overloadUnlogged, stalledMs: Math.round(stalledMs), timeoutMs,
     });
     overloadLoggedAt = Date.now();

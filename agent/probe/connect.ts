@@ -35,7 +35,11 @@ export class Deadline {
   #heldMs = 0;
   readonly #parent: AbortSignal | undefined;
   readonly #lag: LagWatch = watchLoopLag();
+  /** Stall given back to the target, or seen while held (held time is given back already). */
   #creditedMs = 0;
+  #stallAtHold = 0;
+  /** Stall given back from the agent's own-time budget (shared with held time). */
+  #givenBackMs = 0;
   readonly #onParentAbort = (): void => this.#controller.abort(new DeadlineAbort('aborted'));
 
   constructor(timeoutMs: number, parent?: AbortSignal) {
@@ -74,6 +78,7 @@ export class Deadline {
   hold(): void {
     if (this.#heldAt !== undefined || this.signal.aborted) return;
     this.#heldAt = performance.now();
+    this.#stallAtHold = this.#lag.stalledMs();
     clearTimeout(this.#timer);
     this.#timer = this.#arm('helper', Math.max(0, this.timeoutMs - this.#heldMs));
   }
@@ -84,6 +89,7 @@ export class Deadline {
     const held = performance.now() - this.#heldAt;
     this.#heldAt = undefined;
     this.#heldMs += held;
+    this.#creditedMs += Math.max(0, this.#lag.stalledMs() - this.#stallAtHold);
     this.endsAt += held;
     if (this.signal.aborted) return;
     clearTimeout(this.#timer);
@@ -108,9 +114,10 @@ export class Deadline {
 
   /** The target's time is up, unless the loop stalled meanwhile: that time is given back first. */
   #onTimeout(): void {
-    const credit = Math.min(this.uncreditedStallMs(), Math.max(0, this.timeoutMs - this.#heldMs - this.#creditedMs));
+    const credit = Math.min(this.uncreditedStallMs(), Math.max(0, this.timeoutMs - this.#heldMs - this.#givenBackMs));
     if (credit > 0) {
       this.#creditedMs += credit;
+      this.#givenBackMs += credit;
       this.endsAt += credit;
       const left = this.endsAt - performance.now();
       // An answer that arrived meanwhile is read before the re-armed timer fires (poll phase first).
