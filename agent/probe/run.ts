@@ -23,7 +23,8 @@ export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promis
   const finish = (prober: ProberResult): ProbeOutcome => {
     let r = prober;
     // A timeout the agent's own stalled loop caused is its error, not the target's failure (loop-lag.ts).
-    if (r.result === 'failure' && r.reason === 'timeout' && deadline) {
+    // Only when our deadline ended it: a helper child that timed the connect itself was not stalled.
+    if (r.result === 'failure' && r.reason === 'timeout' && deadline?.why() === 'timeout') {
       const why = overloadedTimeout(deadline.uncreditedStallMs(), ctx.timeoutSeconds * 1000);
       if (why !== undefined) r = { ...r, result: 'error', reason: 'agent-overloaded', message: `${why}: ${r.message}` };
     }
