@@ -27,6 +27,7 @@ import { PodSource } from './pods/source.ts';
 import { ContainerLocator, refreshPodsOf } from './pods/container-lookup.ts';
 import type { PodInfo } from './pods/types.ts';
 import { PodProber } from './pod-prober.ts';
+import { onOverloadedTimeout } from './probe/loop-lag.ts';
 import { FairLimiter } from './scheduler/limiter.ts';
 import { ProbeManager } from './scheduler/manager.ts';
 import { ResultsStore } from './scheduler/results-store.ts';
@@ -56,6 +57,20 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
 
   const metrics = createMetrics({ gates, version: AGENT_VERSION, apiVersion: API_VERSION, log });
   const cleanups: (() => Promise<void> | void)[] = [];
+  // Probe timeouts the agent's own stalled loop caused are errors (probe/loop-lag.ts): said in the log at
+  // most every 10 s, a warning once they are many (a stray stall of a loaded node is no alarm).
+  let overloadLoggedAt = -Infinity;
+  let overloadUnlogged = 0;
+  onOverloadedTimeout((stalledMs, timeoutMs) => {
+    overloadUnlogged++;
+    if (Date.now() - overloadLoggedAt < 10_000) return;
+    log[overloadUnlogged >= 10 ? 'warn' : 'info']('probe timeouts not counted: the agent\'s event loop was stalled (overloaded); kubelet keeps their last result', {
+      probes: overloadUnlogged, stalledMs: Math.round(stalledMs), timeoutMs,
+    });
+    overloadLoggedAt = Date.now();
+    overloadUnlogged = 0;
+  });
+  cleanups.push(() => onOverloadedTimeout(undefined));
   try {
     const helperMode = gates.enabled('WarmNetnsHelper') ? 'warm' : 'resident';
     const helper = await ResidentHelper.start({
@@ -134,6 +149,8 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
         ...(cri ? { runtime: cri.client, sandboxNetns: (res, id, who, uid) => cri.netnsOfStatus(res, id, who, uid) } : {}),
         refreshPods: refreshPodsOf(source),
         onLookup: (how) => metrics.agent.containerLookup(how),
+        // A dead or replaced container's parsed ExecSync commands go with it.
+        onContainerGone: (id) => apiServer?.forgetContainers([id]),
         log,
       }),
       // On-demand mode: results of probes kubelet drives through the shim feed those probes' workers.
@@ -164,7 +181,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     source.on('diff', (diff) => {
       for (const pod of diff.removed) {
         prober.forget(pod.uid);
-        // ExecSync's parsed commands of its containers (a restarted container's older IDs age out of the bounded cache).
+        // ExecSync's parsed commands of its containers (older IDs went when the lookup saw them replaced).
         apiServer?.forgetContainers(pod.containers.flatMap((c) => (c.state?.containerID ? [c.state.containerID] : [])));
       }
     });

@@ -170,10 +170,11 @@ export class PodProber implements OnDemandProber {
     const timeoutMs = req.timeoutSeconds * 1000;
     const { value } = await this.#o.limiter.run(
       { group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` },
-      async () => this.#run(pod, container, handler, req.timeoutSeconds, sandbox?.netns || (await this.#resolve(pod, signal)), signal, shimCall, sandbox?.id),
+      async () => this.#run(pod, container, handler, req.timeoutSeconds, await this.#netnsOf(located, signal), signal, shimCall, sandbox?.id),
       signal,
       { deadlineMs: latestStartMs(req.deadlineAt, timeoutMs), holdMs: timeoutMs },
     );
+    if (value.reason === 'netns-gone' && shimCall) await this.#refuseIfDead(req, signal);
     // A call its caller gave up on is not a result kubelet will see: record nothing for it.
     if (req.probeType && container && containerID && this.#o.onShimResult && !signal?.aborted) {
       try {
@@ -228,7 +229,7 @@ export class PodProber implements OnDemandProber {
     const shimCall = req.containerID !== undefined;
     const handler = this.#callHandler(req.handler, located, shimCall, { hook: req.hook }, 'hook');
     const run = async (): Promise<HookOutcome> => {
-      const netns = sandbox?.netns || (await this.#resolve(pod, signal));
+      const netns = await this.#netnsOf(located, signal);
       return runLifecycleHandler(handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal, shimCall), hook: req.hook });
     };
     const timeoutMs = req.timeoutSeconds > 0 ? req.timeoutSeconds * 1000 : undefined;
@@ -236,8 +237,27 @@ export class PodProber implements OnDemandProber {
     const outcome = this.#o.hookLimiter
       ? (await this.#o.hookLimiter.run({ group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` }, run, signal, admission)).value
       : await run();
-    if (outcome.reason === 'netns-gone') this.#netnsGone(pod.uid, sandbox?.id);
+    if (outcome.reason === 'netns-gone') {
+      this.#netnsGone(pod.uid, sandbox?.id);
+      if (shimCall) await this.#refuseIfDead(req, signal);
+    }
     return outcome;
+  }
+
+  /** Where a located call runs: the runtime's checked netns, else the resolvers'. */
+  async #netnsOf(located: Located, signal?: AbortSignal): Promise<string> {
+    return located.sandbox?.netns || (await this.#resolve(located.pod, signal));
+  }
+
+  /**
+   * A call by container ID that met a vanished netns (its cached lookup was still fresh) is looked
+   * up again, as a call arriving now would be: a stopped or removed container is then refused as
+   * dead, with the same answer whether the lookup or the probe noticed first. Returns when the
+   * lookup still finds it running (the netns-gone error stands).
+   */
+  async #refuseIfDead(req: PodSelection, signal?: AbortSignal): Promise<void> {
+    if (signal?.aborted) return;
+    await this.#netnsOf(await this.locate(req, signal), signal);
   }
 
   /**

@@ -25,6 +25,7 @@
  *  - kind and timeout must agree as kubelet sends them (probes >= 1 s, exec hooks 0), otherwise
  *    INVALID_ARGUMENT: a probe cannot pose as an hour-long hook.
  */
+import { createHash } from 'node:crypto';
 import * as grpc from '@grpc/grpc-js';
 import { InvalidProbeError, PodNotFoundError } from '../errors.ts';
 import type { LifecycleHandlerSpec, LifecycleHook } from '../probe/lifecycle.ts';
@@ -101,53 +102,98 @@ export function parseCommand(containerId: string, cmd: readonly Buffer[]): Parse
   return { kind: decoded.kind, containerID, hook: HOOK_OF[decoded.kind] as LifecycleHook, handler: handler as LifecycleHandlerSpec };
 }
 
+/** Stored per entry besides its handler's JSON: the Map slot, the key, the objects (an estimate). */
+const ENTRY_OVERHEAD_BYTES = 512;
+/** A container has at most five rewritten commands (three probes, two hooks); a few more for a changing spec. */
+const MAX_ENTRIES_PER_CONTAINER = 8;
+
+/** Bounds of ExecSyncHandlerCache. */
+export interface ExecSyncCacheBounds {
+  /** Estimated bytes of all entries (default DEFAULT_EXEC_SYNC_CACHE_BYTES). */
+  maxBytes?: number;
+  /** Entries (default DEFAULT_EXEC_SYNC_CACHE_ENTRIES). */
+  maxEntries?: number;
+}
+
+/** Default byte bound of the handler cache: a node's 250 pods x 5 commands take about 1 MiB. */
+export const DEFAULT_EXEC_SYNC_CACHE_BYTES = 4 * 1024 * 1024;
+
+interface CacheEntry {
+  parsed: ParsedCommand;
+  bytes: number;
+}
+
 /**
- * Parsed commands by (container ID, command bytes), least recently used first. Kubelet sends the
- * same command for a container every period, so after the first call a probe costs one Map lookup
- * here instead of base64url + JSON.parse + parseProbe. Bounded at 4096 entries by default: a node's
- * 250 pods with three probes and two hooks each stay well inside it, an entry is under 1 KiB (the
- * cap is a few MB at worst), and anything beyond it (a hostile client on the root-only socket
- * inventing commands) only evicts. The container ID is part of the key, so a restarted container
- * (a new ID) misses; a container that is gone is dropped (forgetContainer: the pod left kubelet's
- * list, or the container lookup no longer finds it), so its entries are never served again.
+ * Parsed commands by a digest of (container ID, command bytes), least recently used first. Kubelet
+ * sends the same command for a container every period, so after the first call a probe costs a
+ * hash and a Map lookup instead of base64url + JSON.parse + parseProbe.
+ *
+ * Bounded in bytes, not only entries: the key is a sha256 (the command itself, up to 16 KiB of
+ * base64url that JSON whitespace can pad, is never kept), the value is the parsed handler, sized by
+ * its canonical JSON. At most 8 entries per container ID, so one container cannot churn the rest.
+ * A container's entries go when the agent learns it is gone or replaced (forgetContainer: a new
+ * container ID for the same pod and name, an exited container, its pod left kubelet's list). A
+ * command evicted by a flood only costs its next call one parse (bounded by the command's 16 KiB).
  * A malformed command is not cached (it is answered INVALID_ARGUMENT each time).
  */
 export class ExecSyncHandlerCache {
-  readonly max: number;
-  readonly #entries = new Map<string, ParsedCommand>();
+  readonly maxBytes: number;
+  readonly maxEntries: number;
+  readonly #entries = new Map<string, CacheEntry>();
+  /** Normalized container ID -> its entries' keys. */
+  readonly #byContainer = new Map<string, Set<string>>();
+  #bytes = 0;
   /** Cache hits: calls that skipped base64url, JSON and parseProbe (metrics and tests). */
   hits = 0;
   /** Commands parsed (cache misses, malformed ones included). */
   parses = 0;
+  /** Entries dropped to stay within the bounds (metrics). */
+  evictions = 0;
 
-  constructor(max = DEFAULT_EXEC_SYNC_CACHE_ENTRIES) {
-    this.max = Math.max(1, Math.floor(max));
+  constructor(bounds: ExecSyncCacheBounds = {}) {
+    this.maxEntries = Math.max(1, Math.floor(bounds.maxEntries ?? DEFAULT_EXEC_SYNC_CACHE_ENTRIES));
+    this.maxBytes = Math.max(1, Math.floor(bounds.maxBytes ?? DEFAULT_EXEC_SYNC_CACHE_BYTES));
   }
 
   get size(): number {
     return this.#entries.size;
   }
 
+  /** Estimated bytes held (entries' handler JSON plus a fixed overhead each). */
+  get bytes(): number {
+    return this.#bytes;
+  }
+
   /** The parsed command for a request; throws ShimCommandError or InvalidProbeError for a bad one. */
   get(containerId: string, cmd: readonly Buffer[]): ParsedCommand {
-    let key = containerId;
-    for (const arg of cmd) key += `\u0000${arg.toString('latin1')}`;
+    const key = digestOf(containerId, cmd);
     const hit = this.#entries.get(key);
     if (hit !== undefined) {
       this.hits++;
       // Most recently used moves to the back.
       this.#entries.delete(key);
       this.#entries.set(key, hit);
-      return hit;
+      return hit.parsed;
     }
     this.parses++;
     const parsed = parseCommand(containerId, cmd);
-    this.#entries.set(key, parsed);
-    if (this.#entries.size > this.max) this.#entries.delete(this.#entries.keys().next().value as string);
+    const bytes = ENTRY_OVERHEAD_BYTES + 2 * (parsed.containerID.length + JSON.stringify(parsed.handler).length);
+    // One entry larger than the whole bound is answered, not kept.
+    if (bytes > this.maxBytes) return parsed;
+    let keys = this.#byContainer.get(parsed.containerID);
+    if (keys === undefined) {
+      keys = new Set();
+      this.#byContainer.set(parsed.containerID, keys);
+    }
+    if (keys.size >= MAX_ENTRIES_PER_CONTAINER) this.#evict(keys.values().next().value as string);
+    this.#entries.set(key, { parsed, bytes });
+    keys.add(key);
+    this.#bytes += bytes;
+    while (this.#entries.size > this.maxEntries || this.#bytes > this.maxBytes) this.#evict(this.#entries.keys().next().value as string);
     return parsed;
   }
 
-  /** Drops every command of a container (raw or normalized ID): it is gone. */
+  /** Drops every command of a container (raw or normalized ID): it is gone or replaced. */
   forgetContainer(id: string): void {
     if (this.#entries.size === 0) return;
     let normalized: string;
@@ -156,8 +202,38 @@ export class ExecSyncHandlerCache {
     } catch {
       return;
     }
-    for (const [key, entry] of this.#entries) if (entry.containerID === normalized) this.#entries.delete(key);
+    const keys = this.#byContainer.get(normalized);
+    if (keys) for (const key of [...keys]) this.#drop(key);
   }
+
+  #evict(key: string): void {
+    this.evictions++;
+    this.#drop(key);
+  }
+
+  #drop(key: string): void {
+    const e = this.#entries.get(key);
+    if (!e) return;
+    this.#entries.delete(key);
+    this.#bytes -= e.bytes;
+    const keys = this.#byContainer.get(e.parsed.containerID);
+    keys?.delete(key);
+    if (keys?.size === 0) this.#byContainer.delete(e.parsed.containerID);
+  }
+}
+
+/** sha256 of the container ID and each argument, length-prefixed (so no two requests share a digest by concatenation). */
+function digestOf(containerId: string, cmd: readonly Buffer[]): string {
+  const h = createHash('sha256');
+  const len = Buffer.allocUnsafe(4);
+  const id = Buffer.from(containerId, 'utf8');
+  len.writeUInt32BE(id.length);
+  h.update(len).update(id);
+  for (const arg of cmd) {
+    len.writeUInt32BE(arg.length);
+    h.update(len).update(arg);
+  }
+  return h.digest('base64');
 }
 
 /** What the ExecSync handler needs from the server. */

@@ -17,7 +17,7 @@ import type { OnDemandProber, ProbeStatus, ResultsReader } from '../scheduler/ty
 import { AGENT_NAME, AGENT_VERSION, API_VERSION } from '../version.ts';
 import { filterFromWire, revisionFromWire, statusToWire } from './convert.ts';
 import { NotStartedError, RpcError, grpcStatusFor, handleProbeCall, type ProbeCallGate } from './probe-call.ts';
-import { DEFAULT_EXEC_SYNC_CACHE_ENTRIES, ExecSyncHandlerCache, handleExecSync, type ExecSyncCall } from './exec-sync.ts';
+import { ExecSyncHandlerCache, handleExecSync, type ExecSyncCall } from './exec-sync.ts';
 import { handleLifecycleCall } from './lifecycle-call.ts';
 import { DRAINING_DETAIL, NOT_STARTED_DRAINING } from './hook-refusal.ts';
 import {
@@ -89,6 +89,8 @@ export interface ProbeApiServerOptions {
   maxInFlightHooks?: number;
   /** Parsed rewritten commands ExecSync keeps, by container and command (default 4096; exec-sync.ts). */
   execSyncCacheEntries?: number;
+  /** Estimated bytes of those (default 4 MiB; exec-sync.ts). */
+  execSyncCacheBytes?: number;
   /** HTTP/2 streams per client connection on grpc-js (default 256). */
   maxConcurrentStreams?: number;
   /**
@@ -170,7 +172,7 @@ export class ProbeApiServer {
       if (this.#stopping) throw new NotStartedError(DRAINING_DETAIL, NOT_STARTED_DRAINING);
       return handleLifecycleCall(call, this.#opts.prober, this.#hookGate);
     });
-    this.#execSyncCache = new ExecSyncHandlerCache(opts.execSyncCacheEntries ?? DEFAULT_EXEC_SYNC_CACHE_ENTRIES);
+    this.#execSyncCache = new ExecSyncHandlerCache({ maxEntries: opts.execSyncCacheEntries, maxBytes: opts.execSyncCacheBytes });
     const execSync = this.#unary('ExecSync', (call: ExecSyncCall) =>
       handleExecSync(call, {
         prober: this.#opts.prober,
@@ -285,10 +287,10 @@ export class ProbeApiServer {
     return { watchers: this.#watchers.size, probesInFlight: this.#probeGate.inFlight, unaryInFlight: this.#unaryInFlight };
   }
 
-  /** ExecSync's handler cache: entries, hits, parses (metrics and tests). */
-  execSyncCacheStats(): { entries: number; hits: number; parses: number } {
+  /** ExecSync's handler cache: entries, bytes, hits, parses, evictions (metrics and tests). */
+  execSyncCacheStats(): { entries: number; bytes: number; maxBytes: number; hits: number; parses: number; evictions: number } {
     const c = this.#execSyncCache;
-    return { entries: c.size, hits: c.hits, parses: c.parses };
+    return { entries: c.size, bytes: c.bytes, maxBytes: c.maxBytes, hits: c.hits, parses: c.parses, evictions: c.evictions };
   }
 
   /** Drops ExecSync's parsed commands of containers that are gone (their pod left kubelet's list). */

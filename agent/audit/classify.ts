@@ -30,7 +30,7 @@ export interface Judgement {
 }
 
 /** Failure reasons that mean "could not try" rather than "the target said no". */
-const INFRA_REASONS: ReadonlySet<FailureReason> = new Set(['netns-gone', 'netns-denied', 'helper-error', 'queue-full']);
+const INFRA_REASONS: ReadonlySet<FailureReason> = new Set(['netns-gone', 'netns-denied', 'helper-error', 'queue-full', 'agent-overloaded']);
 /** Reasons that mean the connection never reached the app. */
 const UNREACHED: ReadonlySet<FailureReason> = new Set(['refused', 'timeout', 'reset', 'unreachable']);
 const NOTE_DETAIL_CHARS = 160;

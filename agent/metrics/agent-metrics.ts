@@ -7,6 +7,7 @@ import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import type { Logger } from '../log.ts';
 import type { NotOursReason } from '../pods/types.ts';
 import { DROPPED_POD_REASONS, type DroppedPodReason } from '../pods/pod-list-stream.ts';
+import { overloadedTimeouts } from '../probe/loop-lag.ts';
 import { PROBE_TYPES, type ProbeOutcome } from '../probe/types.ts';
 import type { ProbeRunMeta, ResultsReader, ThresholdResult } from '../scheduler/types.ts';
 import type { ProbeMetrics } from './probe-metrics.ts';
@@ -39,8 +40,13 @@ const MAX_GRPC_METHODS = 32;
 /** ExecSync's parsed-command cache, as ProbeApiServer.execSyncCacheStats() gives it. */
 export interface ExecSyncCacheStats {
   entries: number;
+  /** Estimated bytes held, and their bound. */
+  bytes: number;
+  maxBytes: number;
   hits: number;
   parses: number;
+  /** Entries dropped to stay within the bounds. */
+  evictions: number;
 }
 
 /** Live limiter occupancy, read at scrape time. */
@@ -198,6 +204,44 @@ export class AgentMetrics {
       collect() {
         const stats = self.#execSyncCacheStats();
         if (stats) this.set(stats.entries);
+      },
+    });
+    new Counter({
+      name: 'probe_agent_probe_timeouts_overloaded_total',
+      help: 'Probe timeouts reported as error (agent-overloaded), not failure: the agent\'s event loop stalled longer than the probe\'s budget could give back to the target.',
+      registers,
+      collect() {
+        this.reset();
+        this.inc(overloadedTimeouts());
+      },
+    });
+    new Gauge({
+      name: 'probe_agent_exec_sync_cache_bytes',
+      help: 'Estimated bytes of the parsed rewritten commands ExecSync keeps.',
+      registers,
+      collect() {
+        const stats = self.#execSyncCacheStats();
+        if (stats) this.set(stats.bytes);
+      },
+    });
+    new Gauge({
+      name: 'probe_agent_exec_sync_cache_max_bytes',
+      help: 'The byte bound of the ExecSync parsed-command cache.',
+      registers,
+      collect() {
+        const stats = self.#execSyncCacheStats();
+        if (stats) this.set(stats.maxBytes);
+      },
+    });
+    new Counter({
+      name: 'probe_agent_exec_sync_cache_evictions_total',
+      help: 'Parsed rewritten commands ExecSync dropped to stay within its bounds (a steady rate: more distinct commands than the cache holds).',
+      registers,
+      collect() {
+        const stats = self.#execSyncCacheStats();
+        if (!stats) return;
+        this.reset();
+        this.inc(stats.evictions);
       },
     });
     new Gauge({
@@ -387,7 +431,7 @@ export class AgentMetrics {
     if (!this.#execSyncCacheSource) return undefined;
     try {
       const s = this.#execSyncCacheSource();
-      return { entries: count(s.entries), hits: count(s.hits), parses: count(s.parses) };
+      return { entries: count(s.entries), bytes: count(s.bytes), maxBytes: count(s.maxBytes), hits: count(s.hits), parses: count(s.parses), evictions: count(s.evictions) };
     } catch (err) {
       this.#log.warn('exec-sync cache source failed at scrape', { err });
       return undefined;

@@ -82,6 +82,14 @@ export interface ContainerLocatorOptions {
   negativeTtlMs?: number;
   /** Called once per lookup with how it ended (metrics); must not throw. */
   onLookup?: (source: LookupSource) => void;
+  /**
+   * Called with a container ID the lookup learnt is dead: exited, gone from the runtime, its
+   * sandbox gone, or replaced (a new ID for the same pod and container name). What others cache
+   * by container ID goes with it (ExecSync's parsed commands).
+   */
+  onContainerGone?: (containerID: string) => void;
+  /** How long one check of a sandbox's bind-mounted netns stands (default 1 s; see NETNS_RECHECK_MS). */
+  netnsRecheckMs?: number;
   log?: Logger;
 }
 
@@ -139,6 +147,7 @@ export class ContainerLocator {
   readonly #log: Logger;
   readonly #max: number;
   readonly #ttlMs: number;
+  readonly #netnsRecheckMs: number;
   readonly #entries = new Map<string, ContainerEntry>();
   readonly #sandboxes = new Map<string, SandboxRecord>();
   /** Containers the pod-list fallback found: container ID -> pod UID and container name. */
@@ -157,6 +166,7 @@ export class ContainerLocator {
     this.#log = (opts.log ?? silentLogger).child({ component: 'container-lookup' });
     this.#max = Math.max(1, opts.maxEntries ?? 4096);
     this.#ttlMs = Math.max(0, opts.sandboxTtlMs ?? 60_000);
+    this.#netnsRecheckMs = Math.max(0, opts.netnsRecheckMs ?? NETNS_RECHECK_MS);
   }
 
   /** Entries cached (tests). */
@@ -216,13 +226,31 @@ export class ContainerLocator {
     const rec = this.#sandboxes.get(sandboxID);
     if (rec) rec.gone = true;
     this.#sandboxes.delete(sandboxID);
-    for (const [id, e] of this.#entries) if (e.sandbox.view.id === sandboxID) this.#entries.delete(id);
+    for (const [id, e] of this.#entries) if (e.sandbox.view.id === sandboxID) this.#gone(id);
   }
 
   /** Drops everything cached about a pod (it left kubelet's pod list). */
   forgetPod(uid: string): void {
     for (const [sid, rec] of this.#sandboxes) if (rec.view.uid === uid) this.invalidateSandbox(sid);
-    for (const [id, e] of this.#listed) if (e.uid === uid) this.#listed.delete(id);
+    for (const [id, e] of this.#listed) {
+      if (e.uid !== uid) continue;
+      this.#listed.delete(id);
+      this.#tell(id);
+    }
+  }
+
+  /** Drops a container's entry: it is dead or replaced. */
+  #gone(id: string): void {
+    this.#entries.delete(id);
+    this.#tell(id);
+  }
+
+  #tell(id: string): void {
+    try {
+      this.#o.onContainerGone?.(id);
+    } catch (err) {
+      this.#log.warn('onContainerGone failed', { container: short(id), err: describeError(err) });
+    }
   }
 
   #counted(source: LookupSource, found: LocatedContainer): LocatedContainer {
@@ -244,7 +272,7 @@ export class ContainerLocator {
       const rec = e.sandbox;
       if (this.#superseded(e)) {
         // Restarted in the same sandbox under a new ID: the runtime says what became of this one.
-        this.#entries.delete(id);
+        this.#gone(id);
         return undefined;
       }
       if (!rec.gone && Date.now() < rec.freshUntil && this.#netnsStillThere(rec)) {
@@ -280,7 +308,7 @@ export class ContainerLocator {
     const ns = rec.netns;
     if (!ns) return true;
     const now = Date.now();
-    if (rec.netnsCheckedAt !== undefined && now - rec.netnsCheckedAt < NETNS_RECHECK_MS && !isProcNetnsPath(ns.path)) return true;
+    if (rec.netnsCheckedAt !== undefined && now - rec.netnsCheckedAt < this.#netnsRecheckMs && !isProcNetnsPath(ns.path)) return true;
     if (isSameNetnsNow(ns.path, ns.inode)) {
       rec.netnsCheckedAt = now;
       return true;
@@ -379,7 +407,7 @@ export class ContainerLocator {
     const c = items.find((x) => x.id === id);
     if (!c) {
       // The runtime is the authority: a container it does not have is not probed anywhere.
-      this.#entries.delete(id);
+      this.#gone(id);
       this.#bounded(this.#unknown, id, Date.now() + (this.#o.negativeTtlMs ?? 2000));
       throw this.#notFound(id, 'the runtime has no such container');
     }
@@ -394,10 +422,14 @@ export class ContainerLocator {
     }
     if (c.state === 'CONTAINER_EXITED') {
       // As the runtime's own ExecSync: nothing runs for a container that has exited (kubelet keeps the last one for its logs).
-      this.#entries.delete(id);
+      this.#gone(id);
       throw new PodNotFoundError(`container ${short(id)} has exited: nothing is probed for it`, { containerID: id });
     }
     const entry: ContainerEntry = { containerName, attempt: c.metadata?.attempt ?? 0, ports: containerPortsOf(c), sandbox };
+    // A new ID for the same pod and container name replaces the one cached (a restart, a new sandbox).
+    if (!this.#entries.has(id)) {
+      for (const [other, e] of this.#entries) if (e.containerName === containerName && e.sandbox.view.uid === uid) this.#gone(other);
+    }
     this.#bounded(this.#entries, id, entry);
     this.#unknown.delete(id);
     return this.#located(id, entry);

@@ -7,6 +7,7 @@ import { isIPv6, type Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { HelperError, NetnsError, describeError } from '../errors.ts';
 import type { FailureReason, ProbePhases, ProbeResult, SocketFactory } from './types.ts';
+import { watchLoopLag, type LagWatch } from './loop-lag.ts';
 import { joinHostPort } from './target.ts';
 
 /** RFC 8305 "Connection Attempt Delay": start the next address after this long without an answer. */
@@ -17,7 +18,10 @@ export const ATTEMPT_DELAY_MS = 250;
  * caller aborts. Time the agent spends on itself while no socket exists yet (the netns helper's
  * fork/setns/socket round trip on a loaded node) is held out of that budget (hold/release): kubelet's
  * timeout is for the target. The held time has its own budget of `timeoutMs`; running out of it
- * aborts with why() 'helper', which callers report as an error (ours), never a failure.
+ * aborts with why() 'helper', which callers report as an error (ours), never a failure. The event
+ * loop's stalls are the agent's own time too (loop-lag.ts): when the timeout fires, the stall seen
+ * since the start is given back to the target from the same budget; what the budget could not give
+ * back is uncreditedStallMs().
  */
 export class Deadline {
   readonly startedAt: number;
@@ -30,6 +34,12 @@ export class Deadline {
   #heldAt: number | undefined;
   #heldMs = 0;
   readonly #parent: AbortSignal | undefined;
+  readonly #lag: LagWatch = watchLoopLag();
+  /** Stall given back to the target, or seen while held (held time is given back already). */
+  #creditedMs = 0;
+  #stallAtHold = 0;
+  /** Stall given back from the agent's own-time budget (shared with held time). */
+  #givenBackMs = 0;
   readonly #onParentAbort = (): void => this.#controller.abort(new DeadlineAbort('aborted'));
 
   constructor(timeoutMs: number, parent?: AbortSignal) {
@@ -68,6 +78,7 @@ export class Deadline {
   hold(): void {
     if (this.#heldAt !== undefined || this.signal.aborted) return;
     this.#heldAt = performance.now();
+    this.#stallAtHold = this.#lag.stalledMs();
     clearTimeout(this.#timer);
     this.#timer = this.#arm('helper', Math.max(0, this.timeoutMs - this.#heldMs));
   }
@@ -78,20 +89,44 @@ export class Deadline {
     const held = performance.now() - this.#heldAt;
     this.#heldAt = undefined;
     this.#heldMs += held;
+    this.#creditedMs += Math.max(0, this.#lag.stalledMs() - this.#stallAtHold);
     this.endsAt += held;
     if (this.signal.aborted) return;
     clearTimeout(this.#timer);
     this.#timer = this.#arm('timeout', Math.max(0, this.endsAt - performance.now()));
   }
 
+  /** Milliseconds the event loop stalled that the target was not given back (the budget ran out). */
+  uncreditedStallMs(): number {
+    return Math.max(0, this.#lag.stalledMs() - this.#creditedMs);
+  }
+
   /** Stops the timer and detaches from the parent signal; call once the probe is over. */
   dispose(): void {
     clearTimeout(this.#timer);
     this.#parent?.removeEventListener('abort', this.#onParentAbort);
+    this.#lag.stop();
   }
 
   #arm(why: 'timeout' | 'helper', ms: number): NodeJS.Timeout {
-    return setTimeout(() => this.#controller.abort(new DeadlineAbort(why)), ms);
+    return setTimeout(() => (why === 'timeout' ? this.#onTimeout() : this.#controller.abort(new DeadlineAbort(why))), ms);
+  }
+
+  /** The target's time is up, unless the loop stalled meanwhile: that time is given back first. */
+  #onTimeout(): void {
+    const credit = Math.min(this.uncreditedStallMs(), Math.max(0, this.timeoutMs - this.#heldMs - this.#givenBackMs));
+    if (credit > 0) {
+      this.#creditedMs += credit;
+      this.#givenBackMs += credit;
+      this.endsAt += credit;
+      const left = this.endsAt - performance.now();
+      // An answer that arrived meanwhile is read before the re-armed timer fires (poll phase first).
+      if (left > 0) {
+        this.#timer = this.#arm('timeout', left);
+        return;
+      }
+    }
+    this.#controller.abort(new DeadlineAbort('timeout'));
   }
 }
 

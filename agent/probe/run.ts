@@ -7,6 +7,7 @@ import { InvalidProbeError, describeError } from '../errors.ts';
 import { Deadline, type ProberResult } from './connect.ts';
 import { probeGrpc } from './grpc.ts';
 import { probeHttp } from './http.ts';
+import { overloadedTimeout } from './loop-lag.ts';
 import { boundMessage } from './message.ts';
 import { SPEC_LIMITS } from './spec.ts';
 import { TargetError, planTargets } from './target.ts';
@@ -18,7 +19,15 @@ export { MAX_MESSAGE_BYTES, boundMessage } from './message.ts';
 /** Runs `handler` in `ctx` and reports kubelet's result; never throws. */
 export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promise<ProbeOutcome> {
   const started = performance.now();
-  const finish = (r: ProberResult): ProbeOutcome => {
+  let deadline: Deadline | undefined;
+  const finish = (prober: ProberResult): ProbeOutcome => {
+    let r = prober;
+    // A timeout the agent's own stalled loop caused is its error, not the target's failure (loop-lag.ts).
+    // Only when our deadline ended it: a helper child that timed the connect itself was not stalled.
+    if (r.result === 'failure' && r.reason === 'timeout' && deadline?.why() === 'timeout') {
+      const why = overloadedTimeout(deadline.uncreditedStallMs(), ctx.timeoutSeconds * 1000);
+      if (why !== undefined) r = { ...r, result: 'error', reason: 'agent-overloaded', message: `${why}: ${r.message}` };
+    }
     const total = (performance.now() - started) / 1000;
     const outcome: ProbeOutcome = {
       result: r.result,
@@ -38,7 +47,7 @@ export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promis
   if (!Number.isFinite(timeout) || timeout <= 0 || timeout > SPEC_LIMITS.maxTimeoutSeconds) {
     return fail('error', 'invalid-spec', `timeoutSeconds: must be 1..${SPEC_LIMITS.maxTimeoutSeconds}, got ${timeout}`);
   }
-  const deadline = new Deadline(timeout * 1000, ctx.signal);
+  deadline = new Deadline(timeout * 1000, ctx.signal);
   try {
     let plan;
     try {

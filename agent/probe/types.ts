@@ -93,6 +93,8 @@ export type FailureReason =
   | 'port-unresolved'
   | 'invalid-spec'
   | 'queue-full'
+  /** The agent's event loop was stalled for much of a probe that timed out (loop-lag.ts): an error, not the target's failure. */
+  | 'agent-overloaded'
   | 'other';
 
 /** Per-phase timings in seconds; a phase that did not happen is absent. */

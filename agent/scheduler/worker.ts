@@ -389,7 +389,8 @@ export class ProbeWorker {
       // Reported (kubelet: an "errored" event per run), but once per streak of the same reason.
       if (!this.#erroredBefore || this.#lastErrorReason !== outcome.reason) {
         // A pod's netns or sandbox gone is a pod going or its sandbox replaced: churn, nothing to chase.
-        const level = outcome.reason === 'netns-gone' ? 'info' : 'warn';
+        // An overloaded agent is the node's matter, logged once for all probes (daemon.ts).
+        const level = outcome.reason === 'netns-gone' || outcome.reason === 'agent-overloaded' ? 'info' : 'warn';
         this.#host.logger[level]('probe errored; result kept', { ...this.key, kept: after, reason: outcome.reason, message: this.#lastMessage });
       }
       this.#erroredBefore = true;

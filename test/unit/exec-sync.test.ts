@@ -66,7 +66,7 @@ describe('the parsed-command cache', () => {
   });
 
   it('is bounded: beyond its size the least recently used entry goes', () => {
-    const c = new ExecSyncHandlerCache(2);
+    const c = new ExecSyncHandlerCache({ maxEntries: 2 });
     c.get('c1', healthz);
     c.get('c2', healthz);
     c.get('c1', healthz); // c1 is now the most recent
@@ -90,6 +90,41 @@ describe('the parsed-command cache', () => {
     expect(c.size).toBe(1);
     c.get(CID, healthz);
     expect(c.parses).toBe(4);
+  });
+
+  it('is bounded in bytes: a flood of distinct padded commands keeps only what fits, and no command bytes', () => {
+    const maxBytes = 64 * 1024;
+    const c = new ExecSyncHandlerCache({ maxBytes });
+    // JSON whitespace pads each command to near the 16 KiB encoding limit; every one is distinct.
+    const padded = (i: number): Buffer[] => {
+      const json = `{"tcpSocket":{"port":${1 + (i % 60000)}}${' '.repeat(12_000 + (i % 100))}}`;
+      return [Buffer.from(SHIM_COMMAND_PATH), Buffer.from('readiness'), Buffer.from(Buffer.from(json).toString('base64url'))];
+    };
+    expect(padded(0)[2]!.length).toBeGreaterThan(16_000);
+    for (let i = 0; i < 2000; i++) c.get(`c${i}`, padded(i));
+    expect(c.bytes).toBeLessThanOrEqual(maxBytes);
+    expect(c.size).toBeGreaterThan(10);
+    expect(c.size * 16_000).toBeGreaterThan(maxBytes); // what the command bytes alone would have cost
+    expect(c.evictions).toBe(2000 - c.size);
+    // A handler larger than the whole bound is answered, not kept.
+    const tiny = new ExecSyncHandlerCache({ maxBytes: 600 });
+    const big = argv('readiness', { httpGet: { path: `/${'p'.repeat(2000)}`, port: 8080 } });
+    expect(tiny.get(CID, big)).toMatchObject({ handler: { kind: 'http' } });
+    expect({ size: tiny.size, bytes: tiny.bytes }).toEqual({ size: 0, bytes: 0 });
+  });
+
+  it('keeps at most 8 commands per container: one container cannot churn the others out', () => {
+    const c = new ExecSyncHandlerCache({ maxEntries: 16 });
+    c.get('other', healthz);
+    for (let port = 1; port <= 50; port++) c.get(CID, argv('readiness', { tcpSocket: { port } }));
+    expect(c.size).toBe(9);
+    const parses = c.parses;
+    c.get('other', healthz);
+    expect(c.parses).toBe(parses);
+    c.forgetContainer(CID);
+    expect(c.size).toBe(1);
+    c.forgetContainer('other');
+    expect({ size: c.size, bytes: c.bytes }).toEqual({ size: 0, bytes: 0 });
   });
 
   it('never caches a command it refuses', () => {

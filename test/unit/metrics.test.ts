@@ -271,10 +271,10 @@ describe('agent self-metrics', () => {
     await expect(m.registry.metrics()).resolves.toContain('probe_agent_probes_in_flight');
   });
 
-  it('reads ExecSync\'s parsed-command cache (hits, parses, entries) from a real cache at scrape time', async () => {
+  it('reads ExecSync\'s parsed-command cache (hits, parses, entries, bytes, evictions) from a real cache at scrape time', async () => {
     const m = newMetrics();
-    const cache = new ExecSyncHandlerCache(8);
-    m.agent.setExecSyncCacheSource(() => ({ entries: cache.size, hits: cache.hits, parses: cache.parses }));
+    const cache = new ExecSyncHandlerCache({ maxEntries: 8, maxBytes: 64 * 1024 });
+    m.agent.setExecSyncCacheSource(() => ({ entries: cache.size, bytes: cache.bytes, maxBytes: cache.maxBytes, hits: cache.hits, parses: cache.parses, evictions: cache.evictions }));
     const cmd = encodeShimCommand('readiness', { tcpSocket: { port: 8080 } }).map((x) => Buffer.from(x));
     for (let i = 0; i < 3; i++) cache.get('c1', cmd);
     cache.get('c2', cmd);
@@ -282,9 +282,16 @@ describe('agent self-metrics', () => {
     expect(find(s, 'probe_agent_exec_sync_commands_total', { result: 'hit' })[0]?.value).toBe(2);
     expect(find(s, 'probe_agent_exec_sync_commands_total', { result: 'parsed' })[0]?.value).toBe(2);
     expect(find(s, 'probe_agent_exec_sync_cache_entries')[0]?.value).toBe(2);
+    const bytes = find(s, 'probe_agent_exec_sync_cache_bytes')[0]?.value ?? 0;
+    expect(bytes).toBe(cache.bytes);
+    expect(bytes).toBeGreaterThan(0);
+    expect(find(s, 'probe_agent_exec_sync_cache_max_bytes')[0]?.value).toBe(64 * 1024);
     cache.get('c1', cmd);
+    for (let i = 3; i <= 10; i++) cache.get(`c${i}`, cmd);
     s = await scrape(m);
     expect(find(s, 'probe_agent_exec_sync_commands_total', { result: 'hit' })[0]?.value).toBe(3);
+    expect(find(s, 'probe_agent_exec_sync_cache_entries')[0]?.value).toBe(8);
+    expect(find(s, 'probe_agent_exec_sync_cache_evictions_total')[0]?.value).toBe(2);
   });
 
   it('counts workers by type and thresholded result from the real results store', async () => {

@@ -1,0 +1,137 @@
+/**
+ * ExecSync's parsed-command cache under one tenant's flood, on the real agent process (the
+ * DaemonSet's 96 MiB heap cap): 40 pods of one namespace, 10 containers each, every container's
+ * hand-written `/.probe-agent/v1` exec commands distinct and padded with JSON whitespace to near the
+ * 16 KiB limit (such a probe needs no webhook, and need not succeed). The agent's heap stays
+ * bounded (the cache keeps digests and parsed handlers, bounded in bytes, never the commands), the
+ * agent lives, and a neighbour's rewritten probe, asked all along, keeps every answer.
+ */
+import { requireRoot } from '../support/root.ts';
+requireRoot();
+
+import { createHash } from 'node:crypto';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { grpcFrame, readFields } from '../../agent/api/protowire.ts';
+import { ShimProbeClient } from '../../agent/api/shim-client.ts';
+import { encodeShimCommand, SHIM_COMMAND_PATH } from '../../agent/rewrite/shim-command.ts';
+import { createLab, type Lab, type LabPod } from '../lab/lab.ts';
+import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
+import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { makePod } from '../support/pod-factory.ts';
+import { execSyncRequest } from '../support/relay-harness.ts';
+
+const HTTP = 8080;
+const PODS = 40;
+const CONTAINERS = 10;
+const COMMANDS = 8;
+const NEIGHBOUR = 'ab'.repeat(32);
+
+let lab: Lab;
+let pod: LabPod;
+let kubelet: FakeKubelet;
+let agent: AgentHandle;
+
+const cid = (p: number, c: number): string => createHash('sha256').update(`hostile/${p}/${c}`).digest('hex');
+
+/** A hostile pod: CONTAINERS containers, all listed running (so the agent finds each by its ID). */
+function hostilePod(p: number): Record<string, unknown> {
+  const pod0 = makePod({ name: `flood-${p}`, namespace: 'hostile', ips: pod.ips, port: HTTP, probe: 'none', containerID: `containerd://${cid(p, 0)}` });
+  const spec = pod0['spec'] as { containers: Record<string, unknown>[] };
+  const status = pod0['status'] as { containerStatuses: Record<string, unknown>[] };
+  const [app, appStatus] = [spec.containers[0]!, status.containerStatuses[0]!];
+  spec.containers = [];
+  status.containerStatuses = [];
+  for (let c = 0; c < CONTAINERS; c++) {
+    spec.containers.push({ ...app, name: `c${c}` });
+    status.containerStatuses.push({ ...appStatus, name: `c${c}`, containerID: `containerd://${cid(p, c)}` });
+  }
+  return pod0;
+}
+
+/** A distinct command near the 16 KiB encoding limit: a TCP probe of a closed port, padded with JSON whitespace. */
+function paddedCommand(n: number): string[] {
+  const json = `{"tcpSocket":{"port":1}${' '.repeat(12_000 + 7 * n)}}`;
+  return [SHIM_COMMAND_PATH, 'readiness', Buffer.from(json).toString('base64url')];
+}
+
+async function metric(name: string): Promise<number> {
+  const body = (await agent.http('/metrics')).body;
+  const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(body);
+  if (!m) throw new Error(`${name} not in /metrics`);
+  return Number(m[1]);
+}
+
+function exitCodeOf(body: Buffer): number {
+  let code = 0;
+  readFields(body.subarray(5), (f, v) => {
+    if (f === 3 && typeof v === 'number') code = v;
+  });
+  return code;
+}
+
+beforeAll(async () => {
+  lab = await createLab({ pods: 1, policy: 'drop', tag: 'exec-sync-flood' });
+  pod = lab.pods[0]!;
+  await lab.startServer(pod, { http: HTTP });
+  const neighbour = makePod({ name: 'neighbour', namespace: 'good', ips: pod.ips, port: HTTP, probe: 'none', containerID: `containerd://${NEIGHBOUR}` });
+  kubelet = await FakeKubelet.start({ pods: [neighbour, ...Array.from({ length: PODS }, (_, p) => hostilePod(p))] });
+  agent = await startAgent({ kubeletUrl: kubelet.httpUrl, env: { NODE_OPTIONS: '--max-old-space-size=96' }, startTimeoutMs: 60_000 });
+}, 120_000);
+
+afterAll(async () => {
+  await agent?.stop('SIGKILL').catch(() => {});
+  await kubelet?.stop();
+  await lab?.destroy();
+});
+
+describe('ExecSync\'s parsed-command cache under a flood of distinct padded commands', () => {
+  it('keeps the agent\'s heap bounded, and the neighbour\'s cached probe keeps every answer', async () => {
+    const client = new ShimProbeClient(agent.socket);
+    const neighbourCall = grpcFrame(execSyncRequest(NEIGHBOUR, encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } }), 3));
+    const ask = (body: Buffer) => client.execSync(body, { deadlineMs: 30_000 });
+    for (let i = 0; i < 3; i++) expect(exitCodeOf((await ask(neighbourCall)).body)).toBe(0);
+    const heapBefore = await metric('nodejs_heap_size_used_bytes');
+
+    let flooding = true;
+    const neighbourAnswers: number[] = [];
+    const neighbour = (async () => {
+      while (flooding) {
+        neighbourAnswers.push(exitCodeOf((await ask(neighbourCall)).body));
+        await new Promise((r) => setTimeout(r, 200));
+      }
+    })();
+    const jobs: [number, number, number][] = [];
+    for (let p = 0; p < PODS; p++) for (let c = 0; c < CONTAINERS; c++) for (let k = 0; k < COMMANDS; k++) jobs.push([p, c, k]);
+    let answered = 0;
+    let heapPeak = heapBefore;
+    const lanes = Array.from({ length: 16 }, async () => {
+      for (let job = jobs.shift(); job; job = jobs.shift()) {
+        const [p, c, k] = job;
+        // Failure (closed port), or refused by the fair limiter: any answer will do, the command was parsed.
+        await ask(grpcFrame(execSyncRequest(cid(p, c), paddedCommand(k), 3))).then(() => {}, () => {});
+        if (++answered % 400 === 0) heapPeak = Math.max(heapPeak, await metric('nodejs_heap_size_used_bytes'));
+      }
+    });
+    await Promise.all(lanes);
+    flooding = false;
+    await neighbour;
+    client.close();
+    await new Promise((r) => setTimeout(r, 2000));
+    const heapAfter = await metric('nodejs_heap_size_used_bytes');
+    const [entries, bytes, maxBytes, parsed] = await Promise.all([
+      metric('probe_agent_exec_sync_cache_entries'),
+      metric('probe_agent_exec_sync_cache_bytes'),
+      metric('probe_agent_exec_sync_cache_max_bytes'),
+      metric('probe_agent_exec_sync_commands_total{result="parsed"}'),
+    ]);
+    const report = `heap ${(heapBefore / 2 ** 20).toFixed(1)} -> peak ${(heapPeak / 2 ** 20).toFixed(1)} -> ${(heapAfter / 2 ** 20).toFixed(1)} MiB; cache ${entries} entries, ${bytes} of ${maxBytes} bytes; ${parsed} parsed`;
+    expect(agent.proc.exitCode, report).toBeNull();
+    expect(answered, report).toBe(PODS * CONTAINERS * COMMANDS);
+    expect(parsed, report).toBeGreaterThanOrEqual(PODS * CONTAINERS * COMMANDS);
+    expect(bytes, report).toBeLessThanOrEqual(maxBytes);
+    // The commands alone are 3,200 x 16 KiB = 50 MiB; the cache may hold its 4 MiB bound.
+    expect(heapAfter - heapBefore, report).toBeLessThan(16 * 2 ** 20);
+    expect(neighbourAnswers.length, report).toBeGreaterThan(0);
+    expect(neighbourAnswers.filter((c) => c !== 0), report).toEqual([]);
+  }, 600_000);
+});
