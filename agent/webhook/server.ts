@@ -15,7 +15,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { ConfigError, describeError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
-import { admit, AdmissionRequestError, MUTATE_ANNOTATED_PATH, MUTATE_PATH, type AdmissionContext, type OptInMode } from './admission.ts';
+import { admit, AdmissionRequestError, MUTATE_ANNOTATED_PATH, MUTATE_GATES_PATH, MUTATE_PATH, type AdmissionContext, type OptInMode } from './admission.ts';
 import { WebhookMetrics, type RequestOutcome, type SlowReason } from './metrics.ts';
 import { loadTlsPair, TlsFileWatcher } from './tls-files.ts';
 import {
@@ -76,7 +76,7 @@ export interface WebhookServer {
   close(): Promise<void>;
 }
 
-const ROUTES: Record<string, OptInMode> = { [MUTATE_PATH]: 'all', [MUTATE_ANNOTATED_PATH]: 'annotated' };
+const ROUTES: Record<string, OptInMode> = { [MUTATE_PATH]: 'all', [MUTATE_ANNOTATED_PATH]: 'annotated', [MUTATE_GATES_PATH]: 'gates' };
 
 /** Starts the webhook; rejects with ConfigError when the TLS files do not load or the address cannot be bound. */
 export async function startWebhookServer(opts: WebhookServerOptions): Promise<WebhookServer> {
