@@ -177,7 +177,7 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
   const downward = () => (pod().hostNetwork ? { ...NODE, POD_IP: NODE.HOST_IP } : NODE);
 
   it('renders objects with apiVersion, kind, name, and the right namespace', () => {
-    const clusterScoped = new Set(['Namespace', 'ClusterRole', 'ClusterRoleBinding', 'MutatingWebhookConfiguration', 'ValidatingAdmissionPolicy', 'ValidatingAdmissionPolicyBinding']);
+    const clusterScoped = new Set(['Namespace', 'ClusterRole', 'ClusterRoleBinding', 'MutatingWebhookConfiguration', 'ValidatingAdmissionPolicy', 'ValidatingAdmissionPolicyBinding', 'FlowSchema', 'PriorityLevelConfiguration']);
     expect(docs().length).toBeGreaterThan(4);
     for (const o of docs()) {
       expect(typeof o.apiVersion, JSON.stringify(o).slice(0, 80)).toBe('string');
@@ -349,6 +349,14 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     const rules = roles.flatMap((r) => r.rules as Obj[]);
     const expected = [{ apiGroups: [''], resources: ['nodes/pods'], verbs: ['get'] }];
     if (has('nodes-proxy-fallback')) expected.push({ apiGroups: [''], resources: ['nodes/proxy'], verbs: ['get'] });
+    // Gates mode: its own condition (narrowed by the pod-status policy), events, its node Lease.
+    if (has('gates')) {
+      expected.push(
+        { apiGroups: [''], resources: ['pods/status'], verbs: ['get', 'patch'] },
+        { apiGroups: [''], resources: ['events'], verbs: ['create'] },
+        { apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['get', 'create', 'patch'] },
+      );
+    }
     expect(rules).toEqual(expected);
     const sa = docs().find((o) => o.kind === 'ServiceAccount');
     expect(pod().serviceAccountName).toBe(sa?.metadata.name);
