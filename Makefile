@@ -28,7 +28,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster
+.PHONY: fuzz-helper bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -77,8 +77,16 @@ node_modules/.installed: package.json package-lock.json .tools/bin/node
 	@touch $@
 
 helper: $(HELPER)
-$(HELPER): $(HELPER_SRC) | system-deps
+$(HELPER): $(HELPER_SRC) netns-helper/Makefile | system-deps
 	$(MAKE) -C netns-helper
+
+## fuzz-helper: libFuzzer (clang, ASan+UBSan) on the helper's request parser and its dispatch,
+## FUZZ_SECONDS each (default 300), niced; installs clang. Root; not part of `make test`.
+FUZZ_SECONDS ?= 300
+fuzz-helper:
+	test/lab/install-system-deps.sh clang libclang-rt-14-dev
+	$(MAKE) -C netns-helper fuzz
+	netns-helper/fuzz/run.sh $(FUZZ_SECONDS)
 
 dist/.built: $(TS_SRC) tsconfig.json node_modules/.installed
 	rm -rf dist

@@ -137,8 +137,9 @@ static int dump_addresses(struct text *t, struct ns_result *r) {
   return -1;
 }
 
-size_t netns_addresses_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir, struct ns_result *r) {
-  int nsfd = netns_open_checked(path, kind, dir, r);
+size_t netns_addresses_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir,
+                            const struct ns_identity *want, struct ns_result *r) {
+  int nsfd = netns_open_checked(path, kind, dir, want, r);
   if (nsfd < 0) return 0;
   int e = sys_setns(nsfd, CLONE_NEWNET);
   sys_close(nsfd);

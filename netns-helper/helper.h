@@ -34,12 +34,21 @@ struct allow_dirs {
 
 /* Why a socket could not be made: the stage that failed, its errno and a message. */
 struct ns_result {
-  const char *stage; /* validate | open | nstype | setns | socket | netlink | busy | request | child */
+  const char *stage; /* validate | open | nstype | identity | setns | socket | netlink | poll | busy | request | child */
   int err;
   char msg[320];
 };
 
 enum path_kind { PATH_INVALID = -1, PATH_PROC = 1, PATH_DIR = 2 };
+
+/*
+ * The namespace the agent's resolver checked (st_dev, st_ino of the nsfs file): an opened path
+ * must still be that one, or a reused pid or a re-mounted file would lead into another pod.
+ */
+struct ns_identity {
+  int set;
+  uint64_t dev, ino;
+};
 
 /* text.c: bounded text without stdio, locale, errno or allocation (safe in the shared-VM child). */
 struct text {
@@ -65,12 +74,16 @@ int allow_dirs_set_proc_root(struct allow_dirs *a, const char *dir, const char *
 int allow_dirs_overlap(const struct allow_dirs *a);
 int proc_root_check_fs(const struct allow_dirs *a, const char **why);
 enum path_kind netns_check_path(const char *path, const struct allow_dirs *a, struct ns_result *r, size_t *dir_index);
-/* Opens a path netns_check_path accepted (`dir`: its allowed directory); child-safe. */
-int netns_open_checked(const char *path, enum path_kind kind, const char *dir, struct ns_result *r);
+/* The directory a checked path is opened from: its allowed directory, or the proc root. */
+const char *netns_base_dir(const struct allow_dirs *a, enum path_kind kind, size_t dir_index);
+/*
+ * Opens a path netns_check_path accepted (`dir`: netns_base_dir) and checks it is a network
+ * namespace and, when `want` is set, that namespace; child-safe.
+ */
+int netns_open_checked(const char *path, enum path_kind kind, const char *dir, const struct ns_identity *want, struct ns_result *r);
 /* Enters the netns for good and makes the socket: only for a process that exits right after; child-safe. */
-int netns_socket_checked(const char *path, enum path_kind kind, const char *dir, int family, struct ns_result *r);
-int netns_open(const char *path, const struct allow_dirs *a, struct ns_result *r);
-int netns_make_socket(const char *path, int family, const struct allow_dirs *a, struct ns_result *r);
+int netns_socket_checked(const char *path, enum path_kind kind, const char *dir, const struct ns_identity *want, int family, struct ns_result *r);
+int netns_make_socket(const char *path, int family, const struct allow_dirs *a, const struct ns_identity *want, struct ns_result *r);
 int family_to_af(int family);
 
 /*
@@ -78,7 +91,8 @@ int family_to_af(int family);
  * answer line {"id":N,"ok":true,"addrs":[...]} with its global and site-scope addresses;
  * 0 with `r` set on failure.
  */
-size_t netns_addresses_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir, struct ns_result *r);
+size_t netns_addresses_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir,
+                            const struct ns_identity *want, struct ns_result *r);
 
 /*
  * tcp.c: enters the netns for good (child-safe; the caller exits right after), connects to the
@@ -93,7 +107,7 @@ struct tcp_target {
   socklen_t alen;
 };
 size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir,
-                            const struct tcp_target *targets, int ntargets, int timeout_ms, int stagger_ms,
+                            const struct ns_identity *want, const struct tcp_target *targets, int ntargets, int timeout_ms, int stagger_ms,
                             struct ns_result *r);
 /* Longest connect timeout op "tcp" accepts (kubelet's timeoutSeconds bound of the agent: 3600 s). */
 #define TCP_TIMEOUT_MS_MAX 3600000
@@ -130,6 +144,11 @@ struct request {
   char ip2[64];
   long family2;
   long stagger_ms;
+  /* Optional, together: the namespace the agent checked (see struct ns_identity). */
+  int has_dev;
+  uint64_t dev;
+  int has_ino;
+  uint64_t ino;
 };
 int parse_request(const char *line, size_t len, struct request *req, const char **why);
 
@@ -140,5 +159,10 @@ struct resident_opts {
   int warm;
 };
 int run_resident(int chan, const struct allow_dirs *a, const struct resident_opts *o);
+/* The request loop without the process around it (state made on first call): for the dispatch fuzzer. */
+void resident_feed_for_fuzzing(int chan, const struct allow_dirs *a, const struct resident_opts *o, const char *data, size_t len);
+
+/* A value a peer sent, for stderr: JSON-escaped (no raw newline can forge a log line), cut at `cap`. */
+void log_escaped(const char *what, const char *value);
 
 #endif

@@ -1,7 +1,9 @@
 /*
  * A strict little JSON reader for the shapes the agent sends, {"id":N,"netns":"...",
  * "family":4|6}, {"id":N,"op":"addrs","netns":"..."} and {"id":N,"op":"tcp","netns":"...",
- * "family":4|6,"ip":"...","port":P,"timeout_ms":T[,"ip2":"...","family2":4|6,"stagger_ms":S]}, and for Node's own {"cmd":"NODE_..."} lines. Unknown keys are skipped.
+ * "family":4|6,"ip":"...","port":P,"timeout_ms":T[,"ip2":"...","family2":4|6,"stagger_ms":S]}, each
+ * optionally with "dev":D,"ino":I (the namespace the agent checked), and for Node's own
+ * {"cmd":"NODE_..."} lines. Unknown keys are skipped.
  */
 #include "helper.h"
 
@@ -188,7 +190,8 @@ int parse_request(const char *line, size_t len, struct request *req, const char 
     int r;
     if (strcmp(key, "id") == 0) {
       r = read_uint(&c, &req->id);
-      req->has_id = r == 0;
+      /* Followed by something: the digits of a line cut short may not be the whole id. */
+      req->has_id = r == 0 && c.p < c.end;
     } else if (strcmp(key, "netns") == 0) {
       r = read_string(&c, req->netns, sizeof req->netns);
       req->has_netns = r == 0;
@@ -227,6 +230,12 @@ int parse_request(const char *line, size_t len, struct request *req, const char 
       r = read_uint(&c, &v);
       req->timeout_ms = r == 0 && v <= TCP_TIMEOUT_MS_MAX ? (long)v : -1;
       req->has_timeout = r == 0;
+    } else if (strcmp(key, "dev") == 0) {
+      r = read_uint(&c, &req->dev);
+      req->has_dev = r == 0;
+    } else if (strcmp(key, "ino") == 0) {
+      r = read_uint(&c, &req->ino);
+      req->has_ino = r == 0;
     } else if (strcmp(key, "family") == 0) {
       uint64_t f;
       r = read_uint(&c, &f);

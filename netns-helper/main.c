@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include "helper.h"
+#include "sys.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -14,15 +15,26 @@
 #include <string.h>
 #include <unistd.h>
 
+/*
+ * The fortify level glibc really applies (the flag alone can be lowered by the compiler or libc),
+ * kept in the binary for test/unit/helper-elf.test.ts.
+ */
+#define HELPER_STR_(x) #x
+#define HELPER_STR(x) HELPER_STR_(x)
+#ifdef __USE_FORTIFY_LEVEL
+__attribute__((used)) static const char FORTIFY_NOTE[] = "probe-agent-netns-helper fortify level " HELPER_STR(__USE_FORTIFY_LEVEL);
+#endif
+
 static const char USAGE[] =
     "usage: probe-agent-netns-helper --resident [--allow-dir DIR]... [--proc-root DIR] [--max-children N]\n"
     "                                [--child-timeout-ms MS] [--warm]\n"
     "       probe-agent-netns-helper --once --netns PATH --family 4|6 [--id N] [--allow-dir DIR]...\n"
-    "                                [--proc-root DIR]\n"
+    "                                [--proc-root DIR] [--dev N --ino N]\n"
     "       probe-agent-netns-helper --check-paths [--allow-dir DIR]... [--proc-root DIR]   (paths on stdin)\n"
     "       probe-agent-netns-helper --version\n"
     "A netns is <proc root>/<pid>/ns/net or a file directly inside an allowed directory\n"
-    "(/run/netns, /var/run/netns and every --allow-dir). The proc root is /proc unless --proc-root\n"
+    "(/run/netns, /var/run/netns and every --allow-dir); --dev/--ino (or \"dev\",\"ino\" in a request)\n"
+    "name the namespace the path must still be. The proc root is /proc unless --proc-root\n"
     "names where the host's procfs is mounted (then /proc paths are refused). The agent starts\n"
     "this program with an 'ipc' stdio entry (NODE_CHANNEL_FD) and receives each socket as a\n"
     "net.Native handle.\n";
@@ -41,15 +53,27 @@ static int parse_long(const char *s, long min, long max, long *out) {
   return 0;
 }
 
-static int run_once(const char *netns, long family, uint64_t id, const struct allow_dirs *a) {
+/* The channel, with every other inherited descriptor but stdio closed (a launcher's leaked pipe). */
+static int own_channel(void) {
   const char *why = NULL;
   int chan = channel_fd_from_env(&why);
   if (chan < 0) {
     fprintf(stderr, "probe-agent-netns-helper: %s\n", why);
-    return 1;
+    return -1;
   }
+  int e = sys_close_all_but(chan);
+  if (e < 0) {
+    fprintf(stderr, "probe-agent-netns-helper: cannot close inherited descriptors: %s\n", strerror(-e));
+    return -1;
+  }
+  return chan;
+}
+
+static int run_once(const char *netns, long family, uint64_t id, const struct allow_dirs *a, const struct ns_identity *want) {
+  int chan = own_channel();
+  if (chan < 0) return 1;
   struct ns_result r = {0};
-  int s = netns_make_socket(netns, (int)family, a, &r);
+  int s = netns_make_socket(netns, (int)family, a, want, &r);
   char line[2048];
   size_t len = s >= 0 ? format_handle_line(line, sizeof line, id) : format_error_line(line, sizeof line, id, &r);
   int e = len == 0 ? -EMSGSIZE : chan_send_wait(chan, line, len, s, 2000);
@@ -88,6 +112,8 @@ int main(int argc, char **argv) {
   const char *mode = NULL, *netns = NULL;
   long family = 0, v;
   uint64_t id = 0;
+  struct ns_identity want = {0};
+  int has_dev = 0, has_ino = 0;
   allow_dirs_init(&allow);
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
@@ -129,6 +155,16 @@ int main(int argc, char **argv) {
       if (parse_long(val, 0, LONG_MAX, &v) < 0 || (uint64_t)v > MAX_REQUEST_ID) return usage_error("--id must be a non-negative integer");
       id = (uint64_t)v;
       i++;
+    } else if (!strcmp(arg, "--dev") || !strcmp(arg, "--ino")) {
+      if (parse_long(val, 0, LONG_MAX, &v) < 0) return usage_error("--dev and --ino must be non-negative integers");
+      if (arg[2] == 'd') {
+        want.dev = (uint64_t)v;
+        has_dev = 1;
+      } else {
+        want.ino = (uint64_t)v;
+        has_ino = 1;
+      }
+      i++;
     } else if (!strcmp(arg, "--max-children")) {
       if (parse_long(val, 1, 4096, &v) < 0) return usage_error("--max-children must be 1..4096");
       ro.max_children = (int)v;
@@ -142,6 +178,8 @@ int main(int argc, char **argv) {
     }
   }
   if (!mode) return usage_error("give a mode");
+  if (has_dev != has_ino) return usage_error("--dev and --ino go together");
+  want.set = has_dev;
   /* Flags come in any order: the proc root and the directories are compared once all are known. */
   int overlap = allow_dirs_overlap(&allow);
   if (overlap >= 0) {
@@ -156,13 +194,9 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(mode, "once")) {
     if (!netns || !family) return usage_error("--once needs --netns and --family");
-    return run_once(netns, family, id, &allow);
+    return run_once(netns, family, id, &allow, &want);
   }
-  const char *why = NULL;
-  int chan = channel_fd_from_env(&why);
-  if (chan < 0) {
-    fprintf(stderr, "probe-agent-netns-helper: %s\n", why);
-    return 1;
-  }
+  int chan = own_channel();
+  if (chan < 0) return 1;
   return run_resident(chan, &allow, &ro);
 }

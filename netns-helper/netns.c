@@ -182,7 +182,8 @@ int allow_dirs_overlap(const struct allow_dirs *a) {
 
 /*
  * The proc root must be a procfs: <root>/<pid>/ns/net is opened following symlinks, which is
- * only safe where the kernel makes those links. Checked once at start (modes that open paths).
+ * only safe where the kernel makes those links. Checked at start (modes that open paths), so a
+ * wrong flag fails at once, and again at every open (open_proc_entry).
  */
 int proc_root_check_fs(const struct allow_dirs *a, const char **why) {
   struct statfs fs;
@@ -285,19 +286,67 @@ static int open_dir_entry(const char *path, const char *dir, struct ns_result *r
   return fd;
 }
 
-int netns_open_checked(const char *path, enum path_kind kind, const char *dir, struct ns_result *r) {
-  int fd;
-  if (kind == PATH_PROC) {
-    /* A magic link: following it is the point, and procfs checks ptrace access. */
-    fd = sys_openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0) {
-      ns_fail_errno(r, "open", -fd);
-      return -1;
-    }
-  } else {
-    fd = open_dir_entry(path, dir, r);
-    if (fd < 0) return -1;
+/*
+ * Opens <proc root>/<pid>/ns/net relative to the proc root, checked to be a procfs at this very
+ * open: the <pid>/ns/net links are followed, which is only safe where the kernel makes them, and
+ * a mount placed over the root after start would otherwise go unnoticed.
+ */
+static int open_proc_entry(const char *path, const char *root, struct ns_result *r) {
+  int rfd = sys_openat(AT_FDCWD, root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (rfd < 0) {
+    ns_fail_errno(r, "open", -rfd);
+    return -1;
   }
+  struct statfs fs;
+  int e = sys_fstatfs(rfd, &fs);
+  if (e < 0 || fs.f_type != PROC_SUPER_MAGIC) {
+    sys_close(rfd);
+    if (e < 0) ns_fail_errno(r, "open", -e);
+    else ns_fail_text(r, "open", EXDEV, "the proc root ", root, " is no longer a procfs mount");
+    return -1;
+  }
+  /* A magic link: following it is the point, and procfs checks ptrace access. */
+  int fd = sys_openat(rfd, path + strlen(root) + 1, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  sys_close(rfd);
+  if (fd < 0) {
+    ns_fail_errno(r, "open", -fd);
+    return -1;
+  }
+  return fd;
+}
+
+const char *netns_base_dir(const struct allow_dirs *a, enum path_kind kind, size_t dir_index) {
+  return kind == PATH_PROC ? a->proc_root : a->dirs[dir_index];
+}
+
+/* Refuses a namespace other than the one the agent checked (a reused pid, a re-mounted file). */
+static int check_identity(int fd, const struct ns_identity *want, struct ns_result *r) {
+  if (!want || !want->set) return 0;
+  struct stat st;
+  int e = sys_fstat(fd, &st);
+  if (e < 0) {
+    ns_fail_errno(r, "identity", -e);
+    return -1;
+  }
+  if ((uint64_t)st.st_dev == want->dev && (uint64_t)st.st_ino == want->ino) return 0;
+  struct text t;
+  r->stage = "identity";
+  r->err = ESTALE;
+  text_init(&t, r->msg, sizeof r->msg);
+  text_str(&t, "not the network namespace that was checked (dev ");
+  text_u64(&t, want->dev);
+  text_str(&t, " ino ");
+  text_u64(&t, want->ino);
+  text_str(&t, "), now dev ");
+  text_u64(&t, (uint64_t)st.st_dev);
+  text_str(&t, " ino ");
+  text_u64(&t, (uint64_t)st.st_ino);
+  return -1;
+}
+
+int netns_open_checked(const char *path, enum path_kind kind, const char *dir, const struct ns_identity *want, struct ns_result *r) {
+  int fd = kind == PATH_PROC ? open_proc_entry(path, dir, r) : open_dir_entry(path, dir, r);
+  if (fd < 0) return -1;
   int type = sys_ioctl(fd, NS_GET_NSTYPE);
   if (type < 0) {
     if (type == -ENOTTY) {
@@ -313,22 +362,20 @@ int netns_open_checked(const char *path, enum path_kind kind, const char *dir, s
     sys_close(fd);
     return -1;
   }
+  if (check_identity(fd, want, r) < 0) {
+    sys_close(fd);
+    return -1;
+  }
   return fd;
-}
-
-int netns_open(const char *path, const struct allow_dirs *a, struct ns_result *r) {
-  size_t dir_index = 0;
-  enum path_kind kind = netns_check_path(path, a, r, &dir_index);
-  if (kind == PATH_INVALID) return -1;
-  return netns_open_checked(path, kind, a->dirs[dir_index], r);
 }
 
 int family_to_af(int family) {
   return family == 6 ? AF_INET6 : AF_INET;
 }
 
-int netns_socket_checked(const char *path, enum path_kind kind, const char *dir, int family, struct ns_result *r) {
-  int nsfd = netns_open_checked(path, kind, dir, r);
+int netns_socket_checked(const char *path, enum path_kind kind, const char *dir, const struct ns_identity *want, int family,
+                         struct ns_result *r) {
+  int nsfd = netns_open_checked(path, kind, dir, want, r);
   if (nsfd < 0) return -1;
   int e = sys_setns(nsfd, CLONE_NEWNET);
   sys_close(nsfd);
@@ -344,9 +391,9 @@ int netns_socket_checked(const char *path, enum path_kind kind, const char *dir,
   return s;
 }
 
-int netns_make_socket(const char *path, int family, const struct allow_dirs *a, struct ns_result *r) {
+int netns_make_socket(const char *path, int family, const struct allow_dirs *a, const struct ns_identity *want, struct ns_result *r) {
   size_t dir_index = 0;
   enum path_kind kind = netns_check_path(path, a, r, &dir_index);
   if (kind == PATH_INVALID) return -1;
-  return netns_socket_checked(path, kind, a->dirs[dir_index], family, r);
+  return netns_socket_checked(path, kind, netns_base_dir(a, kind, dir_index), want, family, r);
 }

@@ -60,6 +60,7 @@ struct child_job {
   int ntargets;
   int connect_timeout_ms;
   int stagger_ms;
+  struct ns_identity want;
   char netns[NETNS_PATH_MAX];
 };
 
@@ -165,25 +166,36 @@ static int take_block(struct resident *rs) {
  */
 static int child_main(void *arg) {
   const struct child_job *job = arg;
+  struct ns_result r = {0};
+  /*
+   * First: this fd table is a copy of the resident's, with other requests' sockets waiting in its
+   * reply queue and (--warm) its home netns. None of that may follow this child into a pod.
+   */
+  int closed = sys_close_all_but(job->chan);
+  if (closed < 0) {
+    char line[OUT_LINE_MAX];
+    ns_fail_text(&r, "fork", -closed, "cannot close the descriptors a child inherits: ", errno_name(-closed), NULL);
+    size_t len = format_error_line(line, sizeof line, job->id, &r);
+    return len > 0 && chan_send_wait(job->chan, line, len, -1, job->timeout_ms) == 0 ? 0 : 3;
+  }
   /* Dies with the resident; the check closes the race with a resident that died already. */
   sys_prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (sys_getppid() != job->parent) return 4;
-  struct ns_result r = {0};
   if (job->op == OP_ADDRS) {
     /* A plain line (no fd); a netns's address list can be longer than a socket's answer. */
     char line[ADDRS_LINE_MAX];
-    size_t len = netns_addresses_line(line, sizeof line, job->id, job->netns, job->kind, job->dir, &r);
+    size_t len = netns_addresses_line(line, sizeof line, job->id, job->netns, job->kind, job->dir, &job->want, &r);
     if (len == 0) len = format_error_line(line, sizeof line, job->id, &r);
     return len > 0 && chan_send_wait(job->chan, line, len, -1, job->timeout_ms) == 0 ? 0 : 3;
   }
   if (job->op == OP_TCP) {
     char line[OUT_LINE_MAX];
-    size_t len = netns_tcp_probe_line(line, sizeof line, job->id, job->netns, job->kind, job->dir, job->targets, job->ntargets,
+    size_t len = netns_tcp_probe_line(line, sizeof line, job->id, job->netns, job->kind, job->dir, &job->want, job->targets, job->ntargets,
                                       job->connect_timeout_ms, job->stagger_ms, &r);
     if (len == 0) len = format_error_line(line, sizeof line, job->id, &r);
     return len > 0 && chan_send_wait(job->chan, line, len, -1, job->timeout_ms) == 0 ? 0 : 3;
   }
-  int s = netns_socket_checked(job->netns, job->kind, job->dir, job->family, &r);
+  int s = netns_socket_checked(job->netns, job->kind, job->dir, &job->want, job->family, &r);
   char line[OUT_LINE_MAX];
   size_t len = s >= 0 ? format_handle_line(line, sizeof line, job->id) : format_error_line(line, sizeof line, job->id, &r);
   return len > 0 && chan_send_wait(job->chan, line, len, s, job->timeout_ms) == 0 ? 0 : 3;
@@ -252,7 +264,8 @@ static void spawn_child(struct resident *rs, const struct request *req, enum pat
   job->op = req->op;
   job->family = (int)req->family;
   job->kind = kind;
-  job->dir = rs->allow->dirs[dir_index];
+  job->dir = netns_base_dir(rs->allow, kind, dir_index);
+  job->want = (struct ns_identity){.set = req->has_dev, .dev = req->dev, .ino = req->ino};
   job->chan = rs->chan;
   job->timeout_ms = rs->opts->child_timeout_ms;
   job->parent = rs->self;
@@ -285,7 +298,8 @@ static void spawn_child(struct resident *rs, const struct request *req, enum pat
 static void make_warm(struct resident *rs, const struct request *req, enum path_kind kind, size_t dir_index) {
   struct ns_result r = {0};
   int s = -1;
-  int nsfd = netns_open_checked(req->netns, kind, rs->allow->dirs[dir_index], &r);
+  struct ns_identity want = {.set = req->has_dev, .dev = req->dev, .ino = req->ino};
+  int nsfd = netns_open_checked(req->netns, kind, netns_base_dir(rs->allow, kind, dir_index), &want, &r);
   if (nsfd >= 0) {
     if (setns(nsfd, CLONE_NEWNET) < 0) {
       ns_fail_errno(&r, "setns", errno);
@@ -321,11 +335,16 @@ static void handle_line(struct resident *rs, const char *line, size_t len) {
   }
   if (req.has_cmd) {
     /* Node's ACK for each handle it received; a NACK means it lost one (its request times out). */
-    if (strcmp(req.cmd, "NODE_HANDLE_ACK") != 0) fprintf(stderr, "probe-agent-netns-helper: agent sent %s\n", req.cmd);
+    if (strcmp(req.cmd, "NODE_HANDLE_ACK") != 0) log_escaped("agent sent ", req.cmd);
     return;
   }
   if (!req.has_id) {
     fprintf(stderr, "probe-agent-netns-helper: dropping a request without an id\n");
+    return;
+  }
+  if (req.has_dev != req.has_ino) {
+    ns_fail(&r, "request", EINVAL, "malformed request: dev and ino go together");
+    reply_error(rs, req.id, &r);
     return;
   }
   if (req.op == OP_ADDRS ? !req.has_netns : (!req.has_netns || !req.has_family || (req.family != 4 && req.family != 6))) {
@@ -394,49 +413,117 @@ static int enforce_deadlines(struct resident *rs) {
   return (int)next;
 }
 
-/* Reads what the channel has; returns 0 on EOF or a fatal error. */
+void log_escaped(const char *what, const char *value) {
+  char buf[256];
+  struct text t;
+  text_init(&t, buf, sizeof buf);
+  text_json(&t, value);
+  fprintf(stderr, "probe-agent-netns-helper: %s\"%s\"%s\n", what, buf, t.overflow ? "..." : "");
+}
+
+/*
+ * A request is read only while its answer has room in the reply queue, next to one reserved for
+ * each live child (answered for by the resident when it dies silent). So no answer is ever dropped
+ * for a full queue: an agent that stops reading stops being read (bounded backpressure).
+ */
+static int can_take_request(const struct resident *rs) {
+  return rs->out_count + (size_t)rs->nchildren < rs->out_cap;
+}
+
+/* A line longer than MAX_LINE - 1 bytes: answered with an error when its first bytes name an id. */
+static void answer_overlong(struct resident *rs, const char *buf, size_t len) {
+  static struct request req;
+  const char *why = NULL;
+  /* Whether or not the cut prefix parses: it is not the whole request. */
+  (void)parse_request(buf, len, &req, &why);
+  if (!req.has_id || req.has_cmd) {
+    fprintf(stderr, "probe-agent-netns-helper: dropping a line longer than %d bytes\n", MAX_LINE);
+    return;
+  }
+  struct ns_result r = {0};
+  ns_fail(&r, "request", EMSGSIZE, "malformed request: the line is longer than %d bytes", MAX_LINE - 1);
+  reply_error(rs, req.id, &r);
+}
+
+/* Handles the complete lines in buf while the reply queue has room; keeps the rest. */
+static void drain_lines(struct resident *rs, char *buf, size_t *used, int *discarding) {
+  size_t start = 0;
+  while (start < *used && can_take_request(rs)) {
+    const char *nl = memchr(buf + start, '\n', *used - start);
+    if (!nl) break;
+    size_t end = (size_t)(nl - buf);
+    if (!*discarding) handle_line(rs, buf + start, end - start);
+    *discarding = 0;
+    start = end + 1;
+  }
+  memmove(buf, buf + start, *used - start);
+  *used -= start;
+  if (*used == MAX_LINE && can_take_request(rs)) {
+    if (!*discarding) answer_overlong(rs, buf, *used);
+    *used = 0;
+    *discarding = 1;
+  }
+}
+
+/* Reads what the channel has, when there is room to answer it; returns 0 on EOF or a fatal error. */
 static int read_channel(struct resident *rs, char *buf, size_t *used, int *discarding) {
+  if (!can_take_request(rs) || *used == MAX_LINE) return 1;
   ssize_t n = recv(rs->chan, buf + *used, MAX_LINE - *used, MSG_DONTWAIT);
   if (n == 0) return 0;
   if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
   *used += (size_t)n;
-  size_t start = 0;
-  for (size_t i = 0; i < *used; i++) {
-    if (buf[i] != '\n') continue;
-    if (!*discarding) handle_line(rs, buf + start, i - start);
-    *discarding = 0;
-    start = i + 1;
-  }
-  memmove(buf, buf + start, *used - start);
-  *used -= start;
-  if (*used == MAX_LINE) {
-    fprintf(stderr, "probe-agent-netns-helper: dropping a line longer than %d bytes\n", MAX_LINE);
-    *used = 0;
-    *discarding = 1;
-  }
+  drain_lines(rs, buf, used, discarding);
   return 1;
+}
+
+static int resident_init(struct resident *rs, int chan, const struct allow_dirs *a, const struct resident_opts *o) {
+  *rs = (struct resident){.chan = chan, .allow = a, .opts = o, .self = getpid(), .home_netns = -1};
+  rs->children = calloc((size_t)o->max_children, sizeof *rs->children);
+  rs->blocks = calloc((size_t)o->max_children, sizeof *rs->blocks);
+  rs->free_blocks = calloc((size_t)o->max_children, sizeof *rs->free_blocks);
+  rs->page = (size_t)sysconf(_SC_PAGESIZE);
+  size_t job_bytes = (sizeof(struct child_job) + rs->page - 1) / rs->page * rs->page;
+  rs->block_bytes = rs->page + CHILD_STACK_BYTES + job_bytes;
+  /* Room for an answer per child (a killed child's answer waits here when the agent lags) and more. */
+  rs->out_cap = (size_t)o->max_children + 16;
+  rs->outq = calloc(rs->out_cap, sizeof *rs->outq);
+  if (!rs->children || !rs->blocks || !rs->free_blocks || !rs->outq) {
+    fprintf(stderr, "probe-agent-netns-helper: out of memory\n");
+    return -1;
+  }
+  if (o->warm && (rs->home_netns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC)) < 0) {
+    fprintf(stderr, "probe-agent-netns-helper: cannot open the home netns: %s\n", strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+static void drop_outq(struct resident *rs) {
+  for (; rs->out_count > 0; rs->out_count--, rs->out_head = (rs->out_head + 1) % rs->out_cap) {
+    if (rs->outq[rs->out_head].fd >= 0) close(rs->outq[rs->out_head].fd);
+  }
+  rs->out_head = 0;
+}
+
+/* The agent is gone: nobody can use what is still being made. */
+static void kill_children(struct resident *rs) {
+  for (int i = 0; i < rs->nchildren; i++) kill(rs->children[i].pid, SIGKILL);
+  while (rs->nchildren > 0) {
+    pid_t pid = waitpid(-1, NULL, 0);
+    if (pid < 0) break;
+    for (int i = 0; i < rs->nchildren; i++) {
+      if (rs->children[i].pid == pid) {
+        rs->free_blocks[rs->nfree++] = rs->children[i].block;
+        rs->children[i] = rs->children[--rs->nchildren];
+      }
+    }
+  }
 }
 
 int run_resident(int chan, const struct allow_dirs *a, const struct resident_opts *o) {
   static char inbuf[MAX_LINE];
-  struct resident rs = {.chan = chan, .allow = a, .opts = o, .self = getpid(), .home_netns = -1};
-  rs.children = calloc((size_t)o->max_children, sizeof *rs.children);
-  rs.blocks = calloc((size_t)o->max_children, sizeof *rs.blocks);
-  rs.free_blocks = calloc((size_t)o->max_children, sizeof *rs.free_blocks);
-  rs.page = (size_t)sysconf(_SC_PAGESIZE);
-  size_t job_bytes = (sizeof(struct child_job) + rs.page - 1) / rs.page * rs.page;
-  rs.block_bytes = rs.page + CHILD_STACK_BYTES + job_bytes;
-  /* Room for an answer per child (a killed child's answer waits here when the agent lags). */
-  rs.out_cap = (size_t)o->max_children + 16;
-  rs.outq = calloc(rs.out_cap, sizeof *rs.outq);
-  if (!rs.children || !rs.blocks || !rs.free_blocks || !rs.outq) {
-    fprintf(stderr, "probe-agent-netns-helper: out of memory\n");
-    return 1;
-  }
-  if (o->warm && (rs.home_netns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC)) < 0) {
-    fprintf(stderr, "probe-agent-netns-helper: cannot open the home netns: %s\n", strerror(errno));
-    return 1;
-  }
+  struct resident rs;
+  if (resident_init(&rs, chan, a, o) < 0) return 1;
   signal(SIGPIPE, SIG_IGN);
   /*
    * Children are reaped on every wake-up rather than on SIGCHLD (left at its default: no wake-up).
@@ -449,25 +536,52 @@ int run_resident(int chan, const struct allow_dirs *a, const struct resident_opt
   int discarding = 0;
   for (;;) {
     reap(&rs);
+    /* Lines read while the reply queue was full, now that it may have room. */
+    drain_lines(&rs, inbuf, &used, &discarding);
     int timeout = enforce_deadlines(&rs);
     if (rs.nchildren > 0 && (timeout < 0 || timeout > REAP_INTERVAL_MS)) timeout = REAP_INTERVAL_MS;
-    struct pollfd p = {.fd = chan, .events = POLLIN | (rs.out_count ? POLLOUT : 0)};
+    short in = can_take_request(&rs) && used < MAX_LINE ? POLLIN : 0;
+    struct pollfd p = {.fd = chan, .events = (short)(in | (rs.out_count ? POLLOUT : 0))};
     if (poll(&p, 1, timeout) < 0) {
       if (errno == EINTR) continue;
       fprintf(stderr, "probe-agent-netns-helper: poll: %s\n", strerror(errno));
       break;
     }
-    if (p.revents & POLLOUT) flush_outq(&rs);
+    if (p.revents & (POLLOUT | POLLHUP | POLLERR)) flush_outq(&rs);
     if ((p.revents & (POLLIN | POLLHUP | POLLERR)) && !read_channel(&rs, inbuf, &used, &discarding)) break;
   }
-  /* The agent is gone: nobody can use what is still being made. */
-  for (int i = 0; i < rs.nchildren; i++) kill(rs.children[i].pid, SIGKILL);
-  while (rs.nchildren > 0) {
-    pid_t pid = waitpid(-1, NULL, 0);
-    if (pid < 0) break;
-    for (int i = 0; i < rs.nchildren; i++) {
-      if (rs.children[i].pid == pid) rs.children[i] = rs.children[--rs.nchildren];
+  kill_children(&rs);
+  return 0;
+}
+
+/*
+ * The dispatch fuzzer's entry: one input is a run of request lines on a channel nobody reads
+ * (answers are dropped when it is full); children are killed and reaped before returning.
+ */
+void resident_feed_for_fuzzing(int chan, const struct allow_dirs *a, const struct resident_opts *o, const char *data, size_t len) {
+  static struct resident rs;
+  static int ready;
+  static char inbuf[MAX_LINE];
+  if (!ready) {
+    if (resident_init(&rs, chan, a, o) < 0) abort();
+    ready = 1;
+  }
+  size_t used = 0;
+  int discarding = 0;
+  while (len > 0) {
+    size_t n = len < MAX_LINE - used ? len : MAX_LINE - used;
+    memcpy(inbuf + used, data, n);
+    used += n;
+    data += n;
+    len -= n;
+    drain_lines(&rs, inbuf, &used, &discarding);
+    if (!can_take_request(&rs) || used == MAX_LINE) {
+      kill_children(&rs);
+      drop_outq(&rs);
+      drain_lines(&rs, inbuf, &used, &discarding);
     }
   }
-  return 0;
+  kill_children(&rs);
+  flush_outq(&rs);
+  drop_outq(&rs);
 }

@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <time.h>
 
@@ -65,6 +66,26 @@ static inline int sys_close(int fd) {
 }
 static inline int sys_fstat(int fd, struct stat *st) {
   return (int)sys_call6(SYS_fstat, fd, SYS_ARG(st), 0, 0, 0, 0);
+}
+static inline int sys_fstatfs(int fd, struct statfs *st) {
+  return (int)sys_call6(SYS_fstatfs, fd, SYS_ARG(st), 0, 0, 0, 0);
+}
+#ifndef SYS_close_range
+#define SYS_close_range 436 /* the same number on x86_64 and aarch64 (Linux 5.9) */
+#endif
+static inline int sys_close_range(unsigned first, unsigned last) {
+  return (int)sys_call6(SYS_close_range, first, last, 0, 0, 0, 0);
+}
+/*
+ * Closes every descriptor but 0, 1, 2 and `keep`: what a process must do before it enters a pod's
+ * netns, since clone() without CLONE_FILES copies the whole table (queued reply sockets of other
+ * pods, the warm resident's home netns, whatever the launcher leaked). 0 or -errno.
+ */
+static inline int sys_close_all_but(int keep) {
+  int e = 0;
+  if (keep > 3) e = sys_close_range(3, (unsigned)keep - 1);
+  if (e == 0) e = sys_close_range(keep >= 3 ? (unsigned)keep + 1 : 3, ~0U);
+  return e;
 }
 static inline long sys_readlinkat(int dirfd, const char *path, char *buf, size_t cap) {
   return sys_call6(SYS_readlinkat, dirfd, SYS_ARG(path), SYS_ARG(buf), SYS_ARG(cap), 0, 0);

@@ -67,9 +67,9 @@ static void finish_attempt(struct attempt *a) {
 }
 
 size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir,
-                            const struct tcp_target *targets, int ntargets, int timeout_ms, int stagger_ms,
-                            struct ns_result *r) {
-  int s = netns_socket_checked(path, kind, dir, targets[0].family, r);
+                            const struct ns_identity *want, const struct tcp_target *targets, int ntargets, int timeout_ms,
+                            int stagger_ms, struct ns_result *r) {
+  int s = netns_socket_checked(path, kind, dir, want, targets[0].family, r);
   if (s < 0) return 0;
   struct attempt at[2] = {{.fd = -1}, {.fd = -1}};
   if (ntargets > 2) ntargets = 2;
@@ -108,6 +108,14 @@ size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path
     int64_t left = wake - now;
     struct timespec ts = {.tv_sec = (time_t)(left / 1000000), .tv_nsec = (long)(left % 1000000) * 1000};
     int got = sys_ppoll(p, (nfds_t)n, &ts);
+    if (got < 0 && got != -EINTR) {
+      /* Not a state of the target: retrying would only spin until the deadline. */
+      for (int i = 0; i < 2; i++) {
+        if (at[i].fd >= 0) sys_close(at[i].fd);
+      }
+      ns_fail_errno(r, "poll", -got);
+      return 0;
+    }
     if (got <= 0) continue;
     for (int k = 0; k < n; k++) {
       if (p[k].revents) finish_attempt(&at[idx[k]]);

@@ -87,6 +87,9 @@ export function replyToError(netns: string, family: 4 | 6, reply: Extract<Helper
       return new NetnsError('invalid', `netns "${netns}" refused: ${reply.error}`, ctx);
     case 'validate':
       return new NetnsError('invalid', `netns "${netns}" refused: ${reply.error}`, ctx);
+    case 'identity':
+      // Its pid was reused or its file re-mounted since the resolver checked it: resolve again.
+      return new NetnsError('gone', `netns "${netns}" was replaced since it was checked: ${reply.error}`, { ...ctx, replaced: true });
     case 'open':
       if (gone) return new NetnsError('gone', `netns "${netns}" is gone (${code})`, ctx);
       if (denied) return new NetnsError('denied', `netns "${netns}" cannot be opened: permission denied (${code})`, ctx);

@@ -17,6 +17,7 @@ import {
   abortError, boundedInt, checkHelperBinary, checkRequest, discardHandle, isHelperReply, ownNetnsPath,
   replyToError, resolveHelperPath, socketFromHandle,
 } from './helper-protocol.ts';
+import { type NetnsIdentity, checkedNetnsIdentity } from './netns-path.ts';
 import { DEFAULT_NETNS_DIRS, DEFAULT_PROC_ROOT, allowedNetnsDirs, normaliseProcRoot } from './path-guard.ts';
 
 /** How to start and bound the resident helper. */
@@ -79,6 +80,8 @@ type Ask =
 interface Pending {
   id: number;
   netns: string;
+  /** The namespace the path was checked to be when the request came: the helper must find that one. */
+  identity: NetnsIdentity | undefined;
   ask: Ask;
   startedAt: number;
   sent: boolean;
@@ -255,7 +258,7 @@ export class ResidentHelper implements SocketFactory {
     }
     const id = this.#nextId++;
     const p: Pending = {
-      id, netns: netns as string, ask, startedAt: performance.now(), sent: false, sentAt: 0, reject, signal,
+      id, netns: netns as string, identity: checkedNetnsIdentity(netns as string), ask, startedAt: performance.now(), sent: false, sentAt: 0, reject, signal,
       // A TCP probe may wait its whole connect timeout in the helper on top of the helper's own time.
       timer: setTimeout(() => this.#onTimeout(p), this.#timeoutMs + (ask.kind === 'tcp' ? Math.ceil(ask.target.timeoutMs) : 0)),
     };
@@ -273,11 +276,12 @@ export class ResidentHelper implements SocketFactory {
     this.#sentNow++;
     p.sentAt = performance.now();
     this.#stats.spawned++;
-    const msg = p.ask.kind === 'socket'
+    const msg: Record<string, unknown> = p.ask.kind === 'socket'
       ? { id: p.id, netns: p.netns, family: p.ask.family }
       : p.ask.kind === 'tcp'
         ? tcpRequest(p.id, p.netns, p.ask.target)
         : { id: p.id, op: 'addrs', netns: p.netns };
+    if (p.identity) Object.assign(msg, { dev: p.identity.dev, ino: p.identity.ino });
     this.#process.send(msg, (err) => this.#fail(p, new HelperError(`cannot send a request to the netns helper: ${describeError(err)}`, { netns: p.netns })));
   }
 

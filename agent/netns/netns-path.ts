@@ -95,6 +95,7 @@ export class NetnsPathChecker {
     const [st, fs] = await Promise.all([fsCall(given, () => stat(canonical)), fsCall(given, () => statfs(canonical))]);
     // A netns file that is no longer bind-mounted is an empty file on the parent filesystem.
     if (fs.type !== NSFS_MAGIC) throw new NetnsError('gone', `netns "${given}" is not a mounted namespace`, { netns: given });
+    rememberChecked(canonical, st.dev, st.ino);
     return { path: canonical, inode: st.ino, dev: st.dev };
   }
 
@@ -125,10 +126,40 @@ export function isSameNetnsNow(p: string, inode: number): boolean {
   try {
     const l = lstatSync(p);
     if (l.isSymbolicLink() && !isProcNetnsPath(p)) return false;
-    return statfsSync(p).type === NSFS_MAGIC && statSync(p).ino === inode;
+    if (statfsSync(p).type !== NSFS_MAGIC) return false;
+    const st = statSync(p);
+    if (st.ino !== inode) return false;
+    rememberChecked(p, st.dev, st.ino);
+    return true;
   } catch {
     return false;
   }
+}
+
+/** The namespace a check found behind a path (nsfs device and inode). */
+export interface NetnsIdentity {
+  dev: number;
+  ino: number;
+}
+
+const CHECKED_MAX = 4096;
+/**
+ * The last namespace each path was checked to be, by check() or isSameNetns(): what the helper is
+ * told to find when it opens the path, so that a pid reused or a file re-mounted between the
+ * check and the helper's open leads nowhere (the helper refuses, stage "identity").
+ */
+const checked = new Map<string, NetnsIdentity>();
+
+function rememberChecked(p: string, dev: number, ino: number): void {
+  checked.delete(p);
+  // Bounded: a node has far fewer netns paths than this; the oldest goes first.
+  if (checked.size >= CHECKED_MAX) checked.delete(checked.keys().next().value as string);
+  checked.set(p, { dev, ino });
+}
+
+/** The namespace `p` was last checked to be, if it was checked. */
+export function checkedNetnsIdentity(p: string): NetnsIdentity | undefined {
+  return checked.get(p);
 }
 
 async function canonicalise(dirs: readonly string[]): Promise<Set<string>> {

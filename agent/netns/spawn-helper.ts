@@ -13,6 +13,7 @@ import {
   StderrTail, abortError, boundedInt, checkHelperBinary, checkRequest, discardHandle, isHelperReply, ownNetnsPath,
   replyToError, resolveHelperPath, socketFromHandle,
 } from './helper-protocol.ts';
+import { checkedNetnsIdentity } from './netns-path.ts';
 import { DEFAULT_NETNS_DIRS, DEFAULT_PROC_ROOT, allowedNetnsDirs, normaliseProcRoot } from './path-guard.ts';
 
 /** How to run the per-socket helper. */
@@ -73,7 +74,9 @@ export class SpawnHelper implements SocketFactory {
     return new Promise<Socket>((resolve, reject) => {
       let settled = false;
       const stderr = new StderrTail((line) => this.#log.debug('netns helper stderr', { line }));
-      const child = spawn(this.helperPath, ['--once', '--netns', path, '--family', String(family), ...this.#allowArgs], {
+      const identity = checkedNetnsIdentity(path);
+      const expect = identity ? ['--dev', String(identity.dev), '--ino', String(identity.ino)] : [];
+      const child = spawn(this.helperPath, ['--once', '--netns', path, '--family', String(family), ...expect, ...this.#allowArgs], {
         stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
         serialization: 'json',
         env: {},

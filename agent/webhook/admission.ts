@@ -3,7 +3,12 @@
  * same transform as `probe-agent rewrite`, answered as a base64 JSONPatch. Pure: JSON in, JSON out.
  *
  * Never blocks a pod: anything the rewrite cannot handle is answered `allowed: true` with a
- * warning and no patch, so the pod runs as written (with kubelet's own probes).
+ * warning and no other change, so the pod runs as written (with kubelet's own probes).
+ *
+ * Every pod it decides at creation (opted in) gets the REVIEWED_ANNOTATION, whatever the decision:
+ * the rewrite-webhook component's ValidatingAdmissionPolicy refuses an opted-in pod without it (the
+ * review failed open), so the pod's controller creates it again instead of it waiting, un-rewritten,
+ * for a node that is closed to it.
  *
  * Reads the cluster (through a ClusterReader) only when a pod needs it: a DaemonSet pod pinned to
  * one node (is that node's kubelet using the shim?) and a pod with a runtimeClassName (which
@@ -11,7 +16,7 @@
  */
 import { describeError } from '../errors.ts';
 import { RewriteError } from '../rewrite/errors.ts';
-import { isObj, ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SHIM_NODE_LABEL, SHIM_NODE_LABEL_VALUE, type LoopbackHostPolicy, type PodResult, type RewriteOptions } from '../rewrite/pod-rewrite.ts';
+import { ANNOTATIONS_BUDGET_BYTES, isObj, ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SHIM_NODE_LABEL, SHIM_NODE_LABEL_VALUE, type LoopbackHostPolicy, type PodResult, type RewriteOptions } from '../rewrite/pod-rewrite.ts';
 import { pinnedNodeName, SHIM_ROLLBACK_ANNOTATION } from '../rewrite/placement.ts';
 import { annotatedMode, rewritePodGates } from '../rewrite/gates-rewrite.ts';
 import type { ClusterReader } from './cluster-reader.ts';
@@ -31,6 +36,8 @@ export const OPT_IN_ANNOTATION = 'probe-agent.io/rewrite';
 export const OPT_IN_NAMESPACE_LABEL = 'probe-agent.io/rewrite';
 export const OPT_IN_VALUE = 'enabled';
 export const OPT_OUT_VALUE = 'disabled';
+/** Pod annotation the webhook sets on every pod it decides at creation; the value is the outcome. */
+export const REVIEWED_ANNOTATION = 'probe-agent.io/reviewed';
 
 /** Rewrites every pod it is sent (the namespace-selected webhook). */
 export const MUTATE_PATH = '/mutate';
@@ -118,46 +125,53 @@ export async function admit(review: unknown, mode: OptInMode, context: Admission
     const optIn = annotations[OPT_IN_ANNOTATION];
     if (optIn === OPT_OUT_VALUE) return answer('skipped', {}, 'opted out by annotation');
     if (mode === 'annotated' && optIn !== OPT_IN_VALUE) return answer('skipped', {}, 'not opted in');
-    if ((annotatedMode(pod) ?? (mode === 'gates' ? 'gates' : 'shim')) === 'gates') return admitGates(pod);
-    if (isObj(pod.spec) && typeof pod.spec.nodeName === 'string' && pod.spec.nodeName !== '') {
+    return markReviewed(pod, await decide());
+  }
+  return decide();
+
+  /** The decision on the pod, past the opt-in checks of a CREATE. */
+  async function decide(): Promise<AdmissionDecision> {
+    if (!isObj(pod)) return warn('refused', 'the request has no pod object: left unchanged');
+    if (!update && (annotatedMode(pod) ?? (mode === 'gates' ? 'gates' : 'shim')) === 'gates') return admitGates(pod);
+    if (!update && isObj(pod.spec) && typeof pod.spec.nodeName === 'string' && pod.spec.nodeName !== '') {
       // The scheduler never sees a pod bound at creation, so the shim affinity could not keep it off shim-less nodes.
       return warn('skipped', `pod is bound to node ${pod.spec.nodeName.slice(0, 64)} at creation: probes left unchanged (the shim node affinity needs the scheduler)`);
     }
-  }
-  const spec = isObj(pod.spec) ? pod.spec : {};
-  const options: RewriteOptions = { tolerateWhenClean: true, ...(context.loopbackHost ? { loopbackHost: context.loopbackHost } : {}) };
-  // A pod naming a RuntimeClass is judged by the class's handler: one cached GET per class.
-  const rc = spec.runtimeClassName;
-  if (typeof rc === 'string' && rc !== '' && spec.hostNetwork !== true && context.cluster) {
-    let handler;
-    try {
-      handler = await context.cluster.runtimeHandler(rc);
-    } catch (err) {
-      return warn('skipped', `probes left unchanged: cannot read RuntimeClass ${rc.slice(0, 64)}: ${describeError(err)}`);
+    const spec = isObj(pod.spec) ? pod.spec : {};
+    const options: RewriteOptions = { tolerateWhenClean: true, ...(context.loopbackHost ? { loopbackHost: context.loopbackHost } : {}) };
+    // A pod naming a RuntimeClass is judged by the class's handler: one cached GET per class.
+    const rc = spec.runtimeClassName;
+    if (typeof rc === 'string' && rc !== '' && spec.hostNetwork !== true && context.cluster) {
+      let handler;
+      try {
+        handler = await context.cluster.runtimeHandler(rc);
+      } catch (err) {
+        return warn('skipped', `probes left unchanged: cannot read RuntimeClass ${rc.slice(0, 64)}: ${describeError(err)}`);
+      }
+      if (handler === null) return warn('skipped', `probes left unchanged: RuntimeClass ${rc.slice(0, 64)} not found`);
+      options.runtimeHandlers = new Map([[rc, handler]]);
     }
-    if (handler === null) return warn('skipped', `probes left unchanged: RuntimeClass ${rc.slice(0, 64)} not found`);
-    options.runtimeHandlers = new Map([[rc, handler]]);
-  }
-  const result = rewriteOrWarn(pod, options);
-  if ('review' in result) return result;
-  // Only a pod the rewrite really changes (not for a toleration alone) needs its node read; an
-  // UPDATE's node was judged at creation.
-  if (!update && rewritesHandlers(pod, result)) {
-    // A DaemonSet pod is made for one node: rewrite it only when that node's kubelet uses the shim.
-    const pinned = pinnedNodeName(spec);
-    if (pinned !== undefined) {
-      const why = await nodeRefusal(pinned, context.cluster);
-      if (why) return warn('skipped', `probes left unchanged: ${why}`);
+    const result = rewriteOrWarn(pod, options);
+    if ('review' in result) return result;
+    // Only a pod the rewrite really changes (not for a toleration alone) needs its node read; an
+    // UPDATE's node was judged at creation.
+    if (!update && rewritesHandlers(pod, result)) {
+      // A DaemonSet pod is made for one node: rewrite it only when that node's kubelet uses the shim.
+      const pinned = pinnedNodeName(spec);
+      if (pinned !== undefined) {
+        const why = await nodeRefusal(pinned, context.cluster);
+        if (why) return warn('skipped', `probes left unchanged: ${why}`);
+      }
     }
+    if (!result.changed) return result.skipped ? warn('skipped', `probes left unchanged: ${result.skipped}`) : answer('unchanged');
+    const ops = diffJson(pod, result.pod);
+    const patch = Buffer.from(JSON.stringify(ops)).toString('base64');
+    // A pod with nothing to rewrite (or a hostNetwork pod) only gets the closed-hole toleration.
+    const rewritten = rewritesHandlers(pod, result);
+    const extra: Partial<AdmissionResponse> = { patchType: 'JSONPatch', patch };
+    if (result.skipped) extra.warnings = [`probe-agent: probes left unchanged: ${result.skipped}`.slice(0, MAX_WARNING)];
+    return answer(rewritten ? 'rewritten' : 'unchanged', extra, rewritten ? undefined : 'closed-hole toleration only');
   }
-  if (!result.changed) return result.skipped ? warn('skipped', `probes left unchanged: ${result.skipped}`) : answer('unchanged');
-  const ops = diffJson(pod, result.pod);
-  const patch = Buffer.from(JSON.stringify(ops)).toString('base64');
-  // A pod with nothing to rewrite (or a hostNetwork pod) only gets the closed-hole toleration.
-  const rewritten = rewritesHandlers(pod, result);
-  const extra: Partial<AdmissionResponse> = { patchType: 'JSONPatch', patch };
-  if (result.skipped) extra.warnings = [`probe-agent: probes left unchanged: ${result.skipped}`.slice(0, MAX_WARNING)];
-  return answer(rewritten ? 'rewritten' : 'unchanged', extra, rewritten ? undefined : 'closed-hole toleration only');
 
   /** Gates mode: no node to check (no affinity, kubelet untouched), a refusal is said and counted. */
   async function admitGates(p: Obj): Promise<AdmissionDecision> {
@@ -193,6 +207,34 @@ export async function admit(review: unknown, mode: OptInMode, context: Admission
       return warn('refused', `probes left unchanged: internal error: ${describeError(err)}`);
     }
   }
+}
+
+/**
+ * The decision with REVIEWED_ANNOTATION added to its patch (after the decision's own operations,
+ * so it is added to the pod they make). Left off a pod whose annotations would pass the API
+ * server's limit: the pod is then refused by the policy, with the webhook's warning.
+ */
+function markReviewed(pod: Obj, decision: AdmissionDecision): AdmissionDecision {
+  const response = decision.review.response;
+  const ops: Array<{ op: string; path: string; value?: unknown }> = response.patch ? JSON.parse(Buffer.from(response.patch, 'base64').toString('utf8')) : [];
+  const metadata = isObj(pod.metadata) ? pod.metadata : undefined;
+  const annotations = metadata && isObj(metadata.annotations) ? metadata.annotations : undefined;
+  const value = decision.outcome;
+  // The decision's own operations only ever add annotations (the record) to a pod that had none or an object.
+  const madeAnnotations = ops.some((o) => o.path === '/metadata/annotations' || o.path === '/metadata');
+  if (!metadata && !madeAnnotations) ops.push({ op: 'add', path: '/metadata', value: { annotations: { [REVIEWED_ANNOTATION]: value } } });
+  else if (!annotations && !madeAnnotations) ops.push({ op: 'add', path: '/metadata/annotations', value: { [REVIEWED_ANNOTATION]: value } });
+  else {
+    if (annotations && annotationBytes(annotations) + REVIEWED_ANNOTATION.length + value.length > ANNOTATIONS_BUDGET_BYTES) return decision;
+    ops.push({ op: 'add', path: `/metadata/annotations/${REVIEWED_ANNOTATION.replace(/~/g, '~0').replace(/\//g, '~1')}`, value });
+  }
+  return { ...decision, review: { ...decision.review, response: { ...response, patchType: 'JSONPatch', patch: Buffer.from(JSON.stringify(ops)).toString('base64') } } };
+}
+
+function annotationBytes(annotations: Obj): number {
+  let n = 0;
+  for (const [k, v] of Object.entries(annotations)) n += Buffer.byteLength(k) + (typeof v === 'string' ? Buffer.byteLength(v) : 0);
+  return n;
 }
 
 /** Whether a pod carries the record the rewrite leaves on every pod whose handlers it rewrote. */

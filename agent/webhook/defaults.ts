@@ -32,3 +32,13 @@ export const DEFAULT_MAX_READING_REQUESTS = 64;
  * this is slow, one within it is not cut (a burst of large reviews refuses the newest instead).
  */
 export const DEFAULT_READING_GRACE_MS = 500;
+/**
+ * Connections in their TLS handshake at once. The API server's handshakes take milliseconds and it
+ * opens few at a time; a full pool evicts the oldest of the source holding the most
+ * (connection-gate.ts), so a flood only churns its own. Each costs OpenSSL state outside the heap.
+ */
+export const DEFAULT_MAX_HANDSHAKES = 64;
+/** Connections past TLS (with a client CA: of verified callers only). */
+export const DEFAULT_MAX_CONNECTIONS = 256;
+/** With a client CA: connections past TLS of unverified callers (kubelet's /healthz probes), one answer each. */
+export const DEFAULT_MAX_UNVERIFIED_CONNECTIONS = 16;

@@ -22,6 +22,7 @@ export class WebhookMetrics {
   readonly #slow: Counter<'reason'>;
   readonly #reading: Gauge;
   readonly #readingBytes: Gauge;
+  readonly #evicted: Counter<'pool'>;
 
   constructor() {
     this.#requests = new Counter({
@@ -52,6 +53,12 @@ export class WebhookMetrics {
       registers: [this.registry],
     });
     this.#reading = new Gauge({ name: 'probe_agent_webhook_requests_reading', help: 'Admission requests whose bodies are being read (they hold no review slot yet).', registers: [this.registry] });
+    this.#evicted = new Counter({
+      name: 'probe_agent_webhook_connections_evicted_total',
+      help: 'Connections closed to make room for a newer one in a full pool, by pool: handshake (before TLS), verified (callers with a verified client certificate), other.',
+      labelNames: ['pool'],
+      registers: [this.registry],
+    });
     this.#readingBytes = new Gauge({ name: 'probe_agent_webhook_request_bytes_reading', help: 'Bytes held by the buffers of the bodies being read.', registers: [this.registry] });
   }
 
@@ -63,6 +70,11 @@ export class WebhookMetrics {
   /** Records one slow client cut. */
   slow(reason: SlowReason): void {
     this.#slow.inc({ reason });
+  }
+
+  /** Records one connection evicted from a full pool. */
+  connectionEvicted(pool: 'handshake' | 'verified' | 'other'): void {
+    this.#evicted.inc({ pool });
   }
 
   /** Sets the gauges of the bodies being read. */

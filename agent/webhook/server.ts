@@ -4,15 +4,17 @@
  * beyond); request bodies (refused on their declared length, cut off while streaming); the
  * requests reading their bodies and the bytes they hold (the longest waiting, once past a short
  * grace, is cut for a newcomer: reading-set.ts); the reviews decided at once and their bytes, a slot taken only once a whole
- * body has arrived (429 with Retry-After beyond: load-shedder.ts); the connections. So clients that
- * send slowly hold no review slot, and cannot keep the API server's reviews out. With a client CA
- * only a verified caller is answered on the admission paths and /metrics (client-auth.ts), and an
- * unverified one is refused before its body is read. Every request gets an answer and no request
- * can stop the server.
+ * body has arrived (429 with Retry-After beyond: load-shedder.ts); the connections, in pools where a
+ * newcomer evicts the oldest of the largest holder, never is refused (connection-gate.ts). So clients
+ * that send slowly hold no review slot, and cannot keep the API server's reviews out. With a client CA
+ * only a verified caller is answered on the admission paths and /metrics (client-auth.ts), an
+ * unverified one is refused before its body is read, and only verified callers hold connections
+ * past one answer. Every request gets an answer and no request can stop the server.
  */
 import { createServer, type Server } from 'node:https';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
+import type { TLSSocket } from 'node:tls';
 import { ConfigError, describeError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
 import { admit, AdmissionRequestError, MUTATE_ANNOTATED_PATH, MUTATE_GATES_PATH, MUTATE_PATH, type AdmissionContext, type OptInMode } from './admission.ts';
@@ -22,6 +24,9 @@ import {
   DEFAULT_BODY_TIMEOUT_MS,
   DEFAULT_HEADERS_TIMEOUT_MS,
   DEFAULT_MAX_CONCURRENT_REQUESTS,
+  DEFAULT_MAX_CONNECTIONS,
+  DEFAULT_MAX_HANDSHAKES,
+  DEFAULT_MAX_UNVERIFIED_CONNECTIONS,
   DEFAULT_MAX_INFLIGHT_BYTES,
   DEFAULT_MAX_READING_REQUESTS,
   DEFAULT_READING_GRACE_MS,
@@ -35,6 +40,7 @@ import { ReadingSet } from './reading-set.ts';
 import { patientTimeout } from './patient-timer.ts';
 import { callerRefusal, callerVerified, clientAuthTlsOptions, loadClientCa } from './client-auth.ts';
 import { startWebhookMetricsListener, type WebhookMetricsListener } from './metrics-listener.ts';
+import { ConnectionPool } from './connection-gate.ts';
 
 export interface WebhookServerOptions {
   host: string;
@@ -51,8 +57,15 @@ export interface WebhookServerOptions {
   clientCaFile?: string;
   /** Plain-HTTP listener for GET /metrics alone; absent = none. */
   metricsListen?: { host: string; port: number };
-  /** Open connections on the HTTPS port (default 256). */
+  /**
+   * Connections past TLS (default DEFAULT_MAX_CONNECTIONS): with a client CA, those of verified
+   * callers; a newcomer evicts the oldest of the source holding the most (connection-gate.ts).
+   */
   maxConnections?: number;
+  /** Connections in their TLS handshake (default DEFAULT_MAX_HANDSHAKES), evicted the same way. */
+  maxHandshakes?: number;
+  /** With a client CA: connections past TLS of unverified callers (default DEFAULT_MAX_UNVERIFIED_CONNECTIONS). */
+  maxUnverifiedConnections?: number;
   /** Time for the TLS handshake, and again for the request headers (default DEFAULT_HEADERS_TIMEOUT_MS). */
   headersTimeoutMs?: number;
   /** Time for the body once the headers are in (default DEFAULT_BODY_TIMEOUT_MS); 408 beyond. */
@@ -105,7 +118,7 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
   const tlsOptions = { minVersion: 'TLSv1.2' as const, ...clientAuthTlsOptions(clientCa) };
   const server: Server = createServer({
     ...loadTlsPair(opts.certFile, opts.keyFile), ...tlsOptions,
-    // Node's own handshake timer (default 120 s) is off: handshakeTimer() below does not count the
+    // Node's own handshake timer (default 120 s) is off: gateConnections() below does not count the
     // time the server itself was stalled.
     handshakeTimeout: 0,
     // Node enforces headersTimeout and requestTimeout on this tick (default 30 s, so a 2 s limit could take 32 s).
@@ -120,8 +133,14 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
       else res.destroy();
     });
   });
-  server.maxConnections = opts.maxConnections ?? 256;
-  handshakeTimer(server, headersTimeoutMs, (remote) => ctx.slowLog.cut('handshake-timeout', remote, metrics));
+  // One source may hold a quarter of a shared pool; the verified pool is the API servers' alone.
+  const shared = (max: number): ConnectionPool => new ConnectionPool({ max, perSource: Math.max(1, Math.floor(max / 4)) });
+  const maxConnections = opts.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
+  gateConnections(server, {
+    handshakes: shared(opts.maxHandshakes ?? DEFAULT_MAX_HANDSHAKES),
+    verified: clientCa ? new ConnectionPool({ max: maxConnections, perSource: maxConnections }) : undefined,
+    other: shared(clientCa ? opts.maxUnverifiedConnections ?? DEFAULT_MAX_UNVERIFIED_CONNECTIONS : maxConnections),
+  }, headersTimeoutMs, (remote) => ctx.slowLog.cut('handshake-timeout', remote, metrics), (pool) => metrics.connectionEvicted(pool));
   server.on('tlsClientError', (err) => log.debug('TLS handshake failed', { error: describeError(err) }));
   const watcher = new TlsFileWatcher(opts.certFile, opts.keyFile, (pair) => server.setSecureContext({ ...pair, ...tlsOptions }), log);
   await new Promise<void>((resolve, reject) => {
@@ -168,33 +187,61 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
   };
 }
 
+/** The connection pools (connection-gate.ts); `verified` only with a client CA. */
+interface Pools {
+  handshakes: ConnectionPool;
+  verified: ConnectionPool | undefined;
+  other: ConnectionPool;
+}
+export type PoolName = 'handshake' | 'verified' | 'other';
+
+/** The address a peer is counted by (an IPv4 peer on a dual-stack socket is one source either way). */
+function sourceOf(socket: { remoteAddress?: string | undefined }): string {
+  const a = socket.remoteAddress ?? '?';
+  return a.startsWith('::ffff:') ? a.slice(7) : a;
+}
+
 /**
- * Closes a connection that has not finished its TLS handshake within `ms` of this process's
- * unstalled time (patient-timer.ts). The raw socket and its TLS socket are one TCP connection: the
- * peer's address and port name both.
+ * Puts every connection in its pool: the handshaking one from TCP accept until its TLS handshake is
+ * done, or it is closed after `handshakeMs` of this process's unstalled time (patient-timer.ts);
+ * then the verified or the other one. The raw socket and its TLS socket are one TCP connection:
+ * the peer's address and port name both.
  */
-function handshakeTimer(server: Server, ms: number, onCut: (remote: string | undefined) => void): void {
+function gateConnections(
+  server: Server, pools: Pools, handshakeMs: number,
+  onTimeout: (remote: string | undefined) => void, onEvict: (pool: PoolName) => void,
+): void {
   const pending = new Map<string, () => void>();
   const key = (s: { remoteAddress?: string | undefined; remotePort?: number | undefined }): string => `${s.remoteAddress}|${s.remotePort}`;
   server.on('connection', (socket: Socket) => {
     const k = key(socket);
-    const cancel = patientTimeout(ms, () => {
-      pending.delete(k);
-      if (socket.destroyed) return;
-      onCut(socket.remoteAddress);
+    const leave = pools.handshakes.add(sourceOf(socket), () => {
+      onEvict('handshake');
       socket.destroy();
     });
-    pending.set(k, cancel);
-    socket.once('close', () => {
-      if (pending.get(k) !== cancel) return;
-      pending.delete(k);
-      cancel();
+    const cancel = patientTimeout(handshakeMs, () => {
+      done();
+      if (socket.destroyed) return;
+      onTimeout(socket.remoteAddress);
+      socket.destroy();
     });
+    const done = (): void => {
+      if (pending.get(k) === done) pending.delete(k);
+      cancel();
+      leave();
+    };
+    pending.set(k, done);
+    socket.once('close', done);
   });
-  server.on('secureConnection', (tls: Socket) => {
-    const k = key(tls);
-    pending.get(k)?.();
-    pending.delete(k);
+  server.on('secureConnection', (tls: TLSSocket) => {
+    pending.get(key(tls))?.();
+    const verified = pools.verified !== undefined && tls.authorized;
+    const pool = verified ? pools.verified! : pools.other;
+    const leave = pool.add(sourceOf(tls), () => {
+      onEvict(verified ? 'verified' : 'other');
+      tls.destroy();
+    });
+    tls.once('close', leave);
   });
 }
 
@@ -253,6 +300,8 @@ function declaredLength(req: IncomingMessage): number | undefined {
 async function handle(req: IncomingMessage, res: ServerResponse, ctx: Ctx): Promise<void> {
   const { maxBytes, log, metrics, shedder } = ctx;
   const path = (req.url ?? '/').split('?')[0]!;
+  // Only verified callers keep a connection: another one is not held open beyond its answer.
+  if (ctx.verifyCaller && !callerVerified(req)) res.setHeader('connection', 'close');
   if (path === '/healthz') {
     reply(res, 200, 'text/plain', 'ok\n');
     return;

@@ -8,19 +8,16 @@
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft']);
 
-import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { readdirSync, readFileSync } from 'node:fs';
-import type { Duplex } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NetnsError } from '../../agent/errors.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
-import { resolveHelperPath } from '../../agent/netns/helper-protocol.ts';
 import { SpawnHelper } from '../../agent/netns/spawn-helper.ts';
 import type { SocketFactory } from '../../agent/probe/types.ts';
 import { createLab, type Lab, type LabPod, type RunningServer } from '../lab/lab.ts';
+import { RawHelper } from '../support/raw-helper.ts';
 
-const HELPER = resolveHelperPath();
 const SELF_NETNS = `/proc/${process.pid}/ns/net`;
 
 const fdCount = (pid: number | 'self'): number => readdirSync(`/proc/${pid}/fd`).length;
@@ -140,42 +137,6 @@ it('spawn helper: 200 requests leave no fds and no zombies behind', async () => 
   expect(await settleTo(() => fdCount('self'), agentFds)).toBeLessThanOrEqual(agentFds);
   expect(await settleTo(() => zombiesOf(process.pid).length, 0)).toBe(0);
 }, 60_000);
-
-/** The helper on a plain socketpair: raw lines in, raw lines out (passed fds are dropped by read()). */
-class RawHelper {
-  readonly child: ChildProcess;
-  readonly chan: Duplex;
-  readonly replies: Record<string, unknown>[] = [];
-  stderr = '';
-  #buf = '';
-
-  constructor(args: string[]) {
-    this.child = spawn(HELPER, ['--resident', ...args], { stdio: ['ignore', 'ignore', 'pipe', 'pipe'], env: { NODE_CHANNEL_FD: '3' } });
-    this.chan = this.child.stdio[3] as Duplex;
-    this.child.stderr?.on('data', (d: Buffer) => { this.stderr += d.toString(); });
-    this.chan.on('data', (d: Buffer) => {
-      const parts = (this.#buf + d.toString()).split('\n');
-      this.#buf = parts.pop() ?? '';
-      for (const p of parts) this.replies.push(JSON.parse(p) as Record<string, unknown>);
-    });
-  }
-
-  /** The reply payload for `id`: the msg of a NODE_HANDLE line, or the plain error line. */
-  answersFor(id: number): Record<string, unknown>[] {
-    return this.replies.map((r) => (r.cmd === 'NODE_HANDLE' ? r.msg as Record<string, unknown> : r)).filter((r) => r.id === id);
-  }
-
-  async waitReplies(n: number, ms = 10_000): Promise<void> {
-    const end = Date.now() + ms;
-    while (this.replies.length < n && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
-  }
-
-  async stop(): Promise<number | null> {
-    this.chan.destroy();
-    if (this.child.exitCode === null) await once(this.child, 'exit');
-    return this.child.exitCode;
-  }
-}
 
 const request = (id: number, extra = ''): string => `{"id":${id},"netns":${JSON.stringify(SELF_NETNS)},"family":4${extra}}\n`;
 

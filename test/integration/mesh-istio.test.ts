@@ -21,7 +21,7 @@ import { transformObject } from '../../agent/rewrite/objects.ts';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
 import { CLOSED_HOLE_TOLERATION, SHIM_AFFINITY_REQUIREMENT } from '../../agent/rewrite/placement.ts';
 import { decodeShimCommand } from '../../agent/rewrite/shim-command.ts';
-import { admit } from '../../agent/webhook/admission.ts';
+import { admit, REVIEWED_ANNOTATION } from '../../agent/webhook/admission.ts';
 import { builtCli, REPO } from '../support/built-cli.ts';
 import { appProbers, containerOf, istioInject, ISTIO_PROXY, REWRITE_APP_PROBERS_ANNOTATION } from '../support/istio-injector.ts';
 import { applyJsonPatch } from '../support/json-patch-apply.ts';
@@ -49,15 +49,21 @@ function review(pod: Obj): Obj {
   };
 }
 
-/** What the API server does with one call of our webhook: the pod after our patch, and the patch. */
+/**
+ * What the API server does with one call of our webhook: the pod after our patch, and the patch,
+ * both without the review mark (its last operation, on every pod decided at creation: the
+ * unreviewed-pod policy's business, unreviewed-pod-policy.test.ts), so they compare with the CLI's rewrite.
+ */
 async function throughWebhook(pod: Obj): Promise<{ pod: Obj; ops: Obj[]; outcome: string }> {
   const decision = await admit(review(pod), 'all');
   const response = decision.review.response;
   expect(response.allowed).toBe(true);
   expect(response.warnings).toBeUndefined();
-  if (!response.patch) return { pod, ops: [], outcome: decision.outcome };
-  const ops = JSON.parse(Buffer.from(response.patch, 'base64').toString('utf8')) as Obj[];
-  return { pod: applyJsonPatch(pod, ops) as Obj, ops, outcome: decision.outcome };
+  const all = JSON.parse(Buffer.from(response.patch!, 'base64').toString('utf8')) as Obj[];
+  const mark = all.pop()!;
+  const marked = applyJsonPatch(pod, [...all, mark]) as Obj;
+  expect(marked.metadata.annotations[REVIEWED_ANNOTATION]).toBe(decision.outcome);
+  return { pod: applyJsonPatch(pod, all) as Obj, ops: all, outcome: decision.outcome };
 }
 
 const PROBES = ['livenessProbe', 'readinessProbe', 'startupProbe'];

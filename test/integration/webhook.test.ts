@@ -20,7 +20,7 @@ import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts
 import { CLOSED_HOLE_TOLERATION, SHIM_ROLLBACK_ANNOTATION } from '../../agent/rewrite/placement.ts';
 import { ApiServerReader } from '../../agent/webhook/cluster-reader.ts';
 import { nodeObject, startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
-import { MUTATE_ANNOTATED_PATH, MUTATE_PATH, OPT_IN_ANNOTATION } from '../../agent/webhook/admission.ts';
+import { MUTATE_ANNOTATED_PATH, MUTATE_PATH, OPT_IN_ANNOTATION, REVIEWED_ANNOTATION } from '../../agent/webhook/admission.ts';
 import { startWebhookServer, type WebhookServer } from '../../agent/webhook/server.ts';
 import { builtCli, REPO } from '../support/built-cli.ts';
 import { applyJsonPatch } from '../support/json-patch-apply.ts';
@@ -156,6 +156,25 @@ afterAll(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
+/**
+ * An admission response with the webhook's review mark (REVIEWED_ANNOTATION, on every pod it decides
+ * at creation) taken out of its patch, and the mark's value: the rest is the rewrite's own change.
+ * Whatever the pod, the mark is the patch's last operation.
+ */
+function unmarked(response: Obj): Obj & { mark?: string } {
+  if (!response?.patch) return response;
+  const ops = JSON.parse(Buffer.from(response.patch, 'base64').toString('utf8')) as Obj[];
+  const last = ops[ops.length - 1]!;
+  let mark: string | undefined;
+  if (last.path === `/metadata/annotations/${REVIEWED_ANNOTATION.replace('/', '~1')}`) mark = last.value;
+  else if (last.path === '/metadata/annotations' && Object.keys(last.value).join() === REVIEWED_ANNOTATION) mark = last.value[REVIEWED_ANNOTATION];
+  else if (last.path === '/metadata' && JSON.stringify(Object.keys(last.value)) === '["annotations"]' && Object.keys(last.value.annotations).join() === REVIEWED_ANNOTATION) mark = last.value.annotations[REVIEWED_ANNOTATION];
+  if (mark === undefined) return response;
+  const { patch: _p, patchType: _t, ...rest } = response;
+  const own = ops.slice(0, -1);
+  return { ...rest, ...(own.length ? { patchType: 'JSONPatch', patch: Buffer.from(JSON.stringify(own)).toString('base64') } : {}), mark };
+}
+
 describe('rewrite webhook over HTTPS', () => {
   it('patches every corpus pod into exactly what `probe-agent rewrite` makes of it', async () => {
     const pods = corpusPods();
@@ -173,7 +192,8 @@ describe('rewrite webhook over HTTPS', () => {
       const req = review(pod);
       const r = await post(MUTATE_PATH, JSON.stringify(req));
       expect(r.status).toBe(200);
-      const response = r.json!.response;
+      const response = unmarked(r.json!.response);
+      expect(response.mark, pod.metadata.generateName).toMatch(/^(rewritten|unchanged|skipped)$/);
       expect(r.json).toMatchObject({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview' });
       expect(response.uid).toBe(req.request.uid);
       expect(response.allowed).toBe(true);
@@ -202,12 +222,12 @@ describe('rewrite webhook over HTTPS', () => {
     expect(rewritten).toBeGreaterThanOrEqual(8);
   });
 
-  it('is idempotent: a pod already rewritten gets no patch', async () => {
+  it('is idempotent: a pod already rewritten gets no patch but the review mark', async () => {
     const pod = corpusPods()[0]!;
     const once = transformObject(pod, 'rewrite').object as Obj;
     expect(once.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION]).toBeDefined();
     const r = await post(MUTATE_PATH, JSON.stringify(review(once)));
-    expect(r.json!.response).toEqual({ uid: expect.any(String), allowed: true });
+    expect(unmarked(r.json!.response)).toEqual({ uid: expect.any(String), allowed: true, mark: 'unchanged' });
   });
 
   it('rewrites on the annotated path only pods that opt in, and never pods that opt out', async () => {
@@ -234,13 +254,17 @@ describe('rewrite webhook over HTTPS', () => {
       [review(base, { object: null }), /no pod object/],
       [review({ ...base, spec: { ...base.spec, containers: [{ name: 'x', image: 'i', livenessProbe: { httpGet: { host: '10.0.0.1', port: 2379, path: '/metrics' } } }] } }), /^probe-agent: probes left unchanged: spec\.containers\[0\]\.livenessProbe\.httpGet\.host is "10\.0\.0\.1"/],
     ];
-    for (const [req, warning] of cases) {
+    // A pod decided at creation is marked reviewed whatever the decision; what is no pod is not.
+    const marks = ['refused', 'refused', undefined, undefined, 'skipped', undefined, 'skipped'];
+    for (const [i, [req, warning]] of cases.entries()) {
       const r = await post(MUTATE_PATH, JSON.stringify(req));
       expect(r.status).toBe(200);
-      expect(r.json!.response.allowed).toBe(true);
-      expect(r.json!.response.patch).toBeUndefined();
-      expect(r.json!.response.warnings).toHaveLength(1);
-      expect(r.json!.response.warnings[0]).toMatch(warning);
+      const response = unmarked(r.json!.response);
+      expect(response.allowed).toBe(true);
+      expect(response.patch).toBeUndefined();
+      expect(response.mark, String(warning)).toBe(marks[i]);
+      expect(response.warnings).toHaveLength(1);
+      expect(response.warnings[0]).toMatch(warning);
     }
     // A pod the webhook did not rewrite at creation is not rewritten by an UPDATE either.
     const update = await post(MUTATE_PATH, JSON.stringify(review(base, { operation: 'UPDATE', oldObject: base })));
@@ -487,7 +511,9 @@ describe('rewrite webhook reading the cluster (API server stand-in)', () => {
   const admitOn = async (pod: Obj): Promise<Obj> => {
     const r = await post(MUTATE_PATH, JSON.stringify(review(pod)), { port: hooked.port });
     expect(r.status).toBe(200);
-    return r.json!.response;
+    const response = unmarked(r.json!.response);
+    expect(response.mark).toBeDefined();
+    return response;
   };
 
   beforeAll(async () => {
@@ -547,8 +573,10 @@ describe('rewrite webhook reading the cluster (API server stand-in)', () => {
     }
     // The server without a cluster reader (the first describe's) never rewrites a pinned pod.
     const r = await post(MUTATE_PATH, JSON.stringify(review(daemonPod('shim-node'))));
-    expect(r.json!.response.patch).toBeUndefined();
-    expect(r.json!.response.warnings[0]).toMatch(/cannot read nodes \(no API server access\)/);
+    const response = unmarked(r.json!.response);
+    expect(response.patch).toBeUndefined();
+    expect(response.mark).toBe('skipped');
+    expect(response.warnings[0]).toMatch(/cannot read nodes \(no API server access\)/);
   });
 
   it('decides sandboxed pods by the RuntimeClass handler it reads, not the class name', async () => {

@@ -510,7 +510,7 @@ describe('alerts component', () => {
     const full = rendered.get('shim-webhook')!;
     const old = rendered.get('shim-webhook-before-1.30')!;
     const removed = full.map(key).filter((k) => !old.map(key).includes(k));
-    expect(removed.sort()).toEqual(['ValidatingAdmissionPolicy/probe-agent-shim-installer-node-label', 'ValidatingAdmissionPolicyBinding/probe-agent-shim-installer-node-label']);
+    expect(removed.sort()).toEqual(['ValidatingAdmissionPolicy/probe-agent-rewrite-reviewed', 'ValidatingAdmissionPolicy/probe-agent-shim-installer-node-label', 'ValidatingAdmissionPolicyBinding/probe-agent-rewrite-reviewed', 'ValidatingAdmissionPolicyBinding/probe-agent-shim-installer-node-label']);
     const cfg = (objs: Obj[]) => found(objs.find((o) => o.kind === 'MutatingWebhookConfiguration'), 'webhook config');
     // No CEL left for a 1.24 API server to refuse; the namespace entry stays as it was.
     expect(JSON.stringify(old)).not.toContain('matchConditions');
