@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import { GATES_CONDITION, MODE_ANNOTATION, rewritePodGates } from '../../agent/rewrite/gates-rewrite.ts';
 import { transformObject } from '../../agent/rewrite/objects.ts';
 import { ORIGINAL_HANDLERS_ANNOTATION, rewritePod, undoPod } from '../../agent/rewrite/pod-rewrite.ts';
-import { admit, MUTATE_GATES_PATH } from '../../agent/webhook/admission.ts';
+import { admit, MUTATE_GATES_PATH, REVIEWED_ANNOTATION } from '../../agent/webhook/admission.ts';
 import { applyJsonPatch } from '../support/json-patch-apply.ts';
 
 type Obj = Record<string, any>;
@@ -138,7 +138,10 @@ describe('admission in gates mode', () => {
     const input = pod();
     const d = await admit(review(input), 'gates');
     expect(d.outcome).toBe('rewritten');
-    expect(patched(input, d)).toEqual(rewritePodGates(input).pod);
+    // The rewrite, and the webhook's review mark (the unreviewed-pod policy's) with its outcome.
+    const want = rewritePodGates(input).pod as Record<string, any>;
+    want.metadata.annotations[REVIEWED_ANNOTATION] = 'rewritten';
+    expect(patched(input, d)).toEqual(want);
   });
 
   it('a pod bound to its node at creation is served (gates mode needs no scheduler)', async () => {
@@ -159,7 +162,9 @@ describe('admission in gates mode', () => {
   it('a refusal is allowed unchanged, with a warning and its own outcome', async () => {
     const d = await admit(review(pod({ restartPolicy: 'Never' })), 'gates');
     expect(d.outcome).toBe('gates-refused');
-    expect(d.review.response.patch).toBeUndefined();
+    // Only the review mark: the pod is not refused by the unreviewed-pod policy, and runs as written.
+    const input = pod({ restartPolicy: 'Never' }) as Record<string, any>;
+    expect(patched(input, d)).toEqual({ ...input, metadata: { ...input.metadata, annotations: { ...input.metadata.annotations, [REVIEWED_ANNOTATION]: 'gates-refused' } } });
     expect(d.review.response.warnings?.[0]).toMatch(/^probe-agent: gates mode: probes left unchanged: restartPolicy Never/);
   });
 
