@@ -44,7 +44,8 @@ export interface GatesWriter {
   recordEvent(event: PodEvent): Promise<void>;
 }
 
-const MAX_BODY = 1024 * 1024;
+/** The largest answer read: a node's pod list (at most 110 pods by default, ~10 KiB each) fits. */
+const MAX_BODY = 16 * 1024 * 1024;
 const MAX_MESSAGE = 1024;
 
 export class ApiWriter implements GatesWriter {
@@ -105,12 +106,22 @@ export class ApiWriter implements GatesWriter {
     }
   }
 
+  /** GET of `path`, parsed (the lease controller's reads: Lease and Pod lists, bounded like every answer). */
+  async getJson(what: string, path: string): Promise<unknown> {
+    const text = await this.#send(what, 'GET', path, undefined, undefined);
+    try {
+      return JSON.parse(text) as unknown;
+    } catch {
+      throw new ApiWriteError(what, 200, 'the answer is not JSON (or is larger than the bound)');
+    }
+  }
+
   close(): Promise<void> {
     return this.#dispatcher.close();
   }
 
-  async #send(what: string, method: string, path: string, body: unknown, contentType: string): Promise<void> {
-    const headers: Record<string, string> = { accept: 'application/json', 'content-type': contentType };
+  async #send(what: string, method: string, path: string, body: unknown, contentType: string | undefined): Promise<string> {
+    const headers: Record<string, string> = { accept: 'application/json', ...(contentType ? { 'content-type': contentType } : {}) };
     if (this.#opts.tokenFile) {
       try {
         headers.authorization = `Bearer ${readFileSync(this.#opts.tokenFile, 'utf8').trim()}`;
@@ -121,7 +132,7 @@ export class ApiWriter implements GatesWriter {
     let res;
     try {
       res = await request(new URL(path, this.#opts.url), {
-        method, headers, body: JSON.stringify(body), dispatcher: this.#dispatcher,
+        method, headers, body: body === undefined ? null : JSON.stringify(body), dispatcher: this.#dispatcher,
         headersTimeout: this.#timeoutMs, bodyTimeout: this.#timeoutMs, signal: AbortSignal.timeout(this.#timeoutMs),
       });
     } catch (err) {
@@ -137,7 +148,7 @@ export class ApiWriter implements GatesWriter {
       }
       chunks.push(c);
     }
-    if (res.statusCode >= 200 && res.statusCode < 300) return;
+    if (res.statusCode >= 200 && res.statusCode < 300) return size > MAX_BODY ? '' : Buffer.concat(chunks).toString('utf8');
     throw new ApiWriteError(what, res.statusCode, `HTTP ${res.statusCode}: ${statusMessage(Buffer.concat(chunks).toString('utf8'))}`);
   }
 }

@@ -1,6 +1,6 @@
 /**
  * Gates mode's fail-closed option: the agent renews the Lease `probe-agent-<node>` every third of
- * its duration. A controller beside the webhook (docs/closing-the-hole.md) sets the condition
+ * its duration. A controller beside the webhook (lease-controller.ts) sets the condition
  * False on the pods of a node whose Lease expired, so an agent that is gone turns its pods not
  * Ready instead of leaving their last condition.
  */
@@ -11,8 +11,10 @@ export interface LeaseRenewer {
   renewLease(namespace: string, name: string, durationSeconds: number): Promise<void>;
 }
 
+/** The prefix of every node's Lease name. */
+export const LEASE_PREFIX = 'probe-agent-';
 /** The Lease of a node. */
-export const nodeLeaseName = (node: string): string => `probe-agent-${node}`.slice(0, 253);
+export const nodeLeaseName = (node: string): string => `${LEASE_PREFIX}${node}`.slice(0, 253);
 
 /** Starts renewing; the returned function stops it. */
 export function startLeaseRenewal(o: { writer: LeaseRenewer; namespace: string; node: string; durationMs: number; log: Logger; onRenew?: (ok: boolean) => void }): () => void {

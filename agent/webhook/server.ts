@@ -84,6 +84,8 @@ export interface WebhookServer {
   readonly host: string;
   /** The metrics listener's port, when there is one. */
   readonly metricsPort: number | undefined;
+  /** Its metrics, for what runs beside it (the gates lease controller). */
+  readonly metrics: WebhookMetrics;
   /** Re-reads the TLS files now (the poller does it on its own). */
   reloadTls(): boolean;
   close(): Promise<void>;
@@ -174,6 +176,7 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
     port: address.port,
     host: address.address,
     metricsPort: metricsListener?.port,
+    metrics,
     reloadTls: () => watcher.check(),
     close: async () => {
       watcher.stop();

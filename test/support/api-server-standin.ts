@@ -5,7 +5,8 @@
  * is recorded, so tests can say exactly what a component asked for. Gates mode's writes: PATCH
  * pods/status with a strategic merge patch of `status.conditions` (merged by `type`, as the real
  * server's patch strategy for that list; `metadata.uid` a precondition, 409 on a mismatch), POST
- * events (kept in `events`), and Leases (merge-patch, or POST to create; kept in `leases`). `down = true` makes it answer
+ * events (kept in `events`), and Leases (merge-patch, or POST to create, GET and LIST; kept in `leases`
+ * by `<namespace>/<name>`). `down = true` makes it answer
  * 503 (an outage), `delayMs` answers that much later (a slow API server); unknown paths get 404
  * like the real server.
  */
@@ -106,6 +107,10 @@ export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
       }
       m = /^\/apis\/coordination\.k8s\.io\/v1\/namespaces\/([^/]+)\/leases(?:\/([^/]+))?$/.exec(url.pathname);
       if (m) {
+        if (req.method === 'GET' && m[2] === undefined) {
+          const items = [...state.leases].filter(([k]) => k.startsWith(`${m![1]}/`)).map(([, l]) => l);
+          return send(200, { kind: 'LeaseList', apiVersion: 'coordination.k8s.io/v1', metadata: { resourceVersion: '1' }, items });
+        }
         const key = `${m[1]}/${m[2] ?? (body as Obj)?.metadata?.name}`;
         if (req.method === 'POST') {
           state.leases.set(key, body as Obj);
@@ -113,6 +118,8 @@ export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
         }
         const lease = state.leases.get(key);
         if (!lease) return notFound(`leases "${m[2]}"`);
+        if (req.method === 'GET') return send(200, lease);
+        if (req.method !== 'PATCH' || !body || typeof body !== 'object') return send(405, { kind: 'Status', code: 405 });
         mergePatch(lease, body as Obj);
         return send(200, lease);
       }
