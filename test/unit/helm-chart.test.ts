@@ -218,6 +218,12 @@ const EQUIVALENCES: Equivalence[] = [
     kustomize: () => kustomize(['containerd', 'rewrite-webhook', 'gates'], WEBHOOK_SETTINGS),
   },
   {
+    name: 'gates mode with the lease controller',
+    values: { ...GATES_VALUES, gatesLease: { enabled: true, duration: '40s' } },
+    kubeVersion: '1.33.0',
+    kustomize: () => kustomize(['containerd', 'rewrite-webhook', 'gates', 'gates-lease'], WEBHOOK_SETTINGS),
+  },
+  {
     name: 'crio, service monitor and every agent option',
     values: {
       runtime: 'crio',
@@ -356,6 +362,7 @@ describe('helm chart deploy/helm/probe-agent', () => {
     ['the webhook without API server CIDRs', { mode: 'shim', webhook: { enabled: true } }, /webhook.apiServerCIDRs is required/],
     ['close-hole without pod CIDRs', { closeHole: { enabled: true } }, /closeHole.podCIDRs is required/],
     ['an unknown close-hole setting', { closeHole: { enabled: true, podCIDRs: POD_CIDRS, env: { CLOSE_HOLE_TYPO: '1' } } }, /CLOSE_HOLE_TYPO is not a close-hole setting/],
+    ['the lease controller without the gates webhook', { mode: 'gates', gatesLease: { enabled: true } }, /gatesLease.enabled needs mode: gates and webhook.enabled/],
     ['both monitors', { podMonitor: { enabled: true }, serviceMonitor: { enabled: true } }, /enable one/],
     ['kube-system opted in', { mode: 'shim', webhook: { enabled: true, apiServerCIDRs: [API_SERVER_CIDR], namespaces: ['kube-system'] } }, /may not list kube-system/],
   ])('refuses %s with a clear error', (_name, values, message) => {

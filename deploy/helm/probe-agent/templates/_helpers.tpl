@@ -37,6 +37,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if and .Values.webhook.enabled (not (has .Values.mode (list "shim" "gates"))) -}}
 {{- fail "webhook.enabled needs mode: shim or gates (rewritten pods run only on nodes whose kubelet uses the shim, or where the agent writes their gate)" -}}
 {{- end -}}
+{{- if and .Values.gatesLease.enabled (not (and (eq .Values.mode "gates") .Values.webhook.enabled)) -}}
+{{- fail "gatesLease.enabled needs mode: gates and webhook.enabled (the controller runs in the webhook Deployment)" -}}
+{{- end -}}
 {{- if and .Values.webhook.enabled (not .Values.webhook.apiServerCIDRs) -}}
 {{- fail "webhook.apiServerCIDRs is required: the addresses the API server's connections come from (docs/deploy.md, \"The webhook's NetworkPolicy\")" -}}
 {{- end -}}
