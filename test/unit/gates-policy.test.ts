@@ -2,7 +2,8 @@
  * deploy/components/gates/status-policy.yaml, run by the CEL subset evaluator as the API server runs a
  * ValidatingAdmissionPolicy: the agent's pod-bound token may change only probe-agent.io/* conditions
  * of pods on its own node; everything else is denied, each by its own rule; a missing optional field
- * never turns into an error that denies a good write.
+ * never turns into an error that denies a good write. deploy/components/gates-lease/status-policy.yaml
+ * likewise: the webhook's lease controller may only set probe-agent.io/* conditions False.
  */
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -14,13 +15,18 @@ import { CelError, cel, type CelEnv } from '../support/cel-subset.ts';
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 type Obj = Record<string, any>;
 
-const docs = parseAllDocuments(readFileSync(path.join(ROOT, 'deploy/components/gates/status-policy.yaml'), 'utf8')).map((d) => d.toJS() as Obj);
-const policy = docs.find((d) => d.kind === 'ValidatingAdmissionPolicy')!;
+const load = (file: string): Obj[] => parseAllDocuments(readFileSync(path.join(ROOT, 'deploy/components', file), 'utf8')).map((d) => d.toJS() as Obj);
+const docs = load('gates/status-policy.yaml');
+const agentPolicy = docs.find((d) => d.kind === 'ValidatingAdmissionPolicy')!;
+const policy = agentPolicy;
 const binding = docs.find((d) => d.kind === 'ValidatingAdmissionPolicyBinding')!;
+const leaseDocs = load('gates-lease/status-policy.yaml');
+const leasePolicy = leaseDocs.find((d) => d.kind === 'ValidatingAdmissionPolicy')!;
+const leaseBinding = leaseDocs.find((d) => d.kind === 'ValidatingAdmissionPolicyBinding')!;
 
 type Decision = { decision: 'not-matched' } | { decision: 'allowed' } | { decision: 'denied'; message: string };
 
-function ruleMatches(request: Obj): boolean {
+function ruleMatches(policy: Obj, request: Obj): boolean {
   const resource = request.subResource ? `${request.resource.resource}/${request.subResource}` : request.resource.resource;
   const has = (list: string[], v: string): boolean => list.includes('*') || list.includes(v);
   return (policy.spec.matchConstraints.resourceRules as Obj[]).some((r) =>
@@ -28,9 +34,9 @@ function ruleMatches(request: Obj): boolean {
     (has(r.resources, resource) || (request.subResource && (r.resources as string[]).includes(`${request.resource.resource}/*`))));
 }
 
-/** The API server's ValidatingAdmissionPolicy steps, on this policy, for one AdmissionRequest. */
-function admit(request: Obj): Decision {
-  if (!ruleMatches(request)) return { decision: 'not-matched' };
+/** The API server's ValidatingAdmissionPolicy steps, on `policy` (default the agent's), for one AdmissionRequest. */
+function admit(request: Obj, policy: Obj = agentPolicy): Decision {
+  if (!ruleMatches(policy, request)) return { decision: 'not-matched' };
   const failClosed = policy.spec.failurePolicy === 'Fail';
   const env: CelEnv = { request, object: request.object ?? null, oldObject: request.oldObject ?? null, params: null, namespaceObject: null };
   const variables: Obj = {};
@@ -134,5 +140,43 @@ describe('the gates pod-status policy', () => {
   it('does not apply to other users (kubelet, controllers)', () => {
     expect(admit(request('node-a', 'node-b', undefined, 'system:node:node-b'))).toEqual({ decision: 'not-matched' });
     expect(admit(request('node-a', 'node-b', undefined, 'system:serviceaccount:kube-system:endpoint-controller'))).toEqual({ decision: 'not-matched' });
+  });
+});
+
+describe("the lease controller's pod-status policy", () => {
+  const WEBHOOK = 'system:serviceaccount:probe-agent:probe-agent-webhook';
+  const webhookRequest = (edit: (o: Obj) => void): Obj => request(null, 'node-a', edit, WEBHOOK);
+  const up = [{ type: 'Ready', status: 'True' }, { type: 'probe-agent.io/ready', status: 'True' }];
+  const withOld = (r: Obj, conditions: Obj[]): Obj => {
+    r.oldObject.status.conditions = structuredClone(conditions);
+    return r;
+  };
+
+  it('is bound with Deny and fails closed', () => {
+    expect(leaseBinding.spec).toEqual({ policyName: leasePolicy.metadata.name, validationActions: ['Deny'] });
+    expect(leasePolicy.spec.failurePolicy).toBe('Fail');
+  });
+
+  it('allows the webhook to set probe-agent.io/ready False on any node', () => {
+    const r = withOld(webhookRequest((o) => (o.status.conditions = [up[0], { type: 'probe-agent.io/ready', status: 'False', reason: 'NodeLeaseExpired' }])), up);
+    expect(admit(r, leasePolicy)).toEqual({ decision: 'allowed' });
+  });
+
+  const denied: Array<[string, Obj, RegExp]> = [
+    ['setting the gate True', webhookRequest((o) => (o.status.conditions = structuredClone(flipped))), /only set probe-agent.io\/\* conditions False/],
+    ['the Ready condition', withOld(webhookRequest((o) => (o.status.conditions[0].status = 'False')), up), /only set probe-agent.io\/\* conditions False/],
+    ['a pod IP', webhookRequest((o) => (o.status.podIP = '10.0.0.9')), /phase, IPs/],
+  ];
+  for (const [what, req, message] of denied) {
+    it(`denies ${what}`, () => {
+      const d = admit(req, leasePolicy);
+      expect(d.decision).toBe('denied');
+      expect((d as { message: string }).message).toMatch(message);
+    });
+  }
+
+  it('does not apply to the agent, nor the agent\'s policy to the webhook', () => {
+    expect(admit(request('node-a', 'node-a'), leasePolicy)).toEqual({ decision: 'not-matched' });
+    expect(admit(webhookRequest((o) => (o.status.conditions = structuredClone(flipped))))).toEqual({ decision: 'not-matched' });
   });
 });
