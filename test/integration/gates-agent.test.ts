@@ -7,8 +7,8 @@
  * run in CI), which records every write. Asserted: a readiness transition is exactly one
  * pods/status patch of our condition (True on success, False on failure, none while nothing
  * changes); a new container ID clears the condition before its first probe; a liveness failure at
- * its threshold runs the HTTP preStop hook in the pod netns once and then really stops the
- * container in containerd (EXITED), once.
+ * its threshold runs the HTTP preStop hook in the pod netns once (the container still running while
+ * it is answered) and then really stops the container in containerd (EXITED), once.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr']);
@@ -31,7 +31,10 @@ const NS = 'e2e-gates';
 const READY_PORT = 8080;
 const LIVE_PORT = 8081;
 const HOOK_PORT = 9090;
-const LIVENESS_GRACE = 5;
+const LIVENESS_GRACE = 10;
+/** The preStop hook takes this long to answer: the container must still run meanwhile. */
+const HOOK_MS = 4000;
+const HOOK_PATH = `/slow?ms=${HOOK_MS}`;
 
 let ctrd: ContainerdLab;
 let sb: LabSandbox;
@@ -92,7 +95,7 @@ beforeAll(async () => {
   const app = (written.spec as Obj).containers[0] as Obj;
   app.readinessProbe = { httpGet: { path: '/healthz', port: READY_PORT }, periodSeconds: 1, failureThreshold: 1 };
   app.livenessProbe = { httpGet: { path: '/healthz', port: LIVE_PORT }, periodSeconds: 1, failureThreshold: 2, terminationGracePeriodSeconds: LIVENESS_GRACE };
-  app.lifecycle = { preStop: { httpGet: { path: '/prestop', port: HOOK_PORT } } };
+  app.lifecycle = { preStop: { httpGet: { path: HOOK_PATH, port: HOOK_PORT } } };
   pod = rewritePodGates(written).pod as Obj;
   expect(pod.spec.readinessGates).toEqual([{ conditionType: GATES_CONDITION_TYPE }]);
   expect(pod.spec.containers[0].readinessProbe).toBeUndefined();
@@ -144,7 +147,7 @@ describe('probe-agent run --gates against containerd and the API stand-in', () =
     expect(stored).toMatchObject([{ status: 'True', reason: 'ProbesSucceeded' }]);
     // The agent never writes Ready, and nothing was stopped.
     expect(api.pods[0]!.status.conditions.some((c: Obj) => c.type === 'Ready')).toBe(false);
-    expect(hook.count('/prestop')).toBe(0);
+    expect(hook.hits).toEqual([]);
     expect(await containerState(c2.id)).toBe('CONTAINER_RUNNING');
     current = c2;
   });
@@ -157,9 +160,11 @@ describe('probe-agent run --gates against containerd and the API stand-in', () =
     expect(await containerState(id)).toBe('CONTAINER_RUNNING');
 
     await liveSrv.control('/control/health?ok=0');
+    // The hook first: while it is being answered the container still runs.
+    const hits = await hook.waitFor(1, 30_000);
+    expect(await containerState(id)).toBe('CONTAINER_RUNNING');
+    expect(hits.map((h) => [h.method, h.port, h.url])).toEqual([['GET', HOOK_PORT, HOOK_PATH]]);
     await until('the container EXITED', async () => (await containerState(id)) === 'CONTAINER_EXITED', 30_000);
-    const hits = await hook.waitFor(1, 5000);
-    expect(hits.filter((h) => h.url === '/prestop').map((h) => [h.method, h.port])).toEqual([['GET', HOOK_PORT]]);
     // Not ready before anything was stopped: one False, and kubelet's two events.
     expect(patches().slice(before)).toEqual(['False']);
     expect(api.events.map((e) => [e.reason, e.involvedObject.uid, e.involvedObject.fieldPath])).toEqual([
@@ -172,7 +177,7 @@ describe('probe-agent run --gates against containerd and the API stand-in', () =
     // The liveness server stays down and kubelet has not noticed yet (still lists it running):
     // the probe holds until a new container ID, so no second hook, no second stop.
     await sleep(4000);
-    expect(hook.count('/prestop')).toBe(1);
+    expect(hook.hits).toHaveLength(1);
     expect(api.events).toHaveLength(2);
     expect(patches().slice(before)).toEqual(['False']);
     const metrics = (await agent.http('/metrics')).body;
