@@ -32,6 +32,11 @@ import { FairLimiter } from './scheduler/limiter.ts';
 import { ProbeManager } from './scheduler/manager.ts';
 import { ResultsStore } from './scheduler/results-store.ts';
 import { AGENT_VERSION, API_VERSION } from './version.ts';
+import { ApiWriter } from './gates/api-writer.ts';
+import { GatesController } from './gates/controller.ts';
+import { startLeaseRenewal } from './gates/lease.ts';
+import { GATES_CONDITION_TYPE } from './pods/pod-model.ts';
+import { inClusterOptions } from './webhook/cluster-reader.ts';
 
 /** A running agent; stop() is what SIGTERM does. */
 export interface Daemon {
@@ -176,6 +181,38 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       metrics.agent.setPodCounts({ ours: snap.pods.length - manager.notOurs().length, notOurs });
       metrics.agent.setDroppedPods(snap.errors.map((e) => e.reason));
     });
+    if (config.gates) {
+      const api = config.apiServerUrl ? { url: config.apiServerUrl } : inClusterOptions();
+      if (!api) throw new Error('--gates needs --api-server, or to run in a pod (KUBERNETES_SERVICE_HOST)');
+      if (!config.nodeName) throw new Error('--gates needs the node name (--node-name or $NODE_NAME)');
+      const writer = new ApiWriter({
+        ...api,
+        ...(config.apiTokenFile ? { tokenFile: config.apiTokenFile } : {}),
+        ...(config.apiCaFile ? { caFile: config.apiCaFile } : {}),
+        nodeName: config.nodeName,
+        conditionType: GATES_CONDITION_TYPE,
+      });
+      cleanups.push(() => writer.close());
+      const gatesController = new GatesController({
+        results: store,
+        writer,
+        // StopContainer waits out the grace period, then the runtime kills: give the call that long and more.
+        ...(cri ? { stopper: { stopContainer: (id: string, t: number) => cri.client.stopContainer(id, t, (t + 30) * 1000) } } : {}),
+        preStop: async (pod, container, handler, timeoutSeconds) => {
+          const o = await prober.runHook({ podUID: pod.uid, containerName: container.name, handler, hook: 'preStop', timeoutSeconds });
+          return o.result === 'success' ? '' : o.message || o.result;
+        },
+        log,
+        onOp: (op, ok) => metrics.agent.gatesOp(op, ok),
+      });
+      cleanups.push(() => gatesController.close());
+      // After the manager's sync (listeners run in order): the store then holds this list's decisions.
+      source.on('snapshot', (snap) => gatesController.sync(snap.pods));
+      if (config.nodeLeaseDurationMs > 0) {
+        cleanups.push(startLeaseRenewal({ writer, namespace: config.nodeLeaseNamespace, node: config.nodeName, durationMs: config.nodeLeaseDurationMs, log, onRenew: (ok) => metrics.agent.gatesOp('lease', ok) }));
+      }
+      log.info('gates mode on', { apiServer: api.url, nodeLease: config.nodeLeaseDurationMs > 0 ? `${config.nodeLeaseNamespace}/probe-agent-${config.nodeName}` : 'off' });
+    }
     // Set once the API listens; pods leaving before that have nothing cached there.
     let apiServer: ProbeApiServer | undefined;
     source.on('diff', (diff) => {

@@ -8,7 +8,7 @@ import { Command, Option } from 'commander';
 import { describeError } from '../errors.ts';
 import type { ManifestFormat } from '../rewrite/manifest.ts';
 import type { DaemonSetPolicy } from '../rewrite/objects.ts';
-import type { LoopbackHostPolicy } from '../rewrite/pod-rewrite.ts';
+import type { LoopbackHostPolicy, RewriteMode } from '../rewrite/pod-rewrite.ts';
 
 interface Raw {
   filename: string;
@@ -17,6 +17,7 @@ interface Raw {
   runtimeClass: string[];
   loopbackHost: LoopbackHostPolicy;
   daemonsets: DaemonSetPolicy;
+  mode: RewriteMode;
 }
 
 /** `NAME=HANDLER` (repeatable) into a map; a usage error names the bad value. */
@@ -43,6 +44,7 @@ export function registerRewriteCommand(program: Command): void {
     .addOption(new Option('--output <format>', "yaml or json (default: the input's format)").choices(['yaml', 'json']))
     .option('--runtime-class <name=handler>', 'a RuntimeClass and its handler (repeatable): pods whose class runs a sandboxed handler stay with kubelet', (v: string, acc: string[]) => [...acc, v], [] as string[])
     .addOption(new Option('--loopback-host <policy>', 'a probe host of 127.0.0.1/::1/localhost: rewrite (the pod\'s own loopback) or keep (the pod stays with kubelet); the pod annotation probe-agent.io/loopback-host overrides').choices(['rewrite', 'keep']).default('rewrite'))
+    .addOption(new Option('--mode <mode>', 'shim: handlers become probe-agent exec commands for the kubelet shim; gates: network probes move to the agent, which reports through the probe-agent.io/ready readiness gate').choices(['shim', 'gates']).default('shim'))
     .addOption(new Option('--daemonsets <policy>', 'leave DaemonSets as written (their controller would delete pods on nodes without the shim), or shim-nodes-only').choices(['leave', 'shim-nodes-only']).default('leave'))
     .action(async (raw: Raw) => {
       process.exitCode = await rewriteCommand(raw);
@@ -69,7 +71,7 @@ async function rewriteCommand(raw: Raw): Promise<number> {
   // the daemon included, would carry it otherwise).
   const { ManifestError, transformManifest } = await import('../rewrite/manifest.ts');
   try {
-    const transform = { runtimeHandlers, loopbackHost: raw.loopbackHost, daemonSets: raw.daemonsets };
+    const transform = { runtimeHandlers, loopbackHost: raw.loopbackHost, daemonSets: raw.daemonsets, mode: raw.mode };
     const result = transformManifest(text, raw.undo ? 'undo' : 'rewrite', { ...(raw.output ? { output: raw.output } : {}), transform });
     process.stdout.write(result.text);
     for (const note of result.notes) process.stderr.write(`probe-agent rewrite: ${name}: ${note}\n`);

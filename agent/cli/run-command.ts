@@ -78,6 +78,12 @@ export function registerRunCommand(program: Command): void {
     .addOption(flag('--shutdown-grace-period <duration>', 'time to drain probes and API calls (hooks included) on SIGTERM', d.shutdownGracePeriod))
     .addOption(flag('--probe-tick-alignment <duration>', 'probe ticks fire at multiples of this, so ticks due together share one wakeup ("0" fires each when due)', d.probeTickAlignment))
     .addOption(flag('--shim-metrics-socket <path>', "the kubelet shim's metrics socket, relayed at /metrics/shim on the metrics listener"))
+    .addOption(boolFlag('--gates', 'gates mode: write the probe-agent.io/ready condition of gates-mode pods and stop containers whose liveness or startup probe failed'))
+    .addOption(flag('--api-server <url>', 'API server for gates mode (default: in-cluster)'))
+    .addOption(flag('--api-token-file <path>', 'bearer token for --api-server (default in-cluster: the pod-bound service-account token)'))
+    .addOption(flag('--api-ca-file <path>', "CA bundle of --api-server (default in-cluster: the service account's ca.crt)"))
+    .addOption(flag('--node-lease-duration <duration>', 'gates mode: renew the Lease probe-agent-<node> with this duration ("0s": no lease)', d.nodeLeaseDuration))
+    .addOption(flag('--node-lease-namespace <ns>', 'namespace of the node Lease', d.nodeLeaseNamespace))
     .action(async (raw: RawFlags) => {
       let config: RunConfig;
       try {

@@ -11,6 +11,7 @@ import {
   DEFAULT_BODY_TIMEOUT_MS, DEFAULT_HEADERS_TIMEOUT_MS, DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TLS_RELOAD_INTERVAL_MS,
 } from '../webhook/defaults.ts';
 import { parseDuration } from '../config/duration.ts';
+import { SANDBOXED_RUNTIME_CLASSES } from '../rewrite/pod-rewrite.ts';
 
 /** Where the component mounts the serving certificate (a kubernetes.io/tls Secret). */
 export const DEFAULT_TLS_DIR = '/etc/probe-agent/webhook-tls';
@@ -32,6 +33,11 @@ interface Raw {
   /** A path, or false after --no-client-ca-file. */
   clientCaFile?: string | false;
   metricsListen?: string;
+  gatesRefusedRuntimeClasses: string;
+  gatesLeaseController?: boolean;
+  gatesLeaseNamespace: string;
+  gatesLeaseInterval: string;
+  gatesLeaseMaxWrites: string;
   logLevel: LogLevel;
   logFormat: LogFormat;
 }
@@ -57,6 +63,11 @@ export function registerWebhookCommand(program: Command): void {
     .option('--client-ca-file <file>', "CA the caller's client certificate must verify against (the API server's admission client certificate); admission paths and /metrics then answer only verified callers")
     .option('--no-client-ca-file', 'answer callers without verifying them (a control plane that cannot present a client certificate); overrides an earlier --client-ca-file')
     .option('--metrics-listen <host:port>', 'plain-HTTP listener for GET /metrics alone (default: none)')
+    .option('--gates-refused-runtime-classes <list>', 'gates mode: RuntimeClasses (by name or handler, comma-separated) whose pods are left as written; replaces the default list', SANDBOXED_RUNTIME_CLASSES.join(','))
+    .option('--gates-lease-controller', "gates mode's fail-closed option: set probe-agent.io/ready False on the gates pods of a node whose agent Lease expired (needs the API server)")
+    .option('--gates-lease-namespace <ns>', "namespace of the agents' node Leases", 'probe-agent')
+    .option('--gates-lease-interval <duration>', 'how often the node Leases are read', '10s')
+    .option('--gates-lease-max-writes <n>', 'most pod condition writes per poll (the rest wait for the next poll)', '50')
     .addOption(new Option('--log-level <level>', 'log level').choices(['error', 'warn', 'info', 'debug', 'trace']).default('info'))
     .addOption(new Option('--log-format <format>', 'log format on stderr').choices(['json', 'text']).default('json'))
     .action(async (raw: Raw) => {
@@ -67,6 +78,8 @@ export function registerWebhookCommand(program: Command): void {
 async function webhookCommand(raw: Raw): Promise<number> {
   const log = createLogger({ level: raw.logLevel, format: raw.logFormat });
   let server;
+  let leases: import('../gates/lease-controller.ts').LeaseController | undefined;
+  let closeLeases = async (): Promise<void> => {};
   try {
     const address = parseListenAddress(raw.listen, '--listen');
     const tlsReloadIntervalMs = parseDuration(raw.tlsReloadInterval, '--tls-reload-interval');
@@ -88,6 +101,12 @@ async function webhookCommand(raw: Raw): Promise<number> {
       if (ms < 100 || ms > 30_000) throw new ConfigError(`${flag}: want 100ms..30s, got "${flag === '--header-timeout' ? raw.headerTimeout : raw.bodyTimeout}"`);
     }
     const metricsListen = raw.metricsListen ? parseListenAddress(raw.metricsListen, '--metrics-listen') : undefined;
+    const gatesRefusedRuntimeClasses = parseRuntimeClassList(raw.gatesRefusedRuntimeClasses);
+    const leaseIntervalMs = parseDuration(raw.gatesLeaseInterval, '--gates-lease-interval');
+    if (leaseIntervalMs < 1000 || leaseIntervalMs > 300_000) throw new ConfigError(`--gates-lease-interval: want 1s..5m, got "${raw.gatesLeaseInterval}"`);
+    const leaseMaxWrites = Number(raw.gatesLeaseMaxWrites);
+    if (!Number.isInteger(leaseMaxWrites) || leaseMaxWrites < 1 || leaseMaxWrites > 10_000) throw new ConfigError(`--gates-lease-max-writes: want an integer 1..10000, got "${raw.gatesLeaseMaxWrites}"`);
+    if (!/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/.test(raw.gatesLeaseNamespace)) throw new ConfigError(`--gates-lease-namespace: not a namespace name: "${raw.gatesLeaseNamespace.slice(0, 80)}"`);
     // Loaded here: the daemon and the other commands never need the webhook server.
     const { startWebhookServer } = await import('../webhook/server.ts');
     const { ApiServerReader, inClusterOptions } = await import('../webhook/cluster-reader.ts');
@@ -109,17 +128,50 @@ async function webhookCommand(raw: Raw): Promise<number> {
       maxConcurrentRequests, maxInflightBytes, headersTimeoutMs, bodyTimeoutMs, log,
       ...(raw.clientCaFile ? { clientCaFile: raw.clientCaFile } : {}),
       ...(metricsListen ? { metricsListen } : {}),
-      admission: { ...(cluster ? { cluster } : {}), loopbackHost: raw.loopbackHost },
+      admission: { ...(cluster ? { cluster } : {}), loopbackHost: raw.loopbackHost, gatesRefusedRuntimeClasses },
     });
+    if (raw.gatesLeaseController) {
+      const api = raw.apiServerUrl ? { url: new URL(raw.apiServerUrl).href } : inCluster;
+      if (!api) throw new ConfigError('--gates-lease-controller needs the API server: run in a pod, or give --api-server-url');
+      const { ApiWriter } = await import('../gates/api-writer.ts');
+      const { LeaseController } = await import('../gates/lease-controller.ts');
+      const { GATES_CONDITION } = await import('../rewrite/gates-rewrite.ts');
+      const writer = new ApiWriter({ ...api, ...(raw.apiTokenFile ? { tokenFile: raw.apiTokenFile } : {}), ...(raw.apiCaFile ? { caFile: raw.apiCaFile } : {}), nodeName: 'probe-agent-webhook', conditionType: GATES_CONDITION });
+      const metrics = server.metrics;
+      leases = new LeaseController({
+        api: writer, namespace: raw.gatesLeaseNamespace, conditionType: GATES_CONDITION, intervalMs: leaseIntervalMs, maxWritesPerPoll: leaseMaxWrites, log,
+        onOp: (op, ok) => metrics.leaseOp(op, ok), onExpired: (n) => metrics.setExpiredLeases(n),
+      });
+      const controller = leases;
+      closeLeases = async () => {
+        await controller.close();
+        await writer.close();
+      };
+      leases.start();
+      log.info('gates lease controller on', { namespace: raw.gatesLeaseNamespace, interval: raw.gatesLeaseInterval });
+    }
     if (!cluster) log.warn('no API server (not in a pod, no --api-server-url): DaemonSet pods are left as written, RuntimeClasses are taken by name');
   } catch (err) {
     process.stderr.write(`probe-agent webhook: cannot start: ${describeError(err)}\n`);
+    await closeLeases();
+    await server?.close();
     return 2;
   }
   const signal = await new Promise<string>((resolve) => {
     for (const s of ['SIGTERM', 'SIGINT'] as const) process.once(s, () => resolve(s));
   });
   log.info('stopping', { signal });
+  await closeLeases();
   await server.close();
   return 0;
+}
+
+/** The --gates-refused-runtime-classes list: names, comma-separated, bounded. */
+function parseRuntimeClassList(raw: string): string[] {
+  const names = raw.split(',').map((n) => n.trim()).filter((n) => n !== '');
+  if (names.length > 64) throw new ConfigError(`--gates-refused-runtime-classes: at most 64 names, got ${names.length}`);
+  for (const n of names) {
+    if (!/^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/.test(n)) throw new ConfigError(`--gates-refused-runtime-classes: not a RuntimeClass or handler name: "${n.slice(0, 80)}"`);
+  }
+  return names;
 }

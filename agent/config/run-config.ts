@@ -59,6 +59,15 @@ export interface RunConfig {
   probeTickAlignmentMs: number;
   /** The kubelet shim's metrics socket, relayed at /metrics/shim (absent: not relayed). */
   shimMetricsSocket?: string;
+  /** Gates mode (agent/gates/): write the pods' probe-agent.io/ready condition, stop containers on liveness failures. */
+  gates: boolean;
+  /** The API server for gates mode (absent: in-cluster from KUBERNETES_SERVICE_HOST/PORT). */
+  apiServerUrl?: string;
+  apiTokenFile?: string;
+  apiCaFile?: string;
+  /** Gates mode: renew the node's Lease this long (ms; 0: no lease), in `nodeLeaseNamespace`. */
+  nodeLeaseDurationMs: number;
+  nodeLeaseNamespace: string;
 }
 
 /** Default path of the ProbeService socket (a contract with the kubelet shim and deploy/). */
@@ -100,6 +109,8 @@ export const RUN_DEFAULTS = {
   // 50 ms: at 250 pods x 3 probes every 10 s this cut the agent's CPU by about a third (fewer
   // wakeups of the agent and the helper), and shifts each probe by a fixed offset under 50 ms.
   probeTickAlignment: '50ms',
+  nodeLeaseDuration: '0s',
+  nodeLeaseNamespace: 'probe-agent',
 } as const;
 
 /** Raw flag values (already merged with their env twins), keyed by the flags' camelCase names. */
@@ -207,6 +218,12 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     shutdownGracePeriodMs: parseDuration(valueOf(raw, 'shutdownGracePeriod'), '--shutdown-grace-period'),
     probeTickAlignmentMs: tickAlignment(valueOf(raw, 'probeTickAlignment')),
     shimMetricsSocket: str(raw, 'shimMetricsSocket'),
+    gates: raw.gates === true || raw.gates === 'true',
+    apiServerUrl: str(raw, 'apiServer'),
+    apiTokenFile: str(raw, 'apiTokenFile'),
+    apiCaFile: str(raw, 'apiCaFile'),
+    nodeLeaseDurationMs: parseDuration(valueOf(raw, 'nodeLeaseDuration'), '--node-lease-duration'),
+    nodeLeaseNamespace: valueOf(raw, 'nodeLeaseNamespace'),
   };
 }
 

@@ -94,6 +94,7 @@ export class AgentMetrics {
   readonly #helperSpawns: Counter<'mode' | 'result'>;
   readonly #helperSpawnSeconds: Histogram<'mode'>;
   readonly #helperRestarts: Counter;
+  readonly #gatesOps: Counter<'op' | 'result'>;
   readonly #containerLookups: Counter;
   readonly #kubeletPollSeconds: Histogram<'result'>;
   readonly #kubeletPollErrors: Counter<'kind'>;
@@ -131,6 +132,12 @@ export class AgentMetrics {
     this.#helperRestarts = new Counter({
       name: 'probe_agent_helper_restarts_total',
       help: 'Times the resident netns helper died and was restarted.',
+      registers,
+    });
+    this.#gatesOps = new Counter({
+      name: 'probe_agent_gates_operations_total',
+      help: 'Gates mode: writes and actions by op (condition, event, prestop, stop, lease) and result (ok, error).',
+      labelNames: ['op', 'result'] as const,
       registers,
     });
     this.#kubeletPollSeconds = new Histogram({
@@ -316,6 +323,10 @@ export class AgentMetrics {
   }
 
   /** The resident helper died and was restarted. */
+  gatesOp(op: string, ok: boolean): void {
+    this.#guard('gatesOp', () => this.#gatesOps.inc({ op, result: ok ? 'ok' : 'error' }));
+  }
+
   helperRestart(): void {
     this.#guard('helperRestart', () => this.#helperRestarts.inc());
   }

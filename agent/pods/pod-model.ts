@@ -10,6 +10,10 @@ import { KubeletError } from './kubelet-client.ts';
 import { DroppedPodItem, type DroppedPodReason } from './pod-list-stream.ts';
 import { ShimCommandError } from '../rewrite/shim-command.ts';
 import { unwrapShimProbe } from './shim-probe.ts';
+import { ORIGINAL_HANDLERS_ANNOTATION } from '../rewrite/pod-rewrite.ts';
+
+/** The pod condition of gates mode (agent/rewrite/gates-rewrite.ts GATES_CONDITION). */
+export const GATES_CONDITION_TYPE = 'probe-agent.io/ready';
 import type { ContainerInfo, ContainerPort, ContainerProbe, ContainerState, NotOursReason, PodInfo } from './types.ts';
 
 /** A pod of the list that could not be used; identity fields are whatever could be read. */
@@ -126,13 +130,14 @@ function parsePod(raw: unknown, lim: Required<PodListLimits>): PodInfo {
   const statuses = statusIndex(status['containerStatuses'], 'status.containerStatuses');
   const initStatuses = statusIndex(status['initContainerStatuses'], 'status.initContainerStatuses');
 
+  const gatesRecord = gatesProbes(annotations[ORIGINAL_HANDLERS_ANNOTATION]);
   const containers: ContainerInfo[] = [];
-  containersRaw.forEach((c, i) => containers.push(parseContainer(c, `spec.containers[${i}]`, 'regular', statuses, initStatuses, lim)));
+  containersRaw.forEach((c, i) => containers.push(parseContainer(c, `spec.containers[${i}]`, 'regular', statuses, initStatuses, lim, gatesRecord)));
   initRaw.forEach((c, i) => {
     const path = `spec.initContainers[${i}]`;
     // Only restartable init containers (sidecars) get probe workers in kubelet; the others run to completion.
     if (optString(obj(c, path)['restartPolicy'], `${path}.restartPolicy`) !== 'Always') return;
-    containers.push(parseContainer(c, path, 'sidecar', initStatuses, statuses, lim));
+    containers.push(parseContainer(c, path, 'sidecar', initStatuses, statuses, lim, gatesRecord));
   });
   const names = new Set<string>();
   for (const c of containers) {
@@ -159,6 +164,19 @@ function parsePod(raw: unknown, lim: Required<PodListLimits>): PodInfo {
   if (deletion !== undefined) info.deletionTimestamp = deletion;
   const runtimeClassName = optString(spec['runtimeClassName'], 'spec.runtimeClassName');
   if (runtimeClassName) info.runtimeClassName = runtimeClassName;
+  if (gatesRecord) {
+    const taken: Record<string, ProbeType[]> = {};
+    for (const c of containers) {
+      const types = PROBE_TYPES.filter((t) => gatesRecord.has(`${c.name}/${PROBE_FIELDS[t]}`));
+      if (types.length) taken[c.name] = types;
+    }
+    const grace = spec['terminationGracePeriodSeconds'];
+    info.gates = {
+      taken,
+      condition: conditionStatus(status['conditions'], GATES_CONDITION_TYPE),
+      terminationGracePeriodSeconds: typeof grace === 'number' && Number.isInteger(grace) && grace >= 0 ? grace : 30,
+    };
+  }
   return info;
 }
 
@@ -188,6 +206,7 @@ function parseContainer(
   own: Map<string, Record<string, unknown>>,
   other: Map<string, Record<string, unknown>>,
   lim: Required<PodListLimits>,
+  gates?: Map<string, unknown>,
 ): ContainerInfo {
   const c = obj(raw, path);
   const cname = name(c['name'], `${path}.name`);
@@ -197,7 +216,8 @@ function parseContainer(
   const probes: Partial<Record<ProbeType, ContainerProbe>> = {};
   for (const type of PROBE_TYPES) {
     const field = PROBE_FIELDS[type];
-    const rawProbe = c[field];
+    // Gates mode: the probe lives in the record, the spec no longer has it.
+    const rawProbe = c[field] ?? gates?.get(`${cname}/${field}`);
     if (rawProbe === undefined || rawProbe === null) continue;
     try {
       const unwrapped = unwrapShimProbe(rawProbe, type);
@@ -209,6 +229,8 @@ function parseContainer(
     }
   }
   const info: ContainerInfo = { name: cname, kind, ports, probes };
+  const lifecycle = gates ? c['lifecycle'] : undefined;
+  if (isObject(lifecycle) && isObject(lifecycle['preStop'])) info.preStop = lifecycle['preStop'];
   // kubelet's doProbe searches both status lists, so a status filed under the other list still counts.
   const st = own.get(cname) ?? other.get(cname);
   if (st) info.state = parseState(st, `status of container ${cname}`);
@@ -274,6 +296,29 @@ function podIPs(status: Record<string, unknown>): string[] {
 function ip(raw: unknown, path: string): string {
   if (typeof raw !== 'string' || isIP(raw) === 0) throw new FieldError(`${path}: not an IP address: ${JSON.stringify(raw)}`);
   return raw;
+}
+
+/** The probes of a gates-mode record (`<container>/<field>` -> probe), or undefined for any other pod. */
+function gatesProbes(raw: unknown): Map<string, unknown> | undefined {
+  if (typeof raw !== 'string' || !raw.includes('"gates"')) return undefined;
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(raw);
+  } catch {
+    throw new FieldError(`metadata.annotations[${ORIGINAL_HANDLERS_ANNOTATION}]: not JSON`);
+  }
+  if (!isObject(parsed) || parsed['mode'] !== 'gates') return undefined;
+  if (!isObject(parsed['handlers'])) throw new FieldError(`metadata.annotations[${ORIGINAL_HANDLERS_ANNOTATION}]: a gates record without handlers`);
+  return new Map(Object.entries(parsed['handlers']));
+}
+
+/** The status of one pod condition ('' when absent). */
+function conditionStatus(raw: unknown, type: string): string {
+  for (const [i, c] of optList(raw, 'status.conditions').entries()) {
+    const cond = obj(c, `status.conditions[${i}]`);
+    if (cond['type'] === type) return typeof cond['status'] === 'string' ? cond['status'] : '';
+  }
+  return '';
 }
 
 function podReady(raw: unknown): boolean {

@@ -34,6 +34,18 @@ export interface ContainerInfo {
   ports: ContainerPort[];
   probes: Partial<Record<ProbeType, ContainerProbe>>;
   state?: ContainerState;
+  /** Gates mode: the container's preStop hook as written (kubelet's, the agent runs it before a liveness stop). */
+  preStop?: Record<string, unknown>;
+}
+
+/** What gates mode needs of a pod (agent/gates/). */
+export interface GatesInfo {
+  /** Probe types the agent took from kubelet, per container name. */
+  taken: Record<string, ProbeType[]>;
+  /** status.conditions[probe-agent.io/ready].status as kubelet reports it ('' when absent). */
+  condition: string;
+  /** spec.terminationGracePeriodSeconds (kubelet's default 30). */
+  terminationGracePeriodSeconds: number;
 }
 
 /** The parts of a v1.Pod probe-agent acts on. */
@@ -54,6 +66,8 @@ export interface PodInfo {
   /** status.conditions Ready == True (used for kubelet's restart-grace rule). */
   podReady: boolean;
   containers: ContainerInfo[];
+  /** Present for a pod rewritten for gates mode (the record's `mode: gates`). */
+  gates?: GatesInfo;
 }
 
 /** Why a pod is left to kubelet rather than probed by us (never an error). */

@@ -5,6 +5,7 @@
  */
 import { RewriteError } from './errors.ts';
 import { isObj, rewritePod, undoPod, type PodResult, type RewriteOptions } from './pod-rewrite.ts';
+import { rewritePodGates } from './gates-rewrite.ts';
 
 export type Direction = 'rewrite' | 'undo';
 
@@ -81,12 +82,14 @@ export function transformObject(object: unknown, direction: Direction, path = ''
   }
   const base = keys.length ? `${prefix}${keys.join('.')}.` : prefix;
   const pod = chain.at(-1)!;
-  if (direction === 'rewrite' && object.kind === 'DaemonSet' && options.daemonSets !== 'shim-nodes-only') {
+  // A gates-mode pod has no node affinity: its DaemonSet runs everywhere as before.
+  if (direction === 'rewrite' && object.kind === 'DaemonSet' && options.daemonSets !== 'shim-nodes-only' && options.mode !== 'gates') {
     const would = rewritePod(pod, base, options);
     if (!would.changed) return would.skipped ? { object, changed: false, notes: [`${base}spec: left unchanged: ${would.skipped}`] } : { object, changed: false };
     return { object, changed: false, notes: [`${base}spec: left unchanged: a DaemonSet's template with the shim node affinity would make its controller delete its pods on every node without the shim; the webhook rewrites its pods node by node (or pass --daemonsets shim-nodes-only)`] };
   }
-  const r: PodResult = direction === 'rewrite' ? rewritePod(pod, base, options) : undoPod(pod, base);
+  const rewrite = options.mode === 'gates' ? rewritePodGates : rewritePod;
+  const r: PodResult = direction === 'rewrite' ? rewrite(pod, base, options) : undoPod(pod, base);
   if (!r.changed) return r.skipped ? { object, changed: false, notes: [`${base}spec: left unchanged: ${r.skipped}`] } : { object, changed: false };
   let rebuilt: Obj = r.pod;
   for (let i = keys.length - 1; i >= 0; i--) rebuilt = { ...chain[i], [keys[i]!]: rebuilt };

@@ -111,7 +111,10 @@ const sameRequirement = (v: unknown): boolean => JSON.stringify(v) === JSON.stri
 const requirement = (): Obj => ({ key: SHIM_NODE_LABEL, operator: 'In', values: [SHIM_NODE_LABEL_VALUE] });
 const OUR_TERM = JSON.stringify({ matchExpressions: [SHIM_AFFINITY_REQUIREMENT] });
 /** An array element the rewrite may have added: the requirement, a term holding only it, or the closed-hole toleration. */
-const isOurs = (v: unknown): boolean => sameRequirement(v) || JSON.stringify(v) === OUR_TERM || isClosedHoleToleration(v);
+/** The readiness gate of gates mode (gates-rewrite.ts): the agent's own pod condition. */
+export const GATES_READINESS_GATE = Object.freeze({ conditionType: 'probe-agent.io/ready' });
+const OUR_GATE = JSON.stringify(GATES_READINESS_GATE);
+const isOurs = (v: unknown): boolean => sameRequirement(v) || JSON.stringify(v) === OUR_TERM || isClosedHoleToleration(v) || JSON.stringify(v) === OUR_GATE;
 
 /**
  * Makes sure every required node selector term of `spec` demands the shim label; returns the JSON

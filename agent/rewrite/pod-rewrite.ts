@@ -53,16 +53,28 @@ export interface RewriteOptions {
    * so such pods can run on closed-hole nodes; the CLI does not (its output is then its input).
    */
   tolerateWhenClean?: boolean;
+  /**
+   * `shim` (default): handlers become shim commands. `gates`: network probes leave the spec for
+   * the agent, which reports through a readiness gate (gates-rewrite.ts).
+   */
+  mode?: RewriteMode;
+  /** RuntimeClass handlers refused in gates mode (default SANDBOXED_RUNTIME_CLASSES). */
+  sandboxedRuntimeClasses?: readonly string[];
 }
 
+/** How a pod's network probes are taken from kubelet. */
+export type RewriteMode = 'shim' | 'gates';
+
 /** Version of the annotation's format. */
-const RECORD_VERSION = 1;
+export const RECORD_VERSION = 1;
 
 type Obj = Record<string, unknown>;
 
 /** The content of the annotation. */
 export interface RewriteRecord {
   v: number;
+  /** Absent: shim mode. `gates`: `handlers` holds whole probes, taken out of the spec. */
+  mode?: 'gates';
   /** `<container>/<field>` (e.g. `web/livenessProbe`, `web/lifecycle/preStop`) -> the original handler. */
   handlers: Record<string, Obj>;
   /** JSON pointers, relative to the pod, of what the rewrite created; the undo removes them in reverse order. */
@@ -99,10 +111,10 @@ const PROBE_ALL = ['exec', ...PROBE_NETWORK];
 const HOOK_NETWORK = ['httpGet', 'tcpSocket'];
 const HOOK_ALL = ['exec', 'sleep', ...HOOK_NETWORK];
 /** Ephemeral containers may not have probes or hooks (API validation), so only these two lists. */
-const CONTAINER_LISTS = ['initContainers', 'containers'] as const;
+export const CONTAINER_LISTS = ['initContainers', 'containers'] as const;
 
 /** One probe or hook slot of a container: where it is and which kind of shim command it gets. */
-interface Slot {
+export interface Slot {
   /** The container the slot belongs to (its `ports` name the probe's named ports). */
   container: Obj;
   /** Object holding the handler keys (the probe, or the lifecycle hook). */
@@ -131,7 +143,7 @@ function replaceKey(obj: Obj, oldKey: string, entries: Array<[string, unknown]>)
 }
 
 /** Visits every probe and hook slot of the (already cloned) pod spec, validating the containers on the way. */
-function* slots(spec: Obj, base: string): Generator<Slot> {
+export function* slots(spec: Obj, base: string): Generator<Slot> {
   const names = new Set<string>();
   for (const list of CONTAINER_LISTS) {
     const containers = spec[list];
@@ -164,7 +176,7 @@ function* slots(spec: Obj, base: string): Generator<Slot> {
 }
 
 /** The single handler key a slot holds (null when it holds none), refusing two at once as the API does. */
-function handlerKey(slot: Slot): string | null {
+export function handlerKey(slot: Slot): string | null {
   const present = slot.all.filter((k) => slot.holder[k] !== undefined && slot.holder[k] !== null);
   if (present.length > 1) throw new RewriteError(slot.path, `more than one handler (${present.join(', ')}); the API allows exactly one`);
   return present[0] ?? null;
@@ -188,7 +200,7 @@ function shimHandlerOf(slot: Slot): Obj | null {
 }
 
 /** Reads the annotation; a malformed one is an error (the undo would not be exact). */
-function readRecord(metadata: Obj | undefined, base: string): RewriteRecord | null {
+export function readRecord(metadata: Obj | undefined, base: string): RewriteRecord | null {
   const annotations = metadata?.annotations;
   if (!isObj(annotations)) return null;
   const raw = annotations[ORIGINAL_HANDLERS_ANNOTATION];
@@ -218,7 +230,7 @@ const HANDLER_FIELDS: Record<string, ReadonlySet<string>> = {
 const HEADER_FIELDS: ReadonlySet<string> = new Set(['name', 'value']);
 
 /** The path (below the handler) of the first field the agent does not know, or undefined. */
-function unknownField(key: string, action: Obj): string | undefined {
+export function unknownField(key: string, action: Obj): string | undefined {
   const known = HANDLER_FIELDS[key];
   if (!known) return undefined;
   for (const field of Object.keys(action)) if (!known.has(field)) return field;
@@ -243,6 +255,9 @@ export function rewritePod(input: Obj, base = '', options: RewriteOptions = {}):
   const pod = structuredClone(input);
   const { spec } = podParts(pod, base);
   if (!spec) return { pod: input, changed: false };
+  if (readRecord(isObj(pod.metadata) ? pod.metadata : undefined, base)?.mode === 'gates') {
+    return { pod: input, changed: false, skipped: 'the pod was rewritten for gates mode: its probes are the agent\'s already' };
+  }
   const skipped = notForTheAgent(spec, options.runtimeHandlers);
   const loopback = loopbackPolicy(pod, options.loopbackHost);
   const handlers: Record<string, Obj> = {};
@@ -331,14 +346,14 @@ export function rewritePod(input: Obj, base = '', options: RewriteOptions = {}):
 }
 
 /** Total size of annotations as the API server counts it (keys + values, UTF-8 bytes). */
-function annotationsSize(annotations: Obj): number {
+export function annotationsSize(annotations: Obj): number {
   let total = 0;
   for (const [k, v] of Object.entries(annotations)) total += Buffer.byteLength(k) + (typeof v === 'string' ? Buffer.byteLength(v) : 0);
   return total;
 }
 
 /** The loopback-host policy for this pod: its annotation, else the caller's choice, else `rewrite`. */
-function loopbackPolicy(pod: Obj, fallback: LoopbackHostPolicy | undefined): LoopbackHostPolicy {
+export function loopbackPolicy(pod: Obj, fallback: LoopbackHostPolicy | undefined): LoopbackHostPolicy {
   const a = isObj(pod.metadata) && isObj(pod.metadata.annotations) ? pod.metadata.annotations[LOOPBACK_HOST_ANNOTATION] : undefined;
   if (a === 'keep' || a === 'rewrite') return a;
   return fallback ?? 'rewrite';
@@ -352,7 +367,7 @@ const LOOPBACK_HOSTS = new Set(['', '127.0.0.1', '::1', 'localhost']);
  * Pod Security admission validates after mutating webhooks, so a rewritten pod would slip a
  * node-side target past it; and the agent refuses such a host anyway.
  */
-function foreignHost(handler: Obj): string | undefined {
+export function foreignHost(handler: Obj): string | undefined {
   const host = handler.host;
   if (host === undefined || host === null) return undefined;
   if (typeof host !== 'string') return String(host);
@@ -379,6 +394,7 @@ export function undoPod(input: Obj, base = ''): PodResult {
   const metadata = isObj(pod.metadata) ? pod.metadata : undefined;
   const record = readRecord(metadata, base);
   const { spec } = podParts(pod, base);
+  if (record?.mode === 'gates') return undoGates(pod, spec, record, base);
   let changed = false;
   if (spec) {
     for (const slot of slots(spec, `${base}spec`)) {
@@ -397,6 +413,19 @@ export function undoPod(input: Obj, base = ''): PodResult {
   }
   if (!record) return changed ? { pod, changed } : { pod: input, changed: false };
   delete (metadata!.annotations as Obj)[ORIGINAL_HANDLERS_ANNOTATION];
+  for (const pointer of [...record.added].reverse()) removePointer(pod, pointer);
+  return { pod, changed: true };
+}
+
+/** Undoes a gates-mode rewrite: the probes go back into their containers (after the keys there). */
+function undoGates(pod: Obj, spec: Obj | null, record: RewriteRecord, base: string): PodResult {
+  for (const [key, probe] of Object.entries(record.handlers)) {
+    const [name, field] = key.split('/');
+    const container = spec ? CONTAINER_LISTS.flatMap((l) => (Array.isArray(spec[l]) ? (spec[l] as unknown[]) : [])).find((c) => isObj(c) && c.name === name) : undefined;
+    if (!isObj(container) || !field) throw new RewriteError(`${base}spec`, `no container "${name}" to give its ${field} back to`);
+    container[field] = probe;
+  }
+  delete ((pod.metadata as Obj).annotations as Obj)[ORIGINAL_HANDLERS_ANNOTATION];
   for (const pointer of [...record.added].reverse()) removePointer(pod, pointer);
   return { pod, changed: true };
 }

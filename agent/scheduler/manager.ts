@@ -294,7 +294,11 @@ export class ProbeManager {
     const cached = worker?.resultFor(state.containerID);
     if (cached !== undefined) return cached === 'success';
     // ChangeContainerStatusOnKubeletRestart off (kubelet's default): a reported Started=true is trusted.
-    if (state.started === true) return true;
+    // Not in gates mode, where kubelet has no startup probe and reports every running container
+    // started: there only a container running since before the agent (the restart grace) keeps it.
+    const gatesStartup = pod.gates?.taken[container.name]?.includes('Startup') === true;
+    const startedLongBefore = state.startedAt !== undefined && state.startedAt < this.#agentStart - RESTART_GRACE_MS;
+    if (state.started === true && (!gatesStartup || startedLongBefore)) return true;
     if (worker) return false;
     // An exec startup probe is kubelet's: its Started (false here) is the only truth we have.
     return !isKubeletExec(container.probes.Startup);

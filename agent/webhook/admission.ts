@@ -18,6 +18,7 @@ import { describeError } from '../errors.ts';
 import { RewriteError } from '../rewrite/errors.ts';
 import { ANNOTATIONS_BUDGET_BYTES, isObj, ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SHIM_NODE_LABEL, SHIM_NODE_LABEL_VALUE, type LoopbackHostPolicy, type PodResult, type RewriteOptions } from '../rewrite/pod-rewrite.ts';
 import { pinnedNodeName, SHIM_ROLLBACK_ANNOTATION } from '../rewrite/placement.ts';
+import { annotatedMode, rewritePodGates } from '../rewrite/gates-rewrite.ts';
 import type { ClusterReader } from './cluster-reader.ts';
 import { diffJson } from './json-patch.ts';
 
@@ -25,6 +26,8 @@ import { diffJson } from './json-patch.ts';
 export interface AdmissionContext {
   cluster?: ClusterReader;
   loopbackHost?: LoopbackHostPolicy;
+  /** RuntimeClass handlers gates mode refuses (default: the sandboxed list of pod-rewrite.ts). */
+  gatesRefusedRuntimeClasses?: readonly string[];
 }
 
 /** Pod annotation: `enabled` opts a pod in (through MUTATE_ANNOTATED_PATH), `disabled` opts it out everywhere. */
@@ -41,7 +44,11 @@ export const MUTATE_PATH = '/mutate';
 /** Rewrites only pods annotated `probe-agent.io/rewrite: "enabled"` (the webhook that sees every namespace). */
 export const MUTATE_ANNOTATED_PATH = '/mutate-annotated';
 
-export type OptInMode = 'all' | 'annotated';
+/** Rewrites every pod it is sent in gates mode (the webhook selecting namespaces labelled probe-agent.io/mode=gates). */
+export const MUTATE_GATES_PATH = '/mutate-gates';
+
+/** `all`/`annotated`: shim mode unless the pod's probe-agent.io/mode annotation says gates; `gates`: the reverse. */
+export type OptInMode = 'all' | 'annotated' | 'gates';
 
 /** An AdmissionReview the server cannot answer at all (no uid): the HTTP status says so. */
 export class AdmissionRequestError extends Error {
@@ -67,7 +74,7 @@ export interface AdmissionReviewResponse {
 }
 
 /** What happened, for logs and metrics. */
-export type AdmissionOutcome = 'rewritten' | 'unchanged' | 'skipped' | 'refused';
+export type AdmissionOutcome = 'rewritten' | 'unchanged' | 'skipped' | 'refused' | 'gates-refused';
 
 /** API servers show at most this much of a warning; ours stay well under. */
 const MAX_WARNING = 240;
@@ -112,6 +119,7 @@ export async function admit(review: unknown, mode: OptInMode, context: Admission
     // creation may run where the node->pod path is closed, so a new probe is rewritten too; any
     // other pod was judged at creation and stays as it is.
     if (!hasRewriteRecord(request.oldObject)) return answer('skipped', {}, 'UPDATE of a pod not rewritten at creation');
+    if (isGatesRecord(request.oldObject)) return answer('skipped', {}, 'UPDATE of a gates-mode pod');
   } else {
     const annotations = isObj(pod.metadata) && isObj(pod.metadata.annotations) ? pod.metadata.annotations : {};
     const optIn = annotations[OPT_IN_ANNOTATION];
@@ -124,6 +132,7 @@ export async function admit(review: unknown, mode: OptInMode, context: Admission
   /** The decision on the pod, past the opt-in checks of a CREATE. */
   async function decide(): Promise<AdmissionDecision> {
     if (!isObj(pod)) return warn('refused', 'the request has no pod object: left unchanged');
+    if (!update && (annotatedMode(pod) ?? (mode === 'gates' ? 'gates' : 'shim')) === 'gates') return admitGates(pod);
     if (!update && isObj(pod.spec) && typeof pod.spec.nodeName === 'string' && pod.spec.nodeName !== '') {
       // The scheduler never sees a pod bound at creation, so the shim affinity could not keep it off shim-less nodes.
       return warn('skipped', `pod is bound to node ${pod.spec.nodeName.slice(0, 64)} at creation: probes left unchanged (the shim node affinity needs the scheduler)`);
@@ -162,6 +171,31 @@ export async function admit(review: unknown, mode: OptInMode, context: Admission
     const extra: Partial<AdmissionResponse> = { patchType: 'JSONPatch', patch };
     if (result.skipped) extra.warnings = [`probe-agent: probes left unchanged: ${result.skipped}`.slice(0, MAX_WARNING)];
     return answer(rewritten ? 'rewritten' : 'unchanged', extra, rewritten ? undefined : 'closed-hole toleration only');
+  }
+
+  /** Gates mode: no node to check (no affinity, kubelet untouched), a refusal is said and counted. */
+  async function admitGates(p: Obj): Promise<AdmissionDecision> {
+    const s = isObj(p.spec) ? p.spec : {};
+    const o: RewriteOptions = { mode: 'gates', ...(context.loopbackHost ? { loopbackHost: context.loopbackHost } : {}), ...(context.gatesRefusedRuntimeClasses ? { sandboxedRuntimeClasses: context.gatesRefusedRuntimeClasses } : {}) };
+    const runtimeClass = s.runtimeClassName;
+    if (typeof runtimeClass === 'string' && runtimeClass !== '' && s.hostNetwork !== true && context.cluster) {
+      try {
+        const handler = await context.cluster.runtimeHandler(runtimeClass);
+        if (handler === null) return warn('gates-refused', `probes left unchanged: RuntimeClass ${runtimeClass.slice(0, 64)} not found`);
+        o.runtimeHandlers = new Map([[runtimeClass, handler]]);
+      } catch (err) {
+        return warn('gates-refused', `probes left unchanged: cannot read RuntimeClass ${runtimeClass.slice(0, 64)}: ${describeError(err)}`);
+      }
+    }
+    let r: PodResult;
+    try {
+      r = rewritePodGates(p, '', o);
+    } catch (err) {
+      return warn('refused', `probes left unchanged: ${err instanceof RewriteError ? err.message : `internal error: ${describeError(err)}`}`);
+    }
+    if (!r.changed) return r.skipped ? warn('gates-refused', `gates mode: probes left unchanged: ${r.skipped}`) : answer('unchanged');
+    const ops = diffJson(p, r.pod);
+    return answer('rewritten', { patchType: 'JSONPatch', patch: Buffer.from(JSON.stringify(ops)).toString('base64') }, 'gates mode');
   }
 
   /** The rewrite, or the answer for a pod it cannot handle. */
@@ -206,6 +240,18 @@ function annotationBytes(annotations: Obj): number {
 /** Whether a pod carries the record the rewrite leaves on every pod whose handlers it rewrote. */
 function hasRewriteRecord(pod: unknown): boolean {
   return isObj(pod) && isObj(pod.metadata) && isObj(pod.metadata.annotations) && typeof pod.metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] === 'string';
+}
+
+/** Whether a pod carries a gates-mode record. */
+function isGatesRecord(pod: unknown): boolean {
+  if (!hasRewriteRecord(pod)) return false;
+  try {
+    const raw = ((pod as Obj).metadata as Obj).annotations as Obj;
+    const parsed = JSON.parse(raw[ORIGINAL_HANDLERS_ANNOTATION] as string) as unknown;
+    return isObj(parsed) && parsed.mode === 'gates';
+  } catch {
+    return false;
+  }
 }
 
 /** Whether the rewrite changes more than the pod's tolerations (its handlers, affinity, record). */

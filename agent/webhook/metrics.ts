@@ -24,7 +24,17 @@ export class WebhookMetrics {
   readonly #readingBytes: Gauge;
   readonly #evicted: Counter<'pool'>;
 
+  readonly #leaseOps: Counter<'op' | 'result'>;
+  readonly #expiredLeases: Gauge;
+
   constructor() {
+    this.#leaseOps = new Counter({
+      name: 'probe_agent_webhook_lease_controller_operations_total',
+      help: 'Gates lease controller: polls of the node Leases and probe-agent.io/ready writes for nodes whose Lease expired, by result (ok, error).',
+      labelNames: ['op', 'result'],
+      registers: [this.registry],
+    });
+    this.#expiredLeases = new Gauge({ name: 'probe_agent_webhook_expired_node_leases', help: 'Nodes whose probe-agent Lease expired, at the last poll.', registers: [this.registry] });
     this.#requests = new Counter({
       name: 'probe_agent_webhook_requests_total',
       help: 'Admission requests by webhook path and outcome (rewritten, unchanged, skipped, refused, bad-request, too-large, internal-error, overloaded, unauthorized, slow).',
@@ -63,6 +73,14 @@ export class WebhookMetrics {
   }
 
   /** Records one request shed with 429. */
+  leaseOp(op: 'poll' | 'write', ok: boolean): void {
+    this.#leaseOps.inc({ op, result: ok ? 'ok' : 'error' });
+  }
+
+  setExpiredLeases(nodes: number): void {
+    this.#expiredLeases.set(nodes);
+  }
+
   shed(reason: ShedReason | 'arriving'): void {
     this.#shed.inc({ reason });
   }

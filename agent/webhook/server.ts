@@ -17,7 +17,7 @@ import type { AddressInfo, Socket } from 'node:net';
 import type { TLSSocket } from 'node:tls';
 import { ConfigError, describeError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
-import { admit, AdmissionRequestError, MUTATE_ANNOTATED_PATH, MUTATE_PATH, type AdmissionContext, type OptInMode } from './admission.ts';
+import { admit, AdmissionRequestError, MUTATE_ANNOTATED_PATH, MUTATE_GATES_PATH, MUTATE_PATH, type AdmissionContext, type OptInMode } from './admission.ts';
 import { WebhookMetrics, type RequestOutcome, type SlowReason } from './metrics.ts';
 import { loadTlsPair, TlsFileWatcher } from './tls-files.ts';
 import {
@@ -84,12 +84,14 @@ export interface WebhookServer {
   readonly host: string;
   /** The metrics listener's port, when there is one. */
   readonly metricsPort: number | undefined;
+  /** Its metrics, for what runs beside it (the gates lease controller). */
+  readonly metrics: WebhookMetrics;
   /** Re-reads the TLS files now (the poller does it on its own). */
   reloadTls(): boolean;
   close(): Promise<void>;
 }
 
-const ROUTES: Record<string, OptInMode> = { [MUTATE_PATH]: 'all', [MUTATE_ANNOTATED_PATH]: 'annotated' };
+const ROUTES: Record<string, OptInMode> = { [MUTATE_PATH]: 'all', [MUTATE_ANNOTATED_PATH]: 'annotated', [MUTATE_GATES_PATH]: 'gates' };
 
 /** Starts the webhook; rejects with ConfigError when the TLS files do not load or the address cannot be bound. */
 export async function startWebhookServer(opts: WebhookServerOptions): Promise<WebhookServer> {
@@ -174,6 +176,7 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
     port: address.port,
     host: address.address,
     metricsPort: metricsListener?.port,
+    metrics,
     reloadTls: () => watcher.check(),
     close: async () => {
       watcher.stop();

@@ -34,11 +34,17 @@ export class PodServerProcess {
   readonly #pending = new Map<string, { resolve: () => void; reject: (e: Error) => void; timer: NodeJS.Timeout; path: string }>();
   readonly #exit: Promise<void>;
 
-  /** Spawns the server in `netnsName` with `optsJson`; call ready() next. */
+  /**
+   * Spawns the server in `netnsName` (ip netns), or in the netns file at that path (nsenter: a
+   * containerd sandbox's netns is not under /run/netns), with `optsJson`; call ready() next.
+   */
   constructor(netnsName: string, optsJson: string) {
     // The V8 compile cache roughly halves the start of a gRPC server (grpc-js is a lot of JS).
     const env = { ...process.env, NODE_COMPILE_CACHE: COMPILE_CACHE_DIR };
-    this.child = spawn('ip', ['netns', 'exec', netnsName, process.execPath, POD_SERVER_PATH, optsJson], { stdio: ['pipe', 'pipe', 'pipe'], env });
+    const argv = netnsName.startsWith('/')
+      ? ['nsenter', [`--net=${netnsName}`, '--', process.execPath, POD_SERVER_PATH, optsJson]] as const
+      : ['ip', ['netns', 'exec', netnsName, process.execPath, POD_SERVER_PATH, optsJson]] as const;
+    this.child = spawn(argv[0], [...argv[1]], { stdio: ['pipe', 'pipe', 'pipe'], env });
     this.child.stdin.on('error', () => {}); // EPIPE once the server is gone
     this.child.stderr.on('data', (d: Buffer) => { this.#stderr = (this.#stderr + d.toString('utf8')).slice(-STDERR_KEEP); });
     this.#exit = new Promise((resolve) => {

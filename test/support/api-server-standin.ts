@@ -2,7 +2,11 @@
  * A stand-in for kube-apiserver (which cannot run here) holding real-shaped objects: Nodes (GET,
  * and PATCH with a JSON merge patch on labels/annotations, as `kubectl label`/the installer send
  * it), Pods (LIST with `fieldSelector=spec.nodeName=<node>`), RuntimeClasses (GET). Every request
- * is recorded, so tests can say exactly what a component asked for. `down = true` makes it answer
+ * is recorded, so tests can say exactly what a component asked for. Gates mode's writes: PATCH
+ * pods/status with a strategic merge patch of `status.conditions` (merged by `type`, as the real
+ * server's patch strategy for that list; `metadata.uid` a precondition, 409 on a mismatch), POST
+ * events (kept in `events`), and Leases (merge-patch, or POST to create, GET and LIST; kept in `leases`
+ * by `<namespace>/<name>`). `down = true` makes it answer
  * 503 (an outage), `delayMs` answers that much later (a slow API server); unknown paths get 404
  * like the real server.
  */
@@ -25,6 +29,8 @@ export interface ApiServerStandIn {
   nodes: Map<string, Obj>;
   pods: Obj[];
   runtimeClasses: Map<string, Obj>;
+  events: Obj[];
+  leases: Map<string, Obj>;
   /** Answer everything with 503 while true. */
   down: boolean;
   /** Answer every request this many ms after it arrived (default 0). */
@@ -48,7 +54,7 @@ function mergePatch(target: Obj, patch: Obj): Obj {
 }
 
 export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
-  const state: ApiServerStandIn = { url: '', requests: [], nodes: new Map(), pods: [], runtimeClasses: new Map(), down: false, delayMs: 0, close: async () => {} };
+  const state: ApiServerStandIn = { url: '', requests: [], nodes: new Map(), pods: [], runtimeClasses: new Map(), events: [], leases: new Map(), down: false, delayMs: 0, close: async () => {} };
   const server = http.createServer((req, res) => {
     let raw = '';
     req.on('data', (c) => (raw += c));
@@ -78,6 +84,44 @@ export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
         m = /^spec\.nodeName=(.+)$/.exec(sel);
         const items = m ? state.pods.filter((p) => p.spec?.nodeName === m![1]) : state.pods;
         return send(200, { kind: 'PodList', apiVersion: 'v1', metadata: { resourceVersion: '1' }, items });
+      }
+      m = /^\/api\/v1\/namespaces\/([^/]+)\/pods\/([^/]+)\/status$/.exec(url.pathname);
+      if (m && req.method === 'PATCH') {
+        const pod = state.pods.find((p) => p.metadata?.namespace === m![1] && p.metadata?.name === m![2]);
+        if (!pod) return notFound(`pods "${m[2]}"`);
+        if (req.headers['content-type'] !== 'application/strategic-merge-patch+json' || !body || typeof body !== 'object') return send(415, { kind: 'Status', code: 415 });
+        const b = body as Obj;
+        if (b.metadata?.uid !== undefined && b.metadata.uid !== pod.metadata.uid) return send(409, { kind: 'Status', code: 409, reason: 'Conflict', message: 'Precondition failed: UID in precondition' });
+        const conditions: Obj[] = (pod.status ??= {}).conditions ??= [];
+        for (const c of b.status?.conditions ?? []) {
+          const i = conditions.findIndex((x) => x.type === c.type);
+          if (i >= 0) conditions[i] = { ...conditions[i], ...c };
+          else conditions.push(c);
+        }
+        return send(200, pod);
+      }
+      m = /^\/api\/v1\/namespaces\/([^/]+)\/events$/.exec(url.pathname);
+      if (m && req.method === 'POST') {
+        state.events.push(body as Obj);
+        return send(201, body);
+      }
+      m = /^\/apis\/coordination\.k8s\.io\/v1\/namespaces\/([^/]+)\/leases(?:\/([^/]+))?$/.exec(url.pathname);
+      if (m) {
+        if (req.method === 'GET' && m[2] === undefined) {
+          const items = [...state.leases].filter(([k]) => k.startsWith(`${m![1]}/`)).map(([, l]) => l);
+          return send(200, { kind: 'LeaseList', apiVersion: 'coordination.k8s.io/v1', metadata: { resourceVersion: '1' }, items });
+        }
+        const key = `${m[1]}/${m[2] ?? (body as Obj)?.metadata?.name}`;
+        if (req.method === 'POST') {
+          state.leases.set(key, body as Obj);
+          return send(201, body);
+        }
+        const lease = state.leases.get(key);
+        if (!lease) return notFound(`leases "${m[2]}"`);
+        if (req.method === 'GET') return send(200, lease);
+        if (req.method !== 'PATCH' || !body || typeof body !== 'object') return send(405, { kind: 'Status', code: 405 });
+        mergePatch(lease, body as Obj);
+        return send(200, lease);
       }
       m = /^\/apis\/node\.k8s\.io\/v1\/runtimeclasses\/([^/]+)$/.exec(url.pathname);
       if (m && req.method === 'GET') {

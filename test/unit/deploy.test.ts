@@ -58,6 +58,7 @@ const VARIANTS: Variant[] = [
   { name: 'crio-privileged', components: ['crio', 'service-monitor', 'privileged'] },
   { name: 'rewrite-webhook-on-update', components: ['rewrite-webhook', 'rewrite-on-update'] },
   { name: 'shim-webhook', components: ['kubelet-shim', 'rewrite-webhook'] },
+  { name: 'gates-webhook-lease', components: ['rewrite-webhook', 'gates', 'gates-lease'] },
   { name: 'shim-webhook-before-1.30', components: ['kubelet-shim', 'rewrite-webhook', 'before-1.30'] },
   { name: 'shim-self-signed-kubelet-before-1.33', components: ['containerd', 'kubelet-shim', 'kubelet-insecure-tls', 'nodes-proxy-fallback'] },
   { name: 'other-namespace', components: ['nodes-proxy-fallback', 'pod-monitor', 'alerts'], namespace: 'other-ns' },
@@ -80,7 +81,7 @@ function requireKubectl(): void {
 /** Objects of the kubelet-shim component's installer (its own workload, role and account). */
 function isShimInstaller(o: Obj): boolean {
   // The shim installer and the rewrite webhook are separate workloads with their own roles, checked with their components.
-  return String(o.metadata?.name ?? '').startsWith('probe-agent-shim-installer') || o.metadata?.name === 'probe-agent-webhook';
+  return String(o.metadata?.name ?? '').startsWith('probe-agent-shim-installer') || String(o.metadata?.name ?? '').startsWith('probe-agent-webhook');
 }
 
 function render(v: Variant): Obj[] {
@@ -178,7 +179,7 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
   const downward = () => (pod().hostNetwork ? { ...NODE, POD_IP: NODE.HOST_IP } : NODE);
 
   it('renders objects with apiVersion, kind, name, and the right namespace', () => {
-    const clusterScoped = new Set(['Namespace', 'ClusterRole', 'ClusterRoleBinding', 'MutatingWebhookConfiguration', 'ValidatingAdmissionPolicy', 'ValidatingAdmissionPolicyBinding']);
+    const clusterScoped = new Set(['Namespace', 'ClusterRole', 'ClusterRoleBinding', 'MutatingWebhookConfiguration', 'ValidatingAdmissionPolicy', 'ValidatingAdmissionPolicyBinding', 'FlowSchema', 'PriorityLevelConfiguration']);
     expect(docs().length).toBeGreaterThan(4);
     for (const o of docs()) {
       expect(typeof o.apiVersion, JSON.stringify(o).slice(0, 80)).toBe('string');
@@ -350,6 +351,14 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     const rules = roles.flatMap((r) => r.rules as Obj[]);
     const expected = [{ apiGroups: [''], resources: ['nodes/pods'], verbs: ['get'] }];
     if (has('nodes-proxy-fallback')) expected.push({ apiGroups: [''], resources: ['nodes/proxy'], verbs: ['get'] });
+    // Gates mode: its own condition (narrowed by the pod-status policy), events, its node Lease.
+    if (has('gates')) {
+      expected.push(
+        { apiGroups: [''], resources: ['pods/status'], verbs: ['get', 'patch'] },
+        { apiGroups: [''], resources: ['events'], verbs: ['create'] },
+        { apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['get', 'create', 'patch'] },
+      );
+    }
     expect(rules).toEqual(expected);
     const sa = docs().find((o) => o.kind === 'ServiceAccount');
     expect(pod().serviceAccountName).toBe(sa?.metadata.name);
@@ -565,6 +574,9 @@ describe('rewrite-webhook component', () => {
     expect(spec.serviceAccountName).toBe('probe-agent-webhook');
     const role = found(docs().find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'probe-agent-webhook'), 'ClusterRole probe-agent-webhook');
     expect(role.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['get'] }, { apiGroups: ['node.k8s.io'], resources: ['runtimeclasses'], verbs: ['get'] }]);
+    // The gates lease controller's rights and flag come only with components/gates-lease.
+    expect(docs().filter((o) => o.metadata.name === 'probe-agent-webhook-gates-leases')).toEqual([]);
+    expect(c.args).not.toContain('--gates-lease-controller');
     expect(spec.securityContext.runAsNonRoot).toBe(true);
     expect(c.securityContext).toEqual({ allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } });
     expect((spec.volumes as Obj[]).every((vol) => !vol.hostPath)).toBe(true);
@@ -574,6 +586,22 @@ describe('rewrite-webhook component', () => {
     for (const [k, val] of Object.entries(pdb.spec.selector.matchLabels)) expect(deployment().spec.template.metadata.labels[k]).toBe(val);
     const heap = /--max-old-space-size=(\d+)/.exec((c.env as Obj[]).find((e) => e.name === 'NODE_OPTIONS')?.value ?? '');
     expect(Number(heap?.[1])).toBeLessThan(mib(c.resources.limits.memory) * 0.75);
+  });
+
+  it('with gates-lease: the lease controller flag, the agent Lease, and the rights they need', () => {
+    const objs = rendered.get('gates-webhook-lease')!;
+    const web = found(objs.find((o) => o.kind === 'Deployment' && o.metadata.name === 'probe-agent-webhook'), 'the webhook Deployment').spec.template.spec.containers[0];
+    expect(web.args).toContain('--gates-lease-controller');
+    const agentEnv = found(objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'probe-agent'), 'the agent DaemonSet').spec.template.spec.containers[0].env as Obj[];
+    expect(agentEnv).toContainEqual({ name: 'PROBE_AGENT_NODE_LEASE_DURATION', value: '40s' });
+    const roles = objs.filter((o) => (o.kind === 'ClusterRole' || o.kind === 'Role') && o.metadata.name === 'probe-agent-webhook-gates-leases');
+    expect(roles.map((r) => [r.kind, r.metadata.namespace, r.rules])).toEqual([
+      ['Role', 'probe-agent', [{ apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['list'] }]],
+      ['ClusterRole', undefined, [{ apiGroups: [''], resources: ['pods'], verbs: ['list'] }, { apiGroups: [''], resources: ['pods/status'], verbs: ['patch'] }]],
+    ]);
+    for (const b of objs.filter((o) => (o.kind === 'ClusterRoleBinding' || o.kind === 'RoleBinding') && o.metadata.name === 'probe-agent-webhook-gates-leases')) {
+      expect(b.subjects).toEqual([{ kind: 'ServiceAccount', name: 'probe-agent-webhook', namespace: 'probe-agent' }]);
+    }
   });
 
   it('reads its certificate from the Secret cert-manager renews, and cert-manager injects the CA for that Service name', () => {

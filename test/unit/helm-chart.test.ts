@@ -88,12 +88,16 @@ function kustomizeDir(dir: string): Obj[] {
 
 const API_SERVER_CIDR = '192.0.2.0/28';
 const POD_CIDRS = ['10.244.0.0/16', 'fd00:10:244::/56'];
-/** What an overlay with rewrite-webhook and nftables-close-hole adds (the example overlay shows both). */
-const OVERLAY_SETTINGS = [
+/** What an overlay with rewrite-webhook adds. */
+const WEBHOOK_SETTINGS = [
   'configMapGenerator:',
   '  - name: probe-agent-webhook-network-policy',
   `    literals: [API_SERVER_CIDR=${API_SERVER_CIDR}]`,
   '    options: {disableNameSuffixHash: true, annotations: {config.kubernetes.io/local-config: "true"}}',
+];
+/** What an overlay with rewrite-webhook and nftables-close-hole adds (the example overlay shows both). */
+const OVERLAY_SETTINGS = [
+  ...WEBHOOK_SETTINGS,
   'patches:',
   '  - target: {kind: ConfigMap, name: probe-agent-close-hole}',
   '    patch: |-',
@@ -185,6 +189,8 @@ const SHIM_VALUES: Obj = {
 };
 const SHIM_COMPONENTS = ['containerd', 'pod-monitor', 'alerts', 'nftables-close-hole', 'kubelet-shim', 'rewrite-webhook', 'rewrite-on-update'];
 
+const GATES_VALUES: Obj = { mode: 'gates', runtime: 'containerd', webhook: { enabled: true, apiServerCIDRs: [API_SERVER_CIDR] } };
+
 const EQUIVALENCES: Equivalence[] = [
   { name: 'the agent alone (base)', values: { runtime: '' }, kubeVersion: '1.33.0', kustomize: () => kustomize([]) },
   {
@@ -204,6 +210,18 @@ const EQUIVALENCES: Equivalence[] = [
     values: SHIM_VALUES,
     kubeVersion: '1.29.0',
     kustomize: () => kustomize([...SHIM_COMPONENTS, 'before-1.30'], OVERLAY_SETTINGS),
+  },
+  {
+    name: 'gates mode with the webhook',
+    values: GATES_VALUES,
+    kubeVersion: '1.33.0',
+    kustomize: () => kustomize(['containerd', 'rewrite-webhook', 'gates'], WEBHOOK_SETTINGS),
+  },
+  {
+    name: 'gates mode with the lease controller',
+    values: { ...GATES_VALUES, gatesLease: { enabled: true, duration: '40s' } },
+    kubeVersion: '1.33.0',
+    kustomize: () => kustomize(['containerd', 'rewrite-webhook', 'gates', 'gates-lease'], WEBHOOK_SETTINGS),
   },
   {
     name: 'crio, service monitor and every agent option',
@@ -327,12 +345,27 @@ describe('helm chart deploy/helm/probe-agent', () => {
     expect([hostPath('shim-dir'), hostPath('units'), hostPath('kubelet')]).toEqual(['/lab/opt', '/lab/units', '/lab/kubelet']);
   });
 
+  it('renders gates mode: the agent writes the gate, the webhook rewrites for it; refused before 1.30', () => {
+    const objs = template(GATES_VALUES);
+    const agent = objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'probe-agent')!.spec.template.spec.containers[0];
+    expect(agent.env).toContainEqual({ name: 'PROBE_AGENT_GATES', value: 'true' });
+    expect(objs.some((o) => o.kind === 'DaemonSet' && o.metadata.name === 'probe-agent-shim-installer')).toBe(false);
+    const mwc = objs.find((o) => o.kind === 'MutatingWebhookConfiguration')!;
+    const gates = mwc.webhooks.find((w: Obj) => w.name === 'namespaces.gates.probe-agent.io');
+    expect(gates.clientConfig.service.path).toBe('/mutate-gates');
+    for (const k of ['ClusterRole/-/probe-agent-gates', 'ValidatingAdmissionPolicy/-/probe-agent-gates-pod-status', 'FlowSchema/-/probe-agent-gates']) expect(objs.map(key), k).toContain(k);
+    const r = templateRaw(GATES_VALUES, '1.29.0');
+    expect(r.ok).toBe(false);
+    expect(r.err).toMatch(/mode: gates needs Kubernetes >= 1.30/);
+  });
+
   it.each([
-    ['an unknown mode', { mode: 'gates' }, /mode "gates" is not available/],
+    ['an unknown mode', { mode: 'mesh' }, /mode "mesh" is not available/],
     ['the webhook outside shim mode', { webhook: { enabled: true, apiServerCIDRs: [API_SERVER_CIDR] } }, /webhook.enabled needs mode: shim/],
     ['the webhook without API server CIDRs', { mode: 'shim', webhook: { enabled: true } }, /webhook.apiServerCIDRs is required/],
     ['close-hole without pod CIDRs', { closeHole: { enabled: true } }, /closeHole.podCIDRs is required/],
     ['an unknown close-hole setting', { closeHole: { enabled: true, podCIDRs: POD_CIDRS, env: { CLOSE_HOLE_TYPO: '1' } } }, /CLOSE_HOLE_TYPO is not a close-hole setting/],
+    ['the lease controller without the gates webhook', { mode: 'gates', gatesLease: { enabled: true } }, /gatesLease.enabled needs mode: gates and webhook.enabled/],
     ['both monitors', { podMonitor: { enabled: true }, serviceMonitor: { enabled: true } }, /enable one/],
     ['kube-system opted in', { mode: 'shim', webhook: { enabled: true, apiServerCIDRs: [API_SERVER_CIDR], namespaces: ['kube-system'] } }, /may not list kube-system/],
   ])('refuses %s with a clear error', (_name, values, message) => {

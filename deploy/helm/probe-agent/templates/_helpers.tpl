@@ -25,14 +25,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Refuses values that would render something broken. */}}
 {{- define "probe-agent.validate" -}}
-{{- if not (has .Values.mode (list "" "shim")) -}}
-{{- fail (printf "mode %q is not available: use \"\" (the agent alone) or \"shim\"" .Values.mode) -}}
+{{- if not (has .Values.mode (list "" "shim" "gates")) -}}
+{{- fail (printf "mode %q is not available: use \"\" (the agent alone), \"shim\" or \"gates\"" .Values.mode) -}}
+{{- end -}}
+{{- if and (eq .Values.mode "gates") (eq (include "probe-agent.before130" .) "true") -}}
+{{- fail "mode: gates needs Kubernetes >= 1.30 (its pod-status policy reads the pod-bound token's node name)" -}}
 {{- end -}}
 {{- if not (has .Values.runtime (list "" "containerd" "crio")) -}}
 {{- fail (printf "runtime %q: use containerd, crio or \"\"" .Values.runtime) -}}
 {{- end -}}
-{{- if and .Values.webhook.enabled (ne .Values.mode "shim") -}}
-{{- fail "webhook.enabled needs mode: shim (rewritten pods run only on nodes whose kubelet uses the shim)" -}}
+{{- if and .Values.webhook.enabled (not (has .Values.mode (list "shim" "gates"))) -}}
+{{- fail "webhook.enabled needs mode: shim or gates (rewritten pods run only on nodes whose kubelet uses the shim, or where the agent writes their gate)" -}}
+{{- end -}}
+{{- if and .Values.gatesLease.enabled (not (and (eq .Values.mode "gates") .Values.webhook.enabled)) -}}
+{{- fail "gatesLease.enabled needs mode: gates and webhook.enabled (the controller runs in the webhook Deployment)" -}}
 {{- end -}}
 {{- if and .Values.webhook.enabled (not .Values.webhook.apiServerCIDRs) -}}
 {{- fail "webhook.apiServerCIDRs is required: the addresses the API server's connections come from (docs/deploy.md, \"The webhook's NetworkPolicy\")" -}}

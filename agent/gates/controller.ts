@@ -1,0 +1,286 @@
+/**
+ * Gates mode on the agent's side: the probe workers (agent/scheduler/) run the probes the webhook
+ * took from kubelet (agent/rewrite/gates-rewrite.ts) with kubelet's state machine; this turns
+ * their decisions into what kubelet would have done with them.
+ *
+ * - Readiness: the pod condition `probe-agent.io/ready` is True when every container whose
+ *   readiness or startup probe the agent took is running, and the agent's started/ready for that
+ *   very container ID (the results store) say so. Kubelet derives Ready from its containers and
+ *   this gate. Written only when it changes (an agent restart that finds it right writes nothing),
+ *   True at most once per `minWriteIntervalMs` per pod (the newest value wins; False goes at once),
+ *   one write per pod at a time, `maxInFlight` over the node.
+ * - A restarted container starts not ready: its new container ID has no decision yet, so the
+ *   condition goes False on the first pod list that shows the new ID or the stopped container
+ *   (kubelet's /pods, polled); the agent's own liveness stop clears it before it stops anything.
+ * - Liveness and startup: when a taken liveness probe fails at its threshold (or a taken startup
+ *   probe), once per container ID: the events kubelet records, the preStop hook in the pod netns
+ *   (HTTP hooks; exec and sleep hooks are kubelet's and are not run), then CRI StopContainer with
+ *   the probe's terminationGracePeriodSeconds, else the pod's, less the time the hook took.
+ *   Kubelet restarts the container under its own back-off.
+ */
+import { describeError } from '../errors.ts';
+import type { Logger } from '../log.ts';
+import type { ContainerInfo, PodInfo } from '../pods/types.ts';
+import type { LifecycleHandlerSpec } from '../probe/lifecycle.ts';
+import { parseProbe } from '../probe/spec.ts';
+import type { ProbeType } from '../probe/types.ts';
+import type { ProbeEvent, ProbeStatus, ResultsReader } from '../scheduler/types.ts';
+import type { GateCondition, GatesWriter } from './api-writer.ts';
+
+/** Stops a container through the runtime (CRI StopContainer). */
+export interface ContainerStopper {
+  stopContainer(containerID: string, timeoutSeconds: number): Promise<void>;
+}
+
+/** Runs a container's HTTP preStop hook from the pod netns; resolves with a failure message or ''. */
+export type PreStopRunner = (pod: PodInfo, container: ContainerInfo, handler: LifecycleHandlerSpec, timeoutSeconds: number) => Promise<string>;
+
+/** Counted outcomes, for the metric. */
+export type GatesOp = 'condition' | 'event' | 'prestop' | 'stop';
+
+export interface GatesControllerOptions {
+  results: ResultsReader;
+  writer: GatesWriter;
+  stopper?: ContainerStopper;
+  preStop?: PreStopRunner;
+  log: Logger;
+  onOp?: (op: GatesOp, ok: boolean) => void;
+  minWriteIntervalMs?: number;
+  maxInFlight?: number;
+}
+
+interface PodState {
+  pod: PodInfo;
+  /** The last value written (or found already there); undefined: none yet. */
+  written?: GateCondition['status'];
+  lastWriteAt: number;
+  writing: boolean;
+  inflight?: Promise<void>;
+  timer?: NodeJS.Timeout;
+  /** Container IDs stopped for a probe failure (at most one stop per container ID). */
+  stopped: Set<string>;
+}
+
+const DEFAULT_MIN_WRITE_INTERVAL_MS = 1000;
+const DEFAULT_MAX_IN_FLIGHT = 8;
+/** How long a liveness stop waits for the condition to be cleared first. */
+const CLEAR_BEFORE_STOP_MS = 5000;
+
+/** The condition the agent's decisions call for. Pure. */
+export function desiredCondition(pod: PodInfo, statuses: readonly ProbeStatus[], stopping: ReadonlySet<string> = new Set()): GateCondition {
+  const gates = pod.gates;
+  if (!gates) return { status: 'False', reason: 'NotGatesMode', message: '' };
+  for (const c of pod.containers) {
+    const taken = gates.taken[c.name] ?? [];
+    if (!taken.includes('Readiness') && !taken.includes('Startup')) continue;
+    const st = c.state;
+    if (!st?.running || !st.containerID) return { status: 'False', reason: 'ContainerNotRunning', message: `container ${c.name} is not running` };
+    if (stopping.has(st.containerID)) return { status: 'False', reason: 'ContainerStopping', message: `container ${c.name} is being stopped for a failed probe` };
+    const own = statuses.filter((s) => s.key.containerName === c.name && (s.key.probeType === 'Readiness' || s.key.probeType === 'Startup'));
+    // A status of another container ID is the previous container's: the new one has no decision yet.
+    const current = own.filter((s) => s.containerID === st.containerID);
+    if (current.length === 0) return { status: 'False', reason: 'NoDecisionYet', message: `container ${c.name} has no probe result yet` };
+    if (!current.every((s) => s.started)) return { status: 'False', reason: 'NotStarted', message: `container ${c.name}: startup probe has not succeeded` };
+    if (!current.every((s) => s.ready)) {
+      const r = current.find((s) => s.key.probeType === 'Readiness');
+      return { status: 'False', reason: 'ReadinessProbeFailed', message: `container ${c.name}: ${r?.lastMessage || 'readiness probe has not succeeded'}` };
+    }
+  }
+  return { status: 'True', reason: 'ProbesSucceeded', message: '' };
+}
+
+export class GatesController {
+  readonly #o: GatesControllerOptions;
+  readonly #pods = new Map<string, PodState>();
+  readonly #minInterval: number;
+  readonly #maxInFlight: number;
+  #inFlight = 0;
+  /** Pods waiting for a write slot, in order. */
+  readonly #waiting = new Set<string>();
+  readonly #unsubscribe: () => void;
+  #closed = false;
+  readonly #pending = new Set<Promise<void>>();
+
+  constructor(o: GatesControllerOptions) {
+    this.#o = o;
+    this.#minInterval = o.minWriteIntervalMs ?? DEFAULT_MIN_WRITE_INTERVAL_MS;
+    this.#maxInFlight = o.maxInFlight ?? DEFAULT_MAX_IN_FLIGHT;
+    this.#unsubscribe = o.results.subscribe((e) => this.#onProbeEvent(e));
+  }
+
+  /** The node's pods (every snapshot); only gates-mode pods are kept. */
+  sync(pods: readonly PodInfo[]): void {
+    if (this.#closed) return;
+    const seen = new Set<string>();
+    for (const pod of pods) {
+      if (!pod.gates) continue;
+      seen.add(pod.uid);
+      let s = this.#pods.get(pod.uid);
+      if (!s) {
+        s = { pod, lastWriteAt: -Infinity, writing: false, stopped: new Set() };
+        this.#pods.set(pod.uid, s);
+      }
+      s.pod = pod;
+      this.#evaluate(s);
+    }
+    for (const [uid, s] of this.#pods) {
+      if (seen.has(uid)) continue;
+      if (s.timer) clearTimeout(s.timer);
+      this.#pods.delete(uid);
+      this.#waiting.delete(uid);
+    }
+  }
+
+  /** Stops writing; resolves when writes and stops in flight have settled. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    this.#unsubscribe();
+    for (const s of this.#pods.values()) if (s.timer) clearTimeout(s.timer);
+    await Promise.allSettled([...this.#pending]);
+  }
+
+  #track(p: Promise<void>): void {
+    this.#pending.add(p);
+    void p.finally(() => this.#pending.delete(p));
+  }
+
+  #onProbeEvent(e: ProbeEvent): void {
+    if (this.#closed) return;
+    const s = this.#pods.get(e.status.key.podUID);
+    if (!s) return;
+    const { containerName, probeType } = e.status.key;
+    if (e.type !== 'removed' && (probeType === 'Liveness' || probeType === 'Startup') && e.status.onHold && e.status.result === 'failure') {
+      if (s.pod.gates?.taken[containerName]?.includes(probeType)) this.#track(this.#kill(s, e.status, probeType));
+    }
+    this.#evaluate(s);
+  }
+
+  #evaluate(s: PodState): void {
+    if (this.#closed) return;
+    const want = desiredCondition(s.pod, this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    // Kubelet's view of the condition counts as written: an agent restart that finds it right writes
+    // nothing, and an absent condition is a False gate to kubelet already.
+    const have = s.written ?? (s.pod.gates?.condition || 'False');
+    if (want.status === have || s.writing) return;
+    // Only True waits out the pacing (the newest value wins): a False is never held back, or a
+    // restarted container could show Ready on a condition meant for its predecessor. So a flapping
+    // probe costs at most two writes per interval.
+    if (want.status !== 'True' && s.timer) {
+      clearTimeout(s.timer);
+      s.timer = undefined;
+    }
+    if (s.timer) return;
+    const wait = want.status === 'True' ? s.lastWriteAt + this.#minInterval - Date.now() : 0;
+    if (wait > 0) {
+      s.timer = setTimeout(() => {
+        s.timer = undefined;
+        this.#evaluate(s);
+      }, wait);
+      return;
+    }
+    this.#waiting.add(s.pod.uid);
+    this.#drain();
+  }
+
+  #drain(): void {
+    while (this.#inFlight < this.#maxInFlight && this.#waiting.size > 0) {
+      const uid = this.#waiting.values().next().value as string;
+      this.#waiting.delete(uid);
+      const s = this.#pods.get(uid);
+      if (s) {
+        const p = this.#write(s);
+        s.inflight = p;
+        this.#track(p);
+      }
+    }
+  }
+
+  async #write(s: PodState): Promise<void> {
+    const want = desiredCondition(s.pod, this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    const pod = s.pod;
+    s.writing = true;
+    this.#inFlight++;
+    s.lastWriteAt = Date.now();
+    try {
+      await this.#o.writer.patchCondition(pod.namespace, pod.name, pod.uid, want);
+      s.written = want.status;
+      this.#o.onOp?.('condition', true);
+      this.#o.log.info('pod condition written', { pod: `${pod.namespace}/${pod.name}`, status: want.status, reason: want.reason });
+    } catch (err) {
+      // Not retried here: the next probe result or pod list evaluates again (after the interval).
+      s.written = undefined;
+      this.#o.onOp?.('condition', false);
+      this.#o.log.warn('pod condition not written', { pod: `${pod.namespace}/${pod.name}`, status: want.status, err: describeError(err) });
+    } finally {
+      s.writing = false;
+      this.#inFlight--;
+      this.#drain();
+      if (this.#pods.get(pod.uid) === s) this.#evaluate(s);
+    }
+  }
+
+  async #kill(s: PodState, status: ProbeStatus, probeType: ProbeType): Promise<void> {
+    const pod = s.pod;
+    const container = pod.containers.find((c) => c.name === status.key.containerName);
+    const id = status.containerID;
+    if (!container || !id || s.stopped.has(id) || container.state?.containerID !== id || !container.state.running) return;
+    s.stopped.add(id);
+    // Not ready before anything is stopped: the container is now `stopping`, so the condition goes
+    // False at once (never paced); the stop waits for that write (bounded: a slow API server must
+    // not keep a dead container running).
+    this.#evaluate(s);
+    const deadline = Date.now() + CLEAR_BEFORE_STOP_MS;
+    while ((s.writing || this.#waiting.has(pod.uid)) && Date.now() < deadline) await (s.inflight ?? new Promise((r) => setTimeout(r, 50)));
+    const kind = probeType === 'Liveness' ? 'liveness' : 'startup';
+    const probe = container.probes[probeType];
+    const grace = (probe?.ok ? probe.spec.terminationGracePeriodSeconds : undefined) ?? pod.gates?.terminationGracePeriodSeconds ?? 30;
+    const who = { pod: `${pod.namespace}/${pod.name}`, container: container.name, containerID: id };
+    this.#o.log.info(`${kind} probe failed; stopping the container`, { ...who, message: status.lastMessage, grace });
+    const event = (type: 'Normal' | 'Warning', reason: string, message: string) =>
+      this.#o.writer.recordEvent({ namespace: pod.namespace, podName: pod.name, podUID: pod.uid, container: container.name, type, reason, message }).then(
+        () => this.#o.onOp?.('event', true),
+        (err: unknown) => {
+          this.#o.onOp?.('event', false);
+          this.#o.log.warn('event not recorded', { ...who, reason, err: describeError(err) });
+        },
+      );
+    // kubelet's wording (prober.go recordContainerEvent, kuberuntime_manager.go computePodActions).
+    await event('Warning', 'Unhealthy', `${probeType} probe failed: ${status.lastMessage}`);
+    await event('Normal', 'Killing', `Container ${container.name} failed ${kind} probe, will be restarted`);
+    if (!this.#o.stopper) {
+      this.#o.log.warn('no container runtime configured: the container is not stopped', who);
+      this.#o.onOp?.('stop', false);
+      return;
+    }
+    const started = Date.now();
+    const hook = container.preStop;
+    if (hook && this.#o.preStop && (hook.httpGet !== undefined && hook.httpGet !== null)) {
+      try {
+        // The probe parser is the one place a handler is read; a hook is a probe handler without thresholds.
+        const handler = parseProbe({ httpGet: hook.httpGet }, { fieldPath: 'lifecycle.preStop' }).handler as LifecycleHandlerSpec;
+        const failure = await this.#o.preStop(pod, container, handler, grace);
+        this.#o.onOp?.('prestop', failure === '');
+        if (failure) await event('Warning', 'FailedPreStopHook', `PreStopHook failed: ${failure}`);
+      } catch (err) {
+        this.#o.onOp?.('prestop', false);
+        this.#o.log.warn('preStop hook could not run', { ...who, err: describeError(err) });
+      }
+    }
+    const left = Math.max(0, grace - Math.floor((Date.now() - started) / 1000));
+    try {
+      await this.#o.stopper.stopContainer(bare(id), left);
+      this.#o.onOp?.('stop', true);
+    } catch (err) {
+      // A later container ID gets its own chance; this one is left to its probe's next decision.
+      s.stopped.delete(id);
+      this.#o.onOp?.('stop', false);
+      this.#o.log.warn('container not stopped', { ...who, err: describeError(err) });
+    }
+  }
+}
+
+/** A container ID without its "<runtime>://" prefix. */
+function bare(id: string): string {
+  const i = id.indexOf('://');
+  return i >= 0 ? id.slice(i + 3) : id;
+}

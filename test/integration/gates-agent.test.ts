@@ -1,0 +1,186 @@
+/**
+ * Gates mode end to end: the real agent (`probe-agent run --gates`) against a REAL containerd (the
+ * containerd lab) whose sandbox netns runs real servers: a readiness server, a liveness server
+ * (both test/lab/pod-server.ts, switched healthy/unhealthy from inside the netns) and a recording
+ * server answering the preStop hook. The test kubelet lists the pod as the gates rewrite left it;
+ * the API server is the stand-in (test/support/api-server-standin.ts: a real kube-apiserver cannot
+ * run in CI), which records every write. Asserted: a readiness transition is exactly one
+ * pods/status patch of our condition (True on success, False on failure, none while nothing
+ * changes); a new container ID clears the condition before its first probe; a liveness failure at
+ * its threshold runs the HTTP preStop hook in the pod netns once (the container still running while
+ * it is answered) and then really stops the container in containerd (EXITED), once.
+ */
+import { requireRoot } from '../support/root.ts';
+requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr']);
+
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { CriContainerState } from '../../agent/netns/cri-client.ts';
+import { GATES_CONDITION_TYPE } from '../../agent/pods/pod-model.ts';
+import { rewritePodGates } from '../../agent/rewrite/gates-rewrite.ts';
+import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
+import { startRecordingServer, type RecordingServer } from '../lab/recording-server.ts';
+import { PodServerProcess } from '../lab/server.ts';
+import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
+import { startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
+import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { makePod } from '../support/pod-factory.ts';
+
+type Obj = Record<string, any>;
+
+const NS = 'e2e-gates';
+const READY_PORT = 8080;
+const LIVE_PORT = 8081;
+const HOOK_PORT = 9090;
+const LIVENESS_GRACE = 10;
+/** The preStop hook takes this long to answer: the container must still run meanwhile. */
+const HOOK_MS = 4000;
+const HOOK_PATH = `/slow?ms=${HOOK_MS}`;
+
+let ctrd: ContainerdLab;
+let sb: LabSandbox;
+let api: ApiServerStandIn;
+let kubelet: FakeKubelet;
+let agent: AgentHandle;
+let readySrv: PodServerProcess;
+let liveSrv: PodServerProcess;
+let hook: RecordingServer;
+/** The app container kubelet lists as running. */
+let current: LabContainer;
+/** The pod as the gates rewrite made it (the API object). */
+let pod: Obj;
+
+/** The pod as kubelet's /pods shows it, running container `c`. */
+function kubeletView(c: LabContainer, restartCount: number): Obj {
+  const listed = makePod({ uid: sb.uid, name: sb.name, namespace: NS, ips: sb.ips, containerID: `containerd://${c.id}`, restartCount, probe: 'none' });
+  return { ...structuredClone(pod), status: listed.status };
+}
+
+/** The pods/status patches the agent sent, in order: the status of our condition in each. */
+function patches(): string[] {
+  return api.requests.filter((r) => r.method === 'PATCH' && r.url.endsWith('/status')).map((r) => {
+    const conditions = (r.body as Obj).status.conditions as Obj[];
+    expect(conditions.map((c) => c.type)).toEqual([GATES_CONDITION_TYPE]);
+    return conditions[0]!.status as string;
+  });
+}
+
+async function until(what: string, pred: () => boolean | Promise<boolean>, timeoutMs = 20_000): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  while (!(await pred())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}; patches ${JSON.stringify(patches())}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+async function containerState(id: string): Promise<CriContainerState | undefined> {
+  return (await ctrd.client.listContainers({ id }))[0]?.state;
+}
+
+async function podServer(port: number): Promise<PodServerProcess> {
+  const s = new PodServerProcess(sb.netnsPath, JSON.stringify({ http: port }));
+  await s.ready();
+  return s;
+}
+
+beforeAll(async () => {
+  ctrd = await createContainerdLab();
+  sb = await ctrd.runSandbox({ name: 'web', namespace: NS });
+  [readySrv, liveSrv, hook, api] = await Promise.all([
+    podServer(READY_PORT), podServer(LIVE_PORT), startRecordingServer(sb.netnsPath, { http: HOOK_PORT }), startApiServerStandIn(),
+  ]);
+  const written = makePod({ uid: sb.uid, name: sb.name, namespace: NS, ips: sb.ips, probe: 'none' });
+  delete written.status;
+  const app = (written.spec as Obj).containers[0] as Obj;
+  app.readinessProbe = { httpGet: { path: '/healthz', port: READY_PORT }, periodSeconds: 1, failureThreshold: 1 };
+  app.livenessProbe = { httpGet: { path: '/healthz', port: LIVE_PORT }, periodSeconds: 1, failureThreshold: 2, terminationGracePeriodSeconds: LIVENESS_GRACE };
+  app.lifecycle = { preStop: { httpGet: { path: HOOK_PATH, port: HOOK_PORT } } };
+  pod = rewritePodGates(written).pod as Obj;
+  expect(pod.spec.readinessGates).toEqual([{ conditionType: GATES_CONDITION_TYPE }]);
+  expect(pod.spec.containers[0].readinessProbe).toBeUndefined();
+  api.pods.push(structuredClone(pod));
+  kubelet = await FakeKubelet.start({ pods: [] });
+  agent = await startAgent({
+    kubeletUrl: kubelet.httpUrl,
+    resolvers: 'cri',
+    args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`, '--gates', `--api-server=${api.url}`, '--node-name=node-a'],
+  });
+}, 60_000);
+
+afterAll(async () => {
+  await agent?.stop('SIGKILL').catch(() => {});
+  await kubelet?.stop();
+  await Promise.all([readySrv?.stop(), liveSrv?.stop(), hook?.stop(), api?.close()]);
+  await ctrd?.destroy();
+});
+
+describe('probe-agent run --gates against containerd and the API stand-in', () => {
+  it('writes the condition on each readiness transition, and only then; a new container ID clears it', async () => {
+    const c1 = await ctrd.runContainer(sb, { name: 'app' });
+    kubelet.setPods([kubeletView(c1, 0)]);
+    await until('True', () => patches().length === 1);
+    expect(patches()).toEqual(['True']);
+    // Several periods of the same answer: nothing written.
+    await sleep(4000);
+    expect(patches()).toEqual(['True']);
+
+    await readySrv.control('/control/health?ok=0');
+    await until('False', () => patches().length === 2);
+    expect(patches()).toEqual(['True', 'False']);
+    const failed = api.requests.filter((r) => r.url.endsWith('/status')).at(-1)!.body as Obj;
+    expect(failed.metadata).toEqual({ uid: sb.uid });
+    expect(failed.status.conditions[0]).toMatchObject({ reason: 'ReadinessProbeFailed' });
+    await sleep(3000);
+    expect(patches()).toEqual(['True', 'False']);
+    await readySrv.control('/control/health?ok=1');
+    await until('True again', () => patches().length === 3);
+
+    // kubelet restarted the container: the pod list shows a new ID. False before the new container
+    // was probed (it has no decision yet), then True once it passes.
+    await ctrd.client.stopContainer(c1.id, 0);
+    const c2 = await ctrd.runContainer(sb, { name: 'app', attempt: 1 });
+    kubelet.setPods([kubeletView(c2, 1)]);
+    await until('False, then True, for the new container', () => patches().length === 5);
+    expect(patches()).toEqual(['True', 'False', 'True', 'False', 'True']);
+    const stored = (api.pods[0]!.status.conditions as Obj[]).filter((c) => c.type === GATES_CONDITION_TYPE);
+    expect(stored).toMatchObject([{ status: 'True', reason: 'ProbesSucceeded' }]);
+    // The agent never writes Ready, and nothing was stopped.
+    expect(api.pods[0]!.status.conditions.some((c: Obj) => c.type === 'Ready')).toBe(false);
+    expect(hook.hits).toEqual([]);
+    expect(await containerState(c2.id)).toBe('CONTAINER_RUNNING');
+    current = c2;
+  });
+
+  it('a liveness failure at its threshold runs the preStop hook, then stops the container in containerd, once', async () => {
+    const running = api.pods[0]!.status.conditions.find((c: Obj) => c.type === GATES_CONDITION_TYPE);
+    expect(running.status).toBe('True');
+    const before = patches().length;
+    const id = current.id;
+    expect(await containerState(id)).toBe('CONTAINER_RUNNING');
+
+    await liveSrv.control('/control/health?ok=0');
+    // The hook first: while it is being answered the container still runs.
+    const hits = await hook.waitFor(1, 30_000);
+    expect(await containerState(id)).toBe('CONTAINER_RUNNING');
+    expect(hits.map((h) => [h.method, h.port, h.url])).toEqual([['GET', HOOK_PORT, HOOK_PATH]]);
+    await until('the container EXITED', async () => (await containerState(id)) === 'CONTAINER_EXITED', 30_000);
+    // Not ready before anything was stopped: one False, and kubelet's two events.
+    expect(patches().slice(before)).toEqual(['False']);
+    expect(api.events.map((e) => [e.reason, e.involvedObject.uid, e.involvedObject.fieldPath])).toEqual([
+      ['Unhealthy', sb.uid, 'spec.containers{app}'],
+      ['Killing', sb.uid, 'spec.containers{app}'],
+    ]);
+    expect(api.events[0]!.message).toMatch(/^Liveness probe failed: HTTP probe failed with statuscode: 503/);
+    expect(api.events[1]!.message).toBe('Container app failed liveness probe, will be restarted');
+
+    // The liveness server stays down and kubelet has not noticed yet (still lists it running):
+    // the probe holds until a new container ID, so no second hook, no second stop.
+    await sleep(4000);
+    expect(hook.hits).toHaveLength(1);
+    expect(api.events).toHaveLength(2);
+    expect(patches().slice(before)).toEqual(['False']);
+    const metrics = (await agent.http('/metrics')).body;
+    expect(metrics).toMatch(/probe_agent_gates_operations_total\{op="stop",result="ok"\} 1\b/);
+  });
+});

@@ -1,0 +1,116 @@
+/**
+ * Gates mode's fail-closed option, end to end between two real processes: the agent renews its node
+ * Lease (`run --gates --node-lease-duration`), the webhook watches the Leases
+ * (`webhook --gates-lease-controller`). Killed, the agent stops renewing, and the webhook sets
+ * probe-agent.io/ready False on that node's gates pods whose condition was True, once, and on no
+ * other pod. The API server is the stand-in (test/support/api-server-standin.ts: a real
+ * kube-apiserver cannot run in CI), which holds the Leases and Pods and records every write.
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { GATES_CONDITION } from '../../agent/rewrite/gates-rewrite.ts';
+import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
+import { startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
+import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { LogLines, trackLogs } from '../support/log-check.ts';
+
+type Obj = Record<string, any>;
+
+const ROOT = new URL('../..', import.meta.url).pathname;
+const LEASE_NS = 'probe-agent';
+
+let dir: string;
+let api: ApiServerStandIn;
+let kubelet: FakeKubelet;
+let agent: AgentHandle;
+let webhook: ChildProcess;
+let renewOther: NodeJS.Timeout;
+
+function pod(name: string, node: string, gate: 'True' | 'False' | 'none' | 'not-gated'): Obj {
+  const conditions: Obj[] = [{ type: 'Ready', status: gate === 'True' || gate === 'not-gated' ? 'True' : 'False' }];
+  if (gate === 'True' || gate === 'False') conditions.push({ type: GATES_CONDITION, status: gate, reason: 'ProbesSucceeded' });
+  return {
+    apiVersion: 'v1', kind: 'Pod',
+    metadata: { name, namespace: 'shop', uid: `uid-${name}` },
+    spec: { nodeName: node, containers: [{ name: 'app', image: 'app' }], ...(gate === 'not-gated' ? {} : { readinessGates: [{ conditionType: GATES_CONDITION }] }) },
+    status: { phase: 'Running', conditions },
+  };
+}
+
+const statusPatches = (): string[] => api.requests.filter((r) => r.method === 'PATCH' && r.url.endsWith('/status')).map((r) => r.url);
+const gateOf = (name: string): Obj | undefined => api.pods.find((p) => p.metadata.name === name)!.status.conditions.find((c: Obj) => c.type === GATES_CONDITION);
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+async function until(what: string, pred: () => boolean, timeoutMs = 30_000): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  while (!pred()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}; status patches ${JSON.stringify(statusPatches())}`);
+    await sleep(50);
+  }
+}
+
+beforeAll(async () => {
+  dir = mkdtempSync(path.join(tmpdir(), 'pa-gates-lease-'));
+  const key = path.join(dir, 'tls.key');
+  const cert = path.join(dir, 'tls.crt');
+  const ssl = spawnSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', key, '-out', cert, '-subj', '/CN=probe-agent-webhook', '-days', '1'], { encoding: 'utf8' });
+  if (ssl.status !== 0) throw new Error(`openssl: ${ssl.stderr}`);
+  api = await startApiServerStandIn();
+  api.pods.push(pod('a-ready', 'node-a', 'True'), pod('a-not-ready', 'node-a', 'False'), pod('a-new', 'node-a', 'none'), pod('a-plain', 'node-a', 'not-gated'), pod('b-ready', 'node-b', 'True'));
+  // node-b's agent is alive: its Lease is renewed all along.
+  const renewB = (): void => {
+    api.leases.set(`${LEASE_NS}/probe-agent-node-b`, { apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: { name: 'probe-agent-node-b', namespace: LEASE_NS }, spec: { holderIdentity: 'node-b', leaseDurationSeconds: 3, renewTime: new Date().toISOString() } });
+  };
+  renewB();
+  renewOther = setInterval(renewB, 500);
+  kubelet = await FakeKubelet.start({ pods: [] });
+  agent = await startAgent({ kubeletUrl: kubelet.httpUrl, args: ['--gates', `--api-server=${api.url}`, '--node-name=node-a', '--node-lease-duration=3s', `--node-lease-namespace=${LEASE_NS}`] });
+  webhook = spawn(process.execPath, [path.join(ROOT, 'agent/cli.ts'), 'webhook', '--listen=127.0.0.1:0', `--tls-cert-file=${cert}`, `--tls-key-file=${key}`,
+    `--api-server-url=${api.url}`, '--gates-lease-controller', '--gates-lease-interval=1s', `--gates-lease-namespace=${LEASE_NS}`, '--log-format=json'], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const lines = new LogLines();
+  webhook.stderr!.setEncoding('utf8');
+  webhook.stderr!.on('data', (c: string) => lines.push(c));
+  trackLogs(`webhook pid ${webhook.pid}`, lines.records, [
+    { level: 'warn', msg: /^admission callers are not verified/, why: 'no client CA: this test sends the webhook no reviews, only its lease controller runs' },
+  ]);
+  await until('the webhook lease controller', () => lines.records.some((r) => r.msg === 'gates lease controller on'));
+}, 60_000);
+
+afterAll(async () => {
+  clearInterval(renewOther);
+  await agent?.stop('SIGKILL').catch(() => {});
+  if (webhook && webhook.exitCode === null) {
+    const gone = new Promise((r) => webhook.once('exit', r));
+    webhook.kill('SIGTERM');
+    await gone;
+  }
+  await kubelet?.stop();
+  await api?.close();
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+describe('gates lease controller (webhook) and the agent node Lease', () => {
+  it('leaves pods alone while the agent renews its Lease', async () => {
+    await until("the agent's Lease", () => api.leases.has(`${LEASE_NS}/probe-agent-node-a`));
+    expect(api.leases.get(`${LEASE_NS}/probe-agent-node-a`)!.spec).toMatchObject({ holderIdentity: 'node-a', leaseDurationSeconds: 3 });
+    // Longer than the Lease's duration, several polls: nothing written.
+    await sleep(5000);
+    expect(statusPatches()).toEqual([]);
+  });
+
+  it("sets the gate False on the dead agent's node, once, on the pods whose gate was True", async () => {
+    expect(await agent.stop('SIGKILL')).toBe('SIGKILL');
+    await until('the write for a-ready', () => gateOf('a-ready')?.status === 'False');
+    expect(gateOf('a-ready')).toMatchObject({ status: 'False', reason: 'NodeLeaseExpired' });
+    const patch = api.requests.find((r) => r.url.endsWith('/status'))!;
+    expect(patch.body).toMatchObject({ metadata: { uid: 'uid-a-ready' } });
+    // Several polls more: the node was swept, nothing else written; node-b (renewed) untouched.
+    await sleep(4000);
+    expect(statusPatches()).toEqual(['/api/v1/namespaces/shop/pods/a-ready/status']);
+    expect(gateOf('b-ready')?.status).toBe('True');
+    expect(gateOf('a-new')).toBeUndefined();
+  });
+});

@@ -1,0 +1,87 @@
+/**
+ * Gates mode's pure parts (agent/gates/): the pod model reads the probes the gates rewrite took,
+ * desiredCondition turns decisions into the condition, and the ApiWriter's status patch carries the
+ * pod UID as a precondition (against the API server stand-in: a real one cannot run in CI). The
+ * controller end to end (real probes, real containerd StopContainer) is
+ * test/integration/gates-agent.test.ts.
+ */
+import { afterEach, describe, expect, it } from 'vitest';
+import { ApiWriter } from '../../agent/gates/api-writer.ts';
+import { desiredCondition } from '../../agent/gates/controller.ts';
+import { GATES_CONDITION_TYPE, parsePodList } from '../../agent/pods/pod-model.ts';
+import type { PodInfo } from '../../agent/pods/types.ts';
+import { rewritePodGates } from '../../agent/rewrite/gates-rewrite.ts';
+import { startApiServerStandIn } from '../support/api-server-standin.ts';
+
+type Obj = Record<string, any>;
+
+const UID = '6f1c2a8e-0000-4000-8000-000000000001';
+
+function apiPod(): Obj {
+  const written = {
+    metadata: { name: 'web', namespace: 'shop', uid: UID },
+    spec: {
+      nodeName: 'node-a',
+      terminationGracePeriodSeconds: 20,
+      containers: [{
+        name: 'app', image: 'app', ports: [{ name: 'http', containerPort: 8080 }],
+        readinessProbe: { httpGet: { path: '/ready', port: 'http' }, periodSeconds: 1, failureThreshold: 1 },
+        livenessProbe: { tcpSocket: { port: 8080 }, periodSeconds: 1, failureThreshold: 2, terminationGracePeriodSeconds: 7 },
+        lifecycle: { preStop: { exec: { command: ['true'] } } },
+      }],
+    },
+  };
+  return rewritePodGates(written).pod as Obj;
+}
+
+/** The pod as kubelet's /pods shows it: running container `id`, and our condition as last written. */
+function kubeletView(pod: Obj, id: string, condition = ''): PodInfo {
+  const status = {
+    phase: 'Running', podIP: '10.0.0.5', podIPs: [{ ip: '10.0.0.5' }],
+    conditions: condition ? [{ type: GATES_CONDITION_TYPE, status: condition }] : [],
+    containerStatuses: [{ name: 'app', containerID: `containerd://${id}`, ready: true, started: true, restartCount: 0, state: { running: { startedAt: new Date().toISOString().replace(/\.\d+Z$/, 'Z') } } }],
+  };
+  const { pods, errors } = parsePodList({ kind: 'PodList', apiVersion: 'v1', items: [{ ...pod, status }] });
+  expect(errors).toEqual([]);
+  return pods[0]!;
+}
+
+let cleanup: Array<() => Promise<void> | void> = [];
+afterEach(async () => {
+  for (const c of cleanup.reverse()) await c();
+  cleanup = [];
+});
+
+describe('gates controller', () => {
+  it('the pod model finds the taken probes, the grace period and our condition', () => {
+    const info = kubeletView(apiPod(), 'c1', 'True');
+    expect(info.gates).toEqual({ taken: { app: ['Liveness', 'Readiness'] }, condition: 'True', terminationGracePeriodSeconds: 20 });
+    expect(Object.keys(info.containers[0]!.probes).sort()).toEqual(['Liveness', 'Readiness']);
+    expect(info.containers[0]!.probes.Liveness).toMatchObject({ ok: true, spec: { terminationGracePeriodSeconds: 7 } });
+  });
+
+  it('a pod recreated under the same name is not written (the UID precondition)', async () => {
+    const api = await startApiServerStandIn();
+    cleanup.push(() => api.close());
+    const pod = apiPod();
+    api.pods.push({ ...structuredClone(pod), metadata: { ...pod.metadata, uid: 'another-uid' } });
+    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+    cleanup.push(() => writer.close());
+    await expect(writer.patchCondition('shop', 'web', UID, { status: 'True', reason: 'ProbesSucceeded', message: '' })).rejects.toMatchObject({ status: 409 });
+    expect(api.pods[0]!.status?.conditions ?? []).toEqual([]);
+    await writer.patchCondition('shop', 'web', 'another-uid', { status: 'False', reason: 'ReadinessProbeFailed', message: 'x' });
+    expect(api.pods[0]!.status.conditions).toMatchObject([{ type: GATES_CONDITION_TYPE, status: 'False', reason: 'ReadinessProbeFailed' }]);
+  });
+
+  it('desiredCondition: not running, no decision, not started, not ready', () => {
+    const info = kubeletView(apiPod(), 'c1');
+    expect(desiredCondition(info, []).reason).toBe('NoDecisionYet');
+    const stopped = { ...info, containers: [{ ...info.containers[0]!, state: { ...info.containers[0]!.state!, running: false } }] };
+    expect(desiredCondition(stopped, []).reason).toBe('ContainerNotRunning');
+    const st = { key: { podUID: UID, containerName: 'app', probeType: 'Readiness' as const }, namespace: 'shop', podName: 'web', containerID: 'containerd://c1', result: 'success' as const, consecutive: 1, lastProbeTime: 1, lastMessage: '', onHold: false, started: true, ready: true };
+    expect(desiredCondition(info, [st]).status).toBe('True');
+    expect(desiredCondition(info, [{ ...st, containerID: 'containerd://c0' }]).reason).toBe('NoDecisionYet');
+    expect(desiredCondition(info, [{ ...st, started: false, ready: false }]).reason).toBe('NotStarted');
+    expect(desiredCondition(info, [st], new Set(['containerd://c1'])).reason).toBe('ContainerStopping');
+  });
+});
