@@ -65,7 +65,6 @@ export class ShimMetrics {
   readonly #intercepted = new Map<string, number>();
   readonly #agentErrors = new Map<AgentErrorCause, number>();
   readonly #hookWaits = new Map<HookWaitOutcome, number>();
-  readonly #probeWaits = new Map<HookWaitOutcome, number>();
   readonly #durations = new Map<InterceptKind, Histogram>();
   #runtimeErrors = 0;
   #criCalls = 0;
@@ -100,11 +99,6 @@ export class ShimMetrics {
   /** One hook that had to wait for the agent, by how the wait ended. */
   hookWait(outcome: HookWaitOutcome): void {
     this.#hookWaits.set(outcome, (this.#hookWaits.get(outcome) ?? 0) + 1);
-  }
-
-  /** One probe that had to wait for an agent that was not there (restart, rollout), by how the wait ended. */
-  probeWait(outcome: HookWaitOutcome): void {
-    this.#probeWaits.set(outcome, (this.#probeWaits.get(outcome) ?? 0) + 1);
   }
 
   /** A connection opened on the kubelet-facing socket; count its calls with criCall(), end it with criClientClosed(). */
@@ -161,8 +155,6 @@ export class ShimMetrics {
     for (const [c, v] of sorted(this.#agentErrors)) out.push(`probe_agent_shim_agent_errors_total{cause="${c}"} ${v}`);
     family('probe_agent_shim_hook_waits_total', 'counter', 'Hooks that waited for the agent (down, starting or draining), by outcome.');
     for (const [o, v] of sorted(this.#hookWaits)) out.push(`probe_agent_shim_hook_waits_total{outcome="${o}"} ${v}`);
-    family('probe_agent_shim_probe_waits_total', 'counter', 'Probes sent again while no agent was there to run them (down, starting or draining), by outcome.');
-    for (const [o, v] of sorted(this.#probeWaits)) out.push(`probe_agent_shim_probe_waits_total{outcome="${o}"} ${v}`);
     family('probe_agent_shim_intercept_duration_seconds', 'histogram', 'Time from a rewritten ExecSync read to its answer, by kind.');
     for (const [kind, h] of sorted(this.#durations)) {
       DURATION_BUCKETS.forEach((le, i) => out.push(`probe_agent_shim_intercept_duration_seconds_bucket{kind="${kind}",le="${le}"} ${h.buckets[i]}`));

@@ -13,7 +13,7 @@ import path from 'node:path';
 import { readSingleGrpcFrame } from '../api/protowire.ts';
 import { AgentCallError, GrpcCode, ShimProbeClient } from '../api/shim-client.ts';
 import { answerFromCallError, causeOfCallError, type ExecSyncAnswer } from './answer.ts';
-import { runHookOnce, sleep } from './hook-runner.ts';
+import { runHookOnce } from './hook-runner.ts';
 import { ShimMetrics, type AgentErrorCause, type InterceptKind } from './metrics.ts';
 import { parseGrpcTimeout } from './deadline.ts';
 import { execSyncFacts, type ExecSyncFacts } from './exec-sync.ts';
@@ -45,8 +45,7 @@ export interface ShimConfig {
   hookDeadlineMs?: number;
   /**
    * How long a hook waits for an agent that has not started it (down, starting, draining, or
-   * refusing admission) before it fails; the hook then runs exactly once. A probe waits for an
-   * agent that is not there (down, starting, draining) at most this long too, within kubelet's deadline.
+   * refusing admission) before it fails; the hook then runs exactly once.
    */
   hookAgentWaitMs?: number;
   /** Local bound on one hook call to a hung agent (default: the agent's 1 h cap + 30 s). */
@@ -71,10 +70,6 @@ export interface ShimStats {
 }
 
 const DEFAULTS = { relay: 'frames' as RelayMode, agentGraceMs: 2000, hookDeadlineMs: 0, hookAgentWaitMs: 60_000, hookLastResortMs: 3_630_000 };
-
-/** First and longest pause between tries of a probe while no agent is there. */
-const PROBE_RETRY_FIRST_MS = 50;
-const PROBE_RETRY_MAX_MS = 1000;
 
 const HOOK_KINDS: ReadonlySet<InterceptKind> = new Set(['postStart', 'preStop']);
 
@@ -256,32 +251,16 @@ export class CriShim {
     }
     const ownMs = Math.min(Math.max(0, facts.timeoutSeconds) * 1000 + this.config.agentGraceMs, this.config.hookLastResortMs);
     const what = kind === 'unknown' ? 'rewritten handler' : `${kind} probe`;
-    // Kubelet waits for ExecSync up to its own deadline (its runtime request timeout, 2 min, plus
-    // the probe's timeout). While no agent is there to run the probe (a restart, a rollout's gap, a
-    // draining agent), it is sent again, with a growing pause, as long as the wait (at most
-    // --hook-agent-wait) still leaves the probe its own timeout and grace. A probe only reads its
-    // target's state, and kubelet itself runs an errored probe again: sending it twice is safe.
-    const started = Date.now();
-    const waitUntil = started + Math.min(this.config.hookAgentWaitMs, callerMs === undefined ? 0 : callerMs - 50 - ownMs);
-    let pauseMs = PROBE_RETRY_FIRST_MS;
-    let waited = false;
-    for (;;) {
-      const leftMs = callerMs === undefined ? ownMs : Math.max(1, Math.min(ownMs, callerMs - 50 - (Date.now() - started)));
-      try {
-        const a = await this.#agent.execSync(body, { deadlineMs: leftMs, signal });
-        if (waited) this.metrics.probeWait('ran');
-        return { kind, answer: { kind: 'message', ...a } };
-      } catch (err) {
-        if (!(err instanceof AgentCallError)) throw err;
-        if (err.agentAway && !signal.aborted && Date.now() + pauseMs < waitUntil) {
-          waited = true;
-          await sleep(pauseMs, signal);
-          pauseMs = Math.min(PROBE_RETRY_MAX_MS, pauseMs * 2);
-          continue;
-        }
-        if (waited) this.metrics.probeWait('gave_up');
-        return { kind, answer: answerFromCallError(err, what), cause: causeOfCallError(err) };
-      }
+    // No retry here: kubelet discards a probe's gRPC error (it never counts as a failure) and runs
+    // the probe again at its next period, so an agent that is away costs a probe nothing; hooks,
+    // whose failure kills a container, wait for the agent instead (runHookOnce).
+    const deadlineMs = callerMs === undefined ? ownMs : Math.max(1, Math.min(ownMs, callerMs - 50));
+    try {
+      const a = await this.#agent.execSync(body, { deadlineMs, signal });
+      return { kind, answer: { kind: 'message', ...a } };
+    } catch (err) {
+      if (err instanceof AgentCallError) return { kind, answer: answerFromCallError(err, what), cause: causeOfCallError(err) };
+      throw err;
     }
   }
 }
