@@ -12,6 +12,8 @@ export const SHIM_METRICS = [
   'probe_agent_shim_hook_waits_total',
   'probe_agent_shim_intercept_duration_seconds',
   'probe_agent_shim_runtime_errors_total',
+  'probe_agent_shim_cri_calls_total',
+  'probe_agent_shim_cri_connections',
 ] as const;
 
 /** One panel query. */
