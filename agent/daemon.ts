@@ -108,9 +108,9 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       maxInFlight: config.maxConcurrentProbes,
       maxQueued: config.maxQueuedProbes,
       maxInFlightPerGroup: config.maxProbesPerNamespace,
-      // A namespace waits for at most its own share: beyond it a call is refused at once (a clear
-      // RESOURCE_EXHAUSTED), so one namespace can never fill the node's queue for the others.
-      maxQueuedPerGroup: config.maxProbesPerNamespace,
+      // A namespace's own scheduled probes may wait up to the node's queue: a node's probes (at most
+      // a few per pod, max-pods pods) never fill it, and the pump still serves namespaces fairly.
+      // Calls from outside (the shim's) are held to the namespace's share: PodProber's bound.
       maxInFlightPerOwner: config.maxProbesPerPod,
       maxQueuedPerOwner: config.maxProbesPerPod,
     });
@@ -142,6 +142,9 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       pods: source,
       resolver,
       limiter,
+      // Beyond its share a namespace's call is refused at once (a clear RESOURCE_EXHAUSTED), so one
+      // namespace's hanging calls never fill the node's queue for the others.
+      maxQueuedPerNamespace: config.maxProbesPerNamespace,
       hookLimiter,
       sockets: helper,
       nodeSockets: new NodeSocketFactory(),

@@ -31,6 +31,8 @@ export interface PodProberOptions {
   pods: PodIndex;
   resolver: NetnsResolverChain;
   limiter: FairLimiter;
+  /** Probe calls of one namespace that may wait for a slot (the shim's and the Probe RPC's); default: the limiter's own bound. */
+  maxQueuedPerNamespace?: number;
   /**
    * Bounds lifecycle hooks per namespace and pod (they take no probe slot: a hook may legitimately
    * run for minutes). Absent = hooks are not bounded here.
@@ -172,7 +174,7 @@ export class PodProber implements OnDemandProber {
       { group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` },
       async () => this.#run(pod, container, handler, req.timeoutSeconds, await this.#netnsOf(located, signal), signal, shimCall, sandbox?.id),
       signal,
-      { deadlineMs: latestStartMs(req.deadlineAt, timeoutMs), holdMs: timeoutMs },
+      { deadlineMs: latestStartMs(req.deadlineAt, timeoutMs), holdMs: timeoutMs, maxQueuedInGroup: this.#o.maxQueuedPerNamespace },
     );
     if (value.reason === 'netns-gone' && shimCall) await this.#refuseIfDead(req, signal);
     // A call its caller gave up on is not a result kubelet will see: record nothing for it.

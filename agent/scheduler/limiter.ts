@@ -54,6 +54,12 @@ export interface AcquireOptions {
   deadlineMs?: number;
   /** Longest the run holds its slot once granted (ms); used to estimate the wait of runs behind it. */
   holdMs?: number;
+  /**
+   * Runs of this run's group that may wait, when lower than maxQueuedPerGroup. Calls from outside the
+   * agent (the shim's, the Probe RPC's) are held to a namespace's share; the agent's own scheduler,
+   * whose runs the pod list already bounds, may queue up to the node's bound.
+   */
+  maxQueuedInGroup?: number;
 }
 
 /** A slot held by one run; release it exactly once (later calls are ignored). */
@@ -175,7 +181,7 @@ export class FairLimiter {
       );
     };
     if (this.#queued >= this.maxQueued) return refuse(`node queue full for ${this.#what}s (${this.#queued} waiting, ${this.inFlight} in flight)`);
-    if (group.queued >= this.maxQueuedPerGroup) return refuse(`namespace queue full (${group.queued} waiting, ${group.held.length} in flight)`);
+    if (group.queued >= Math.min(this.maxQueuedPerGroup, opts.maxQueuedInGroup ?? Infinity)) return refuse(`namespace queue full (${group.queued} waiting, ${group.held.length} in flight)`);
     if (owner.queue.length >= this.maxQueuedPerOwner) return refuse(`pod queue full (${owner.queue.length} waiting, ${owner.held.length} in flight)`);
     const now = this.#clock.now();
     const deadlineAt = opts.deadlineMs === undefined ? undefined : now + opts.deadlineMs;

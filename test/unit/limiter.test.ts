@@ -172,6 +172,19 @@ describe('FairLimiter', () => {
     void waiting;
   });
 
+  it('holds an outside caller to its namespace share while the scheduler may queue up to the node bound', async () => {
+    const limiter = new FairLimiter({ maxInFlight: 10, maxQueued: 100, maxInFlightPerGroup: 2, maxInFlightPerOwner: 10 });
+    const never = new Promise<void>(() => {});
+    for (let i = 0; i < 2; i++) void limiter.run({ group: 'bulk', owner: `p${i}` }, () => never);
+    // The scheduler's own runs: 5 wait, no namespace bound of their own.
+    for (let i = 0; i < 5; i++) void limiter.acquire({ group: 'bulk', owner: `s${i}` });
+    expect(limiter.groupStats('bulk')).toEqual({ inFlight: 2, queued: 5 });
+    // An outside call of the same namespace, held to 5 waiting, is refused; with 6 it waits.
+    await expect(limiter.acquire({ group: 'bulk', owner: 'shim' }, undefined, { maxQueuedInGroup: 5 })).rejects.toThrow(/namespace queue full \(5 waiting, 2 in flight\)/);
+    void limiter.acquire({ group: 'bulk', owner: 'shim' }, undefined, { maxQueuedInGroup: 6 });
+    expect(limiter.groupStats('bulk')).toEqual({ inFlight: 2, queued: 6 });
+  });
+
   it('refuses at once a run whose wait would outlast its deadline, and drops a queued run when its deadline passes', async () => {
     const limiter = new FairLimiter({ maxInFlight: 10, maxQueued: 100, maxInFlightPerOwner: 1 });
     const never = new Promise<void>(() => {});
