@@ -12,6 +12,8 @@
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'kubectl']);
+import { requireGrpcGoPeer } from '../support/grpc-go-cri.ts';
+requireGrpcGoPeer();
 
 import { execFile, execFileSync, spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
@@ -30,6 +32,7 @@ import { slotLayout } from '../lab/containerd-sweep.ts';
 import { POD_SERVER_PATH } from '../lab/server.ts';
 import { builtCli, builtEntry } from '../support/built-cli.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { relist, type Relist } from '../support/grpc-go-cri.ts';
 import { makePod, makePods } from '../support/pod-factory.ts';
 import { agentPatchHead, agentPid, agentPorts, freePort, memoryCgroup, renderDeploy, useAgentPorts, type AgentPorts } from './agent-pod.ts';
 import { CriPodRunner, type ContainerState } from './cri-pod.ts';
@@ -685,7 +688,9 @@ describe('the kubelet-shim installer from the same image', () => {
       { name: 'SYSTEMCTL', value: `nsenter --target ${process.pid} --mount --uts --ipc --net --pid -- ${path.join(stubs, 'systemctl')}` },
       { name: 'KUBERNETES_API_URL', value: `http://${bridgeIp}:${(api.address() as net.AddressInfo).port}` },
       // One pass of the label loop, then exit: the test reads the outcome from the exit code.
-      { name: 'ONESHOT', value: '1' }];
+      { name: 'ONESHOT', value: '1' },
+      // The proof that kubelet calls the shim, shortened: 2 intervals of 1 s, 2 calls in each.
+      { name: 'KUBELET_CALLS_INTERVAL', value: '1' }, { name: 'KUBELET_CALLS_ROUNDS', value: '2' }, { name: 'KUBELET_CALLS_MIN', value: '2' }];
     const runInstaller = async (name: string): Promise<void> => {
       const pod = await startAgentPod(tpl, name, maps);
       const id = pod.containerIds[0] as string;
@@ -715,18 +720,25 @@ describe('the kubelet-shim installer from the same image', () => {
       // pods at its next restart): no request to the API server at all.
       expect(patches).toEqual([]);
       // The copied Node (the image's own) runs the installed shim on the host, as the unit would.
-      const shim = spawn(path.join(cur, 'node'), [path.join(cur, 'dist/shim/main.js'), '--listen', `unix://${path.join(hostRoot, 'run/probe-agent-shim/cri.sock')}`,
-        '--runtime-endpoint', ctrd.endpoint, '--probe-socket', path.join(scratch, 'shim-no-agent.sock')], { stdio: ['ignore', 'ignore', 'pipe'], cwd: '/' });
+      const shimSock = path.join(hostRoot, 'run/probe-agent-shim/cri.sock');
+      const shim = spawn(path.join(cur, 'node'), [path.join(cur, 'dist/shim/main.js'), '--listen', `unix://${shimSock}`,
+        '--runtime-endpoint', ctrd.endpoint, '--probe-socket', path.join(scratch, 'shim-no-agent.sock'),
+        '--metrics-socket', path.join(hostRoot, 'run/probe-agent-shim/metrics.sock')], { stdio: ['ignore', 'ignore', 'pipe'], cwd: '/' });
+      let kubelet: Relist | undefined;
       try {
         await new Promise<void>((resolve, reject) => {
           shim.stderr.on('data', (d: Buffer) => { if (d.toString().includes('shim listening')) resolve(); });
           shim.once('exit', (c) => reject(new Error(`installed shim exited (${c})`)));
         });
+        // The label needs proof that kubelet calls the shim: a kubelet-shaped client (grpc-go) relists through it.
+        kubelet = relist(shimSock);
         await runInstaller('shim-installer-2');
+        expect(kubelet.failures).toBe(0);
         expect(patches).toEqual([{ node: 'lab-node', body: { metadata: { labels: { 'probe-agent.io/shim': 'ready' } } }, auth: `Bearer ${TOKEN}` }]);
         // Same release and unit: the shim is started if down, not restarted under kubelet.
         expect(readFileSync(calls, 'utf8').trim().split('\n').slice(3)).toEqual(['daemon-reload', 'enable probe-agent-shim.service', 'start probe-agent-shim.service']);
       } finally {
+        await kubelet?.stop();
         shim.kill('SIGKILL');
       }
     } finally {

@@ -20,7 +20,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { nodeObject, startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
 import { builtRepo } from '../support/built-cli.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
-import { GrpcGoCri } from '../support/grpc-go-cri.ts';
+import { GrpcGoCri, relist } from '../support/grpc-go-cri.ts';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 import { ApiServerReader } from '../../agent/webhook/cluster-reader.ts';
 
@@ -40,33 +40,6 @@ async function runtime(): Promise<ContainerdLab> {
 afterAll(async () => {
   await ctrd?.destroy();
 }, 60_000);
-
-/** A kubelet-shaped client (grpc-go) relisting as kubelet's PLEG does, every 250 ms, until stopped. */
-interface Relist { stop(): Promise<void>; readonly calls: number; readonly failures: number }
-function relist(socket: string): Relist {
-  const peer = new GrpcGoCri(socket);
-  let stopped = false;
-  const state = { calls: 0, failures: 0 };
-  const loop = (async () => {
-    while (!stopped) {
-      for (const m of ['ListPodSandbox', 'ListContainers']) {
-        const r = await peer.call(m, {});
-        state.calls++;
-        if (!r.ok) state.failures++;
-      }
-      await new Promise((r) => setTimeout(r, 250));
-    }
-  })();
-  return {
-    get calls() { return state.calls; },
-    get failures() { return state.failures; },
-    stop: async () => {
-      stopped = true;
-      await loop;
-      await peer.close();
-    },
-  };
-}
 
 /**
  * Starts a shim (its node and dist/ from `cur`) on the host root's paths: kubelet's socket and the

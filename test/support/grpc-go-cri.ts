@@ -194,3 +194,30 @@ export class GrpcGoCri implements CriCaller {
     }
   }
 }
+
+/** A kubelet-shaped client (grpc-go) relisting as kubelet's PLEG does, every 250 ms, until stopped. */
+export interface Relist { stop(): Promise<void>; readonly calls: number; readonly failures: number }
+export function relist(socket: string): Relist {
+  const peer = new GrpcGoCri(socket);
+  let stopped = false;
+  const state = { calls: 0, failures: 0 };
+  const loop = (async () => {
+    while (!stopped) {
+      for (const m of ['ListPodSandbox', 'ListContainers']) {
+        const r = await peer.call(m, {});
+        state.calls++;
+        if (!r.ok) state.failures++;
+      }
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  })();
+  return {
+    get calls() { return state.calls; },
+    get failures() { return state.failures; },
+    stop: async () => {
+      stopped = true;
+      await loop;
+      await peer.close();
+    },
+  };
+}
