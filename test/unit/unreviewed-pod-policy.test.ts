@@ -7,9 +7,9 @@
  * real admission code, agent/webhook/admission.ts). The policy's CEL, read from the YAML the
  * component ships, is evaluated by the repo's CEL subset (test/support/cel-subset.ts), as the
  * installer policy's is (installer-node-policy.test.ts), with the API server's steps: resource
- * rules and namespaceSelector, lazy variables, matchConditions, validations, failurePolicy.
- * Not covered: the API server's compiler and cost limits (a real v1.33 control plane is
- * test/e2e-cluster).
+ * rules and namespaceSelector, lazy variables, matchConditions (no variables, namespaceObject
+ * null: as a real v1.33 API server evaluates them), validations, failurePolicy. Not covered: the
+ * API server's compiler and cost limits (a real v1.33 control plane is test/e2e-cluster).
  */
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -55,10 +55,13 @@ function policyAdmit(pod: Obj, ns: Obj, operation = 'CREATE'): Decision {
   const env: CelEnv = { request: { operation, namespace: ns.metadata.name }, object: pod, oldObject: null, params: null, namespaceObject: ns };
   const variables: Obj = {};
   for (const v of policy.spec.variables as Obj[]) Object.defineProperty(variables, v.name, { enumerable: true, get: () => cel(v.expression, env) });
+  // As the API server does: matchConditions run before variables exist and without the namespace
+  // (namespaceObject is null there); a condition that needs either errors, or never matches.
+  const matchEnv: CelEnv = { ...env, namespaceObject: null };
   env['variables'] = variables;
   for (const c of policy.spec.matchConditions as Obj[]) {
     try {
-      if (cel(c.expression, env) !== true) return { decision: 'not-matched' };
+      if (cel(c.expression, matchEnv) !== true) return { decision: 'not-matched' };
     } catch (err) {
       if (!(err instanceof CelError)) throw err;
       return failClosed ? { decision: 'denied', message: `matchCondition ${c.name}: ${err.message}` } : { decision: 'not-matched' };
@@ -134,7 +137,7 @@ describe('the unreviewed-pod policy', () => {
   });
 
   it('leaves alone what the webhook leaves alone: other namespaces, opted-out pods, bound pods, kube-system, its own namespace', () => {
-    expect(policyAdmit(pod(), PLAIN)).toEqual({ decision: 'not-matched' });
+    expect(policyAdmit(pod(), PLAIN)).toEqual({ decision: 'allowed' });
     expect(policyAdmit(pod({ annotations: { 'probe-agent.io/rewrite': 'disabled' } }), OPTED_IN)).toEqual({ decision: 'not-matched' });
     expect(policyAdmit(pod({ spec: { nodeName: 'node-a' } }), OPTED_IN)).toEqual({ decision: 'not-matched' });
     expect(policyAdmit(pod(), namespace('kube-system', { 'probe-agent.io/rewrite': 'enabled' }))).toEqual({ decision: 'not-matched' });
