@@ -18,8 +18,8 @@
 import { RewriteError } from './errors.ts';
 import { GATES_READINESS_GATE } from './placement.ts';
 import {
-  annotationsSize, ANNOTATIONS_BUDGET_BYTES, foreignHost, handlerKey, isObj, LOOPBACK_HOST_ANNOTATION, loopbackPolicy, ORIGINAL_HANDLERS_ANNOTATION,
-  readRecord, RECORD_VERSION, SANDBOXED_RUNTIME_CLASSES, slots, unknownField, type PodResult, type RewriteOptions, type RewriteRecord,
+  foreignHost, handlerKey, isObj, LOOPBACK_HOST_ANNOTATION, loopbackPolicy, readRecord, recordRewrite, SANDBOXED_RUNTIME_CLASSES, slots,
+  unknownField, type PodResult, type RewriteOptions,
 } from './pod-rewrite.ts';
 
 type Obj = Record<string, unknown>;
@@ -105,29 +105,7 @@ export function rewritePodGates(input: Obj, base = '', options: RewriteOptions =
       added.push(`/spec/readinessGates/${spec.readinessGates.length - 1}`);
     }
   }
-  if (pod.metadata === undefined || pod.metadata === null) {
-    pod.metadata = {};
-    added.push('/metadata');
-  }
-  if (!isObj(pod.metadata)) throw new RewriteError(`${base}metadata`, 'must be an object');
-  const metadata = pod.metadata;
-  if (metadata.annotations === undefined || metadata.annotations === null) {
-    metadata.annotations = {};
-    if (!added.includes('/metadata')) added.push('/metadata/annotations');
-  }
-  if (!isObj(metadata.annotations)) throw new RewriteError(`${base}metadata.annotations`, 'must be an object');
-  const record: RewriteRecord = {
-    v: RECORD_VERSION,
-    mode: 'gates',
-    handlers: { ...existing?.handlers, ...handlers },
-    added: [...(existing?.added ?? []), ...added],
-  };
-  metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] = JSON.stringify(record);
-  const size = annotationsSize(metadata.annotations);
-  if (size > ANNOTATIONS_BUDGET_BYTES) {
-    return { pod: input, changed: false, skipped: `the ${ORIGINAL_HANDLERS_ANNOTATION} annotation would bring the pod's annotations to ${size} bytes, over the API server's limit of ${ANNOTATIONS_BUDGET_BYTES}` };
-  }
-  return { pod, changed: true };
+  return recordRewrite(input, pod, base, existing, { mode: 'gates', handlers, added }, '');
 }
 
 /** The mode a pod asks for by annotation, or undefined. */

@@ -321,6 +321,20 @@ export function rewritePod(input: Obj, base = '', options: RewriteOptions = {}):
   added.push(...ensureClosedHoleToleration(spec, base));
   if (Object.keys(handlers).length === 0 && added.length === 0) return { pod: input, changed: false };
 
+  return recordRewrite(input, pod, base, existing, { handlers, added }, ': the API server would refuse the pod, so its probes stay as written');
+}
+
+/**
+ * Merges what a rewrite took (`handlers`) and created (`added`) into the record `existing` the pod
+ * carries, and writes it into the annotation of `pod` (the rewritten clone of `input`). Leaves
+ * `input` as written when the annotations would exceed the API server's limit; `overBudget` ends
+ * that reason.
+ */
+export function recordRewrite(
+  input: Obj, pod: Obj, base: string, existing: RewriteRecord | null,
+  taken: { mode?: 'gates'; handlers: Record<string, Obj>; added: string[] }, overBudget: string,
+): PodResult {
+  const added = taken.added;
   if (pod.metadata === undefined || pod.metadata === null) {
     pod.metadata = {};
     added.push('/metadata');
@@ -334,13 +348,14 @@ export function rewritePod(input: Obj, base = '', options: RewriteOptions = {}):
   if (!isObj(metadata.annotations)) throw new RewriteError(`${base}metadata.annotations`, 'must be an object');
   const record: RewriteRecord = {
     v: RECORD_VERSION,
-    handlers: { ...existing?.handlers, ...handlers },
+    ...(taken.mode !== undefined ? { mode: taken.mode } : {}),
+    handlers: { ...existing?.handlers, ...taken.handlers },
     added: [...(existing?.added ?? []), ...added],
   };
   metadata.annotations[ORIGINAL_HANDLERS_ANNOTATION] = JSON.stringify(record);
   const size = annotationsSize(metadata.annotations);
   if (size > ANNOTATIONS_BUDGET_BYTES) {
-    return { pod: input, changed: false, skipped: `the ${ORIGINAL_HANDLERS_ANNOTATION} annotation would bring the pod's annotations to ${size} bytes, over the API server's limit of ${ANNOTATIONS_BUDGET_BYTES}: the API server would refuse the pod, so its probes stay as written` };
+    return { pod: input, changed: false, skipped: `the ${ORIGINAL_HANDLERS_ANNOTATION} annotation would bring the pod's annotations to ${size} bytes, over the API server's limit of ${ANNOTATIONS_BUDGET_BYTES}${overBudget}` };
   }
   return { pod, changed: true };
 }

@@ -8,9 +8,9 @@
  * eviction metric). The webhook runs as a process of its own from the CLI, with the deployment's
  * heap cap, so its memory is its own.
  */
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { get as httpGet } from 'node:http';
 import { request } from 'node:https';
 import { tmpdir } from 'node:os';
@@ -19,6 +19,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MUTATE_PATH } from '../../agent/webhook/admission.ts';
 import { startConnectionFlood, type ConnectionFlood, type FloodMode } from '../lab/connection-flood.ts';
 import { builtEntry } from '../support/built-cli.ts';
+import { issueCert } from '../support/issue-cert.ts';
 
 let dir: string;
 const f = (name: string): string => path.join(dir, name);
@@ -26,17 +27,8 @@ const f = (name: string): string => path.join(dir, name);
 const MEMORY_LIMIT_BYTES = 128 * 1024 * 1024;
 const REVIEWS = 20;
 
-function openssl(args: string[]): void {
-  execFileSync('openssl', args, { stdio: ['ignore', 'ignore', 'pipe'] });
-}
-
-/** A CA and a certificate it signed, `<name>-ca.crt`, `<name>.crt`, `<name>.key`. */
-function issue(name: string, cn: string, ext: string): void {
-  openssl(['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', f(`${name}-ca.key`), '-out', f(`${name}-ca.crt`), '-days', '2', '-subj', `/CN=${name} CA`]);
-  openssl(['req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', f(`${name}.key`), '-out', f(`${name}.csr`), '-subj', `/CN=${cn}`]);
-  writeFileSync(f(`${name}.ext`), `${ext}\n`);
-  openssl(['x509', '-req', '-in', f(`${name}.csr`), '-CA', f(`${name}-ca.crt`), '-CAkey', f(`${name}-ca.key`), '-CAcreateserial', '-out', f(`${name}.crt`), '-days', '2', '-extfile', f(`${name}.ext`)]);
-}
+/** A CA and a certificate it signed, `<name>-ca.crt`, `<name>.crt`, `<name>.key`, in the test's directory. */
+const issue = (name: string, cn: string, ext: string): void => issueCert(dir, name, cn, ext);
 
 function review(i: number): string {
   return JSON.stringify({

@@ -6,7 +6,6 @@
  * open on the admission port without that, and --metrics-listen serves it on a port of its own.
  * (How many 3 MiB reviews it survives in its pod's limit: test/bench/webhook-memory.ts, docs/rewrite.md.)
  */
-import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { get as httpGet, type ClientRequest } from 'node:http';
 import { request } from 'node:https';
@@ -17,23 +16,15 @@ import { MUTATE_PATH } from '../../agent/webhook/admission.ts';
 import { startWebhookServer, type WebhookServer } from '../../agent/webhook/server.ts';
 import { ApiServerReader } from '../../agent/webhook/cluster-reader.ts';
 import { startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
+import { issueCert } from '../support/issue-cert.ts';
 import { createLogger } from '../../agent/log.ts';
 
 let dir: string;
 const f = (name: string): string => path.join(dir, name);
 const servers: WebhookServer[] = [];
 
-function openssl(args: string[]): void {
-  execFileSync('openssl', args, { stdio: ['ignore', 'ignore', 'pipe'] });
-}
-
-/** A CA and a certificate it signed, `<name>-ca.crt`, `<name>.crt`, `<name>.key`. */
-function issue(name: string, cn: string, ext: string): void {
-  openssl(['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', f(`${name}-ca.key`), '-out', f(`${name}-ca.crt`), '-days', '2', '-subj', `/CN=${name} CA`]);
-  openssl(['req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', f(`${name}.key`), '-out', f(`${name}.csr`), '-subj', `/CN=${cn}`]);
-  writeFileSync(f(`${name}.ext`), `${ext}\n`);
-  openssl(['x509', '-req', '-in', f(`${name}.csr`), '-CA', f(`${name}-ca.crt`), '-CAkey', f(`${name}-ca.key`), '-CAcreateserial', '-out', f(`${name}.crt`), '-days', '2', '-extfile', f(`${name}.ext`)]);
-}
+/** A CA and a certificate it signed, `<name>-ca.crt`, `<name>.crt`, `<name>.key`, in the test's directory. */
+const issue = (name: string, cn: string, ext: string): void => issueCert(dir, name, cn, ext);
 
 interface Reply { status: number; body: string; headers: Record<string, string | string[] | undefined> }
 interface ClientCert { cert: Buffer; key: Buffer }

@@ -14,6 +14,7 @@ import { requireRoot } from '../support/root.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import type { ExpectedLog } from '../support/log-check.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { mulberry32 } from '../support/prng.ts';
 import type { ProbeStatus } from '../../agent/scheduler/types.ts';
 import { cpuSeconds, sample, sleep, snapshot, type ProcessSnapshot } from './observe.ts';
 import { containerID, expected, kindOf, NAMESPACE, World } from './world.ts';
@@ -290,18 +291,6 @@ async function probesRun(a: SoakAgent): Promise<number> {
     if (line.startsWith('probe_agent_probe_results_total{')) total += Number(line.slice(line.lastIndexOf(' ') + 1));
   }
   return total;
-}
-
-/** A small seeded PRNG, so that a run's churn can be replayed with its seed. */
-export function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 /** The soak's pass/fail verdicts; empty when it passed. `rssGrowthMB` bounds end-start resident memory. */

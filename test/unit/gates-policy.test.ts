@@ -5,69 +5,17 @@
  * never turns into an error that denies a good write. deploy/components/gates-lease/status-policy.yaml
  * likewise: the webhook's lease controller may only set probe-agent.io/* conditions False.
  */
-import { readFileSync } from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { parseAllDocuments } from 'yaml';
-import { CelError, cel, type CelEnv } from '../support/cel-subset.ts';
+import { admitByPolicy, loadPolicy, type Decision } from '../support/admission-policy.ts';
 
-const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 type Obj = Record<string, any>;
 
-const load = (file: string): Obj[] => parseAllDocuments(readFileSync(path.join(ROOT, 'deploy/components', file), 'utf8')).map((d) => d.toJS() as Obj);
-const docs = load('gates/status-policy.yaml');
-const agentPolicy = docs.find((d) => d.kind === 'ValidatingAdmissionPolicy')!;
+const { policy: agentPolicy, binding } = loadPolicy('gates/status-policy.yaml');
 const policy = agentPolicy;
-const binding = docs.find((d) => d.kind === 'ValidatingAdmissionPolicyBinding')!;
-const leaseDocs = load('gates-lease/status-policy.yaml');
-const leasePolicy = leaseDocs.find((d) => d.kind === 'ValidatingAdmissionPolicy')!;
-const leaseBinding = leaseDocs.find((d) => d.kind === 'ValidatingAdmissionPolicyBinding')!;
+const { policy: leasePolicy, binding: leaseBinding } = loadPolicy('gates-lease/status-policy.yaml');
 
-type Decision = { decision: 'not-matched' } | { decision: 'allowed' } | { decision: 'denied'; message: string };
-
-function ruleMatches(policy: Obj, request: Obj): boolean {
-  const resource = request.subResource ? `${request.resource.resource}/${request.subResource}` : request.resource.resource;
-  const has = (list: string[], v: string): boolean => list.includes('*') || list.includes(v);
-  return (policy.spec.matchConstraints.resourceRules as Obj[]).some((r) =>
-    has(r.apiGroups, request.resource.group) && has(r.apiVersions, request.resource.version) && has(r.operations, request.operation) &&
-    (has(r.resources, resource) || (request.subResource && (r.resources as string[]).includes(`${request.resource.resource}/*`))));
-}
-
-/** The API server's ValidatingAdmissionPolicy steps, on `policy` (default the agent's), for one AdmissionRequest. */
-function admit(request: Obj, policy: Obj = agentPolicy): Decision {
-  if (!ruleMatches(policy, request)) return { decision: 'not-matched' };
-  const failClosed = policy.spec.failurePolicy === 'Fail';
-  const env: CelEnv = { request, object: request.object ?? null, oldObject: request.oldObject ?? null, params: null, namespaceObject: null };
-  const variables: Obj = {};
-  for (const v of policy.spec.variables as Obj[]) {
-    // Lazy, as the API server's: a variable fails only the expressions that use it.
-    Object.defineProperty(variables, v.name, { enumerable: true, get: () => cel(v.expression, env) });
-  }
-  env['variables'] = variables;
-  for (const c of policy.spec.matchConditions as Obj[]) {
-    try {
-      if (cel(c.expression, env) !== true) return { decision: 'not-matched' };
-    } catch (err) {
-      if (!(err instanceof CelError)) throw err;
-      if (failClosed) return { decision: 'denied', message: `matchCondition ${c.name}: ${err.message}` };
-      return { decision: 'not-matched' };
-    }
-  }
-  for (const v of policy.spec.validations as Obj[]) {
-    let ok: unknown;
-    try {
-      ok = cel(v.expression, env);
-    } catch (err) {
-      if (!(err instanceof CelError)) throw err;
-      if (failClosed) return { decision: 'denied', message: `expression error: ${err.message}` };
-      continue;
-    }
-    if (ok !== true) return { decision: 'denied', message: v.message };
-  }
-  return { decision: 'allowed' };
-}
-
+/** The API server's decision with `policy` (default the agent's) for one AdmissionRequest. */
+const admit = (request: Obj, policy: Obj = agentPolicy): Decision => admitByPolicy(policy, request);
 
 const NODE_EXTRA = 'authentication.kubernetes.io/node-name';
 

@@ -12,18 +12,7 @@ import { describe, expect, it } from 'vitest';
 import { FrameSplitter, H2Connection, H2ConnectionError, HeaderBlockJoiner } from '../../agent/http2/connection.ts';
 import { encodeLiteralBlock } from '../../agent/http2/hpack.ts';
 import { CLIENT_PREFACE, Flag, frameBytes, FrameType, H2Error, H2InputError } from '../../agent/http2/wire.ts';
-
-/** mulberry32: a small seeded PRNG. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+import { mulberry32 } from '../support/prng.ts';
 
 const REQUEST = encodeLiteralBlock([
   { name: ':method', value: 'POST' }, { name: ':scheme', value: 'http' }, { name: ':path', value: '/p' }, { name: ':authority', value: 'a' },
@@ -132,7 +121,7 @@ interface Outcome {
 
 /** Runs one seeded sequence against a connection of `role`. */
 async function runSequence(seed: number, role: Role): Promise<Outcome> {
-  const rnd = prng(seed);
+  const rnd = mulberry32(seed);
   const [ours, peer] = duplexPair();
   peer.on('data', () => {}); // a peer that reads everything
   peer.on('error', () => {});
@@ -233,7 +222,7 @@ describe('the connection core under random frame sequences', () => {
 
   it('the splitter and the joiner (handoff, authority rewrite) throw only H2InputError on random octets', () => {
     for (let k = 0; k < 500; k++) {
-      const rnd = prng(9000 + k);
+      const rnd = mulberry32(9000 + k);
       const units: Buffer[] = [];
       for (let i = 0, n = 1 + Math.floor(rnd() * 200); i < n; i++) units.push(randomUnit(rnd, rnd() < 0.5 ? 'server' : 'client'));
       const split = new FrameSplitter(false);

@@ -20,59 +20,17 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { parseAllDocuments } from 'yaml';
-import { CelError, cel, type CelEnv } from '../support/cel-subset.ts';
+import { admitByPolicy, loadPolicy, type Decision } from '../support/admission-policy.ts';
+import { CelError, cel } from '../support/cel-subset.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 type Obj = Record<string, any>;
 
-const docs = parseAllDocuments(readFileSync(path.join(ROOT, 'deploy/components/kubelet-shim/node-label-policy.yaml'), 'utf8')).map((d) => d.toJS() as Obj);
-const policy = docs.find((d) => d.kind === 'ValidatingAdmissionPolicy')!;
-const binding = docs.find((d) => d.kind === 'ValidatingAdmissionPolicyBinding')!;
+const { policy, binding } = loadPolicy('kubelet-shim/node-label-policy.yaml');
 const fixture = (): Obj => JSON.parse(readFileSync(path.join(ROOT, 'test/fixtures/admission/installer-node-label-patch.json'), 'utf8'));
 
-type Decision = { decision: 'not-matched' } | { decision: 'allowed' } | { decision: 'denied'; message: string };
-
-function ruleMatches(request: Obj): boolean {
-  const resource = request.subResource ? `${request.resource.resource}/${request.subResource}` : request.resource.resource;
-  const has = (list: string[], v: string): boolean => list.includes('*') || list.includes(v);
-  return (policy.spec.matchConstraints.resourceRules as Obj[]).some((r) =>
-    has(r.apiGroups, request.resource.group) && has(r.apiVersions, request.resource.version) && has(r.operations, request.operation) &&
-    (has(r.resources, resource) || (request.subResource && (r.resources as string[]).includes(`${request.resource.resource}/*`))));
-}
-
-/** The API server's ValidatingAdmissionPolicy steps, on this policy, for one AdmissionRequest. */
-function admit(request: Obj): Decision {
-  if (!ruleMatches(request)) return { decision: 'not-matched' };
-  const failClosed = policy.spec.failurePolicy === 'Fail';
-  const env: CelEnv = { request, object: request.object ?? null, oldObject: request.oldObject ?? null, params: null, namespaceObject: null };
-  const variables: Obj = {};
-  for (const v of policy.spec.variables as Obj[]) {
-    // Lazy, as the API server's: a variable fails only the expressions that use it.
-    Object.defineProperty(variables, v.name, { enumerable: true, get: () => cel(v.expression, env) });
-  }
-  env['variables'] = variables;
-  for (const c of policy.spec.matchConditions as Obj[]) {
-    try {
-      if (cel(c.expression, env) !== true) return { decision: 'not-matched' };
-    } catch (err) {
-      if (!(err instanceof CelError)) throw err;
-      if (failClosed) return { decision: 'denied', message: `matchCondition ${c.name}: ${err.message}` };
-      return { decision: 'not-matched' };
-    }
-  }
-  for (const v of policy.spec.validations as Obj[]) {
-    let ok: unknown;
-    try {
-      ok = cel(v.expression, env);
-    } catch (err) {
-      if (!(err instanceof CelError)) throw err;
-      if (failClosed) return { decision: 'denied', message: `expression error: ${err.message}` };
-      continue;
-    }
-    if (ok !== true) return { decision: 'denied', message: v.message };
-  }
-  return { decision: 'allowed' };
-}
+/** The API server's decision with this policy for one AdmissionRequest. */
+const admit = (request: Obj): Decision => admitByPolicy(policy, request);
 
 /** The fixture with `edit` applied to its new object. */
 function withNew(edit: (o: Obj) => void, req = fixture()): Obj {

@@ -5,80 +5,30 @@
  * whatever the decision. The pods here are what the API server would hold after the mutating phase:
  * the pod as written (the webhook failed), or the pod with the webhook's own answer applied (the
  * real admission code, agent/webhook/admission.ts). The policy's CEL, read from the YAML the
- * component ships, is evaluated by the repo's CEL subset (test/support/cel-subset.ts), as the
- * installer policy's is (installer-node-policy.test.ts), with the API server's steps: resource
- * rules and namespaceSelector, lazy variables, matchConditions (no variables, namespaceObject
- * null: as a real v1.33 API server evaluates them), validations, failurePolicy. Not covered: the
- * API server's compiler and cost limits (a real v1.33 control plane is test/e2e-cluster).
+ * component ships, is evaluated by the repo's CEL subset with the API server's steps
+ * (test/support/admission-policy.ts): resource rules and namespaceSelector, lazy variables,
+ * matchConditions (without variables or the namespace, as a real v1.33 API server runs them),
+ * validations, failurePolicy.
+ * Not covered: the API server's compiler and cost limits (a real v1.33 control plane is
+ * test/e2e-cluster).
  */
-import { readFileSync } from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { parseAllDocuments } from 'yaml';
 import { admit as webhookAdmit, MUTATE_ANNOTATED_PATH, MUTATE_PATH } from '../../agent/webhook/admission.ts';
-import { CelError, cel, type CelEnv } from '../support/cel-subset.ts';
+import { admitByPolicy, loadPolicy, type Decision } from '../support/admission-policy.ts';
 import { applyJsonPatch } from '../support/json-patch-apply.ts';
 
-const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 type Obj = Record<string, any>;
 
-const docs = parseAllDocuments(readFileSync(path.join(ROOT, 'deploy/components/rewrite-webhook/unreviewed-pod-policy.yaml'), 'utf8')).map((d) => d.toJS() as Obj);
-const policy = docs.find((d) => d.kind === 'ValidatingAdmissionPolicy')!;
-const binding = docs.find((d) => d.kind === 'ValidatingAdmissionPolicyBinding')!;
-
-type Decision = { decision: 'not-matched' } | { decision: 'allowed' } | { decision: 'denied'; message: string };
+const { policy, binding } = loadPolicy('rewrite-webhook/unreviewed-pod-policy.yaml');
 
 function namespace(name: string, labels: Record<string, string> = {}): Obj {
   return { apiVersion: 'v1', kind: 'Namespace', metadata: { name, labels: { 'kubernetes.io/metadata.name': name, ...labels } } };
 }
 
-/** The namespaceSelector's matchExpressions (In / NotIn / Exists / DoesNotExist) on a namespace's labels. */
-function namespaceMatches(ns: Obj): boolean {
-  const labels: Record<string, string> = ns.metadata.labels ?? {};
-  return (policy.spec.matchConstraints.namespaceSelector.matchExpressions as Obj[]).every((e) => {
-    const has = e.key in labels;
-    if (e.operator === 'In') return has && e.values.includes(labels[e.key]);
-    if (e.operator === 'NotIn') return !has || !e.values.includes(labels[e.key]);
-    if (e.operator === 'Exists') return has;
-    if (e.operator === 'DoesNotExist') return !has;
-    throw new Error(`operator ${e.operator}`);
-  });
-}
-
-/** The API server's ValidatingAdmissionPolicy steps, on this policy, for one pod CREATE in `ns`. */
+/** The API server's decision with this policy for one pod `operation` in `ns`. */
 function policyAdmit(pod: Obj, ns: Obj, operation = 'CREATE'): Decision {
-  const rules = policy.spec.matchConstraints.resourceRules as Obj[];
-  if (!rules.some((r) => r.resources.includes('pods') && r.operations.includes(operation) && r.apiGroups.includes(''))) return { decision: 'not-matched' };
-  if (!namespaceMatches(ns)) return { decision: 'not-matched' };
-  const failClosed = policy.spec.failurePolicy === 'Fail';
-  const env: CelEnv = { request: { operation, namespace: ns.metadata.name }, object: pod, oldObject: null, params: null, namespaceObject: ns };
-  const variables: Obj = {};
-  for (const v of policy.spec.variables as Obj[]) Object.defineProperty(variables, v.name, { enumerable: true, get: () => cel(v.expression, env) });
-  // As the API server does: matchConditions run before variables exist and without the namespace
-  // (namespaceObject is null there); a condition that needs either errors, or never matches.
-  const matchEnv: CelEnv = { ...env, namespaceObject: null };
-  env['variables'] = variables;
-  for (const c of policy.spec.matchConditions as Obj[]) {
-    try {
-      if (cel(c.expression, matchEnv) !== true) return { decision: 'not-matched' };
-    } catch (err) {
-      if (!(err instanceof CelError)) throw err;
-      return failClosed ? { decision: 'denied', message: `matchCondition ${c.name}: ${err.message}` } : { decision: 'not-matched' };
-    }
-  }
-  for (const v of policy.spec.validations as Obj[]) {
-    let ok: unknown;
-    try {
-      ok = cel(v.expression, env);
-    } catch (err) {
-      if (!(err instanceof CelError)) throw err;
-      if (failClosed) return { decision: 'denied', message: `expression error: ${err.message}` };
-      continue;
-    }
-    if (ok !== true) return { decision: 'denied', message: v.message };
-  }
-  return { decision: 'allowed' };
+  const request = { operation, namespace: ns.metadata.name, resource: { group: '', version: 'v1', resource: 'pods' }, object: pod };
+  return admitByPolicy(policy, request, ns);
 }
 
 const OPTED_IN = namespace('shop', { 'probe-agent.io/rewrite': 'enabled' });
