@@ -31,7 +31,7 @@ import { REPLACE_EVERY_MS, runChurn } from './churn.ts';
 import { startFrameTap, type FrameTap } from './frame-tap.ts';
 import { keepKubeletSysctls, Kubelet, kubeletInfo } from './kubelet.ts';
 import {
-  binaryFromArgs, check, Cleanups, checks, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
+  binaryFromArgs, check, Cleanups, checks, Daemon, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
   stopChild, tail, total, unmountUnder, runHarness, waitFor, type PodView,
 } from './lib.ts';
 import { runBench } from './bench.ts';
@@ -102,7 +102,7 @@ async function main(): Promise<number> {
   nodePath(false);
   cleanups.push(() => nodePath(true));
 
-  const [port, roPort, healthzPort, shimMetricsPort] = [await freePort(), await freePort(), await freePort(), await freePort()];
+  const [port, roPort, healthzPort, shimMetricsPort, agentMetricsPort] = [await freePort(), await freePort(), await freePort(), await freePort(), await freePort()];
   const probeSocket = path.join(scratch, 'probe.sock');
   const shimSocket = path.join(scratch, 'cri.sock');
 
@@ -118,9 +118,13 @@ async function main(): Promise<number> {
   }
 
   say('starting the agent (reading kubelet\'s /pods on the read-only port) and the shim');
-  const agent = startLogged(CLI, ['run', `--kubelet-url=http://127.0.0.1:${roPort}`, '--kubelet-poll-interval=2s', `--cri-endpoint=${ctrd.endpoint}`,
-    `--netns-dir=${ctrd.netnsDir}`, '--netns-resolvers=cri', `--socket=${probeSocket}`, '--metrics-address=127.0.0.1:0', `--node-name=${NODE_NAME}`], path.join(scratch, 'agent.log'));
-  cleanups.push(() => stopChild(agent));
+  // A fixed metrics port: the rollout phase restarts the agent on the same flags, and the phases read its /metrics.
+  const agent = new Daemon(CLI, ['run', `--kubelet-url=http://127.0.0.1:${roPort}`, '--kubelet-poll-interval=2s', `--cri-endpoint=${ctrd.endpoint}`,
+    `--netns-dir=${ctrd.netnsDir}`, '--netns-resolvers=cri', `--socket=${probeSocket}`, `--metrics-address=127.0.0.1:${agentMetricsPort}`, `--node-name=${NODE_NAME}`],
+  path.join(scratch, 'agent.log'));
+  cleanups.push(async () => {
+    await agent.stop();
+  });
   // Its counters on a loopback port of this run, not the default socket another shim on this machine may hold.
   const shim = startLogged(CLI, ['shim', '--listen', `unix://${shimSocket}`, '--runtime-endpoint', shimRuntime, '--probe-socket', probeSocket,
     '--metrics-socket=', `--metrics-listen=127.0.0.1:${shimMetricsPort}`], path.join(scratch, 'shim.log'));
@@ -181,7 +185,7 @@ async function main(): Promise<number> {
       await runChurn({
         kubelet, manifests, cri, containerdLog: ctx.containerdLog, tap, seconds,
         manifest: (name) => JSON.stringify({ ...template, metadata: { ...template['metadata'], name } }),
-        shimPid: shim.pid!, shimLog: path.join(scratch, 'shim.log'), shimMetricsPort,
+        shimPid: shim.pid!, shimLog: path.join(scratch, 'shim.log'), shimMetricsPort, agentPid: () => agent.pid, agentMetricsPort,
       });
     }
   } else skip('churn', unselected);
