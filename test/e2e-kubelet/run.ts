@@ -11,7 +11,8 @@
  * pass, 1 otherwise), puts back the sysctls kubelet changes and removes everything it created.
  * Then issue 25's cases (cases.ts: a sidecar, a sleep preStop, ExecProbeTimeout off) and the churn
  * phase (churn.ts, issue 24), which replaces pods for E2E_CHURN_SECONDS under a frame tap between the
- * shim and containerd (frame-tap.ts). E2E_PHASES picks phases; the others print SKIP.
+ * shim and containerd (frame-tap.ts), and the rollout phase (rollout.ts, issue 31), which restarts
+ * the agent twice while slow postStart hooks run. E2E_PHASES picks phases; the others print SKIP.
  * Any kubelet from 1.26 on: `kubelet --version` decides whether the runtime endpoints go in flags
  * (< 1.27) or in the config file (1.27 on; some builds have no flags for them), and the version heads
  * the table. Root only; not part of `make test` (no kubelet is built or fetched here).
@@ -28,6 +29,7 @@ import { builtCli } from '../support/built-cli.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';
 import { runExecTimeoutGate, runSidecar, runSleepHook } from './cases.ts';
 import { REPLACE_EVERY_MS, runChurn } from './churn.ts';
+import { runRollout } from './rollout.ts';
 import { startFrameTap, type FrameTap } from './frame-tap.ts';
 import { keepKubeletSysctls, Kubelet, kubeletInfo } from './kubelet.ts';
 import {
@@ -37,6 +39,9 @@ import {
 import { runBench } from './bench.ts';
 import { churnPod, e2ePods, HTTP_PORT, PODS } from './pods.ts';
 import { placePod, removePods, rewritePod, type PhaseContext } from './static-pods.ts';
+
+/** deploy/base's terminationGracePeriodSeconds for the agent: a rollout's SIGKILL comes after it. */
+const AGENT_GRACE_MS = 30_000;
 
 /** bin/probe-agent, set by main() once dist/ is known to be a build of the current sources. */
 let CLI = '';
@@ -169,6 +174,9 @@ async function main(): Promise<number> {
 
   if (phases.has('gate')) await runExecTimeoutGate(ctx);
   else skip('ExecProbeTimeout off', unselected);
+
+  if (phases.has('rollout')) await runRollout({ ...ctx, agent, agentMetricsPort, shimLog: path.join(scratch, 'shim.log'), agentGraceMs: AGENT_GRACE_MS });
+  else skip('rollout (agent restarted twice while postStart hooks run)', unselected);
 
   if (phases.has('churn')) {
     const seconds = Number(process.env['E2E_CHURN_SECONDS'] ?? 240);
@@ -319,10 +327,10 @@ async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string,
   console.log(`\nreadiness, container start -> ready: ${Object.entries(readiness).map(([n, v]) => `${n} ${v}`).join('; ')}`);
 }
 
-/** E2E_PHASES: a comma list of base, cases, gate, churn (default all); the others print SKIP rows. */
+/** E2E_PHASES: a comma list of base, cases, gate, rollout, churn (default all); the others print SKIP rows. */
 function selectedPhases(): Set<string> {
   // bench (make bench-kubelet) measures rather than checks: only when asked for.
-  const all = ['base', 'cases', 'gate', 'churn', 'bench'];
+  const all = ['base', 'cases', 'gate', 'rollout', 'churn', 'bench'];
   const v = process.env['E2E_PHASES'];
   if (!v) return new Set(all.filter((x) => x !== 'bench'));
   const want = v.split(',').map((x) => x.trim()).filter(Boolean);
