@@ -178,8 +178,14 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
     if (h > 0) agentHeap.push({ at: Date.now(), bytes: h });
   });
   const last = (xs: { bytes: number }[]): string => (xs.length ? mb(xs[xs.length - 1]!.bytes) : 'n/a');
+  // RssAnon vs RssFile says whether a growth is the process's own memory or mapped files.
+  const parts = (pid: number | undefined): string => {
+    const st = safeRead(`/proc/${pid}/status`);
+    const kb = (k: string): string => { const m = new RegExp(`${k}:\\s+(\\d+) kB`).exec(st); return m ? mb(Number(m[1]) * 1024) : '?'; };
+    return `anon ${kb('RssAnon')}, file ${kb('RssFile')}`;
+  };
   every(PROGRESS_MS, () => {
-    if (rss.length) say(`churn memory: agent RSS ${last(agentRss)} (heap used ${last(agentHeap)}), shim RSS ${last(rss)}`);
+    if (rss.length) say(`churn memory: agent RSS ${last(agentRss)} (${parts(ctx.agentPid())}; heap used ${last(agentHeap)}), shim RSS ${last(rss)} (${parts(ctx.shimPid)})`);
   });
   every(2000, async () => {
     health.polls++;
