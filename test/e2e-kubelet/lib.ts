@@ -96,11 +96,11 @@ export async function httpGet(url: string, timeoutMs = 3000): Promise<{ status: 
   return { status: res.status, body: await res.text() };
 }
 
-/** A child whose stdout+stderr go to a file; killed (group) by the cleanups. */
-export function startLogged(cmd: string, args: string[], logFile: string): ChildProcess {
+/** A child whose stdout+stderr go to a file; killed (group) by the cleanups. `env` is added to this process's. */
+export function startLogged(cmd: string, args: string[], logFile: string, env: NodeJS.ProcessEnv = {}): ChildProcess {
   const fd = openSync(logFile, 'a');
   try {
-    return spawn(cmd, args, { stdio: ['ignore', fd, fd], detached: true });
+    return spawn(cmd, args, { stdio: ['ignore', fd, fd], detached: true, env: { ...process.env, ...env } });
   } finally {
     closeSync(fd);
   }
@@ -143,12 +143,14 @@ export class Daemon {
   readonly cmd: string;
   readonly args: string[];
   readonly logFile: string;
+  readonly env: NodeJS.ProcessEnv;
 
-  constructor(cmd: string, args: string[], logFile: string) {
+  constructor(cmd: string, args: string[], logFile: string, env: NodeJS.ProcessEnv = {}) {
     this.cmd = cmd;
     this.args = args;
     this.logFile = logFile;
-    this.proc = startLogged(cmd, args, logFile);
+    this.env = env;
+    this.proc = startLogged(cmd, args, logFile, env);
   }
 
   get pid(): number | undefined {
@@ -181,7 +183,7 @@ export class Daemon {
   /** The rollout step: the old process stopped (`graceMs`), the new one started on the same flags and log. */
   async restart(graceMs: number): Promise<DaemonExit | undefined> {
     const exit = await this.stop(graceMs);
-    this.proc = startLogged(this.cmd, this.args, this.logFile);
+    this.proc = startLogged(this.cmd, this.args, this.logFile, this.env);
     return exit;
   }
 }

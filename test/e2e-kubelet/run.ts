@@ -18,14 +18,15 @@
  * the table. Root only; not part of `make test` (no kubelet is built or fetched here).
  */
 import { execFileSync, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
-import { builtCli } from '../support/built-cli.ts';
+import { builtCli, builtEntry } from '../support/built-cli.ts';
+import { shimUnitNodeFlags } from '../soak/shim-soak.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';
 import { runExecTimeoutGate, runSidecar, runSleepHook } from './cases.ts';
 import { REPLACE_EVERY_MS, runChurn } from './churn.ts';
@@ -124,14 +125,17 @@ async function main(): Promise<number> {
 
   say('starting the agent (reading kubelet\'s /pods on the read-only port) and the shim');
   // A fixed metrics port: the rollout phase restarts the agent on the same flags, and the phases read its /metrics.
+  // The heap cap the DaemonSet gives it: without it V8 sizes the heap from the machine's memory, and
+  // the churn's RSS would measure that instead of the agent.
   const agent = new Daemon(CLI, ['run', `--kubelet-url=http://127.0.0.1:${roPort}`, '--kubelet-poll-interval=2s', `--cri-endpoint=${ctrd.endpoint}`,
     `--netns-dir=${ctrd.netnsDir}`, '--netns-resolvers=cri', `--socket=${probeSocket}`, `--metrics-address=127.0.0.1:${agentMetricsPort}`, `--node-name=${NODE_NAME}`],
-  path.join(scratch, 'agent.log'));
+  path.join(scratch, 'agent.log'), { NODE_OPTIONS: daemonSetNodeOptions() });
   cleanups.push(async () => {
     await agent.stop();
   });
   // Its counters on a loopback port of this run, not the default socket another shim on this machine may hold.
-  const shim = startLogged(CLI, ['shim', '--listen', `unix://${shimSocket}`, '--runtime-endpoint', shimRuntime, '--probe-socket', probeSocket,
+  // Started as its systemd unit starts it (the unit's node flags, dist/shim/main.js): the churn measures that memory.
+  const shim = startLogged(process.execPath, [...shimUnitNodeFlags(), builtEntry('shim/main.js'), '--listen', `unix://${shimSocket}`, '--runtime-endpoint', shimRuntime, '--probe-socket', probeSocket,
     '--metrics-socket=', `--metrics-listen=127.0.0.1:${shimMetricsPort}`], path.join(scratch, 'shim.log'));
   cleanups.push(() => stopChild(shim));
   if (!(await waitFor('the agent socket and the shim socket', 20_000, () => (existsSync(probeSocket) && existsSync(shimSocket)) || undefined))) {
@@ -325,6 +329,14 @@ async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string,
   console.log('\nrestart counts:');
   for (const p of finalPods.sort((a, b) => a.name.localeCompare(b.name))) console.log(`  ${p.name}: ${p.containers.map((c) => `${c.name}=${c.restartCount}`).join(' ')}`);
   console.log(`\nreadiness, container start -> ready: ${Object.entries(readiness).map(([n, v]) => `${n} ${v}`).join('; ')}`);
+}
+
+/** deploy/base/daemonset.yaml's NODE_OPTIONS for the agent container (its V8 heap cap). */
+function daemonSetNodeOptions(): string {
+  const manifest = readFileSync(new URL('../../deploy/base/daemonset.yaml', import.meta.url), 'utf8');
+  const v = /name: NODE_OPTIONS\s+value: (\S+)/.exec(manifest)?.[1];
+  if (!v) throw new Error('deploy/base/daemonset.yaml: no NODE_OPTIONS for the agent');
+  return v;
 }
 
 /** E2E_PHASES: a comma list of base, cases, gate, rollout, churn (default all); the others print SKIP rows. */
