@@ -220,9 +220,10 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
     if (tick % 4 === 0) say(`churn: ${Math.round((Date.now() - start) / 1000)} s, ${pods.size} pods so far`);
   }
   await sleep(Math.max(0, start + ctx.seconds * 1000 - Date.now()) + SETTLE_MS);
+  // The end of the samples, before the observers' last sleeps (the progress line's is a minute) run out.
+  const end = Date.now();
   done = true;
   await Promise.all(loops);
-  const end = Date.now();
 
   const klog = readFrom(kubeletLogFile, kubeletLogFrom);
   const shimLog = readFrom(ctx.shimLog, shimLogFrom);
@@ -328,14 +329,15 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
       text: `first ${mb(xs[0]?.bytes ?? 0)}, middle ${mb(atMid)}, end ${mb(atEnd)}, max ${mb(Math.max(...xs.map((x) => x.bytes)))}; second-half growth ${mb(atEnd - atMid)} (${xs.length} samples, 5 s apart)`,
     };
   };
-  if (rss.length >= 4) {
+  const windowsFilled = (xs: { at: number }[]): boolean => xs.some((x) => Math.abs(x.at - mid) <= 10_000) && xs.some((x) => x.at >= end - 20_000);
+  if (rss.length >= 4 && windowsFilled(rss)) {
     const g = growthOf(rss);
     check(`${P}shim RSS flat (growth over the second half < ${mb(flat)})`, g.growth < flat, `VmRSS ${g.text}`);
   } else {
     check(`${P}shim RSS flat`, false, `only ${rss.length} VmRSS samples of pid ${ctx.shimPid} (did the shim exit?)`);
   }
   const agentPidNow = ctx.agentPid();
-  if (agentRss.length >= 4 && agentPidNow === agentPidAtStart) {
+  if (agentRss.length >= 4 && windowsFilled(agentRss) && agentPidNow === agentPidAtStart) {
     const g = growthOf(agentRss);
     const h = agentHeap.length >= 4 ? growthOf(agentHeap) : undefined;
     check(`${P}agent RSS flat (growth over the second half < ${mb(flat)})`, g.growth < flat,
