@@ -4,17 +4,19 @@
  * them are replaced (file removed, a pod of a new name added) for E2E_CHURN_SECONDS. What an
  * operator needs before trusting the shim on a busy node: no CRI call failed by the shim, no
  * container restarted, every pod Ready within 2 s of its container's start (4 s for the first
- * CHURN_PODS, started at once), the shim's RSS flat and
+ * CHURN_PODS, started at once), the shim's and the agent's RSS flat and
  * kubelet's PLEG healthy throughout. The GOAWAYs containerd sends the shim are counted by a frame
  * tap (frame-tap.ts), since containerd does not log them.
  */
-import { closeSync, openSync, readSync, rmSync, statSync } from 'node:fs';
+import { rmSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import path from 'node:path';
 import type { KubeletCri } from '../support/kubelet-cri.ts';
 import { goawaySummary, type FrameTap, type TapCounts } from './frame-tap.ts';
 import type { Kubelet } from './kubelet.ts';
-import { check, criMs, httpGet, klogTime, metricValue, NODE_NAME, podsOf, safeRead, say, skip, sleep } from './lib.ts';
+import {
+  check, criMs, httpGet, klogTime, metricValue, NODE_NAME, podsOf, readFrom, safeRead, say, sizeOf, skip, sleep, vmRssBytes,
+} from './lib.ts';
 import { writeManifest } from './static-pods.ts';
 
 export const CHURN_PODS = 16;
@@ -28,8 +30,16 @@ export const READY_WITHIN_MS = 2000;
  * 2.6 s start->Ready in one run at load 9, the probe itself 0.26 s).
  */
 export const READY_WITHIN_BURST_MS = 4000;
-/** "Flat": RSS growth over the second half of the churn below this (Node's heap moves by a few MB with GC). */
-export const RSS_FLAT_BYTES = 5 * 1024 * 1024;
+/**
+ * "Flat": RSS growth over the second half of the churn below this. Issue 31 asks for <= 2 MB over a
+ * 30-minute churn; a short churn (the default 4 minutes) is still warming up (Node's heap moves by a
+ * few MB with GC), so it gets 5 MB.
+ */
+export function rssFlatBytes(seconds: number): number {
+  return (seconds >= 1800 ? 2 : 5) * 1024 * 1024;
+}
+/** A progress line with both processes' memory this often. */
+const PROGRESS_MS = 60_000;
 /** After the last replacement: time for the last pods to start and be probed before counting. */
 const SETTLE_MS = 15_000;
 
@@ -41,43 +51,15 @@ export interface ChurnContext {
   /** Straight to containerd (the measurements must not add to the shim's load). */
   cri: KubeletCri;
   shimPid: number;
+  /** The agent's pid now (a rollout phase before may have replaced it). */
+  agentPid: () => number | undefined;
+  /** The agent's /metrics (its Node heap: nodejs_heap_size_used_bytes). */
+  agentMetricsPort: number;
   shimLog: string;
   shimMetricsPort: number;
   containerdLog: string;
   tap: FrameTap | undefined;
   seconds: number;
-}
-
-/** Whatever a file gained after `from` (logs are appended to for the whole run). */
-function readFrom(file: string, from: number): string {
-  let fd: number;
-  try {
-    fd = openSync(file, 'r');
-  } catch {
-    return '';
-  }
-  try {
-    const size = statSync(file).size;
-    if (size <= from) return '';
-    const buf = Buffer.alloc(size - from);
-    readSync(fd, buf, 0, buf.length, from);
-    return buf.toString('utf8');
-  } finally {
-    closeSync(fd);
-  }
-}
-
-function sizeOf(file: string): number {
-  try {
-    return statSync(file).size;
-  } catch {
-    return 0;
-  }
-}
-
-function vmRssBytes(pid: number): number | undefined {
-  const m = /VmRSS:\s+(\d+) kB/.exec(safeRead(`/proc/${pid}/status`));
-  return m ? Number(m[1]) * 1024 : undefined;
 }
 
 const mb = (b: number): string => `${(b / 1024 / 1024).toFixed(1)} MB`;
@@ -136,6 +118,9 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   // Observers, until `done`.
   let done = false;
   const rss: { at: number; bytes: number }[] = [];
+  const agentRss: { at: number; bytes: number }[] = [];
+  const agentHeap: { at: number; bytes: number }[] = [];
+  const agentPidAtStart = ctx.agentPid();
   const health = { polls: 0, healthzFailed: 0, roFailed: 0, firstFailure: '' };
   const loops: Promise<void>[] = [];
   const every = (ms: number, fn: () => Promise<void> | void): void => {
@@ -182,11 +167,25 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   });
   // The machine's 1-minute load average, for the readiness row: the cores are shared.
   const load: number[] = [];
-  every(5000, () => {
+  every(5000, async () => {
     const b = vmRssBytes(ctx.shimPid);
     if (b !== undefined) rss.push({ at: Date.now(), bytes: b });
+    const a = vmRssBytes(ctx.agentPid());
+    if (a !== undefined) agentRss.push({ at: Date.now(), bytes: a });
     const l = Number(safeRead('/proc/loadavg').split(' ')[0]);
     if (Number.isFinite(l)) load.push(l);
+    const h = metricValue((await httpGet(`http://127.0.0.1:${ctx.agentMetricsPort}/metrics`, 3000)).body, 'nodejs_heap_size_used_bytes');
+    if (h > 0) agentHeap.push({ at: Date.now(), bytes: h });
+  });
+  const last = (xs: { bytes: number }[]): string => (xs.length ? mb(xs[xs.length - 1]!.bytes) : 'n/a');
+  // RssAnon vs RssFile says whether a growth is the process's own memory or mapped files.
+  const parts = (pid: number | undefined): string => {
+    const st = safeRead(`/proc/${pid}/status`);
+    const kb = (k: string): string => { const m = new RegExp(`${k}:\\s+(\\d+) kB`).exec(st); return m ? mb(Number(m[1]) * 1024) : '?'; };
+    return `anon ${kb('RssAnon')}, file ${kb('RssFile')}`;
+  };
+  every(PROGRESS_MS, () => {
+    if (rss.length) say(`churn memory: agent RSS ${last(agentRss)} (${parts(ctx.agentPid())}; heap used ${last(agentHeap)}), shim RSS ${last(rss)} (${parts(ctx.shimPid)})`);
   });
   every(2000, async () => {
     health.polls++;
@@ -221,9 +220,10 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
     if (tick % 4 === 0) say(`churn: ${Math.round((Date.now() - start) / 1000)} s, ${pods.size} pods so far`);
   }
   await sleep(Math.max(0, start + ctx.seconds * 1000 - Date.now()) + SETTLE_MS);
+  // The end of the samples, before the observers' last sleeps (the progress line's is a minute) run out.
+  const end = Date.now();
   done = true;
   await Promise.all(loops);
-  const end = Date.now();
 
   const klog = readFrom(kubeletLogFile, kubeletLogFrom);
   const shimLog = readFrom(ctx.shimLog, shimLogFrom);
@@ -316,18 +316,34 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
     + `of which start->kubelet's PLEG saw it p50 ${pct(plegLag, 0.5)}, max ${pct(plegLag, 1)}; `
     + `load average ${load.length ? `${Math.min(...load).toFixed(1)}-${Math.max(...load).toFixed(1)}` : 'n/a'} on ${availableParallelism()} cores`);
 
-  // 5. Shim RSS.
-  if (rss.length >= 4) {
-    const mid = start + ((end - start) / 2);
-    const avg = (xs: { bytes: number }[]): number => xs.reduce((n, x) => n + x.bytes, 0) / Math.max(1, xs.length);
-    // 20 s windows, at the middle and at the end: a GC cycle moves one sample, not four.
-    const atMid = avg(rss.filter((x) => Math.abs(x.at - mid) <= 10_000));
-    const atEnd = avg(rss.filter((x) => x.at >= end - 20_000));
-    const growth = atEnd - atMid;
-    check(`${P}shim RSS flat (growth over the second half < ${mb(RSS_FLAT_BYTES)})`, growth < RSS_FLAT_BYTES,
-      `VmRSS first ${mb(rss[0]!.bytes)}, middle ${mb(atMid)}, end ${mb(atEnd)}, max ${mb(Math.max(...rss.map((x) => x.bytes)))}; second-half growth ${mb(growth)} (${rss.length} samples, 5 s apart)`);
+  // 5. The shim's and the agent's RSS (and the agent's heap, for what grows).
+  const mid = start + ((end - start) / 2);
+  const flat = rssFlatBytes(ctx.seconds);
+  const avg = (xs: { bytes: number }[]): number => xs.reduce((n, x) => n + x.bytes, 0) / Math.max(1, xs.length);
+  // 20 s windows, at the middle and at the end: a GC cycle moves one sample, not four.
+  const growthOf = (xs: { at: number; bytes: number }[]): { atMid: number; atEnd: number; growth: number; text: string } => {
+    const atMid = avg(xs.filter((x) => Math.abs(x.at - mid) <= 10_000));
+    const atEnd = avg(xs.filter((x) => x.at >= end - 20_000));
+    return {
+      atMid, atEnd, growth: atEnd - atMid,
+      text: `first ${mb(xs[0]?.bytes ?? 0)}, middle ${mb(atMid)}, end ${mb(atEnd)}, max ${mb(Math.max(...xs.map((x) => x.bytes)))}; second-half growth ${mb(atEnd - atMid)} (${xs.length} samples, 5 s apart)`,
+    };
+  };
+  const windowsFilled = (xs: { at: number }[]): boolean => xs.some((x) => Math.abs(x.at - mid) <= 10_000) && xs.some((x) => x.at >= end - 20_000);
+  if (rss.length >= 4 && windowsFilled(rss)) {
+    const g = growthOf(rss);
+    check(`${P}shim RSS flat (growth over the second half < ${mb(flat)})`, g.growth < flat, `VmRSS ${g.text}`);
   } else {
     check(`${P}shim RSS flat`, false, `only ${rss.length} VmRSS samples of pid ${ctx.shimPid} (did the shim exit?)`);
+  }
+  const agentPidNow = ctx.agentPid();
+  if (agentRss.length >= 4 && windowsFilled(agentRss) && agentPidNow === agentPidAtStart) {
+    const g = growthOf(agentRss);
+    const h = agentHeap.length >= 4 ? growthOf(agentHeap) : undefined;
+    check(`${P}agent RSS flat (growth over the second half < ${mb(flat)})`, g.growth < flat,
+      `VmRSS ${g.text}; Node heap used ${h ? h.text : `only ${agentHeap.length} samples of its /metrics`}`);
+  } else {
+    check(`${P}agent RSS flat`, false, `${agentRss.length} VmRSS samples; agent pid ${agentPidAtStart} at the start, ${agentPidNow} at the end (did the agent exit?)`);
   }
 
   // 6. PLEG.

@@ -3,9 +3,10 @@
  * endpoints (/pods, /metrics/probes), its log, and child processes (e2e-critest uses those too).
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { accessSync, closeSync, constants, openSync, readdirSync, readFileSync } from 'node:fs';
+import { accessSync, closeSync, constants, openSync, readdirSync, readFileSync, readSync, statSync } from 'node:fs';
 import { createServer } from 'node:net';
 import path from 'node:path';
+import { LogLines, unexpectedLogs } from '../support/log-check.ts';
 
 export const NODE_NAME = 'probe-agent-e2e';
 
@@ -95,11 +96,11 @@ export async function httpGet(url: string, timeoutMs = 3000): Promise<{ status: 
   return { status: res.status, body: await res.text() };
 }
 
-/** A child whose stdout+stderr go to a file; killed (group) by the cleanups. */
-export function startLogged(cmd: string, args: string[], logFile: string): ChildProcess {
+/** A child whose stdout+stderr go to a file; killed (group) by the cleanups. `env` is added to this process's. */
+export function startLogged(cmd: string, args: string[], logFile: string, env: NodeJS.ProcessEnv = {}): ChildProcess {
   const fd = openSync(logFile, 'a');
   try {
-    return spawn(cmd, args, { stdio: ['ignore', fd, fd], detached: true });
+    return spawn(cmd, args, { stdio: ['ignore', fd, fd], detached: true, env: { ...process.env, ...env } });
   } finally {
     closeSync(fd);
   }
@@ -122,6 +123,116 @@ export async function stopChild(child: ChildProcess | undefined, graceMs = 10_00
   }, graceMs);
   await exited;
   clearTimeout(timer);
+}
+
+/** How a daemon's process ended, and how long after its SIGTERM. */
+export interface DaemonExit {
+  code: number | null;
+  signal: string | null;
+  ms: number;
+}
+
+/**
+ * A daemon the run restarts as a DaemonSet rollout does: SIGTERM, wait for the exit (SIGKILL to its
+ * group after the grace period, as kubelet's terminationGracePeriodSeconds), then the new one.
+ */
+export class Daemon {
+  proc: ChildProcess;
+  readonly exits: DaemonExit[] = [];
+
+  readonly cmd: string;
+  readonly args: string[];
+  readonly logFile: string;
+  readonly env: NodeJS.ProcessEnv;
+
+  constructor(cmd: string, args: string[], logFile: string, env: NodeJS.ProcessEnv = {}) {
+    this.cmd = cmd;
+    this.args = args;
+    this.logFile = logFile;
+    this.env = env;
+    this.proc = startLogged(cmd, args, logFile, env);
+  }
+
+  get pid(): number | undefined {
+    return this.proc.pid;
+  }
+
+  async stop(graceMs = 10_000): Promise<DaemonExit | undefined> {
+    const child = this.proc;
+    if (!child.pid || child.exitCode !== null || child.signalCode !== null) return undefined;
+    const t0 = Date.now();
+    const exited = new Promise<DaemonExit>((r) => child.once('exit', (code, signal) => r({ code, signal, ms: Date.now() - t0 })));
+    try {
+      process.kill(child.pid, 'SIGTERM');
+    } catch {
+      return undefined;
+    }
+    const timer = setTimeout(() => {
+      try {
+        process.kill(-child.pid!, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    }, graceMs);
+    const exit = await exited;
+    clearTimeout(timer);
+    this.exits.push(exit);
+    return exit;
+  }
+
+  /** The rollout step: the old process stopped (`graceMs`), the new one started on the same flags and log. */
+  async restart(graceMs: number): Promise<DaemonExit | undefined> {
+    const exit = await this.stop(graceMs);
+    this.proc = startLogged(this.cmd, this.args, this.logFile, this.env);
+    return exit;
+  }
+}
+
+/** Whatever a file gained after `from` (logs are appended to for the whole run). */
+export function readFrom(file: string, from: number): string {
+  let fd: number;
+  try {
+    fd = openSync(file, 'r');
+  } catch {
+    return '';
+  }
+  try {
+    const size = statSync(file).size;
+    if (size <= from) return '';
+    const buf = Buffer.alloc(size - from);
+    readSync(fd, buf, 0, buf.length, from);
+    return buf.toString('utf8');
+  } finally {
+    closeSync(fd);
+  }
+}
+
+export function sizeOf(file: string): number {
+  try {
+    return statSync(file).size;
+  } catch {
+    return 0;
+  }
+}
+
+/** A process's resident set (VmRSS), when it runs. */
+export function vmRssBytes(pid: number | undefined): number | undefined {
+  if (pid === undefined) return undefined;
+  const m = /VmRSS:\s+(\d+) kB/.exec(safeRead(`/proc/${pid}/status`));
+  return m ? Number(m[1]) * 1024 : undefined;
+}
+
+/** The warn, error and non-JSON lines of an agent's or shim's log text, counted, the three most frequent shown. */
+export function warnLines(text: string): { count: number; top: string } {
+  const lines = new LogLines();
+  lines.push(text.endsWith('\n') ? text : `${text}\n`);
+  const bad = unexpectedLogs(lines.records, []);
+  const n = new Map<string, number>();
+  for (const r of bad) {
+    const m = `${String(r['level'])} ${String(r['msg'] ?? '')}${r['error'] ?? r['err'] ? `: ${JSON.stringify(r['error'] ?? r['err']).slice(0, 110)}` : ''}`;
+    n.set(m, (n.get(m) ?? 0) + 1);
+  }
+  return { count: bad.length, top: [...n].sort((a, b) => b[1] - a[1]).slice(0, 3).map(([k, v]) => `${v}x ${k}`).join('; ') };
 }
 
 /** klog's "I1124 20:04:55.831504" -> epoch ms (kubelet logs local time; this run is on one machine). */

@@ -145,3 +145,34 @@ export function casePods(): Record<string, Record<string, unknown>> {
     })]),
   };
 }
+
+/** How long the rollout pods' postStart hook runs: under the agent's 10 s shutdown grace, so a hook in flight at SIGTERM ends in the old agent. */
+export const SLOW_HOOK_SECONDS = 6;
+
+// /www/cgi-bin/slow, run by busybox httpd per request: it logs its start and end to the container log
+// (a CGI's stderr is httpd's), so the run counts every hook that ran and every one that finished.
+const slowHook = [
+  'mkdir -p /www/cgi-bin',
+  `printf '%s\\n' '#!/bin/sh' 'echo hook-start >&2' 'sleep ${SLOW_HOOK_SECONDS}' 'echo hook-done >&2' "printf 'Content-Type: text/plain\\r\\n\\r\\nok\\n'" > /www/cgi-bin/slow`,
+  'chmod +x /www/cgi-bin/slow',
+].join(' && ');
+const serveSlowHook = ['/bin/busybox', 'sh', '-c', `${slowHook} && echo ok > /www/ready && exec /bin/busybox httpd -f -vv -p ${HTTP_PORT} -h /www`];
+
+/**
+ * A rollout pod: `server` serves a postStart that takes SLOW_HOOK_SECONDS and answers rewritten
+ * readiness (httpGet on the named port, every second, one failure un-Readies it) and liveness
+ * (tcpSocket); `app`'s postStart httpGet is that slow hook. The agent is restarted under both.
+ */
+export function rolloutPod(name: string): Record<string, unknown> {
+  return pod(name, [
+    server('server', {
+      command: serveSlowHook,
+      readinessProbe: { httpGet: { path: '/ready', port: 'http' }, ...fast },
+      livenessProbe: { tcpSocket: { port: HTTP_PORT }, ...fast, failureThreshold: 3 },
+    }),
+    {
+      name: 'app', image: BUSYBOX_IMAGE_REF, imagePullPolicy: 'Never', command: ['/bin/sleep', 'infinity'],
+      lifecycle: { postStart: { httpGet: { path: '/cgi-bin/slow', port: HTTP_PORT, httpHeaders: [{ name: 'X-E2E', value: 'rollout' }] } } },
+    },
+  ]);
+}

@@ -11,32 +11,38 @@
  * pass, 1 otherwise), puts back the sysctls kubelet changes and removes everything it created.
  * Then issue 25's cases (cases.ts: a sidecar, a sleep preStop, ExecProbeTimeout off) and the churn
  * phase (churn.ts, issue 24), which replaces pods for E2E_CHURN_SECONDS under a frame tap between the
- * shim and containerd (frame-tap.ts). E2E_PHASES picks phases; the others print SKIP.
+ * shim and containerd (frame-tap.ts), and the rollout phase (rollout.ts, issue 31), which restarts
+ * the agent twice while slow postStart hooks run. E2E_PHASES picks phases; the others print SKIP.
  * Any kubelet from 1.26 on: `kubelet --version` decides whether the runtime endpoints go in flags
  * (< 1.27) or in the config file (1.27 on; some builds have no flags for them), and the version heads
  * the table. Root only; not part of `make test` (no kubelet is built or fetched here).
  */
 import { execFileSync, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
-import { builtCli } from '../support/built-cli.ts';
+import { builtCli, builtEntry } from '../support/built-cli.ts';
+import { shimUnitNodeFlags } from '../soak/shim-soak.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';
 import { runExecTimeoutGate, runSidecar, runSleepHook } from './cases.ts';
 import { REPLACE_EVERY_MS, runChurn } from './churn.ts';
+import { runRollout } from './rollout.ts';
 import { startFrameTap, type FrameTap } from './frame-tap.ts';
 import { keepKubeletSysctls, Kubelet, kubeletInfo } from './kubelet.ts';
 import {
-  binaryFromArgs, check, Cleanups, checks, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
+  binaryFromArgs, check, Cleanups, checks, Daemon, freePort, skip, httpGet, klogTime, NODE_NAME, podLogFiles, podsOf, proberSeries, proberTotals, readdirSafe, safeRead, say, startLogged,
   stopChild, tail, total, unmountUnder, runHarness, waitFor, type PodView,
 } from './lib.ts';
 import { runBench } from './bench.ts';
 import { churnPod, e2ePods, HTTP_PORT, PODS } from './pods.ts';
 import { placePod, removePods, rewritePod, type PhaseContext } from './static-pods.ts';
+
+/** deploy/base's terminationGracePeriodSeconds for the agent: a rollout's SIGKILL comes after it. */
+const AGENT_GRACE_MS = 30_000;
 
 /** bin/probe-agent, set by main() once dist/ is known to be a build of the current sources. */
 let CLI = '';
@@ -102,7 +108,7 @@ async function main(): Promise<number> {
   nodePath(false);
   cleanups.push(() => nodePath(true));
 
-  const [port, roPort, healthzPort, shimMetricsPort] = [await freePort(), await freePort(), await freePort(), await freePort()];
+  const [port, roPort, healthzPort, shimMetricsPort, agentMetricsPort] = [await freePort(), await freePort(), await freePort(), await freePort(), await freePort()];
   const probeSocket = path.join(scratch, 'probe.sock');
   const shimSocket = path.join(scratch, 'cri.sock');
 
@@ -118,11 +124,18 @@ async function main(): Promise<number> {
   }
 
   say('starting the agent (reading kubelet\'s /pods on the read-only port) and the shim');
-  const agent = startLogged(CLI, ['run', `--kubelet-url=http://127.0.0.1:${roPort}`, '--kubelet-poll-interval=2s', `--cri-endpoint=${ctrd.endpoint}`,
-    `--netns-dir=${ctrd.netnsDir}`, '--netns-resolvers=cri', `--socket=${probeSocket}`, '--metrics-address=127.0.0.1:0', `--node-name=${NODE_NAME}`], path.join(scratch, 'agent.log'));
-  cleanups.push(() => stopChild(agent));
+  // A fixed metrics port: the rollout phase restarts the agent on the same flags, and the phases read its /metrics.
+  // The heap cap the DaemonSet gives it: without it V8 sizes the heap from the machine's memory, and
+  // the churn's RSS would measure that instead of the agent.
+  const agent = new Daemon(CLI, ['run', `--kubelet-url=http://127.0.0.1:${roPort}`, '--kubelet-poll-interval=2s', `--cri-endpoint=${ctrd.endpoint}`,
+    `--netns-dir=${ctrd.netnsDir}`, '--netns-resolvers=cri', `--socket=${probeSocket}`, `--metrics-address=127.0.0.1:${agentMetricsPort}`, `--node-name=${NODE_NAME}`],
+  path.join(scratch, 'agent.log'), { NODE_OPTIONS: daemonSetNodeOptions() });
+  cleanups.push(async () => {
+    await agent.stop();
+  });
   // Its counters on a loopback port of this run, not the default socket another shim on this machine may hold.
-  const shim = startLogged(CLI, ['shim', '--listen', `unix://${shimSocket}`, '--runtime-endpoint', shimRuntime, '--probe-socket', probeSocket,
+  // Started as its systemd unit starts it (the unit's node flags, dist/shim/main.js): the churn measures that memory.
+  const shim = startLogged(process.execPath, [...shimUnitNodeFlags(), builtEntry('shim/main.js'), '--listen', `unix://${shimSocket}`, '--runtime-endpoint', shimRuntime, '--probe-socket', probeSocket,
     '--metrics-socket=', `--metrics-listen=127.0.0.1:${shimMetricsPort}`], path.join(scratch, 'shim.log'));
   cleanups.push(() => stopChild(shim));
   if (!(await waitFor('the agent socket and the shim socket', 20_000, () => (existsSync(probeSocket) && existsSync(shimSocket)) || undefined))) {
@@ -166,6 +179,9 @@ async function main(): Promise<number> {
   if (phases.has('gate')) await runExecTimeoutGate(ctx);
   else skip('ExecProbeTimeout off', unselected);
 
+  if (phases.has('rollout')) await runRollout({ ...ctx, agent, agentMetricsPort, shimLog: path.join(scratch, 'shim.log'), agentGraceMs: AGENT_GRACE_MS });
+  else skip('rollout (agent restarted twice while postStart hooks run)', unselected);
+
   if (phases.has('churn')) {
     const seconds = Number(process.env['E2E_CHURN_SECONDS'] ?? 240);
     if (!(seconds >= REPLACE_EVERY_MS / 1000)) {
@@ -181,7 +197,7 @@ async function main(): Promise<number> {
       await runChurn({
         kubelet, manifests, cri, containerdLog: ctx.containerdLog, tap, seconds,
         manifest: (name) => JSON.stringify({ ...template, metadata: { ...template['metadata'], name } }),
-        shimPid: shim.pid!, shimLog: path.join(scratch, 'shim.log'), shimMetricsPort,
+        shimPid: shim.pid!, shimLog: path.join(scratch, 'shim.log'), shimMetricsPort, agentPid: () => agent.pid, agentMetricsPort,
       });
     }
   } else skip('churn', unselected);
@@ -315,10 +331,18 @@ async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string,
   console.log(`\nreadiness, container start -> ready: ${Object.entries(readiness).map(([n, v]) => `${n} ${v}`).join('; ')}`);
 }
 
-/** E2E_PHASES: a comma list of base, cases, gate, churn (default all); the others print SKIP rows. */
+/** deploy/base/daemonset.yaml's NODE_OPTIONS for the agent container (its V8 heap cap). */
+function daemonSetNodeOptions(): string {
+  const manifest = readFileSync(new URL('../../deploy/base/daemonset.yaml', import.meta.url), 'utf8');
+  const v = /name: NODE_OPTIONS\s+value: (\S+)/.exec(manifest)?.[1];
+  if (!v) throw new Error('deploy/base/daemonset.yaml: no NODE_OPTIONS for the agent');
+  return v;
+}
+
+/** E2E_PHASES: a comma list of base, cases, gate, rollout, churn (default all); the others print SKIP rows. */
 function selectedPhases(): Set<string> {
   // bench (make bench-kubelet) measures rather than checks: only when asked for.
-  const all = ['base', 'cases', 'gate', 'churn', 'bench'];
+  const all = ['base', 'cases', 'gate', 'rollout', 'churn', 'bench'];
   const v = process.env['E2E_PHASES'];
   if (!v) return new Set(all.filter((x) => x !== 'bench'));
   const want = v.split(',').map((x) => x.trim()).filter(Boolean);
