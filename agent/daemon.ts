@@ -32,11 +32,9 @@ import { FairLimiter } from './scheduler/limiter.ts';
 import { ProbeManager } from './scheduler/manager.ts';
 import { ResultsStore } from './scheduler/results-store.ts';
 import { AGENT_VERSION, API_VERSION } from './version.ts';
-import { ApiWriter } from './gates/api-writer.ts';
 import { GatesController } from './gates/controller.ts';
 import { startLeaseRenewal } from './gates/lease.ts';
 import { GATES_CONDITION_TYPE } from './pods/pod-model.ts';
-import { inClusterOptions } from './webhook/cluster-reader.ts';
 
 /** A running agent; stop() is what SIGTERM does. */
 export interface Daemon {
@@ -185,6 +183,9 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       metrics.agent.setDroppedPods(snap.errors.map((e) => e.reason));
     });
     if (config.gates) {
+      // Loaded only in gates mode: the API client brings undici (tens of MB), which no other path of the daemon needs.
+      const { ApiWriter } = await import('./gates/api-writer.ts');
+      const { inClusterOptions } = await import('./webhook/cluster-reader.ts');
       const api = config.apiServerUrl ? { url: config.apiServerUrl } : inClusterOptions();
       if (!api) throw new Error('--gates needs --api-server, or to run in a pod (KUBERNETES_SERVICE_HOST)');
       if (!config.nodeName) throw new Error('--gates needs the node name (--node-name or $NODE_NAME)');
