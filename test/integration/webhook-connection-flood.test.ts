@@ -15,6 +15,7 @@ import { get as httpGet } from 'node:http';
 import { request } from 'node:https';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MUTATE_PATH } from '../../agent/webhook/admission.ts';
 import { startConnectionFlood, type ConnectionFlood, type FloodMode } from '../lab/connection-flood.ts';
@@ -23,8 +24,13 @@ import { issueCert } from '../support/issue-cert.ts';
 
 let dir: string;
 const f = (name: string): string => path.join(dir, name);
-/** The deployment's container limit (deploy/components/rewrite-webhook/deployment.yaml). */
-const MEMORY_LIMIT_BYTES = 128 * 1024 * 1024;
+/** The deployment's container limit, read from deploy/components/rewrite-webhook/deployment.yaml. */
+const MEMORY_LIMIT_BYTES = (() => {
+  const yaml = readFileSync(path.join(fileURLToPath(new URL('../..', import.meta.url)), 'deploy/components/rewrite-webhook/deployment.yaml'), 'utf8');
+  const mi = /limits:\n(?:\s*#.*\n)*\s*memory: (\d+)Mi/.exec(yaml)?.[1];
+  if (!mi) throw new Error('no memory limit in the webhook deployment');
+  return Number(mi) * 1024 * 1024;
+})();
 const REVIEWS = 20;
 
 /** A CA and a certificate it signed, `<name>-ca.crt`, `<name>.crt`, `<name>.key`, in the test's directory. */
