@@ -303,6 +303,18 @@ describe('install-shim.sh: the label only once kubelet\'s calls reach the shim',
     child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
     return { code: await new Promise<number>((r) => child.once('exit', (c) => r(c ?? -1))), stderr };
   }
+  /** install() while a kubelet-shaped client relists on `socket`; the relist's counts come back too. */
+  async function installRelisting(socket: string): Promise<{ code: number; stderr: string; failures: number }> {
+    const kubelet = relist(socket);
+    let r: { code: number; stderr: string };
+    try {
+      r = await install();
+    } finally {
+      await kubelet.stop();
+    }
+    // Read after stop(): a call still in flight then counts too.
+    return { ...r, failures: kubelet.failures };
+  }
   function kubeletFiles(config: string, flags?: string): void {
     mkdirSync(path.join(hostRoot, 'var/lib/kubelet'), { recursive: true });
     writeFileSync(path.join(hostRoot, 'var/lib/kubelet/config.yaml'), `apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n${config}\n`);
@@ -331,13 +343,7 @@ describe('install-shim.sh: the label only once kubelet\'s calls reach the shim',
 
   it('a commented line naming the shim gets no label: kubelet relists on containerd, as its live line says', async () => {
     kubeletFiles('# containerRuntimeEndpoint: unix:///run/probe-agent-shim/cri.sock\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock');
-    const kubelet = relist((await runtime()).socket);
-    let r;
-    try {
-      r = await install();
-    } finally {
-      await kubelet.stop();
-    }
+    const r = await installRelisting((await runtime()).socket);
     expect(r.code, r.stderr).toBe(0);
     expect(labelPatches()).toEqual([]);
     expect(r.stderr).toContain("kubelet's runtime endpoint is unix:///run/containerd/containerd.sock (containerRuntimeEndpoint in /var/lib/kubelet/config.yaml), not unix:///run/probe-agent-shim/cri.sock");
@@ -351,13 +357,7 @@ describe('install-shim.sh: the label only once kubelet\'s calls reach the shim',
   it('a --container-runtime-endpoint flag in kubeadm-flags.env pointing elsewhere overrides config.yaml: no label', async () => {
     kubeletFiles('containerRuntimeEndpoint: unix:///run/probe-agent-shim/cri.sock',
       '# KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/probe-agent-shim/cri.sock"\nKUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/containerd/containerd.sock --pod-infra-container-image=registry.k8s.io/pause:3.10"');
-    const kubelet = relist((await runtime()).socket);
-    let r;
-    try {
-      r = await install();
-    } finally {
-      await kubelet.stop();
-    }
+    const r = await installRelisting((await runtime()).socket);
     expect(r.code, r.stderr).toBe(0);
     expect(labelPatches()).toEqual([]);
     expect(r.stderr).toContain("kubelet's runtime endpoint is unix:///run/containerd/containerd.sock (--container-runtime-endpoint in /var/lib/kubelet/kubeadm-flags.env, which overrides /var/lib/kubelet/config.yaml)");
@@ -386,16 +386,10 @@ describe('install-shim.sh: the label only once kubelet\'s calls reach the shim',
 
   it('kubelet relisting through the shim gets the label, with the count that proved it in the log', async () => {
     kubeletFiles('containerRuntimeEndpoint: unix:///run/containerd/containerd.sock', 'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/probe-agent-shim/cri.sock"');
-    const kubelet = relist(shim.socket);
-    let r;
-    try {
-      r = await install();
-    } finally {
-      await kubelet.stop();
-    }
+    const r = await installRelisting(shim.socket);
     expect(r.code, r.stderr).toBe(0);
     expect(r.stderr).toMatch(/label probe-agent\.io\/shim: ready \(kubelet's calls reach the shim: connection \d+ of the shim's socket made \+\d+ \+\d+ calls in 2 x 1s\)/);
-    expect(kubelet.failures).toBe(0);
+    expect(r.failures).toBe(0);
     expect(labelPatches()).toEqual(['ready']);
     expect(api.nodes.get('node-k')!.metadata.labels['probe-agent.io/shim']).toBe('ready');
   });
