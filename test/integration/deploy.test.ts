@@ -48,6 +48,9 @@ describe('close-hole sidecar script', () => {
   let stateDir: string;
 
   const tablePresent = (): boolean => spawnSync('nft', ['list', 'table', 'inet', table], { stdio: 'ignore' }).status === 0;
+  // The script's start-up `nft --check` shows the table to `nft list` while it runs (the packet path
+  // never sees it): a table counts as loaded once the script also said so.
+  const tableLoaded = (): boolean => /table inet \S+ loaded/.test(output) && tablePresent();
   const httpPort = (): number => server.ports.http!;
   const tcpPort = (): number => server.ports.tcp!;
 
@@ -137,7 +140,7 @@ describe('close-hole sidecar script', () => {
     expect((await connectFromNode(pod.ipv4, httpPort(), 1000)).result).toBe('connected');
 
     ready = true;
-    await waitFor('the table', tablePresent);
+    await waitFor('the table', tableLoaded);
     await waitFor('the state file to say present', async () => (await tableGauge()) === '1');
     for (const ip of pod.ips) {
       const { result, ms } = await connectFromNode(ip, httpPort(), 1000);
@@ -184,14 +187,14 @@ describe('close-hole sidecar script', () => {
     // Not a fail-open case: a readiness check slowed by the suite's load must not open the hole
     // between the table appearing and the connections below.
     start({ CLOSE_HOLE_EXEMPT_TCP_PORTS: String(tcpPort()), CLOSE_HOLE_AGENT_ADDRESS: `[::1]:${metricsV6.port}`, CLOSE_HOLE_FAIL_OPEN_AFTER: '60', CLOSE_HOLE_CHECK_TIMEOUT: '5' });
-    await waitFor('the table', tablePresent);
+    await waitFor('the table', tableLoaded);
     expect((await connectFromNode(pod.ipv4, tcpPort(), 1000)).result).toBe('connected');
     expect((await connectFromNode(pod.ipv4, httpPort(), 1000)).result).not.toBe('connected');
     expect(await stop()).toBe(0);
 
     // Another interface pattern: the lab bridge is not a pod interface, so nothing is refused.
     start({ CLOSE_HOLE_POD_INTERFACES: `pa${lab.id}zz*` });
-    await waitFor('the table', tablePresent);
+    await waitFor('the table', tableLoaded);
     expect((await connectFromNode(pod.ipv4, httpPort(), 1000)).result).toBe('connected');
   });
 

@@ -36,6 +36,9 @@ let script: ChildProcess | undefined;
 let output = '';
 
 const tablePresent = (): boolean => spawnSync('nft', ['list', 'table', 'inet', table], { stdio: 'ignore' }).status === 0;
+// The sidecar's start-up `nft --check` shows the table to `nft list` while it runs (the packet path
+// never sees it): a table counts as loaded once the sidecar also said so.
+const tableLoaded = (): boolean => /table inet \S+ loaded/.test(output) && tablePresent();
 
 async function status(url: string, timeoutMs = 2000): Promise<number | string> {
   try {
@@ -113,7 +116,7 @@ afterAll(async () => {
 describe('health that pods cannot take down', () => {
   it('a pod flooding the metrics port saturates it, but changes neither the agent\'s health nor the table', async () => {
     startSidecar({ CLOSE_HOLE_METRICS_PORT: '' });
-    await until(() => tablePresent(), 10_000, 'the table');
+    await until(tableLoaded, 10_000, 'the table');
     const pod = lab.pods[0]!;
     // 150 connections held open (re-opened every second: the listener times idle ones out), for 8 s.
     const flood = lab.exec(pod, 'bash', ['-c', `
@@ -154,7 +157,7 @@ describe('health that pods cannot take down', () => {
     const [pod, scraper] = [lab.pods[0]!, lab.pods[1]!];
     expect(await podConnects(pod)).toBe(true);
     startSidecar({ CLOSE_HOLE_METRICS_PORT: String(metricsPort), CLOSE_HOLE_METRICS_ALLOW_CIDRS: scraper.ipv4 });
-    await until(() => tablePresent(), 10_000, 'the table');
+    await until(tableLoaded, 10_000, 'the table');
     expect(await podConnects(pod)).toBe(false);
     expect(await podConnects(scraper)).toBe(true);
     // The node itself (Prometheus on the host network, or routed from another node) still scrapes.
@@ -164,7 +167,7 @@ describe('health that pods cannot take down', () => {
 
   it('a real fail open is said in a log line and in the agent\'s metrics', async () => {
     startSidecar();
-    await until(() => tablePresent(), 10_000, 'the table');
+    await until(tableLoaded, 10_000, 'the table');
     // The agent goes unready on its own: the kubelet stops answering.
     agent.expectLogs({ level: 'warn', msg: 'kubelet pod list unavailable; keeping the last known pods', line: /"kind":"unreachable"/, why: 'the kubelet is stopped on purpose' });
     await kubelet.stop();
