@@ -8,12 +8,8 @@ import * as http from 'node:http';
 import * as net from 'node:net';
 import { chmodSync, existsSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
+import { SHIM_RUN_DIR } from './flags.ts';
 import type { ShimMetrics } from './metrics.ts';
-
-/** Where the shim's own sockets live (root-only directory). */
-export const SHIM_RUN_DIR = '/run/probe-agent-shim';
-/** Default metrics socket. */
-export const DEFAULT_SHIM_METRICS_SOCKET = `${SHIM_RUN_DIR}/metrics.sock`;
 
 /** What to serve and where. */
 export interface ShimMetricsServerOptions {

@@ -12,7 +12,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { parseAllDocuments } from 'yaml';
-import { SHIM_DEFAULTS } from '../../agent/shim/main.ts';
+import { SHIM_FLAGS } from '../../agent/shim/flags.ts';
 import { builtEntry } from '../support/built-cli.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -49,7 +49,7 @@ describe("the shim's socket", () => {
   const unit = readFileSync(path.join(COMPONENT, 'probe-agent-shim.service'), 'utf8');
 
   it('is /run/probe-agent-shim/cri.sock for the shim, the CLI, the unit, the installer and the docs', () => {
-    expect(SHIM_DEFAULTS.listen).toBe(`unix://${SOCKET}`);
+    expect(SHIM_FLAGS.listen.default).toBe(`unix://${SOCKET}`);
     const help = execFileSync(process.execPath, [builtEntry('cli.js'), 'shim', '--help'], { encoding: 'utf8' });
     expect(help.replace(/\s+/g, ' ')).toContain(`(default: "unix://${SOCKET}")`);
     expect(/--listen (\S+)/.exec(unit)?.[1]).toBe(`unix://${SOCKET}`);
@@ -67,7 +67,7 @@ describe("the shim's socket", () => {
 
   it('is outside every host path the agent DaemonSet mounts writable, in every component that patches it', () => {
     // The paths as configured (the shim's default and the unit's flag), not the constant above.
-    const sockets = [SHIM_DEFAULTS.listen.replace(/^unix:\/\//, ''), /--listen unix:\/\/(\S+)/.exec(unit)![1]!];
+    const sockets = [SHIM_FLAGS.listen.default.replace(/^unix:\/\//, ''), /--listen unix:\/\/(\S+)/.exec(unit)![1]!];
     const components = readdirSync(path.join(ROOT, 'deploy/components')).filter((c) => c !== 'rewrite-webhook');
     for (const c of components) {
       const writable = agentWritableHostPaths(render([c]));
