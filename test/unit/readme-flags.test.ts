@@ -24,6 +24,18 @@ describe('README flag reference', () => {
     expect(missing).toEqual([]);
   });
 
+  it('gives each run flag the default the code applies, where it shows a literal', () => {
+    const wrong: string[] = [];
+    for (const o of runOptions()) {
+      const cell = readme.split('\n').find((l) => l.startsWith(`| \`${o.long}\` |`))?.split('|')[2]?.trim();
+      // A single literal (not an elision like `a,b,…`); prose cells (64 MiB, off, in-cluster) are read by people.
+      const literal = /^`([^`…]+)`$/.exec(cell ?? '')?.[1];
+      if (literal === undefined || o.defaultValue === undefined) continue;
+      if (literal !== String(o.defaultValue)) wrong.push(`${o.long}: README ${literal}, code ${String(o.defaultValue)}`);
+    }
+    expect(wrong).toEqual([]);
+  });
+
   it('lists every shim flag in the shim flag table', () => {
     const program = new Command();
     registerShimCommand(program);
