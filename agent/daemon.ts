@@ -202,6 +202,11 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
         writer,
         // StopContainer waits out the grace period, then the runtime kills: give the call that long and more.
         ...(cri ? { stopper: { stopContainer: (id: string, t: number) => cri.client.stopContainer(id, t, (t + 30) * 1000) } } : {}),
+        ...(cri ? { exec: async (id: string, cmd: string[], t: number) => {
+          const r = await cri.client.execSync(id, cmd, t, (t + 30) * 1000);
+          // kubelet's exec hook failure: the exit code and the command's output (bounded, for the event).
+          return r.exitCode === 0 ? '' : `command ${JSON.stringify(cmd).slice(0, 256)} exited with ${r.exitCode}: ${Buffer.concat([r.stdout, r.stderr]).subarray(0, 1024).toString('utf8').trim()}`;
+        } } : {}),
         preStop: async (pod, container, handler, timeoutSeconds) => {
           const o = await prober.runHook({ podUID: pod.uid, containerName: container.name, handler, hook: 'preStop', timeoutSeconds });
           return o.result === 'success' ? '' : o.message || o.result;

@@ -13,9 +13,9 @@
  *   condition goes False on the first pod list that shows the new ID or the stopped container
  *   (kubelet's /pods, polled); the agent's own liveness stop clears it before it stops anything.
  * - Liveness and startup: when a taken liveness probe fails at its threshold (or a taken startup
- *   probe), once per container ID: the events kubelet records, the preStop hook in the pod netns
- *   (HTTP hooks; exec and sleep hooks are kubelet's and are not run), then CRI StopContainer with
- *   the probe's terminationGracePeriodSeconds, else the pod's, less the time the hook took.
+ *   probe), once per container ID: the events kubelet records, the preStop hook (HTTP from the pod
+ *   netns, exec through CRI ExecSync, sleep), then CRI StopContainer with the probe's
+ *   terminationGracePeriodSeconds, else the pod's, less the time the hook took.
  *   Kubelet restarts the container under its own back-off.
  */
 import { describeError } from '../errors.ts';
@@ -35,6 +35,9 @@ export interface ContainerStopper {
 /** Runs a container's HTTP preStop hook from the pod netns; resolves with a failure message or ''. */
 export type PreStopRunner = (pod: PodInfo, container: ContainerInfo, handler: LifecycleHandlerSpec, timeoutSeconds: number) => Promise<string>;
 
+/** Runs `cmd` in a container through the runtime (CRI ExecSync); resolves with a failure message or ''. */
+export type ExecRunner = (containerID: string, cmd: string[], timeoutSeconds: number) => Promise<string>;
+
 /** Counted outcomes, for the metric. */
 export type GatesOp = 'condition' | 'event' | 'prestop' | 'stop';
 
@@ -43,6 +46,7 @@ export interface GatesControllerOptions {
   writer: GatesWriter;
   stopper?: ContainerStopper;
   preStop?: PreStopRunner;
+  exec?: ExecRunner;
   log: Logger;
   onOp?: (op: GatesOp, ok: boolean) => void;
   minWriteIntervalMs?: number;
@@ -253,19 +257,8 @@ export class GatesController {
       return;
     }
     const started = Date.now();
-    const hook = container.preStop;
-    if (hook && this.#o.preStop && (hook.httpGet !== undefined && hook.httpGet !== null)) {
-      try {
-        // The probe parser is the one place a handler is read; a hook is a probe handler without thresholds.
-        const handler = parseProbe({ httpGet: hook.httpGet }, { fieldPath: 'lifecycle.preStop' }).handler as LifecycleHandlerSpec;
-        const failure = await this.#o.preStop(pod, container, handler, grace);
-        this.#o.onOp?.('prestop', failure === '');
-        if (failure) await event('Warning', 'FailedPreStopHook', `PreStopHook failed: ${failure}`);
-      } catch (err) {
-        this.#o.onOp?.('prestop', false);
-        this.#o.log.warn('preStop hook could not run', { ...who, err: describeError(err) });
-      }
-    }
+    const failure = await this.#preStop(pod, container, id, grace);
+    if (failure) await event('Warning', 'FailedPreStopHook', `PreStopHook failed: ${failure}`);
     const left = Math.max(0, grace - Math.floor((Date.now() - started) / 1000));
     try {
       await this.#o.stopper.stopContainer(bare(id), left);
@@ -277,6 +270,73 @@ export class GatesController {
       this.#o.log.warn('container not stopped', { ...who, err: describeError(err) });
     }
   }
+
+  /**
+   * The container's preStop hook, as kubelet runs it before it kills a container: HTTP from the pod
+   * netns, exec through the runtime (CRI ExecSync), sleep by waiting; each within `grace`
+   * seconds. Resolves with a failure message, or '' (ran, or no hook this agent can run).
+   */
+  async #preStop(pod: PodInfo, container: ContainerInfo, containerID: string, grace: number): Promise<string> {
+    const plan = preStopPlan(container.preStop, grace);
+    if (plan.kind === 'none' || (plan.kind === 'http' && !this.#o.preStop) || (plan.kind === 'exec' && !this.#o.exec)) return '';
+    let failure = '';
+    try {
+      if (plan.kind === 'invalid') failure = plan.message;
+      else if (plan.kind === 'http') failure = await this.#o.preStop!(pod, container, plan.handler, grace);
+      else if (plan.kind === 'exec') failure = await this.#o.exec!(bare(containerID), plan.cmd, grace);
+      else await new Promise((r) => setTimeout(r, plan.ms));
+    } catch (err) {
+      failure = describeError(err);
+      this.#o.log.warn('preStop hook could not run', { pod: `${pod.namespace}/${pod.name}`, container: container.name, containerID, err: failure });
+    }
+    this.#o.onOp?.('prestop', failure === '');
+    return failure;
+  }
+
+}
+
+/** Bounds of an exec hook's command (the API server admits larger specs). */
+const MAX_EXEC_ARGS = 1024;
+const MAX_EXEC_BYTES = 64 * 1024;
+
+/** What a preStop hook as written asks for, within `grace` seconds. */
+export type PreStopPlan =
+  | { kind: 'none' }
+  | { kind: 'invalid'; message: string }
+  | { kind: 'http'; handler: LifecycleHandlerSpec }
+  | { kind: 'exec'; cmd: string[] }
+  | { kind: 'sleep'; ms: number };
+
+/** Reads a preStop hook (kubelet's LifecycleHandler) into what to run. Pure. */
+export function preStopPlan(hook: Record<string, unknown> | undefined, grace: number): PreStopPlan {
+  if (!hook) return { kind: 'none' };
+  try {
+    if (isObject(hook['httpGet'])) {
+      // The probe parser is the one place a handler is read; a hook is a probe handler without thresholds.
+      return { kind: 'http', handler: parseProbe({ httpGet: hook['httpGet'] }, { fieldPath: 'lifecycle.preStop' }).handler as LifecycleHandlerSpec };
+    }
+  } catch (err) {
+    return { kind: 'invalid', message: describeError(err) };
+  }
+  if (isObject(hook['exec'])) {
+    const cmd = hook['exec']['command'];
+    if (!Array.isArray(cmd) || cmd.length === 0 || !cmd.every((a): a is string => typeof a === 'string')) return { kind: 'invalid', message: 'exec hook: command must be a non-empty list of strings' };
+    if (cmd.length > MAX_EXEC_ARGS || cmd.reduce((n, a) => n + Buffer.byteLength(a), 0) > MAX_EXEC_BYTES) {
+      return { kind: 'invalid', message: `exec hook: command longer than ${MAX_EXEC_ARGS} arguments or ${MAX_EXEC_BYTES} bytes` };
+    }
+    return { kind: 'exec', cmd };
+  }
+  if (isObject(hook['sleep'])) {
+    const seconds = hook['sleep']['seconds'];
+    if (!Number.isInteger(seconds) || (seconds as number) < 0) return { kind: 'invalid', message: `sleep hook: seconds must be a whole number >= 0, got ${JSON.stringify(seconds)}` };
+    return { kind: 'sleep', ms: Math.min(seconds as number, Math.max(0, grace)) * 1000 };
+  }
+  // tcpSocket is deprecated and kubelet ignores it; nothing else exists.
+  return { kind: 'none' };
+}
+
+function isObject(v: unknown): v is Record<string, any> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
 
 /** A container ID without its "<runtime>://" prefix. */

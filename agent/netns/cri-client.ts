@@ -193,6 +193,16 @@ export class CriClient {
     await this.#call('StopContainer', { containerId, timeout }, undefined, deadlineMs);
   }
 
+  /**
+   * ExecSync: runs `cmd` in the container, `timeout` seconds at most (0: none). Gates mode runs a
+   * container's exec preStop hook with it, as kubelet does; the reply is bounded by grpc-js's
+   * 4 MiB message limit.
+   */
+  async execSync(containerId: string, cmd: string[], timeout: number, deadlineMs?: number): Promise<{ exitCode: number; stdout: Buffer; stderr: Buffer }> {
+    const res = await this.#call<{ exitCode?: number; stdout?: Buffer; stderr?: Buffer }>('ExecSync', { containerId, cmd, timeout }, undefined, deadlineMs);
+    return { exitCode: res.exitCode ?? 0, stdout: res.stdout ?? Buffer.alloc(0), stderr: res.stderr ?? Buffer.alloc(0) };
+  }
+
   /** RemoveContainer (test lab). */
   async removeContainer(containerId: string, deadlineMs?: number): Promise<void> {
     await this.#call('RemoveContainer', { containerId }, undefined, deadlineMs);

@@ -17,6 +17,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { CriContainerState } from '../../agent/netns/cri-client.ts';
 import { GATES_CONDITION_TYPE } from '../../agent/pods/pod-model.ts';
 import { rewritePodGates } from '../../agent/rewrite/gates-rewrite.ts';
+import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
 import { startRecordingServer, type RecordingServer } from '../lab/recording-server.ts';
 import { PodServerProcess } from '../lab/server.ts';
@@ -44,6 +45,8 @@ let agent: AgentHandle;
 let readySrv: PodServerProcess;
 let liveSrv: PodServerProcess;
 let hook: RecordingServer;
+/** The exec-hook case's own pod servers. */
+const extra: Array<{ stop(): Promise<unknown> }> = [];
 /** The app container kubelet lists as running. */
 let current: LabContainer;
 /** The pod as the gates rewrite made it (the API object). */
@@ -78,8 +81,8 @@ async function containerState(id: string): Promise<CriContainerState | undefined
   return (await ctrd.client.listContainers({ id }))[0]?.state;
 }
 
-async function podServer(port: number): Promise<PodServerProcess> {
-  const s = new PodServerProcess(sb.netnsPath, JSON.stringify({ http: port }));
+async function podServer(port: number, netnsPath = sb.netnsPath): Promise<PodServerProcess> {
+  const s = new PodServerProcess(netnsPath, JSON.stringify({ http: port }));
   await s.ready();
   return s;
 }
@@ -111,7 +114,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await agent?.stop('SIGKILL').catch(() => {});
   await kubelet?.stop();
-  await Promise.all([readySrv?.stop(), liveSrv?.stop(), hook?.stop(), api?.close()]);
+  await Promise.all([readySrv?.stop(), liveSrv?.stop(), hook?.stop(), api?.close(), ...extra.map((e) => e.stop())]);
   await ctrd?.destroy();
 });
 
@@ -182,5 +185,34 @@ describe('probe-agent run --gates against containerd and the API stand-in', () =
     expect(patches().slice(before)).toEqual(['False']);
     const metrics = (await agent.http('/metrics')).body;
     expect(metrics).toMatch(/probe_agent_gates_operations_total\{op="stop",result="ok"\} 1\b/);
+  });
+
+  it('an exec preStop runs in the container through the runtime, then the container is stopped', async () => {
+    importBusyboxImage(ctrd.socket);
+    const sb2 = await ctrd.runSandbox({ name: 'worker', namespace: NS });
+    const [live2, hook2] = await Promise.all([podServer(LIVE_PORT, sb2.netnsPath), startRecordingServer(sb2.netnsPath, { http: HOOK_PORT })]);
+    extra.push(live2, hook2);
+    const written = makePod({ uid: sb2.uid, name: sb2.name, namespace: NS, ips: sb2.ips, probe: 'none' });
+    delete written.status;
+    const app = (written.spec as Obj).containers[0] as Obj;
+    app.livenessProbe = { httpGet: { path: '/healthz', port: LIVE_PORT }, periodSeconds: 1, failureThreshold: 2 };
+    // busybox's wget from inside the container (it shares the pod netns): the recording server sees the hook.
+    app.lifecycle = { preStop: { exec: { command: ['/bin/wget', '-q', '-O', '/dev/null', `http://127.0.0.1:${HOOK_PORT}/exec-hook`] } } };
+    const pod2 = rewritePodGates(written).pod as Obj;
+    expect(pod2.spec.containers[0].lifecycle.preStop.exec.command[0]).toBe('/bin/wget');
+    api.pods.push(structuredClone(pod2));
+    const c = await ctrd.runContainer(sb2, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', '3600'] });
+    const listed = makePod({ uid: sb2.uid, name: sb2.name, namespace: NS, ips: sb2.ips, containerID: `containerd://${c.id}`, restartCount: 0, probe: 'none' });
+    kubelet.setPods([{ ...structuredClone(pod2), status: listed.status }]);
+    // Healthy first (a few periods), then failing: the hook, run while the container still runs.
+    await sleep(3000);
+    expect(hook2.hits).toEqual([]);
+    await live2.control('/control/health?ok=0');
+    const hits = await hook2.waitFor(1, 30_000);
+    expect(hits.map((h) => [h.method, h.url])).toEqual([['GET', '/exec-hook']]);
+    await until('the worker container EXITED', async () => (await containerState(c.id)) === 'CONTAINER_EXITED', 30_000);
+    const events = api.events.filter((e) => e.involvedObject.uid === sb2.uid);
+    expect(events.map((e) => e.reason)).toEqual(['Unhealthy', 'Killing']);
+    expect((await agent.http('/metrics')).body).toMatch(/probe_agent_gates_operations_total\{op="prestop",result="ok"\} 2\b/);
   });
 });

@@ -7,7 +7,7 @@
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import { ApiWriter } from '../../agent/gates/api-writer.ts';
-import { desiredCondition } from '../../agent/gates/controller.ts';
+import { desiredCondition, preStopPlan } from '../../agent/gates/controller.ts';
 import { GATES_CONDITION_TYPE, parsePodList } from '../../agent/pods/pod-model.ts';
 import type { PodInfo } from '../../agent/pods/types.ts';
 import { rewritePodGates } from '../../agent/rewrite/gates-rewrite.ts';
@@ -83,5 +83,22 @@ describe('gates controller', () => {
     expect(desiredCondition(info, [{ ...st, containerID: 'containerd://c0' }]).reason).toBe('NoDecisionYet');
     expect(desiredCondition(info, [{ ...st, started: false, ready: false }]).reason).toBe('NotStarted');
     expect(desiredCondition(info, [st], new Set(['containerd://c1'])).reason).toBe('ContainerStopping');
+  });
+
+  it('preStopPlan: HTTP, exec and sleep hooks as kubelet runs them, within the grace period; bad ones said', () => {
+    expect(preStopPlan(undefined, 30)).toEqual({ kind: 'none' });
+    expect(preStopPlan({ tcpSocket: { port: 80 } }, 30)).toEqual({ kind: 'none' });
+    expect(preStopPlan({ httpGet: { path: '/stop', port: 8080 } }, 30)).toMatchObject({ kind: 'http', handler: { kind: 'http', port: 8080, path: '/stop' } });
+    expect(preStopPlan({ httpGet: { path: '/stop' } }, 30).kind).toBe('invalid');
+    expect(preStopPlan({ exec: { command: ['/bin/sh', '-c', 'nginx -s quit'] } }, 30)).toEqual({ kind: 'exec', cmd: ['/bin/sh', '-c', 'nginx -s quit'] });
+    expect(preStopPlan({ exec: { command: [] } }, 30)).toEqual({ kind: 'invalid', message: 'exec hook: command must be a non-empty list of strings' });
+    expect(preStopPlan({ exec: { command: ['a', 1] } }, 30).kind).toBe('invalid');
+    expect(preStopPlan({ exec: { command: Array(1025).fill('x') } }, 30)).toMatchObject({ kind: 'invalid', message: /1024 arguments/ });
+    expect(preStopPlan({ exec: { command: ['x'.repeat(65 * 1024)] } }, 30)).toMatchObject({ kind: 'invalid', message: /65536 bytes/ });
+    expect(preStopPlan({ sleep: { seconds: 5 } }, 30)).toEqual({ kind: 'sleep', ms: 5000 });
+    // Never past the grace period: the stop's own timeout is what is left of it.
+    expect(preStopPlan({ sleep: { seconds: 120 } }, 7)).toEqual({ kind: 'sleep', ms: 7000 });
+    expect(preStopPlan({ sleep: { seconds: -1 } }, 30).kind).toBe('invalid');
+    expect(preStopPlan({ sleep: { seconds: '5' } }, 30).kind).toBe('invalid');
   });
 });
