@@ -13,7 +13,7 @@
  * test/e2e-cluster).
  */
 import { describe, expect, it } from 'vitest';
-import { admit as webhookAdmit, MUTATE_ANNOTATED_PATH, MUTATE_PATH } from '../../agent/webhook/admission.ts';
+import { admit as webhookAdmit, MUTATE_ANNOTATED_PATH, MUTATE_GATES_PATH, MUTATE_PATH } from '../../agent/webhook/admission.ts';
 import { admitByPolicy, loadPolicy, type Decision } from '../support/admission-policy.ts';
 import { applyJsonPatch } from '../support/json-patch-apply.ts';
 
@@ -33,6 +33,7 @@ function policyAdmit(pod: Obj, ns: Obj, operation = 'CREATE'): Decision {
 
 const OPTED_IN = namespace('shop', { 'probe-agent.io/rewrite': 'enabled' });
 const PLAIN = namespace('blog');
+const GATES = namespace('shop', { 'probe-agent.io/mode': 'gates' });
 
 function pod(extra: { annotations?: Record<string, string>; spec?: Obj } = {}): Obj {
   return {
@@ -48,7 +49,7 @@ async function reviewed(p: Obj, route: string = MUTATE_PATH): Promise<Obj> {
     apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview',
     request: { uid: 'u-1', kind: { group: '', version: 'v1', kind: 'Pod' }, resource: { group: '', version: 'v1', resource: 'pods' }, namespace: 'shop', operation: 'CREATE', object: p, oldObject: null },
   };
-  const { review: answer } = await webhookAdmit(review, route === MUTATE_PATH ? 'all' : 'annotated');
+  const { review: answer } = await webhookAdmit(review, route === MUTATE_PATH ? 'all' : route === MUTATE_GATES_PATH ? 'gates' : 'annotated');
   const r = answer.response;
   return r.patch ? applyJsonPatch(structuredClone(p), JSON.parse(Buffer.from(r.patch, 'base64').toString('utf8'))) : p;
 }
@@ -84,6 +85,21 @@ describe('the unreviewed-pod policy', () => {
       expect(after.metadata.annotations['probe-agent.io/reviewed'], name).toMatch(/^(rewritten|unchanged|skipped|refused)$/);
       expect(policyAdmit(after, route === MUTATE_PATH ? OPTED_IN : PLAIN), name).toEqual({ decision: 'allowed' });
     }
+  });
+
+  it('covers gates namespaces too: refused as written, allowed once the gates webhook decided', async () => {
+    const cases: Array<[string, Obj]> = [
+      ['rewritten to a readiness gate', pod()],
+      ['no network probes', { ...pod(), spec: { containers: [{ name: 'a', image: 'i' }] } }],
+      ['left to kubelet (liveness with restartPolicy Never)', pod({ spec: { restartPolicy: 'Never', containers: [{ name: 'a', image: 'i', livenessProbe: { tcpSocket: { port: 1 } } }] } })],
+    ];
+    for (const [name, p] of cases) {
+      expect(policyAdmit(p, GATES), `${name}, as written`).toEqual(REFUSED);
+      const after = await reviewed(p, MUTATE_GATES_PATH);
+      expect(after.metadata.annotations['probe-agent.io/reviewed'], name).toMatch(/^(rewritten|unchanged|gates-refused)$/);
+      expect(policyAdmit(after, GATES), name).toEqual({ decision: 'allowed' });
+    }
+    expect(policyAdmit(pod(), namespace('shop', { 'probe-agent.io/mode': 'shim' }))).toEqual({ decision: 'allowed' });
   });
 
   it('leaves alone what the webhook leaves alone: other namespaces, opted-out pods, bound pods, kube-system, its own namespace', () => {
