@@ -38,7 +38,7 @@ import type { OnDemandProber } from '../scheduler/types.ts';
 import { DRAINING_DETAIL, INVALID_COMMAND_PREFIX, NOT_STARTED_DRAINING } from './hook-refusal.ts';
 import { runLifecycleCall } from './lifecycle-call.ts';
 import { grpcStatusFor, NotStartedError, RpcError, runProbeCall, type CallLike, type ProbeCallGate } from './probe-call.ts';
-import { readFields, WireError, WireWriter } from './protowire.ts';
+import { readFields, WireError, WireWriter } from '../grpc/protowire.ts';
 
 /** Exit code of a failed probe or hook. */
 export const FAILURE_EXIT_CODE = 1;

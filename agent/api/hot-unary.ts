@@ -2,7 +2,7 @@
  * The agent's lean server for the shim's hot calls, ExecSync (today's shim) and Probe and
  * RunLifecycleHandler (older shims): our own
  * unary HTTP/2 server (agent/http2/unary-server.ts: frames and HPACK we own, no node:http2 stream
- * objects) with the messages read and written by hand (protowire.ts), beside grpc-js for everything else.
+ * objects) with the messages read and written by hand (agent/grpc/protowire.ts), beside grpc-js for everything else.
  * The ProbeService contract is unchanged: the same socket, paths, messages, status codes and
  * trailers. A connection comes here only when its first request is one of those methods from a
  * client that is no gRPC library (the shim's own client, old or new; see routeConnection); every
@@ -17,7 +17,9 @@ import * as grpc from '@grpc/grpc-js';
 import type { HeaderField } from '../http2/hpack.ts';
 import type { ConnectionTarget } from '../http2/handoff.ts';
 import { UnaryH2Server, type UnaryH2Stream } from '../http2/unary-server.ts';
-import { encodeGrpcMessage, readFields, readSingleGrpcFrame, WireError, WireWriter, type WireValue } from './protowire.ts';
+import { readFrame } from '../grpc/frame.ts';
+import { parseGrpcTimeout } from '../grpc/headers.ts';
+import { readFields, WireError, WireWriter, type WireValue } from '../grpc/protowire.ts';
 import type {
   WireHttpGetAction, WireHttpHeader, WireIntOrString, WireLifecycleHook, WireLifecycleRequest, WireLifecycleResponse, WireProbeHandler,
   WireProbePhases, WireProbeRequest, WireProbeResponse, WireProbeResult, WireProbeType, WireTcpSocketAction,
@@ -197,7 +199,7 @@ class HotCall<Req> extends EventEmitter {
     let ms: number | undefined;
     this.metadata = new grpc.Metadata();
     for (const { name, value } of headers) {
-      if (name === 'grpc-timeout') ms = parseGrpcTimeoutMs(value);
+      if (name === 'grpc-timeout') ms = parseGrpcTimeout(value);
       if (name.startsWith(':') || name === 'content-type' || name === 'te' || name === 'grpc-timeout' || name.endsWith('-bin')) continue;
       this.metadata.add(name, value);
     }
@@ -226,16 +228,6 @@ class HotCall<Req> extends EventEmitter {
     this.cancelled = true;
     this.emit('cancelled', 'cancelled');
   }
-}
-
-const UNITS: Record<string, number> = { H: 3_600_000, M: 60_000, S: 1000, m: 1, u: 0.001, n: 0.000001 };
-
-/** grpc-timeout (gRPC over HTTP/2: 1-8 digits and a unit) in ms; undefined when absent or malformed. */
-export function parseGrpcTimeoutMs(v: string | string[] | undefined): number | undefined {
-  if (typeof v !== 'string') return undefined;
-  const m = /^(\d{1,8})([HMSmun])$/.exec(v);
-  if (!m) return undefined;
-  return Number(m[1]) * (UNITS[m[2] as string] as number);
 }
 
 /** A unary handler as grpc-js takes it. */
@@ -306,9 +298,9 @@ export class HotUnaryServer implements ConnectionTarget {
       return;
     }
     const body = stream.body;
-    const msg = readSingleGrpcFrame(body);
-    if (msg === null) {
-      respondStatus(stream, grpc.status.INTERNAL, body.length >= 5 && body[0] !== 0 ? 'compressed messages are not supported' : 'malformed gRPC message framing');
+    const msg = readFrame(body, true);
+    if (typeof msg === 'string') {
+      respondStatus(stream, grpc.status.INTERNAL, msg === 'compressed' ? 'compressed messages are not supported' : 'malformed gRPC message framing');
       return;
     }
     let request: WireProbeRequest | WireLifecycleRequest | Buffer;
@@ -339,5 +331,5 @@ function respondStatus(stream: UnaryH2Stream, code: number, details: string, met
   if (metadata) {
     for (const [k, v] of Object.entries(metadata.getMap())) if (typeof v === 'string') extra.push({ name: k, value: v });
   }
-  stream.status(code, encodeGrpcMessage(details.slice(0, 4096)), extra);
+  stream.status(code, details, extra);
 }

@@ -11,14 +11,11 @@
  */
 import { encodeLiteralBlock, type HeaderField } from '../http2/hpack.ts';
 import { UnaryH2Client, type UnaryH2Call, type UnaryH2Error, type UnaryH2Response } from '../http2/unary-client.ts';
+import { readFrame } from '../grpc/frame.ts';
+import { decodeGrpcMessage, formatGrpcTimeout } from '../grpc/headers.ts';
+import { readFields } from '../grpc/protowire.ts';
+import { GrpcCode, parseGrpcStatus } from '../grpc/status.ts';
 import { NOT_STARTED_TRAILER } from './hook-refusal.ts';
-import { decodeGrpcMessage, readFields, readSingleGrpcFrame } from './protowire.ts';
-
-/** gRPC status codes the shim uses (numbers from the gRPC spec). */
-export const GrpcCode = {
-  OK: 0, CANCELLED: 1, UNKNOWN: 2, INVALID_ARGUMENT: 3, DEADLINE_EXCEEDED: 4, NOT_FOUND: 5,
-  PERMISSION_DENIED: 7, FAILED_PRECONDITION: 9, UNIMPLEMENTED: 12, INTERNAL: 13, UNAVAILABLE: 14, RESOURCE_EXHAUSTED: 8,
-} as const;
 
 /**
  * Why a call to the agent did not give an answer: 'unreachable' (no connection, nothing was
@@ -146,7 +143,7 @@ export class ShimProbeClient {
       }
       signal?.addEventListener('abort', onAbort, { once: true });
       let block = REQUEST_BLOCKS.get(method) as Buffer;
-      if (deadlineMs !== undefined) block = Buffer.concat([block, encodeLiteralBlock([{ name: 'grpc-timeout', value: `${Math.max(1, Math.ceil(deadlineMs))}m` }])]);
+      if (deadlineMs !== undefined) block = Buffer.concat([block, encodeLiteralBlock([{ name: 'grpc-timeout', value: formatGrpcTimeout(Math.ceil(deadlineMs)) }])]);
       call = this.#h2.call(block, framed, {
         done: (res) => finish(...answerOf(method, res)),
         fail: (err) => finish(callError(method, this.#socketPath, err)),
@@ -169,7 +166,7 @@ function callError(method: string, socketPath: string, err: UnaryH2Error): Agent
 function answerOf(method: string, res: UnaryH2Response): [AgentCallError | null, AgentExecAnswer?] {
   // Trailers, or the headers of a trailers-only response.
   const meta = res.trailers ?? res.headers;
-  const code = Number(field(meta, 'grpc-status') ?? GrpcCode.UNKNOWN);
+  const code = parseGrpcStatus(field(meta, 'grpc-status')) ?? GrpcCode.UNKNOWN;
   if (code !== GrpcCode.OK) {
     const msg = decodeGrpcMessage(field(meta, 'grpc-message') ?? '');
     // Admission refusals and a draining agent's refusals come before the call starts; so does an
@@ -187,8 +184,8 @@ function answerOf(method: string, res: UnaryH2Response): [AgentCallError | null,
 
 /** The exit_code (field 3) of a gRPC-framed ExecSyncResponse; throws when the body is not one uncompressed message. */
 function exitCodeOf(body: Buffer): number {
-  const msg = readSingleGrpcFrame(body);
-  if (msg === null) throw new Error(body.length >= 5 && body[0] !== 0 ? 'compressed answer' : 'not one gRPC message');
+  const msg = readFrame(body, true);
+  if (typeof msg === 'string') throw new Error(msg === 'compressed' ? 'compressed answer' : 'not one gRPC message');
   let exitCode = 0;
   readFields(msg, (f, value) => {
     // int32: a negative value arrives as a 10-byte varint, which readFields gives signed.

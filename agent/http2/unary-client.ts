@@ -18,6 +18,7 @@ import { H2_LIMITS } from './authority.ts';
 import { H2Connection, H2ConnectionError, type H2Handler } from './connection.ts';
 import type { HeaderField } from './hpack.ts';
 import { H2Error, type Frame } from './wire.ts';
+import { BodyReader } from '../grpc/frame.ts';
 
 /** Why a call got no response: 'unreachable' (never sent), 'broken' (the connection or stream failed), 'too-large'. */
 export type UnaryH2Failure = 'unreachable' | 'broken' | 'too-large';
@@ -81,8 +82,7 @@ interface Stream {
   cb: UnaryH2Callbacks;
   headers: HeaderField[] | undefined;
   trailers: HeaderField[] | undefined;
-  chunks: Buffer[];
-  size: number;
+  body: BodyReader;
 }
 
 interface Pending {
@@ -164,7 +164,7 @@ class Connection {
 
   #start(p: Pending): void {
     const id = this.#h2.request(p.block, false);
-    const s: Stream = { id, cb: p.cb, headers: undefined, trailers: undefined, chunks: [], size: 0 };
+    const s: Stream = { id, cb: p.cb, headers: undefined, trailers: undefined, body: new BodyReader(this.#opts.maxResponseBytes) };
     p.stream = s;
     this.#streams.set(id, s);
     this.#h2.data(id, p.body, true);
@@ -229,21 +229,18 @@ class Connection {
     const s = this.#streams.get(id);
     this.#h2.consumed(f.payload.length, s ? id : 0);
     if (!s) return;
-    s.size += payload.length;
-    if (s.size > this.#opts.maxResponseBytes) {
+    if (!s.body.add(payload)) {
       this.#h2.reset(id, H2Error.CANCEL);
       this.#end(s);
       s.cb.fail(new UnaryH2Error('too-large', `response larger than ${this.#opts.maxResponseBytes} bytes`, false));
       return;
     }
-    if (payload.length > 0) s.chunks.push(payload);
     if (endStream) this.#complete(s);
   }
 
   #complete(s: Stream): void {
     this.#end(s);
-    const body = s.chunks.length === 1 ? s.chunks[0]! : Buffer.concat(s.chunks, s.size);
-    s.cb.done({ headers: s.headers ?? [], trailers: s.trailers, body });
+    s.cb.done({ headers: s.headers ?? [], trailers: s.trailers, body: s.body.take() });
   }
 
   #goaway(lastStreamId: number, code: number, debug: string): void {

@@ -13,6 +13,7 @@ import type { Socket } from 'node:net';
 import { H2Connection } from './connection.ts';
 import type { HeaderField } from './hpack.ts';
 import { DEFAULT_WINDOW, H2Error, H2InputError } from './wire.ts';
+import { BodyReader } from '../grpc/frame.ts';
 
 /** The request of a one-shot exchange and the bounds its response is held to. */
 export interface OneShotRequest {
@@ -55,8 +56,7 @@ export function exchangeOnce(socket: Socket, req: OneShotRequest, onEnd: (end: O
   let ended = false;
   let headers: HeaderField[] | undefined;
   let trailers: HeaderField[] | undefined;
-  const chunks: Buffer[] = [];
-  let size = 0;
+  const reader = new BodyReader(req.maxResponseBytes);
   let id = 0;
 
   const end = (e: OneShotEnd): void => {
@@ -64,7 +64,7 @@ export function exchangeOnce(socket: Socket, req: OneShotRequest, onEnd: (end: O
     ended = true;
     onEnd(e);
   };
-  const body = (): Buffer => (chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size));
+  const body = (): Buffer => reader.take();
 
   // The protocol's initial windows: a health answer is a few octets, and we give them back as we read.
   const conn = new H2Connection(socket, {
@@ -89,22 +89,20 @@ export function exchangeOnce(socket: Socket, req: OneShotRequest, onEnd: (end: O
       conn.consumed(f.payload.length, id);
       if (ended) return;
       if (headers === undefined) throw new H2InputError('DATA before the response HEADERS');
-      size += payload.length;
-      if (size > req.maxResponseBytes) {
+      if (!reader.add(payload)) {
         conn.reset(id, H2Error.CANCEL);
-        return end({ kind: 'too-large', size });
+        return end({ kind: 'too-large', size: reader.size });
       }
-      if (payload.length > 0) chunks.push(payload);
       if (endStream) end({ kind: 'response', headers, trailers, body: body() });
     },
-    reset: (_id, code) => end({ kind: 'reset', code, headers, trailers, body: Buffer.concat(chunks, size) }),
+    reset: (_id, code) => end({ kind: 'reset', code, headers, trailers, body: body() }),
     goaway: (lastStreamId, code, debug) => {
       // A graceful GOAWAY that covers our stream lets it finish (RFC 9113 6.8).
       if (code === H2Error.NO_ERROR && lastStreamId >= id) return;
       end({ kind: 'goaway', code, debug, processed: lastStreamId >= id });
     },
     closed: (err) => {
-      if (err === undefined) end({ kind: 'eof', headers, trailers, body: Buffer.concat(chunks, size) });
+      if (err === undefined) end({ kind: 'eof', headers, trailers, body: body() });
       else end({ kind: 'broken', message: err.message });
     },
   });

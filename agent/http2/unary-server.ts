@@ -16,8 +16,11 @@
 import type { Duplex } from 'node:stream';
 import { H2_LIMITS } from './authority.ts';
 import { H2Connection, type H2Handler } from './connection.ts';
-import { encodeLiteralBlock, type HeaderField } from './hpack.ts';
+import type { HeaderField } from './hpack.ts';
 import { H2Error, H2InputError, MAX_WINDOW, type Frame } from './wire.ts';
+import { BodyReader, encodeFrame, FRAME_PREFIX, framedLimit } from '../grpc/frame.ts';
+import { OK_TRAILERS_WITH_MESSAGE_BLOCK, responseHeadersBlock, trailersOnlyBlock } from '../grpc/headers.ts';
+import { GrpcCode } from '../grpc/status.ts';
 
 /** Limits of the server. */
 export interface UnaryH2ServerLimits {
@@ -46,13 +49,13 @@ export interface UnaryH2Stream {
   readonly open: boolean;
   /** Answers with one gRPC message: HEADERS, DATA, trailers grpc-status 0. */
   message(message: Buffer): void;
-  /** Answers with a trailers-only response: grpc-status, grpc-message (`message`, already percent-encoded) and `extra` fields. */
+  /** Answers with a trailers-only response: grpc-status, grpc-message (`message`'s first 4,096 characters) and `extra` fields. */
   status(code: number, message: string, extra?: readonly HeaderField[]): void;
 }
 
-const RESPONSE_HEADERS = encodeLiteralBlock([{ name: ':status', value: '200' }, { name: 'content-type', value: 'application/grpc+proto' }]);
-const OK_TRAILERS = encodeLiteralBlock([{ name: 'grpc-status', value: '0' }, { name: 'grpc-message', value: 'OK' }]);
-const GRPC_RESOURCE_EXHAUSTED = 8;
+/** grpc-js's content-type, which the agent's answers have always carried. */
+const CONTENT_TYPE = 'application/grpc+proto';
+const MAX_MESSAGE_CHARS = 4096;
 
 class ServerStream implements UnaryH2Stream {
   readonly streamId: number;
@@ -60,18 +63,18 @@ class ServerStream implements UnaryH2Stream {
   body: Buffer = Buffer.alloc(0);
   readonly peer: string;
   oncancel: (() => void) | undefined;
-  chunks: Buffer[] = [];
+  reader: BodyReader;
   /** Request octets received (with padding: what the connection window counts). */
   received = 0;
-  size = 0;
   /** The client's END_STREAM came. */
   ended = false;
   /** Our answer is queued: nothing more is sent. */
   answered = false;
   readonly #conn: ServerConnection;
 
-  constructor(conn: ServerConnection, streamId: number, headers: HeaderField[], peer: string) {
+  constructor(conn: ServerConnection, streamId: number, headers: HeaderField[], peer: string, maxRequestBytes: number) {
     this.#conn = conn;
+    this.reader = new BodyReader(framedLimit(maxRequestBytes));
     this.streamId = streamId;
     this.headers = headers;
     this.peer = peer;
@@ -84,24 +87,13 @@ class ServerStream implements UnaryH2Stream {
   message(message: Buffer): void {
     if (!this.open) return;
     this.answered = true;
-    const framed = Buffer.allocUnsafe(5 + message.length);
-    framed[0] = 0;
-    framed.writeUInt32BE(message.length, 1);
-    message.copy(framed, 5);
-    this.#conn.answer(this, RESPONSE_HEADERS, framed);
+    this.#conn.answer(this, responseHeadersBlock(CONTENT_TYPE), encodeFrame(message));
   }
 
   status(code: number, message: string, extra?: readonly HeaderField[]): void {
     if (!this.open) return;
     this.answered = true;
-    const fields: HeaderField[] = [
-      { name: ':status', value: '200' },
-      { name: 'content-type', value: 'application/grpc+proto' },
-      { name: 'grpc-status', value: String(code) },
-      { name: 'grpc-message', value: message },
-      ...(extra ?? []),
-    ];
-    this.#conn.answer(this, encodeLiteralBlock(fields), undefined);
+    this.#conn.answer(this, trailersOnlyBlock(CONTENT_TYPE, code, message, MAX_MESSAGE_CHARS, extra), undefined);
   }
 }
 
@@ -152,13 +144,13 @@ class ServerConnection {
     } else {
       this.#h2.headers(id, headers, false);
       this.#h2.data(id, data, false);
-      this.#h2.headers(id, OK_TRAILERS, true);
+      this.#h2.headers(id, OK_TRAILERS_WITH_MESSAGE_BLOCK, true);
     }
     if (!s.ended) {
       // Answered before the whole request came (too large): ask the client to stop sending (RFC 9113 8.1).
       this.#h2.reset(id, H2Error.NO_ERROR);
       this.#h2.consumed(s.received);
-      s.chunks = [];
+      s.reader.take();
     }
     // Answers the client does not read, in the socket or waiting for its windows: bounded.
     if (this.#socket.writableLength + this.#h2.queuedData > this.#limits.maxBufferedOutput) this.destroy();
@@ -185,7 +177,7 @@ class ServerConnection {
     return {
       headers: (id, fields, endStream, opened) => {
         if (opened) {
-          const s = new ServerStream(this, id, fields, this.#peer);
+          const s = new ServerStream(this, id, fields, this.#peer, this.#limits.maxRequestBytes);
           this.#streams.set(id, s);
           if (endStream) this.#requestDone(s);
           return;
@@ -226,19 +218,16 @@ class ServerConnection {
       return;
     }
     s.received += f.payload.length;
-    s.size += payload.length;
-    if (s.size > this.#limits.maxRequestBytes + 5) {
-      s.status(GRPC_RESOURCE_EXHAUSTED, `Received message larger than max (${s.size - 5} vs. ${this.#limits.maxRequestBytes})`);
+    if (!s.reader.add(payload)) {
+      s.status(GrpcCode.RESOURCE_EXHAUSTED, `Received message larger than max (${s.reader.size - FRAME_PREFIX} vs. ${this.#limits.maxRequestBytes})`);
       return;
     }
-    if (payload.length > 0) s.chunks.push(payload);
     if (endStream) this.#requestDone(s);
   }
 
   #requestDone(s: ServerStream): void {
     s.ended = true;
-    s.body = s.chunks.length === 1 ? s.chunks[0]! : Buffer.concat(s.chunks, s.size);
-    s.chunks = [];
+    s.body = s.reader.take();
     this.#h2.consumed(s.received);
     this.#onCall(s);
   }

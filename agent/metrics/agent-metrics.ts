@@ -12,6 +12,7 @@ import { PROBE_TYPES, type ProbeOutcome } from '../probe/types.ts';
 import type { ProbeRunMeta, ResultsReader, ThresholdResult } from '../scheduler/types.ts';
 import type { ProbeMetrics } from './probe-metrics.ts';
 import { validSeconds } from './seconds.ts';
+import { GRPC_CODE_NAMES } from '../grpc/status.ts';
 
 /** Kubelet polls and netns resolutions are network/IPC round trips bounded by their own timeouts (~10 s). */
 export const CALL_BUCKETS: readonly number[] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
@@ -29,11 +30,7 @@ export const CONTAINER_LOOKUP_SOURCES = ['cache', 'pods', 'runtime', 'refresh', 
 /** Why a pod is left to kubelet (NotOursReason), plus 'ours'. */
 export const POD_STATES = ['ours', 'no-network-probes', 'exec-only', 'host-network', 'sandboxed-runtime'] as const;
 const THRESHOLD_RESULTS: readonly ThresholdResult[] = ['success', 'failure', 'unknown', 'error'];
-const GRPC_CODES = [
-  'OK', 'CANCELLED', 'UNKNOWN', 'INVALID_ARGUMENT', 'DEADLINE_EXCEEDED', 'NOT_FOUND', 'ALREADY_EXISTS',
-  'PERMISSION_DENIED', 'RESOURCE_EXHAUSTED', 'FAILED_PRECONDITION', 'ABORTED', 'OUT_OF_RANGE',
-  'UNIMPLEMENTED', 'INTERNAL', 'UNAVAILABLE', 'DATA_LOSS', 'UNAUTHENTICATED',
-] as const;
+const GRPC_CODES = GRPC_CODE_NAMES;
 /** gRPC method names come from our own service definition; the cap is a guard against a bug, not a feature. */
 const MAX_GRPC_METHODS = 32;
 

@@ -12,7 +12,10 @@ import { performance } from 'node:perf_hooks';
 import { encodeLiteralBlock, type HeaderField } from '../http2/hpack.ts';
 import { exchangeOnce, type OneShotExchange } from '../http2/unary-oneshot.ts';
 import { ConnectError, connectTo, type Deadline, type ProberResult } from './connect.ts';
-import { decodeHealthStatus, encodeHealthCheckRequest, goDuration, grpcFrame, percentDecode } from './grpc-wire.ts';
+import { decodeHealthStatus, encodeHealthCheckRequest, goDuration } from './grpc-wire.ts';
+import { encodeFrame, readFrame } from '../grpc/frame.ts';
+import { decodeGrpcMessage, formatGrpcTimeout } from '../grpc/headers.ts';
+import { codeFromHttpStatus, codeFromRstStream, goCodeName, GrpcCode, parseGrpcStatus } from '../grpc/status.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
 import type { FailureReason, GrpcHandler } from './types.ts';
 
@@ -22,14 +25,6 @@ const MAX_RESPONSE_BYTES = 16 * 1024;
 const MAX_HEADER_LIST = 16 * 1024;
 const CHECK_PATH = '/grpc.health.v1.Health/Check';
 const SERVING_STATUS: Record<number, string> = { 0: 'UNKNOWN', 1: 'SERVING', 2: 'NOT_SERVING', 3: 'SERVICE_UNKNOWN' };
-/** grpc-go's codes.Code String() names. */
-const CODE_NAMES = [
-  'OK', 'Canceled', 'Unknown', 'InvalidArgument', 'DeadlineExceeded', 'NotFound', 'AlreadyExists', 'PermissionDenied',
-  'ResourceExhausted', 'FailedPrecondition', 'Aborted', 'OutOfRange', 'Unimplemented', 'Internal', 'Unavailable',
-  'DataLoss', 'Unauthenticated',
-];
-const UNIMPLEMENTED = 12;
-const DEADLINE_EXCEEDED = 4;
 /** HTTP/2 REFUSED_STREAM. */
 const REFUSED_STREAM = 7;
 /** HTTP/2 error codes as Go's http2.ErrCode prints them, by value. */
@@ -37,8 +32,6 @@ const H2_ERROR_NAMES = [
   'NO_ERROR', 'PROTOCOL_ERROR', 'INTERNAL_ERROR', 'FLOW_CONTROL_ERROR', 'SETTINGS_TIMEOUT', 'STREAM_CLOSED', 'FRAME_SIZE_ERROR',
   'REFUSED_STREAM', 'CANCEL', 'COMPRESSION_ERROR', 'CONNECT_ERROR', 'ENHANCE_YOUR_CALM', 'INADEQUATE_SECURITY', 'HTTP_1_1_REQUIRED',
 ];
-/** grpc-go's http2ErrConvTab: the status code of a stream the server reset, by HTTP/2 error code. */
-const RST_STREAM_CODES = [13, 13, 13, 8, 13, 13, 13, 14, 1, 13, 13, 8, 7, 13];
 
 /** A finished RPC: a status code, its message, and the response message bytes when OK. */
 interface RpcResult {
@@ -88,15 +81,14 @@ export async function probeGrpc(handler: GrpcHandler, plan: TargetPlan, deadline
 
 /** kubelet's mapping of an RPC outcome to a probe result. */
 function judge(rpc: RpcResult, within: string, address: string, phases: ProberResult['phases']): ProberResult {
-  if (rpc.code === UNIMPLEMENTED) {
+  if (rpc.code === GrpcCode.UNIMPLEMENTED) {
     return { result: 'failure', reason: 'grpc-unimplemented', message: `error: this server does not implement the grpc health protocol (grpc.health.v1.Health): ${rpc.message}`, address, phases };
   }
-  if (rpc.code === DEADLINE_EXCEEDED) {
+  if (rpc.code === GrpcCode.DEADLINE_EXCEEDED) {
     return { result: 'failure', reason: 'timeout', message: `timeout: health rpc did not complete within ${within}`, address, phases };
   }
   if (rpc.code !== 0) {
-    const name = CODE_NAMES[rpc.code] ?? `Code(${rpc.code})`;
-    return { result: 'failure', reason: 'grpc-status', message: `error: health rpc probe failed: rpc error: code = ${name} desc = ${rpc.message}`, address, phases };
+    return { result: 'failure', reason: 'grpc-status', message: `error: health rpc probe failed: rpc error: code = ${goCodeName(rpc.code)} desc = ${rpc.message}`, address, phases };
   }
   let status: number;
   try {
@@ -139,7 +131,7 @@ function checkRpc(socket: import('node:net').Socket, authority: string, service:
       const timedOut = deadline.why() === 'timeout';
       // grpc-go: a deadline before the transport is ready is a dial timeout; after, the RPC's DeadlineExceeded.
       if (!exchange?.responseStarted && !exchange?.settingsSeen) done({ connFailure: 'context deadline exceeded', reason: 'timeout', timedOut });
-      else done({ code: DEADLINE_EXCEEDED, message: 'context deadline exceeded' });
+      else done({ code: GrpcCode.DEADLINE_EXCEEDED, message: 'context deadline exceeded' });
     };
     const connFail = (message: string): void => {
       done({ connFailure: `connection error: desc = "transport: ${message}"`, reason: 'protocol', timedOut: false });
@@ -155,9 +147,9 @@ function checkRpc(socket: import('node:net').Socket, authority: string, service:
       { name: 'content-type', value: 'application/grpc' },
       { name: 'user-agent', value: `kube-probe/${kubeVersion}` },
       { name: 'te', value: 'trailers' },
-      { name: 'grpc-timeout', value: `${Math.max(1, Math.floor(deadline.remainingMs()))}m` },
+      { name: 'grpc-timeout', value: formatGrpcTimeout(Math.floor(deadline.remainingMs())) },
     ]);
-    const request = { block, body: grpcFrame(encodeHealthCheckRequest(service)), maxResponseBytes: MAX_RESPONSE_BYTES, maxHeaderListSize: MAX_HEADER_LIST };
+    const request = { block, body: encodeFrame(encodeHealthCheckRequest(service)), maxResponseBytes: MAX_RESPONSE_BYTES, maxHeaderListSize: MAX_HEADER_LIST };
     exchange = exchangeOnce(socket, request, (end) => {
       const started = exchange?.responseStarted ?? false;
       const ready = exchange?.settingsSeen ?? false;
@@ -165,7 +157,7 @@ function checkRpc(socket: import('node:net').Socket, authority: string, service:
         case 'response':
           return done(finishRpc(end.headers, end.trailers, end.body));
         case 'too-large':
-          return done({ code: 8, message: `grpc: received message larger than max (${end.size} vs. ${MAX_RESPONSE_BYTES})` });
+          return done({ code: GrpcCode.RESOURCE_EXHAUSTED, message: `grpc: received message larger than max (${end.size} vs. ${MAX_RESPONSE_BYTES})` });
         case 'reset': {
           // A server that resets the stream answered the RPC: grpc-go reports a status, not a dial error.
           if (end.code === 0) return end.headers ? done(finishRpc(end.headers, end.trailers, end.body)) : connFail('stream closed with code 0');
@@ -177,13 +169,13 @@ function checkRpc(socket: import('node:net').Socket, authority: string, service:
           // (graceful GOAWAY below it) is refused; a GOAWAY with an error closes the connection.
           if (end.code === 0 && !end.processed) return ready ? done(resetStatus(REFUSED_STREAM)) : connFail(`Stream closed with error code ${nghttp2Name(REFUSED_STREAM)}`);
           const why = `Session closed with error code ${end.code}`;
-          return started ? done({ code: 13, message: why }) : connFail(why);
+          return started ? done({ code: GrpcCode.INTERNAL, message: why }) : connFail(why);
         }
         case 'eof':
           // After the response headers the stream ends with what came: no trailers is grpc-go's Internal.
           return end.headers ? done(finishRpc(end.headers, end.trailers, end.body)) : connFail('error reading server preface: EOF');
         case 'broken':
-          return started ? done({ code: 14, message: `connection error: ${end.message}` }) : connFail(end.message);
+          return started ? done({ code: GrpcCode.UNAVAILABLE, message: `connection error: ${end.message}` }) : connFail(end.message);
       }
     });
     deadline.signal.addEventListener('abort', onAbort, { once: true });
@@ -193,7 +185,7 @@ function checkRpc(socket: import('node:net').Socket, authority: string, service:
 /** grpc-go's status for a stream the server reset (http2Client.handleRSTStream). */
 function resetStatus(rstCode: number): RpcResult {
   const name = H2_ERROR_NAMES[rstCode] ?? `unknown error code 0x${rstCode.toString(16)}`;
-  return { code: RST_STREAM_CODES[rstCode] ?? 2, message: `stream terminated by RST_STREAM with error code: ${name}` };
+  return { code: codeFromRstStream(rstCode), message: `stream terminated by RST_STREAM with error code: ${name}` };
 }
 
 /** Turns response headers/trailers/body into a status, with grpc-go's HTTP-status fallback. */
@@ -210,27 +202,18 @@ function finishRpc(headers: readonly HeaderField[], trailers: readonly HeaderFie
     else if (f.name === 'grpc-message') h.message = f.value;
   }
   h.contentType ??= '';
-  if (h.code === undefined) {
-    if (h.http !== 200) return { code: httpStatusToCode(h.http ?? 0), message: `unexpected HTTP status code received from server: ${h.http}` };
-    if (!h.contentType?.startsWith('application/grpc')) return { code: 13, message: `transport: received unexpected content-type ${JSON.stringify(h.contentType)}` };
-    return { code: 13, message: 'server closed the stream without sending trailers' };
+  const code = parseGrpcStatus(h.code);
+  if (code === undefined) {
+    if (h.http !== 200) return { code: codeFromHttpStatus(h.http ?? 0), message: `unexpected HTTP status code received from server: ${h.http}` };
+    if (!h.contentType?.startsWith('application/grpc')) return { code: GrpcCode.INTERNAL, message: `transport: received unexpected content-type ${JSON.stringify(h.contentType)}` };
+    return { code: GrpcCode.INTERNAL, message: 'server closed the stream without sending trailers' };
   }
-  const code = /^\d{1,2}$/.test(h.code) ? Number(h.code) : 2;
-  const message = percentDecode(h.message ?? '');
-  if (code !== 0) return { code, message };
-  if (body.length < 5) return { code: 13, message: 'cardinality violation: expected <Response> but got <EOF>' };
-  if (body[0] !== 0) return { code: 13, message: 'grpc: compressed message received but no compression was negotiated' };
-  const len = body.readUInt32BE(1);
-  if (body.length < 5 + len) return { code: 13, message: 'grpc: truncated response message' };
-  return { code: 0, message: '', response: body.subarray(5, 5 + len) };
-}
-
-/** grpc-go's mapping of a non-200 HTTP status when no grpc-status came (HTTP to gRPC status, gRPC doc). */
-function httpStatusToCode(status: number): number {
-  if (status === 400) return 13;
-  if (status === 401) return 16;
-  if (status === 403) return 7;
-  if (status === 404) return UNIMPLEMENTED;
-  if (status === 429 || status === 502 || status === 503 || status === 504) return 14;
-  return 2;
+  const message = decodeGrpcMessage(h.message ?? '');
+  if (code !== GrpcCode.OK) return { code, message };
+  const response = readFrame(body, false);
+  if (response === 'short') return { code: GrpcCode.INTERNAL, message: 'cardinality violation: expected <Response> but got <EOF>' };
+  if (response === 'compressed') return { code: GrpcCode.INTERNAL, message: 'grpc: compressed message received but no compression was negotiated' };
+  // 'truncated' (octets after the message are not read: never 'trailing').
+  if (typeof response === 'string') return { code: GrpcCode.INTERNAL, message: 'grpc: truncated response message' };
+  return { code: GrpcCode.OK, message: '', response };
 }

@@ -4,7 +4,8 @@
  * octets), and for a rewritten command three cheap facts: the kind (cmd[1]), the timeout and the
  * container ID. It never decodes the handler (cmd[2]): the agent does, once (agent/api/exec-sync.ts).
  */
-import { readFields, WireError } from '../api/protowire.ts';
+import { declaredLength, FRAME_PREFIX } from '../grpc/frame.ts';
+import { readFields, WireError, WireReader, WireTruncated } from '../grpc/protowire.ts';
 import { SHIM_COMMAND_PATH } from '../rewrite/shim-command.ts';
 
 /** CRI method path the shim intercepts. */
@@ -61,46 +62,38 @@ const ARGV0 = Buffer.from(SHIM_COMMAND_PATH, 'utf8');
  * ExecSync as soon as its first DATA frame arrives.
  */
 export function classifyExecSyncPrefix(framed: Buffer): 'ours' | 'not-ours' | 'more' {
-  if (framed.length < 5) return 'more';
+  const declared = declaredLength(framed);
+  if (declared === undefined) return 'more';
   if (framed[0] !== 0) return 'not-ours'; // compressed: kubelet never compresses
-  const msgEnd = 5 + framed.readUInt32BE(1);
-  const end = Math.min(msgEnd, framed.length);
-  let pos = 5;
-  const varint = (): number | undefined => {
-    let v = 0;
-    for (let shift = 0; shift < 35; shift += 7) {
-      if (pos >= end) return undefined;
-      const b = framed[pos++]!;
-      v += (b & 0x7f) * 2 ** shift;
-      if (b < 0x80) return v;
+  const msgEnd = FRAME_PREFIX + declared;
+  const r = new WireReader(framed, FRAME_PREFIX, Math.min(msgEnd, framed.length));
+  try {
+    for (;;) {
+      if (r.pos >= r.end) return r.end < msgEnd ? 'more' : 'not-ours';
+      // Kubelet's tags and lengths take a few octets: a varint past 5 is no ExecSyncRequest of ours.
+      const tag = r.varint(5);
+      const field = Math.floor(tag / 8);
+      const wire = tag % 8;
+      if (wire === 0) {
+        r.varint(5);
+        continue;
+      }
+      if (wire !== 2) return 'not-ours';
+      const len = r.varint(5);
+      if (field === 2) {
+        // cmd[0]: the whole of it is needed only to say 'ours'; a differing prefix says 'not-ours' at once.
+        const have = Math.min(len, r.end - r.pos);
+        const cmp = Math.min(have, ARGV0.length);
+        if (!framed.subarray(r.pos, r.pos + cmp).equals(ARGV0.subarray(0, cmp))) return 'not-ours';
+        if (len !== ARGV0.length) return 'not-ours';
+        return have === len ? 'ours' : 'more';
+      }
+      r.pos += len;
     }
-    return -1;
-  };
-  for (;;) {
-    if (pos >= end) return end < msgEnd ? 'more' : 'not-ours';
-    const tag = varint();
-    if (tag === undefined) return 'more';
-    if (tag < 0) return 'not-ours';
-    const field = Math.floor(tag / 8);
-    const wire = tag % 8;
-    if (wire === 0) {
-      const v = varint();
-      if (v === undefined) return 'more';
-      if (v < 0) return 'not-ours';
-      continue;
-    }
-    if (wire !== 2) return 'not-ours';
-    const len = varint();
-    if (len === undefined) return 'more';
-    if (len < 0) return 'not-ours';
-    if (field === 2) {
-      // cmd[0]: the whole of it is needed only to say 'ours'; a differing prefix says 'not-ours' at once.
-      const have = Math.min(len, end - pos);
-      const cmp = Math.min(have, ARGV0.length);
-      if (!framed.subarray(pos, pos + cmp).equals(ARGV0.subarray(0, cmp))) return 'not-ours';
-      if (len !== ARGV0.length) return 'not-ours';
-      return have === len ? 'ours' : 'more';
-    }
-    pos += len;
+  } catch (err) {
+    // Octets still to come may complete a varint; one too long never becomes ours.
+    if (err instanceof WireTruncated) return 'more';
+    if (err instanceof WireError) return 'not-ours';
+    throw err;
   }
 }

@@ -10,12 +10,13 @@
 import * as net from 'node:net';
 import { chmodSync, existsSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
-import { readSingleGrpcFrame } from '../api/protowire.ts';
-import { AgentCallError, GrpcCode, ShimProbeClient } from '../api/shim-client.ts';
+import { AgentCallError, ShimProbeClient } from '../api/shim-client.ts';
+import { readSingleFrame } from '../grpc/frame.ts';
+import { parseGrpcTimeout } from '../grpc/headers.ts';
+import { GrpcCode } from '../grpc/status.ts';
 import { answerFromCallError, causeOfCallError, type ExecSyncAnswer } from './answer.ts';
 import { runHookOnce } from './hook-runner.ts';
 import { ShimMetrics, type AgentErrorCause, type InterceptKind } from './metrics.ts';
-import { parseGrpcTimeout } from './deadline.ts';
 import { execSyncFacts, type ExecSyncFacts } from './exec-sync.ts';
 import type { HeaderField } from '../http2/hpack.ts';
 import { FrameRelay } from './relay.ts';
@@ -151,7 +152,7 @@ export class CriShim {
   /** A complete ExecSync body from the frame relay: the shim's answer, or null to forward it. */
   #intercept(body: Buffer, fields: readonly HeaderField[], signal: AbortSignal): Promise<ExecSyncAnswer> | null {
     // Not one uncompressed message, or not probe-agent's argv[0] after all: the runtime gets it as sent.
-    const msg = readSingleGrpcFrame(body);
+    const msg = readSingleFrame(body);
     const facts = msg === null ? null : execSyncFacts(msg);
     if (facts === null) return null;
     this.stats.intercepted++;

@@ -33,8 +33,9 @@ import { authorityAcceptable, withAcceptableAuthority } from '../http2/authority
 import { H2Connection, H2ConnectionError, type H2Handler, type H2Settings } from '../http2/connection.ts';
 import type { HeaderField } from '../http2/hpack.ts';
 import { dataPayload, FRAME_HEADER, H2Error, type Frame } from '../http2/wire.ts';
-import { encodeGrpcMessage } from '../api/protowire.ts';
-import { GrpcCode } from '../api/shim-client.ts';
+import { framedLimit } from '../grpc/frame.ts';
+import { OK_TRAILERS_BLOCK, responseHeadersBlock, trailersOnlyBlock } from '../grpc/headers.ts';
+import { GrpcCode } from '../grpc/status.ts';
 import type { ExecSyncAnswer } from './answer.ts';
 import { classifyExecSyncPrefix, EXEC_SYNC_PATH } from './exec-sync.ts';
 
@@ -64,7 +65,7 @@ export const MAX_BUFFERED_EXEC = 64 * 1024;
  * frame, so that empty or padded frames count. A whole request of the largest size in 16 KiB
  * frames is far below it.
  */
-const MAX_EXEC_COST = MAX_BUFFERED_EXEC + 5 + 1024;
+const MAX_EXEC_COST = framedLimit(MAX_BUFFERED_EXEC) + 1024;
 /** What an ExecSync's first DATA may cost (as above) before "ours or not" must be decided (argv[0] is near the start). */
 const MAX_UNDECIDED = 4096;
 /** Connection windows each side grants: what the shim may hold for one connection, each way. */
@@ -346,7 +347,7 @@ export class FrameRelay {
       // A copy: a view would keep the whole read it came in.
       if (payload.length > 0) s.payloads.push(Buffer.from(payload));
       s.size += payload.length;
-      if (s.size > MAX_BUFFERED_EXEC + 5 || s.cost > MAX_EXEC_COST) this.#tooLarge(s);
+      if (s.size > framedLimit(MAX_BUFFERED_EXEC) || s.cost > MAX_EXEC_COST) this.#tooLarge(s);
       else if (end) this.#decide(s);
       return;
     }
@@ -377,7 +378,7 @@ export class FrameRelay {
 
   #tooLarge(s: RelayStream): void {
     this.#forget(s);
-    const message = s.size > MAX_BUFFERED_EXEC + 5
+    const message = s.size > framedLimit(MAX_BUFFERED_EXEC)
       ? `probe-agent shim: ExecSync request larger than ${MAX_BUFFERED_EXEC} octets`
       : `probe-agent shim: ExecSync request in frames costing more than ${MAX_EXEC_COST} octets (9 per frame, padding included)`;
     this.#k.headers(s.kid, trailersOnly(GrpcCode.RESOURCE_EXHAUSTED, message), true);
@@ -470,9 +471,9 @@ export class FrameRelay {
       this.#k.headers(s.kid, trailersOnly(answer.grpcCode, answer.message), true);
     } else {
       // The agent's ExecSyncResponse, gRPC-framed, as the agent sent it.
-      this.#k.headers(s.kid, RESPONSE_HEADERS, false);
+      this.#k.headers(s.kid, responseHeadersBlock(CONTENT_TYPE), false);
       this.#k.data(s.kid, answer.body, false);
-      this.#k.headers(s.kid, OK_TRAILERS, true);
+      this.#k.headers(s.kid, OK_TRAILERS_BLOCK, true);
     }
     this.#maybeFinish();
   }
@@ -511,12 +512,9 @@ export class FrameRelay {
   }
 }
 
-const RESPONSE_HEADERS: readonly HeaderField[] = [{ name: ':status', value: '200' }, { name: 'content-type', value: 'application/grpc' }];
-const OK_TRAILERS: readonly HeaderField[] = [{ name: 'grpc-status', value: '0' }];
+/** containerd's content-type (grpc-go's), which the shim's own answers carry too. */
+const CONTENT_TYPE = 'application/grpc';
 
-function trailersOnly(code: number, message: string): HeaderField[] {
-  return [
-    { name: ':status', value: '200' }, { name: 'content-type', value: 'application/grpc' },
-    { name: 'grpc-status', value: String(code) }, { name: 'grpc-message', value: encodeGrpcMessage(message.slice(0, 1024)) },
-  ];
+function trailersOnly(code: number, message: string): Buffer {
+  return trailersOnlyBlock(CONTENT_TYPE, code, message, 1024);
 }

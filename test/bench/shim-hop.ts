@@ -39,13 +39,15 @@ async function server(socket: string): Promise<void> {
 
 async function client(socket: string, calls: number): Promise<void> {
   const { ShimProbeClient } = (await import(path.join(REPO, 'agent/api/shim-client.ts'))) as typeof import('../../agent/api/shim-client.ts');
-  const { grpcFrame, WireWriter } = (await import(path.join(REPO, 'agent/api/protowire.ts'))) as typeof import('../../agent/api/protowire.ts');
+  // The request's octets are the same whichever checkout builds them: this one's encoders.
+  const { encodeFrame } = await import('../../agent/grpc/frame.ts');
+  const { WireWriter } = await import('../../agent/grpc/protowire.ts');
   const { encodeShimCommand } = (await import(path.join(REPO, 'agent/rewrite/shim-command.ts'))) as typeof import('../../agent/rewrite/shim-command.ts');
   const c = new ShimProbeClient(socket);
   // Kubelet's ExecSyncRequest for a rewritten liveness probe, as the shim forwards it.
   const w = new WireWriter().bytes(1, 'c'.repeat(64));
   for (const arg of encodeShimCommand('liveness', { httpGet: { path: '/healthz', port: 8080 } })) w.bytes(2, arg);
-  const body = grpcFrame(w.varint(3, 1).finish());
+  const body = encodeFrame(w.varint(3, 1).finish());
   const one = (): Promise<unknown> => c.execSync(body, { deadlineMs: 5000 });
   const lines = createInterface({ input: process.stdin });
   for await (const line of lines) {

@@ -31,7 +31,8 @@ import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
 import { ShimProbeClient } from '../../agent/api/shim-client.ts';
 import { ProbeApiClient } from '../../agent/api/client.ts';
-import { grpcFrame, WireWriter } from '../../agent/api/protowire.ts';
+import { encodeFrame } from '../../agent/grpc/frame.ts';
+import { WireWriter } from '../../agent/grpc/protowire.ts';
 import type { ProbeContext, ProbeHandler } from '../../agent/probe/types.ts';
 import { cmdlineOf, findChild, totalCpuMs } from './procstat.ts';
 import { quantile, round } from './stats.ts';
@@ -253,7 +254,7 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     // The shim's call: kubelet's ExecSyncRequest bytes for the rewritten probe, to ProbeService ExecSync.
     const execW = new WireWriter().bytes(1, app.id);
     for (const arg of cmd) execW.bytes(2, arg);
-    const execBody = grpcFrame(execW.varint(3, 1).finish());
+    const execBody = encodeFrame(execW.varint(3, 1).finish());
     const ways = {
       lean: async (): Promise<boolean> => (await lean.execSync(execBody, { deadlineMs: 3000 })).exitCode === 0,
       grpcJs: async (): Promise<boolean> => (await viaGrpcJs.probe({ pod: { containerId: app.id }, handler: { kind: 'http', port: HTTP, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 1, probeType: 'Readiness' })).result === 'success',

@@ -13,7 +13,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ApiError, ProbeApiClient } from '../../agent/api/client.ts';
 import { AgentCallError, ShimProbeClient } from '../../agent/api/shim-client.ts';
 import type { OnDemandProbeRequest, OnDemandProber } from '../../agent/scheduler/types.ts';
-import { grpcFrame, readFields, WireWriter } from '../../agent/api/protowire.ts';
+import { encodeFrame } from '../../agent/grpc/frame.ts';
+import { readFields, WireWriter } from '../../agent/grpc/protowire.ts';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { execSyncRequest } from '../support/relay-harness.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
@@ -72,7 +73,7 @@ function rawCall(s: http2.ClientHttp2Session, method: string, msg: Buffer, timeo
       resolve(out);
     });
   });
-  stream.end(grpcFrame(msg));
+  stream.end(encodeFrame(msg));
   return { stream, done };
 }
 
@@ -84,7 +85,7 @@ function probeMsg(uid: string, port: number, timeoutSeconds: number): Buffer {
 
 /** Kubelet's ExecSync body for a rewritten HTTP probe of `port`, as the shim forwards it. */
 function execBody(containerId: string, kind: 'liveness' | 'readiness', port: number, timeoutSeconds: number): Buffer {
-  return grpcFrame(execSyncRequest(containerId, encodeShimCommand(kind, { httpGet: { path: '/healthz', port } }), timeoutSeconds));
+  return encodeFrame(execSyncRequest(containerId, encodeShimCommand(kind, { httpGet: { path: '/healthz', port } }), timeoutSeconds));
 }
 
 describe('the lean server for the shim\'s connections', () => {

@@ -11,7 +11,8 @@ requireRoot();
 
 import { createHash } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { grpcFrame, readFields } from '../../agent/api/protowire.ts';
+import { encodeFrame } from '../../agent/grpc/frame.ts';
+import { readFields } from '../../agent/grpc/protowire.ts';
 import { ShimProbeClient } from '../../agent/api/shim-client.ts';
 import { encodeShimCommand, SHIM_COMMAND_PATH } from '../../agent/rewrite/shim-command.ts';
 import { createLab, type Lab, type LabPod } from '../lab/lab.ts';
@@ -87,7 +88,7 @@ afterAll(async () => {
 describe('ExecSync\'s parsed-command cache under a flood of distinct padded commands', () => {
   it('keeps the agent\'s heap bounded, and the neighbour\'s cached probe keeps every answer', async () => {
     const client = new ShimProbeClient(agent.socket);
-    const neighbourCall = grpcFrame(execSyncRequest(NEIGHBOUR, encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } }), 3));
+    const neighbourCall = encodeFrame(execSyncRequest(NEIGHBOUR, encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } }), 3));
     const ask = (body: Buffer) => client.execSync(body, { deadlineMs: 30_000 });
     for (let i = 0; i < 3; i++) expect(exitCodeOf((await ask(neighbourCall)).body)).toBe(0);
     const heapBefore = await metric('nodejs_heap_size_used_bytes');
@@ -108,7 +109,7 @@ describe('ExecSync\'s parsed-command cache under a flood of distinct padded comm
       for (let job = jobs.shift(); job; job = jobs.shift()) {
         const [p, c, k] = job;
         // Failure (closed port), or refused by the fair limiter: any answer will do, the command was parsed.
-        await ask(grpcFrame(execSyncRequest(cid(p, c), paddedCommand(k), 3))).then(() => {}, () => {});
+        await ask(encodeFrame(execSyncRequest(cid(p, c), paddedCommand(k), 3))).then(() => {}, () => {});
         if (++answered % 400 === 0) heapPeak = Math.max(heapPeak, await metric('nodejs_heap_size_used_bytes'));
       }
     });

@@ -12,7 +12,7 @@ import { createHash } from 'node:crypto';
 import { mkdtempSync, rmSync, symlinkSync, unlinkSync } from 'node:fs';
 import * as http2 from 'node:http2';
 import * as net from 'node:net';
-import { grpcFrame } from '../../agent/api/protowire.ts';
+import { encodeFrame } from '../../agent/grpc/frame.ts';
 import { execSyncRequest } from '../support/relay-harness.ts';
 import { DRAINING_DETAIL, NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from '../../agent/api/hook-refusal.ts';
 import path from 'node:path';
@@ -401,7 +401,7 @@ describe('rewritten hooks through the kubelet shim across agent restarts and dra
     const end = Date.now() + 10_000;
     while (!old.logs.some((l) => l.msg === 'ProbeService draining') && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
     // Kubelet's ExecSync for a rewritten preStop hook (timeout 0), as the shim forwards it.
-    stream.end(grpcFrame(execSyncRequest(CONTAINER_ID, encodeShimCommand('preStop', { httpGet: { path: p, port: httpPort } }), 0)));
+    stream.end(encodeFrame(execSyncRequest(CONTAINER_ID, encodeShimCommand('preStop', { httpGet: { path: p, port: httpPort } }), 0)));
     const meta = await answer;
     session.destroy();
     expect(Number(meta['grpc-status'])).toBe(grpc.status.UNAVAILABLE);

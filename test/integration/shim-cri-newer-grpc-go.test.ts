@@ -15,7 +15,8 @@ requireGrpcGoPeer();
 import { rmSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { WireWriter, grpcFrame } from '../../agent/api/protowire.ts';
+import { encodeFrame } from '../../agent/grpc/frame.ts';
+import { WireWriter } from '../../agent/grpc/protowire.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 import { labScratch } from '../lab/slots.ts';
@@ -105,7 +106,7 @@ describe('CRI calls newer than containerd 1.6, through the shim (grpc-go client)
     expect(d, 'straight to containerd').toMatchObject({ ok: false });
     expect(s).toEqual(d);
     const reached = Buffer.concat(tap.counts.dataToTarget);
-    expect(reached.indexOf(grpcFrame(body)), 'the gRPC message as the client framed it, in what the runtime received').toBeGreaterThanOrEqual(0);
+    expect(reached.indexOf(encodeFrame(body)), 'the gRPC message as the client framed it, in what the runtime received').toBeGreaterThanOrEqual(0);
     expect(shimLog).toEqual([]);
   });
 });

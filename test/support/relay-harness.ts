@@ -16,7 +16,7 @@ import path from 'node:path';
 import { FrameRelay, type RelayHost } from '../../agent/shim/relay.ts';
 import type { ExecSyncAnswer } from '../../agent/shim/answer.ts';
 import { encodeExecSyncResponse } from '../../agent/api/exec-sync.ts';
-import { grpcFrame } from '../../agent/api/protowire.ts';
+import { encodeFrame } from '../../agent/grpc/frame.ts';
 import type { HeaderField } from '../../agent/http2/hpack.ts';
 import { describeFrame, FramePeer, Trace, type CreditPolicy, type PeerStream } from './h2-frame-peer.ts';
 
@@ -30,7 +30,7 @@ export const STREAM_TAG = 'x-test-stream';
 
 /** The agent's answer with this exit code and stdout, as the shim relays it (an ExecSyncResponse, gRPC-framed). */
 export function exitAnswer(exitCode: number, stdout: string): ExecSyncAnswer {
-  return { kind: 'message', body: grpcFrame(encodeExecSyncResponse(exitCode, stdout)), exitCode };
+  return { kind: 'message', body: encodeFrame(encodeExecSyncResponse(exitCode, stdout)), exitCode };
 }
 
 /** gRPC request headers for `path`, plus extra fields. */

@@ -4,7 +4,8 @@
  * handlers, and what it encodes must decode, with grpc-js, to the same answer.
  */
 import { describe, expect, it } from 'vitest';
-import { decodeLifecycleRequest, decodeProbeRequest, encodeLifecycleResponse, encodeProbeResponse, isHotConnection, parseGrpcTimeoutMs } from '../../agent/api/hot-unary.ts';
+import { decodeLifecycleRequest, decodeProbeRequest, encodeLifecycleResponse, encodeProbeResponse, isHotConnection } from '../../agent/api/hot-unary.ts';
+import { parseGrpcTimeout as parseGrpcTimeoutMs } from '../../agent/grpc/headers.ts';
 import { loadProbeApi } from '../../agent/api/proto.ts';
 import type { WireLifecycleResponse, WireProbeResponse } from '../../agent/api/proto.ts';
 

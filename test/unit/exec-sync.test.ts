@@ -25,7 +25,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ExecSyncHandlerCache, encodeExecSyncResponse } from '../../agent/api/exec-sync.ts';
 import { INVALID_COMMAND_PREFIX } from '../../agent/api/hook-refusal.ts';
 import { loadProbeApi } from '../../agent/api/proto.ts';
-import { grpcFrame, readFields, WireWriter } from '../../agent/api/protowire.ts';
+import { encodeFrame } from '../../agent/grpc/frame.ts';
+import { readFields, WireWriter } from '../../agent/grpc/protowire.ts';
 import { AgentCallError, ShimProbeClient } from '../../agent/api/shim-client.ts';
 import { parseFeatureGates } from '../../agent/featuregates.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
@@ -200,7 +201,7 @@ describe('ExecSync on the agent, over both transports', () => {
   async function viaLean(msg: Buffer): Promise<{ ok: true; raw: Buffer } | { ok: false; code: number; details: string }> {
     const c = new ShimProbeClient(fx.socket);
     try {
-      const a = await c.execSync(grpcFrame(msg), { deadlineMs: 10_000 });
+      const a = await c.execSync(encodeFrame(msg), { deadlineMs: 10_000 });
       return { ok: true, raw: a.body.subarray(5) };
     } catch (err) {
       if (!(err instanceof AgentCallError)) throw err;
@@ -355,7 +356,7 @@ describe('byte for byte through the shim', () => {
         seen.push({ path: String(headers[':path']), timeout: headers['grpc-timeout'] as string | undefined, body: Buffer.concat(chunks) });
         stream.respond({ ':status': 200, 'content-type': 'application/grpc' }, { waitForTrailers: true });
         stream.on('wantTrailers', () => stream.sendTrailers({ 'grpc-status': '0' }));
-        stream.end(grpcFrame(ANSWER));
+        stream.end(encodeFrame(ANSWER));
       });
     });
     await new Promise<void>((r) => agent.listen(path.join(dir, 'probe.sock'), r));
@@ -385,7 +386,7 @@ describe('byte for byte through the shim', () => {
     expect(raw.equals(ANSWER)).toBe(true);
     expect(seen).toHaveLength(1);
     expect(seen[0]!.path).toBe(EXEC_PATH);
-    expect(seen[0]!.body.equals(grpcFrame(probe))).toBe(true);
+    expect(seen[0]!.body.equals(encodeFrame(probe))).toBe(true);
     // A probe's deadline: its timeout (3 s) plus the agent's grace, within kubelet's.
     expect(seen[0]!.timeout).toMatch(/^\d+m$/);
     expect(Number(seen[0]!.timeout!.slice(0, -1))).toBeGreaterThan(3000);
@@ -393,7 +394,7 @@ describe('byte for byte through the shim', () => {
 
     const hook = execSyncRequest(CID, encodeShimCommand('postStart', { httpGet: { path: '/', port: 8080 } }), 0);
     expect((await send(hook, 60_000)).equals(ANSWER)).toBe(true);
-    expect(seen[1]!.body.equals(grpcFrame(hook))).toBe(true);
+    expect(seen[1]!.body.equals(encodeFrame(hook))).toBe(true);
     // A hook carries no deadline to the agent (kubelet's exec hooks have none).
     expect(seen[1]!.timeout).toBeUndefined();
     expect(shim.metrics.render()).toMatch(/^probe_agent_shim_intercepted_total\{kind="liveness",answer="failure"\} 1$/m);

@@ -16,7 +16,9 @@ import { HealthImplementation } from 'grpc-health-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { Deadline } from '../../agent/probe/connect.ts';
-import { decodeHealthStatus, encodeHealthCheckRequest, goDuration, grpcFrame, percentDecode } from '../../agent/probe/grpc-wire.ts';
+import { decodeHealthStatus, encodeHealthCheckRequest, goDuration } from '../../agent/probe/grpc-wire.ts';
+import { encodeFrame } from '../../agent/grpc/frame.ts';
+import { decodeGrpcMessage } from '../../agent/grpc/headers.ts';
 import { probeHttp } from '../../agent/probe/http.ts';
 import { runProbe } from '../../agent/probe/run.ts';
 import type { HttpGetHandler, ProbeContext, ProbeHandler, SocketFactory } from '../../agent/probe/types.ts';
@@ -660,7 +662,7 @@ describe('gRPC wire helpers', () => {
     expect(encodeHealthCheckRequest('')).toEqual(Buffer.alloc(0));
     expect(encodeHealthCheckRequest('db')).toEqual(Buffer.from([0x0a, 2, 0x64, 0x62]));
     expect(encodeHealthCheckRequest('x'.repeat(200)).subarray(0, 3)).toEqual(Buffer.from([0x0a, 0xc8, 0x01]));
-    expect(grpcFrame(Buffer.from([1, 2]))).toEqual(Buffer.from([0, 0, 0, 0, 2, 1, 2]));
+    expect(encodeFrame(Buffer.from([1, 2]))).toEqual(Buffer.from([0, 0, 0, 0, 2, 1, 2]));
   });
 
   it('decodes HealthCheckResponse.status, skipping unknown fields', () => {
@@ -672,8 +674,8 @@ describe('gRPC wire helpers', () => {
   });
 
   it('percent-decodes grpc-message leniently', () => {
-    expect(percentDecode('a%20b%zz%')).toBe('a b%zz%');
-    expect(percentDecode('%E2%9C%93')).toBe('\u2713');
+    expect(decodeGrpcMessage('a%20b%zz%')).toBe('a b%zz%');
+    expect(decodeGrpcMessage('%E2%9C%93')).toBe('\u2713');
   });
 
   it.each([[1000, '1s'], [500, '500ms'], [90_000, '1m30s'], [3_600_000, '1h0m0s'], [1500, '1.5s']])('goDuration(%i) = %s', (ms, want) => {

@@ -12,10 +12,11 @@ import { describe, expect, it } from 'vitest';
 
 const AGENT = fileURLToPath(new URL('../../agent/', import.meta.url));
 const ALLOWED = [
-  'shim/main.ts', 'shim/proxy.ts', 'shim/relay.ts', 'shim/answer.ts', 'shim/deadline.ts', 'shim/exec-sync.ts',
+  'shim/main.ts', 'shim/proxy.ts', 'shim/relay.ts', 'shim/answer.ts', 'shim/exec-sync.ts',
   'shim/hook-runner.ts', 'shim/metrics.ts', 'shim/metrics-server.ts', 'shim/flags.ts', 'config/duration.ts', 'errors.ts',
   'http2/connection.ts', 'http2/authority.ts', 'http2/hpack.ts', 'http2/huffman.ts', 'http2/unary-client.ts', 'http2/wire.ts',
-  'api/protowire.ts', 'api/shim-client.ts', 'api/hook-refusal.ts', 'rewrite/shim-command.ts',
+  'grpc/frame.ts', 'grpc/headers.ts', 'grpc/protowire.ts', 'grpc/status.ts',
+  'api/shim-client.ts', 'api/hook-refusal.ts', 'rewrite/shim-command.ts',
 ];
 
 function graph(entry: string): { modules: Set<string>; packages: Set<string> } {

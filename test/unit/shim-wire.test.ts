@@ -8,13 +8,14 @@
 import * as protoLoader from '@grpc/proto-loader';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { encodeGrpcMessage, decodeGrpcMessage, readFields, WireError } from '../../agent/api/protowire.ts';
-import { AgentCallError, GrpcCode } from '../../agent/api/shim-client.ts';
+import { decodeGrpcMessage, encodeGrpcMessage, parseGrpcTimeout } from '../../agent/grpc/headers.ts';
+import { readFields, WireError } from '../../agent/grpc/protowire.ts';
+import { GrpcCode } from '../../agent/grpc/status.ts';
+import { AgentCallError } from '../../agent/api/shim-client.ts';
 import { decodeExecSyncRequest, encodeExecSyncResponse } from '../../agent/api/exec-sync.ts';
 import { CRI_PROTO_PATH } from '../../agent/netns/cri-client.ts';
 import { SHIM_COMMAND_PATH, SHIM_KINDS } from '../../agent/rewrite/shim-command.ts';
 import { AGENT_TOO_OLD, answerFromCallError, causeOfCallError } from '../../agent/shim/answer.ts';
-import { parseGrpcTimeout } from '../../agent/shim/deadline.ts';
 import { execSyncFacts } from '../../agent/shim/exec-sync.ts';
 import { fileURLToPath } from 'node:url';
 
