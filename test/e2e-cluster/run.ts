@@ -656,7 +656,7 @@ async function webhookDown(k: Kubectl, cluster: Cluster): Promise<void> {
     const held = cluster.pods(APPS_NS, 'app=while-down').length;
     check('webhook down, failurePolicy Ignore: opted-in pods refused unreviewed (probe-agent-rewrite-reviewed), none created',
       refusedBare && held === 0 && failedCreate !== undefined,
-      `bare pod: ${bare.ok ? 'admitted' : bare.stderr.trim().split('\n')[0]!.slice(0, 160)}; a Deployment's pods: ${held}, its ReplicaSet: ${failedCreate ? `${failedCreate.reason} (retries)` : 'no ReplicaFailure'}`);
+      `bare pod: ${bare.ok ? 'admitted' : bare.stderr.replace(/\s+/g, ' ').trim().slice(0, 240)}; a Deployment's pods: ${held}, its ReplicaSet: ${failedCreate ? `${failedCreate.reason} (retries)` : 'no ReplicaFailure'}`);
   } else {
     await sleep(5000);
     const p = cluster.pod(APPS_NS, 'while-down-ignore');
