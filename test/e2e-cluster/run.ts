@@ -482,13 +482,14 @@ async function main(): Promise<number> {
   // on it too) starve the agent, whose probes then time out, wait for the netns helper or overrun
   // the watchdog (its stalled loop's timeouts are not counted, and said so), and the shim answers
   // kubelet's rewritten probes UNAVAILABLE (kubelet keeps their last result); the starved webhook
-  // may cut the API server's TLS handshake (a failed review).
+  // may cut the API server's TLS handshake (a failed review); the starved runtime's CRI calls time
+  // out, and the agent probes in a pod's last known netns or, with none, reports it unresolved.
   const at = (line: string): number => Date.parse(/"(?:ts|time)":"([^"]+)"/.exec(line)?.[1] ?? '');
   const within = (w: { from: number; to: number }) => (line: string) => at(line) >= w.from && at(line) <= w.to;
   const expected = [
     { re: /kubelet pod list unavailable/, when: within(switchWindow), why: 'the kubelet restart onto the shim' },
     { re: /rewritten handler not run/, when: within(rolloutWindow), why: 'the agent rollout' },
-    { re: /probe errored; result kept.*"reason":"(timeout|helper-error)"|probe errored; result kept.*"prober did not return within|netns helper stderr.*agent is not reading|rewritten handler not run|slow admission clients cut|probe timeouts not counted: the agent's event loop was stalled/, when: within(scaleWindow), why: `the ${SCALE_PODS}-pod burst` },
+    { re: /probe errored; result kept.*"reason":"(timeout|helper-error|netns-unresolved)"|netns resolver unavailable; probing in the last known netns|probe errored; result kept.*"prober did not return within|netns helper stderr.*agent is not reading|rewritten handler not run|slow admission clients cut|probe timeouts not counted: the agent's event loop was stalled/, when: within(scaleWindow), why: `the ${SCALE_PODS}-pod burst` },
   ];
   const unexpected = logs.lines.filter((l) => !expected.some((e) => e.re.test(l.line) && e.when(l.line)));
   const perRule = expected.map((e) => `${logs.lines.filter((l) => e.re.test(l.line) && e.when(l.line)).length} during ${e.why}`);
