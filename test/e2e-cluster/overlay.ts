@@ -100,6 +100,46 @@ export function writeOverlay(o: OverlayOptions): string {
 }
 
 /**
+ * The chart's values for the same node (E2E_CLUSTER_INSTALL=helm): what writeOverlay's components
+ * and patches say, in the chart's words. One difference: runtime "" with the lab containerd's
+ * endpoint in agent.extraEnv, since the chart sets PROBE_AGENT_CRI_ENDPOINT itself for runtime
+ * containerd and an env list may not name a variable twice under server-side apply; the agent
+ * resolves netns through the lab containerd either way (its directory is mounted).
+ */
+export function helmValues(o: OverlayOptions & { tag: string; caBundle: string }): Record<string, unknown> {
+  return {
+    mode: 'shim',
+    image: { repository: 'probe-agent', tag: o.tag },
+    runtime: '',
+    agent: {
+      nodesProxyFallback: o.serverMinor < 33,
+      extraEnv: [
+        { name: 'PROBE_AGENT_CRI_ENDPOINT', value: o.containerdEndpoint },
+        { name: 'PROBE_AGENT_NETNS_DIR', value: o.netnsDir },
+      ],
+      extraVolumes: [{ name: 'lab-containerd', hostPath: { path: o.containerdDir, type: 'Directory' } }],
+      extraVolumeMounts: [{ name: 'lab-containerd', mountPath: o.containerdDir, readOnly: true, mountPropagation: 'HostToContainer' }],
+    },
+    shimInstaller: {
+      hostPaths: { shimDir: path.join(o.hostRoot, 'opt/probe-agent-shim'), systemdUnits: path.join(o.hostRoot, 'etc/systemd/system'), kubeletDir: o.kubeletDir },
+      extraEnv: [{ name: 'SYSTEMCTL', value: 'none' }, { name: 'CHECK_INTERVAL', value: '2' }],
+    },
+    webhook: {
+      enabled: true,
+      failurePolicy: 'Ignore',
+      timeoutSeconds: 3,
+      apiServerCIDRs: [o.apiServerCidr],
+      certManager: false,
+      caBundle: o.caBundle,
+      // One node, and it is closed (writeOverlay's webhook patch).
+      tolerations: [{ key: CLOSED_HOLE_TAINT_KEY, operator: 'Exists', effect: 'NoSchedule' }],
+    },
+    podMonitor: { enabled: true },
+    before130: 'auto',
+  };
+}
+
+/**
  * The PodMonitor custom resource definition, so the API server accepts the pod-monitor component's
  * object. A stand-in: Prometheus Operator's own CRD (and the operator) cannot be fetched here; this
  * one accepts any PodMonitor body, so it proves the object is applied, not that its fields are valid.

@@ -4,7 +4,9 @@
  * kube-scheduler, kubectl and kubelet of one Kubernetes version; nothing is built or fetched here)
  * and Debian's etcd. The kubelet registers with the API server and runs on the lab's containerd;
  * the image from `make image` is imported into it. The steps, each a row of the table:
- * 1. `kubectl apply -k` of the overlay (overlay.ts) brings the agent DaemonSet up Ready.
+ * 1. `kubectl apply -k` of the overlay (overlay.ts) brings the agent DaemonSet up Ready; with
+ *    E2E_CLUSTER_INSTALL=helm, `helm install` of deploy/helm/probe-agent with the same choices
+ *    (overlay.ts, helmValues) does.
  * 2. The shim installer installs the shim; the run starts it as its unit says (there is no systemd
  *    here) and switches kubelet to it as docs/closing-the-hole.md does; the installer labels the
  *    node. The webhook's certificates are made as docs/rewrite.md says without cert-manager. The
@@ -16,7 +18,8 @@
  *    refusal to unlabel while rewritten pods run.
  * 4. The closed-hole taint and the shim affinity, through the real scheduler.
  * 5. Faults: the webhook down under failurePolicy Ignore and Fail, the agent rolled to a new image
- *    under rewritten probes, the rollback procedure of docs/closing-the-hole.md step by step.
+ *    under rewritten probes (with helm: `helm upgrade` to a new image tag and `helm rollback`), the
+ *    rollback procedure of docs/closing-the-hole.md step by step.
  * 6. Scale: SCALE_PODS (100) pods through the webhook; the API server's own admission latency.
  * Stand-ins, each because nothing real can run here: no kube-proxy (one nft DNAT for the
  * `kubernetes` Service; the API server reaches the webhook by endpoint routing), no systemd (the
@@ -41,10 +44,11 @@ import { SHIM_COMMAND_PATH } from '../../agent/rewrite/shim-command.ts';
 import { CLOSED_HOLE_TAINT_KEY, SHIM_NODE_LABEL } from '../../agent/rewrite/placement.ts';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
 import { KUBERNETES_SERVICE_IP, SERVICE_CIDR, startControlPlane, WEBHOOK_HOST, type ControlPlane } from './control-plane.ts';
-import { Kubectl } from './kubectl.ts';
-import { components, POD_MONITOR_CRD, writeOverlay } from './overlay.ts';
+import { Helm } from './helm.ts';
+import { Kubectl, type KubectlResult } from './kubectl.ts';
+import { components, helmValues, POD_MONITOR_CRD, writeOverlay } from './overlay.ts';
 import { secondWebhookConfig, startSecondWebhook } from './second-webhook.ts';
-import { APPS_NS, daemonSet, grpcDeployment, OTHER_NS, plainPod, scaleDeployment, webDeployment } from './workloads.ts';
+import { APPS_NS, daemonSet, grpcDeployment, OTHER_NS, plainPod, retriedDeployment, scaleDeployment, webDeployment } from './workloads.ts';
 
 sayAs('e2e-cluster');
 const REPO = fileURLToPath(new URL('../..', import.meta.url));
@@ -60,6 +64,9 @@ const WEBHOOK_PORT = 8443;
 /** The node's address is 10.252.<slot>.1. */
 const NODE_IP_RANGE = '10.252.0.0/16';
 const SCALE_PODS = Number(process.env['E2E_SCALE_PODS'] ?? 100);
+/** How the run installs probe-agent: kustomize (`kubectl apply -k`) or helm (the chart, then an upgrade and a rollback). */
+const INSTALL = process.env['E2E_CLUSTER_INSTALL'] || 'kustomize';
+const CHART = path.join(REPO, 'deploy/helm/probe-agent');
 
 const cleanups = new Cleanups('e2e-cluster');
 let heading = '';
@@ -181,6 +188,8 @@ async function inOwnMountNamespace(): Promise<void> {
 async function main(): Promise<number> {
   if (process.getuid?.() !== 0) usage('must run as root (it starts a kubelet, containerd and nftables rules)');
   const binDir = binDirFromArgs();
+  if (INSTALL !== 'kustomize' && INSTALL !== 'helm') usage(`E2E_CLUSTER_INSTALL=${INSTALL}: kustomize or helm`);
+  if (INSTALL === 'helm' && !Helm.available(REPO)) usage('.tools/bin/helm is missing: make kube-tools installs it');
   if (!existsSync(IMAGE_TAR)) usage(`${IMAGE_TAR} is missing: make e2e-cluster builds it with make image`);
   if (spawnSync('etcd', ['--version']).status !== 0) usage('etcd is not installed (make e2e-cluster installs Debian\'s etcd-server)');
   for (const p of [SHIM_SOCKET, path.join(AGENT_SOCKET_DIR, 'probe.sock')]) {
@@ -278,28 +287,48 @@ async function main(): Promise<number> {
   const serverMinor = Number.parseInt(serverVersion.minor ?? '', 10);
   if (!Number.isInteger(serverMinor)) throw new Error(`the API server's /version has no minor: ${JSON.stringify(serverVersion)}`);
   say(`API server ${serverVersion.gitVersion}: components ${components(serverMinor).join(', ')}`);
-  const overlay = writeOverlay({
+  const nodeOptions = {
     repo: REPO, dir: path.join(scratch, 'overlay'), version: VERSION, containerdDir: ctrd.dir, containerdEndpoint: ctrd.endpoint, netnsDir: ctrd.netnsDir,
     hostRoot, kubeletDir, apiServerCidr: `${lay.subnet4.replace(/0\/24$/, '1')}/32`, serverMinor,
-  });
+  };
   k.apply([POD_MONITOR_CRD]);
   k.run(['wait', '--for=condition=established', '--timeout=30s', `crd/${POD_MONITOR_CRD.metadata.name}`]);
-  const applied = k.run(['apply', '-k', overlay], undefined, 120_000);
-  check('kubectl apply -k: every object accepted', applied.ok, applied.ok ? `${applied.stdout.trim().split('\n').length} objects` : applied.stderr.trim().slice(0, 400));
-  if (!applied.ok) return 1;
+  // The webhook's certificates, as docs/rewrite.md "Without cert-manager" says.
+  const webhookSecrets = (): void => {
+    k.must(['-n', 'probe-agent', 'create', 'secret', 'tls', 'probe-agent-webhook-tls', `--cert=${cp.webhookServing.cert}`, `--key=${cp.webhookServing.key}`]);
+    k.must(['-n', 'probe-agent', 'create', 'secret', 'generic', 'probe-agent-webhook-client-ca', `--from-file=ca.crt=${cp.admissionClientCa.cert}`]);
+  };
+  const caB64 = readFileSync(cp.webhookCa.cert).toString('base64');
+  let helm: Helm | undefined;
+  if (INSTALL === 'helm') {
+    // The chart's README: the namespace with deploy/base's labels first, the Secrets, then the release.
+    helm = new Helm(REPO, cp.admin.kubeconfig, scratch);
+    k.must(['apply', '-f', path.join(REPO, 'deploy/base/namespace.yaml')]);
+    webhookSecrets();
+    const release = helm.run(['install', 'probe-agent', CHART, '--namespace', 'probe-agent', '-f', helm.values('install', helmValues({ ...nodeOptions, tag: VERSION, caBundle: caB64 }))]);
+    const objects = release.ok ? helm.run(['get', 'manifest', 'probe-agent', '--namespace', 'probe-agent']).stdout.match(/^kind: /gm)?.length ?? 0 : 0;
+    check('helm install: every object accepted', release.ok && objects > 0, release.ok ? `${objects} objects, release probe-agent revision 1` : release.stderr.trim().slice(0, 400));
+    if (!release.ok) return 1;
+  } else {
+    const overlay = writeOverlay(nodeOptions);
+    const applied = k.run(['apply', '-k', overlay], undefined, 120_000);
+    check('kubectl apply -k: every object accepted', applied.ok, applied.ok ? `${applied.stdout.trim().split('\n').length} objects` : applied.stderr.trim().slice(0, 400));
+    if (!applied.ok) return 1;
+  }
   const agentPods = await cluster.ready('probe-agent', 'app.kubernetes.io/name=probe-agent', 1, 180_000);
   check('agent DaemonSet Ready on the node', agentPods !== undefined, agentPods ? `${agentPods[0]!.metadata.name}, image ${agentPods[0]!.spec.containers[0].image}` : podSummary(cluster, 'probe-agent'));
 
-  // The webhook's certificates, as docs/rewrite.md "Without cert-manager" says.
-  k.must(['-n', 'probe-agent', 'create', 'secret', 'tls', 'probe-agent-webhook-tls', `--cert=${cp.webhookServing.cert}`, `--key=${cp.webhookServing.key}`]);
-  k.must(['-n', 'probe-agent', 'create', 'secret', 'generic', 'probe-agent-webhook-client-ca', `--from-file=ca.crt=${cp.admissionClientCa.cert}`]);
-  const caB64 = readFileSync(cp.webhookCa.cert).toString('base64');
+  if (INSTALL === 'kustomize') {
+    webhookSecrets();
+    const unpatched = k.json<Obj>(['mutatingwebhookconfiguration', 'probe-agent-rewrite']);
+    k.must(['patch', 'mutatingwebhookconfiguration', 'probe-agent-rewrite', '--type=json', '-p',
+      JSON.stringify((unpatched?.webhooks ?? []).map((_: unknown, i: number) => ({ op: 'add', path: `/webhooks/${i}/clientConfig/caBundle`, value: caB64 })))]);
+  }
   const mwc = k.json<Obj>(['mutatingwebhookconfiguration', 'probe-agent-rewrite']);
-  k.must(['patch', 'mutatingwebhookconfiguration', 'probe-agent-rewrite', '--type=json', '-p',
-    JSON.stringify((mwc?.webhooks ?? []).map((_: unknown, i: number) => ({ op: 'add', path: `/webhooks/${i}/clientConfig/caBundle`, value: caB64 })))]);
+  const withCa = (mwc?.webhooks ?? []).filter((w: Obj) => w.clientConfig?.caBundle === caB64).length;
   const webhookPods = await cluster.ready('probe-agent', 'app.kubernetes.io/name=probe-agent-webhook', 2, 180_000);
-  check('webhook Deployment Ready (2 replicas), registered with its caBundle', webhookPods !== undefined && (mwc?.webhooks ?? []).length >= 1,
-    `${webhookPods?.length ?? 0} Ready; ${(mwc?.webhooks ?? []).map((w: Obj) => w.name).join(', ')}`);
+  check('webhook Deployment Ready (2 replicas), registered with its caBundle', webhookPods !== undefined && (mwc?.webhooks ?? []).length >= 1 && withCa === mwc?.webhooks.length,
+    `${webhookPods?.length ?? 0} Ready; ${(mwc?.webhooks ?? []).map((w: Obj) => w.name).join(', ')}; caBundle on ${withCa}`);
 
   // Step 2a: the installer installs the shim; the run starts it as the unit says; kubelet switches.
   const installed = await waitFor('the installer to install the shim release', 120_000, () => existsSync(path.join(hostRoot, 'opt/probe-agent-shim/current/dist/shim/main.js')) || undefined, 1000);
@@ -419,12 +448,30 @@ async function main(): Promise<number> {
   logs.pods(cluster, AGENT);
   say('rolling the agent DaemonSet to a new image');
   const rolloutWindow = { from: Date.now(), to: 0 };
-  await agentRollout(k, cluster, ctrd.socket);
+  const newTag = `probe-agent:${VERSION}-e2e-rollout`;
+  execFileSync('ctr', ['--address', ctrd.socket, '-n', 'k8s.io', 'images', 'tag', '--force', `docker.io/library/${IMAGE}`, `docker.io/library/${newTag}`], { stdio: 'pipe' });
+  if (helm) {
+    // An operator's upgrade to a new image and its rollback: every probe-agent workload rolls (one
+    // image runs them all), the rewritten pods keep running. Their logs are read before they go.
+    const everyPod = ['probe-agent', 'probe-agent-shim-installer', 'probe-agent-webhook'];
+    const takeLogs = (): void => { for (const n of everyPod) logs.pods(cluster, `app.kubernetes.io/name=${n}`); };
+    takeLogs();
+    await agentRollout(k, cluster, 'helm upgrade to a new image tag', newTag, everyPod,
+      () => helm.run(['upgrade', 'probe-agent', CHART, '--namespace', 'probe-agent', '--reuse-values', '--set', `image.tag=${newTag.split(':')[1]}`]));
+    takeLogs();
+    await agentRollout(k, cluster, 'helm rollback to revision 1', IMAGE, everyPod, () => helm.run(['rollback', 'probe-agent', '1', '--namespace', 'probe-agent']));
+    const history = helm.run(['history', 'probe-agent', '--namespace', 'probe-agent', '-o', 'json']);
+    say(`helm history: ${history.ok ? (JSON.parse(history.stdout) as Obj[]).map((r) => `${r.revision} ${r.status} ${r.description}`).join('; ') : history.stderr.trim()}`);
+  } else {
+    await agentRollout(k, cluster, 'agent rolled to a new image', newTag, ['probe-agent'],
+      () => k.run(['-n', 'probe-agent', 'set', 'image', 'daemonset/probe-agent', `agent=${newTag}`]));
+  }
   rolloutWindow.to = Date.now();
   say(`${SCALE_PODS} pods`);
   const scaleWindow = { from: Date.now(), to: 0 };
   await scaleStep(k, cluster, cp);
-  scaleWindow.to = Date.now() + 20_000;
+  // The burst's pods are deleted at its end; their teardown keeps the node loaded for a while after.
+  scaleWindow.to = Date.now() + 60_000;
   logs.pods(cluster, AGENT);
   logs.pods(cluster, WEBHOOK);
   logs.pods(cluster, 'app.kubernetes.io/name=probe-agent-shim-installer');
@@ -433,14 +480,16 @@ async function main(): Promise<number> {
   // What the run causes on purpose, each only in its own step: the agent's rollout leaves the shim
   // without an agent for a moment; 100 pods starting at once on this 2-core node (the control plane
   // on it too) starve the agent, whose probes then time out, wait for the netns helper or overrun
-  // the watchdog, and the shim answers kubelet's rewritten probes UNAVAILABLE (kubelet keeps their
-  // last result); the starved webhook may cut the API server's TLS handshake (a failed review).
+  // the watchdog (its stalled loop's timeouts are not counted, and said so), and the shim answers
+  // kubelet's rewritten probes UNAVAILABLE (kubelet keeps their last result); the starved webhook
+  // may cut the API server's TLS handshake (a failed review); the starved runtime's CRI calls time
+  // out, and the agent probes in a pod's last known netns or, with none, reports it unresolved.
   const at = (line: string): number => Date.parse(/"(?:ts|time)":"([^"]+)"/.exec(line)?.[1] ?? '');
   const within = (w: { from: number; to: number }) => (line: string) => at(line) >= w.from && at(line) <= w.to;
   const expected = [
     { re: /kubelet pod list unavailable/, when: within(switchWindow), why: 'the kubelet restart onto the shim' },
     { re: /rewritten handler not run/, when: within(rolloutWindow), why: 'the agent rollout' },
-    { re: /probe errored; result kept.*"reason":"(timeout|helper-error)"|probe errored; result kept.*"prober did not return within|netns helper stderr.*agent is not reading|rewritten handler not run|slow admission clients cut/, when: within(scaleWindow), why: `the ${SCALE_PODS}-pod burst` },
+    { re: /probe errored; result kept.*"reason":"(timeout|helper-error|netns-unresolved)"|netns resolver unavailable; probing in the last known netns|probe errored; result kept.*"prober did not return within|netns helper stderr.*agent is not reading|rewritten handler not run|slow admission clients cut|probe timeouts not counted: the agent's event loop was stalled/, when: within(scaleWindow), why: `the ${SCALE_PODS}-pod burst` },
   ];
   const unexpected = logs.lines.filter((l) => !expected.some((e) => e.re.test(l.line) && e.when(l.line)));
   const perRule = expected.map((e) => `${logs.lines.filter((l) => e.re.test(l.line) && e.when(l.line)).length} during ${e.why}`);
@@ -633,16 +682,36 @@ async function scaleStep(k: Kubectl, cluster: Cluster, cp: ControlPlane): Promis
   await waitFor('the scale pods gone', 300_000, () => cluster.pods(APPS_NS, 'app=scale').length === 0 || undefined, 2000);
 }
 
+/**
+ * The webhook down. Under failurePolicy Ignore the API server admits an opted-in pod unreviewed; from
+ * 1.30 the policy probe-agent-rewrite-reviewed (docs/deploy.md, "When a review fails") refuses it
+ * instead, so a bare pod is refused with its message and a controller's pod is created through the
+ * webhook once it is back. Before 1.30 the unreviewed pod is admitted as written and the taint keeps
+ * it off the closed node. Under Fail the pod is refused either way.
+ */
 async function webhookDown(k: Kubectl, cluster: Cluster): Promise<void> {
+  const reviewedPolicy = k.run(['get', 'validatingadmissionpolicy', 'probe-agent-rewrite-reviewed']).ok;
   k.must(['-n', 'probe-agent', 'scale', 'deployment', 'probe-agent-webhook', '--replicas=0']);
   await waitFor('the webhook pods gone', 60_000, () => cluster.pods('probe-agent', 'app.kubernetes.io/name=probe-agent-webhook').length === 0 || undefined, 1000);
-  k.apply([plainPod('while-down-ignore', APPS_NS)]);
-  await sleep(5000);
-  const p = cluster.pod(APPS_NS, 'while-down-ignore');
-  const why = cluster.unschedulable(APPS_NS, 'while-down-ignore');
-  check('webhook down, failurePolicy Ignore: admitted as written, kept off the closed node', p !== undefined && !rewriteFacts(p).all && why !== undefined && /taint/i.test(why),
-    p ? `${rewriteFacts(p).detail}; ${why ?? `scheduled on ${p.spec.nodeName}`}` : 'not admitted');
-  k.run(['-n', APPS_NS, 'delete', 'pod', 'while-down-ignore', '--wait=false']);
+  const bare = k.apply([plainPod('while-down-ignore', APPS_NS)]);
+  if (reviewedPolicy) {
+    k.apply([retriedDeployment('while-down')]);
+    await sleep(5000);
+    const refusedBare = !bare.ok && /did not review this pod/.test(bare.stderr) && cluster.pod(APPS_NS, 'while-down-ignore') === undefined;
+    const rs = cluster.k.json<{ items: Obj[] }>(['replicasets', '-n', APPS_NS, '-l', 'app=while-down'])?.items ?? [];
+    const failedCreate = rs.flatMap((r) => r.status?.conditions ?? []).find((c: Obj) => c.type === 'ReplicaFailure');
+    const held = cluster.pods(APPS_NS, 'app=while-down').length;
+    check('webhook down, failurePolicy Ignore: opted-in pods refused unreviewed (probe-agent-rewrite-reviewed), none created',
+      refusedBare && held === 0 && failedCreate !== undefined,
+      `bare pod: ${bare.ok ? 'admitted' : bare.stderr.replace(/\s+/g, ' ').trim().slice(0, 240)}; a Deployment's pods: ${held}, its ReplicaSet: ${failedCreate ? `${failedCreate.reason} (retries)` : 'no ReplicaFailure'}`);
+  } else {
+    await sleep(5000);
+    const p = cluster.pod(APPS_NS, 'while-down-ignore');
+    const why = cluster.unschedulable(APPS_NS, 'while-down-ignore');
+    check('webhook down, failurePolicy Ignore: admitted as written, kept off the closed node', p !== undefined && !rewriteFacts(p).all && why !== undefined && /taint/i.test(why),
+      p ? `${rewriteFacts(p).detail}; ${why ?? `scheduled on ${p.spec.nodeName}`}` : `not admitted: ${bare.stderr.trim().slice(0, 200)}`);
+    k.run(['-n', APPS_NS, 'delete', 'pod', 'while-down-ignore', '--wait=false']);
+  }
   const mwc = k.json<Obj>(['mutatingwebhookconfiguration', 'probe-agent-rewrite']);
   const policy = (v: string) => JSON.stringify((mwc?.webhooks ?? []).map((_: unknown, i: number) => ({ op: 'replace', path: `/webhooks/${i}/failurePolicy`, value: v })));
   k.must(['patch', 'mutatingwebhookconfiguration', 'probe-agent-rewrite', '--type=json', '-p', policy('Fail')]);
@@ -652,27 +721,47 @@ async function webhookDown(k: Kubectl, cluster: Cluster): Promise<void> {
   k.must(['-n', 'probe-agent', 'scale', 'deployment', 'probe-agent-webhook', '--replicas=2']);
   const back = await cluster.ready('probe-agent', 'app.kubernetes.io/name=probe-agent-webhook', 2, 120_000);
   check('webhook back: 2 replicas Ready', back !== undefined, back ? back.map((p) => p.metadata.name).join(', ') : podSummary(cluster, 'probe-agent'));
+  if (reviewedPolicy) {
+    // The ReplicaSet's retries back off exponentially: its next one may come well after the webhook is back.
+    const retried = await cluster.ready(APPS_NS, 'app=while-down', 1, 300_000);
+    const f = retried ? rewriteFacts(retried[0]!) : undefined;
+    check('webhook back: the refused Deployment\'s pod created through the webhook, rewritten and Ready', f?.all === true,
+      f ? f.detail : `not Ready: ${cluster.pods(APPS_NS, 'app=while-down').map((p) => `${p.metadata.name} ${p.status?.phase}`).join(', ') || 'no pod'}`);
+    k.run(['-n', APPS_NS, 'delete', 'deployment', 'while-down', '--wait=false']);
+  }
 }
 
-/** The agent DaemonSet rolled to a new image tag while rewritten probes run: nothing restarts. */
-async function agentRollout(k: Kubectl, cluster: Cluster, containerdSocket: string): Promise<void> {
-  const newTag = `probe-agent:${VERSION}-e2e-rollout`;
-  execFileSync('ctr', ['--address', containerdSocket, '-n', 'k8s.io', 'images', 'tag', '--force', `docker.io/library/${IMAGE}`, `docker.io/library/${newTag}`], { stdio: 'pipe' });
-  const before = cluster.pods(APPS_NS).filter((p) => /^(web|grpc|daemon)-/.test(p.metadata.name));
+/**
+ * `roll` moves the probe-agent workloads named in `names` (app.kubernetes.io/name) to `image` while
+ * rewritten probes run: each rolls to it and is Ready, and no workload pod restarts (restart counts
+ * and container ids unchanged).
+ */
+async function agentRollout(k: Kubectl, cluster: Cluster, what: string, image: string, names: string[], roll: () => KubectlResult): Promise<void> {
+  const title = `${what}: ${names.length > 1 ? 'every probe-agent workload' : 'the agent DaemonSet'} rolled to ${image}, under rewritten probes nothing restarts`;
+  const workloads = (): Obj[] => cluster.pods(APPS_NS).filter((p) => /^(web|grpc|daemon)-/.test(p.metadata.name));
+  const before = workloads();
   let notReady = 0;
   let polls = 0;
-  k.must(['-n', 'probe-agent', 'set', 'image', 'daemonset/probe-agent', `agent=${newTag}`]);
-  const done = await waitFor('the agent rollout', 240_000, () => {
+  const rolled = roll();
+  if (!rolled.ok) {
+    check(title, false, rolled.stderr.trim().slice(0, 400));
+    return;
+  }
+  const want: Record<string, number> = { 'probe-agent': 1, 'probe-agent-shim-installer': 1, 'probe-agent-webhook': 2 };
+  const done = await waitFor(`${names.join(', ')} on ${image}`, 300_000, () => {
     polls++;
-    notReady += cluster.pods(APPS_NS).filter((p) => /^(web|grpc|daemon)-/.test(p.metadata.name) && !isReady(p)).length > 0 ? 1 : 0;
-    const a = cluster.pods('probe-agent', 'app.kubernetes.io/name=probe-agent');
-    return a.length === 1 && a[0]!.spec.containers[0].image === newTag && isReady(a[0]!) || undefined;
+    notReady += workloads().some((p) => !isReady(p)) ? 1 : 0;
+    return names.every((n) => {
+      const ps = cluster.pods('probe-agent', `app.kubernetes.io/name=${n}`);
+      return ps.length === want[n] && ps.every((p) => !p.metadata.deletionTimestamp && p.spec.containers.every((c: Obj) => c.image === image) && isReady(p));
+    }) || undefined;
   }, 1000);
   await sleep(10_000);
-  const after = cluster.pods(APPS_NS).filter((p) => /^(web|grpc|daemon)-/.test(p.metadata.name));
+  const after = workloads();
   const changed = before.filter((b) => { const a = after.find((x) => x.metadata.name === b.metadata.name); return !a || containerIds(a) !== containerIds(b) || restartsOf(a) !== restartsOf(b); });
-  check('agent rolled to a new image under rewritten probes: nothing restarts', done === true && changed.length === 0 && after.every(isReady),
-    `rollout ${done ? 'done' : 'not done'}; pods changed ${changed.map((p) => p.metadata.name).join(', ') || 'none'}; polls with a workload pod not Ready: ${notReady}/${polls}`);
+  const ds = k.json<Obj>(['daemonset', '-n', 'probe-agent', 'probe-agent']);
+  check(title, done === true && changed.length === 0 && after.length === before.length && after.every(isReady),
+    `rollout ${done ? 'done' : 'not done'} (DaemonSet image ${ds?.spec?.template?.spec?.containers?.[0]?.image}, ${ds?.status?.updatedNumberScheduled}/${ds?.status?.desiredNumberScheduled} updated); ${before.length} workload pods, changed ${changed.map((p) => p.metadata.name).join(', ') || 'none'}; polls with a workload pod not Ready: ${notReady}/${polls}`);
 }
 
 /** docs/closing-the-hole.md, "Roll back", step by step on this node: no pod killed. */

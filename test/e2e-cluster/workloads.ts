@@ -85,6 +85,11 @@ export function scaleDeployment(replicas: number): Record<string, unknown> {
   return deployment('scale', replicas, [server('app', { readinessProbe: { httpGet: { path: '/ready', port: HTTP_PORT }, periodSeconds: 10 }, resources: { requests: { cpu: '1m', memory: '4Mi' } } })]);
 }
 
+/** One replica with an HTTP readiness probe: a controller's pod, created while the webhook is down. */
+export function retriedDeployment(name: string): Record<string, unknown> {
+  return deployment(name, 1, [server('app', { readinessProbe: { httpGet: { path: '/ready', port: HTTP_PORT }, ...fast } })]);
+}
+
 /** A bare pod with an HTTP readiness probe, in `ns`, with `extra` spec fields. */
 export function plainPod(name: string, ns: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
   return {
