@@ -2,7 +2,7 @@
  * Focused scale measurements without the side-by-side run: `BENCH_POINTS=0x10,250x10 node
  * test/bench/points.ts` measures each pods×period point (0 pods = idle) with the daemon as the
  * curve does, plus one resolver refresh. For before/after checks of one change; the full bench
- * (`make bench`) is what the README table comes from.
+ * (`make bench`) is what docs/bench-latest.md comes from.
  */
 import { buildForBench } from './build.ts';
 import { measurePoint, measureResolverCost } from './scale.ts';

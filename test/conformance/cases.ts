@@ -2,7 +2,7 @@
  * kubelet's prober test tables (pkg/probe/http/http_test.go, request_test.go, tcp/tcp_test.go,
  * grpc/grpc_test.go) as end-to-end cases, plus the Go client behaviours kubelet's results rest on
  * (issue 13). Each case says what upstream asserts (`kubelet`); where the agent knowingly differs,
- * `ours` says what it does instead and `why` (docs/design.md "Differences from kubelet" lists them).
+ * `ours` says what it does instead and `why` (docs/design/prober.md "Differences from kubelet" lists them).
  * Rewritten from what the upstream tests check, not copied.
  */
 import type { ConformancePorts } from '../lab/conformance-server.ts';
