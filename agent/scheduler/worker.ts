@@ -211,7 +211,7 @@ export class ProbeWorker {
   }
 
   /**
-   * On-demand mode (docs/design.md): a result kubelet obtained through the shim for this probe of
+   * On-demand mode (docs/design/shim.md): a result kubelet obtained through the shim for this probe of
    * container `containerID`. Kubelet decided to probe (its own delay, startup gating and hold
    * rules), so only the container-ID reset and the thresholds apply here. False when not taken.
    */
