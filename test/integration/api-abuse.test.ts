@@ -138,33 +138,38 @@ describe('ProbeService abuse through the daemon socket', () => {
       for (let round = 1; round <= 2; round++) {
         let peak = 0;
         let slowestVersion = 0;
+        let versionsDuringFlood = 0;
         let sampling = true;
         const sampler = (async () => {
           while (sampling) {
             peak = Math.max(peak, snapshot(agent.pid).rssMB);
             const t = performance.now();
-            await watchdog.version(3000);
+            await watchdog.version(20_000);
             slowestVersion = Math.max(slowestVersion, performance.now() - t);
+            if (sampling) versionsDuringFlood++;
             await sleep(100);
           }
         })();
         const t = performance.now();
         const codes = await Promise.all(clients.flatMap((c) => Array.from({ length: 400 }, () =>
           statusNameOf(c.probe({ pod: { uid: target.uid }, handler: hang, timeoutSeconds: 2, deadlineMs: 20_000 })))));
+        const floodMs = performance.now() - t;
         sampling = false;
         await sampler;
         const counts = tally(codes);
-        console.log(`flood round ${round}: ${codes.length} calls in ${(performance.now() - t).toFixed(0)} ms -> ${JSON.stringify(counts)}; ` +
-          `RSS ${base.rssMB.toFixed(0)} -> peak ${peak.toFixed(0)} MB; slowest Version ${slowestVersion.toFixed(0)} ms`);
+        console.log(`flood round ${round}: ${codes.length} calls in ${floodMs.toFixed(0)} ms -> ${JSON.stringify(counts)}; ` +
+          `RSS ${base.rssMB.toFixed(0)} -> peak ${peak.toFixed(0)} MB; ${versionsDuringFlood} Version calls answered meanwhile, slowest ${slowestVersion.toFixed(0)} ms`);
         // Admitted calls ran their 2 s probe against the hang port and failed it; the rest were refused at once.
         expect(Object.keys(counts).sort()).toEqual(['OK', 'RESOURCE_EXHAUSTED']);
         expect(counts['OK']).toBeGreaterThanOrEqual(32);
         // The pod's share: 64 in flight and 64 waiting (--max-probes-per-pod), plus calls that came
         // once slots freed again (2 s probes, calls arriving for several seconds).
         expect(counts['OK']).toBeLessThanOrEqual(64 * 4);
-        // Responsive, not fast: a Version call never waits out the flood (~4.5 s). 1.5 s failed on a
-        // shared machine at load 9; this is a liveness bound, performance is make bench's job.
-        expect(slowestVersion).toBeLessThan(3000);
+        // Responsive, not fast: Version calls are answered while the flood goes on, none waits it out.
+        // Relative to the flood's own length, which load stretches alike (a fixed 3 s failed beside
+        // another test file; quiet, the slowest is about 1.5 s of a 5.5 s flood). Performance is make bench's job.
+        expect(versionsDuringFlood).toBeGreaterThanOrEqual(2);
+        expect(slowestVersion).toBeLessThan(floodMs * 0.6);
         expect(peak - base.rssMB).toBeLessThan(200);
       }
       const m = (await agent.http('/metrics')).body;
