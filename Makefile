@@ -163,7 +163,8 @@ alerts: .tools/bin/node
 
 ## e2e-kubelet: a real kubelet you provide (KUBELET=/path/to/kubelet, 1.26 or later) runs rewritten static pods through the
 ## shim, the agent and the lab's containerd, the node->pod path dropped; prints a pass/fail table (not in `make test`).
-## Phases base, cases, gate, rollout, churn (E2E_PHASES picks some); E2E_CHURN_SECONDS (default 240); E2E_FRAME_TAP=0; E2E_KEEP_LOGS=1.
+## Phases base, cases, gate, rollout, churn (E2E_PHASES picks some); E2E_CHURN_SECONDS (default 240); E2E_FRAME_TAP=0; E2E_KEEP_LOGS=1;
+## E2E_AGENT_NODE_FLAGS, E2E_SHIM_NODE_FLAGS: extra node flags (e.g. --heapsnapshot-signal=SIGUSR2) for finding a leak.
 e2e-kubelet: build
 	@test -n "$(KUBELET)" || { echo "usage: make e2e-kubelet KUBELET=/path/to/kubelet" >&2; exit 2; }
 	node test/e2e-kubelet/run.ts --kubelet "$(KUBELET)"

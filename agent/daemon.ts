@@ -136,6 +136,16 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
 
     const cri = built.resolvers.find((r): r is CriResolver => r instanceof CriResolver);
     const classify = (pod: PodInfo) => classifyPod(pod, { sandboxedRuntimeClasses: config.sandboxedRuntimeHandlers });
+    const containers = new ContainerLocator({
+      pods: source,
+      // The runtime answers a shim call by container ID alone (netns, IPs, annotations): no wait for /pods.
+      ...(cri ? { runtime: cri.client, sandboxNetns: (res, id, who, uid) => cri.netnsOfStatus(res, id, who, uid) } : {}),
+      refreshPods: refreshPodsOf(source),
+      onLookup: (how) => metrics.agent.containerLookup(how),
+      // A dead or replaced container's parsed ExecSync commands go with it.
+      onContainerGone: (id) => apiServer?.forgetContainers([id]),
+      log,
+    });
     const prober = new PodProber({
       pods: source,
       resolver,
@@ -149,16 +159,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       gates,
       kubeVersion: config.kubeProbeVersion,
       classify,
-      containers: new ContainerLocator({
-        pods: source,
-        // The runtime answers a shim call by container ID alone (netns, IPs, annotations): no wait for /pods.
-        ...(cri ? { runtime: cri.client, sandboxNetns: (res, id, who, uid) => cri.netnsOfStatus(res, id, who, uid) } : {}),
-        refreshPods: refreshPodsOf(source),
-        onLookup: (how) => metrics.agent.containerLookup(how),
-        // A dead or replaced container's parsed ExecSync commands go with it.
-        onContainerGone: (id) => apiServer?.forgetContainers([id]),
-        log,
-      }),
+      containers,
       // On-demand mode: results of probes kubelet drives through the shim feed those probes' workers.
       onShimResult: (key, containerID, outcome) => manager.deliver(key, containerID, outcome),
       log,
@@ -177,6 +178,8 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
 
     source.on('snapshot', (snap) => {
       manager.sync(snap.pods);
+      // Calls still in flight for departed pods cache them again from the runtime: that goes too.
+      containers.retainPods(new Set([...snap.pods.map((p) => p.uid), ...snap.errors.flatMap((e) => (e.uid ? [e.uid] : []))]), snap.askedAt);
       const notOurs: Record<string, number> = {};
       for (const n of manager.notOurs()) notOurs[n.reason] = (notOurs[n.reason] ?? 0) + 1;
       metrics.agent.setPodCounts({ ours: snap.pods.length - manager.notOurs().length, notOurs });

@@ -122,6 +122,8 @@ interface SandboxRecord {
   netnsCheckedAt?: number;
   unsupported?: UnsupportedPodError;
   freshUntil: number;
+  /** When the runtime was asked (Date.now() ms): the pod was in kubelet's list by then (see retainPods). */
+  readAt: number;
   gone: boolean;
 }
 
@@ -236,6 +238,27 @@ export class ContainerLocator {
       if (e.uid !== uid) continue;
       this.#listed.delete(id);
       this.#tell(id);
+    }
+  }
+
+  /**
+   * Drops what is cached about pods that left kubelet's list: `listed` holds the UIDs of a list
+   * kubelet answered to a request sent at `askedAt` (Date.now() ms). A sandbox read before that
+   * belongs to a pod kubelet held then (it creates the sandbox after adding the pod), so its
+   * absence means the pod is gone. forgetPod alone is not enough: a probe or preStop still in
+   * flight for the pod caches it again from the runtime after it left.
+   */
+  retainPods(listed: ReadonlySet<string>, askedAt: number): void {
+    const dropped = new Set<string>();
+    for (const [sid, rec] of this.#sandboxes) {
+      if (rec.readAt >= askedAt || listed.has(rec.view.uid)) continue;
+      rec.gone = true;
+      this.#sandboxes.delete(sid);
+      dropped.add(sid);
+    }
+    for (const [id, e] of this.#entries) {
+      const rec = e.sandbox;
+      if (dropped.has(rec.view.id) || (rec.readAt < askedAt && !listed.has(rec.view.uid))) this.#gone(id);
     }
   }
 
@@ -449,6 +472,7 @@ export class ContainerLocator {
 
   async #readSandbox(runtime: ContainerRuntime, sandboxID: string, signal?: AbortSignal): Promise<SandboxRecord> {
     this.sandboxLookups++;
+    const readAt = Date.now();
     let res: CriPodSandboxStatusResponse;
     try {
       res = await runtime.podSandboxStatus(sandboxID, true, signal);
@@ -461,7 +485,7 @@ export class ContainerLocator {
     const view = sandboxViewOf(res, sandboxID);
     if (typeof view === 'string') throw new PodNotFoundError(`sandbox ${short(sandboxID)}: ${view}`, { sandboxID });
     const who = `${view.namespace}/${view.name} (${view.uid})`;
-    const rec: SandboxRecord = { view, freshUntil: Date.now() + this.#ttlMs * (0.75 + Math.random() / 4), gone: false };
+    const rec: SandboxRecord = { view, freshUntil: Date.now() + this.#ttlMs * (0.75 + Math.random() / 4), readAt, gone: false };
     if (view.hostNetwork) {
       rec.unsupported = new UnsupportedPodError(`pod ${who} uses hostNetwork: its probes stay with kubelet`, { uid: view.uid, sandboxID });
     } else {

@@ -22,6 +22,8 @@ export interface PodSnapshot {
   errors: PodParseError[];
   /** Epoch ms of the poll. */
   time: number;
+  /** Epoch ms the list was asked for: every pod kubelet held then is in `pods` or `errors`, unless it left since. */
+  askedAt: number;
 }
 
 /** What changed between two successful polls, keyed by pod UID. */
@@ -209,6 +211,7 @@ export class PodSource extends EventEmitter<PodSourceEvents> {
 
   async #poll(): Promise<void> {
     const started = performance.now();
+    const askedAt = Date.now();
     let parsed: ReturnType<typeof parsePodList>;
     try {
       const json = await this.#client.getPods(this.#stop.signal);
@@ -224,7 +227,7 @@ export class PodSource extends EventEmitter<PodSourceEvents> {
       return;
     }
     this.#report((performance.now() - started) / 1000);
-    this.#succeeded(parsed.pods, parsed.errors);
+    this.#succeeded(parsed.pods, parsed.errors, askedAt);
   }
 
   #failed(err: unknown, seconds: number): void {
@@ -245,7 +248,7 @@ export class PodSource extends EventEmitter<PodSourceEvents> {
     }
   }
 
-  #succeeded(pods: PodInfo[], errors: PodParseError[]): void {
+  #succeeded(pods: PodInfo[], errors: PodParseError[], askedAt: number): void {
     const now = Date.now();
     if (this.#staleSince !== undefined) {
       this.#log.info('kubelet pod list recovered', { failures: this.#failures, staleSeconds: (now - this.#staleSince) / 1000 });
@@ -267,7 +270,7 @@ export class PodSource extends EventEmitter<PodSourceEvents> {
     for (const [uid, pod] of this.#pods) if (!next.has(uid)) diff.removed.push(pod);
     this.#pods = next;
 
-    this.#emitSafely('snapshot', { pods, errors, time: now });
+    this.#emitSafely('snapshot', { pods, errors, time: now, askedAt });
     if (diff.added.length || diff.updated.length || diff.removed.length) this.#emitSafely('diff', diff);
     this.#synced.resolve();
   }

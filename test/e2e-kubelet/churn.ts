@@ -359,6 +359,20 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   check(`${P}the shim logged no warn/error line`, noisy.length === 0,
     noisy.length ? `${noisy.length} lines: ${topMessages(noisy.map((l) => `${l.level} ${l.msg}${l.error ? `: ${l.error.slice(0, 110)}` : ''}`))}` : 'none');
 
+  // 8. Removed pods go. A kubelet whose pod sources never become ready (a standalone one that
+  // starts on an empty manifest dir, as seen on the v1.26 and v1.32 builds) answers every removal
+  // "Failed to delete pod ... sources aren't ready yet" and keeps probing the pod: the node then
+  // gains 16 pods a minute, and every number above measures that, not a churn.
+  const notDeleted = klog.split('\n').filter((l) => l.includes('"Failed to delete pod"') && /churn-\d+-g\d+/.test(l)).length;
+  const listed = await ctx.cri.call<{ containers: { state: string; labels: Record<string, string> }[] }>(
+    'ListContainers', { filter: { labelSelector: { 'io.kubernetes.pod.namespace': 'default' } } });
+  const removedLongAgo = new Set([...pods.values()].filter((p) => p.removedAt !== undefined && end - p.removedAt > 60_000).map((p) => p.name));
+  const lingering = listed.ok
+    ? listed.msg.containers.filter((c) => c.state === 'CONTAINER_RUNNING' && removedLongAgo.has((c.labels['io.kubernetes.pod.name'] ?? '').replace(`-${NODE_NAME}`, ''))).length
+    : NaN;
+  check(`${P}removed pods go`, notDeleted === 0 && lingering === 0,
+    `kubelet "Failed to delete pod" lines for churn pods ${notDeleted}; containers still running of the ${removedLongAgo.size} pods removed over a minute before the end ${lingering}`);
+
   // The pods go; the next phase (or the cleanup) starts from an empty node.
   for (let s = 0; s < CHURN_PODS; s++) remove(s);
 }

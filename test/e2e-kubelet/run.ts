@@ -129,13 +129,13 @@ async function main(): Promise<number> {
   // the churn's RSS would measure that instead of the agent.
   const agent = new Daemon(CLI, ['run', `--kubelet-url=http://127.0.0.1:${roPort}`, '--kubelet-poll-interval=2s', `--cri-endpoint=${ctrd.endpoint}`,
     `--netns-dir=${ctrd.netnsDir}`, '--netns-resolvers=cri', `--socket=${probeSocket}`, `--metrics-address=127.0.0.1:${agentMetricsPort}`, `--node-name=${NODE_NAME}`],
-  path.join(scratch, 'agent.log'), { NODE_OPTIONS: daemonSetNodeOptions() });
+  path.join(scratch, 'agent.log'), { NODE_OPTIONS: [daemonSetNodeOptions(), ...extraFlags('E2E_AGENT_NODE_FLAGS')].join(' ') });
   cleanups.push(async () => {
     await agent.stop();
   });
   // Its counters on a loopback port of this run, not the default socket another shim on this machine may hold.
   // Started as its systemd unit starts it (the unit's node flags, dist/shim/main.js): the churn measures that memory.
-  const shim = startLogged(process.execPath, [...shimUnitNodeFlags(), builtEntry('shim/main.js'), '--listen', `unix://${shimSocket}`, '--runtime-endpoint', shimRuntime, '--probe-socket', probeSocket,
+  const shim = startLogged(process.execPath, [...shimUnitNodeFlags(), ...extraFlags('E2E_SHIM_NODE_FLAGS'), builtEntry('shim/main.js'), '--listen', `unix://${shimSocket}`, '--runtime-endpoint', shimRuntime, '--probe-socket', probeSocket,
     '--metrics-socket=', `--metrics-listen=127.0.0.1:${shimMetricsPort}`], path.join(scratch, 'shim.log'));
   cleanups.push(() => stopChild(shim));
   if (!(await waitFor('the agent socket and the shim socket', 20_000, () => (existsSync(probeSocket) && existsSync(shimSocket)) || undefined))) {
@@ -337,6 +337,11 @@ function daemonSetNodeOptions(): string {
   const v = /name: NODE_OPTIONS\s+value: (\S+)/.exec(manifest)?.[1];
   if (!v) throw new Error('deploy/base/daemonset.yaml: no NODE_OPTIONS for the agent');
   return v;
+}
+
+/** Extra node flags for the agent or the shim (e.g. --heapsnapshot-signal=SIGUSR2), for finding a leak. */
+function extraFlags(name: string): string[] {
+  return (process.env[name] ?? '').split(/\s+/).filter(Boolean);
 }
 
 /** E2E_PHASES: a comma list of base, cases, gate, rollout, churn (default all); the others print SKIP rows. */

@@ -216,6 +216,26 @@ describe('ContainerLocator against the runtime', () => {
     expect(locator.runtimeLookups).toBe(4);
     await ctrd.removeSandbox(sb.id);
   }, 30_000);
+
+  it('drops what it cached about pods a later pod list no longer has, and keeps what it read after that list was asked for', async () => {
+    const gone: string[] = [];
+    const locator = locatorOf(new Map(), { onContainerGone: (id) => gone.push(id) });
+    const before = Date.now();
+    for (const id of [listedApp.id, lateApp.id, unlistedApp.id]) await locator.locate(id);
+    expect(locator.size).toBe(3);
+    expect(locator.sandboxCount).toBe(2);
+    // A list asked for before the reads proves nothing about the pods read after it.
+    locator.retainPods(new Set([listed.uid]), before - 1);
+    expect([locator.size, locator.sandboxCount, gone]).toEqual([3, 2, []]);
+    // One asked for after them, without `unlisted`: its sandbox and container go, and others are told.
+    locator.retainPods(new Set([listed.uid]), Date.now() + 1);
+    expect([locator.size, locator.sandboxCount, gone]).toEqual([2, 1, [unlistedApp.id]]);
+    const lookups = locator.runtimeLookups;
+    await locator.locate(listedApp.id);
+    expect(locator.runtimeLookups).toBe(lookups);
+    await locator.locate(unlistedApp.id);
+    expect(locator.runtimeLookups).toBe(lookups + 1);
+  });
 });
 
 describe('container lookup metrics', () => {
