@@ -19,6 +19,7 @@ import { ResidentHelper } from './netns/helper.ts';
 import { NodeSocketFactory } from './netns/node-sockets.ts';
 import { NetnsResolverChain } from './netns/resolver.ts';
 import { buildResolvers } from './netns/build-resolvers.ts';
+import { CriClient } from './netns/cri-client.ts';
 import { CriResolver } from './netns/cri-resolver.ts';
 import { criSandboxGoing, type SandboxGoing } from './sandbox-going.ts';
 import { KubeletClient } from './pods/kubelet-client.ts';
@@ -35,6 +36,9 @@ import { AGENT_VERSION, API_VERSION } from './version.ts';
 import { GatesController } from './gates/controller.ts';
 import { startLeaseRenewal } from './gates/lease.ts';
 import { GATES_CONDITION_TYPE } from './pods/pod-model.ts';
+
+/** Gates mode: the largest reply of an exec preStop hook's ExecSync (its output, for the event). */
+const EXEC_HOOK_MAX_REPLY_BYTES = 64 * 1024;
 
 /** A running agent; stop() is what SIGTERM does. */
 export interface Daemon {
@@ -200,13 +204,18 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
         conditionType: GATES_CONDITION_TYPE,
       });
       cleanups.push(() => writer.close());
+      // Exec preStop hooks get a client of their own, whose replies are bounded: a pod's hook that
+      // prints megabytes, in many pods at once, must not fill the agent's heap. Beyond the bound the
+      // hook has still run; it is reported failed, with the reason.
+      const hookRuntime = cri ? new CriClient(cri.client.endpoint, { maxReplyBytes: EXEC_HOOK_MAX_REPLY_BYTES }) : undefined;
+      if (hookRuntime) cleanups.push(() => hookRuntime.close());
       const gatesController = new GatesController({
         results: store,
         writer,
         // StopContainer waits out the grace period, then the runtime kills: give the call that long and more.
         ...(cri ? { stopper: { stopContainer: (id: string, t: number) => cri.client.stopContainer(id, t, (t + 30) * 1000) } } : {}),
-        ...(cri ? { exec: async (id: string, cmd: string[], t: number) => {
-          const r = await cri.client.execSync(id, cmd, t, (t + 30) * 1000);
+        ...(hookRuntime ? { exec: async (id: string, cmd: string[], t: number) => {
+          const r = await hookRuntime.execSync(id, cmd, t, (t + 30) * 1000);
           // kubelet's exec hook failure: the exit code and the command's output (bounded, for the event).
           return r.exitCode === 0 ? '' : `command ${JSON.stringify(cmd).slice(0, 256)} exited with ${r.exitCode}: ${Buffer.concat([r.stdout, r.stderr]).subarray(0, 1024).toString('utf8').trim()}`;
         } } : {}),

@@ -138,6 +138,8 @@ export function parseCriEndpoint(endpoint: string): { endpoint: string; socketPa
 export interface CriClientOptions {
   /** Per-call deadline; default 2 s. */
   deadlineMs?: number;
+  /** Largest reply accepted; default 16 MiB (a big node's ListContainers). */
+  maxReplyBytes?: number;
 }
 
 /** A CRI RuntimeService client bound to one endpoint. */
@@ -145,6 +147,7 @@ export class CriClient {
   readonly endpoint: string;
   readonly socketPath: string;
   readonly #deadlineMs: number;
+  readonly #maxReplyBytes: number;
   #client: RuntimeServiceClient | undefined;
   #closed = false;
 
@@ -153,6 +156,7 @@ export class CriClient {
     const d = opts.deadlineMs ?? DEFAULT_CRI_DEADLINE_MS;
     if (!Number.isFinite(d) || d <= 0 || d > 60_000) throw new ConfigError(`CRI deadline must be in (0, 60000] ms, got ${d}`);
     this.#deadlineMs = d;
+    this.#maxReplyBytes = opts.maxReplyBytes ?? 16 * 1024 * 1024;
   }
 
   /** Version: runtime name and API version. */
@@ -241,7 +245,7 @@ export class CriClient {
         'grpc.initial_reconnect_backoff_ms': 100,
         'grpc.min_reconnect_backoff_ms': 100,
         'grpc.max_reconnect_backoff_ms': 1000,
-        'grpc.max_receive_message_length': 16 * 1024 * 1024,
+        'grpc.max_receive_message_length': this.#maxReplyBytes,
         'grpc.enable_retries': 0,
       }) as RuntimeServiceClient;
     }

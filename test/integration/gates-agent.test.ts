@@ -187,7 +187,7 @@ describe('probe-agent run --gates against containerd and the API stand-in', () =
     expect(metrics).toMatch(/probe_agent_gates_operations_total\{op="stop",result="ok"\} 1\b/);
   });
 
-  it('an exec preStop runs in the container through the runtime, then the container is stopped', async () => {
+  it('an exec preStop runs in the container through the runtime, its output bounded, then the container is stopped', async () => {
     importBusyboxImage(ctrd.socket);
     const sb2 = await ctrd.runSandbox({ name: 'worker', namespace: NS });
     const [live2, hook2] = await Promise.all([podServer(LIVE_PORT, sb2.netnsPath), startRecordingServer(sb2.netnsPath, { http: HOOK_PORT })]);
@@ -196,10 +196,12 @@ describe('probe-agent run --gates against containerd and the API stand-in', () =
     delete written.status;
     const app = (written.spec as Obj).containers[0] as Obj;
     app.livenessProbe = { httpGet: { path: '/healthz', port: LIVE_PORT }, periodSeconds: 1, failureThreshold: 2 };
-    // busybox's wget from inside the container (it shares the pod netns): the recording server sees the hook.
-    app.lifecycle = { preStop: { exec: { command: ['/bin/wget', '-q', '-O', '/dev/null', `http://127.0.0.1:${HOOK_PORT}/exec-hook`] } } };
+    // busybox's wget from inside the container (it shares the pod netns): the recording server sees
+    // the hook. Then it prints its own 2 MB binary, as a hostile hook would flood the agent: the reply
+    // is refused past the agent's bound, and the hook is reported failed.
+    app.lifecycle = { preStop: { exec: { command: ['/bin/sh', '-c', `wget -q -O /dev/null http://127.0.0.1:${HOOK_PORT}/exec-hook; cat /bin/busybox`] } } };
     const pod2 = rewritePodGates(written).pod as Obj;
-    expect(pod2.spec.containers[0].lifecycle.preStop.exec.command[0]).toBe('/bin/wget');
+    expect(pod2.spec.containers[0].lifecycle.preStop.exec.command[0]).toBe('/bin/sh');
     api.pods.push(structuredClone(pod2));
     const c = await ctrd.runContainer(sb2, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', '3600'] });
     const listed = makePod({ uid: sb2.uid, name: sb2.name, namespace: NS, ips: sb2.ips, containerID: `containerd://${c.id}`, restartCount: 0, probe: 'none' });
@@ -207,12 +209,16 @@ describe('probe-agent run --gates against containerd and the API stand-in', () =
     // Healthy first (a few periods), then failing: the hook, run while the container still runs.
     await sleep(3000);
     expect(hook2.hits).toEqual([]);
+    agent.expectLogs({ level: 'warn', msg: 'preStop hook could not run', line: /larger than max/, why: 'the hook prints more than the agent takes back, on purpose' });
     await live2.control('/control/health?ok=0');
     const hits = await hook2.waitFor(1, 30_000);
     expect(hits.map((h) => [h.method, h.url])).toEqual([['GET', '/exec-hook']]);
     await until('the worker container EXITED', async () => (await containerState(c.id)) === 'CONTAINER_EXITED', 30_000);
     const events = api.events.filter((e) => e.involvedObject.uid === sb2.uid);
-    expect(events.map((e) => e.reason)).toEqual(['Unhealthy', 'Killing']);
-    expect((await agent.http('/metrics')).body).toMatch(/probe_agent_gates_operations_total\{op="prestop",result="ok"\} 2\b/);
+    expect(events.map((e) => e.reason)).toEqual(['Unhealthy', 'Killing', 'FailedPreStopHook']);
+    expect(events[2]!.message).toMatch(/^PreStopHook failed: .*RESOURCE_EXHAUSTED.*larger than max/);
+    const m = (await agent.http('/metrics')).body;
+    expect(m).toMatch(/probe_agent_gates_operations_total\{op="prestop",result="ok"\} 1\b/);
+    expect(m).toMatch(/probe_agent_gates_operations_total\{op="prestop",result="error"\} 1\b/);
   });
 });
