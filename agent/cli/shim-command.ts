@@ -2,11 +2,8 @@
  * `probe-agent shim`: the kubelet CRI proxy (agent/shim/). The proxy is imported only when the
  * command runs, so the shim process never loads the agent's internals.
  */
-import { Command } from 'commander';
+import { Command, Option } from 'commander';
 import { SHIM_FLAGS, shimFlagsFrom, type ShimFlagName } from '../shim/flags.ts';
-
-/** Commander's camelCase name of a flag. */
-const camel = (name: string): string => name.replace(/-([a-z])/g, (_, c: string) => c.toUpperCase());
 
 /** Registers `shim`, with the flags of agent/shim/flags.ts (the systemd unit's entry point parses the same). */
 export function registerShimCommand(program: Command): void {
@@ -14,15 +11,17 @@ export function registerShimCommand(program: Command): void {
     .command('shim')
     .description('CRI proxy for kubelet: passes every runtime call through and answers rewritten probes and hooks from the agent');
   // No commander defaults: shimFlagsFrom applies them, as for the other entry point.
-  for (const [name, spec] of Object.entries(SHIM_FLAGS)) {
+  const options = (Object.entries(SHIM_FLAGS) as [ShimFlagName, (typeof SHIM_FLAGS)[ShimFlagName]][]).map(([name, spec]) => {
     const help = 'default' in spec ? `${spec.help} (default: "${spec.default}")` : spec.help;
-    cmd.option(`--${name} <${'duration' in spec ? 'duration' : 'value'}>`, help);
-  }
+    const option = new Option(`--${name} <${'duration' in spec ? 'duration' : 'value'}>`, help);
+    cmd.addOption(option);
+    return [name, option] as const;
+  });
   cmd.action(async (o: Record<string, string | undefined>) => {
     try {
       const values: Partial<Record<ShimFlagName, string>> = {};
-      for (const name of Object.keys(SHIM_FLAGS) as ShimFlagName[]) {
-        const v = o[camel(name)];
+      for (const [name, option] of options) {
+        const v = o[option.attributeName()];
         if (v !== undefined) values[name] = v;
       }
       const flags = shimFlagsFrom(values);

@@ -257,7 +257,7 @@ export class GatesController {
       return;
     }
     const started = Date.now();
-    const failure = await this.#preStop(pod, container, id, grace);
+    const failure = await this.#preStop(pod, container, id, grace, who);
     if (failure) await event('Warning', 'FailedPreStopHook', `PreStopHook failed: ${failure}`);
     const left = Math.max(0, grace - Math.floor((Date.now() - started) / 1000));
     try {
@@ -276,7 +276,7 @@ export class GatesController {
    * netns, exec through the runtime (CRI ExecSync), sleep by waiting; each within `grace`
    * seconds. Resolves with a failure message, or '' (ran, or no hook this agent can run).
    */
-  async #preStop(pod: PodInfo, container: ContainerInfo, containerID: string, grace: number): Promise<string> {
+  async #preStop(pod: PodInfo, container: ContainerInfo, containerID: string, grace: number, who: Record<string, string>): Promise<string> {
     const plan = preStopPlan(container.preStop, grace);
     if (plan.kind === 'none' || (plan.kind === 'http' && !this.#o.preStop) || (plan.kind === 'exec' && !this.#o.exec)) return '';
     let failure = '';
@@ -287,7 +287,7 @@ export class GatesController {
       else await new Promise((r) => setTimeout(r, plan.ms));
     } catch (err) {
       failure = describeError(err);
-      this.#o.log.warn('preStop hook could not run', { pod: `${pod.namespace}/${pod.name}`, container: container.name, containerID, err: failure });
+      this.#o.log.warn('preStop hook could not run', { ...who, err: failure });
     }
     this.#o.onOp?.('prestop', failure === '');
     return failure;

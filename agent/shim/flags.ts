@@ -31,6 +31,13 @@ export const SHIM_FLAGS = {
 
 export type ShimFlagName = keyof typeof SHIM_FLAGS;
 
+/**
+ * `--relay`: only 'frames' remains. 'streams' (node:http2 streams over one shared runtime
+ * connection) was removed; it is still accepted so that old unit files start, with a warning.
+ */
+export const RELAY_MODES = ['frames', 'streams'] as const;
+export type RelayMode = (typeof RELAY_MODES)[number];
+
 /** The shim's flags, parsed. */
 export interface ShimFlags {
   listen: string;
@@ -43,10 +50,10 @@ export interface ShimFlags {
   /** Optional HOST:PORT for GET /metrics over TCP. */
   metricsListen?: string;
   hookDeadlineMs?: number;
-  relay: string;
+  relay: RelayMode;
 }
 
-/** Turns flag values by name (unset ones absent) into ShimFlags, with the defaults; throws on a bad duration. */
+/** Turns flag values by name (unset ones absent) into ShimFlags, with the defaults; throws on a bad duration or mode. */
 export function shimFlagsFrom(values: Partial<Record<ShimFlagName, string>>): ShimFlags {
   const text = (name: ShimFlagName): string | undefined => values[name] ?? (SHIM_FLAGS[name] as FlagSpec).default;
   const ms = (name: ShimFlagName): number | undefined => {
@@ -60,13 +67,18 @@ export function shimFlagsFrom(values: Partial<Record<ShimFlagName, string>>): Sh
     agentGraceMs: ms('agent-grace')!,
     hookAgentWaitMs: ms('hook-agent-wait')!,
     metricsSocket: text('metrics-socket')!,
-    relay: text('relay')!,
+    relay: relayMode(text('relay')!),
   };
   const metricsListen = text('metrics-listen');
   if (metricsListen !== undefined) flags.metricsListen = metricsListen;
   const hookDeadline = ms('hook-deadline');
   if (hookDeadline !== undefined) flags.hookDeadlineMs = hookDeadline;
   return flags;
+}
+
+function relayMode(v: string): RelayMode {
+  if (!(RELAY_MODES as readonly string[]).includes(v)) throw new Error(`--relay: invalid mode "${v}" (want ${RELAY_MODES.join(' or ')})`);
+  return v as RelayMode;
 }
 
 /** The usage line of `node dist/shim/main.js --help`. */

@@ -6,7 +6,7 @@
  */
 import { parseShimArgv, shimUsage, type ShimFlags } from './flags.ts';
 import { parseHostPort, startShimMetricsServer } from './metrics-server.ts';
-import { CriShim, RELAY_MODES, socketPathOf, type RelayMode, type ShimConfig } from './proxy.ts';
+import { CriShim, socketPathOf, type ShimConfig } from './proxy.ts';
 
 /** Starts the shim, logs one ready line, and stops it on SIGTERM/SIGINT. Resolves once it is listening. */
 export async function runShim(flags: ShimFlags): Promise<CriShim> {
@@ -18,8 +18,7 @@ export async function runShim(flags: ShimFlags): Promise<CriShim> {
     hookAgentWaitMs: flags.hookAgentWaitMs,
   };
   if (flags.hookDeadlineMs !== undefined) config.hookDeadlineMs = flags.hookDeadlineMs;
-  if (!(RELAY_MODES as readonly string[]).includes(flags.relay)) throw new Error(`--relay: invalid mode "${flags.relay}" (want ${RELAY_MODES.join(' or ')})`);
-  config.relay = flags.relay as RelayMode;
+  config.relay = flags.relay;
   // Flags first: a bad --metrics-listen must not leave kubelet's socket taken.
   if (flags.metricsListen) parseHostPort(flags.metricsListen);
   const shim = new CriShim(config);

@@ -20,13 +20,8 @@ import { ShimMetrics, type AgentErrorCause, type InterceptKind } from './metrics
 import { execSyncFacts, type ExecSyncFacts } from './exec-sync.ts';
 import type { HeaderField } from '../http2/hpack.ts';
 import { FrameRelay } from './relay.ts';
+import type { RelayMode } from './flags.ts';
 
-/**
- * `--relay`: only 'frames' remains. 'streams' (node:http2 streams over one shared runtime
- * connection) was removed; it is still accepted so that old unit files start, with a warning.
- */
-export type RelayMode = 'frames' | 'streams';
-export const RELAY_MODES: readonly RelayMode[] = ['frames', 'streams'];
 
 /** How the shim is configured. */
 export interface ShimConfig {
@@ -107,7 +102,6 @@ export class CriShim {
     this.#log = log ?? stderrLog;
     this.metrics = metrics ?? new ShimMetrics();
     this.#agent = new ShimProbeClient(this.config.probeSocket);
-    if (!RELAY_MODES.includes(this.config.relay)) throw new Error(`relay ${JSON.stringify(this.config.relay)}: want one of ${RELAY_MODES.join(', ')}`);
     if (this.config.relay === 'streams') this.#log('warn', '--relay streams was removed: relaying HTTP/2 frames (the default)', {});
     this.#listener = net.createServer((socket) => this.#relay(socket));
   }
