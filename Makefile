@@ -28,7 +28,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: fuzz-helper bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster
+.PHONY: fuzz-helper bench-helper bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -143,6 +143,15 @@ bench: build
 ## bench-shim: only the kubelet-shim part of the bench (BENCH_QUICK=1, BENCH_SHIM_* knobs; see test/bench/shim.ts).
 bench-shim: build
 	node test/bench/shim.ts
+
+## bench-helper: CPU per in-netns socket, this helper against the same source (or HELPER_BASELINE_REV's)
+## built with the flags it had before its hardening (static non-PIE, partial RELRO, FORTIFY 2).
+HELPER_BASELINE_REV ?= HEAD
+bench-helper: build
+	rm -rf build/helper-baseline && mkdir -p build/helper-baseline
+	git archive $(HELPER_BASELINE_REV) netns-helper | tar -x -C build/helper-baseline
+	$(MAKE) -C build/helper-baseline/netns-helper HARDEN='-D_FORTIFY_SOURCE=2 -fstack-protector-strong' HARDEN_LD=-static
+	node test/bench/helper-cost.ts --baseline unhardened=build/helper-baseline/netns-helper/build/probe-agent-netns-helper $(BENCH_HELPER_ARGS)
 
 ## soak: long churn run (SOAK_MINUTES, default 10).
 soak: build

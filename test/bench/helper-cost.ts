@@ -4,8 +4,12 @@
  * socket (agent + helper, children included), createSocket latency and event-loop delay.
  *
  *   node test/bench/helper-cost.ts [--n 2000] [--concurrency 16] [--rounds 3] [--rss-mb 0] [--connect]
+ *                                  [--baseline NAME=PATH ...]
  *
  * --rss-mb grows the agent's heap first: a spawn forks the whole agent, the resident does not.
+ * --baseline runs another helper binary (an older build, other flags) in the same rounds, resident
+ * and warm, and prints its cost against this tree's: `make bench-helper` builds one with the
+ * flags the helper had before its hardening.
  * Root only (a lab pod is the target netns).
  */
 import { readFileSync } from 'node:fs';
@@ -23,7 +27,13 @@ const { values: args } = parseArgs({
     rounds: { type: 'string', default: '3' },
     'rss-mb': { type: 'string', default: '0' },
     connect: { type: 'boolean', default: false },
+    baseline: { type: 'string', multiple: true, default: [] },
   },
+});
+const BASELINES = (args.baseline ?? []).map((b) => {
+  const eq = b.indexOf('=');
+  if (eq <= 0) throw new Error(`--baseline wants NAME=PATH, got ${b}`);
+  return { name: b.slice(0, eq), path: b.slice(eq + 1) };
 });
 const N = Number(args.n);
 const CONCURRENCY = Number(args.concurrency);
@@ -38,7 +48,7 @@ function procCpuMs(pid: number | 'self', withChildren: boolean): number {
   return ((ut as number) + (st as number) + (withChildren ? (cut as number) + (cst as number) : 0)) * TICK_MS;
 }
 
-interface Run { mode: string; cpuMsPerSocket: number; agentMsPerSocket: number; p50: number; p99: number; loopP99: number; perSecond: number }
+interface Run { mode: string; cpuMsPerSocket: number; agentMsPerSocket: number; helperMsPerSocket: number; p50: number; p99: number; loopP99: number; perSecond: number }
 
 async function measure(mode: string, f: SocketFactory, pod: LabPod, helperPid: number | undefined, port: number | undefined): Promise<Run> {
   const lat: number[] = [];
@@ -77,6 +87,7 @@ async function measure(mode: string, f: SocketFactory, pod: LabPod, helperPid: n
     mode,
     cpuMsPerSocket: (agentMs + kidsMs + helperMs) / N,
     agentMsPerSocket: agentMs / N,
+    helperMsPerSocket: (kidsMs + helperMs) / N,
     p50: q(0.5),
     p99: q(0.99),
     loopP99: loop.percentile(99) / 1e6,
@@ -95,26 +106,41 @@ async function main(): Promise<void> {
   const resident = await ResidentHelper.start({ maxInFlight: 256 });
   const warm = await ResidentHelper.start({ warm: true });
   const spawn = new SpawnHelper();
+  const factories: [string, SocketFactory][] = [['resident', resident], ['warm', warm], ['spawn', spawn]];
+  for (const b of BASELINES) {
+    factories.push([`resident@${b.name}`, await ResidentHelper.start({ maxInFlight: 256, helperPath: b.path })]);
+    factories.push([`warm@${b.name}`, await ResidentHelper.start({ warm: true, helperPath: b.path })]);
+  }
   const runs: Run[] = [];
   try {
-    for (let r = 0; r < ROUNDS; r++) {
-      for (const [mode, f] of [['resident', resident], ['warm', warm], ['spawn', spawn]] as const) {
+    // Round 0 warms the JIT and each helper up, and is not counted.
+    for (let r = 0; r <= ROUNDS; r++) {
+      for (const [mode, f] of factories) {
         const helperPid = f instanceof ResidentHelper ? f.stats().pid : undefined;
-        runs.push(await measure(mode, f, pod, helperPid, server?.ports.tcp));
+        const run = await measure(mode, f, pod, helperPid, server?.ports.tcp);
+        if (r > 0) runs.push(run);
       }
     }
   } finally {
-    await Promise.all([resident.close(), warm.close()]);
+    await Promise.all(factories.map(([, f]) => (f instanceof ResidentHelper ? f.close() : undefined)));
     await lab.destroy();
   }
   const rss = Math.round(process.memoryUsage().rss / 1e6);
   console.log(`\n${N} sockets x ${ROUNDS} rounds, concurrency ${CONCURRENCY}, agent RSS ${rss} MB${args.connect ? ', with connect' : ''} (medians)`);
-  console.log('mode       CPU ms/socket  (agent)   latency p50 ms  p99 ms   loop p99 ms  sockets/s');
-  for (const mode of ['resident', 'warm', 'spawn']) {
+  const width = Math.max(10, ...factories.map(([mode]) => mode.length + 1));
+  console.log(`${'mode'.padEnd(width)} CPU ms/socket  (agent) (helper)   latency p50 ms  p99 ms   loop p99 ms  sockets/s`);
+  const of = (mode: string, k: 'cpuMsPerSocket' | 'helperMsPerSocket'): number => median(runs.filter((x) => x.mode === mode).map((x) => x[k]));
+  for (const [mode] of factories) {
     const m = runs.filter((x) => x.mode === mode);
     const col = (k: keyof Omit<Run, 'mode'>, d: number): string => median(m.map((x) => x[k])).toFixed(d);
-    console.log(`${mode.padEnd(10)} ${col('cpuMsPerSocket', 3).padStart(13)}  ${col('agentMsPerSocket', 3).padStart(7)}   ` +
+    console.log(`${mode.padEnd(width)} ${col('cpuMsPerSocket', 3).padStart(13)}  ${col('agentMsPerSocket', 3).padStart(7)}  ${col('helperMsPerSocket', 3).padStart(7)}   ` +
       `${col('p50', 3).padStart(14)}  ${col('p99', 3).padStart(6)}   ${col('loopP99', 2).padStart(11)}  ${col('perSecond', 0).padStart(9)}`);
+  }
+  for (const b of BASELINES) {
+    for (const mode of ['resident', 'warm']) {
+      const ratio = (k: 'cpuMsPerSocket' | 'helperMsPerSocket'): string => (of(mode, k) / of(`${mode}@${b.name}`, k)).toFixed(2);
+      console.log(`${mode}: this tree / ${b.name} = ${ratio('cpuMsPerSocket')}x CPU per socket, ${ratio('helperMsPerSocket')}x the helper's own`);
+    }
   }
   void ballast.length;
 }
