@@ -2,7 +2,7 @@
  * One HTTP/1.1 GET over a socket that is already connected (made inside the pod's netns), with
  * Node's own client: node:http's ClientRequest handed the socket through createConnection, no agent,
  * no pool, the native llhttp parser. No undici: it compiled its WASM parser into every agent that
- * ran an HTTP probe (about 30 MB of peak RSS in the bench; docs/benchmark.md, issue 19).
+ * ran an HTTP probe (about 30 MB of peak RSS in the side-by-side bench, test/bench/driver.ts).
  *
  * What goes on the wire is kubelet's request byte for byte as Go's client writes it, as a raw
  * header list so node adds nothing of its own: "GET <path> HTTP/1.1", Host, then the probe's headers

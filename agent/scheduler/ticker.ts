@@ -8,7 +8,8 @@
  * alignment divides a second), only shifted by a fixed offset below `alignMs`; what it buys is that
  * ticks of different workers due within the same window fire together, in one event-loop wakeup
  * and one wakeup of the helper, instead of one each. At long periods those wakeups are most of a
- * probe's cost (docs/benchmark.md, "Issue 19: fewer wakeups").
+ * probe's cost (50 ms alignment took about a third off the agent's CPU at 250 pods x 3 every 10 s,
+ * measured with test/bench/points.ts).
  */
 import type { Clock, TimerHandle } from './clock.ts';
 

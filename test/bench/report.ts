@@ -211,7 +211,7 @@ export function renderMarkdown(r: BenchResult): string {
     }
     const over = r.scale.points.filter((pt) => pt.pods > 0 && pt.probesPerSecond > pt.expectedProbesPerSecond * 1.05);
     const under = r.scale.points.filter((pt) => pt.pods > 0 && pt.probesPerSecond < pt.expectedProbesPerSecond * 0.95);
-    if (over.length) L.push('', `**More probes than the periods ask for** at ${over.map((pt) => `${pt.pods} x 3 @${pt.periodSeconds}s`).join(', ')}: workers ran extra probes (see docs/benchmark.md, "Findings"); CPU above includes them.`);
+    if (over.length) L.push('', `**More probes than the periods ask for** at ${over.map((pt) => `${pt.pods} x 3 @${pt.periodSeconds}s`).join(', ')}: workers ran extra probes (see docs/benchmark.md, "How to read the numbers"); CPU above includes them.`);
     if (under.length) L.push('', `**Fewer probes than the periods ask for** at ${under.map((pt) => `${pt.pods} x 3 @${pt.periodSeconds}s`).join(', ')}: the agent did not keep up.`);
     if (r.scale.resolverCost.length) {
       L.push('', 'Netns resolution is cached (60 s TTL, jittered down by up to 25 %: 52.5 s on average), so it recurs outside the windows above; the "+ resolver" share in the CPU column is one refresh of that point\'s pods amortised over the mean TTL. One refresh of every pod at the largest point, measured with the agent\'s resolver classes on this node (the pods of a refresh share the resolver\'s scans):', '');
