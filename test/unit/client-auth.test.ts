@@ -1,6 +1,7 @@
 /** client-auth.ts: CA loading refusals, and the caller checks over real TLS connections. */
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, type IncomingMessage } from 'node:https';
+import type { IncomingMessage } from 'node:http';
+import { createServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';

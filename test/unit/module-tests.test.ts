@@ -12,6 +12,13 @@ import { describe, expect, it } from 'vitest';
 const REPO = fileURLToPath(new URL('../..', import.meta.url));
 
 const ALLOWED = new Map<string, string>([
+  // Entry points: run as users run them, by every test that starts the built CLI or shim.
+  ['agent/cli.ts', 'the CLI entry point: every test that runs bin/probe-agent (test/support/run-cli.ts, built-cli.ts) runs it'],
+  ['agent/shim/main.ts', "the shim's entry point: every shim test starts it (test/support/shim-process.ts)"],
+  ['agent/daemon.ts', '`probe-agent run`: agent-e2e.test.ts and every test/support/agent-harness.ts test run the daemon whole'],
+  // Driven through a fixture that builds it as its caller does.
+  ['agent/shim/relay.ts', 'the relay-*.test.ts files drive it through test/support/relay-harness.ts'],
+  ['agent/probe/grpc.ts', 'probers.test.ts and grpc-probe-peers.test.ts run it through runProbe against real gRPC servers'],
 ]);
 
 function* tsFiles(dir: string): Generator<string> {
