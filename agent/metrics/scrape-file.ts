@@ -3,6 +3,7 @@
  * sidecar's state file): a bounded read of a small file, and leaving a metric out of the scrape
  * when there is nothing true to say.
  */
+import { constants } from 'node:fs';
 import { open } from 'node:fs/promises';
 import type { Counter, Gauge } from 'prom-client';
 
@@ -13,7 +14,8 @@ const MAX_FILE_BYTES = 4096;
 export async function readSmallFile(path: string): Promise<{ text: string; mtimeMs: number } | undefined> {
   let fh;
   try {
-    fh = await open(path, 'r');
+    // O_NONBLOCK: a FIFO in the file's place would otherwise hold a libuv thread until a writer came.
+    fh = await open(path, constants.O_RDONLY | constants.O_NONBLOCK);
     const st = await fh.stat();
     if (!st.isFile()) return undefined;
     const buf = Buffer.alloc(MAX_FILE_BYTES);

@@ -43,7 +43,7 @@ export function splitGoHost(host: string): { hostname: string; port: string } {
 /** Characters Go's unescape(host, encodeHost) accepts unescaped (ASCII). */
 const HOST_OK = /^[A-Za-z0-9\-._~!$&'()*+,;=:[\]<>"%]$/;
 
-/** Go's parseHost checks, in its order; returns the host or throws the bare reason. */
+/** Go's parseHost checks, in its order; returns the host unescaped, or throws the bare reason. */
 function checkHost(host: string): string {
   let portPart = '';
   if (host.startsWith('[')) {
@@ -58,12 +58,15 @@ function checkHost(host: string): string {
   for (let i = 0; i < host.length; i++) {
     const ch = host[i] as string;
     if (ch === '%') {
-      if (!/^%[0-9A-Fa-f]{2}/.test(host.slice(i, i + 3))) throw new Error(`invalid URL escape ${JSON.stringify(host.slice(i, i + 3))}`);
+      const esc = host.slice(i, i + 3);
+      // In a host, %-escapes stand only for non-ASCII bytes, or %25 (an IPv6 zone's "%").
+      if (!/^%[0-9A-Fa-f]{2}$/.test(esc) || (parseInt(esc[1] as string, 16) < 8 && esc !== '%25')) throw new Error(`invalid URL escape ${JSON.stringify(esc)}`);
       continue;
     }
     if (ch.charCodeAt(0) < 0x80 && !HOST_OK.test(ch)) throw new Error(`invalid character ${JSON.stringify(ch)} in host name`);
   }
-  return host;
+  // Go keeps the host unescaped ("h%C3%A9" is "hé", "%25" is "%").
+  return host.replace(/(?:%[0-9A-Fa-f]{2})+/g, (run) => Buffer.from(run.replaceAll('%', ''), 'hex').toString('utf8'));
 }
 
 /** Go's getScheme: a scheme, the rest, or an error for a leading ':'. */
@@ -84,11 +87,21 @@ function splitScheme(raw: string): { scheme: string; rest: string } {
   return { scheme: '', rest: raw };
 }
 
+/** Go's unescape(path, encodePath): a "%" must start a two-digit hex escape. */
+function checkPathEscapes(path: string): void {
+  const bad = /%(?![0-9A-Fa-f]{2})/.exec(path);
+  if (bad) throw new Error(`invalid URL escape ${JSON.stringify(path.slice(bad.index, bad.index + 3))}`);
+}
+
 /** Path plus query of `ref` (a path-relative or absolute reference) resolved against `basePathAndQuery`. */
 function resolvePath(ref: string, basePathAndQuery: string): string {
   const base = new URL(basePathAndQuery.startsWith('/') ? basePathAndQuery : '/' + basePathAndQuery, 'http://go.invalid');
   if (ref === '') return base.pathname + base.search;
-  const u = new URL(ref, base);
+  // WHATWG reads "\\" as "/" and a leading "//" as an authority in an http URL; Go keeps both in the
+  // path ("\\" escaped), and they are only ever a path here.
+  let path = ref.replaceAll('\\', '%5C');
+  if (path.startsWith('//')) path = '/.' + path;
+  const u = new URL(path, base);
   return (u.pathname || '/') + u.search;
 }
 
@@ -102,6 +115,12 @@ export function resolveGoLocation(location: string, base: { scheme: string; host
   };
   if (/[\u0000-\u001f\u007f]/.test(location)) fail('net/url: invalid control character in URL');
   const withoutFragment = location.split('#', 1)[0] as string;
+  const pathEnd = withoutFragment.indexOf('?');
+  try {
+    checkPathEscapes(pathEnd === -1 ? withoutFragment : withoutFragment.slice(0, pathEnd));
+  } catch (err) {
+    return fail((err as Error).message);
+  }
   let scheme: string;
   let rest: string;
   try {
@@ -122,6 +141,8 @@ export function resolveGoLocation(location: string, base: { scheme: string; host
     } catch (err) {
       return fail((err as Error).message);
     }
+    // Go resolves "//" (no host, no userinfo, no scheme) as a relative reference: the base URL.
+    if (host === '' && scheme === '' && !authority.includes('@')) host = undefined;
   } else if (scheme === '' && /^[^/?]*:/.test(rest)) {
     // Go: a colon in the first path segment of a relative reference is an error.
     fail('first path segment in URL cannot contain colon');

@@ -55,6 +55,8 @@ export async function runHookOnce(
       }
       waited = true;
       await sleep(retryMs, signal);
+      // Cancelled while waiting: the agent never saw the hook, so it is given up, not sent once more.
+      if (signal.aborted) return { error: err, wait: 'gave_up' };
     }
   }
 }

@@ -5,6 +5,7 @@
  * admission client certificate docs/rewrite.md shows how to configure). /healthz stays open:
  * kubelet's HTTPS probes present no client certificate.
  */
+import { X509Certificate } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import type { IncomingMessage } from 'node:http';
 import { createSecureContext, type TLSSocket } from 'node:tls';
@@ -24,6 +25,8 @@ export function loadClientCa(file: string): Buffer {
   if (ca.length > MAX_CA_BYTES) throw new ConfigError(`the client CA file ${file} is larger than ${MAX_CA_BYTES} bytes`, { file });
   if (!ca.includes('-----BEGIN CERTIFICATE-----')) throw new ConfigError(`the client CA file ${file} holds no PEM certificate`, { file });
   try {
+    // OpenSSL skips a CA block it cannot parse, which would leave every caller unverified: parse each.
+    for (const pem of ca.toString('latin1').match(/-----BEGIN CERTIFICATE-----[\s\S]*?-----END CERTIFICATE-----/g) ?? []) new X509Certificate(pem);
     createSecureContext({ ca });
   } catch (err) {
     throw new ConfigError(`the client CA file ${file} does not load: ${describeError(err)}`, { file });
