@@ -26,7 +26,7 @@ import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { builtCli, builtEntry } from '../support/built-cli.ts';
-import { shimUnitNodeFlags } from '../soak/shim-soak.ts';
+import { shimUnitEnv, shimUnitNodeFlags } from '../soak/shim-soak.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';
 import { runExecTimeoutGate, runSidecar, runSleepHook } from './cases.ts';
 import { REPLACE_EVERY_MS, runChurn } from './churn.ts';
@@ -134,9 +134,9 @@ async function main(): Promise<number> {
     await agent.stop();
   });
   // Its counters on a loopback port of this run, not the default socket another shim on this machine may hold.
-  // Started as its systemd unit starts it (the unit's node flags, dist/shim/main.js): the churn measures that memory.
+  // Started as its systemd unit starts it (the unit's node flags and environment, dist/shim/main.js): the churn measures that memory.
   const shim = startLogged(process.execPath, [...shimUnitNodeFlags(), ...extraFlags('E2E_SHIM_NODE_FLAGS'), builtEntry('shim/main.js'), '--listen', `unix://${shimSocket}`, '--runtime-endpoint', shimRuntime, '--probe-socket', probeSocket,
-    '--metrics-socket=', `--metrics-listen=127.0.0.1:${shimMetricsPort}`], path.join(scratch, 'shim.log'));
+    '--metrics-socket=', `--metrics-listen=127.0.0.1:${shimMetricsPort}`], path.join(scratch, 'shim.log'), shimUnitEnv());
   cleanups.push(() => stopChild(shim));
   if (!(await waitFor('the agent socket and the shim socket', 20_000, () => (existsSync(probeSocket) && existsSync(shimSocket)) || undefined))) {
     check('agent and shim start', false, `see ${scratch}/agent.log, shim.log`);

@@ -19,7 +19,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeLiteralBlock } from '../../agent/http2/hpack.ts';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { rssOf } from '../bench/procstat.ts';
-import { shimUnitNodeFlags } from '../soak/shim-soak.ts';
+import { shimUnitEnv, shimUnitNodeFlags } from '../soak/shim-soak.ts';
 import { builtEntry } from '../support/built-cli.ts';
 import { encodeFrame, FL, PREFACE, T } from '../support/h2-frame-peer.ts';
 import { grpcRequestHeaders, rawUnary } from '../support/raw-h2.ts';
@@ -39,7 +39,7 @@ interface Shim {
 async function startShim(name: string, runtimeSock: string, agentSock: string): Promise<Shim> {
   const sock = path.join(scratch, `${name}.sock`);
   const child = spawn(process.execPath, [...shimUnitNodeFlags(), builtEntry('shim/main.js'), '--listen', `unix://${sock}`,
-    '--runtime-endpoint', `unix://${runtimeSock}`, '--probe-socket', agentSock], { stdio: ['ignore', 'ignore', 'pipe'] });
+    '--runtime-endpoint', `unix://${runtimeSock}`, '--probe-socket', agentSock], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...shimUnitEnv() } });
   let err = '';
   child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
   await new Promise<void>((resolve, reject) => {

@@ -15,7 +15,7 @@ import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { rssOf } from '../bench/procstat.ts';
-import { shimUnitNodeFlags } from '../soak/shim-soak.ts';
+import { shimUnitEnv, shimUnitNodeFlags } from '../soak/shim-soak.ts';
 import { builtEntry } from '../support/built-cli.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';
 
@@ -32,7 +32,7 @@ beforeAll(async () => {
   scratch = mkdtempSync(path.join(tmpdir(), 'probe-agent-shim-mem-'));
   sock = path.join(scratch, 'cri.sock');
   shim = spawn(process.execPath, [...shimUnitNodeFlags(), builtEntry('shim/main.js'), '--listen', `unix://${sock}`,
-    '--runtime-endpoint', `unix://${path.join(scratch, 'no-runtime.sock')}`, '--probe-socket', path.join(scratch, 'no-agent.sock')], { stdio: ['ignore', 'ignore', 'pipe'] });
+    '--runtime-endpoint', `unix://${path.join(scratch, 'no-runtime.sock')}`, '--probe-socket', path.join(scratch, 'no-agent.sock')], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...shimUnitEnv() } });
   let err = '';
   await new Promise<void>((resolve, reject) => {
     shim.stderr!.on('data', (d: Buffer) => {

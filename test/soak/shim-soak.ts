@@ -3,7 +3,7 @@
  * parts (`node test/soak/shim-soak.ts`; knobs SOAK_MINUTES (default 30), SOAK_PODS (16),
  * SOAK_AUTHORITY (`path`: the socket path as `:authority`, as kubelet < 1.31 sends it; or `localhost`),
  * SOAK_SHIM_SLOPE_MB_MIN (1), SOAK_SHIM_PEAK_MB (100), SOAK_SHIM_UNIT_FLAGS=0 (start the shim without the unit's
- * node flags, to compare), SOAK_OUT (JSON result), SOAK_SHIM_NODE_FLAGS / SOAK_AGENT_NODE_FLAGS (extra node
+ * node flags and environment, to compare), SOAK_OUT (JSON result), SOAK_SHIM_NODE_FLAGS / SOAK_AGENT_NODE_FLAGS (extra node
  * flags, e.g. --heapsnapshot-signal=SIGUSR2, to find a leak)). The CI variant is
  * test/integration/shim-soak-short.test.ts.
  *
@@ -208,6 +208,22 @@ export function shimUnitNodeFlags(unit = SHIM_UNIT): string[] {
   return (line[1] ?? '').split(/\s+/).filter(Boolean);
 }
 
+/**
+ * The environment the shim's systemd unit gives it (its `Environment=` lines: the allocator settings
+ * its memory depends on), so that a harness runs the shim with the memory behaviour of the shipped unit.
+ */
+export function shimUnitEnv(unit = SHIM_UNIT): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const m of readFileSync(unit, 'utf8').matchAll(/^Environment=(.*)$/gm)) {
+    for (const a of (m[1] ?? '').split(/\s+/).filter(Boolean)) {
+      const eq = a.indexOf('=');
+      if (eq <= 0 || /["'\\$%]/.test(a)) throw new Error(`${unit}: Environment= entry ${JSON.stringify(a)} is not a plain NAME=value`);
+      env[a.slice(0, eq)] = a.slice(eq + 1);
+    }
+  }
+  return env;
+}
+
 /** Extra node flags for the shim or the agent from the environment (e.g. --heapsnapshot-signal=SIGUSR2), for finding a leak. */
 function extraFlags(name: string): string[] {
   return (process.env[name] ?? '').split(/\s+/).filter(Boolean);
@@ -288,9 +304,11 @@ export async function runShimSoak(o: ShimSoakOptions): Promise<ShimSoakResult> {
     procs.push(agentStart.child);
     const metricsUrl = `http://${agentStart.match[1]}/metrics`;
     const shimSock = path.join(scratch, 'cri.sock');
-    // As the systemd unit runs it: its node flags (SOAK_SHIM_UNIT_FLAGS=0: none, to compare).
-    const unitFlags = process.env['SOAK_SHIM_UNIT_FLAGS'] === '0' ? [] : shimUnitNodeFlags();
-    const shimStart = await spawnReady(process.execPath, [...unitFlags, ...extraFlags('SOAK_SHIM_NODE_FLAGS'), builtEntry('shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim');
+    // As the systemd unit runs it: its node flags and environment (SOAK_SHIM_UNIT_FLAGS=0: neither, to compare).
+    const asUnit = process.env['SOAK_SHIM_UNIT_FLAGS'] !== '0';
+    const unitFlags = asUnit ? shimUnitNodeFlags() : [];
+    const shimStart = await spawnReady(process.execPath, [...unitFlags, ...extraFlags('SOAK_SHIM_NODE_FLAGS'), builtEntry('shim/main.js'), '--listen', `unix://${shimSock}`, '--runtime-endpoint', lab.endpoint, '--probe-socket', agentSock], /shim listening/, 'shim',
+      { ...process.env, ...(asUnit ? shimUnitEnv() : {}) });
     procs.push(shimStart.child);
     const shimPid = shimStart.child.pid!;
     const agentPid = agentStart.child.pid!;
