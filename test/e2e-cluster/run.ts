@@ -432,6 +432,12 @@ async function main(): Promise<number> {
   const postStart = web.every((p) => /url:\/poststart/.test(k.run(['-n', APPS_NS, 'logs', p.metadata.name, '-c', 'server']).stdout));
   check('web: postStart httpGet reached the pod', web.length > 0 && postStart, postStart ? 'each web pod\'s httpd logged GET /poststart' : 'missing in a pod\'s log');
 
+  // Which agent runs the rewritten probes: the closed node's answers its shim's calls, the open node's has none.
+  const execSyncs = new Map(cluster.pods('probe-agent', AGENT).map((p) => [p.spec.nodeName as string, agentMetric(k, p.metadata.name, 'probe_agent_exec_sync_commands_total')]));
+  const results = new Map(cluster.pods('probe-agent', AGENT).map((p) => [p.spec.nodeName as string, agentMetric(k, p.metadata.name, 'probe_agent_probe_results_total')]));
+  check('the closed node\'s agent runs the rewritten probes, the open node\'s none', (execSyncs.get(closed.name) ?? 0) > 0 && execSyncs.get(open.name) === 0,
+    nodes.map((n) => `${n.name}: ${execSyncs.get(n.name) ?? 'no agent'} rewritten commands from the shim, ${results.get(n.name) ?? 'no agent'} probe runs`).join('; '));
+
   // Reinvocation beside a second webhook, in both orders.
   const second = await startSecondWebhook(open.ip, cp.pki.issue('second-webhook', cp.webhookCa, { subject: '/CN=second', server: true, sans: [`IP:${open.ip}`] }), BUSYBOX_IMAGE_REF);
   cleanups.push(() => second.close());
@@ -560,6 +566,18 @@ async function nodeCannotReach(pods: Obj[]): Promise<boolean> {
     if ((await connectFromNode(p.status.podIP, port, 1000)).result === 'connected') return false;
   }
   return pods.length > 0;
+}
+
+/**
+ * A counter's total (every series summed) from an agent's /metrics, read inside its own pod (the
+ * closed node's pods are not reachable from the host) with bash alone, as its probes do; undefined
+ * when unreadable, 0 when the agent has no such series.
+ */
+function agentMetric(k: Kubectl, pod: string, name: string): number | undefined {
+  const r = k.run(['-n', 'probe-agent', 'exec', pod, '-c', 'agent', '--', 'bash', '-c',
+    'a=$PROBE_AGENT_METRICS_ADDRESS; exec 3<>"/dev/tcp/${a%:*}/${a##*:}" && printf \'GET /metrics HTTP/1.0\\r\\nHost: probe-agent\\r\\n\\r\\n\' >&3 && cat <&3']);
+  if (!r.ok || !/^HTTP\/1\.\d 200/.test(r.stdout)) return undefined;
+  return r.stdout.split('\n').filter((l) => l.startsWith(`${name}{`) || l.startsWith(`${name} `)).reduce((n, l) => n + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
 }
 
 /** Every pod IP on its first container port, from the node: each connects (the open node's pods). */
