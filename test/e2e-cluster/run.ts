@@ -258,7 +258,11 @@ async function main(): Promise<number> {
     for (const d of NODE_DIRS) mkdirSync(path.join(root, d), { recursive: true, mode: d === 'run/probe-agent-shim' ? 0o700 : 0o755 });
     // The node's /run/containerd/containerd.sock is its lab containerd's.
     symlinkSync(ctrd.socket, path.join(root, 'run/containerd/containerd.sock'));
-    const kubeletDir = path.join(root, 'var/lib/kubelet');
+    // Kubelet's root is not the node's /var/lib/kubelet seen by the installer (which holds only
+    // kubeadm-flags.env here): mounted into the installer's pod by subPath, kubelet could never
+    // unmount a bind of its own root, and the installer's old pods would not go on an update.
+    const kubeletDir = path.join(scratch, `kubelet-${name}`);
+    mkdirSync(kubeletDir);
     cleanups.push(() => unmountUnder(kubeletDir));
     // The node's address, on lo: pods reach it through their gateway, and kubelet checks that
     // --node-ip is one of the host's own.
@@ -266,7 +270,7 @@ async function main(): Promise<number> {
     spawnSync('ip', ['addr', 'del', `${ip}/32`, 'dev', 'lo']);
     execFileSync('ip', ['addr', 'add', `${ip}/32`, 'dev', 'lo']);
     cleanups.push(() => void spawnSync('ip', ['addr', 'del', `${ip}/32`, 'dev', 'lo']));
-    const node = { name, role, ip, ctrd, root, kubeletDir, kubelet: undefined as unknown as Kubelet, flags: (endpoint: string) => writeFileSync(path.join(kubeletDir, 'kubeadm-flags.env'), `KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=${endpoint}"\n`) };
+    const node = { name, role, ip, ctrd, root, kubeletDir, kubelet: undefined as unknown as Kubelet, flags: (endpoint: string) => writeFileSync(path.join(root, 'var/lib/kubelet/kubeadm-flags.env'), `KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=${endpoint}"\n`) };
     return node;
   };
   const open = await makeNode(OPEN_NODE, 'open');
