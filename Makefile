@@ -185,7 +185,7 @@ bench-kubelet: build
 	@test -n "$(KUBELET)" || { echo "usage: make bench-kubelet KUBELET=/path/to/kubelet" >&2; exit 2; }
 	E2E_PHASES=bench node test/e2e-kubelet/run.ts --kubelet "$(KUBELET)"
 
-## e2e-cluster: probe-agent deployed with kubectl apply -k on a one-node cluster made of the Kubernetes binaries you
+## e2e-cluster: probe-agent deployed with kubectl apply -k on a two-node cluster (one open, one closed) made of the Kubernetes binaries you
 ## provide (KUBE_BIN_DIR=/dir with kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kubelet of one
 ## version; v1.24 and v1.33 checked) and Debian's etcd: the DaemonSet, the installer, the webhook, the closed-hole taint, faults,
 ## the rollback and 100 pods. E2E_CLUSTER_INSTALL=helm installs the chart (deploy/helm) with the values of the same

@@ -1,5 +1,5 @@
 /**
- * A one-node control plane from the binaries the user gives (KUBE_BIN_DIR): etcd (Debian's
+ * A control plane from the binaries the user gives (KUBE_BIN_DIR): etcd (Debian's
  * etcd-server), kube-apiserver, kube-controller-manager and kube-scheduler, all on the node
  * address, with RBAC, the Node authorizer, NodeRestriction and the API server's admission client
  * certificate for the webhook configured as docs/deploy.md tells an operator to. Endpoint routing
@@ -21,9 +21,14 @@ export const WEBHOOK_HOST = 'probe-agent-webhook.probe-agent.svc';
 export interface ControlPlaneOptions {
   binDir: string;
   scratch: string;
-  /** The node's address: the API server advertises and serves on it, the kubelet registers it. */
+  /** The open node's address: the API server advertises and serves on it. */
   nodeIp: string;
-  nodeName: string;
+}
+
+/** What one node's kubelet needs to register: its client kubeconfig and a serving pair for its address. */
+export interface NodeCredentials {
+  kubeconfig: string;
+  serving: Pair;
 }
 
 export interface ControlPlane {
@@ -33,8 +38,8 @@ export interface ControlPlane {
   ca: Pair;
   /** system:masters. */
   adminKubeconfig: string;
-  kubeletKubeconfig: string;
-  kubeletServing: Pair;
+  /** A kubelet's credentials as system:node:<name>, its serving certificate for `ip`. */
+  nodeCredentials(name: string, ip: string): NodeCredentials;
   /** The webhook's serving pair and its CA (the caBundle). */
   webhookServing: Pair;
   webhookCa: Pair;
@@ -64,8 +69,6 @@ export async function startControlPlane(o: ControlPlaneOptions): Promise<Control
   const adminPair = pki.issue('admin', ca, { subject: '/CN=e2e-admin/O=system:masters', client: true });
   const cm = pki.issue('controller-manager', ca, { subject: '/CN=system:kube-controller-manager', client: true });
   const sched = pki.issue('scheduler', ca, { subject: '/CN=system:kube-scheduler', client: true });
-  const kubeletClient = pki.issue('kubelet-client', ca, { subject: `/CN=system:node:${o.nodeName}/O=system:nodes`, client: true });
-  const kubeletServing = pki.issue('kubelet-serving', ca, { subject: `/CN=${o.nodeName}`, server: true, sans: [`IP:${o.nodeIp}`, `DNS:${o.nodeName}`] });
   const apiToKubelet = pki.issue('apiserver-kubelet-client', ca, { subject: '/CN=kube-apiserver-kubelet-client/O=system:masters', client: true });
   // docs/rewrite.md "Without cert-manager" and docs/deploy.md "The API server's client certificate".
   const webhookCa = pki.ca('webhook-ca', 'probe-agent webhook serving CA');
@@ -86,7 +89,11 @@ export async function startControlPlane(o: ControlPlaneOptions): Promise<Control
   const adminKubeconfig = writeKubeconfig(path.join(pkiDir, 'admin.kubeconfig'), server, ca.cert, adminPair);
   const cmKubeconfig = writeKubeconfig(path.join(pkiDir, 'controller-manager.kubeconfig'), server, ca.cert, cm);
   const schedKubeconfig = writeKubeconfig(path.join(pkiDir, 'scheduler.kubeconfig'), server, ca.cert, sched);
-  const kubeletKubeconfig = writeKubeconfig(path.join(pkiDir, 'kubelet.kubeconfig'), server, ca.cert, kubeletClient);
+  const nodeCredentials = (name: string, ip: string): NodeCredentials => ({
+    kubeconfig: writeKubeconfig(path.join(pkiDir, `kubelet-${name}.kubeconfig`), server, ca.cert,
+      pki.issue(`kubelet-client-${name}`, ca, { subject: `/CN=system:node:${name}/O=system:nodes`, client: true })),
+    serving: pki.issue(`kubelet-serving-${name}`, ca, { subject: `/CN=${name}`, server: true, sans: [`IP:${ip}`, `DNS:${name}`] }),
+  });
   const admin = new Kubectl(o.binDir, adminKubeconfig);
 
   const logs: Record<string, string> = {};
@@ -149,7 +156,7 @@ export async function startControlPlane(o: ControlPlaneOptions): Promise<Control
       admin.raw('/api/v1/namespaces/default/serviceaccounts/default').includes('"name":"default"') || undefined, 1000);
     if (!sa0) throw new Error(`the controller-manager made no default service account (see ${logs['kube-controller-manager']})`);
     return {
-      server, apiPort, pki, ca, admin, adminKubeconfig, kubeletKubeconfig, kubeletServing, webhookServing, webhookCa, admissionClientCa, admissionClient, logs, stop,
+      server, apiPort, pki, ca, admin, adminKubeconfig, nodeCredentials, webhookServing, webhookCa, admissionClientCa, admissionClient, logs, stop,
       apiserverAlive: () => apiserver.exitCode === null && apiserver.signalCode === null,
     };
   } catch (err) {

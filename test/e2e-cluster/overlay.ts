@@ -1,32 +1,30 @@
 /**
- * The overlay an operator of this lab node writes: deploy/base with the components docs/deploy.md
+ * The overlay an operator of this lab cluster writes: deploy/base with the components docs/deploy.md
  * names for the cluster's version with containerd (components(): containerd, pod-monitor,
  * kubelet-shim, rewrite-webhook; nodes-proxy-fallback before 1.33 and before-1.30 before 1.30),
  * the webhook's certificates made without cert-manager (docs/rewrite.md), and the patches this
- * node needs because its containerd, its
- * kubelet's directory and its host root are the lab's, not a distribution's:
- * - the agent reaches the lab containerd's socket and netns files at their host paths;
- * - the webhook tolerates the closed-hole taint: this one node is closed, and its pods stand for
- *   webhook pods on an open node;
- * - the installer's host directories (shim release, systemd units, kubelet's directory) are the
- *   run's scratch ones, and it has no systemd to talk to (SYSTEMCTL=none, install-shim.sh's own
- *   knob): the run starts the installed shim as the unit's ExecStart says.
+ * cluster needs because its two nodes share one machine:
+ * - each node's own directories (/run/probe-agent, /run/probe-agent-shim, /run/containerd,
+ *   /opt/probe-agent-shim, /etc/systemd/system, /var/lib/kubelet) are `<nodesDir>/<node>/...`:
+ *   every hostPath the agent and the installer use for them becomes `nodesDir` with
+ *   `subPathExpr: $(NODE_NAME)/...`, so each pod sees its own node's, as on separate machines;
+ * - `<nodesDir>/<node>/run/containerd/containerd.sock` is a symlink to that node's lab containerd,
+ *   whose directories the agent mounts at their host paths (its netns files are there);
+ * - the installer has no systemd to talk to (SYSTEMCTL=none, install-shim.sh's own knob): the run
+ *   starts the installed shim as the unit's ExecStart says.
+ * The webhook is as deployed: it runs on the open node because the closed one's taint keeps it off.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { CLOSED_HOLE_TAINT_KEY } from '../../agent/rewrite/placement.ts';
 
 export interface OverlayOptions {
   repo: string;
   dir: string;
   version: string;
-  /** The lab containerd: its directory, socket endpoint and netns directory (host paths). */
-  containerdDir: string;
-  containerdEndpoint: string;
-  netnsDir: string;
-  /** Where the installer's host directories are. */
-  hostRoot: string;
-  kubeletDir: string;
+  /** Each node's lab containerd: its directory and netns directory (host paths). */
+  containerds: { dir: string; netnsDir: string }[];
+  /** The parent of the nodes' own directories (`<nodesDir>/<node name>/run/probe-agent`, ...). */
+  nodesDir: string;
   /** The address range the API server's connections to the webhook come from. */
   apiServerCidr: string;
   /** The API server's minor version (1.<minor>): which version components the overlay takes. */
@@ -45,39 +43,65 @@ export function components(minor: number): string[] {
   ];
 }
 
-export function writeOverlay(o: OverlayOptions): string {
-  mkdirSync(o.dir, { recursive: true });
-  const rel = (p: string): string => path.relative(o.dir, path.join(o.repo, 'deploy', p));
+/** The agent's volumes for node directories: name, mount path, the node's own path. */
+const AGENT_NODE_DIRS = [
+  ['probe-socket-dir', '/run/probe-agent', 'run/probe-agent'],
+  ['shim-run', '/run/probe-agent-shim', 'run/probe-agent-shim'],
+  // The containerd component's mount; propagation off: only a symlink to the socket is in it.
+  ['containerd-run', '/run/containerd', 'run/containerd'],
+] as const;
+/** The installer's. */
+const INSTALLER_NODE_DIRS = [
+  ['shim-dir', '/host/opt/probe-agent-shim', 'opt/probe-agent-shim'],
+  ['units', '/host/etc/systemd/system', 'etc/systemd/system'],
+  ['shim-run', '/host/run/probe-agent-shim', 'run/probe-agent-shim'],
+  ['run', '/host/run/probe-agent', 'run/probe-agent'],
+  ['kubelet', '/host/var/lib/kubelet', 'var/lib/kubelet'],
+] as const;
+/** Every node directory the manifests mount, relative to a node's own root (`<nodesDir>/<node>`). */
+export const NODE_DIRS = [...new Set([...AGENT_NODE_DIRS, ...INSTALLER_NODE_DIRS].map((d) => d[2]))];
+
+const nodePath = (mountPath: string): string => [...AGENT_NODE_DIRS, ...INSTALLER_NODE_DIRS].find((d) => d[1] === mountPath)![2];
+const nodeMount = (name: string, mountPath: string): Record<string, unknown> =>
+  ({ name, mountPath, subPathExpr: `$(NODE_NAME)/${nodePath(mountPath)}`, ...(name === 'containerd-run' ? { mountPropagation: 'None' } : {}) });
+const nodesVolume = (name: string, nodesDir: string): Record<string, unknown> => ({ name, hostPath: { path: nodesDir, type: 'Directory' } });
+
+/** The patches of the agent's and the installer's DaemonSets for this machine's nodes (the header says which). */
+export function nodePatches(o: Pick<OverlayOptions, 'containerds' | 'nodesDir'>): object[] {
   const agentPatch = {
     apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'probe-agent', namespace: 'probe-agent' },
     spec: { template: { spec: {
       containers: [{
         name: 'agent',
-        env: [
-          { name: 'PROBE_AGENT_CRI_ENDPOINT', value: o.containerdEndpoint },
-          { name: 'PROBE_AGENT_NETNS_DIR', value: o.netnsDir },
+        env: [{ name: 'PROBE_AGENT_NETNS_DIR', value: o.containerds.map((c) => c.netnsDir).join(',') }],
+        volumeMounts: [
+          ...AGENT_NODE_DIRS.map(([name, mountPath]) => nodeMount(name, mountPath)),
+          ...o.containerds.map((c, i) => ({ name: `lab-containerd-${i}`, mountPath: c.dir, readOnly: true, mountPropagation: 'HostToContainer' })),
         ],
-        volumeMounts: [{ name: 'lab-containerd', mountPath: o.containerdDir, readOnly: true, mountPropagation: 'HostToContainer' }],
       }],
-      volumes: [{ name: 'lab-containerd', hostPath: { path: o.containerdDir, type: 'Directory' } }],
+      volumes: [
+        ...AGENT_NODE_DIRS.map(([name]) => nodesVolume(name, o.nodesDir)),
+        ...o.containerds.map((c, i) => ({ name: `lab-containerd-${i}`, hostPath: { path: c.dir, type: 'Directory' } })),
+      ],
     } } },
   };
   const installerPatch = {
     apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'probe-agent-shim-installer', namespace: 'probe-agent' },
     spec: { template: { spec: {
-      containers: [{ name: 'installer', env: [{ name: 'SYSTEMCTL', value: 'none' }, { name: 'CHECK_INTERVAL', value: '2' }] }],
-      volumes: [
-        { name: 'shim-dir', hostPath: { path: path.join(o.hostRoot, 'opt/probe-agent-shim'), type: 'DirectoryOrCreate' } },
-        { name: 'units', hostPath: { path: path.join(o.hostRoot, 'etc/systemd/system'), type: 'Directory' } },
-        { name: 'kubelet', hostPath: { path: o.kubeletDir, type: 'Directory' } },
-      ],
+      containers: [{
+        name: 'installer', env: [{ name: 'SYSTEMCTL', value: 'none' }, { name: 'CHECK_INTERVAL', value: '2' }],
+        volumeMounts: INSTALLER_NODE_DIRS.map(([name, mountPath]) => nodeMount(name, mountPath)),
+      }],
+      volumes: INSTALLER_NODE_DIRS.map(([name]) => nodesVolume(name, o.nodesDir)),
     } } },
   };
-  // One node, and it is closed: the webhook tolerates that, standing for webhook pods on an open node.
-  const webhookPatch = {
-    apiVersion: 'apps/v1', kind: 'Deployment', metadata: { name: 'probe-agent-webhook', namespace: 'probe-agent' },
-    spec: { template: { spec: { tolerations: [{ key: CLOSED_HOLE_TAINT_KEY, operator: 'Exists', effect: 'NoSchedule' }] } } },
-  };
+  return [agentPatch, installerPatch];
+}
+
+export function writeOverlay(o: OverlayOptions): string {
+  mkdirSync(o.dir, { recursive: true });
+  const rel = (p: string): string => path.relative(o.dir, path.join(o.repo, 'deploy', p));
+  const [agentPatch, installerPatch] = nodePatches(o);
   // docs/rewrite.md, "Without cert-manager": the Issuers and Certificates go; the run creates the Secrets.
   const noCertManager = [
     ['Issuer', 'probe-agent-webhook-selfsigned'], ['Issuer', 'probe-agent-webhook-client-ca'],
@@ -91,7 +115,7 @@ export function writeOverlay(o: OverlayOptions): string {
     resources: [rel('base'), 'api-server-cidr.json'],
     components: components(o.serverMinor).map((c) => rel(`components/${c}`)),
     images: [{ name: 'probe-agent', newName: 'probe-agent', newTag: o.version }],
-    patches: [{ patch: JSON.stringify(agentPatch) }, { patch: JSON.stringify(installerPatch) }, { patch: JSON.stringify(webhookPatch) }, ...noCertManager],
+    patches: [{ patch: JSON.stringify(agentPatch) }, { patch: JSON.stringify(installerPatch) }, ...noCertManager],
   }, null, 2));
   writeFileSync(path.join(o.dir, 'api-server-cidr.json'), JSON.stringify({
     apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: 'probe-agent-webhook-network-policy', namespace: 'probe-agent' }, data: { API_SERVER_CIDR: o.apiServerCidr },
@@ -100,30 +124,16 @@ export function writeOverlay(o: OverlayOptions): string {
 }
 
 /**
- * The chart's values for the same node (E2E_CLUSTER_INSTALL=helm): what writeOverlay's components
- * and patches say, in the chart's words. One difference: runtime "" with the lab containerd's
- * endpoint in agent.extraEnv, since the chart sets PROBE_AGENT_CRI_ENDPOINT itself for runtime
- * containerd and an env list may not name a variable twice under server-side apply; the agent
- * resolves netns through the lab containerd either way (its directory is mounted).
+ * The chart's values for the same cluster (E2E_CLUSTER_INSTALL=helm): what writeOverlay's components
+ * say, in the chart's words. The machine's node patches (nodePatches) are not values: the run applies
+ * them with a post-renderer (helm.ts), as they are applied to the kustomize overlay.
  */
 export function helmValues(o: OverlayOptions & { tag: string; caBundle: string }): Record<string, unknown> {
   return {
     mode: 'shim',
     image: { repository: 'probe-agent', tag: o.tag },
-    runtime: '',
-    agent: {
-      nodesProxyFallback: o.serverMinor < 33,
-      extraEnv: [
-        { name: 'PROBE_AGENT_CRI_ENDPOINT', value: o.containerdEndpoint },
-        { name: 'PROBE_AGENT_NETNS_DIR', value: o.netnsDir },
-      ],
-      extraVolumes: [{ name: 'lab-containerd', hostPath: { path: o.containerdDir, type: 'Directory' } }],
-      extraVolumeMounts: [{ name: 'lab-containerd', mountPath: o.containerdDir, readOnly: true, mountPropagation: 'HostToContainer' }],
-    },
-    shimInstaller: {
-      hostPaths: { shimDir: path.join(o.hostRoot, 'opt/probe-agent-shim'), systemdUnits: path.join(o.hostRoot, 'etc/systemd/system'), kubeletDir: o.kubeletDir },
-      extraEnv: [{ name: 'SYSTEMCTL', value: 'none' }, { name: 'CHECK_INTERVAL', value: '2' }],
-    },
+    runtime: 'containerd',
+    agent: { nodesProxyFallback: o.serverMinor < 33 },
     webhook: {
       enabled: true,
       failurePolicy: 'Ignore',
@@ -131,8 +141,6 @@ export function helmValues(o: OverlayOptions & { tag: string; caBundle: string }
       apiServerCIDRs: [o.apiServerCidr],
       certManager: false,
       caBundle: o.caBundle,
-      // One node, and it is closed (writeOverlay's webhook patch).
-      tolerations: [{ key: CLOSED_HOLE_TAINT_KEY, operator: 'Exists', effect: 'NoSchedule' }],
     },
     podMonitor: { enabled: true },
     before130: 'auto',

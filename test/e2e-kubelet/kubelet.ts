@@ -65,6 +65,13 @@ export interface KubeletSetup {
   imageEndpoint: string;
   /** Registered with an API server (make e2e-cluster) rather than standalone with static pods. */
   cluster?: ClusterMembership;
+  /** --hostname-override; default NODE_NAME. */
+  nodeName?: string;
+  /**
+   * Where kubelet keeps pod logs (podLogsDir, 1.29+; /var/log/pods before). Kubelets sharing one
+   * host need one each: each removes the directories of pods it does not know.
+   */
+  podLogsDir?: string;
 }
 
 /**
@@ -134,6 +141,7 @@ export class Kubelet {
       // kubelet's probe and sync lines ("SyncLoop (probe)", "Probe failed") are at verbosity 1-2.
       'logging: {verbosity: 2}',
     ];
+    if (s.podLogsDir && this.atLeast(29)) lines.push(`podLogsDir: ${s.podLogsDir}`);
     if (this.info.endpointsInConfig) lines.push(`containerRuntimeEndpoint: ${s.runtimeEndpoint}`, `imageServiceEndpoint: ${s.imageEndpoint}`);
     if (Object.keys(gates).length > 0) lines.push(`featureGates: {${Object.entries(gates).map(([k, v]) => `${k}: ${v}`).join(', ')}}`);
     writeFileSync(file, `${lines.join('\n')}\n`);
@@ -146,8 +154,8 @@ export class Kubelet {
       `--config=${config}`,
       ...(this.info.endpointsInConfig ? [] : [`--container-runtime-endpoint=${s.runtimeEndpoint}`, `--image-service-endpoint=${s.imageEndpoint}`]),
       `--root-dir=${s.rootDir}`,
-      `--cert-dir=${path.join(s.scratch, 'pki')}`,
-      `--hostname-override=${NODE_NAME}`,
+      `--cert-dir=${path.join(s.scratch, s.nodeName ? `pki-${s.nodeName}` : 'pki')}`,
+      `--hostname-override=${s.nodeName ?? NODE_NAME}`,
       // Registered, the shim installer labels the node (make e2e-cluster's step 3).
       ...(s.cluster ? [`--kubeconfig=${s.cluster.kubeconfig}`, `--node-ip=${s.cluster.nodeIp}`] : ['--node-labels=probe-agent.io/shim=ready']),
     ];
