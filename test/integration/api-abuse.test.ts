@@ -246,11 +246,19 @@ describe('ProbeService abuse through the daemon socket', () => {
       else slow.pause();
     });
     const ended = once(slow, 'error');
-    // Two sets of 250 idle pods swapped every poll or so: 500 store events per swap, well within one watcher's bound.
-    const a = [targetPod(), ...idlePods(250, 'churn-a')];
-    const b = [targetPod(), ...idlePods(250, 'churn-b')];
+    // Two sets of 120 idle pods swapped every poll or so: 240 store events per swap, well within one watcher's bound.
+    // The next swap waits until the reading watcher has read most of the last one (or 5 s, should
+    // the agent have coalesced a swap): this process reads it, and on a loaded machine a churn at a
+    // fixed pace outran a reader starved of CPU, which is the slow watcher's case, not the reading one's.
+    const a = [targetPod(), ...idlePods(120, 'churn-a')];
+    const b = [targetPod(), ...idlePods(120, 'churn-b')];
     let flip = false;
+    let readAtFlip = -Infinity;
+    let flippedAt = 0;
     const churn = setInterval(() => {
+      if (healthyEvents < readAtFlip + 200 && Date.now() - flippedAt < 5000) return;
+      readAtFlip = healthyEvents;
+      flippedAt = Date.now();
       flip = !flip;
       kubelet.setPods(flip ? a : b);
     }, 700);
