@@ -23,6 +23,7 @@ export class WebhookMetrics {
   readonly #reading: Gauge;
   readonly #readingBytes: Gauge;
   readonly #evicted: Counter<'pool'>;
+  readonly #refused: Counter;
 
   readonly #leaseOps: Counter<'op' | 'result'>;
   readonly #expiredLeases: Gauge;
@@ -69,6 +70,11 @@ export class WebhookMetrics {
       labelNames: ['pool'],
       registers: [this.registry],
     });
+    this.#refused = new Counter({
+      name: 'probe_agent_webhook_connections_refused_total',
+      help: 'Connections closed before TLS because their source already held its share of the handshakes, or as many as the largest holder of a full pool.',
+      registers: [this.registry],
+    });
     this.#readingBytes = new Gauge({ name: 'probe_agent_webhook_request_bytes_reading', help: 'Bytes held by the buffers of the bodies being read.', registers: [this.registry] });
   }
 
@@ -93,6 +99,11 @@ export class WebhookMetrics {
   /** Records one connection evicted from a full pool. */
   connectionEvicted(pool: 'handshake' | 'verified' | 'other'): void {
     this.#evicted.inc({ pool });
+  }
+
+  /** Records one connection refused before TLS. */
+  connectionRefused(): void {
+    this.#refused.inc();
   }
 
   /** Sets the gauges of the bodies being read. */

@@ -5,7 +5,8 @@
  * requests reading their bodies and the bytes they hold (the longest waiting, once past a short
  * grace, is cut for a newcomer: reading-set.ts); the reviews decided at once and their bytes, a slot taken only once a whole
  * body has arrived (429 with Retry-After beyond: load-shedder.ts); the connections, in pools where a
- * newcomer evicts the oldest of the largest holder, never is refused (connection-gate.ts). So clients
+ * newcomer evicts the oldest of the largest holder, and a source holding its share of the handshakes
+ * is refused before TLS (connection-gate.ts). So clients
  * that send slowly hold no review slot, and cannot keep the API server's reviews out. With a client CA
  * only a verified caller is answered on the admission paths and /metrics (client-auth.ts), an
  * unverified one is refused before its body is read, and only verified callers hold connections
@@ -142,7 +143,7 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
     handshakes: shared(opts.maxHandshakes ?? DEFAULT_MAX_HANDSHAKES),
     verified: clientCa ? new ConnectionPool({ max: maxConnections, perSource: maxConnections }) : undefined,
     other: shared(clientCa ? opts.maxUnverifiedConnections ?? DEFAULT_MAX_UNVERIFIED_CONNECTIONS : maxConnections),
-  }, headersTimeoutMs, (remote) => ctx.slowLog.cut('handshake-timeout', remote, metrics), (pool) => metrics.connectionEvicted(pool));
+  }, headersTimeoutMs, (remote) => ctx.slowLog.cut('handshake-timeout', remote, metrics), (pool) => metrics.connectionEvicted(pool), () => metrics.connectionRefused());
   server.on('tlsClientError', (err) => log.debug('TLS handshake failed', { error: describeError(err) }));
   const watcher = new TlsFileWatcher(opts.certFile, opts.keyFile, (pair) => server.setSecureContext({ ...pair, ...tlsOptions }), log);
   await new Promise<void>((resolve, reject) => {
@@ -190,6 +191,13 @@ export async function startWebhookServer(opts: WebhookServerOptions): Promise<We
   };
 }
 
+/**
+ * A handshake this old is stalled: the API server's take milliseconds. A source at its share evicts
+ * its own oldest only past it (ConnectionPool.admit), which bounds the TLS sockets a reconnect loop
+ * makes the server build and tear down.
+ */
+const STALLED_HANDSHAKE_MS = 1000;
+
 /** The connection pools (connection-gate.ts); `verified` only with a client CA. */
 interface Pools {
   handshakes: ConnectionPool;
@@ -212,16 +220,27 @@ function sourceOf(socket: { remoteAddress?: string | undefined }): string {
  */
 function gateConnections(
   server: Server, pools: Pools, handshakeMs: number,
-  onTimeout: (remote: string | undefined) => void, onEvict: (pool: PoolName) => void,
+  onTimeout: (remote: string | undefined) => void, onEvict: (pool: PoolName) => void, onRefuse: () => void,
 ): void {
   const pending = new Map<string, () => void>();
   const key = (s: { remoteAddress?: string | undefined; remotePort?: number | undefined }): string => `${s.remoteAddress}|${s.remotePort}`;
+  // The TLS layer wraps each accepted socket in its own 'connection' listener; running it only for an
+  // admitted connection is what makes a refusal cost no TLS state.
+  const wrapTls = server.listeners('connection') as Array<(socket: Socket) => void>;
+  if (wrapTls.length === 0) throw new Error('the HTTPS server has no TLS connection listener to gate');
+  server.removeAllListeners('connection');
   server.on('connection', (socket: Socket) => {
     const k = key(socket);
-    const leave = pools.handshakes.add(sourceOf(socket), () => {
+    const leave = pools.handshakes.admit(sourceOf(socket), () => {
       onEvict('handshake');
       socket.destroy();
-    });
+    }, STALLED_HANDSHAKE_MS);
+    if (!leave) {
+      onRefuse();
+      socket.destroy();
+      return;
+    }
+    for (const listener of wrapTls) listener.call(server, socket);
     const cancel = patientTimeout(handshakeMs, () => {
       done();
       if (socket.destroyed) return;

@@ -82,3 +82,20 @@ export function startConnectionFlood(opts: FloodOptions): ConnectionFlood {
     },
   };
 }
+
+/**
+ * Run as a program (`node test/lab/connection-flood.ts '<FloodOptions[] as JSON>'`), the floods get
+ * their own process, as a hostile pod has its own CPU: a flood sharing the event loop of the caller
+ * it attacks would slow that caller's own handshakes. Prints `ready` once every flood is started;
+ * at the end of stdin it stops them and prints their counts as one JSON line.
+ */
+if (process.argv[1] && import.meta.filename === process.argv[1]) {
+  const floods = (JSON.parse(process.argv[2] ?? '[]') as FloodOptions[]).map(startConnectionFlood);
+  process.stdout.write('ready\n');
+  process.stdin.resume();
+  process.stdin.once('end', () => {
+    const counts = floods.map((f) => ({ opened: f.opened, cut: f.cut }));
+    for (const f of floods) f.stop();
+    process.stdout.write(`${JSON.stringify(counts)}\n`, () => process.exit(0));
+  });
+}
