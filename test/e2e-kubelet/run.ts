@@ -26,7 +26,7 @@ import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { builtCli, builtEntry } from '../support/built-cli.ts';
-import { shimUnitEnv, shimUnitNodeFlags } from '../soak/shim-soak.ts';
+import { agentDaemonSetEnv, shimUnitEnv, shimUnitNodeFlags } from '../soak/shim-soak.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';
 import { runExecTimeoutGate, runSidecar, runSleepHook } from './cases.ts';
 import { REPLACE_EVERY_MS, runChurn } from './churn.ts';
@@ -129,7 +129,7 @@ async function main(): Promise<number> {
   // the churn's RSS would measure that instead of the agent.
   const agent = new Daemon(CLI, ['run', `--kubelet-url=http://127.0.0.1:${roPort}`, '--kubelet-poll-interval=2s', `--cri-endpoint=${ctrd.endpoint}`,
     `--netns-dir=${ctrd.netnsDir}`, '--netns-resolvers=cri', `--socket=${probeSocket}`, `--metrics-address=127.0.0.1:${agentMetricsPort}`, `--node-name=${NODE_NAME}`],
-  path.join(scratch, 'agent.log'), { NODE_OPTIONS: [daemonSetNodeOptions(), ...extraFlags('E2E_AGENT_NODE_FLAGS')].join(' ') });
+  path.join(scratch, 'agent.log'), { ...agentDaemonSetEnv(), NODE_OPTIONS: [agentDaemonSetEnv()['NODE_OPTIONS'], ...extraFlags('E2E_AGENT_NODE_FLAGS')].join(' ') });
   cleanups.push(async () => {
     await agent.stop();
   });
@@ -329,14 +329,6 @@ async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string,
   console.log('\nrestart counts:');
   for (const p of finalPods.sort((a, b) => a.name.localeCompare(b.name))) console.log(`  ${p.name}: ${p.containers.map((c) => `${c.name}=${c.restartCount}`).join(' ')}`);
   console.log(`\nreadiness, container start -> ready: ${Object.entries(readiness).map(([n, v]) => `${n} ${v}`).join('; ')}`);
-}
-
-/** deploy/base/daemonset.yaml's NODE_OPTIONS for the agent container (its V8 heap cap). */
-function daemonSetNodeOptions(): string {
-  const manifest = readFileSync(new URL('../../deploy/base/daemonset.yaml', import.meta.url), 'utf8');
-  const v = /name: NODE_OPTIONS\s+value: (\S+)/.exec(manifest)?.[1];
-  if (!v) throw new Error('deploy/base/daemonset.yaml: no NODE_OPTIONS for the agent');
-  return v;
 }
 
 /** Extra node flags for the agent or the shim (e.g. --heapsnapshot-signal=SIGUSR2), for finding a leak. */

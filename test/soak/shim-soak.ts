@@ -224,6 +224,20 @@ export function shimUnitEnv(unit = SHIM_UNIT): Record<string, string> {
   return env;
 }
 
+/** The agent DaemonSet as shipped. */
+export const AGENT_DAEMONSET = path.join(REPO, 'deploy/base/daemonset.yaml');
+
+/**
+ * The agent container's NODE_OPTIONS (its V8 heap cap) and MALLOC_* settings from the shipped
+ * DaemonSet, so that a harness runs the agent with the memory behaviour it is deployed with.
+ */
+export function agentDaemonSetEnv(manifest = AGENT_DAEMONSET): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const m of readFileSync(manifest, 'utf8').matchAll(/- name: (NODE_OPTIONS|MALLOC_[A-Z_]+)\s+value: "?([^"\n]*?)"?\s*$/gm)) env[m[1]!] = m[2]!;
+  if (!env['NODE_OPTIONS']) throw new Error(`${manifest}: no NODE_OPTIONS for the agent`);
+  return env;
+}
+
 /** Extra node flags for the shim or the agent from the environment (e.g. --heapsnapshot-signal=SIGUSR2), for finding a leak. */
 function extraFlags(name: string): string[] {
   return (process.env[name] ?? '').split(/\s+/).filter(Boolean);

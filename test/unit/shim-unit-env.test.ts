@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { SHIM_UNIT, shimUnitEnv, shimUnitNodeFlags } from '../soak/shim-soak.ts';
+import { AGENT_DAEMONSET, agentDaemonSetEnv, SHIM_UNIT, shimUnitEnv, shimUnitNodeFlags } from '../soak/shim-soak.ts';
 
 const scratch = mkdtempSync(path.join(tmpdir(), 'probe-agent-unit-env-'));
 afterAll(() => rmSync(scratch, { recursive: true, force: true }));
@@ -25,6 +25,14 @@ describe('the shim unit environment', () => {
     expect(env['MALLOC_MMAP_THRESHOLD_']).toBe('131072');
     // The node flags are still read from the same unit.
     expect(shimUnitNodeFlags(SHIM_UNIT)).toContain('--max-old-space-size=128');
+  });
+
+  it('gives the shipped agent the same allocator settings and its heap cap, read from the DaemonSet', () => {
+    const env = agentDaemonSetEnv(AGENT_DAEMONSET);
+    expect(env).toEqual({ NODE_OPTIONS: '--max-old-space-size=96', MALLOC_ARENA_MAX: '1', MALLOC_MMAP_THRESHOLD_: '131072' });
+    const bare = path.join(scratch, 'ds.yaml');
+    writeFileSync(bare, 'env:\n  - name: OTHER\n    value: x\n');
+    expect(() => agentDaemonSetEnv(bare)).toThrow(/no NODE_OPTIONS/);
   });
 
   it('reads every Environment= line and every assignment on it', () => {
