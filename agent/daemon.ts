@@ -250,6 +250,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       featureGates: gates.list(),
       socketPath: config.socket,
       socketGroup: config.socketGroup,
+      shimSocketPath: config.shimSocket,
       reflection: config.grpcReflection,
       // Backstops for calls not yet admitted (pod lookup, netns): admission itself is per tenant, in the prober.
       maxInFlightProbes: config.maxConcurrentProbes + config.maxQueuedProbes,
@@ -310,6 +311,7 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     source.start();
     log.info('probe-agent running', {
       socket: config.socket,
+      shimSocket: config.shimSocket,
       metrics: config.metricsAddress ? `${config.metricsAddress.host}:${config.metricsAddress.port}` : 'off',
       health: config.healthAddress ? `${config.healthAddress.host}:${config.healthAddress.port}` : 'off',
     });

@@ -1,8 +1,9 @@
 /**
  * ProbeService ExecSync: kubelet's CRI ExecSync for probe-agent's rewritten command, as the kubelet
  * shim forwards it (kubelet's message bytes unchanged; CRI runtime.v1's own ExecSyncRequest and
- * ExecSyncResponse, see proto/probe/v1alpha1/api.proto). One handler for both transports: grpc-js
- * (identity (de)serializers, so it sees the same bytes) and the lean server (hot-unary.ts).
+ * ExecSyncResponse, see proto/probe/v1alpha1/api.proto). One handler for both sockets: the shim's
+ * (the lean server, hot-unary.ts) and the ProbeService socket (grpc-js with identity
+ * (de)serializers, so it sees the same bytes).
  *
  * The hot path converts the handler at most twice: the request is decoded once here
  * (decodeExecSyncRequest: container_id, the command's three strings as raw bytes, timeout), and the
@@ -246,17 +247,15 @@ export interface ExecSyncDeps {
   stopping(): boolean;
 }
 
-/** The call as both transports give it: the request is the ExecSyncRequest's message bytes. */
-export type ExecSyncCall = CallLike & { readonly request: Buffer };
-
 /**
- * Serves one ExecSync: resolves with the ExecSyncResponse's message bytes, or rejects with the
- * RpcError (or NotStartedError) kubelet must see.
+ * Serves one ExecSync (the request's message bytes; the call's deadline and cancellation): resolves
+ * with the ExecSyncResponse's message bytes, or rejects with the RpcError (or NotStartedError)
+ * kubelet must see.
  */
-export async function handleExecSync(call: ExecSyncCall, deps: ExecSyncDeps): Promise<Buffer> {
+export async function handleExecSync(request: Buffer, call: CallLike, deps: ExecSyncDeps): Promise<Buffer> {
   let req: ExecSyncRequestView;
   try {
-    req = decodeExecSyncRequest(call.request);
+    req = decodeExecSyncRequest(request);
   } catch (err) {
     if (err instanceof WireError) throw badCommand(`malformed ExecSyncRequest: ${err.message}`);
     throw err;

@@ -43,15 +43,16 @@ export function grpcStatusFor(err: unknown): { code: grpc.status; details: strin
 
 /** A call refused before it started (UNAVAILABLE + the not-started trailer of hook-refusal.ts): a hook refused so is sent again. */
 export class NotStartedError extends RpcError {
-  readonly #why: string;
+  /** The not-started trailer's value. */
+  readonly why: string;
   constructor(details: string, why: string) {
     super(grpc.status.UNAVAILABLE, details);
-    this.#why = why;
+    this.why = why;
   }
 
   trailers(): grpc.Metadata {
     const md = new grpc.Metadata();
-    md.set(NOT_STARTED_TRAILER, this.#why);
+    md.set(NOT_STARTED_TRAILER, this.why);
     return md;
   }
 }
@@ -85,8 +86,12 @@ export async function handleProbeCall(
   return outcomeToWire(await runProbeCall(probeRequestFromWire(call.request), call, prober, gate));
 }
 
-/** What the call runners read of a call (grpc-js's ServerUnaryCall, or the lean server's call). */
-export type CallLike = Pick<grpc.ServerUnaryCall<unknown, unknown>, 'getDeadline' | 'on' | 'off'>;
+/** What the call runners read of a call (grpc-js's ServerUnaryCall, or the shim socket's call): its deadline and its cancellation. */
+export interface CallLike {
+  getDeadline(): grpc.Deadline;
+  on(event: 'cancelled', listener: () => void): unknown;
+  off(event: 'cancelled', listener: () => void): unknown;
+}
 
 /**
  * Runs a validated probe request for a call (Probe, and ExecSync for a rewritten probe): the gate,

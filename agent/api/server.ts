@@ -1,7 +1,10 @@
 /**
- * The ProbeService gRPC server on a unix socket, plus grpc.health.v1 and (optionally) server
- * reflection on the same socket. The daemon constructs it with the results store, the on-demand
- * prober, its version and its feature gates; everything else has a bounded default.
+ * The ProbeService gRPC server on a unix socket (grpc-js, every client and method), plus
+ * grpc.health.v1 and (optionally) server reflection on the same socket; and the kubelet shim's own
+ * root-only socket, where the lean server (hot-unary.ts) serves ExecSync alone. Each socket says
+ * who it serves: nothing is guessed from a connection's first request. The daemon constructs it
+ * with the results store, the on-demand prober, its version and its feature gates; everything else
+ * has a bounded default.
  */
 import { randomUUID } from 'node:crypto';
 import * as net from 'node:net';
@@ -10,14 +13,14 @@ import * as grpc from '@grpc/grpc-js';
 import { createRequire } from 'node:module';
 import * as protoLoader from '@grpc/proto-loader';
 import { HealthImplementation, protoPath as healthProtoPath } from 'grpc-health-check';
-import { InvalidProbeError, describeError } from '../errors.ts';
+import { ConfigError, InvalidProbeError, describeError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
 import { PROBE_TYPES } from '../probe/types.ts';
 import type { OnDemandProber, ProbeStatus, ResultsReader } from '../scheduler/types.ts';
 import { AGENT_NAME, AGENT_VERSION, API_VERSION } from '../version.ts';
 import { filterFromWire, revisionFromWire, statusToWire } from './convert.ts';
-import { NotStartedError, RpcError, grpcStatusFor, handleProbeCall, type ProbeCallGate } from './probe-call.ts';
-import { ExecSyncHandlerCache, handleExecSync, type ExecSyncCall } from './exec-sync.ts';
+import { NotStartedError, RpcError, grpcStatusFor, handleProbeCall, type CallLike, type ProbeCallGate } from './probe-call.ts';
+import { ExecSyncHandlerCache, handleExecSync } from './exec-sync.ts';
 import { handleLifecycleCall } from './lifecycle-call.ts';
 import { DRAINING_DETAIL, NOT_STARTED_DRAINING } from './hook-refusal.ts';
 import {
@@ -38,8 +41,8 @@ import {
 } from './proto.ts';
 import { prepareSocketPath, removeSocket, resolveGroup, secureSocket, withPrivateUmask } from './socket.ts';
 import { WatchSession } from './watch.ts';
-import { HotUnaryServer, isHotConnection } from './hot-unary.ts';
-import { handOff, type Handoff } from '../http2/handoff.ts';
+import { HotUnaryServer } from './hot-unary.ts';
+import { shimSocketBeside } from './shim-socket.ts';
 
 /** Who the agent is, as Version reports it. */
 export interface ApiVersionInfo {
@@ -65,6 +68,8 @@ export interface ProbeApiServerOptions {
   socketPath?: string;
   /** Group (name or gid) allowed to connect: the socket becomes 0660 and its new directory 0750. */
   socketGroup?: string | number;
+  /** The kubelet shim's socket: 0600 whatever socketGroup says, ExecSync only. Default: shimSocketBeside(socketPath). */
+  shimSocketPath?: string;
   /** Serve grpc.reflection (for grpcurl). Default off. */
   reflection?: boolean;
   /** Largest request accepted (default 1 MiB). */
@@ -94,7 +99,7 @@ export interface ProbeApiServerOptions {
   /** HTTP/2 streams per client connection on grpc-js (default 256). */
   maxConcurrentStreams?: number;
   /**
-   * HTTP/2 streams per connection of the shim's hot calls (hot-unary.ts). Default: every call the
+   * HTTP/2 streams per connection on the shim's socket (hot-unary.ts). Default: every call the
    * probe and hook gates admit plus 1024 for refusals on their way out, so the per-tenant limiter,
    * never this cap, decides which call waits; an open stream costs a few hundred octets and its request.
    */
@@ -122,21 +127,24 @@ export class ProbeApiServer {
   /** Random per process: revisions are only comparable within one instance. */
   readonly instanceId = randomUUID();
   readonly socketPath: string;
+  readonly shimSocketPath: string;
   readonly #opts: ProbeApiServerOptions;
   readonly #log: Logger;
   readonly #server: grpc.Server;
-  /** Probe and RunLifecycleHandler for the shim's connections (hot-unary.ts), beside #server. */
+  /** ExecSync on the shim's socket (hot-unary.ts), beside #server. */
   readonly #hot: HotUnaryServer;
-  /** Accepts on the socket and hands each connection to #hot or to grpc-js (#route). */
+  /** Accepts on the ProbeService socket and injects each connection into grpc-js. */
   readonly #listener: net.Server;
-  readonly #handoffs = new Set<Handoff>();
+  /** Accepts on the shim's socket and hands each connection to #hot. */
+  readonly #shimListener: net.Server;
   /** Connections carried by grpc-js (injected): a drain waits for them to close, so answers flush. */
-  readonly #grpcConns = new Set<import('node:stream').Duplex>();
+  readonly #grpcConns = new Set<net.Socket>();
   #injector: grpc.ConnectionInjector | undefined;
   readonly #health: HealthImplementation;
   readonly #watchers = new Set<WatchSession>();
   readonly #version: ApiVersionInfo;
   #socketIno: number | undefined;
+  #shimSocketIno: number | undefined;
   readonly #probeGate: ProbeCallGate;
   /** Hooks in flight: they take no probe slot, so they have their own bound. */
   readonly #hookGate: ProbeCallGate;
@@ -150,6 +158,7 @@ export class ProbeApiServer {
     this.#opts = opts;
     this.#log = (opts.log ?? silentLogger).child({ component: 'api' });
     this.socketPath = opts.socketPath ?? DEFAULT_SOCKET_PATH;
+    this.shimSocketPath = opts.shimSocketPath ?? shimSocketBeside(this.socketPath);
     this.#probeGate = { inFlight: 0, max: opts.maxInFlightProbes ?? 4096 };
     this.#hookGate = { inFlight: 0, max: opts.maxInFlightHooks ?? 1024 };
     this.#version = {
@@ -163,8 +172,7 @@ export class ProbeApiServer {
       'grpc.max_concurrent_streams': opts.maxConcurrentStreams ?? 256,
     });
     const api = loadProbeApi();
-    // One handler per method, shared by grpc-js and the lean server (hot-unary.ts): admission,
-    // draining, in-flight accounting and metrics happen here, whichever transport carried the call.
+    // In-flight accounting, logging and metrics happen in #serve, whichever socket carried the call.
     const probe = this.#unary('Probe', (call: grpc.ServerUnaryCall<WireProbeRequest, WireProbeResponse>) => this.#probeRpc(call));
     const hook = this.#unary('RunLifecycleHandler', (call: grpc.ServerUnaryCall<WireLifecycleRequest, WireLifecycleResponse>) => {
       // A draining agent refuses new hooks in a way the shim can tell from "it may have run":
@@ -173,18 +181,17 @@ export class ProbeApiServer {
       return handleLifecycleCall(call, this.#opts.prober, this.#hookGate);
     });
     this.#execSyncCache = new ExecSyncHandlerCache({ maxEntries: opts.execSyncCacheEntries, maxBytes: opts.execSyncCacheBytes });
-    const execSync = this.#unary('ExecSync', (call: ExecSyncCall) =>
-      handleExecSync(call, {
-        prober: this.#opts.prober,
-        probeGate: this.#probeGate,
-        hookGate: this.#hookGate,
-        cache: this.#execSyncCache,
-        stopping: () => this.#stopping !== undefined,
-      }),
-    );
+    const execSyncDeps = {
+      prober: this.#opts.prober,
+      probeGate: this.#probeGate,
+      hookGate: this.#hookGate,
+      cache: this.#execSyncCache,
+      stopping: () => this.#stopping !== undefined,
+    };
     // ExecSync's messages are read and written by hand (exec-sync.ts), on grpc-js as on the lean
     // server: its handler takes the request's message bytes and returns the response's, so both
-    // transports answer the same bytes and the request is decoded once.
+    // sockets answer the same bytes and the request is decoded once. On the ProbeService socket it
+    // serves the shim of the release before the shim's own socket (docs/deploy.md, version skew).
     const service: grpc.ServiceDefinition = {
       ...api.service,
       ExecSync: {
@@ -199,13 +206,14 @@ export class ProbeApiServer {
       ListProbeStatus: this.#unary('ListProbeStatus', (call: grpc.ServerUnaryCall<WireListRequest, WireListResponse>) => this.#listRpc(call)),
       WatchProbeEvents: (call: grpc.ServerWritableStream<WireWatchRequest, WireWatchResponse>) => this.#watchRpc(call),
       RunLifecycleHandler: hook,
-      ExecSync: execSync,
+      ExecSync: this.#unary('ExecSync', (call: grpc.ServerUnaryCall<Buffer, Buffer>) => handleExecSync(call.request, call, execSyncDeps)),
     });
-    this.#hot = new HotUnaryServer({ probe, hook, execSync }, {
+    this.#hot = new HotUnaryServer((request, call) => this.#serve('ExecSync', () => handleExecSync(request, call, execSyncDeps)), {
       maxRequestBytes: opts.maxRequestBytes ?? 1024 * 1024,
       maxConcurrentStreams: opts.maxHotStreams ?? this.#probeGate.max + this.#hookGate.max + 1024,
     });
-    this.#listener = net.createServer((socket) => this.#route(socket));
+    this.#listener = net.createServer((socket) => this.#toGrpcJs(socket));
+    this.#shimListener = net.createServer((socket) => this.#hot.emit('connection', socket));
     this.#health = new HealthImplementation({ '': 'SERVING', [SERVICE_NAME]: 'SERVING' });
     this.#health.addToServer(this.#server);
     if (opts.reflection) {
@@ -221,60 +229,55 @@ export class ProbeApiServer {
   static async start(opts: ProbeApiServerOptions): Promise<ProbeApiServer> {
     const srv = new ProbeApiServer(opts);
     const gid = opts.socketGroup === undefined ? undefined : await resolveGroup(opts.socketGroup);
+    if (srv.shimSocketPath === srv.socketPath) throw new ConfigError(`the shim's socket must differ from the ProbeService socket (${srv.socketPath})`);
+    // The shim's socket may share the directory: the same directory rules, never the group.
     await prepareSocketPath(srv.socketPath, gid);
+    await prepareSocketPath(srv.shimSocketPath, gid);
     srv.#injector = srv.#server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
-    await withPrivateUmask(
-      () =>
-        new Promise<void>((resolve, reject) => {
-          srv.#listener.once('error', reject);
-          srv.#listener.listen(srv.socketPath, () => {
-            srv.#listener.off('error', reject);
-            resolve();
-          });
-        }),
-    );
+    const bind = (listener: net.Server, path: string): Promise<void> =>
+      withPrivateUmask(
+        () =>
+          new Promise<void>((resolve, reject) => {
+            listener.once('error', reject);
+            listener.listen(path, () => {
+              listener.off('error', reject);
+              resolve();
+            });
+          }),
+      );
     try {
+      await bind(srv.#listener, srv.socketPath);
       srv.#socketIno = await secureSocket(srv.socketPath, gid);
+      await bind(srv.#shimListener, srv.shimSocketPath);
+      srv.#shimSocketIno = await secureSocket(srv.shimSocketPath, undefined);
     } catch (err) {
       srv.#listener.close();
+      srv.#shimListener.close();
       srv.#server.forceShutdown();
-      await removeSocket(srv.socketPath, undefined);
+      await removeSocket(srv.socketPath, srv.#socketIno);
+      await removeSocket(srv.shimSocketPath, srv.#shimSocketIno);
       throw err;
     }
     srv.#log.info('ProbeService listening', {
       socket: srv.socketPath,
       mode: gid === undefined ? '0600' : '0660',
       gid,
+      shimSocket: srv.shimSocketPath,
       reflection: opts.reflection === true,
       instance: srv.instanceId,
     });
     return srv;
   }
 
-  /**
-   * Hands a new connection, by its first request, to the lean server (the shim's Probe and
-   * RunLifecycleHandler calls) or to grpc-js (everything else, and any gRPC library's client).
-   */
-  #route(socket: net.Socket): void {
-    const grpcJs = { emit: (_e: 'connection', c: import('node:stream').Duplex): boolean => {
-      if (this.#injector) {
-        this.#grpcConns.add(c);
-        c.once('close', () => this.#grpcConns.delete(c));
-        this.#injector.injectConnection(c);
-      } else {
-        c.destroy();
-      }
-      return true;
-    } };
-    const h = handOff(socket, (first) => (isHotConnection(first) ? this.#hot : grpcJs), {
-      carried: () => this.#handoffs.delete(h),
-      refused: (err) => {
-        this.#handoffs.delete(h);
-        this.#log.debug('closing a connection that is not HTTP/2', { err: err.message });
-      },
-    });
-    this.#handoffs.add(h);
-    socket.once('close', () => this.#handoffs.delete(h));
+  /** Gives a connection on the ProbeService socket to grpc-js. */
+  #toGrpcJs(socket: net.Socket): void {
+    if (!this.#injector) {
+      socket.destroy();
+      return;
+    }
+    this.#grpcConns.add(socket);
+    socket.once('close', () => this.#grpcConns.delete(socket));
+    this.#injector.injectConnection(socket);
   }
 
   /** The gRPC target clients dial. */
@@ -340,7 +343,7 @@ export class ProbeApiServer {
         finish(true);
       }, graceMs);
       this.#listener.close();
-      for (const h of this.#handoffs) h.cancel();
+      this.#shimListener.close();
       const grpcDone = new Promise<void>((done) => this.#server.tryShutdown(() => done()));
       // Both transports closed and no call left (an injected connection's calls are not all
       // tracked by grpc-js's tryShutdown).
@@ -351,9 +354,9 @@ export class ProbeApiServer {
       // period. Once no unary call is left, give the last responses a moment to flush, then cut.
       void this.#whenUnaryIdle().then(() => setTimeout(() => finish(true), Math.min(250, graceMs)));
     });
-    await removeSocket(this.socketPath, this.#socketIno).catch((err: unknown) =>
-      this.#log.warn('cannot remove socket', { socket: this.socketPath, err: describeError(err) }),
-    );
+    for (const [path, ino] of [[this.socketPath, this.#socketIno], [this.shimSocketPath, this.#shimSocketIno]] as const) {
+      await removeSocket(path, ino).catch((err: unknown) => this.#log.warn('cannot remove socket', { socket: path, err: describeError(err) }));
+    }
     this.#log.info('ProbeService stopped', { socket: this.socketPath });
   }
 
@@ -366,36 +369,45 @@ export class ProbeApiServer {
     return new Promise((resolve) => this.#idleWaiters.push(resolve));
   }
 
-  /** Wraps a promise-returning handler: status mapping, in-flight accounting, metrics hook. */
+  /**
+   * Runs one unary call's handler, whichever socket carried it: in-flight accounting (the drain
+   * waits for it), the log line of a refusal, the metrics hook. Resolves with the answer or rejects
+   * with the error to answer (grpcStatusFor maps it).
+   */
+  async #serve<Res>(method: string, fn: () => Promise<Res> | Res): Promise<Res> {
+    const started = performance.now();
+    this.#unaryInFlight++;
+    let code: grpc.status = grpc.status.OK;
+    try {
+      return await fn();
+    } catch (err) {
+      const st = grpcStatusFor(err);
+      code = st.code;
+      if (st.code === grpc.status.INTERNAL) this.#log.error('RPC failed', { method, err: st.details });
+      else this.#log.debug('RPC refused', { method, code: grpc.status[st.code], details: st.details });
+      throw err;
+    } finally {
+      this.#unaryInFlight--;
+      if (this.#unaryInFlight === 0) for (const w of this.#idleWaiters.splice(0)) w();
+      try {
+        this.#opts.onRpc?.(method, grpc.status[code] ?? String(code), (performance.now() - started) / 1000);
+      } catch {
+        // A metrics hook must never break an RPC.
+      }
+    }
+  }
+
+  /** A grpc-js unary handler around fn, run by #serve. */
   #unary<Req, Res>(method: string, fn: (call: grpc.ServerUnaryCall<Req, Res>) => Promise<Res> | Res): grpc.handleUnaryCall<Req, Res> {
     return (call, callback) => {
-      const started = performance.now();
-      this.#unaryInFlight++;
-      const done = (code: grpc.status): void => {
-        this.#unaryInFlight--;
-        if (this.#unaryInFlight === 0) for (const w of this.#idleWaiters.splice(0)) w();
-        try {
-          this.#opts.onRpc?.(method, grpc.status[code] ?? String(code), (performance.now() - started) / 1000);
-        } catch {
-          // A metrics hook must never break an RPC.
-        }
-      };
-      Promise.resolve()
-        .then(() => fn(call))
-        .then(
-          (res) => {
-            callback(null, res);
-            done(grpc.status.OK);
-          },
-          (err: unknown) => {
-            const st = grpcStatusFor(err);
-            if (st.code === grpc.status.INTERNAL) this.#log.error('RPC failed', { method, err: st.details });
-            else this.#log.debug('RPC refused', { method, code: grpc.status[st.code], details: st.details });
-            const refusal = err instanceof NotStartedError ? err.trailers() : undefined;
-            callback(refusal ? { code: st.code, details: st.details, metadata: refusal } : { code: st.code, details: st.details });
-            done(st.code);
-          },
-        );
+      this.#serve(method, () => fn(call)).then(
+        (res) => callback(null, res),
+        (err: unknown) => {
+          const st = grpcStatusFor(err);
+          const refusal = err instanceof NotStartedError ? err.trailers() : undefined;
+          callback(refusal ? { code: st.code, details: st.details, metadata: refusal } : { code: st.code, details: st.details });
+        },
+      );
     };
   }
 

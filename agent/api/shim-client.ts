@@ -1,6 +1,6 @@
 /**
  * The kubelet shim's lean ProbeService client: our own unary HTTP/2 client (agent/http2/unary-client.ts,
- * no node:http2) straight to the agent's unix socket. It speaks only ExecSync, whose request is
+ * no node:http2) straight to the agent's socket for the shim (shim-socket.ts). It speaks only ExecSync, whose request is
  * kubelet's own ExecSyncRequest: the shim sends kubelet's gRPC message bytes as they came and gets
  * back the agent's ExecSyncResponse bytes (or a gRPC status), encoding and decoding nothing but the
  * answer's exit_code (one varint, for the shim's metrics). It loads no proto files and no gRPC
@@ -89,32 +89,57 @@ function field(fields: readonly HeaderField[] | undefined, name: string): string
 }
 
 /**
- * A connection to one agent socket: our own unary HTTP/2 client (agent/http2/unary-client.ts),
- * connections multiplexing every call, reopened after the agent restarts.
+ * Connections to the agent's socket for the shim: our own unary HTTP/2 client
+ * (agent/http2/unary-client.ts), connections multiplexing every call, reopened after the agent
+ * restarts. With a fallback socket (the ProbeService socket), a call that finds nothing listening
+ * on the shim's socket goes there instead: an agent of the release before the shim's socket serves
+ * ExecSync only there (docs/deploy.md, "Upgrades and version skew").
  */
 export class ShimProbeClient {
   readonly #socketPath: string;
   readonly #h2: UnaryH2Client;
+  readonly #fallback: { socketPath: string; h2: UnaryH2Client } | undefined;
 
-  constructor(socketPath: string) {
+  constructor(socketPath: string, fallbackSocketPath?: string) {
     this.#socketPath = socketPath;
     this.#h2 = new UnaryH2Client(socketPath, { maxResponseBytes: MAX_RESPONSE });
+    if (fallbackSocketPath !== undefined && fallbackSocketPath !== socketPath) {
+      this.#fallback = { socketPath: fallbackSocketPath, h2: new UnaryH2Client(fallbackSocketPath, { maxResponseBytes: MAX_RESPONSE }) };
+    }
   }
 
   /**
    * ExecSync with kubelet's request body (one uncompressed gRPC frame, sent as it is). Resolves with
    * the agent's ExecSyncResponse; rejects with AgentCallError (a gRPC status, or no answer).
    */
-  execSync(framedRequest: Buffer, opts: AgentCallOptions): Promise<AgentExecAnswer> {
-    return this.#unary('ExecSync', framedRequest, opts);
+  async execSync(framedRequest: Buffer, opts: AgentCallOptions): Promise<AgentExecAnswer> {
+    const fallback = this.#fallback;
+    if (fallback === undefined) return this.#unary(this.#h2, this.#socketPath, 'ExecSync', framedRequest, opts);
+    const started = performance.now();
+    try {
+      return await this.#unary(this.#h2, this.#socketPath, 'ExecSync', framedRequest, opts);
+    } catch (err) {
+      // 'unreachable': nothing was sent, so the call may go to the other socket.
+      if (!(err instanceof AgentCallError) || err.failure !== 'unreachable' || opts.signal?.aborted) throw err;
+      const spent = performance.now() - started;
+      const rest = { ...opts };
+      if (opts.deadlineMs !== undefined) rest.deadlineMs = Math.max(1, opts.deadlineMs - spent);
+      try {
+        return await this.#unary(fallback.h2, fallback.socketPath, 'ExecSync', framedRequest, rest);
+      } catch (second) {
+        // Neither socket listens: the agent is away; say so for the shim's own socket.
+        throw second instanceof AgentCallError && second.failure === 'unreachable' ? err : second;
+      }
+    }
   }
 
-  /** Closes the connection; a later call opens a new one. */
+  /** Closes the connections; a later call opens new ones. */
   close(): void {
     this.#h2.close();
+    this.#fallback?.h2.close();
   }
 
-  #unary(method: string, framed: Buffer, opts: AgentCallOptions): Promise<AgentExecAnswer> {
+  #unary(h2: UnaryH2Client, socketPath: string, method: string, framed: Buffer, opts: AgentCallOptions): Promise<AgentExecAnswer> {
     const { deadlineMs, signal } = opts;
     const boundMs = deadlineMs ?? opts.lastResortMs;
     return new Promise<AgentExecAnswer>((resolve, reject) => {
@@ -144,9 +169,9 @@ export class ShimProbeClient {
       signal?.addEventListener('abort', onAbort, { once: true });
       let block = REQUEST_BLOCKS.get(method) as Buffer;
       if (deadlineMs !== undefined) block = Buffer.concat([block, encodeLiteralBlock([{ name: 'grpc-timeout', value: formatGrpcTimeout(Math.ceil(deadlineMs)) }])]);
-      call = this.#h2.call(block, framed, {
+      call = h2.call(block, framed, {
         done: (res) => finish(...answerOf(method, res)),
-        fail: (err) => finish(callError(method, this.#socketPath, err)),
+        fail: (err) => finish(callError(method, socketPath, err)),
       });
     });
   }

@@ -71,6 +71,7 @@ export function registerRunCommand(program: Command): void {
     .addOption(flag('--max-helper-requests <n>', 'netns helper requests (forked children) at once; the rest wait their turn', d.maxHelperRequests))
     .addOption(flag('--socket <path>', 'ProbeService unix socket (created 0600)', d.socket))
     .addOption(flag('--socket-group <group>', 'group allowed to use the socket (mode becomes 0660)'))
+    .addOption(flag('--shim-socket <path>', "the kubelet shim's socket, root-only (0600), serving ExecSync only (default: --socket with -shim.sock for .sock)"))
     .addOption(boolFlag('--grpc-reflection', 'serve gRPC server reflection on the socket'))
     .addOption(flag('--metrics-address <host:port>', 'metrics and health listener ("" disables it)', d.metricsAddress))
     .addOption(flag('--health-address <host:port>', 'health-only listener for kubelet and the close-hole sidecar, on loopback ("" disables it)', d.healthAddress))

@@ -6,6 +6,7 @@
 import { existsSync } from 'node:fs';
 import { isIP } from 'node:net';
 import { DEFAULT_SOCKET_PATH } from '../api/proto.ts';
+import { shimSocketBeside } from '../api/shim-socket.ts';
 import { ConfigError } from '../errors.ts';
 import { parseFeatureGates, type FeatureGates } from '../featuregates.ts';
 import { levelForVerbosity, type LogFormat, type LogLevel, type Logger } from '../log.ts';
@@ -36,6 +37,8 @@ export interface RunConfig {
   sandboxedRuntimeHandlers: string[];
   socket: string;
   socketGroup?: string;
+  /** The kubelet shim's socket (root-only, ExecSync only; default: `-shim.sock` beside `socket`). */
+  shimSocket: string;
   grpcReflection: boolean;
   metricsAddress: ListenAddress | undefined;
   healthAddress: ListenAddress | undefined;
@@ -171,6 +174,9 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
   const netnsDirs = raw.netnsDir;
   const socket = valueOf(raw, 'socket');
   if (!socket.startsWith('/')) throw new ConfigError(`--socket: want an absolute path, got "${socket}"`);
+  const shimSocket = str(raw, 'shimSocket') || shimSocketBeside(socket);
+  if (!shimSocket.startsWith('/')) throw new ConfigError(`--shim-socket: want an absolute path, got "${shimSocket}"`);
+  if (shimSocket === socket) throw new ConfigError(`--shim-socket: must differ from --socket (${socket})`);
   // "" is a value here (it disables the listener), not an absent flag.
   const closeHoleStateFile = str(raw, 'closeHoleStateFile');
   if (closeHoleStateFile !== undefined && !closeHoleStateFile.startsWith('/')) {
@@ -198,6 +204,7 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     sandboxedRuntimeHandlers: list(valueOf(raw, 'sandboxedRuntimeHandlers')),
     socket,
     socketGroup: str(raw, 'socketGroup'),
+    shimSocket,
     grpcReflection: raw.grpcReflection === true || raw.grpcReflection === 'true',
     metricsAddress: metricsAddress === '' ? undefined : parseListenAddress(metricsAddress, '--metrics-address'),
     healthAddress: healthAddress === '' ? undefined : parseListenAddress(healthAddress, '--health-address'),

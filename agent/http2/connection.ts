@@ -7,9 +7,7 @@
  * CONTINUATION frames, decodes header blocks with this connection's HPACK state, parses GOAWAY,
  * refuses streams beyond our SETTINGS_MAX_CONCURRENT_STREAMS and closes on protocol errors with
  * GOAWAY. Stream-level events go to the owner (`H2Handler`): the unary client and server, the
- * one-shot gRPC exchange and both sides of the shim's relay are owners of this one class. Its
- * FrameSplitter and HeaderBlockJoiner also serve the handoff and the authority rewrite, which
- * read a client's frames on their way to another server without being an endpoint.
+ * one-shot gRPC exchange and both sides of the shim's relay are owners of this one class.
  *
  * What we send is literal HPACK only (the peer's dynamic table is never touched, so our encoder
  * has no state), DATA within the peer's connection and stream windows (split to its frame size,

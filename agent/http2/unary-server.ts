@@ -127,7 +127,7 @@ class ServerConnection {
       maxBufferedOutput: limits.maxBufferedOutput,
       maxHeaderBlock: H2_LIMITS.maxHeaderBlock,
     }).start(this.#handler());
-    // The handoff may hand over a paused socket.
+    // Read, even from a socket that came paused.
     socket.resume();
   }
 

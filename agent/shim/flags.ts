@@ -4,6 +4,7 @@
  */
 import { parseArgs } from 'node:util';
 import { parseDuration } from '../config/duration.ts';
+import { shimSocketBeside } from '../api/shim-socket.ts';
 
 /** Where the shim's own sockets live (root-only directory). */
 export const SHIM_RUN_DIR = '/run/probe-agent-shim';
@@ -19,7 +20,8 @@ interface FlagSpec {
 export const SHIM_FLAGS = {
   listen: { help: 'socket kubelet connects to (its containerRuntimeEndpoint)', default: `unix://${SHIM_RUN_DIR}/cri.sock` },
   'runtime-endpoint': { help: 'the real container runtime', default: 'unix:///run/containerd/containerd.sock' },
-  'probe-socket': { help: "the agent's ProbeService socket", default: '/run/probe-agent/probe.sock' },
+  'probe-socket': { help: "the agent's ProbeService socket: the shim's own socket is found beside it, and an agent without one is reached here", default: '/run/probe-agent/probe.sock' },
+  'agent-socket': { help: "the agent's socket for the shim, ExecSync only (default: --probe-socket's path ending -shim.sock instead of .sock)" },
   'agent-grace': { help: 'time the agent gets beyond a probe timeout before the call is discarded', default: '2s', duration: true },
   'hook-agent-wait': { help: 'how long a hook waits for an agent that has not started it (down, starting, draining, admission refused)', default: '60s', duration: true },
   'metrics-socket': { help: "unix socket serving the shim's counters at GET /metrics ('' = none)", default: `${SHIM_RUN_DIR}/metrics.sock` },
@@ -43,6 +45,8 @@ export interface ShimFlags {
   listen: string;
   runtimeEndpoint: string;
   probeSocket: string;
+  /** The agent's socket for the shim; when nothing listens there, calls go to probeSocket. */
+  agentSocket: string;
   agentGraceMs: number;
   hookAgentWaitMs: number;
   /** Unix socket for GET /metrics ('' = none). */
@@ -64,6 +68,7 @@ export function shimFlagsFrom(values: Partial<Record<ShimFlagName, string>>): Sh
     listen: text('listen')!,
     runtimeEndpoint: text('runtime-endpoint')!,
     probeSocket: text('probe-socket')!,
+    agentSocket: text('agent-socket') || shimSocketBeside(text('probe-socket')!),
     agentGraceMs: ms('agent-grace')!,
     hookAgentWaitMs: ms('hook-agent-wait')!,
     metricsSocket: text('metrics-socket')!,

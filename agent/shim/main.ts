@@ -14,6 +14,7 @@ export async function runShim(flags: ShimFlags): Promise<CriShim> {
     listenPath: socketPathOf(flags.listen),
     runtimeSocket: socketPathOf(flags.runtimeEndpoint),
     probeSocket: socketPathOf(flags.probeSocket),
+    agentSocket: socketPathOf(flags.agentSocket),
     agentGraceMs: flags.agentGraceMs,
     hookAgentWaitMs: flags.hookAgentWaitMs,
   };
@@ -46,7 +47,7 @@ export async function runShim(flags: ShimFlags): Promise<CriShim> {
   });
   process.stderr.write(`${JSON.stringify({
     time: new Date().toISOString(), level: 'info', msg: 'shim listening',
-    listen: config.listenPath, runtime: config.runtimeSocket, probeSocket: config.probeSocket,
+    listen: config.listenPath, runtime: config.runtimeSocket, agentSocket: config.agentSocket, probeSocket: config.probeSocket,
     metricsSocket: flags.metricsSocket, metricsListen: flags.metricsListen,
     hookAgentWaitMs: shim.config.hookAgentWaitMs, relay: shim.config.relay,
     startupMs: Math.round(performance.now()),

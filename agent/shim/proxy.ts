@@ -3,7 +3,7 @@
  * through at the HTTP/2 frame level, one runtime connection per kubelet connection (relay.ts).
  * Only ExecSync is looked at, and an ExecSync whose command is probe-agent's
  * (agent/rewrite/shim-command.ts) goes, as kubelet's message bytes unchanged, to the agent's
- * ProbeService ExecSync over a separate connection with its own deadlines; the agent's answer goes
+ * ExecSync on the agent's socket for the shim, over a separate connection with its own deadlines; the agent's answer goes
  * back to kubelet unchanged. So a slow or dead agent costs kubelet nothing but that one call, and
  * kubelet's ordinary calls never wait on the agent.
  */
@@ -11,6 +11,7 @@ import * as net from 'node:net';
 import { chmodSync, existsSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
 import { AgentCallError, ShimProbeClient } from '../api/shim-client.ts';
+import { shimSocketBeside } from '../api/shim-socket.ts';
 import { readSingleFrame } from '../grpc/frame.ts';
 import { parseGrpcTimeout } from '../grpc/headers.ts';
 import { GrpcCode } from '../grpc/status.ts';
@@ -29,8 +30,10 @@ export interface ShimConfig {
   listenPath: string;
   /** The real runtime's socket. */
   runtimeSocket: string;
-  /** The agent's ProbeService socket. */
+  /** The agent's ProbeService socket: where an agent without a socket for the shim is reached. */
   probeSocket: string;
+  /** The agent's socket for the shim (default: shimSocketBeside(probeSocket)). */
+  agentSocket?: string;
   /** Time the agent gets beyond a probe's own timeout before the shim gives up on it (queueing, helper). */
   agentGraceMs?: number;
   /**
@@ -98,10 +101,10 @@ export class CriShim {
 
   constructor(config: ShimConfig) {
     const { log, metrics, ...rest } = config;
-    this.config = { ...DEFAULTS, ...rest } as Required<Omit<ShimConfig, 'log' | 'metrics'>>;
+    this.config = { ...DEFAULTS, ...rest, agentSocket: rest.agentSocket ?? shimSocketBeside(rest.probeSocket) } as Required<Omit<ShimConfig, 'log' | 'metrics'>>;
     this.#log = log ?? stderrLog;
     this.metrics = metrics ?? new ShimMetrics();
-    this.#agent = new ShimProbeClient(this.config.probeSocket);
+    this.#agent = new ShimProbeClient(this.config.agentSocket, this.config.probeSocket);
     if (this.config.relay === 'streams') this.#log('warn', '--relay streams was removed: relaying HTTP/2 frames (the default)', {});
     this.#listener = net.createServer((socket) => this.#relay(socket));
   }

@@ -1,6 +1,6 @@
 /**
- * The shim -> agent hop alone: CPU per ExecSync call of the shim's ProbeService client (ShimProbeClient) and
- * of the agent's lean server (HotUnaryServer), each in its own process, with a handler that answers
+ * The shim -> agent hop alone: CPU per ExecSync call of the shim's client (ShimProbeClient) and
+ * of the agent's server on the shim's socket (HotUnaryServer), each in its own process, with a handler that answers
  * at once (no probe), so what is measured is the transport. Sequential calls, then 16 at a time.
  * Both sides are loaded from one checkout (HOP_REPO, default this one): run it against two
  * checkouts, alternately, to compare them in the same conditions.
@@ -26,14 +26,16 @@ function cpuMs(pid: number): number {
 }
 
 async function server(socket: string): Promise<void> {
-  const { HotUnaryServer } = (await import(path.join(REPO, 'agent/api/hot-unary.ts'))) as typeof import('../../agent/api/hot-unary.ts');
-  const answer = { result: 'PROBE_RESULT_SUCCESS', message: '', duration_seconds: 0.001, reason: '', address: '', phases: null };
-  const hot = new HotUnaryServer({
-    probe: (_call, cb) => cb(null, answer as never),
-    hook: (_call, cb) => cb(null, { result: 'PROBE_RESULT_SUCCESS', message: '', duration_seconds: 0 } as never),
-    // ExecSync's answer: exit_code 0, stdout "ok" (field 1), as the agent encodes it.
-    execSync: (_call, cb) => cb(null, Buffer.from([0x0a, 0x02, 0x6f, 0x6b])),
-  }, { maxRequestBytes: 1024 * 1024, maxConcurrentStreams: 256 });
+  const mod = (await import(path.join(REPO, 'agent/api/hot-unary.ts'))) as typeof import('../../agent/api/hot-unary.ts') & { isHotConnection?: unknown };
+  // ExecSync's answer: exit_code 0, stdout "ok" (field 1), as the agent encodes it.
+  const answer = Buffer.from([0x0a, 0x02, 0x6f, 0x6b]);
+  const limits = { maxRequestBytes: 1024 * 1024, maxConcurrentStreams: 256 };
+  // A checkout from before the shim's own socket takes grpc-js-shaped handlers, one per method.
+  const hot = mod.isHotConnection === undefined
+    ? new mod.HotUnaryServer(async () => answer, limits)
+    : new (mod.HotUnaryServer as unknown as new (h: unknown, l: typeof limits) => InstanceType<typeof mod.HotUnaryServer>)({
+      execSync: (_call: unknown, cb: (err: null, res: Buffer) => void) => cb(null, answer),
+    }, limits);
   net.createServer((s) => hot.emit('connection', s)).listen(socket, () => process.stdout.write('listening\n'));
 }
 

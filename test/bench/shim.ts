@@ -30,6 +30,7 @@ import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
 import { ShimProbeClient } from '../../agent/api/shim-client.ts';
+import { shimSocketBeside } from '../../agent/api/shim-socket.ts';
 import { ProbeApiClient } from '../../agent/api/client.ts';
 import { encodeFrame } from '../../agent/grpc/frame.ts';
 import { WireWriter } from '../../agent/grpc/protowire.ts';
@@ -249,7 +250,7 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     }
 
     // --- the agent's two transports, same run, interleaved ---
-    const lean = new ShimProbeClient(agentSock);
+    const lean = new ShimProbeClient(shimSocketBeside(agentSock), agentSock);
     const viaGrpcJs = new ProbeApiClient(agentSock);
     // The shim's call: kubelet's ExecSyncRequest bytes for the rewritten probe, to ProbeService ExecSync.
     const execW = new WireWriter().bytes(1, app.id);

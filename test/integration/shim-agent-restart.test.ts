@@ -12,14 +12,19 @@
  * drain), the hooks sent while it drained or while no agent was there are answered by the new one,
  * and a probe with no agent to run it gets UNAVAILABLE, which kubelet discards (an errored probe
  * is never a failure), never a non-zero exit code.
+ *
+ * An upgrade between an agent without the shim's own socket (only its ProbeService socket is
+ * linked, as an agent from before that socket has) and one with it, either way, answers every
+ * call: the shim falls back to the ProbeService socket while its own is absent.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 import { requireGrpcGoPeer } from '../support/grpc-go-cri.ts';
 requireGrpcGoPeer();
 
-import { rmSync, symlinkSync, unlinkSync } from 'node:fs';
+import { existsSync, rmSync, symlinkSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
+import { shimSocketBeside } from '../../agent/api/shim-socket.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
@@ -52,15 +57,19 @@ let shim: ShimProcess;
 let peer: GrpcGoCri;
 const agents: AgentHandle[] = [];
 
-async function startTheAgent(): Promise<AgentHandle> {
+/** Starts an agent and links its sockets where the shim finds them; without the shim's socket it looks like an agent from before that socket. */
+async function startTheAgent(withShimSocket = true): Promise<AgentHandle> {
   const a = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: 'cri', args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`] });
   agents.push(a);
-  try {
-    unlinkSync(probeLink);
-  } catch {
-    // first start
+  // Its own socket beside --probe-socket, as the shim looks for it.
+  for (const [target, link] of [[a.socket, probeLink], [withShimSocket ? a.shimSocket : undefined, shimSocketBeside(probeLink)]] as const) {
+    try {
+      unlinkSync(link);
+    } catch {
+      // first start
+    }
+    if (target !== undefined) symlinkSync(target, link);
   }
-  symlinkSync(a.socket, probeLink);
   return a;
 }
 
@@ -141,5 +150,36 @@ describe('an agent rollout under load', () => {
     // Probes were made while no agent was there; after it, every probe was answered by the agent again.
     expect(inGap.length).toBeGreaterThan(0);
     expect(answers.filter((a) => a.what === 'probe' && a.at > upAt + 500).every((a) => a.outcome === 'exit 0')).toBe(true);
+  }, 180_000);
+
+  it('an upgrade either way between an agent without the shim\'s socket and one with it: every probe and hook answered exit 0', async () => {
+    const probeCmd = encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } });
+    const hookCmd = encodeShimCommand('postStart', { httpGet: { path: '/slow?ms=0', port: HTTP } });
+    const outcomes = async (): Promise<string[]> => {
+      const out: string[] = [];
+      for (const [cmd, timeout] of [[probeCmd, 1], [probeCmd, 1], [hookCmd, 0], [probeCmd, 1]] as const) {
+        const a = await peer.execSync(app.id, [...cmd], timeout);
+        out.push(a.ok ? `exit ${a.msg.exitCode}` : `gRPC ${a.code}: ${a.details}`);
+      }
+      return out;
+    };
+    const replace = async (withShimSocket: boolean): Promise<void> => {
+      const running = agents.filter((a) => a.proc.exitCode === null && a.proc.signalCode === null);
+      for (const a of running) expect(await a.stop('SIGTERM', 30_000)).toBe(0);
+      await startTheAgent(withShimSocket);
+      // Its first pod list (the first test's rollout gives it as long).
+      await new Promise((r) => setTimeout(r, 1000));
+    };
+    const phases: Record<string, string[]> = {};
+    // Down: the shim finds nothing on its own socket and reaches the agent on the ProbeService socket.
+    await replace(false);
+    expect(existsSync(shimSocketBeside(probeLink))).toBe(false);
+    phases['without'] = await outcomes();
+    await replace(true);
+    phases['with'] = await outcomes();
+    await replace(false);
+    phases['without again'] = await outcomes();
+    const ok = ['exit 0', 'exit 0', 'exit 0', 'exit 0'];
+    expect(phases).toEqual({ without: ok, with: ok, 'without again': ok });
   }, 180_000);
 });

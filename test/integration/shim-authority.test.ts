@@ -3,7 +3,7 @@
  * 1.31, crictl before 1.31 and grpc-java send the runtime socket's path, k8s.io/cri-client (1.31+)
  * sends `localhost`; a client may send other odd octets or none at all. Node's HTTP/2 server
  * resets a stream with a path, odd octets or no authority before the shim's code runs, so each
- * case here failed before the rewrite (agent/http2/handoff.ts, authority.ts). Real containerd
+ * case here failed before the relay gave such a request `localhost` (agent/http2/authority.ts). Real containerd
  * (the lab's) behind the shim, a real agent answering a rewritten probe inside the pod's netns.
  */
 import { requireRoot } from '../support/root.ts';

@@ -15,6 +15,7 @@ requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 import { rmSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
+import { shimSocketBeside } from '../../agent/api/shim-socket.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeShimCommand, SHIM_COMMAND_PATH, type ShimKind } from '../../agent/rewrite/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
@@ -90,12 +91,15 @@ async function startTheAgent(): Promise<AgentHandle> {
     resolvers: 'cri',
     args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`],
   });
-  try {
-    unlinkSync(probeLink);
-  } catch {
-    // first start
+  // Both of the agent's sockets, where the shim finds them (its own beside --probe-socket).
+  for (const [target, link] of [[a.socket, probeLink], [a.shimSocket, shimSocketBeside(probeLink)]] as const) {
+    try {
+      unlinkSync(link);
+    } catch {
+      // first start
+    }
+    symlinkSync(target, link);
   }
-  symlinkSync(a.socket, probeLink);
   return a;
 }
 

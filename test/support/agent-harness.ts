@@ -5,6 +5,7 @@
  * (or non-JSON) line the agent wrote fails it unless listed in `expectedLogs` / expectLogs()
  * (log-check.ts): a healthy run logs none.
  */
+import { shimSocketBeside } from '../../agent/api/shim-socket.ts';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -37,6 +38,8 @@ export interface AgentHandle {
   proc: ChildProcess;
   pid: number;
   socket: string;
+  /** The kubelet shim's socket, beside `socket`. */
+  shimSocket: string;
   metricsUrl: string;
   /** Parsed JSON log lines so far (stderr); a line that is not JSON is `{ level: 'non-json', line }`. */
   logs: LogRecord[];
@@ -128,6 +131,7 @@ export async function startAgent(opts: AgentOptions): Promise<AgentHandle> {
     proc,
     pid: proc.pid as number,
     socket,
+    shimSocket: shimSocketBeside(socket),
     metricsUrl,
     logs,
     expectLogs: checked.expect,

@@ -91,6 +91,8 @@ export interface ApiFixture {
   store: ResultsStore;
   dir: string;
   socket: string;
+  /** The kubelet shim's socket (ExecSync only), beside `socket`. */
+  shimSocket: string;
   close(): Promise<void>;
 }
 
@@ -107,6 +109,7 @@ export async function startApiFixture(
     store,
     dir,
     socket,
+    shimSocket: server.shimSocketPath,
     async close() {
       await server.stop();
       if (!opts.dir) await rm(dir, { recursive: true, force: true });

@@ -2,7 +2,7 @@
  * The connection core's frame budgets (agent/http2/connection.ts), each role, over an in-memory
  * duplex with a raw peer writing frames by hand (issue 31 items 1, 4, 6):
  *  - a header block takes at most 8 CONTINUATIONs, empty ones included (connection and the
- *    HeaderBlockJoiner the handoff and the authority rewrite use);
+ *    HeaderBlockJoiner on its own);
  *  - frames without progress spend a per-connection budget: each flood ends with GOAWAY
  *    ENHANCE_YOUR_CALM and a reason naming it, after about the budget's frames, not the flood's;
  *  - an ordinary peer's traffic (a PING, WINDOW_UPDATEs and a SETTINGS per call) never spends it;
@@ -119,7 +119,7 @@ describe('CONTINUATION frames per header block are bounded', () => {
     });
   }
 
-  it('the joiner (handoff, authority rewrite) takes a block in 8 CONTINUATIONs and refuses the 9th', () => {
+  it('the joiner on its own takes a block in 8 CONTINUATIONs and refuses the 9th', () => {
     const j = new HeaderBlockJoiner(64 * 1024);
     const f = (type: number, flags: number, payload: Buffer = Buffer.alloc(0)) => {
       const raw = frameBytes(type, flags, 1, payload);

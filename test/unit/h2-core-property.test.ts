@@ -220,7 +220,7 @@ describe('the connection core under random frame sequences', () => {
     }, 120_000);
   }
 
-  it('the splitter and the joiner (handoff, authority rewrite) throw only H2InputError on random octets', () => {
+  it('the splitter and the joiner on their own throw only H2InputError on random octets', () => {
     for (let k = 0; k < 500; k++) {
       const rnd = mulberry32(9000 + k);
       const units: Buffer[] = [];

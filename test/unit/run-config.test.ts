@@ -46,6 +46,8 @@ describe('parseRunConfig', () => {
     [{ logFormat: 'xml' }, /--log-format/],
     [{ maxConcurrentProbes: '0' }, /--max-concurrent-probes/],
     [{ socket: 'relative.sock' }, /--socket: want an absolute path/],
+    [{ shimSocket: 'shim.sock' }, /--shim-socket: want an absolute path/],
+    [{ shimSocket: '/run/probe-agent/probe.sock' }, /--shim-socket: must differ from --socket/],
     [{ metricsAddress: 'localhost' }, /--metrics-address/],
     [{ kubeProbeVersion: 'v1' }, /--kube-probe-version/],
     [{ featureGates: 'Nope=true' }, /unknown feature gate "Nope"/],
@@ -55,6 +57,13 @@ describe('parseRunConfig', () => {
   ])('rejects %o', (override, message) => {
     expect(() => parseRunConfig({ ...base, ...override }, { HOST_IP: '192.0.2.7' })).toThrow(ConfigError);
     expect(() => parseRunConfig({ ...base, ...override }, { HOST_IP: '192.0.2.7' })).toThrow(message);
+  });
+
+  it("puts the shim's socket beside --socket unless --shim-socket names it", () => {
+    const env = { HOST_IP: '192.0.2.7' };
+    expect(parseRunConfig(base, env).shimSocket).toBe('/run/probe-agent/probe-shim.sock');
+    expect(parseRunConfig({ ...base, socket: '/var/run/pa/api.sock' }, env).shimSocket).toBe('/var/run/pa/api-shim.sock');
+    expect(parseRunConfig({ ...base, shimSocket: '/run/x/shim.sock' }, env).shimSocket).toBe('/run/x/shim.sock');
   });
 
   it('aligns probe ticks to 50 ms by default; 0 turns it off', () => {

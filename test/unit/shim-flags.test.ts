@@ -16,11 +16,17 @@ describe('shim flags', () => {
       listen: 'unix:///run/probe-agent-shim/cri.sock',
       runtimeEndpoint: 'unix:///run/containerd/containerd.sock',
       probeSocket: '/run/probe-agent/probe.sock',
+      agentSocket: '/run/probe-agent/probe-shim.sock',
       agentGraceMs: 2000,
       hookAgentWaitMs: 60_000,
       metricsSocket: '/run/probe-agent-shim/metrics.sock',
       relay: 'frames',
     });
+  });
+
+  it("finds the agent's socket for the shim beside --probe-socket unless --agent-socket names it", () => {
+    expect(parseShimArgv(['--probe-socket', '/var/run/pa/api.sock'])?.agentSocket).toBe('/var/run/pa/api-shim.sock');
+    expect(parseShimArgv(['--probe-socket', '/x/probe', '--agent-socket', '/y/shim.sock'])).toMatchObject({ probeSocket: '/x/probe', agentSocket: '/y/shim.sock' });
   });
 
   it('takes Go durations such as 1m30s on every duration flag', () => {
