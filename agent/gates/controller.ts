@@ -12,6 +12,7 @@
  * - A restarted container starts not ready: its new container ID has no decision yet, so the
  *   condition goes False on the first pod list that shows the new ID or the stopped container
  *   (kubelet's /pods, polled); the agent's own liveness stop clears it before it stops anything.
+ *   A deleted pod's stopped containers are not written: kubelet restarts nothing there.
  * - Liveness and startup: when a taken liveness probe fails at its threshold (or a taken startup
  *   probe), once per container ID: the events kubelet records, the preStop hook (HTTP from the pod
  *   netns, exec through CRI ExecSync, sleep), then CRI StopContainer with the probe's
@@ -162,6 +163,9 @@ export class GatesController {
   #evaluate(s: PodState): void {
     if (this.#closed) return;
     const want = desiredCondition(s.pod, this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    // A deleted pod's containers stopping: kubelet shows the pod not Ready itself and starts no new
+    // container, so a False here would be a write per deleted pod (often refused: the pod is gone).
+    if (s.pod.deletionTimestamp !== undefined && want.reason === 'ContainerNotRunning') return;
     // Kubelet's view of the condition counts as written: an agent restart that finds it right writes
     // nothing, and an absent condition is a False gate to kubelet already.
     const have = s.written ?? (s.pod.gates?.condition || 'False');

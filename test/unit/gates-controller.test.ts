@@ -7,7 +7,9 @@
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import { ApiWriter } from '../../agent/gates/api-writer.ts';
-import { desiredCondition, preStopPlan } from '../../agent/gates/controller.ts';
+import { desiredCondition, GatesController, preStopPlan } from '../../agent/gates/controller.ts';
+import { createLogger } from '../../agent/log.ts';
+import { ResultsStore } from '../../agent/scheduler/results-store.ts';
 import { GATES_CONDITION_TYPE, parsePodList } from '../../agent/pods/pod-model.ts';
 import type { PodInfo } from '../../agent/pods/types.ts';
 import { rewritePodGates } from '../../agent/rewrite/gates-rewrite.ts';
@@ -83,6 +85,29 @@ describe('gates controller', () => {
     expect(desiredCondition(info, [{ ...st, containerID: 'containerd://c0' }]).reason).toBe('NoDecisionYet');
     expect(desiredCondition(info, [{ ...st, started: false, ready: false }]).reason).toBe('NotStarted');
     expect(desiredCondition(info, [st], new Set(['containerd://c1'])).reason).toBe('ContainerStopping');
+  });
+
+  it('a deleted pod whose container stopped is not written False (kubelet shows it not Ready); a live one is', async () => {
+    const api = await startApiServerStandIn();
+    cleanup.push(() => api.close());
+    const pod = apiPod();
+    api.pods.push(structuredClone(pod));
+    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+    cleanup.push(() => writer.close());
+    const controller = new GatesController({ results: new ResultsStore(), writer, log: createLogger({ level: 'error', write: () => {} }) });
+    cleanup.push(() => controller.close());
+    const info = kubeletView(pod, 'c1', 'True');
+    const stopped = { ...info, containers: [{ ...info.containers[0]!, state: { ...info.containers[0]!.state!, running: false } }] };
+    const patches = () => api.requests.filter((r) => r.method === 'PATCH' && r.url.includes('/status')).length;
+    controller.sync([{ ...stopped, deletionTimestamp: Date.now() }]);
+    await controller.close();
+    expect(patches()).toBe(0);
+    const live = new GatesController({ results: new ResultsStore(), writer, log: createLogger({ level: 'error', write: () => {} }) });
+    cleanup.push(() => live.close());
+    live.sync([stopped]);
+    await live.close();
+    expect(patches()).toBe(1);
+    expect(api.pods[0]!.status.conditions).toMatchObject([{ type: GATES_CONDITION_TYPE, status: 'False', reason: 'ContainerNotRunning' }]);
   });
 
   it('preStopPlan: HTTP, exec and sleep hooks as kubelet runs them, within the grace period; bad ones said', () => {
