@@ -27,6 +27,7 @@ import { parseProbe } from '../probe/spec.ts';
 import type { ProbeType } from '../probe/types.ts';
 import type { ProbeEvent, ProbeStatus, ResultsReader } from '../scheduler/types.ts';
 import type { GateCondition, GatesWriter } from './api-writer.ts';
+import type { RuntimeContainer } from './runtime-watch.ts';
 
 /** Stops a container through the runtime (CRI StopContainer). */
 export interface ContainerStopper {
@@ -64,6 +65,8 @@ interface PodState {
   timer?: NodeJS.Timeout;
   /** Container IDs stopped for a probe failure (at most one stop per container ID). */
   stopped: Set<string>;
+  /** The pod's containers as the runtime last listed them (runtime-watch.ts): newer than kubelet's list. */
+  runtime?: RuntimeContainer[];
 }
 
 const DEFAULT_MIN_WRITE_INTERVAL_MS = 1000;
@@ -136,6 +139,25 @@ export class GatesController {
     }
   }
 
+  /**
+   * The runtime's container list (runtime-watch.ts): a taken container that exited, or was
+   * replaced, turns its pod's condition False before kubelet's pod list says so.
+   */
+  runtime(containers: readonly RuntimeContainer[]): void {
+    if (this.#closed) return;
+    const byPod = new Map<string, RuntimeContainer[]>();
+    for (const c of containers) {
+      if (!this.#pods.has(c.podUID)) continue;
+      const list = byPod.get(c.podUID);
+      if (list) list.push(c);
+      else byPod.set(c.podUID, [c]);
+    }
+    for (const [uid, s] of this.#pods) {
+      s.runtime = byPod.get(uid) ?? [];
+      this.#evaluate(s);
+    }
+  }
+
   /** Stops writing; resolves when writes and stops in flight have settled. */
   async close(): Promise<void> {
     this.#closed = true;
@@ -162,7 +184,7 @@ export class GatesController {
 
   #evaluate(s: PodState): void {
     if (this.#closed) return;
-    const want = desiredCondition(s.pod, this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    const want = desiredCondition(podAsRuntimeSees(s.pod, s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
     // A deleted pod's containers stopping: kubelet shows the pod not Ready itself and starts no new
     // container, so a False here would be a write per deleted pod (often refused: the pod is gone).
     if (s.pod.deletionTimestamp !== undefined && want.reason === 'ContainerNotRunning') return;
@@ -204,7 +226,7 @@ export class GatesController {
   }
 
   async #write(s: PodState): Promise<void> {
-    const want = desiredCondition(s.pod, this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    const want = desiredCondition(podAsRuntimeSees(s.pod, s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
     const pod = s.pod;
     s.writing = true;
     this.#inFlight++;
@@ -297,6 +319,33 @@ export class GatesController {
     return failure;
   }
 
+}
+
+/**
+ * `pod` with each container's state as the runtime's list says where that list is newer: the
+ * container kubelet reports has exited, or a later one of the same name runs. A list that does not
+ * hold the reported container (older than it, or it is gone) changes nothing. Pure.
+ */
+export function podAsRuntimeSees(pod: PodInfo, runtime: readonly RuntimeContainer[] | undefined): PodInfo {
+  if (!runtime?.length) return pod;
+  let changed = false;
+  const containers = pod.containers.map((c) => {
+    const id = c.state?.containerID;
+    if (!c.state || !id) return c;
+    const known = runtime.find((r) => r.id === bare(id));
+    if (!known) return c;
+    const newer = runtime.filter((r) => r.name === c.name && r.running && r.createdAt > known.createdAt).sort((a, b) => (a.createdAt < b.createdAt ? 1 : -1))[0];
+    if (newer) {
+      changed = true;
+      return { ...c, state: { ...c.state, containerID: `${id.slice(0, id.length - bare(id).length)}${newer.id}`, running: true, ready: false, startedAt: undefined } };
+    }
+    if (!known.running && c.state.running) {
+      changed = true;
+      return { ...c, state: { ...c.state, running: false, ready: false } };
+    }
+    return c;
+  });
+  return changed ? { ...pod, containers } : pod;
 }
 
 /** Bounds of an exec hook's command (the API server admits larger specs). */
