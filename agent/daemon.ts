@@ -230,8 +230,14 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
         onOp: (op, ok) => metrics.agent.gatesOp(op, ok),
       });
       cleanups.push(() => gatesController.close());
-      // A crashed container's restart is seen in the runtime's list within a second, well before kubelet's /pods.
-      if (cri) cleanups.push(startRuntimeWatch({ list: () => cri.client.listContainers({}), intervalMs: RUNTIME_WATCH_INTERVAL_MS, onContainers: (cs) => gatesController.runtime(cs), log }));
+      // A crashed container's restart is seen in the runtime's list within a second, well before
+      // kubelet's /pods; a container /pods does not show yet has the list read again (at most once a second).
+      if (cri) {
+        cleanups.push(startRuntimeWatch({
+          list: () => cri.client.listContainers({}), intervalMs: RUNTIME_WATCH_INTERVAL_MS, log,
+          onContainers: (cs) => { if (gatesController.runtime(cs)) source.refresh(); },
+        }));
+      }
       // After the manager's sync (listeners run in order): the store then holds this list's decisions.
       source.on('snapshot', (snap) => gatesController.sync(snap.pods));
       if (config.nodeLeaseDurationMs > 0) {

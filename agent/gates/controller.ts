@@ -141,10 +141,12 @@ export class GatesController {
 
   /**
    * The runtime's container list (runtime-watch.ts): a taken container that exited, or was
-   * replaced, turns its pod's condition False before kubelet's pod list says so.
+   * replaced, turns its pod's condition False before kubelet's pod list says so. True when a gates
+   * pod runs a container kubelet's list does not show yet: the caller reads that list again, so the
+   * new container is probed without waiting for the next poll.
    */
-  runtime(containers: readonly RuntimeContainer[]): void {
-    if (this.#closed) return;
+  runtime(containers: readonly RuntimeContainer[]): boolean {
+    if (this.#closed) return false;
     const byPod = new Map<string, RuntimeContainer[]>();
     for (const c of containers) {
       if (!this.#pods.has(c.podUID)) continue;
@@ -152,10 +154,13 @@ export class GatesController {
       if (list) list.push(c);
       else byPod.set(c.podUID, [c]);
     }
+    let behind = false;
     for (const [uid, s] of this.#pods) {
       s.runtime = byPod.get(uid) ?? [];
+      behind ||= kubeletBehind(s.pod, s.runtime);
       this.#evaluate(s);
     }
+    return behind;
   }
 
   /** Stops writing; resolves when writes and stops in flight have settled. */
@@ -346,6 +351,16 @@ export function podAsRuntimeSees(pod: PodInfo, runtime: readonly RuntimeContaine
     return c;
   });
   return changed ? { ...pod, containers } : pod;
+}
+
+/** A container of `pod` runs in the runtime under an ID kubelet's list does not show (yet). Pure. */
+export function kubeletBehind(pod: PodInfo, runtime: readonly RuntimeContainer[] | undefined): boolean {
+  if (!runtime?.length) return false;
+  return pod.containers.some((c) => {
+    const id = c.state?.containerID ? bare(c.state.containerID) : undefined;
+    const known = id ? runtime.find((r) => r.id === id) : undefined;
+    return runtime.some((r) => r.name === c.name && r.running && r.id !== id && (!known || r.createdAt > known.createdAt));
+  });
 }
 
 /** Bounds of an exec hook's command (the API server admits larger specs). */

@@ -131,12 +131,13 @@ describe('gates controller', () => {
       labels: { 'io.kubernetes.pod.uid': UID, 'io.kubernetes.container.name': 'app' },
     })));
     // Nothing new: no write. A list that does not hold c1 yet (older than kubelet's): no write.
-    controller.runtime(listed([['c1', 'CONTAINER_RUNNING', 1]]));
-    controller.runtime(listed([['c0', 'CONTAINER_EXITED', 0]]));
+    expect(controller.runtime(listed([['c1', 'CONTAINER_RUNNING', 1]]))).toBe(false);
+    expect(controller.runtime(listed([['c0', 'CONTAINER_EXITED', 0]]))).toBe(false);
     await new Promise((r) => setTimeout(r, 100));
     expect(patches()).toBe(0);
     // c1 crashed and kubelet started c2: False at once, though kubelet's list still shows c1 running.
-    controller.runtime(listed([['c1', 'CONTAINER_EXITED', 1], ['c2', 'CONTAINER_RUNNING', 2]]));
+    // ... and kubelet's list is behind: the caller reads it again.
+    expect(controller.runtime(listed([['c1', 'CONTAINER_EXITED', 1], ['c2', 'CONTAINER_RUNNING', 2]]))).toBe(true);
     await controller.close();
     expect(patches()).toBe(1);
     expect(api.pods[0]!.status.conditions).toMatchObject([{ type: GATES_CONDITION_TYPE, status: 'False', reason: 'NoDecisionYet' }]);
