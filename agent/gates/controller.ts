@@ -245,7 +245,11 @@ export class GatesController {
       // Not retried here: the next probe result or pod list evaluates again (after the interval).
       s.written = undefined;
       this.#o.onOp?.('condition', false);
-      this.#o.log.warn('pod condition not written', { pod: `${pod.namespace}/${pod.name}`, status: want.status, err: describeError(err) });
+      // 404 or 409 (the UID precondition): the pod was deleted, or replaced under its name, before
+      // the agent's pod list said so. Nothing is wrong and nothing is left to write.
+      const status = (err as { status?: unknown } | undefined)?.status;
+      if (status === 404 || status === 409) this.#o.log.info('pod condition not written: the pod is gone', { pod: `${pod.namespace}/${pod.name}`, status: want.status, err: describeError(err) });
+      else this.#o.log.warn('pod condition not written', { pod: `${pod.namespace}/${pod.name}`, status: want.status, err: describeError(err) });
     } finally {
       s.writing = false;
       this.#inFlight--;

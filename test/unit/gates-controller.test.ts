@@ -111,6 +111,28 @@ describe('gates controller', () => {
     expect(api.pods[0]!.status.conditions).toMatchObject([{ type: GATES_CONDITION_TYPE, status: 'False', reason: 'ContainerNotRunning' }]);
   });
 
+  it('a write for a pod already deleted is said at info, with the reason; an API server outage is a warning', async () => {
+    const api = await startApiServerStandIn();
+    cleanup.push(() => api.close());
+    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+    cleanup.push(() => writer.close());
+    const lines: string[] = [];
+    const log = createLogger({ level: 'info', write: (l) => lines.push(l) });
+    const info = kubeletView(apiPod(), 'c1', 'True');
+    const stopped = { ...info, containers: [{ ...info.containers[0]!, state: { ...info.containers[0]!.state!, running: false } }] };
+    const gone = new GatesController({ results: new ResultsStore(), writer, log });
+    gone.sync([stopped]);
+    await gone.close();
+    expect(lines.filter((l) => l.includes('"level":"warn"'))).toEqual([]);
+    expect(lines.join('')).toMatch(/pod condition not written: the pod is gone.*HTTP 404/);
+    api.pods.push(apiPod());
+    api.down = true;
+    const outage = new GatesController({ results: new ResultsStore(), writer, log });
+    outage.sync([stopped]);
+    await outage.close();
+    expect(lines.filter((l) => l.includes('"level":"warn"') && l.includes('pod condition not written'))).toHaveLength(1);
+  });
+
   it('a crash seen in the runtime\'s container list turns the condition False before kubelet\'s pod list shows it', async () => {
     const api = await startApiServerStandIn();
     cleanup.push(() => api.close());
