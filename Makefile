@@ -190,6 +190,7 @@ bench-kubelet: build
 ## version; v1.24 and v1.33 checked) and Debian's etcd: the DaemonSet, the installer, the webhook, the closed-hole taint, faults,
 ## the rollback and 100 pods. E2E_CLUSTER_INSTALL=helm installs the chart (deploy/helm) with the values of the same
 ## overlay instead, then checks a `helm upgrade` to a new image tag and a `helm rollback` restart no pod.
+## E2E_CLUSTER_MODE=gates runs the gates phase instead (test/e2e-cluster/gates.ts): both kubelets on containerd, no shim.
 ## Root; about 15 minutes; not part of make test (test/e2e-cluster/run.ts says what it checks).
 e2e-cluster: build image kube-tools
 	@test -n "$(KUBE_BIN_DIR)" || { echo "usage: make e2e-cluster KUBE_BIN_DIR=/dir/with/kube-apiserver,kubectl,..." >&2; exit 2; }

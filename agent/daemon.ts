@@ -35,8 +35,11 @@ import { ResultsStore } from './scheduler/results-store.ts';
 import { AGENT_VERSION, API_VERSION } from './version.ts';
 import { GatesController } from './gates/controller.ts';
 import { startLeaseRenewal } from './gates/lease.ts';
+import { startRuntimeWatch } from './gates/runtime-watch.ts';
 import { GATES_CONDITION_TYPE } from './pods/pod-model.ts';
 
+/** Gates mode: how often the runtime's container list is read for restarts (one local CRI call). */
+const RUNTIME_WATCH_INTERVAL_MS = 1000;
 /** Gates mode: the largest reply of an exec preStop hook's ExecSync (its output, for the event). */
 const EXEC_HOOK_MAX_REPLY_BYTES = 64 * 1024;
 
@@ -227,6 +230,14 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
         onOp: (op, ok) => metrics.agent.gatesOp(op, ok),
       });
       cleanups.push(() => gatesController.close());
+      // A crashed container's restart is seen in the runtime's list within a second, well before
+      // kubelet's /pods; a container /pods does not show yet has the list read again (at most once a second).
+      if (cri) {
+        cleanups.push(startRuntimeWatch({
+          list: () => cri.client.listContainers({}), intervalMs: RUNTIME_WATCH_INTERVAL_MS, log,
+          onContainers: (cs) => { if (gatesController.runtime(cs)) source.refresh(); },
+        }));
+      }
       // After the manager's sync (listeners run in order): the store then holds this list's decisions.
       source.on('snapshot', (snap) => gatesController.sync(snap.pods));
       if (config.nodeLeaseDurationMs > 0) {

@@ -12,6 +12,7 @@
  * - A restarted container starts not ready: its new container ID has no decision yet, so the
  *   condition goes False on the first pod list that shows the new ID or the stopped container
  *   (kubelet's /pods, polled); the agent's own liveness stop clears it before it stops anything.
+ *   A deleted pod's stopped containers are not written: kubelet restarts nothing there.
  * - Liveness and startup: when a taken liveness probe fails at its threshold (or a taken startup
  *   probe), once per container ID: the events kubelet records, the preStop hook (HTTP from the pod
  *   netns, exec through CRI ExecSync, sleep), then CRI StopContainer with the probe's
@@ -26,6 +27,7 @@ import { parseProbe } from '../probe/spec.ts';
 import type { ProbeType } from '../probe/types.ts';
 import type { ProbeEvent, ProbeStatus, ResultsReader } from '../scheduler/types.ts';
 import type { GateCondition, GatesWriter } from './api-writer.ts';
+import type { RuntimeContainer } from './runtime-watch.ts';
 
 /** Stops a container through the runtime (CRI StopContainer). */
 export interface ContainerStopper {
@@ -63,6 +65,8 @@ interface PodState {
   timer?: NodeJS.Timeout;
   /** Container IDs stopped for a probe failure (at most one stop per container ID). */
   stopped: Set<string>;
+  /** The pod's containers as the runtime last listed them (runtime-watch.ts): newer than kubelet's list. */
+  runtime?: RuntimeContainer[];
 }
 
 const DEFAULT_MIN_WRITE_INTERVAL_MS = 1000;
@@ -135,6 +139,30 @@ export class GatesController {
     }
   }
 
+  /**
+   * The runtime's container list (runtime-watch.ts): a taken container that exited, or was
+   * replaced, turns its pod's condition False before kubelet's pod list says so. True when a gates
+   * pod runs a container kubelet's list does not show yet: the caller reads that list again, so the
+   * new container is probed without waiting for the next poll.
+   */
+  runtime(containers: readonly RuntimeContainer[]): boolean {
+    if (this.#closed) return false;
+    const byPod = new Map<string, RuntimeContainer[]>();
+    for (const c of containers) {
+      if (!this.#pods.has(c.podUID)) continue;
+      const list = byPod.get(c.podUID);
+      if (list) list.push(c);
+      else byPod.set(c.podUID, [c]);
+    }
+    let behind = false;
+    for (const [uid, s] of this.#pods) {
+      s.runtime = byPod.get(uid) ?? [];
+      behind ||= kubeletBehind(s.pod, s.runtime);
+      this.#evaluate(s);
+    }
+    return behind;
+  }
+
   /** Stops writing; resolves when writes and stops in flight have settled. */
   async close(): Promise<void> {
     this.#closed = true;
@@ -161,7 +189,10 @@ export class GatesController {
 
   #evaluate(s: PodState): void {
     if (this.#closed) return;
-    const want = desiredCondition(s.pod, this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    const want = desiredCondition(podAsRuntimeSees(s.pod, s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    // A deleted pod's containers stopping: kubelet shows the pod not Ready itself and starts no new
+    // container, so a False here would be a write per deleted pod (often refused: the pod is gone).
+    if (s.pod.deletionTimestamp !== undefined && want.reason === 'ContainerNotRunning') return;
     // Kubelet's view of the condition counts as written: an agent restart that finds it right writes
     // nothing, and an absent condition is a False gate to kubelet already.
     const have = s.written ?? (s.pod.gates?.condition || 'False');
@@ -200,7 +231,7 @@ export class GatesController {
   }
 
   async #write(s: PodState): Promise<void> {
-    const want = desiredCondition(s.pod, this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    const want = desiredCondition(podAsRuntimeSees(s.pod, s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
     const pod = s.pod;
     s.writing = true;
     this.#inFlight++;
@@ -214,7 +245,11 @@ export class GatesController {
       // Not retried here: the next probe result or pod list evaluates again (after the interval).
       s.written = undefined;
       this.#o.onOp?.('condition', false);
-      this.#o.log.warn('pod condition not written', { pod: `${pod.namespace}/${pod.name}`, status: want.status, err: describeError(err) });
+      // 404 or 409 (the UID precondition): the pod was deleted, or replaced under its name, before
+      // the agent's pod list said so. Nothing is wrong and nothing is left to write.
+      const status = (err as { status?: unknown } | undefined)?.status;
+      if (status === 404 || status === 409) this.#o.log.info('pod condition not written: the pod is gone', { pod: `${pod.namespace}/${pod.name}`, status: want.status, err: describeError(err) });
+      else this.#o.log.warn('pod condition not written', { pod: `${pod.namespace}/${pod.name}`, status: want.status, err: describeError(err) });
     } finally {
       s.writing = false;
       this.#inFlight--;
@@ -293,6 +328,43 @@ export class GatesController {
     return failure;
   }
 
+}
+
+/**
+ * `pod` with each container's state as the runtime's list says where that list is newer: the
+ * container kubelet reports has exited, or a later one of the same name runs. A list that does not
+ * hold the reported container (older than it, or it is gone) changes nothing. Pure.
+ */
+export function podAsRuntimeSees(pod: PodInfo, runtime: readonly RuntimeContainer[] | undefined): PodInfo {
+  if (!runtime?.length) return pod;
+  let changed = false;
+  const containers = pod.containers.map((c) => {
+    const id = c.state?.containerID;
+    if (!c.state || !id) return c;
+    const known = runtime.find((r) => r.id === bare(id));
+    if (!known) return c;
+    const newer = runtime.filter((r) => r.name === c.name && r.running && r.createdAt > known.createdAt).sort((a, b) => (a.createdAt < b.createdAt ? 1 : -1))[0];
+    if (newer) {
+      changed = true;
+      return { ...c, state: { ...c.state, containerID: `${id.slice(0, id.length - bare(id).length)}${newer.id}`, running: true, ready: false, startedAt: undefined } };
+    }
+    if (!known.running && c.state.running) {
+      changed = true;
+      return { ...c, state: { ...c.state, running: false, ready: false } };
+    }
+    return c;
+  });
+  return changed ? { ...pod, containers } : pod;
+}
+
+/** A container of `pod` runs in the runtime under an ID kubelet's list does not show (yet). Pure. */
+export function kubeletBehind(pod: PodInfo, runtime: readonly RuntimeContainer[] | undefined): boolean {
+  if (!runtime?.length) return false;
+  return pod.containers.some((c) => {
+    const id = c.state?.containerID ? bare(c.state.containerID) : undefined;
+    const known = id ? runtime.find((r) => r.id === id) : undefined;
+    return runtime.some((r) => r.name === c.name && r.running && r.id !== id && (!known || r.createdAt > known.createdAt));
+  });
 }
 
 /** Bounds of an exec hook's command (the API server admits larger specs). */

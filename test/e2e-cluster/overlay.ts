@@ -29,15 +29,20 @@ export interface OverlayOptions {
   apiServerCidr: string;
   /** The API server's minor version (1.<minor>): which version components the overlay takes. */
   serverMinor: number;
+  /** shim (default): the kubelet-shim component; gates: the gates and gates-lease components, no shim. */
+  mode?: Mode;
 }
 
+export type Mode = 'shim' | 'gates';
+
 /** The components docs/deploy.md names for a containerd cluster of 1.<minor> (API server and kubelets alike). */
-export function components(minor: number): string[] {
+export function components(minor: number, mode: Mode = 'shim'): string[] {
   return [
     'containerd', 'pod-monitor',
     // The kubelet authorizes GET /pods as nodes/pods from 1.33 (KubeletFineGrainedAuthz), as nodes/proxy before.
     ...(minor < 33 ? ['nodes-proxy-fallback'] : []),
-    'kubelet-shim', 'rewrite-webhook',
+    // Gates mode leaves kubelet on its runtime: no shim; the fail-closed Lease option after the webhook.
+    ...(mode === 'gates' ? ['rewrite-webhook', 'gates', 'gates-lease'] : ['kubelet-shim', 'rewrite-webhook']),
     // ValidatingAdmissionPolicy (v1) and matchConditions are 1.30's: before, the objects that need them go.
     ...(minor < 30 ? ['before-1.30'] : []),
   ];
@@ -67,7 +72,7 @@ const nodeMount = (name: string, mountPath: string): Record<string, unknown> =>
 const nodesVolume = (name: string, nodesDir: string): Record<string, unknown> => ({ name, hostPath: { path: nodesDir, type: 'Directory' } });
 
 /** The patches of the agent's and the installer's DaemonSets for this machine's nodes (the header says which). */
-export function nodePatches(o: Pick<OverlayOptions, 'containerds' | 'nodesDir'>): object[] {
+export function nodePatches(o: Pick<OverlayOptions, 'containerds' | 'nodesDir' | 'mode'>): object[] {
   const agentPatch = {
     apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'probe-agent', namespace: 'probe-agent' },
     spec: { template: { spec: {
@@ -95,13 +100,14 @@ export function nodePatches(o: Pick<OverlayOptions, 'containerds' | 'nodesDir'>)
       volumes: INSTALLER_NODE_DIRS.map(([name]) => nodesVolume(name, o.nodesDir)),
     } } },
   };
-  return [agentPatch, installerPatch];
+  // Gates mode has no installer to patch.
+  return o.mode === 'gates' ? [agentPatch] : [agentPatch, installerPatch];
 }
 
 export function writeOverlay(o: OverlayOptions): string {
   mkdirSync(o.dir, { recursive: true });
   const rel = (p: string): string => path.relative(o.dir, path.join(o.repo, 'deploy', p));
-  const [agentPatch, installerPatch] = nodePatches(o);
+  const nodeFixes = nodePatches(o);
   // docs/rewrite.md, "Without cert-manager": the Issuers and Certificates go; the run creates the Secrets.
   const noCertManager = [
     ['Issuer', 'probe-agent-webhook-selfsigned'], ['Issuer', 'probe-agent-webhook-client-ca'],
@@ -113,9 +119,9 @@ export function writeOverlay(o: OverlayOptions): string {
     // kustomize v4 (kubectl 1.21-1.26) runs an overlay's generators after its components and drops
     // local-config objects before them: the CIDR is a plain resource there (docs/deploy.md).
     resources: [rel('base'), 'api-server-cidr.json'],
-    components: components(o.serverMinor).map((c) => rel(`components/${c}`)),
+    components: components(o.serverMinor, o.mode).map((c) => rel(`components/${c}`)),
     images: [{ name: 'probe-agent', newName: 'probe-agent', newTag: o.version }],
-    patches: [{ patch: JSON.stringify(agentPatch) }, { patch: JSON.stringify(installerPatch) }, ...noCertManager],
+    patches: [...nodeFixes.map((p) => ({ patch: JSON.stringify(p) })), ...noCertManager],
   }, null, 2));
   writeFileSync(path.join(o.dir, 'api-server-cidr.json'), JSON.stringify({
     apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: 'probe-agent-webhook-network-policy', namespace: 'probe-agent' }, data: { API_SERVER_CIDR: o.apiServerCidr },

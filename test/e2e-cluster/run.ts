@@ -47,9 +47,11 @@ import { SHIM_COMMAND_PATH } from '../../agent/rewrite/shim-command.ts';
 import { CLOSED_HOLE_TAINT_KEY, SHIM_NODE_LABEL } from '../../agent/rewrite/placement.ts';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
 import { KUBERNETES_SERVICE_IP, SERVICE_CIDR, startControlPlane, WEBHOOK_HOST, type ControlPlane } from './control-plane.ts';
+import { gatesPhase } from './gates.ts';
 import { Helm } from './helm.ts';
 import { Kubectl, type KubectlResult } from './kubectl.ts';
-import { components, helmValues, NODE_DIRS, POD_MONITOR_CRD, writeOverlay } from './overlay.ts';
+import { agentMetric, failedCalls, histogram, minus, p50p99 } from './prom.ts';
+import { components, helmValues, NODE_DIRS, POD_MONITOR_CRD, writeOverlay, type Mode } from './overlay.ts';
 import { secondWebhookConfig, startSecondWebhook } from './second-webhook.ts';
 import { APPS_NS, daemonSet, grpcDeployment, OTHER_NS, plainPod, retriedDeployment, scaleDeployment, webDeployment } from './workloads.ts';
 
@@ -74,6 +76,8 @@ const SCALE_PODS = Number(process.env['E2E_SCALE_PODS'] ?? 100);
 /** How the run installs probe-agent: kustomize (`kubectl apply -k`) or helm (the chart, then an upgrade and a rollback). */
 const INSTALL = process.env['E2E_CLUSTER_INSTALL'] || 'kustomize';
 const CHART = path.join(REPO, 'deploy/helm/probe-agent');
+/** shim (default): the shim phase above; gates: the gates phase of gates.ts instead (kubelets on containerd, no shim). */
+const MODE = (process.env['E2E_CLUSTER_MODE'] || 'shim') as Mode;
 
 const cleanups = new Cleanups('e2e-cluster');
 let heading = '';
@@ -211,6 +215,8 @@ async function main(): Promise<number> {
   if (process.getuid?.() !== 0) usage('must run as root (it starts kubelets, containerd and nftables rules)');
   const binDir = binDirFromArgs();
   if (INSTALL !== 'kustomize' && INSTALL !== 'helm') usage(`E2E_CLUSTER_INSTALL=${INSTALL}: kustomize or helm`);
+  if (MODE !== 'shim' && MODE !== 'gates') usage(`E2E_CLUSTER_MODE=${MODE}: shim or gates`);
+  if (MODE === 'gates' && INSTALL !== 'kustomize') usage('E2E_CLUSTER_MODE=gates installs with kustomize');
   if (INSTALL === 'helm' && !Helm.available(REPO)) usage('.tools/bin/helm is missing: make kube-tools installs it');
   if (!existsSync(IMAGE_TAR)) usage(`${IMAGE_TAR} is missing: make e2e-cluster builds it with make image`);
   if (spawnSync('etcd', ['--version']).status !== 0) usage('etcd is not installed (make e2e-cluster installs Debian\'s etcd-server)');
@@ -221,7 +227,7 @@ async function main(): Promise<number> {
   // `kubectl version --short` is gone since 1.28; -o json works on every version.
   const kvJson = spawnSync(path.join(binDir, 'kubectl'), ['version', '--client', '-o', 'json'], { encoding: 'utf8' }).stdout;
   const kv = `kubectl ${(JSON.parse(kvJson || '{}') as { clientVersion?: { gitVersion?: string } }).clientVersion?.gitVersion ?? 'unknown'}`;
-  heading = `Kubernetes ${kinfo.version} (${binDir}); ${kv}; etcd ${/etcd Version: (\S+)/.exec(spawnSync('etcd', ['--version'], { encoding: 'utf8' }).stdout)?.[1]}; two nodes`;
+  heading = `Kubernetes ${kinfo.version} (${binDir}); ${kv}; etcd ${/etcd Version: (\S+)/.exec(spawnSync('etcd', ['--version'], { encoding: 'utf8' }).stdout)?.[1]}; two nodes; ${MODE} mode`;
   say(heading);
 
   const scratch = mkdtempSync('/run/probe-agent-e2e-cluster-');
@@ -317,12 +323,13 @@ async function main(): Promise<number> {
   const serverVersion = JSON.parse(k.raw('/version') || '{}') as { minor?: string; gitVersion?: string };
   const serverMinor = Number.parseInt(serverVersion.minor ?? '', 10);
   if (!Number.isInteger(serverMinor)) throw new Error(`the API server's /version has no minor: ${JSON.stringify(serverVersion)}`);
-  say(`API server ${serverVersion.gitVersion}: components ${components(serverMinor).join(', ')}`);
+  if (MODE === 'gates' && serverMinor < 30) usage(`gates mode needs Kubernetes 1.30 or later (the API server is ${serverVersion.gitVersion})`);
+  say(`API server ${serverVersion.gitVersion}: components ${components(serverMinor, MODE).join(', ')}`);
   const nodeOptions = {
     repo: REPO, dir: path.join(scratch, 'overlay'), version: VERSION, nodesDir,
     containerds: nodes.map((n) => ({ dir: n.ctrd.dir, netnsDir: n.ctrd.netnsDir })),
     // The API server reaches the webhook on the open node from that node's bridge address.
-    apiServerCidr: `${slotLayout(open.ctrd.slot).subnet4.replace(/0\/24$/, '1')}/32`, serverMinor,
+    apiServerCidr: `${slotLayout(open.ctrd.slot).subnet4.replace(/0\/24$/, '1')}/32`, serverMinor, mode: MODE,
   };
   k.apply([POD_MONITOR_CRD]);
   k.run(['wait', '--for=condition=established', '--timeout=30s', `crd/${POD_MONITOR_CRD.metadata.name}`]);
@@ -367,6 +374,11 @@ async function main(): Promise<number> {
   const agentNodes = (agentPods ?? []).map((p) => `${p.spec.nodeName}: ${p.metadata.name}`).sort();
   check('agent DaemonSet Ready on both nodes', agentPods !== undefined && new Set(agentPods.map((p) => p.spec.nodeName)).size === 2,
     agentPods ? `${agentNodes.join(', ')}; image ${agentPods[0]!.spec.containers[0].image}` : podSummary(cluster, 'probe-agent'));
+  if (MODE === 'gates') {
+    if (!agentPods) return 1;
+    await gatesPhase({ k, open: open.name, closed: closed.name, closedSubnet: slotLayout(closed.ctrd.slot).subnet4, nft, nftTable: NFT, image: `docker.io/library/${IMAGE}`, scalePods: SCALE_PODS, scratch, closedRuntime: closed.ctrd.socket });
+    return checks.every((c) => c.outcome !== 'FAIL') ? 0 : 1;
+  }
 
   // Step 2a: the installer installs the shim; the run starts it as its unit says; kubelet switches.
   const shimDir = (n: LabNode): string => path.join(n.root, 'opt/probe-agent-shim');
@@ -573,18 +585,6 @@ async function nodeCannotReach(pods: Obj[]): Promise<boolean> {
 }
 
 /**
- * A counter's total (every series summed) from an agent's /metrics, read inside its own pod (the
- * closed node's pods are not reachable from the host) with bash alone, as its probes do; undefined
- * when unreadable, 0 when the agent has no such series.
- */
-function agentMetric(k: Kubectl, pod: string, name: string): number | undefined {
-  const r = k.run(['-n', 'probe-agent', 'exec', pod, '-c', 'agent', '--', 'bash', '-c',
-    'a=$PROBE_AGENT_METRICS_ADDRESS; exec 3<>"/dev/tcp/${a%:*}/${a##*:}" && printf \'GET /metrics HTTP/1.0\\r\\nHost: probe-agent\\r\\n\\r\\n\' >&3 && cat <&3']);
-  if (!r.ok || !/^HTTP\/1\.\d 200/.test(r.stdout)) return undefined;
-  return r.stdout.split('\n').filter((l) => l.startsWith(`${name}{`) || l.startsWith(`${name} `)).reduce((n, l) => n + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
-}
-
-/**
  * Creates a bare pod in an opted-in namespace as its controller would: a refusal by
  * probe-agent-rewrite-reviewed (the review failed: the webhook slow or not Ready on this loaded
  * machine) is retried, up to 6 times 10 s apart; any other answer is returned.
@@ -670,50 +670,6 @@ async function installerChecks(k: Kubectl, cluster: Cluster, scratch: string, se
   const still = k.json<Obj>(['node', own])?.metadata?.labels?.[SHIM_NODE_LABEL];
   check('installer refuses to unlabel while rewritten pods run', !unlabel.ok && still === 'ready' && /web-|daemon-|grpc-/.test(unlabel.stderr),
     `exit ${unlabel.ok ? 0 : 'non-zero'}; label ${still}; ${unlabel.stderr.trim().split('\n').slice(-3).join(' | ').slice(0, 200)}`);
-}
-
-/** Quantiles of a Prometheus histogram's buckets (upper bounds, linear within a bucket). */
-function quantile(buckets: [number, number][], q: number): number {
-  const total = buckets[buckets.length - 1]?.[1] ?? 0;
-  const want = q * total;
-  let prevLe = 0;
-  let prevN = 0;
-  for (const [le, n] of buckets) {
-    if (n >= want) return Number.isFinite(le) ? prevLe + ((le - prevLe) * (want - prevN)) / Math.max(1, n - prevN) : prevLe;
-    prevLe = le;
-    prevN = n;
-  }
-  return prevLe;
-}
-
-/** A histogram's cumulative buckets (upper bound, count) from Prometheus text, summed over the series `match` accepts. */
-function histogram(text: string, name: string, match: (line: string) => boolean): [number, number][] {
-  const byLe = new Map<number, number>();
-  for (const line of text.split('\n')) {
-    if (!line.startsWith(`${name}_bucket{`) || !match(line)) continue;
-    const le = /le="([^"]+)"/.exec(line)?.[1];
-    if (le === undefined) continue;
-    const bound = le === '+Inf' ? Infinity : Number(le);
-    byLe.set(bound, (byLe.get(bound) ?? 0) + Number(line.slice(line.lastIndexOf(' ') + 1)));
-  }
-  return [...byLe].sort((a, b) => a[0] - b[0]);
-}
-
-/** `after` minus `before`, bucket by bucket. */
-const minus = (after: [number, number][], before: [number, number][]): [number, number][] =>
-  after.map(([le, n]) => [le, n - (before.find((b) => b[0] === le)?.[1] ?? 0)]);
-
-const p50p99 = (h: [number, number][]): string => `p50 ${(quantile(h, 0.5) * 1000).toFixed(1)} ms, p99 ${(quantile(h, 0.99) * 1000).toFixed(1)} ms over ${h[h.length - 1]?.[1] ?? 0}`;
-
-/** The API server's calls of `webhook` that did not answer 200, by code and rejection, summed. */
-function failedCalls(text: string, webhook: string): Map<string, number> {
-  const out = new Map<string, number>();
-  for (const line of text.split('\n')) {
-    if (!line.startsWith('apiserver_admission_webhook_request_total{') || !line.includes(`name="${webhook}"`) || line.includes('code="200"')) continue;
-    const key = `code ${/code="([^"]*)"/.exec(line)?.[1]}, rejected ${/rejected="([^"]*)"/.exec(line)?.[1]}`;
-    out.set(key, (out.get(key) ?? 0) + Number(line.slice(line.lastIndexOf(' ') + 1)));
-  }
-  return out;
 }
 
 /** The webhook pods' own request-duration histogram, read with the API server's admission client certificate. */

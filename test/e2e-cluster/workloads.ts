@@ -22,7 +22,7 @@ const GRPC_SERVER = [
 
 const podMeta = (app: string): Record<string, unknown> => ({ labels: { app } });
 
-function deployment(name: string, replicas: number, containers: Record<string, unknown>[], ns = APPS_NS): Record<string, unknown> {
+export function deployment(name: string, replicas: number, containers: Record<string, unknown>[], ns = APPS_NS): Record<string, unknown> {
   return {
     apiVersion: 'apps/v1', kind: 'Deployment', metadata: { name, namespace: ns },
     spec: {

@@ -7,7 +7,10 @@
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import { ApiWriter } from '../../agent/gates/api-writer.ts';
-import { desiredCondition, preStopPlan } from '../../agent/gates/controller.ts';
+import { desiredCondition, GatesController, podAsRuntimeSees, preStopPlan } from '../../agent/gates/controller.ts';
+import { runtimeContainers } from '../../agent/gates/runtime-watch.ts';
+import { createLogger } from '../../agent/log.ts';
+import { ResultsStore } from '../../agent/scheduler/results-store.ts';
 import { GATES_CONDITION_TYPE, parsePodList } from '../../agent/pods/pod-model.ts';
 import type { PodInfo } from '../../agent/pods/types.ts';
 import { rewritePodGates } from '../../agent/rewrite/gates-rewrite.ts';
@@ -83,6 +86,86 @@ describe('gates controller', () => {
     expect(desiredCondition(info, [{ ...st, containerID: 'containerd://c0' }]).reason).toBe('NoDecisionYet');
     expect(desiredCondition(info, [{ ...st, started: false, ready: false }]).reason).toBe('NotStarted');
     expect(desiredCondition(info, [st], new Set(['containerd://c1'])).reason).toBe('ContainerStopping');
+  });
+
+  it('a deleted pod whose container stopped is not written False (kubelet shows it not Ready); a live one is', async () => {
+    const api = await startApiServerStandIn();
+    cleanup.push(() => api.close());
+    const pod = apiPod();
+    api.pods.push(structuredClone(pod));
+    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+    cleanup.push(() => writer.close());
+    const controller = new GatesController({ results: new ResultsStore(), writer, log: createLogger({ level: 'error', write: () => {} }) });
+    cleanup.push(() => controller.close());
+    const info = kubeletView(pod, 'c1', 'True');
+    const stopped = { ...info, containers: [{ ...info.containers[0]!, state: { ...info.containers[0]!.state!, running: false } }] };
+    const patches = () => api.requests.filter((r) => r.method === 'PATCH' && r.url.includes('/status')).length;
+    controller.sync([{ ...stopped, deletionTimestamp: Date.now() }]);
+    await controller.close();
+    expect(patches()).toBe(0);
+    const live = new GatesController({ results: new ResultsStore(), writer, log: createLogger({ level: 'error', write: () => {} }) });
+    cleanup.push(() => live.close());
+    live.sync([stopped]);
+    await live.close();
+    expect(patches()).toBe(1);
+    expect(api.pods[0]!.status.conditions).toMatchObject([{ type: GATES_CONDITION_TYPE, status: 'False', reason: 'ContainerNotRunning' }]);
+  });
+
+  it('a write for a pod already deleted is said at info, with the reason; an API server outage is a warning', async () => {
+    const api = await startApiServerStandIn();
+    cleanup.push(() => api.close());
+    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+    cleanup.push(() => writer.close());
+    const lines: string[] = [];
+    const log = createLogger({ level: 'info', write: (l) => lines.push(l) });
+    const info = kubeletView(apiPod(), 'c1', 'True');
+    const stopped = { ...info, containers: [{ ...info.containers[0]!, state: { ...info.containers[0]!.state!, running: false } }] };
+    const gone = new GatesController({ results: new ResultsStore(), writer, log });
+    gone.sync([stopped]);
+    await gone.close();
+    expect(lines.filter((l) => l.includes('"level":"warn"'))).toEqual([]);
+    expect(lines.join('')).toMatch(/pod condition not written: the pod is gone.*HTTP 404/);
+    api.pods.push(apiPod());
+    api.down = true;
+    const outage = new GatesController({ results: new ResultsStore(), writer, log });
+    outage.sync([stopped]);
+    await outage.close();
+    expect(lines.filter((l) => l.includes('"level":"warn"') && l.includes('pod condition not written'))).toHaveLength(1);
+  });
+
+  it('a crash seen in the runtime\'s container list turns the condition False before kubelet\'s pod list shows it', async () => {
+    const api = await startApiServerStandIn();
+    cleanup.push(() => api.close());
+    const pod = apiPod();
+    api.pods.push({ ...structuredClone(pod), status: { conditions: [{ type: GATES_CONDITION_TYPE, status: 'True' }] } });
+    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+    cleanup.push(() => writer.close());
+    const results = new ResultsStore();
+    results.upsert({ key: { podUID: UID, containerName: 'app', probeType: 'Readiness' }, namespace: 'shop', podName: 'web', containerID: 'containerd://c1', result: 'success', consecutive: 1, lastProbeTime: 1, lastMessage: '', onHold: false, started: true, ready: true });
+    const controller = new GatesController({ results, writer, log: createLogger({ level: 'error', write: () => {} }) });
+    cleanup.push(() => controller.close());
+    const patches = () => api.requests.filter((r) => r.method === 'PATCH' && r.url.includes('/status')).length;
+    const info = kubeletView(pod, 'c1', 'True');
+    controller.sync([info]);
+    // The runtime as CRI ListContainers answers, kubelet's labels on each container.
+    const listed = (items: Array<[string, string, number]>) => runtimeContainers(items.map(([id, state, created]) => ({
+      id, podSandboxId: 's1', metadata: { name: 'app', attempt: 0 }, state: state as 'CONTAINER_RUNNING', createdAt: String(created), annotations: {},
+      labels: { 'io.kubernetes.pod.uid': UID, 'io.kubernetes.container.name': 'app' },
+    })));
+    // Nothing new: no write. A list that does not hold c1 yet (older than kubelet's): no write.
+    expect(controller.runtime(listed([['c1', 'CONTAINER_RUNNING', 1]]))).toBe(false);
+    expect(controller.runtime(listed([['c0', 'CONTAINER_EXITED', 0]]))).toBe(false);
+    await new Promise((r) => setTimeout(r, 100));
+    expect(patches()).toBe(0);
+    // c1 crashed and kubelet started c2: False at once, though kubelet's list still shows c1 running.
+    // ... and kubelet's list is behind: the caller reads it again.
+    expect(controller.runtime(listed([['c1', 'CONTAINER_EXITED', 1], ['c2', 'CONTAINER_RUNNING', 2]]))).toBe(true);
+    await controller.close();
+    expect(patches()).toBe(1);
+    expect(api.pods[0]!.status.conditions).toMatchObject([{ type: GATES_CONDITION_TYPE, status: 'False', reason: 'NoDecisionYet' }]);
+    // Exited with no successor yet: not running.
+    expect(desiredCondition(podAsRuntimeSees(info, listed([['c1', 'CONTAINER_EXITED', 1]])), results.list()).reason).toBe('ContainerNotRunning');
+    expect(podAsRuntimeSees(info, listed([['c1', 'CONTAINER_RUNNING', 1]]))).toBe(info);
   });
 
   it('preStopPlan: HTTP, exec and sleep hooks as kubelet runs them, within the grace period; bad ones said', () => {
