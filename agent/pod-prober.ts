@@ -163,6 +163,7 @@ export class PodProber implements OnDemandProber {
     if (req.handler.kind === 'exec') throw new InvalidProbeError('handler: exec probes are run by kubelet, not by probe-agent');
     const located = await this.locate(req, signal);
     const { pod, container, containerID, sandbox } = located;
+    req.onLocated?.(pod.namespace);
     const shimCall = req.containerID !== undefined;
     const handler = this.#callHandler(req.handler, located, shimCall, req.probeType ? { probeType: req.probeType } : undefined, 'probe');
     // Admitted per namespace and pod as soon as the pod is known (before any netns work, so that a
@@ -228,6 +229,7 @@ export class PodProber implements OnDemandProber {
   async runHook(req: OnDemandHookRequest, signal?: AbortSignal): Promise<HookOutcome> {
     const located = await this.locate(req, signal);
     const { pod, container, sandbox } = located;
+    req.onLocated?.(pod.namespace);
     const shimCall = req.containerID !== undefined;
     const handler = this.#callHandler(req.handler, located, shimCall, { hook: req.hook }, 'hook');
     const run = async (): Promise<HookOutcome> => {

@@ -4,6 +4,7 @@
  * by passing a URL, an IP or an error message. Methods never throw.
  */
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+import type { ExecSyncCacheStats } from '../api/exec-sync.ts';
 import type { Logger } from '../log.ts';
 import type { NotOursReason } from '../pods/types.ts';
 import { DROPPED_POD_REASONS, type DroppedPodReason } from '../pods/pod-list-stream.ts';
@@ -33,18 +34,6 @@ const THRESHOLD_RESULTS: readonly ThresholdResult[] = ['success', 'failure', 'un
 const GRPC_CODES = GRPC_CODE_NAMES;
 /** gRPC method names come from our own service definition; the cap is a guard against a bug, not a feature. */
 const MAX_GRPC_METHODS = 32;
-
-/** ExecSync's parsed-command cache, as ProbeApiServer.execSyncCacheStats() gives it. */
-export interface ExecSyncCacheStats {
-  entries: number;
-  /** Estimated bytes held, and their bound. */
-  bytes: number;
-  maxBytes: number;
-  hits: number;
-  parses: number;
-  /** Entries dropped to stay within the bounds. */
-  evictions: number;
-}
 
 /** Live limiter occupancy, read at scrape time. */
 export interface LimiterStats {
@@ -235,6 +224,33 @@ export class AgentMetrics {
       collect() {
         const stats = self.#execSyncCacheStats();
         if (stats) this.set(stats.maxBytes);
+      },
+    });
+    new Gauge({
+      name: 'probe_agent_exec_sync_cache_namespace_share_bytes',
+      help: 'Each namespace\'s share of the ExecSync cache\'s byte bound (the bound over the namespaces with entries); a namespace at its share evicts only its own entries.',
+      registers,
+      collect() {
+        const stats = self.#execSyncCacheStats();
+        if (stats) this.set(stats.namespaceShareBytes);
+      },
+    });
+    new Gauge({
+      name: 'probe_agent_exec_sync_cache_namespaces',
+      help: 'Namespaces with entries in the ExecSync parsed-command cache.',
+      registers,
+      collect() {
+        const stats = self.#execSyncCacheStats();
+        if (stats) this.set(stats.namespaces);
+      },
+    });
+    new Gauge({
+      name: 'probe_agent_exec_sync_cache_namespaces_at_share',
+      help: 'Namespaces holding at least their share of the ExecSync cache\'s byte bound: once it is full, their new commands evict their own.',
+      registers,
+      collect() {
+        const stats = self.#execSyncCacheStats();
+        if (stats) this.set(stats.namespacesAtShare);
       },
     });
     new Counter({
@@ -439,7 +455,10 @@ export class AgentMetrics {
     if (!this.#execSyncCacheSource) return undefined;
     try {
       const s = this.#execSyncCacheSource();
-      return { entries: count(s.entries), bytes: count(s.bytes), maxBytes: count(s.maxBytes), hits: count(s.hits), parses: count(s.parses), evictions: count(s.evictions) };
+      return {
+        entries: count(s.entries), bytes: count(s.bytes), maxBytes: count(s.maxBytes), hits: count(s.hits), parses: count(s.parses), evictions: count(s.evictions),
+        namespaces: count(s.namespaces), namespaceShareBytes: count(s.namespaceShareBytes), namespacesAtShare: count(s.namespacesAtShare),
+      };
     } catch (err) {
       this.#log.warn('exec-sync cache source failed at scrape', { err });
       return undefined;
