@@ -190,15 +190,6 @@ export class AgentMetrics {
         this.inc({ result: 'parsed' }, stats.parses);
       },
     });
-    new Gauge({
-      name: 'probe_agent_exec_sync_cache_entries',
-      help: 'Parsed rewritten commands ExecSync keeps (by container ID and command; bounded at 4096).',
-      registers,
-      collect() {
-        const stats = self.#execSyncCacheStats();
-        if (stats) this.set(stats.entries);
-      },
-    });
     new Counter({
       name: 'probe_agent_probe_timeouts_overloaded_total',
       help: 'Probe timeouts reported as error (agent-overloaded), not failure: the agent\'s event loop stalled longer than the probe\'s budget could give back to the target.',
@@ -208,51 +199,26 @@ export class AgentMetrics {
         this.inc(overloadedTimeouts());
       },
     });
-    new Gauge({
-      name: 'probe_agent_exec_sync_cache_bytes',
-      help: 'Estimated bytes of the parsed rewritten commands ExecSync keeps.',
-      registers,
-      collect() {
-        const stats = self.#execSyncCacheStats();
-        if (stats) this.set(stats.bytes);
-      },
-    });
-    new Gauge({
-      name: 'probe_agent_exec_sync_cache_max_bytes',
-      help: 'The byte bound of the ExecSync parsed-command cache.',
-      registers,
-      collect() {
-        const stats = self.#execSyncCacheStats();
-        if (stats) this.set(stats.maxBytes);
-      },
-    });
-    new Gauge({
-      name: 'probe_agent_exec_sync_cache_namespace_share_bytes',
-      help: 'Each namespace\'s share of the ExecSync cache\'s byte bound (the bound over the namespaces with entries); a namespace at its share evicts only its own entries.',
-      registers,
-      collect() {
-        const stats = self.#execSyncCacheStats();
-        if (stats) this.set(stats.namespaceShareBytes);
-      },
-    });
-    new Gauge({
-      name: 'probe_agent_exec_sync_cache_namespaces',
-      help: 'Namespaces with entries in the ExecSync parsed-command cache.',
-      registers,
-      collect() {
-        const stats = self.#execSyncCacheStats();
-        if (stats) this.set(stats.namespaces);
-      },
-    });
-    new Gauge({
-      name: 'probe_agent_exec_sync_cache_namespaces_at_share',
-      help: 'Namespaces holding at least their share of the ExecSync cache\'s byte bound: once it is full, their new commands evict their own.',
-      registers,
-      collect() {
-        const stats = self.#execSyncCacheStats();
-        if (stats) this.set(stats.namespacesAtShare);
-      },
-    });
+    // The parsed-command cache's gauges, read from one stats() call each at scrape time.
+    const execSyncGauges: [name: string, help: string, value: (s: ExecSyncCacheStats) => number][] = [
+      ['entries', 'Parsed rewritten commands ExecSync keeps (by container ID and command; bounded at 4096).', (s) => s.entries],
+      ['bytes', 'Estimated bytes of the parsed rewritten commands ExecSync keeps.', (s) => s.bytes],
+      ['max_bytes', 'The byte bound of the ExecSync parsed-command cache.', (s) => s.maxBytes],
+      ['namespaces', 'Namespaces with entries in the ExecSync parsed-command cache.', (s) => s.namespaces],
+      ['namespace_share_bytes', 'Each namespace\'s share of the ExecSync cache\'s byte bound (the bound over the namespaces with entries); once the cache is full, a namespace over its share evicts only its own entries.', (s) => s.namespaceShareBytes],
+      ['namespaces_at_share', 'Namespaces holding at least their share of the ExecSync cache\'s byte bound.', (s) => s.namespacesAtShare],
+    ];
+    for (const [name, help, value] of execSyncGauges) {
+      new Gauge({
+        name: `probe_agent_exec_sync_cache_${name}`,
+        help,
+        registers,
+        collect() {
+          const stats = self.#execSyncCacheStats();
+          if (stats) this.set(value(stats));
+        },
+      });
+    }
     new Counter({
       name: 'probe_agent_exec_sync_cache_evictions_total',
       help: 'Parsed rewritten commands ExecSync dropped to stay within its bounds (a steady rate: more distinct commands than the cache holds).',
