@@ -53,9 +53,15 @@ function hostilePod(p: number): Record<string, unknown> {
   return pod0;
 }
 
-/** A distinct command near the 16 KiB encoding limit: a TCP probe of a closed port, padded with JSON whitespace. */
+/**
+ * A distinct command near the 16 KiB encoding limit: an HTTP probe of a closed port whose two 4,000-octet
+ * header values make its parsed handler large too (about 16 KiB of the cache's estimate, so 3,200 of
+ * them are far beyond its 4 MiB), padded with JSON whitespace.
+ */
 function paddedCommand(n: number): string[] {
-  const json = `{"tcpSocket":{"port":1}${' '.repeat(12_000 + 7 * n)}}`;
+  const headers = [{ name: 'x-a', value: 'a'.repeat(4000) }, { name: 'x-b', value: 'b'.repeat(4000) }];
+  const handler = JSON.stringify({ httpGet: { port: 1, path: `/${n}`, httpHeaders: headers } });
+  const json = `${handler.slice(0, -1)}${' '.repeat(12_000 + 7 * n - handler.length)}}`;
   return [SHIM_COMMAND_PATH, 'readiness', Buffer.from(json).toString('base64url')];
 }
 
