@@ -133,8 +133,14 @@ export class PodProber implements OnDemandProber {
       this.#unresolved.delete(pod.uid);
     } catch (err) {
       // A sandbox the runtime no longer has READY is a pod going (or its sandbox replaced): expected churn.
-      const reason: FailureReason = err instanceof UnsupportedPodError ? 'unsupported-pod' : isSandboxGone(err) ? 'netns-gone' : 'netns-unresolved';
-      const message = describeError(err);
+      let reason: FailureReason = err instanceof UnsupportedPodError ? 'unsupported-pod' : isSandboxGone(err) ? 'netns-gone' : 'netns-unresolved';
+      let message = describeError(err);
+      // A pod being torn down loses its netns before kubelet's list drops it: churn, not a fault.
+      const going = reason === 'netns-unresolved' && !signal.aborted ? await this.#going(pod, outcomeOf(err) === 'not-found', signal) : undefined;
+      if (going !== undefined) {
+        reason = 'netns-gone';
+        message = `pod is going (${going}); not counted: ${message}`;
+      }
       if (outcomeOf(err) === 'not-found' && !signal.aborted) {
         const key = unresolvedKey(pod);
         const failures = miss?.key === key ? miss.failures + 1 : 1;
@@ -157,6 +163,19 @@ export class PodProber implements OnDemandProber {
     this.#o.resolver.invalidate(pod.uid);
     return { ...outcome, result: 'error', reason: 'netns-gone', message: `pod is going (${going}); not counted: ${outcome.message}` };
   };
+
+  /**
+   * Why a pod whose netns was not found is going, or undefined when it is not known to be: kubelet's
+   * latest list marks it deleted or no longer has it, or (`askRuntime`) the runtime has its sandbox
+   * but not READY.
+   */
+  async #going(pod: PodInfo, askRuntime: boolean, signal: AbortSignal): Promise<string | undefined> {
+    const latest = this.#o.pods.get(pod.uid);
+    if (latest === undefined) return 'no longer in kubelet\'s pod list';
+    if (latest.deletionTimestamp !== undefined || pod.deletionTimestamp !== undefined) return 'being deleted';
+    if (!askRuntime || !this.#o.sandboxGoing) return undefined;
+    return this.#o.sandboxGoing(pod.uid, signal).catch(() => undefined);
+  }
 
   /** One-shot probe for the API; rejects with the typed errors the API maps to status codes. */
   async probe(req: OnDemandProbeRequest, signal?: AbortSignal): Promise<ProbeOutcome> {
