@@ -131,7 +131,7 @@ describe('ExecSync\'s parsed-command cache under a flood of distinct padded comm
     await neighbour;
     await new Promise((r) => setTimeout(r, 2000));
     const heapAfter = await metric('nodejs_heap_size_used_bytes');
-    const [entries, bytes, maxBytes, parsed, hits, namespaces, share, atShare] = await Promise.all([
+    const [entries, bytes, maxBytes, parsed, hits, namespaces, share, atShare, evictions] = await Promise.all([
       metric('probe_agent_exec_sync_cache_entries'),
       metric('probe_agent_exec_sync_cache_bytes'),
       metric('probe_agent_exec_sync_cache_max_bytes'),
@@ -140,6 +140,7 @@ describe('ExecSync\'s parsed-command cache under a flood of distinct padded comm
       metric('probe_agent_exec_sync_cache_namespaces'),
       metric('probe_agent_exec_sync_cache_namespace_share_bytes'),
       metric('probe_agent_exec_sync_cache_namespaces_at_share'),
+      metric('probe_agent_exec_sync_cache_evictions_total'),
     ]);
     // Nothing else calls now: the quiet neighbour's call is a hit, not a parse.
     expect(exitCodeOf((await ask(quietCall)).body)).toBe(0);
@@ -149,7 +150,7 @@ describe('ExecSync\'s parsed-command cache under a flood of distinct padded comm
     ]);
     client.close();
     const report = `heap ${(heapBefore / 2 ** 20).toFixed(1)} -> peak ${(heapPeak / 2 ** 20).toFixed(1)} -> ${(heapAfter / 2 ** 20).toFixed(1)} MiB; ` +
-      `cache ${entries} entries, ${bytes} of ${maxBytes} bytes, ${namespaces} namespaces (share ${share} bytes, ${atShare} at it); ${parsed} parsed, ${hits} hits; ` +
+      `cache ${entries} entries, ${bytes} of ${maxBytes} bytes, ${evictions} evicted, ${namespaces} namespaces (share ${share} bytes, ${atShare} at it); ${parsed} parsed, ${hits} hits; ` +
       `quiet neighbour's call after the flood: ${parsedAfterQuiet - parsed} parsed, ${hitsAfterQuiet - hits} hit`;
     expect(agent.proc.exitCode, report).toBeNull();
     expect(answered, report).toBe(PODS * CONTAINERS * COMMANDS);
@@ -159,6 +160,8 @@ describe('ExecSync\'s parsed-command cache under a flood of distinct padded comm
     expect(heapAfter - heapBefore, report).toBeLessThan(16 * 2 ** 20);
     expect(neighbourAnswers.length, report).toBeGreaterThan(0);
     expect(neighbourAnswers.filter((c) => c !== 0), report).toEqual([]);
+    // The flood overflowed the cache many times over, yet the quiet neighbour's command stayed.
+    expect(evictions, report).toBeGreaterThan(PODS * CONTAINERS * COMMANDS / 2);
     expect({ parsed: parsedAfterQuiet - parsed, hits: hitsAfterQuiet - hits }, report).toEqual({ parsed: 0, hits: 1 });
     expect({ namespaces, share, atShare }, report).toEqual({ namespaces: 3, share: Math.floor(maxBytes / 3), atShare: 1 });
   }, 600_000);
