@@ -136,7 +136,7 @@ export class PodProber implements OnDemandProber {
       let reason: FailureReason = err instanceof UnsupportedPodError ? 'unsupported-pod' : isSandboxGone(err) ? 'netns-gone' : 'netns-unresolved';
       let message = describeError(err);
       // A pod being torn down loses its netns before kubelet's list drops it: churn, not a fault.
-      const going = reason === 'netns-unresolved' && !signal.aborted ? await this.#going(pod, outcomeOf(err) === 'not-found', signal) : undefined;
+      const going = reason === 'netns-unresolved' ? this.#going(pod) : undefined;
       if (going !== undefined) {
         reason = 'netns-gone';
         message = `pod is going (${going}); not counted: ${message}`;
@@ -165,16 +165,15 @@ export class PodProber implements OnDemandProber {
   };
 
   /**
-   * Why a pod whose netns was not found is going, or undefined when it is not known to be: kubelet's
-   * latest list marks it deleted or no longer has it, or (`askRuntime`) the runtime has its sandbox
-   * but not READY.
+   * Why a pod whose netns was not found is going, from kubelet's latest list (no runtime call: this
+   * runs for every unresolved pod): marked deleted, or no longer listed. A sandbox the runtime has
+   * but not READY is the resolvers' own finding (isSandboxGone).
    */
-  async #going(pod: PodInfo, askRuntime: boolean, signal: AbortSignal): Promise<string | undefined> {
+  #going(pod: PodInfo): string | undefined {
     const latest = this.#o.pods.get(pod.uid);
     if (latest === undefined) return 'no longer in kubelet\'s pod list';
     if (latest.deletionTimestamp !== undefined || pod.deletionTimestamp !== undefined) return 'being deleted';
-    if (!askRuntime || !this.#o.sandboxGoing) return undefined;
-    return this.#o.sandboxGoing(pod.uid, signal).catch(() => undefined);
+    return undefined;
   }
 
   /** One-shot probe for the API; rejects with the typed errors the API maps to status codes. */

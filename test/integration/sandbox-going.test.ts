@@ -3,7 +3,7 @@
  * its shutdown, not the app's ill health, and is thrown away (an error) instead of counting toward
  * a restart. Against a real containerd: one running sandbox (whose netns the probe really runs in,
  * to a closed port) and one stopped sandbox (whose pod UID the probed pod carries). Likewise a pod
- * whose netns no resolver finds is going, not a fault, when the runtime says its sandbox stopped.
+ * whose sandbox stopped is going, not a fault, when the CRI resolver finds no READY sandbox for it.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'containerd', 'ctr', 'gcc', 'tar']);
@@ -15,7 +15,8 @@ import { parseFeatureGates } from '../../agent/featuregates.ts';
 import { CriClient } from '../../agent/netns/cri-client.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
-import { NetnsResolverChain, resolveFailure, type NetnsResolver } from '../../agent/netns/resolver.ts';
+import { CriResolver } from '../../agent/netns/cri-resolver.ts';
+import { NetnsResolverChain, type NetnsResolver } from '../../agent/netns/resolver.ts';
 import { PodProber } from '../../agent/pod-prober.ts';
 import type { ContainerInfo, PodInfo } from '../../agent/pods/types.ts';
 import type { ProbeSpec } from '../../agent/probe/types.ts';
@@ -52,17 +53,10 @@ const fixed: NetnsResolver = {
   name: 'cri',
   resolve: async () => ({ path: live.netnsPath, resolver: 'cri', inode: statSync(live.netnsPath).ino }),
 };
-/** Finds no netns for any pod, as the address resolver answers for IPs no netns holds. */
-const nowhere: NetnsResolver = {
-  name: 'address',
-  resolve: async (p) => {
-    throw resolveFailure('not-found', `address: no netns holds ${p.podIPs.join(', ')}`, { uid: p.uid });
-  },
-};
 
 /**
  * A prober whose netns for every pod is the live sandbox's (the resolver is not what is under test),
- * or none with `resolver: nowhere`; `pods` is kubelet's latest list.
+ * or `resolver`'s; `pods` is kubelet's latest list.
  */
 function prober(withRuntime: boolean, opts: { resolver?: NetnsResolver; pods?: PodInfo[] } = {}): PodProber {
   const pods = opts.pods ?? [];
@@ -116,17 +110,17 @@ describe('a stopped sandbox (the runtime knows the pod is going before the pod l
     expect(await prober(false).runForWorker(g.pod, g.container, liveness, signal)).toMatchObject({ result: 'failure', reason: 'refused' });
   });
 
-  it('a pod whose netns is not found is going (netns-gone, logged at info) when its sandbox stopped; a running one stays netns-unresolved', async () => {
+  it('the CRI resolver: a pod whose sandbox stopped is going (netns-gone, not counted), a pod it never ran is netns-unresolved', async () => {
     const readiness = spec();
     const g = podOf(gone.uid, spec(), readiness);
-    const l = podOf(live.uid, spec(), readiness);
+    const stranger = podOf(randomUUID(), spec(), readiness);
     const signal = new AbortController().signal;
-    const p = prober(true, { resolver: nowhere, pods: [g.pod, l.pod] });
+    const p = prober(false, { resolver: new CriResolver({ client }), pods: [g.pod, stranger.pod] });
     const gv = await p.runForWorker(g.pod, g.container, readiness, signal);
     expect(gv).toMatchObject({ result: 'error', reason: 'netns-gone' });
-    expect(gv.message).toMatch(/^pod is going \(sandbox [0-9a-f]{12} is SANDBOX_NOTREADY\); not counted: .*no netns holds/);
-    expect(await p.runForWorker(l.pod, l.container, readiness, signal)).toMatchObject({ result: 'error', reason: 'netns-unresolved' });
-    // Without the runtime's word, the stopped sandbox's pod is unresolved like any other.
-    expect(await prober(false, { resolver: nowhere, pods: [g.pod] }).runForWorker(g.pod, g.container, readiness, signal)).toMatchObject({ result: 'error', reason: 'netns-unresolved' });
+    expect(gv.message).toMatch(/no READY sandbox \([0-9a-f]{12,13} is SANDBOX_NOTREADY\)/);
+    const sv = await p.runForWorker(stranger.pod, stranger.container, readiness, signal);
+    expect(sv).toMatchObject({ result: 'error', reason: 'netns-unresolved' });
+    expect(sv.message).toMatch(/no READY sandbox/);
   });
 });
