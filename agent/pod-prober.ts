@@ -133,8 +133,14 @@ export class PodProber implements OnDemandProber {
       this.#unresolved.delete(pod.uid);
     } catch (err) {
       // A sandbox the runtime no longer has READY is a pod going (or its sandbox replaced): expected churn.
-      const reason: FailureReason = err instanceof UnsupportedPodError ? 'unsupported-pod' : isSandboxGone(err) ? 'netns-gone' : 'netns-unresolved';
-      const message = describeError(err);
+      let reason: FailureReason = err instanceof UnsupportedPodError ? 'unsupported-pod' : isSandboxGone(err) ? 'netns-gone' : 'netns-unresolved';
+      let message = describeError(err);
+      // A pod being torn down loses its netns before kubelet's list drops it: churn, not a fault.
+      const going = reason === 'netns-unresolved' ? this.#going(pod) : undefined;
+      if (going !== undefined) {
+        reason = 'netns-gone';
+        message = `pod is going (${going}); not counted: ${message}`;
+      }
       if (outcomeOf(err) === 'not-found' && !signal.aborted) {
         const key = unresolvedKey(pod);
         const failures = miss?.key === key ? miss.failures + 1 : 1;
@@ -158,11 +164,24 @@ export class PodProber implements OnDemandProber {
     return { ...outcome, result: 'error', reason: 'netns-gone', message: `pod is going (${going}); not counted: ${outcome.message}` };
   };
 
+  /**
+   * Why a pod whose netns was not found is going, from kubelet's latest list (no runtime call: this
+   * runs for every unresolved pod): marked deleted, or no longer listed. A sandbox the runtime has
+   * but not READY is the resolvers' own finding (isSandboxGone).
+   */
+  #going(pod: PodInfo): string | undefined {
+    const latest = this.#o.pods.get(pod.uid);
+    if (latest === undefined) return 'no longer in kubelet\'s pod list';
+    if (latest.deletionTimestamp !== undefined || pod.deletionTimestamp !== undefined) return 'being deleted';
+    return undefined;
+  }
+
   /** One-shot probe for the API; rejects with the typed errors the API maps to status codes. */
   async probe(req: OnDemandProbeRequest, signal?: AbortSignal): Promise<ProbeOutcome> {
     if (req.handler.kind === 'exec') throw new InvalidProbeError('handler: exec probes are run by kubelet, not by probe-agent');
     const located = await this.locate(req, signal);
     const { pod, container, containerID, sandbox } = located;
+    req.onLocated?.(pod.namespace);
     const shimCall = req.containerID !== undefined;
     const handler = this.#callHandler(req.handler, located, shimCall, req.probeType ? { probeType: req.probeType } : undefined, 'probe');
     // Admitted per namespace and pod as soon as the pod is known (before any netns work, so that a
@@ -228,6 +247,7 @@ export class PodProber implements OnDemandProber {
   async runHook(req: OnDemandHookRequest, signal?: AbortSignal): Promise<HookOutcome> {
     const located = await this.locate(req, signal);
     const { pod, container, sandbox } = located;
+    req.onLocated?.(pod.namespace);
     const shimCall = req.containerID !== undefined;
     const handler = this.#callHandler(req.handler, located, shimCall, { hook: req.hook }, 'hook');
     const run = async (): Promise<HookOutcome> => {

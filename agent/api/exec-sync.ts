@@ -8,7 +8,8 @@
  * The hot path converts the handler at most twice: the request is decoded once here
  * (decodeExecSyncRequest: container_id, the command's three strings as raw bytes, timeout), and the
  * command is parsed once per (container ID, command bytes) (ExecSyncHandlerCache: base64url, JSON,
- * parseProbe's validation); a cached command skips all three. The parsed handler then runs the path
+ * parseProbe's validation; kept under the pod's namespace once the container is found); a cached
+ * command skips all three. The parsed handler then runs the path
  * the Probe and RunLifecycleHandler RPCs run for a call by container ID (runProbeCall /
  * runLifecycleCall -> PodProber: container lookup, tenant admission, the host policy, header values
  * from the pod's annotation), and the answer is encoded by hand.
@@ -119,9 +120,40 @@ export interface ExecSyncCacheBounds {
 /** Default byte bound of the handler cache: a node's 250 pods x 5 commands take about 1 MiB. */
 export const DEFAULT_EXEC_SYNC_CACHE_BYTES = 4 * 1024 * 1024;
 
+/** The cache's counters and bounds (metrics and tests). */
+export interface ExecSyncCacheStats {
+  entries: number;
+  /** Estimated bytes held, and their bound. */
+  bytes: number;
+  maxBytes: number;
+  hits: number;
+  parses: number;
+  /** Entries dropped to stay within the bounds. */
+  evictions: number;
+  /** Namespaces with entries, and each one's share of maxBytes (maxBytes / namespaces). */
+  namespaces: number;
+  namespaceShareBytes: number;
+  /** Namespaces holding at least their share: once the cache is full, their new commands evict their own. */
+  namespacesAtShare: number;
+}
+
+interface Tenant {
+  name: string;
+  /** Its entries, least recently used first. */
+  entries: Map<string, CacheEntry>;
+  bytes: number;
+}
+
 interface CacheEntry {
   parsed: ParsedCommand;
   bytes: number;
+  tenant: Tenant;
+}
+
+/** A lookup's answer: on a miss, `keep` stores the parsed command once its pod's namespace is known. */
+export interface ExecSyncLookup {
+  parsed: ParsedCommand;
+  keep?: (namespace: string) => void;
 }
 
 /**
@@ -135,7 +167,15 @@ interface CacheEntry {
  * A container's entries go when the agent learns it is gone or replaced (forgetContainer: a new
  * container ID for the same pod and name, an exited container, its pod left kubelet's list). A
  * command evicted by a flood only costs its next call one parse (bounded by the command's 16 KiB).
- * A malformed command is not cached (it is answered INVALID_ARGUMENT each time).
+ * A malformed command is not cached (it is answered INVALID_ARGUMENT each time), nor is one whose
+ * container was not found (no namespace to charge it to).
+ *
+ * Entries are charged to their pod's namespace, and each namespace present has an equal share of
+ * both bounds. When the cache is full, a namespace over its share evicts its own least recently
+ * used entries; one within it evicts from the namespace holding the most. So a namespace
+ * sending many distinct commands churns only itself: a neighbour under its share keeps its parsed
+ * probes (re-parsing them is CPU one tenant would otherwise impose on another). A namespace alone
+ * on the node may use the whole bound.
  */
 export class ExecSyncHandlerCache {
   readonly maxBytes: number;
@@ -143,6 +183,8 @@ export class ExecSyncHandlerCache {
   readonly #entries = new Map<string, CacheEntry>();
   /** Normalized container ID -> its entries' keys. */
   readonly #byContainer = new Map<string, Set<string>>();
+  /** Namespace -> its entries; only namespaces with entries. */
+  readonly #tenants = new Map<string, Tenant>();
   #bytes = 0;
   /** Cache hits: calls that skipped base64url, JSON and parseProbe (metrics and tests). */
   hits = 0;
@@ -165,33 +207,50 @@ export class ExecSyncHandlerCache {
     return this.#bytes;
   }
 
-  /** The parsed command for a request; throws ShimCommandError or InvalidProbeError for a bad one. */
-  get(containerId: string, cmd: readonly Buffer[]): ParsedCommand {
+  /** Each namespace's share of the byte bound right now. */
+  get namespaceShareBytes(): number {
+    return Math.floor(this.maxBytes / Math.max(1, this.#tenants.size));
+  }
+
+  /** Estimated bytes a namespace's entries hold (tests). */
+  bytesOf(namespace: string): number {
+    return this.#tenants.get(namespace)?.bytes ?? 0;
+  }
+
+  stats(): ExecSyncCacheStats {
+    const n = this.#tenants.size;
+    let atShare = 0;
+    for (const t of this.#tenants.values()) if (t.bytes * n >= this.maxBytes) atShare++;
+    return {
+      entries: this.size, bytes: this.#bytes, maxBytes: this.maxBytes, hits: this.hits, parses: this.parses, evictions: this.evictions,
+      namespaces: n, namespaceShareBytes: this.namespaceShareBytes, namespacesAtShare: atShare,
+    };
+  }
+
+  /**
+   * The parsed command for a request; throws ShimCommandError or InvalidProbeError for a bad one.
+   * A miss is not kept until `keep` names the namespace of the container's pod.
+   */
+  lookup(containerId: string, cmd: readonly Buffer[]): ExecSyncLookup {
     const key = digestOf(containerId, cmd);
     const hit = this.#entries.get(key);
     if (hit !== undefined) {
       this.hits++;
       // Most recently used moves to the back.
-      this.#entries.delete(key);
-      this.#entries.set(key, hit);
-      return hit.parsed;
+      hit.tenant.entries.delete(key);
+      hit.tenant.entries.set(key, hit);
+      return { parsed: hit.parsed };
     }
     this.parses++;
     const parsed = parseCommand(containerId, cmd);
-    const bytes = ENTRY_OVERHEAD_BYTES + 2 * (parsed.containerID.length + JSON.stringify(parsed.handler).length);
-    // One entry larger than the whole bound is answered, not kept.
-    if (bytes > this.maxBytes) return parsed;
-    let keys = this.#byContainer.get(parsed.containerID);
-    if (keys === undefined) {
-      keys = new Set();
-      this.#byContainer.set(parsed.containerID, keys);
-    }
-    if (keys.size >= MAX_ENTRIES_PER_CONTAINER) this.#evict(keys.values().next().value as string);
-    this.#entries.set(key, { parsed, bytes });
-    keys.add(key);
-    this.#bytes += bytes;
-    while (this.#entries.size > this.maxEntries || this.#bytes > this.maxBytes) this.#evict(this.#entries.keys().next().value as string);
-    return parsed;
+    return { parsed, keep: (namespace) => this.#keep(key, parsed, namespace) };
+  }
+
+  /** lookup(), kept at once under `namespace` (for callers that know it up front). */
+  get(containerId: string, cmd: readonly Buffer[], namespace = ''): ParsedCommand {
+    const found = this.lookup(containerId, cmd);
+    found.keep?.(namespace);
+    return found.parsed;
   }
 
   /** Drops every command of a container (raw or normalized ID): it is gone or replaced. */
@@ -207,6 +266,50 @@ export class ExecSyncHandlerCache {
     if (keys) for (const key of [...keys]) this.#drop(key);
   }
 
+  #keep(key: string, parsed: ParsedCommand, namespace: string): void {
+    // Two calls that missed together: the first one kept it.
+    if (this.#entries.has(key)) return;
+    const bytes = ENTRY_OVERHEAD_BYTES + 2 * (parsed.containerID.length + namespace.length + JSON.stringify(parsed.handler).length);
+    // One entry larger than the whole bound is answered, not kept.
+    if (bytes > this.maxBytes) return;
+    let keys = this.#byContainer.get(parsed.containerID);
+    if (keys === undefined) {
+      keys = new Set();
+      this.#byContainer.set(parsed.containerID, keys);
+    }
+    if (keys.size >= MAX_ENTRIES_PER_CONTAINER) this.#evict(keys.values().next().value as string);
+    let tenant = this.#tenants.get(namespace);
+    if (tenant === undefined) {
+      tenant = { name: namespace, entries: new Map(), bytes: 0 };
+      this.#tenants.set(namespace, tenant);
+    }
+    const entry: CacheEntry = { parsed, bytes, tenant };
+    this.#entries.set(key, entry);
+    tenant.entries.set(key, entry);
+    tenant.bytes += bytes;
+    keys.add(key);
+    this.#bytes += bytes;
+    while (this.#entries.size > this.maxEntries || this.#bytes > this.maxBytes) {
+      const byBytes = this.#bytes > this.maxBytes;
+      const n = this.#tenants.size;
+      const over = byBytes ? tenant.bytes * n > this.maxBytes : tenant.entries.size * n > this.maxEntries;
+      const victim = over && tenant.entries.size > 0 ? tenant : this.#largest(byBytes);
+      this.#evict(victim.entries.keys().next().value as string);
+    }
+  }
+
+  /**
+   * The namespace holding the most: over its share whenever the cache is over its bound (the shares
+   * add up to the bound). O(namespaces), and only when a namespace under its share fills the cache.
+   */
+  #largest(byBytes: boolean): Tenant {
+    let best: Tenant | undefined;
+    for (const t of this.#tenants.values()) {
+      if (best === undefined || (byBytes ? t.bytes > best.bytes : t.entries.size > best.entries.size)) best = t;
+    }
+    return best as Tenant;
+  }
+
   #evict(key: string): void {
     this.evictions++;
     this.#drop(key);
@@ -217,6 +320,9 @@ export class ExecSyncHandlerCache {
     if (!e) return;
     this.#entries.delete(key);
     this.#bytes -= e.bytes;
+    e.tenant.entries.delete(key);
+    e.tenant.bytes -= e.bytes;
+    if (e.tenant.entries.size === 0) this.#tenants.delete(e.tenant.name);
     const keys = this.#byContainer.get(e.parsed.containerID);
     keys?.delete(key);
     if (keys?.size === 0) this.#byContainer.delete(e.parsed.containerID);
@@ -261,8 +367,9 @@ export async function handleExecSync(request: Buffer, call: CallLike, deps: Exec
     throw err;
   }
   let cmd: ParsedCommand;
+  let keep: ((namespace: string) => void) | undefined;
   try {
-    cmd = deps.cache.get(req.containerId, req.cmd);
+    ({ parsed: cmd, keep } = deps.cache.lookup(req.containerId, req.cmd));
   } catch (err) {
     if (err instanceof ShimCommandError || err instanceof InvalidProbeError) throw badCommand(err.message);
     throw err;
@@ -276,7 +383,7 @@ export async function handleExecSync(request: Buffer, call: CallLike, deps: Exec
       // Not started: the shim sends it to the next agent (a probe may run twice; it only reads).
       if (deps.stopping()) throw new NotStartedError(`probe-agent is shutting down: the ${what} was not started`, NOT_STARTED_DRAINING);
       const outcome = await runProbeCall(
-        { containerID: cmd.containerID, probeType: cmd.probeType, handler: cmd.handler, timeoutSeconds: req.timeout },
+        { containerID: cmd.containerID, probeType: cmd.probeType, handler: cmd.handler, timeoutSeconds: req.timeout, onLocated: keep },
         call, deps.prober, deps.probeGate,
       );
       return answerOf(outcome.result, boundMessage(outcome.message), outcome.reason ?? '', what);
@@ -284,7 +391,7 @@ export async function handleExecSync(request: Buffer, call: CallLike, deps: Exec
     // A draining agent refuses new hooks in a way the shim can tell from "it may have run": the
     // shim sends such a hook again to the next agent (docs/closing-the-hole.md).
     if (deps.stopping()) throw new NotStartedError(`probe-agent refused the ${what}: ${DRAINING_DETAIL}`, NOT_STARTED_DRAINING);
-    const outcome = await runLifecycleCall({ containerID: cmd.containerID, hook: cmd.hook, handler: cmd.handler, timeoutSeconds: 0 }, call, deps.prober, deps.hookGate);
+    const outcome = await runLifecycleCall({ containerID: cmd.containerID, hook: cmd.hook, handler: cmd.handler, timeoutSeconds: 0, onLocated: keep }, call, deps.prober, deps.hookGate);
     // A hook's answer names no reason (RunLifecycleHandlerResponse has none).
     return answerOf(outcome.result, boundMessage(outcome.message), '', what);
   } catch (err) {

@@ -20,7 +20,7 @@ import type { OnDemandProber, ProbeStatus, ResultsReader } from '../scheduler/ty
 import { AGENT_NAME, AGENT_VERSION, API_VERSION } from '../version.ts';
 import { filterFromWire, revisionFromWire, statusToWire } from './convert.ts';
 import { NotStartedError, RpcError, grpcStatusFor, handleProbeCall, type CallLike, type ProbeCallGate } from './probe-call.ts';
-import { ExecSyncHandlerCache, handleExecSync } from './exec-sync.ts';
+import { ExecSyncHandlerCache, handleExecSync, type ExecSyncCacheStats } from './exec-sync.ts';
 import { handleLifecycleCall } from './lifecycle-call.ts';
 import { DRAINING_DETAIL, NOT_STARTED_DRAINING } from './hook-refusal.ts';
 import {
@@ -290,10 +290,9 @@ export class ProbeApiServer {
     return { watchers: this.#watchers.size, probesInFlight: this.#probeGate.inFlight, unaryInFlight: this.#unaryInFlight };
   }
 
-  /** ExecSync's handler cache: entries, bytes, hits, parses, evictions (metrics and tests). */
-  execSyncCacheStats(): { entries: number; bytes: number; maxBytes: number; hits: number; parses: number; evictions: number } {
-    const c = this.#execSyncCache;
-    return { entries: c.size, bytes: c.bytes, maxBytes: c.maxBytes, hits: c.hits, parses: c.parses, evictions: c.evictions };
+  /** ExecSync's handler cache: bounds, entries, counters, namespace shares (metrics and tests). */
+  execSyncCacheStats(): ExecSyncCacheStats {
+    return this.#execSyncCache.stats();
   }
 
   /** Drops ExecSync's parsed commands of containers that are gone (their pod left kubelet's list). */

@@ -4,6 +4,7 @@
  * by passing a URL, an IP or an error message. Methods never throw.
  */
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+import type { ExecSyncCacheStats } from '../api/exec-sync.ts';
 import type { Logger } from '../log.ts';
 import type { NotOursReason } from '../pods/types.ts';
 import { DROPPED_POD_REASONS, type DroppedPodReason } from '../pods/pod-list-stream.ts';
@@ -33,18 +34,6 @@ const THRESHOLD_RESULTS: readonly ThresholdResult[] = ['success', 'failure', 'un
 const GRPC_CODES = GRPC_CODE_NAMES;
 /** gRPC method names come from our own service definition; the cap is a guard against a bug, not a feature. */
 const MAX_GRPC_METHODS = 32;
-
-/** ExecSync's parsed-command cache, as ProbeApiServer.execSyncCacheStats() gives it. */
-export interface ExecSyncCacheStats {
-  entries: number;
-  /** Estimated bytes held, and their bound. */
-  bytes: number;
-  maxBytes: number;
-  hits: number;
-  parses: number;
-  /** Entries dropped to stay within the bounds. */
-  evictions: number;
-}
 
 /** Live limiter occupancy, read at scrape time. */
 export interface LimiterStats {
@@ -201,15 +190,6 @@ export class AgentMetrics {
         this.inc({ result: 'parsed' }, stats.parses);
       },
     });
-    new Gauge({
-      name: 'probe_agent_exec_sync_cache_entries',
-      help: 'Parsed rewritten commands ExecSync keeps (by container ID and command; bounded at 4096).',
-      registers,
-      collect() {
-        const stats = self.#execSyncCacheStats();
-        if (stats) this.set(stats.entries);
-      },
-    });
     new Counter({
       name: 'probe_agent_probe_timeouts_overloaded_total',
       help: 'Probe timeouts reported as error (agent-overloaded), not failure: the agent\'s event loop stalled longer than the probe\'s budget could give back to the target.',
@@ -219,24 +199,26 @@ export class AgentMetrics {
         this.inc(overloadedTimeouts());
       },
     });
-    new Gauge({
-      name: 'probe_agent_exec_sync_cache_bytes',
-      help: 'Estimated bytes of the parsed rewritten commands ExecSync keeps.',
-      registers,
-      collect() {
-        const stats = self.#execSyncCacheStats();
-        if (stats) this.set(stats.bytes);
-      },
-    });
-    new Gauge({
-      name: 'probe_agent_exec_sync_cache_max_bytes',
-      help: 'The byte bound of the ExecSync parsed-command cache.',
-      registers,
-      collect() {
-        const stats = self.#execSyncCacheStats();
-        if (stats) this.set(stats.maxBytes);
-      },
-    });
+    // The parsed-command cache's gauges, read from one stats() call each at scrape time.
+    const execSyncGauges: [name: string, help: string, value: (s: ExecSyncCacheStats) => number][] = [
+      ['entries', 'Parsed rewritten commands ExecSync keeps (by container ID and command; bounded at 4096).', (s) => s.entries],
+      ['bytes', 'Estimated bytes of the parsed rewritten commands ExecSync keeps.', (s) => s.bytes],
+      ['max_bytes', 'The byte bound of the ExecSync parsed-command cache.', (s) => s.maxBytes],
+      ['namespaces', 'Namespaces with entries in the ExecSync parsed-command cache.', (s) => s.namespaces],
+      ['namespace_share_bytes', 'Each namespace\'s share of the ExecSync cache\'s byte bound (the bound over the namespaces with entries); once the cache is full, a namespace over its share evicts only its own entries.', (s) => s.namespaceShareBytes],
+      ['namespaces_at_share', 'Namespaces holding at least their share of the ExecSync cache\'s byte bound.', (s) => s.namespacesAtShare],
+    ];
+    for (const [name, help, value] of execSyncGauges) {
+      new Gauge({
+        name: `probe_agent_exec_sync_cache_${name}`,
+        help,
+        registers,
+        collect() {
+          const stats = self.#execSyncCacheStats();
+          if (stats) this.set(value(stats));
+        },
+      });
+    }
     new Counter({
       name: 'probe_agent_exec_sync_cache_evictions_total',
       help: 'Parsed rewritten commands ExecSync dropped to stay within its bounds (a steady rate: more distinct commands than the cache holds).',
@@ -439,7 +421,10 @@ export class AgentMetrics {
     if (!this.#execSyncCacheSource) return undefined;
     try {
       const s = this.#execSyncCacheSource();
-      return { entries: count(s.entries), bytes: count(s.bytes), maxBytes: count(s.maxBytes), hits: count(s.hits), parses: count(s.parses), evictions: count(s.evictions) };
+      return {
+        entries: count(s.entries), bytes: count(s.bytes), maxBytes: count(s.maxBytes), hits: count(s.hits), parses: count(s.parses), evictions: count(s.evictions),
+        namespaces: count(s.namespaces), namespaceShareBytes: count(s.namespaceShareBytes), namespacesAtShare: count(s.namespacesAtShare),
+      };
     } catch (err) {
       this.#log.warn('exec-sync cache source failed at scrape', { err });
       return undefined;

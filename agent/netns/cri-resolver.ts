@@ -56,12 +56,14 @@ export class CriResolver implements NetnsResolver {
   async resolve(pod: PodRef, signal?: AbortSignal): Promise<NetnsResolution> {
     checkPodRef(pod);
     const who = podLabel(pod);
-    const items = await this.client.listPodSandbox(
-      { state: { state: 'SANDBOX_READY' }, labelSelector: { [POD_UID_LABEL]: pod.uid } },
-      signal,
-    );
+    // Every state, so that a stopped sandbox tells a pod going from one the runtime never ran.
+    const items = await this.client.listPodSandbox({ labelSelector: { [POD_UID_LABEL]: pod.uid } }, signal);
     // Some runtimes have ignored parts of the filter in the past; do not trust it blindly.
-    const ready = items.filter((s) => s.state === 'SANDBOX_READY' && s.labels?.[POD_UID_LABEL] === pod.uid);
+    const mine = items.filter((s) => s.labels?.[POD_UID_LABEL] === pod.uid);
+    const ready = mine.filter((s) => s.state === 'SANDBOX_READY');
+    if (ready.length === 0 && mine.length > 0) {
+      throw resolveFailure('not-found', `pod ${who}: no READY sandbox (${mine.slice(0, 3).map((s) => `${short(s.id)} is ${s.state}`).join(', ')})`, { uid: pod.uid, sandboxGone: true });
+    }
     const sandbox = pickNewest(ready, who);
     this.#refuseSandboxedHandler(sandbox.runtimeHandler, sandbox.id, who);
     throwIfAborted(signal, `resolving the netns of pod ${who}`);

@@ -258,9 +258,10 @@ export class NetnsResolverChain {
         const outcome = outcomeOf(err);
         this.#observe(resolver.name, outcome, started);
         if (outcome === 'unsupported') throw err;
-        if (outcome === 'not-found' && resolver.name === 'cri' && this.#runtimeKnown.has(pod.uid)) {
-          // The runtime ran this pod and has no READY sandbox for it now: the pod is gone or its
-          // sandbox is being replaced. Its IPs may already belong to another pod: look no further.
+        if (outcome === 'not-found' && resolver.name === 'cri' && (this.#runtimeKnown.has(pod.uid) || isSandboxGone(err))) {
+          // The runtime ran this pod (we resolved it before, or it lists a stopped sandbox) and has no
+          // READY sandbox for it now: the pod is gone or its sandbox is being replaced. Its IPs may
+          // already belong to another pod: look no further.
           throw resolveFailure(
             'not-found',
             `netns of pod ${podLabel(pod)} not resolvable: the runtime no longer has a READY sandbox for it (${describeError(err)}); ` +

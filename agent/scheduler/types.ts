@@ -106,6 +106,8 @@ export interface OnDemandProbeRequest {
    * could not start its full timeout before it is refused instead of queued (RESOURCE_EXHAUSTED).
    */
   deadlineAt?: number;
+  /** Called with the pod's namespace once the pod is found, before admission (ExecSync's cache charges its entry to it). */
+  onLocated?: (namespace: string) => void;
 }
 
 /** A lifecycle hook to run for the API's RunLifecycleHandler (the pod named as in OnDemandProbeRequest). */
@@ -120,6 +122,8 @@ export interface OnDemandHookRequest {
   timeoutSeconds: number;
   /** Epoch ms when the caller stops waiting, as in OnDemandProbeRequest. */
   deadlineAt?: number;
+  /** As in OnDemandProbeRequest. */
+  onLocated?: (namespace: string) => void;
 }
 
 /**

@@ -4,7 +4,10 @@
  * hand-written `/.probe-agent/v1` exec commands distinct and padded with JSON whitespace to near the
  * 16 KiB limit (such a probe needs no webhook, and need not succeed). The agent's heap stays
  * bounded (the cache keeps digests and parsed handlers, bounded in bytes, never the commands), the
- * agent lives, and a neighbour's rewritten probe, asked all along, keeps every answer.
+ * agent lives, and a neighbour's rewritten probe, asked all along, keeps every answer. A quiet
+ * neighbour in a third namespace, asked only before and after the flood (its entry the least recently
+ * used of all), is still answered from the cache: the flooding namespace, over its share, evicted
+ * only its own entries.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot();
@@ -26,6 +29,7 @@ const PODS = 40;
 const CONTAINERS = 10;
 const COMMANDS = 8;
 const NEIGHBOUR = 'ab'.repeat(32);
+const QUIET = 'cd'.repeat(32);
 
 let lab: Lab;
 let pod: LabPod;
@@ -49,9 +53,15 @@ function hostilePod(p: number): Record<string, unknown> {
   return pod0;
 }
 
-/** A distinct command near the 16 KiB encoding limit: a TCP probe of a closed port, padded with JSON whitespace. */
+/**
+ * A distinct command near the 16 KiB encoding limit: an HTTP probe of a closed port whose two 4,000-octet
+ * header values make its parsed handler large too (about 16 KiB of the cache's estimate, so 3,200 of
+ * them are far beyond its 4 MiB), padded with JSON whitespace.
+ */
 function paddedCommand(n: number): string[] {
-  const json = `{"tcpSocket":{"port":1}${' '.repeat(12_000 + 7 * n)}}`;
+  const headers = [{ name: 'x-a', value: 'a'.repeat(4000) }, { name: 'x-b', value: 'b'.repeat(4000) }];
+  const handler = JSON.stringify({ httpGet: { port: 1, path: `/${n}`, httpHeaders: headers } });
+  const json = `${handler.slice(0, -1)}${' '.repeat(12_000 + 7 * n - handler.length)}}`;
   return [SHIM_COMMAND_PATH, 'readiness', Buffer.from(json).toString('base64url')];
 }
 
@@ -75,7 +85,8 @@ beforeAll(async () => {
   pod = lab.pods[0]!;
   await lab.startServer(pod, { http: HTTP });
   const neighbour = makePod({ name: 'neighbour', namespace: 'good', ips: pod.ips, port: HTTP, probe: 'none', containerID: `containerd://${NEIGHBOUR}` });
-  kubelet = await FakeKubelet.start({ pods: [neighbour, ...Array.from({ length: PODS }, (_, p) => hostilePod(p))] });
+  const quiet = makePod({ name: 'quiet', namespace: 'quiet', ips: pod.ips, port: HTTP, probe: 'none', containerID: `containerd://${QUIET}` });
+  kubelet = await FakeKubelet.start({ pods: [neighbour, quiet, ...Array.from({ length: PODS }, (_, p) => hostilePod(p))] });
   agent = await startAgent({ kubeletUrl: kubelet.httpUrl, env: { NODE_OPTIONS: '--max-old-space-size=96' }, startTimeoutMs: 60_000 });
 }, 120_000);
 
@@ -90,6 +101,8 @@ describe('ExecSync\'s parsed-command cache under a flood of distinct padded comm
     const client = new ShimProbeClient(agent.socket);
     const neighbourCall = encodeFrame(execSyncRequest(NEIGHBOUR, encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } }), 3));
     const ask = (body: Buffer) => client.execSync(body, { deadlineMs: 30_000 });
+    const quietCall = encodeFrame(execSyncRequest(QUIET, encodeShimCommand('liveness', { httpGet: { path: '/healthz', port: HTTP } }), 3));
+    for (let i = 0; i < 3; i++) expect(exitCodeOf((await ask(quietCall)).body)).toBe(0);
     for (let i = 0; i < 3; i++) expect(exitCodeOf((await ask(neighbourCall)).body)).toBe(0);
     const heapBefore = await metric('nodejs_heap_size_used_bytes');
 
@@ -116,16 +129,29 @@ describe('ExecSync\'s parsed-command cache under a flood of distinct padded comm
     await Promise.all(lanes);
     flooding = false;
     await neighbour;
-    client.close();
     await new Promise((r) => setTimeout(r, 2000));
     const heapAfter = await metric('nodejs_heap_size_used_bytes');
-    const [entries, bytes, maxBytes, parsed] = await Promise.all([
+    const [entries, bytes, maxBytes, parsed, hits, namespaces, share, atShare, evictions] = await Promise.all([
       metric('probe_agent_exec_sync_cache_entries'),
       metric('probe_agent_exec_sync_cache_bytes'),
       metric('probe_agent_exec_sync_cache_max_bytes'),
       metric('probe_agent_exec_sync_commands_total{result="parsed"}'),
+      metric('probe_agent_exec_sync_commands_total{result="hit"}'),
+      metric('probe_agent_exec_sync_cache_namespaces'),
+      metric('probe_agent_exec_sync_cache_namespace_share_bytes'),
+      metric('probe_agent_exec_sync_cache_namespaces_at_share'),
+      metric('probe_agent_exec_sync_cache_evictions_total'),
     ]);
-    const report = `heap ${(heapBefore / 2 ** 20).toFixed(1)} -> peak ${(heapPeak / 2 ** 20).toFixed(1)} -> ${(heapAfter / 2 ** 20).toFixed(1)} MiB; cache ${entries} entries, ${bytes} of ${maxBytes} bytes; ${parsed} parsed`;
+    // Nothing else calls now: the quiet neighbour's call is a hit, not a parse.
+    expect(exitCodeOf((await ask(quietCall)).body)).toBe(0);
+    const [parsedAfterQuiet, hitsAfterQuiet] = await Promise.all([
+      metric('probe_agent_exec_sync_commands_total{result="parsed"}'),
+      metric('probe_agent_exec_sync_commands_total{result="hit"}'),
+    ]);
+    client.close();
+    const report = `heap ${(heapBefore / 2 ** 20).toFixed(1)} -> peak ${(heapPeak / 2 ** 20).toFixed(1)} -> ${(heapAfter / 2 ** 20).toFixed(1)} MiB; ` +
+      `cache ${entries} entries, ${bytes} of ${maxBytes} bytes, ${evictions} evicted, ${namespaces} namespaces (share ${share} bytes, ${atShare} at it); ${parsed} parsed, ${hits} hits; ` +
+      `quiet neighbour's call after the flood: ${parsedAfterQuiet - parsed} parsed, ${hitsAfterQuiet - hits} hit`;
     expect(agent.proc.exitCode, report).toBeNull();
     expect(answered, report).toBe(PODS * CONTAINERS * COMMANDS);
     expect(parsed, report).toBeGreaterThanOrEqual(PODS * CONTAINERS * COMMANDS);
@@ -134,5 +160,9 @@ describe('ExecSync\'s parsed-command cache under a flood of distinct padded comm
     expect(heapAfter - heapBefore, report).toBeLessThan(16 * 2 ** 20);
     expect(neighbourAnswers.length, report).toBeGreaterThan(0);
     expect(neighbourAnswers.filter((c) => c !== 0), report).toEqual([]);
+    // The flood overflowed the cache many times over, yet the quiet neighbour's command stayed.
+    expect(evictions, report).toBeGreaterThan(PODS * CONTAINERS * COMMANDS / 2);
+    expect({ parsed: parsedAfterQuiet - parsed, hits: hitsAfterQuiet - hits }, report).toEqual({ parsed: 0, hits: 1 });
+    expect({ namespaces, share, atShare }, report).toEqual({ namespaces: 3, share: Math.floor(maxBytes / 3), atShare: 1 });
   }, 600_000);
 });

@@ -2,7 +2,8 @@
  * A pod whose sandbox the runtime has stopped is going: a liveness or startup failure seen then is
  * its shutdown, not the app's ill health, and is thrown away (an error) instead of counting toward
  * a restart. Against a real containerd: one running sandbox (whose netns the probe really runs in,
- * to a closed port) and one stopped sandbox (whose pod UID the probed pod carries).
+ * to a closed port) and one stopped sandbox (whose pod UID the probed pod carries). Likewise a pod
+ * whose sandbox stopped is going, not a fault, when the CRI resolver finds no READY sandbox for it.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'containerd', 'ctr', 'gcc', 'tar']);
@@ -14,6 +15,7 @@ import { parseFeatureGates } from '../../agent/featuregates.ts';
 import { CriClient } from '../../agent/netns/cri-client.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
+import { CriResolver } from '../../agent/netns/cri-resolver.ts';
 import { NetnsResolverChain, type NetnsResolver } from '../../agent/netns/resolver.ts';
 import { PodProber } from '../../agent/pod-prober.ts';
 import type { ContainerInfo, PodInfo } from '../../agent/pods/types.ts';
@@ -47,15 +49,20 @@ afterAll(async () => {
   await ctrd?.destroy();
 });
 
-/** A prober whose netns for every pod is the live sandbox's (the resolver is not what is under test). */
-function prober(withRuntime: boolean): PodProber {
-  const fixed: NetnsResolver = {
-    name: 'cri',
-    resolve: async () => ({ path: live.netnsPath, resolver: 'cri', inode: statSync(live.netnsPath).ino }),
-  };
+const fixed: NetnsResolver = {
+  name: 'cri',
+  resolve: async () => ({ path: live.netnsPath, resolver: 'cri', inode: statSync(live.netnsPath).ino }),
+};
+
+/**
+ * A prober whose netns for every pod is the live sandbox's (the resolver is not what is under test),
+ * or `resolver`'s; `pods` is kubelet's latest list.
+ */
+function prober(withRuntime: boolean, opts: { resolver?: NetnsResolver; pods?: PodInfo[] } = {}): PodProber {
+  const pods = opts.pods ?? [];
   return new PodProber({
-    pods: { get: () => undefined, pods: () => [] },
-    resolver: new NetnsResolverChain([fixed]),
+    pods: { get: (uid) => pods.find((p) => p.uid === uid), pods: () => pods },
+    resolver: new NetnsResolverChain([opts.resolver ?? fixed]),
     limiter: new FairLimiter({ maxInFlight: 4, maxQueued: 16 }),
     sockets: helper,
     nodeSockets: new NodeSocketFactory(),
@@ -101,5 +108,19 @@ describe('a stopped sandbox (the runtime knows the pod is going before the pod l
     expect(await p.runForWorker(l.pod, l.container, liveness, signal)).toMatchObject({ result: 'failure', reason: 'refused' });
     // Without the runtime's word, the same probe is the failure kubelet would count.
     expect(await prober(false).runForWorker(g.pod, g.container, liveness, signal)).toMatchObject({ result: 'failure', reason: 'refused' });
+  });
+
+  it('the CRI resolver: a pod whose sandbox stopped is going (netns-gone, not counted), a pod it never ran is netns-unresolved', async () => {
+    const readiness = spec();
+    const g = podOf(gone.uid, spec(), readiness);
+    const stranger = podOf(randomUUID(), spec(), readiness);
+    const signal = new AbortController().signal;
+    const p = prober(false, { resolver: new CriResolver({ client }), pods: [g.pod, stranger.pod] });
+    const gv = await p.runForWorker(g.pod, g.container, readiness, signal);
+    expect(gv).toMatchObject({ result: 'error', reason: 'netns-gone' });
+    expect(gv.message).toMatch(/no READY sandbox \([0-9a-f]{12,13} is SANDBOX_NOTREADY\)/);
+    const sv = await p.runForWorker(stranger.pod, stranger.container, readiness, signal);
+    expect(sv).toMatchObject({ result: 'error', reason: 'netns-unresolved' });
+    expect(sv.message).toMatch(/no READY sandbox/);
   });
 });

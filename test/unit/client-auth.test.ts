@@ -1,35 +1,18 @@
 /** client-auth.ts: CA loading refusals, and the caller checks over real TLS connections. */
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import type { IncomingMessage } from 'node:http';
 import { createServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
 import { connect } from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ConfigError } from '../../agent/errors.ts';
 import { callerRefusal, callerVerified, clientAuthTlsOptions, loadClientCa } from '../../agent/webhook/client-auth.ts';
-import { issueCert } from '../support/issue-cert.ts';
+import { configRefusal as refusal, useCertDir } from '../support/issue-cert.ts';
 
-let dir: string;
-beforeAll(() => {
-  dir = mkdtempSync(path.join(tmpdir(), 'client-auth-'));
-  issueCert(dir, 'server', 'webhook.test', 'subjectAltName=DNS:webhook.test');
-  issueCert(dir, 'client', 'apiserver', 'extendedKeyUsage=clientAuth');
-  issueCert(dir, 'stranger', 'apiserver', 'extendedKeyUsage=clientAuth');
-});
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
-const f = (name: string): string => path.join(dir, name);
-
-function refusal(fn: () => unknown): string {
-  try {
-    fn();
-  } catch (err) {
-    expect(err).toBeInstanceOf(ConfigError);
-    return (err as Error).message;
-  }
-  throw new Error('not refused');
-}
+const f = useCertDir('client-auth-', [
+  ['server', 'webhook.test', 'subjectAltName=DNS:webhook.test'],
+  ['client', 'apiserver', 'extendedKeyUsage=clientAuth'],
+  ['stranger', 'apiserver', 'extendedKeyUsage=clientAuth'],
+]);
 
 describe('loadClientCa', () => {
   it('returns the bundle of a real CA', () => {

@@ -128,6 +128,95 @@ describe('the parsed-command cache', () => {
     expect({ size: c.size, bytes: c.bytes }).toEqual({ size: 0, bytes: 0 });
   });
 
+  /** Distinct commands padded with JSON whitespace to near the 16 KiB encoding limit. */
+  const padded = (i: number): Buffer[] => {
+    const json = `{"tcpSocket":{"port":${1 + (i % 60000)}}${' '.repeat(12_000 + (i % 100))}}`;
+    return [Buffer.from(SHIM_COMMAND_PATH), Buffer.from('readiness'), Buffer.from(Buffer.from(json).toString('base64url'))];
+  };
+
+  it('gives each namespace a share: a flood from one namespace evicts only its own entries', () => {
+    const maxBytes = 256 * 1024;
+    const c = new ExecSyncHandlerCache({ maxBytes });
+    // The neighbour's probes are cached first, so they are the least recently used of all.
+    for (let i = 0; i < 3; i++) c.get(`good${i}`, healthz, 'good');
+    const goodBytes = c.bytesOf('good');
+    for (let i = 0; i < 2000; i++) c.get(`flood${i}`, padded(i), 'hostile');
+    expect(c.bytes).toBeLessThanOrEqual(maxBytes);
+    expect(c.bytesOf('good')).toBe(goodBytes);
+    // The flood holds what the neighbour leaves: more than its share, at most the rest of the bound.
+    expect(c.bytesOf('hostile')).toBeGreaterThan(maxBytes / 2);
+    expect(c.bytesOf('hostile')).toBeLessThanOrEqual(maxBytes - goodBytes);
+    expect(c.evictions).toBe(2000 - (c.size - 3));
+    const parses = c.parses;
+    for (let i = 0; i < 3; i++) c.get(`good${i}`, healthz, 'good');
+    expect(c.parses).toBe(parses);
+    expect(c.stats()).toMatchObject({ namespaces: 2, namespaceShareBytes: maxBytes / 2, namespacesAtShare: 1 });
+  });
+
+  it('a namespace under its share takes room from the one holding the most; at its share, from itself', () => {
+    // Entries of one size: 4-character namespaces, 7-character container IDs, 5-digit ports.
+    const tcp = (i: number): Buffer[] => argv('readiness', { tcpSocket: { port: 10_000 + i } });
+    const id = (ns: string, i: number): string => `${ns.slice(0, 3)}${String(i).padStart(4, '0')}`;
+    const put = (c: ExecSyncHandlerCache, ns: string, i: number): void => void c.get(id(ns, i), tcp(i), ns);
+    const probe = new ExecSyncHandlerCache();
+    put(probe, 'bigs', 0);
+    const E = probe.bytes;
+    const c = new ExecSyncHandlerCache({ maxBytes: 40 * E });
+    // Alone, a namespace may fill the whole bound.
+    for (let i = 0; i < 100; i++) put(c, 'bigs', i);
+    expect({ size: c.size, big: c.bytesOf('bigs') }).toEqual({ size: 40, big: 40 * E });
+    for (let i = 0; i < 2; i++) put(c, 'smal', i);
+    for (let i = 0; i < 2; i++) put(c, 'midl', i);
+    expect({ big: c.bytesOf('bigs'), small: c.bytesOf('smal'), mid: c.bytesOf('midl') }).toEqual({ big: 36 * E, small: 2 * E, mid: 2 * E });
+    // 'bigs' holds bigs0064..0099; a hit makes 0064 its most recent, so a newcomer evicts 0065.
+    put(c, 'bigs', 64);
+    put(c, 'newc', 0);
+    expect({ big: c.bytesOf('bigs'), small: c.bytesOf('smal'), mid: c.bytesOf('midl') }).toEqual({ big: 35 * E, small: 2 * E, mid: 2 * E });
+    let parses = c.parses;
+    for (const i of [64, 66, 99]) put(c, 'bigs', i);
+    expect(c.parses).toBe(parses);
+    expect(c.lookup(id('bigs', 65), tcp(65)).keep).toBeDefined();
+    expect(c.stats()).toMatchObject({ namespaces: 4, namespaceShareBytes: 10 * E, namespacesAtShare: 1 });
+    // 'smal' grows to its share at the expense of 'bigs' only; past it, it evicts its own oldest.
+    for (let i = 2; i < 10; i++) put(c, 'smal', i);
+    expect({ big: c.bytesOf('bigs'), small: c.bytesOf('smal'), mid: c.bytesOf('midl') }).toEqual({ big: 27 * E, small: 10 * E, mid: 2 * E });
+    put(c, 'smal', 10);
+    expect({ big: c.bytesOf('bigs'), small: c.bytesOf('smal'), mid: c.bytesOf('midl') }).toEqual({ big: 27 * E, small: 10 * E, mid: 2 * E });
+    parses = c.parses;
+    put(c, 'smal', 1);
+    expect(c.parses).toBe(parses);
+    put(c, 'smal', 0);
+    expect(c.parses).toBe(parses + 1);
+    expect(c.stats()).toMatchObject({ namespacesAtShare: 2 });
+  });
+
+  it('shares the entry bound the same way', () => {
+    const c = new ExecSyncHandlerCache({ maxEntries: 16 });
+    for (let i = 0; i < 4; i++) c.get(`good${i}`, healthz, 'good');
+    for (let i = 0; i < 100; i++) c.get(`flood${i}`, healthz, 'hostile');
+    expect(c.size).toBe(16);
+    const parses = c.parses;
+    for (let i = 0; i < 4; i++) c.get(`good${i}`, healthz, 'good');
+    expect(c.parses).toBe(parses);
+    expect(c.evictions).toBe(100 - 12);
+  });
+
+  it('keeps a miss only once the namespace is named, and only once when two calls missed together', () => {
+    const c = new ExecSyncHandlerCache();
+    const a = c.lookup(CID, healthz);
+    const b = c.lookup(CID, healthz);
+    expect(a.parsed).toMatchObject({ probeType: 'Readiness' });
+    expect(c.size).toBe(0);
+    a.keep?.('tenant');
+    b.keep?.('tenant');
+    expect({ size: c.size, parses: c.parses, bytes: c.bytesOf('tenant') }).toEqual({ size: 1, parses: 2, bytes: c.bytes });
+    const hit = c.lookup(CID, healthz);
+    expect(hit.keep).toBeUndefined();
+    expect(hit.parsed).toBe(a.parsed);
+    c.forgetContainer(CID);
+    expect(c.stats()).toMatchObject({ entries: 0, bytes: 0, namespaces: 0, namespaceShareBytes: c.maxBytes, namespacesAtShare: 0 });
+  });
+
   it('never caches a command it refuses', () => {
     const c = new ExecSyncHandlerCache();
     const bad = [Buffer.from(SHIM_COMMAND_PATH), Buffer.from('readiness'), Buffer.from('***')];
@@ -253,6 +342,11 @@ describe('ExecSync on the agent, over both transports', () => {
     expect(n1).toMatchObject({ ok: false, code: grpc.status.NOT_FOUND });
     expect(n2).toEqual(n1);
     expect(!n1.ok && n1.details).toMatch(/^probe-agent refused the readiness probe: .*not known/);
+    // An unknown container has no namespace to charge: its command is parsed each time, never kept.
+    const afterGone = fx.server.execSyncCacheStats();
+    expect(afterGone.parses - after.parses).toBe(2);
+    expect(afterGone.entries).toBe(after.entries);
+    expect(afterGone.namespaces).toBe(1);
   });
 
   it('refuses what is not kubelet\'s call for a rewritten command (INVALID_ARGUMENT, the same on both), never DEADLINE_EXCEEDED', async () => {

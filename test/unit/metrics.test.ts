@@ -274,7 +274,7 @@ describe('agent self-metrics', () => {
   it('reads ExecSync\'s parsed-command cache (hits, parses, entries, bytes, evictions) from a real cache at scrape time', async () => {
     const m = newMetrics();
     const cache = new ExecSyncHandlerCache({ maxEntries: 8, maxBytes: 64 * 1024 });
-    m.agent.setExecSyncCacheSource(() => ({ entries: cache.size, bytes: cache.bytes, maxBytes: cache.maxBytes, hits: cache.hits, parses: cache.parses, evictions: cache.evictions }));
+    m.agent.setExecSyncCacheSource(() => cache.stats());
     const cmd = encodeShimCommand('readiness', { tcpSocket: { port: 8080 } }).map((x) => Buffer.from(x));
     for (let i = 0; i < 3; i++) cache.get('c1', cmd);
     cache.get('c2', cmd);
@@ -292,6 +292,14 @@ describe('agent self-metrics', () => {
     expect(find(s, 'probe_agent_exec_sync_commands_total', { result: 'hit' })[0]?.value).toBe(3);
     expect(find(s, 'probe_agent_exec_sync_cache_entries')[0]?.value).toBe(8);
     expect(find(s, 'probe_agent_exec_sync_cache_evictions_total')[0]?.value).toBe(2);
+    // All in one namespace: its share is the whole byte bound, of which it holds a tenth.
+    expect(find(s, 'probe_agent_exec_sync_cache_namespaces')[0]?.value).toBe(1);
+    expect(find(s, 'probe_agent_exec_sync_cache_namespace_share_bytes')[0]?.value).toBe(64 * 1024);
+    expect(find(s, 'probe_agent_exec_sync_cache_namespaces_at_share')[0]?.value).toBe(0);
+    cache.get('n1', cmd, 'neighbour');
+    s = await scrape(m);
+    expect(find(s, 'probe_agent_exec_sync_cache_namespaces')[0]?.value).toBe(2);
+    expect(find(s, 'probe_agent_exec_sync_cache_namespace_share_bytes')[0]?.value).toBe(32 * 1024);
   });
 
   it('counts workers by type and thresholded result from the real results store', async () => {

@@ -1,31 +1,15 @@
 /** tls-files.ts: the pair's refusals, and the watcher's reload of a rotation (real files, real certificates). */
-import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, renameSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ConfigError } from '../../agent/errors.ts';
+import { describe, expect, it } from 'vitest';
 import { createLogger } from '../../agent/log.ts';
 import { loadTlsPair, TlsFileWatcher, type TlsPair } from '../../agent/webhook/tls-files.ts';
-import { issueCert } from '../support/issue-cert.ts';
+import { configRefusal as refusal, useCertDir } from '../support/issue-cert.ts';
 
-let dir: string;
-beforeAll(() => {
-  dir = mkdtempSync(path.join(tmpdir(), 'tls-files-'));
-  issueCert(dir, 'one', 'webhook.one', 'subjectAltName=DNS:webhook.one');
-  issueCert(dir, 'two', 'webhook.two', 'subjectAltName=DNS:webhook.two');
-});
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
-const f = (name: string): string => path.join(dir, name);
-
-function refusal(fn: () => unknown): string {
-  try {
-    fn();
-  } catch (err) {
-    expect(err).toBeInstanceOf(ConfigError);
-    return (err as Error).message;
-  }
-  throw new Error('not refused');
-}
+const f = useCertDir('tls-files-', [
+  ['one', 'webhook.one', 'subjectAltName=DNS:webhook.one'],
+  ['two', 'webhook.two', 'subjectAltName=DNS:webhook.two'],
+]);
 
 describe('loadTlsPair', () => {
   it('reads a matching pair', () => {
@@ -45,7 +29,7 @@ describe('loadTlsPair', () => {
 
 describe('TlsFileWatcher', () => {
   it('applies a rotated pair once, keeps the old one through a half-written rotation, and warns', () => {
-    const live = mkdtempSync(path.join(dir, 'live-'));
+    const live = mkdtempSync(f('live-'));
     const crt = path.join(live, 'tls.crt');
     const key = path.join(live, 'tls.key');
     copyFileSync(f('one.crt'), crt);
@@ -76,7 +60,7 @@ describe('TlsFileWatcher', () => {
   });
 
   it('follows a Secret volume\'s symlink swap, and a file that vanished then came back', () => {
-    const live = mkdtempSync(path.join(dir, 'secret-'));
+    const live = mkdtempSync(f('secret-'));
     for (const v of ['a', 'b']) mkdirSync(path.join(live, `..${v}`));
     copyFileSync(f('one.crt'), path.join(live, '..a', 'tls.crt'));
     copyFileSync(f('one.key'), path.join(live, '..a', 'tls.key'));
@@ -100,7 +84,7 @@ describe('TlsFileWatcher', () => {
   });
 
   it('start polls on its own until stopped', async () => {
-    const live = mkdtempSync(path.join(dir, 'poll-'));
+    const live = mkdtempSync(f('poll-'));
     const crt = path.join(live, 'tls.crt');
     const key = path.join(live, 'tls.key');
     copyFileSync(f('one.crt'), crt);
