@@ -103,6 +103,8 @@ export class GatesController {
   readonly #minInterval: number;
   readonly #maxInFlight: number;
   #inFlight = 0;
+  /** Condition writes failed (not 404/409) since the last one that succeeded. */
+  #failedWrites = 0;
   /** Pods waiting for a write slot, in order. */
   readonly #waiting = new Set<string>();
   readonly #unsubscribe: () => void;
@@ -241,6 +243,8 @@ export class GatesController {
       s.written = want.status;
       this.#o.onOp?.('condition', true);
       this.#o.log.info('pod condition written', { pod: `${pod.namespace}/${pod.name}`, status: want.status, reason: want.reason });
+      if (this.#failedWrites > 0) this.#o.log.info('pod condition writes recovered', { failedSinceLastWrite: this.#failedWrites });
+      this.#failedWrites = 0;
     } catch (err) {
       // Not retried here: the next probe result or pod list evaluates again (after the interval).
       s.written = undefined;
@@ -249,7 +253,12 @@ export class GatesController {
       // the agent's pod list said so. Nothing is wrong and nothing is left to write.
       const status = (err as { status?: unknown } | undefined)?.status;
       if (status === 404 || status === 409) this.#o.log.info('pod condition not written: the pod is gone', { pod: `${pod.namespace}/${pod.name}`, status: want.status, err: describeError(err) });
-      else this.#o.log.warn('pod condition not written', { pod: `${pod.namespace}/${pod.name}`, status: want.status, err: describeError(err) });
+      else {
+        // One warning per outage: an API server that is down fails every pod's write, each retried.
+        const fields = { pod: `${pod.namespace}/${pod.name}`, status: want.status, err: describeError(err) };
+        if (this.#failedWrites++ === 0) this.#o.log.warn('pod condition not written (further failures at info until a write succeeds)', fields);
+        else this.#o.log.info('pod condition not written', fields);
+      }
     } finally {
       s.writing = false;
       this.#inFlight--;

@@ -15,6 +15,7 @@ import { GATES_CONDITION_TYPE, parsePodList } from '../../agent/pods/pod-model.t
 import type { PodInfo } from '../../agent/pods/types.ts';
 import { rewritePodGates } from '../../agent/rewrite/gates-rewrite.ts';
 import { startApiServerStandIn } from '../support/api-server-standin.ts';
+import { until } from '../support/api-harness.ts';
 
 type Obj = Record<string, any>;
 
@@ -131,6 +132,32 @@ describe('gates controller', () => {
     outage.sync([stopped]);
     await outage.close();
     expect(lines.filter((l) => l.includes('"level":"warn"') && l.includes('pod condition not written'))).toHaveLength(1);
+  });
+
+  it('an API server outage is one warning, its retries are info, and the first write after it says so', async () => {
+    const api = await startApiServerStandIn();
+    cleanup.push(() => api.close());
+    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+    cleanup.push(() => writer.close());
+    const lines: string[] = [];
+    const log = createLogger({ level: 'info', write: (l) => lines.push(l) });
+    const info = kubeletView(apiPod(), 'c1', 'True');
+    const stopped = { ...info, containers: [{ ...info.containers[0]!, state: { ...info.containers[0]!.state!, running: false } }] };
+    api.pods.push(apiPod());
+    api.down = true;
+    const controller = new GatesController({ results: new ResultsStore(), writer, log, minWriteIntervalMs: 50 });
+    cleanup.push(() => controller.close());
+    controller.sync([stopped]);
+    const failures = () => lines.filter((l) => l.includes('pod condition not written')).map((l) => JSON.parse(l).level as string);
+    await until(() => failures().length >= 3, 10_000, 'three failed writes');
+    api.down = false;
+    await until(() => lines.some((l) => l.includes('pod condition writes recovered')), 10_000, 'a write after the outage');
+    await controller.close();
+    const levels = failures();
+    expect(levels[0]).toBe('warn');
+    expect(levels.slice(1).every((l) => l === 'info')).toBe(true);
+    expect(JSON.parse(lines.find((l) => l.includes('writes recovered'))!)).toMatchObject({ level: 'info', failedSinceLastWrite: levels.length });
+    expect(api.pods[0]!.status.conditions).toMatchObject([{ type: GATES_CONDITION_TYPE, status: 'False' }]);
   });
 
   it('a crash seen in the runtime\'s container list turns the condition False before kubelet\'s pod list shows it', async () => {
