@@ -99,9 +99,14 @@ export class ShimProbeClient {
   readonly #socketPath: string;
   readonly #h2: UnaryH2Client;
   readonly #fallback: { socketPath: string; h2: UnaryH2Client } | undefined;
+  readonly #onSocketChange: ((socketPath: string, fallback: boolean) => void) | undefined;
+  /** Whether the last answered call came through the fallback socket. */
+  #onFallback = false;
 
-  constructor(socketPath: string, fallbackSocketPath?: string) {
+  /** `onSocketChange` hears when answers start coming through the other socket (for the log). */
+  constructor(socketPath: string, fallbackSocketPath?: string, onSocketChange?: (socketPath: string, fallback: boolean) => void) {
     this.#socketPath = socketPath;
+    this.#onSocketChange = onSocketChange;
     this.#h2 = new UnaryH2Client(socketPath, { maxResponseBytes: MAX_RESPONSE });
     if (fallbackSocketPath !== undefined && fallbackSocketPath !== socketPath) {
       this.#fallback = { socketPath: fallbackSocketPath, h2: new UnaryH2Client(fallbackSocketPath, { maxResponseBytes: MAX_RESPONSE }) };
@@ -117,7 +122,9 @@ export class ShimProbeClient {
     if (fallback === undefined) return this.#unary(this.#h2, this.#socketPath, 'ExecSync', framedRequest, opts);
     const started = performance.now();
     try {
-      return await this.#unary(this.#h2, this.#socketPath, 'ExecSync', framedRequest, opts);
+      const answer = await this.#unary(this.#h2, this.#socketPath, 'ExecSync', framedRequest, opts);
+      this.#answeredOn(false);
+      return answer;
     } catch (err) {
       // 'unreachable': nothing was sent, so the call may go to the other socket.
       if (!(err instanceof AgentCallError) || err.failure !== 'unreachable' || opts.signal?.aborted) throw err;
@@ -125,12 +132,20 @@ export class ShimProbeClient {
       const rest = { ...opts };
       if (opts.deadlineMs !== undefined) rest.deadlineMs = Math.max(1, opts.deadlineMs - spent);
       try {
-        return await this.#unary(fallback.h2, fallback.socketPath, 'ExecSync', framedRequest, rest);
+        const answer = await this.#unary(fallback.h2, fallback.socketPath, 'ExecSync', framedRequest, rest);
+        this.#answeredOn(true);
+        return answer;
       } catch (second) {
         // Neither socket listens: the agent is away; say so for the shim's own socket.
         throw second instanceof AgentCallError && second.failure === 'unreachable' ? err : second;
       }
     }
+  }
+
+  #answeredOn(fallback: boolean): void {
+    if (fallback === this.#onFallback) return;
+    this.#onFallback = fallback;
+    this.#onSocketChange?.(fallback ? this.#fallback!.socketPath : this.#socketPath, fallback);
   }
 
   /** Closes the connections; a later call opens new ones. */

@@ -104,7 +104,9 @@ export class CriShim {
     this.config = { ...DEFAULTS, ...rest, agentSocket: rest.agentSocket ?? shimSocketBeside(rest.probeSocket) } as Required<Omit<ShimConfig, 'log' | 'metrics'>>;
     this.#log = log ?? stderrLog;
     this.metrics = metrics ?? new ShimMetrics();
-    this.#agent = new ShimProbeClient(this.config.agentSocket, this.config.probeSocket);
+    this.#agent = new ShimProbeClient(this.config.agentSocket, this.config.probeSocket, (socket, fallback) => this.#log('info', fallback
+      ? 'nothing listens on the agent\'s socket for the shim (an agent of the release before it): rewritten calls go to the ProbeService socket'
+      : 'the agent\'s socket for the shim answers: rewritten calls go there', { socket }));
     if (this.config.relay === 'streams') this.#log('warn', '--relay streams was removed: relaying HTTP/2 frames (the default)', {});
     this.#listener = net.createServer((socket) => this.#relay(socket));
   }

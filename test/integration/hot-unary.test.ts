@@ -8,7 +8,7 @@
  * The shim's client falls back to the ProbeService socket only when nothing listens on its own.
  */
 import { requireRoot } from '../support/root.ts';
-import { existsSync, mkdtempSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, statSync, symlinkSync } from 'node:fs';
 import * as http2 from 'node:http2';
 import * as net from 'node:net';
 import { tmpdir } from 'node:os';
@@ -231,14 +231,22 @@ describe("the shim's client and an agent without the shim's socket", () => {
   it("goes to the ProbeService socket when nothing listens on the shim's, and reports the shim's socket when neither listens", async () => {
     const scratch = mkdtempSync(path.join(tmpdir(), 'pa-noshim-'));
     const absent = path.join(scratch, 'probe-shim.sock');
-    const withFallback = new ShimProbeClient(absent, fx.socket);
+    const heard: Array<[string, boolean]> = [];
+    const withFallback = new ShimProbeClient(absent, fx.socket, (socket, fallback) => heard.push([socket, fallback]));
     const nowhere = new ShimProbeClient(absent, path.join(scratch, 'probe.sock'));
     try {
       const body = encodeFrame(execMsg('ctr-web', 'readiness', HTTP, 2));
       expect((await withFallback.execSync(body, { deadlineMs: 10_000 })).exitCode).toBe(0);
+      expect((await withFallback.execSync(body, { deadlineMs: 10_000 })).exitCode).toBe(0);
+      // Said once, when answers first came through the ProbeService socket.
+      expect(heard).toEqual([[fx.socket, true]]);
       const away = await nowhere.execSync(body, { deadlineMs: 10_000 }).then(() => undefined, (e: unknown) => e as AgentCallError);
       expect(away).toMatchObject({ failure: 'unreachable', notStarted: true, agentAway: true });
       expect(away!.message).toContain(absent);
+      // The agent's shim socket appears (the agent was upgraded): said once more.
+      symlinkSync(fx.shimSocket, absent);
+      expect((await withFallback.execSync(body, { deadlineMs: 10_000 })).exitCode).toBe(0);
+      expect(heard).toEqual([[fx.socket, true], [absent, false]]);
     } finally {
       withFallback.close();
       nowhere.close();
