@@ -20,9 +20,14 @@ const COMPONENT = path.join(ROOT, 'deploy/components/kubelet-shim');
 const SOCKET = '/run/probe-agent-shim/cri.sock';
 type Obj = Record<string, any>;
 
+let kubectlChecked = false;
+
 function render(components: string[]): Obj[] {
-  const r = spawnSync('kubectl', ['version', '--client', '-o', 'json'], { encoding: 'utf8' });
-  if (r.error) throw new Error('kubectl not found: this test renders deploy/ with `kubectl kustomize` (kubectl >= 1.21)');
+  if (!kubectlChecked) {
+    const r = spawnSync('kubectl', ['version', '--client', '-o', 'json'], { encoding: 'utf8' });
+    if (r.error) throw new Error('kubectl not found: this test renders deploy/ with `kubectl kustomize` (kubectl >= 1.21)');
+    kubectlChecked = true;
+  }
   const dir = mkdtempSync(path.join(tmpdir(), 'shim-socket-'));
   try {
     const rel = (p: string): string => path.relative(dir, path.join(ROOT, 'deploy', p));
@@ -74,5 +79,6 @@ describe("the shim's socket", () => {
       expect(writable.length, c).toBeGreaterThan(0);
       for (const p of writable) for (const s of sockets) expect(inside(s, p), `${c}: ${p} holds ${s}`).toBe(false);
     }
-  });
+    // One kubectl kustomize per component: seconds each on a busy machine.
+  }, 180_000);
 });
