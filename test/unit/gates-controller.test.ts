@@ -56,6 +56,19 @@ afterEach(async () => {
   cleanup = [];
 });
 
+/** An API server stand-in with a writer to it, a log kept as lines, and kubelet's view of a pod whose container stopped. */
+async function writeLogFixture() {
+  const api = await startApiServerStandIn();
+  cleanup.push(() => api.close());
+  const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+  cleanup.push(() => writer.close());
+  const lines: string[] = [];
+  const log = createLogger({ level: 'info', write: (l) => lines.push(l) });
+  const info = kubeletView(apiPod(), 'c1', 'True');
+  const stopped = { ...info, containers: [{ ...info.containers[0]!, state: { ...info.containers[0]!.state!, running: false } }] };
+  return { api, writer, lines, log, stopped };
+}
+
 describe('gates controller', () => {
   it('the pod model finds the taken probes, the grace period and our condition', () => {
     const info = kubeletView(apiPod(), 'c1', 'True');
@@ -113,14 +126,7 @@ describe('gates controller', () => {
   });
 
   it('a write for a pod already deleted is said at info, with the reason; an API server outage is a warning', async () => {
-    const api = await startApiServerStandIn();
-    cleanup.push(() => api.close());
-    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
-    cleanup.push(() => writer.close());
-    const lines: string[] = [];
-    const log = createLogger({ level: 'info', write: (l) => lines.push(l) });
-    const info = kubeletView(apiPod(), 'c1', 'True');
-    const stopped = { ...info, containers: [{ ...info.containers[0]!, state: { ...info.containers[0]!.state!, running: false } }] };
+    const { api, writer, lines, log, stopped } = await writeLogFixture();
     const gone = new GatesController({ results: new ResultsStore(), writer, log });
     gone.sync([stopped]);
     await gone.close();
@@ -135,14 +141,7 @@ describe('gates controller', () => {
   });
 
   it('an API server outage is one warning, its retries are info, and the first write after it says so', async () => {
-    const api = await startApiServerStandIn();
-    cleanup.push(() => api.close());
-    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
-    cleanup.push(() => writer.close());
-    const lines: string[] = [];
-    const log = createLogger({ level: 'info', write: (l) => lines.push(l) });
-    const info = kubeletView(apiPod(), 'c1', 'True');
-    const stopped = { ...info, containers: [{ ...info.containers[0]!, state: { ...info.containers[0]!.state!, running: false } }] };
+    const { api, writer, lines, log, stopped } = await writeLogFixture();
     api.pods.push(apiPod());
     api.down = true;
     const controller = new GatesController({ results: new ResultsStore(), writer, log, minWriteIntervalMs: 50 });
