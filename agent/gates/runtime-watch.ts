@@ -10,6 +10,7 @@
 import { describeError } from '../errors.ts';
 import type { Logger } from '../log.ts';
 import type { CriContainer } from '../netns/cri-client.ts';
+import { CONTAINER_LABELS } from '../pods/sandbox-view.ts';
 
 /** One container as the runtime lists it: the pod's UID and the container's name come from kubelet's labels. */
 export interface RuntimeContainer {
@@ -21,16 +22,12 @@ export interface RuntimeContainer {
   createdAt: bigint;
 }
 
-/** kubelet's labels on every container it creates (pkg/kubelet/types/labels.go). */
-const POD_UID_LABEL = 'io.kubernetes.pod.uid';
-const CONTAINER_NAME_LABEL = 'io.kubernetes.container.name';
-
 /** The runtime's containers that kubelet made, read from a ListContainers answer. Pure. */
 export function runtimeContainers(items: readonly CriContainer[]): RuntimeContainer[] {
   const out: RuntimeContainer[] = [];
   for (const c of items) {
-    const podUID = c.labels?.[POD_UID_LABEL];
-    const name = c.labels?.[CONTAINER_NAME_LABEL] ?? c.metadata?.name;
+    const podUID = c.labels?.[CONTAINER_LABELS.podUID];
+    const name = c.labels?.[CONTAINER_LABELS.containerName] ?? c.metadata?.name;
     if (!podUID || !name || !c.id) continue;
     let createdAt = 0n;
     try {
