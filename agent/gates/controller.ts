@@ -10,8 +10,8 @@
  *   True at most once per `minWriteIntervalMs` per pod (the newest value wins; False goes at once),
  *   one write per pod at a time, `maxInFlight` over the node.
  * - A restarted container starts not ready: its new container ID has no decision yet, so the
- *   condition goes False on the first pod list that shows the new ID or the stopped container
- *   (kubelet's /pods, polled); the agent's own liveness stop clears it before it stops anything.
+ *   condition goes False as soon as the runtime (runtime-watch.ts) or kubelet's /pods shows the
+ *   old container stopped or a new one; the agent's own liveness stop clears it before it stops anything.
  *   A deleted pod's stopped containers are not written: kubelet restarts nothing there.
  * - Liveness and startup: when a taken liveness probe fails at its threshold (or a taken startup
  *   probe), once per container ID: the events kubelet records, the preStop hook (HTTP from the pod
@@ -109,6 +109,11 @@ export class GatesController {
   readonly #waiting = new Set<string>();
   readonly #unsubscribe: () => void;
   #closed = false;
+  /** Every pod UID of kubelet's last list (gates mode or not). */
+  #listed = new Set<string>();
+  /** The runtime's containers by pod UID, and the IDs running, as last told (runtime()). */
+  #runtimeByPod = new Map<string, RuntimeContainer[]>();
+  #running = new Set<string>();
   readonly #pending = new Set<Promise<void>>();
 
   constructor(o: GatesControllerOptions) {
@@ -118,19 +123,25 @@ export class GatesController {
     this.#unsubscribe = o.results.subscribe((e) => this.#onProbeEvent(e));
   }
 
-  /** The node's pods (every snapshot); only gates-mode pods are kept. */
-  sync(pods: readonly PodInfo[]): void {
-    if (this.#closed) return;
+  /**
+   * The node's pods (every snapshot); only gates-mode pods are kept. True when kubelet's list is
+   * still behind the runtime for a gates pod (runtime()): the caller reads it again.
+   */
+  sync(pods: readonly PodInfo[]): boolean {
+    if (this.#closed) return false;
     const seen = new Set<string>();
+    this.#listed = new Set(pods.map((p) => p.uid));
+    let behind = false;
     for (const pod of pods) {
       if (!pod.gates) continue;
       seen.add(pod.uid);
       let s = this.#pods.get(pod.uid);
       if (!s) {
-        s = { pod, lastWriteAt: -Infinity, writing: false, stopped: new Set() };
+        s = { pod, lastWriteAt: -Infinity, writing: false, stopped: new Set(), runtime: this.#runtimeByPod.get(pod.uid) };
         this.#pods.set(pod.uid, s);
       }
       s.pod = pod;
+      behind ||= kubeletBehind(pod, s.runtime);
       this.#evaluate(s);
     }
     for (const [uid, s] of this.#pods) {
@@ -139,24 +150,32 @@ export class GatesController {
       this.#pods.delete(uid);
       this.#waiting.delete(uid);
     }
+    return behind;
   }
 
   /**
-   * The runtime's container list (runtime-watch.ts): a taken container that exited, or was
-   * replaced, turns its pod's condition False before kubelet's pod list says so. True when a gates
-   * pod runs a container kubelet's list does not show yet: the caller reads that list again, so the
-   * new container is probed without waiting for the next poll.
+   * The runtime's containers (runtime-watch.ts): a taken container that exited, or was replaced,
+   * turns its pod's condition False before kubelet's pod list says so. True when kubelet's list is
+   * behind: a gates pod runs a container that list does not show yet, or a container started
+   * since the last call in a pod that list does not hold yet. The caller reads that list again, so
+   * the new container is probed without waiting for the next poll.
    */
   runtime(containers: readonly RuntimeContainer[]): boolean {
     if (this.#closed) return false;
     const byPod = new Map<string, RuntimeContainer[]>();
+    let behind = false;
+    const seen = new Set<string>();
     for (const c of containers) {
-      if (!this.#pods.has(c.podUID)) continue;
+      if (c.running) {
+        seen.add(c.id);
+        behind ||= !this.#listed.has(c.podUID) && !this.#running.has(c.id);
+      }
       const list = byPod.get(c.podUID);
       if (list) list.push(c);
       else byPod.set(c.podUID, [c]);
     }
-    let behind = false;
+    this.#running = seen;
+    this.#runtimeByPod = byPod;
     for (const [uid, s] of this.#pods) {
       s.runtime = byPod.get(uid) ?? [];
       behind ||= kubeletBehind(s.pod, s.runtime);
