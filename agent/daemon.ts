@@ -189,8 +189,10 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     });
     cleanups.push(() => manager.stop());
 
+    // Gates mode: the probe workers see the containers the runtime has started since kubelet's list.
+    let workerView = (pods: PodInfo[]): PodInfo[] => pods;
     source.on('snapshot', (snap) => {
-      manager.sync(snap.pods);
+      manager.sync(workerView(snap.pods));
       // Calls still in flight for departed pods cache them again from the runtime: that goes too.
       containers.retainPods(new Set([...snap.pods.map((p) => p.uid), ...snap.errors.flatMap((e) => (e.uid ? [e.uid] : []))]), snap.askedAt);
       const notOurs: Record<string, number> = {};
@@ -240,13 +242,22 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       // second where it has none), well before kubelet's /pods; a container /pods does not show yet
       // has /pods read again (at most once a second) until it does.
       if (cri) {
+        workerView = (pods) => gatesController.asRuntimeStarted(pods);
+        cri.client.version().then((v) => gatesController.setRuntimeName(v.runtimeName), (err: unknown) => {
+          log.info('runtime version not read; new containers are probed once kubelet lists them', { err: describeError(err) });
+        });
         const events = new CriClient(cri.client.endpoint, { maxReplyBytes: RUNTIME_EVENT_MAX_BYTES });
         cleanups.push(() => events.close());
         cleanups.push(startRuntimeWatch({
           list: () => cri.client.listContainers({}),
           events: (onEvent, onEnd) => events.containerEvents(onEvent, onEnd),
           intervalMs: RUNTIME_WATCH_INTERVAL_MS, log,
-          onContainers: (cs) => { if (gatesController.runtime(cs)) source.refresh(); },
+          onContainers: (cs) => {
+            if (!gatesController.runtime(cs)) return;
+            source.refresh();
+            // A container started since kubelet's list: probed now, not after kubelet's list shows it.
+            if (source.lastSuccess !== undefined) manager.sync(workerView(source.pods()));
+          },
           onSource: (s) => metrics.agent.runtimeWatchSource(s),
           onEvent: (t) => metrics.agent.runtimeEvent(t),
         }));

@@ -114,6 +114,8 @@ export class GatesController {
   /** The runtime's containers by pod UID, and the IDs running, as last told (runtime()). */
   #runtimeByPod = new Map<string, RuntimeContainer[]>();
   #running = new Set<string>();
+  /** Kubelet's container ID prefix ("containerd://"); undefined until the runtime's name is known. */
+  #prefix: string | undefined;
   readonly #pending = new Set<Promise<void>>();
 
   constructor(o: GatesControllerOptions) {
@@ -184,6 +186,16 @@ export class GatesController {
     return behind;
   }
 
+  /** The runtime's name as kubelet prefixes container IDs with it ("containerd"): see podAsRuntimeStarted. */
+  setRuntimeName(name: string): void {
+    if (/^[a-z0-9.-]{1,64}$/i.test(name)) this.#prefix = `${name}://`;
+  }
+
+  /** `pods` (kubelet's list) as the probe workers should see them: gates pods with the containers the runtime started since. */
+  asRuntimeStarted(pods: readonly PodInfo[]): PodInfo[] {
+    return pods.map((p) => (p.gates ? podAsRuntimeStarted(p, this.#runtimeByPod.get(p.uid), this.#prefix) : p));
+  }
+
   /** Stops writing; resolves when writes and stops in flight have settled. */
   async close(): Promise<void> {
     this.#closed = true;
@@ -210,7 +222,7 @@ export class GatesController {
 
   #evaluate(s: PodState): void {
     if (this.#closed) return;
-    const want = desiredCondition(podAsRuntimeSees(s.pod, s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    const want = desiredCondition(podAsRuntimeSees(podAsRuntimeStarted(s.pod, s.runtime, this.#prefix), s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
     // A deleted pod's containers stopping: kubelet shows the pod not Ready itself and starts no new
     // container, so a False here would be a write per deleted pod (often refused: the pod is gone).
     if (s.pod.deletionTimestamp !== undefined && want.reason === 'ContainerNotRunning') return;
@@ -252,7 +264,7 @@ export class GatesController {
   }
 
   async #write(s: PodState): Promise<void> {
-    const want = desiredCondition(podAsRuntimeSees(s.pod, s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    const want = desiredCondition(podAsRuntimeSees(podAsRuntimeStarted(s.pod, s.runtime, this.#prefix), s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
     const pod = s.pod;
     s.writing = true;
     this.#inFlight++;
@@ -381,6 +393,43 @@ export function podAsRuntimeSees(pod: PodInfo, runtime: readonly RuntimeContaine
       return { ...c, state: { ...c.state, running: false, ready: false } };
     }
     return c;
+  });
+  return changed ? { ...pod, containers } : pod;
+}
+
+/**
+ * `pod` with each container the runtime has started since kubelet's list (a running container of
+ * that name newer than the one listed, or none listed) as running, when the runtime told when it
+ * started (its event stream does; a list does not, and without it a probe's initial delay could not
+ * be kept). `prefix` is kubelet's "<runtime name>://". The probe workers then probe the new
+ * container at once, as kubelet probes a container its own runtime view shows started, instead of
+ * after kubelet's status write and the agent's next read of /pods. Pure.
+ */
+export function podAsRuntimeStarted(pod: PodInfo, runtime: readonly RuntimeContainer[] | undefined, prefix: string | undefined): PodInfo {
+  if (!runtime?.length || !prefix || !pod.gates) return pod;
+  let changed = false;
+  const containers = pod.containers.map((c) => {
+    const id = c.state?.containerID ? bare(c.state.containerID) : undefined;
+    const known = id ? runtime.find((r) => r.id === id) : undefined;
+    if (id && !known) return c; // the list is older than kubelet's view of this container
+    const newer = runtime.filter((r) => r.name === c.name && r.running && r.startedAt > 0n && r.id !== id && (!known || r.createdAt > known.createdAt))
+      .sort((a, b) => (a.createdAt < b.createdAt ? 1 : -1))[0];
+    if (!newer) return c;
+    changed = true;
+    const startup = c.probes.Startup;
+    return {
+      ...c,
+      state: {
+        containerID: `${prefix}${newer.id}`,
+        running: true,
+        startedAt: Number(newer.startedAt / 1_000_000n),
+        terminated: false,
+        // As kubelet reports it: started once running, unless kubelet runs an exec startup probe itself.
+        started: !(startup?.ok && startup.spec.handler.kind === 'exec'),
+        ready: false,
+        restartCount: c.state?.restartCount ?? 0,
+      },
+    };
   });
   return changed ? { ...pod, containers } : pod;
 }
