@@ -183,6 +183,12 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
   let timer: NodeJS.Timeout | undefined;
   let backoffMs = MIN_BACKOFF_MS;
   let subscribedAt = 0;
+  /**
+   * The stream is the source. A stream asked for again after UNIMPLEMENTED must first deliver an
+   * event: until then the list goes on (a runtime answers UNIMPLEMENTED at once, but not always
+   * before the catch-up list).
+   */
+  let trusted = false;
 
   const later = (fn: () => void, ms: number): void => {
     if (timer) clearTimeout(timer);
@@ -198,7 +204,7 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
     // Coalesced: a burst of events (a node's pods starting at once) is one evaluation.
     setImmediate(() => {
       flushQueued = false;
-      if (!stopped && stream && buffer === undefined) o.onContainers([...view.values()]);
+      if (!stopped && stream && trusted && buffer === undefined) o.onContainers([...view.values()]);
     });
   };
   const apply = (e: CriContainerEvent): void => {
@@ -209,13 +215,20 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
   const onEvent = (gen: number, e: CriContainerEvent): void => {
     if (gen !== generation || stopped) return;
     o.onEvent?.(e.containerEventType);
+    const first = !trusted;
+    trusted = true;
     if (buffer) {
       if (buffer.length < maxBuffered) buffer.push(e);
       else bufferOverflowed = true;
       return;
     }
     apply(e);
+    if (first) useEvents();
     flush();
+  };
+  const useEvents = (): void => {
+    setSource('events');
+    stopPolling();
   };
   /** One list; events meanwhile are replayed on it. A failed list restarts the stream (with back-off). */
   const catchUp = (gen: number): void => {
@@ -232,8 +245,7 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
         view.clear();
         for (const c of runtimeContainers(items)) if (view.size < maxContainers) view.set(c.id, c);
         for (const e of replay) apply(e);
-        setSource('events');
-        stopPolling();
+        if (trusted) useEvents();
         flush();
         // More happened meanwhile than was kept: list again.
         later(() => catchUp(gen), overflowed ? 0 : resyncMs);
@@ -250,6 +262,7 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
     if (stopped || !o.events) return;
     const gen = ++generation;
     subscribedAt = Date.now();
+    trusted = source !== 'list';
     stream = o.events((e) => onEvent(gen, e), (err) => onEnd(gen, err));
     catchUp(gen);
   };
