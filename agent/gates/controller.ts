@@ -133,6 +133,14 @@ export class GatesController {
     if (this.#closed) return false;
     const seen = new Set<string>();
     this.#listed = new Set(pods.map((p) => p.uid));
+    // Kubelet's own spelling of container IDs, from any container it lists.
+    for (const p of pods) {
+      const m = /^([a-z0-9.-]{1,64}):\/\//i.exec(p.containers.find((c) => c.state?.containerID)?.state?.containerID ?? '');
+      if (m) {
+        this.#prefix = `${m[1]}://`;
+        break;
+      }
+    }
     let behind = false;
     for (const pod of pods) {
       if (!pod.gates) continue;
@@ -186,9 +194,9 @@ export class GatesController {
     return behind;
   }
 
-  /** The runtime's name as kubelet prefixes container IDs with it ("containerd"): see podAsRuntimeStarted. */
+  /** The runtime's name as kubelet prefixes container IDs with it ("containerd"), until kubelet's list shows one: see podAsRuntimeStarted. */
   setRuntimeName(name: string): void {
-    if (/^[a-z0-9.-]{1,64}$/i.test(name)) this.#prefix = `${name}://`;
+    if (!this.#prefix && /^[a-z0-9.-]{1,64}$/i.test(name)) this.#prefix = `${name}://`;
   }
 
   /** `pods` (kubelet's list) as the probe workers should see them: gates pods with the containers the runtime started since. */

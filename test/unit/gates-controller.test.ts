@@ -213,6 +213,30 @@ describe('gates controller', () => {
     expect(desiredCondition(podAsRuntimeSees(seen, [rt('c9', true, 5n, startNs)]), []).reason).toBe('NoDecisionYet');
   });
 
+  it('the probe workers see a container the runtime started, under the prefix kubelet\'s list spells (else the runtime\'s name)', async () => {
+    const api = await startApiServerStandIn();
+    cleanup.push(() => api.close());
+    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+    cleanup.push(() => writer.close());
+    const controller = new GatesController({ results: new ResultsStore(), writer, log: createLogger({ level: 'error', write: () => {} }) });
+    cleanup.push(() => controller.close());
+    const listed = kubeletView(apiPod(), 'c1');
+    const waiting: PodInfo = { ...listed, containers: listed.containers.map((c) => ({ ...c, state: undefined })) };
+    const started: RuntimeContainer = { id: 'c9', podUID: UID, name: 'app', running: true, createdAt: 5n, startedAt: 1_700_000_000_000_000_000n };
+    controller.sync([waiting]);
+    // Kubelet's list is behind the runtime: read it again. No prefix known yet: kubelet's list as it is.
+    expect(controller.runtime([started])).toBe(true);
+    expect(controller.asRuntimeStarted([waiting])[0]).toBe(waiting);
+    controller.setRuntimeName('containerd');
+    expect(controller.asRuntimeStarted([waiting])[0]!.containers[0]!.state?.containerID).toBe('containerd://c9');
+    // Kubelet's own spelling, from another pod it lists, wins; the runtime's name does not replace it.
+    const other: PodInfo = { ...listed, uid: 'other', gates: undefined, containers: listed.containers.map((c) => ({ ...c, state: { ...c.state!, containerID: 'cri-o://x1' } })) };
+    expect(controller.sync([waiting, other])).toBe(true);
+    controller.setRuntimeName('containerd');
+    expect(controller.asRuntimeStarted([waiting])[0]!.containers[0]!.state?.containerID).toBe('cri-o://c9');
+    expect(controller.asRuntimeStarted([other])[0]).toBe(other);
+  });
+
   it('preStopPlan: HTTP, exec and sleep hooks as kubelet runs them, within the grace period; bad ones said', () => {
     expect(preStopPlan(undefined, 30)).toEqual({ kind: 'none' });
     expect(preStopPlan({ tcpSocket: { port: 80 } }, 30)).toEqual({ kind: 'none' });
