@@ -189,6 +189,8 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
    * before the catch-up list).
    */
   let trusted = false;
+  /** The stream ended and no catch-up list has answered since. */
+  let reconnecting = false;
 
   const later = (fn: () => void, ms: number): void => {
     if (timer) clearTimeout(timer);
@@ -239,6 +241,7 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
       (items) => {
         if (gen !== generation || stopped) return;
         listed();
+        reconnecting = false;
         const replay = buffer ?? [];
         const overflowed = bufferOverflowed;
         buffer = undefined;
@@ -292,7 +295,10 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
       later(subscribe, retryEventsMs);
       return;
     }
-    o.log.info('runtime container event stream ended; subscribing again', { reason: describeError(err) });
+    // Once per outage: a runtime that is down ends every new subscription too.
+    if (!reconnecting) o.log.info('runtime container event stream ended; subscribing again', { reason: describeError(err) });
+    else o.log.debug('runtime container event stream ended again', { reason: describeError(err) });
+    reconnecting = true;
     restart();
   };
 

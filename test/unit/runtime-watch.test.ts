@@ -32,7 +32,10 @@ function runtime() {
   let items: CriContainer[] = [];
   let listCalls = 0;
   let hold: Promise<void> | undefined;
+  let down = false;
   return {
+    /** Lists fail (the runtime is down). */
+    set down(v: boolean) { down = v; },
     streams,
     get listCalls() { return listCalls; },
     set items(v: CriContainer[]) { items = v; },
@@ -40,6 +43,7 @@ function runtime() {
     holdLists(p: Promise<void> | undefined) { hold = p; },
     list: async () => {
       listCalls++;
+      if (down) throw new NetnsUnavailableError('CRI endpoint unix:///x unavailable: No connection established', { grpcCode: 14 });
       const snapshot = items;
       if (hold) await hold;
       return snapshot;
@@ -122,6 +126,28 @@ describe('runtime watch', () => {
     const after = rt.listCalls;
     await new Promise((r) => setTimeout(r, 100));
     expect(rt.listCalls).toBe(after);
+  });
+
+  it('a runtime outage: subscribed again with back-off, the stream\'s end said once and the list\'s failure warned once', async () => {
+    const rt = runtime();
+    rt.items = [listed('c1', 'CONTAINER_RUNNING')];
+    const w = watch(rt);
+    await until('events', () => w.sources.includes('events'));
+    rt.down = true;
+    const down = new NetnsUnavailableError('CRI endpoint unix:///x unavailable: Connection dropped', { grpcCode: 14 });
+    rt.streams[0]!.end(down);
+    // Each new subscription ends at once while the runtime is down.
+    for (let n = 2; n <= 6; n++) {
+      await until(`subscription ${n}`, () => rt.streams.length === n);
+      rt.streams[n - 1]!.end(down);
+    }
+    rt.down = false;
+    rt.items = [listed('c2', 'CONTAINER_RUNNING', 2)];
+    await until('caught up', () => w.last() === 'c2:running');
+    const lines = w.lines.map((l) => JSON.parse(l) as { level: string; msg: string });
+    expect(lines.filter((l) => l.msg.includes('event stream ended'))).toHaveLength(1);
+    expect(lines.filter((l) => l.level === 'warn').map((l) => l.msg)).toEqual([expect.stringMatching(/^runtime container list not read/)]);
+    expect(lines.filter((l) => l.msg === 'runtime container list read again')).toHaveLength(1);
   });
 
   it('events received during the catch-up list are replayed on it; then each event is seen without a list', async () => {
