@@ -28,7 +28,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: fuzz-helper bench-helper bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster
+.PHONY: fuzz-helper bench-helper bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster e2e-containerd-events
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -196,6 +196,12 @@ e2e-cluster: build image kube-tools
 	@test -n "$(KUBE_BIN_DIR)" || { echo "usage: make e2e-cluster KUBE_BIN_DIR=/dir/with/kube-apiserver,kubectl,..." >&2; exit 2; }
 	@bash test/lab/install-system-deps.sh etcd-server
 	node test/e2e-cluster/run.ts --kube-bin-dir "$(KUBE_BIN_DIR)"
+
+## e2e-containerd-events: gates mode's runtime watch on a containerd 1.7 or later you provide (CONTAINERD_17_BIN=/path/to/containerd,
+## its containerd-shim-runc-v2 beside it): the event stream chosen, a restart cleared before the new container runs. Root.
+e2e-containerd-events: build
+	@test -n "$(CONTAINERD_17_BIN)" || { echo "usage: make e2e-containerd-events CONTAINERD_17_BIN=/path/to/containerd (1.7+)" >&2; exit 2; }
+	CONTAINERD_17_BIN="$(CONTAINERD_17_BIN)" vitest run test/integration/gates-runtime-events.test.ts
 
 ## e2e-critest: cri-tools' critest v1.26 you provide (CRITEST=/path/to/critest), run against the lab's containerd
 ## directly and through the shim, on busybox-based stand-in images served by a loopback registry; compares the two

@@ -42,6 +42,12 @@ import { GATES_CONDITION_TYPE } from './pods/pod-model.ts';
 const RUNTIME_WATCH_INTERVAL_MS = 1000;
 /** Gates mode: the largest reply of an exec preStop hook's ExecSync (its output, for the event). */
 const EXEC_HOOK_MAX_REPLY_BYTES = 64 * 1024;
+/**
+ * One container event carries its sandbox's status and its containers' statuses (labels and
+ * annotations included): a few KiB, a pod's annotations (at most 256 KiB) at worst. A larger
+ * message ends the stream, which is then resubscribed and caught up by a list.
+ */
+const RUNTIME_EVENT_MAX_BYTES = 4 * 1024 * 1024;
 
 /** A running agent; stop() is what SIGTERM does. */
 export interface Daemon {
@@ -183,8 +189,10 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
     });
     cleanups.push(() => manager.stop());
 
+    // Gates mode: the probe workers see the containers the runtime has started since kubelet's list.
+    let workerView = (pods: PodInfo[]): PodInfo[] => pods;
     source.on('snapshot', (snap) => {
-      manager.sync(snap.pods);
+      manager.sync(workerView(snap.pods));
       // Calls still in flight for departed pods cache them again from the runtime: that goes too.
       containers.retainPods(new Set([...snap.pods.map((p) => p.uid), ...snap.errors.flatMap((e) => (e.uid ? [e.uid] : []))]), snap.askedAt);
       const notOurs: Record<string, number> = {};
@@ -230,16 +238,32 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
         onOp: (op, ok) => metrics.agent.gatesOp(op, ok),
       });
       cleanups.push(() => gatesController.close());
-      // A crashed container's restart is seen in the runtime's list within a second, well before
-      // kubelet's /pods; a container /pods does not show yet has the list read again (at most once a second).
+      // A crashed container's restart is seen from the runtime's container events (its list every
+      // second where it has none), well before kubelet's /pods; a container /pods does not show yet
+      // has /pods read again (at most once a second) until it does.
       if (cri) {
+        workerView = (pods) => gatesController.asRuntimeStarted(pods);
+        cri.client.version().then((v) => gatesController.setRuntimeName(v.runtimeName), (err: unknown) => {
+          log.info('runtime version not read; new containers are probed once kubelet lists them', { err: describeError(err) });
+        });
+        const events = new CriClient(cri.client.endpoint, { maxReplyBytes: RUNTIME_EVENT_MAX_BYTES });
+        cleanups.push(() => events.close());
         cleanups.push(startRuntimeWatch({
-          list: () => cri.client.listContainers({}), intervalMs: RUNTIME_WATCH_INTERVAL_MS, log,
-          onContainers: (cs) => { if (gatesController.runtime(cs)) source.refresh(); },
+          list: () => cri.client.listContainers({}),
+          events: (onEvent, onEnd) => events.containerEvents(onEvent, onEnd),
+          intervalMs: RUNTIME_WATCH_INTERVAL_MS, log,
+          onContainers: (cs) => {
+            if (!gatesController.runtime(cs)) return;
+            source.refresh();
+            // A container started since kubelet's list: probed now, not after kubelet's list shows it.
+            if (source.lastSuccess !== undefined) manager.sync(workerView(source.pods()));
+          },
+          onSource: (s) => metrics.agent.runtimeWatchSource(s),
+          onEvent: (t) => metrics.agent.runtimeEvent(t),
         }));
       }
       // After the manager's sync (listeners run in order): the store then holds this list's decisions.
-      source.on('snapshot', (snap) => gatesController.sync(snap.pods));
+      source.on('snapshot', (snap) => { if (gatesController.sync(snap.pods)) source.refresh(); });
       if (config.nodeLeaseDurationMs > 0) {
         cleanups.push(startLeaseRenewal({ writer, namespace: config.nodeLeaseNamespace, node: config.nodeName, durationMs: config.nodeLeaseDurationMs, log, onRenew: (ok) => metrics.agent.gatesOp('lease', ok) }));
       }

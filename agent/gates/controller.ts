@@ -10,8 +10,8 @@
  *   True at most once per `minWriteIntervalMs` per pod (the newest value wins; False goes at once),
  *   one write per pod at a time, `maxInFlight` over the node.
  * - A restarted container starts not ready: its new container ID has no decision yet, so the
- *   condition goes False on the first pod list that shows the new ID or the stopped container
- *   (kubelet's /pods, polled); the agent's own liveness stop clears it before it stops anything.
+ *   condition goes False as soon as the runtime (runtime-watch.ts) or kubelet's /pods shows the
+ *   old container stopped or a new one; the agent's own liveness stop clears it before it stops anything.
  *   A deleted pod's stopped containers are not written: kubelet restarts nothing there.
  * - Liveness and startup: when a taken liveness probe fails at its threshold (or a taken startup
  *   probe), once per container ID: the events kubelet records, the preStop hook (HTTP from the pod
@@ -109,6 +109,13 @@ export class GatesController {
   readonly #waiting = new Set<string>();
   readonly #unsubscribe: () => void;
   #closed = false;
+  /** Every pod UID of kubelet's last list (gates mode or not). */
+  #listed = new Set<string>();
+  /** The runtime's containers by pod UID, and the IDs running, as last told (runtime()). */
+  #runtimeByPod = new Map<string, RuntimeContainer[]>();
+  #running = new Set<string>();
+  /** Kubelet's container ID prefix ("containerd://"); undefined until the runtime's name is known. */
+  #prefix: string | undefined;
   readonly #pending = new Set<Promise<void>>();
 
   constructor(o: GatesControllerOptions) {
@@ -118,19 +125,33 @@ export class GatesController {
     this.#unsubscribe = o.results.subscribe((e) => this.#onProbeEvent(e));
   }
 
-  /** The node's pods (every snapshot); only gates-mode pods are kept. */
-  sync(pods: readonly PodInfo[]): void {
-    if (this.#closed) return;
+  /**
+   * The node's pods (every snapshot); only gates-mode pods are kept. True when kubelet's list is
+   * still behind the runtime for a gates pod (runtime()): the caller reads it again.
+   */
+  sync(pods: readonly PodInfo[]): boolean {
+    if (this.#closed) return false;
     const seen = new Set<string>();
+    this.#listed = new Set(pods.map((p) => p.uid));
+    // Kubelet's own spelling of container IDs, from any container it lists.
+    for (const p of pods) {
+      const m = /^([a-z0-9.-]{1,64}):\/\//i.exec(p.containers.find((c) => c.state?.containerID)?.state?.containerID ?? '');
+      if (m) {
+        this.#prefix = `${m[1]}://`;
+        break;
+      }
+    }
+    let behind = false;
     for (const pod of pods) {
       if (!pod.gates) continue;
       seen.add(pod.uid);
       let s = this.#pods.get(pod.uid);
       if (!s) {
-        s = { pod, lastWriteAt: -Infinity, writing: false, stopped: new Set() };
+        s = { pod, lastWriteAt: -Infinity, writing: false, stopped: new Set(), runtime: this.#runtimeByPod.get(pod.uid) };
         this.#pods.set(pod.uid, s);
       }
       s.pod = pod;
+      behind ||= kubeletBehind(pod, s.runtime);
       this.#evaluate(s);
     }
     for (const [uid, s] of this.#pods) {
@@ -139,30 +160,48 @@ export class GatesController {
       this.#pods.delete(uid);
       this.#waiting.delete(uid);
     }
+    return behind;
   }
 
   /**
-   * The runtime's container list (runtime-watch.ts): a taken container that exited, or was
-   * replaced, turns its pod's condition False before kubelet's pod list says so. True when a gates
-   * pod runs a container kubelet's list does not show yet: the caller reads that list again, so the
-   * new container is probed without waiting for the next poll.
+   * The runtime's containers (runtime-watch.ts): a taken container that exited, or was replaced,
+   * turns its pod's condition False before kubelet's pod list says so. True when kubelet's list is
+   * behind: a gates pod runs a container that list does not show yet, or a container started
+   * since the last call in a pod that list does not hold yet. The caller reads that list again, so
+   * the new container is probed without waiting for the next poll.
    */
   runtime(containers: readonly RuntimeContainer[]): boolean {
     if (this.#closed) return false;
     const byPod = new Map<string, RuntimeContainer[]>();
+    let behind = false;
+    const seen = new Set<string>();
     for (const c of containers) {
-      if (!this.#pods.has(c.podUID)) continue;
+      if (c.running) {
+        seen.add(c.id);
+        behind ||= !this.#listed.has(c.podUID) && !this.#running.has(c.id);
+      }
       const list = byPod.get(c.podUID);
       if (list) list.push(c);
       else byPod.set(c.podUID, [c]);
     }
-    let behind = false;
+    this.#running = seen;
+    this.#runtimeByPod = byPod;
     for (const [uid, s] of this.#pods) {
       s.runtime = byPod.get(uid) ?? [];
       behind ||= kubeletBehind(s.pod, s.runtime);
       this.#evaluate(s);
     }
     return behind;
+  }
+
+  /** The runtime's name as kubelet prefixes container IDs with it ("containerd"), until kubelet's list shows one: see podAsRuntimeStarted. */
+  setRuntimeName(name: string): void {
+    if (!this.#prefix && /^[a-z0-9.-]{1,64}$/i.test(name)) this.#prefix = `${name}://`;
+  }
+
+  /** `pods` (kubelet's list) as the probe workers should see them: gates pods with the containers the runtime started since. */
+  asRuntimeStarted(pods: readonly PodInfo[]): PodInfo[] {
+    return pods.map((p) => (p.gates ? podAsRuntimeStarted(p, this.#runtimeByPod.get(p.uid), this.#prefix) : p));
   }
 
   /** Stops writing; resolves when writes and stops in flight have settled. */
@@ -191,7 +230,7 @@ export class GatesController {
 
   #evaluate(s: PodState): void {
     if (this.#closed) return;
-    const want = desiredCondition(podAsRuntimeSees(s.pod, s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    const want = desiredCondition(podAsRuntimeSees(podAsRuntimeStarted(s.pod, s.runtime, this.#prefix), s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
     // A deleted pod's containers stopping: kubelet shows the pod not Ready itself and starts no new
     // container, so a False here would be a write per deleted pod (often refused: the pod is gone).
     if (s.pod.deletionTimestamp !== undefined && want.reason === 'ContainerNotRunning') return;
@@ -233,7 +272,7 @@ export class GatesController {
   }
 
   async #write(s: PodState): Promise<void> {
-    const want = desiredCondition(podAsRuntimeSees(s.pod, s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    const want = desiredCondition(podAsRuntimeSees(podAsRuntimeStarted(s.pod, s.runtime, this.#prefix), s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
     const pod = s.pod;
     s.writing = true;
     this.#inFlight++;
@@ -362,6 +401,43 @@ export function podAsRuntimeSees(pod: PodInfo, runtime: readonly RuntimeContaine
       return { ...c, state: { ...c.state, running: false, ready: false } };
     }
     return c;
+  });
+  return changed ? { ...pod, containers } : pod;
+}
+
+/**
+ * `pod` with each container the runtime has started since kubelet's list (a running container of
+ * that name newer than the one listed, or none listed) as running, when the runtime told when it
+ * started (its event stream does; a list does not, and without it a probe's initial delay could not
+ * be kept). `prefix` is kubelet's "<runtime name>://". The probe workers then probe the new
+ * container at once, as kubelet probes a container its own runtime view shows started, instead of
+ * after kubelet's status write and the agent's next read of /pods. Pure.
+ */
+export function podAsRuntimeStarted(pod: PodInfo, runtime: readonly RuntimeContainer[] | undefined, prefix: string | undefined): PodInfo {
+  if (!runtime?.length || !prefix || !pod.gates) return pod;
+  let changed = false;
+  const containers = pod.containers.map((c) => {
+    const id = c.state?.containerID ? bare(c.state.containerID) : undefined;
+    const known = id ? runtime.find((r) => r.id === id) : undefined;
+    if (id && !known) return c; // the list is older than kubelet's view of this container
+    const newer = runtime.filter((r) => r.name === c.name && r.running && r.startedAt > 0n && r.id !== id && (!known || r.createdAt > known.createdAt))
+      .sort((a, b) => (a.createdAt < b.createdAt ? 1 : -1))[0];
+    if (!newer) return c;
+    changed = true;
+    const startup = c.probes.Startup;
+    return {
+      ...c,
+      state: {
+        containerID: `${prefix}${newer.id}`,
+        running: true,
+        startedAt: Number(newer.startedAt / 1_000_000n),
+        terminated: false,
+        // As kubelet reports it: started once running, unless kubelet runs an exec startup probe itself.
+        started: !(startup?.ok && startup.spec.handler.kind === 'exec'),
+        ready: false,
+        restartCount: c.state?.restartCount ?? 0,
+      },
+    };
   });
   return changed ? { ...pod, containers } : pod;
 }

@@ -3,13 +3,20 @@
  * container within about a second and, with the network probes taken out of the spec, shows the new
  * container ready at once: the pod is Ready on the gate the old container earned until the agent
  * writes False. Kubelet's /pods (polled every few seconds, and behind kubelet's own status writes)
- * is too late for that; the runtime's container list (CRI ListContainers on the node's socket,
- * every second, one local call) is not. It only ever turns the condition False; True still waits
+ * is too late for that; the runtime is not. It only ever turns the condition False; True still waits
  * for the new container's own probe results.
+ *
+ * Source: the runtime's container event stream (CRI GetContainerEvents, containerd 1.7+), which says
+ * at once that a container started, stopped or went. Events are lossy across reconnects, so every
+ * (re)subscription is followed by one ListContainers that the events received meanwhile are replayed
+ * on, and a full list runs every `resyncMs` as a safety net (kubelet's Evented PLEG relists too). A
+ * runtime without the stream (containerd 1.6: UNIMPLEMENTED) is listed every `intervalMs` instead,
+ * and asked for the stream again every `retryEventsMs` (an in-place runtime upgrade).
+ * Either way the consumer gets the same thing: the node's containers as the runtime last said.
  */
 import { describeError } from '../errors.ts';
 import type { Logger } from '../log.ts';
-import type { CriContainer } from '../netns/cri-client.ts';
+import type { CriContainer, CriContainerEvent, CriContainerStatus, CriEventStream } from '../netns/cri-client.ts';
 import { CONTAINER_LABELS } from '../pods/sandbox-view.ts';
 
 /** One container as the runtime lists it: the pod's UID and the container's name come from kubelet's labels. */
@@ -20,51 +27,291 @@ export interface RuntimeContainer {
   running: boolean;
   /** Nanoseconds since the epoch (CRI created_at). */
   createdAt: bigint;
+  /** Nanoseconds since the epoch (CRI started_at); 0: not known (a list does not carry it). */
+  startedAt: bigint;
+}
+
+/** Where the watch's view comes from now. */
+export type RuntimeWatchSource = 'events' | 'list';
+
+/** gRPC's UNIMPLEMENTED. */
+const UNIMPLEMENTED = 12;
+
+function nanos(v: string | undefined): bigint {
+  try {
+    return BigInt(v || '0');
+  } catch {
+    return 0n; // a runtime's odd timestamp: sorts first
+  }
+}
+
+function fromLabels(id: string, labels: Record<string, string> | undefined, metaName: string | undefined, running: boolean, createdAt: string, startedAt: string | undefined): RuntimeContainer | undefined {
+  const podUID = labels?.[CONTAINER_LABELS.podUID];
+  const name = labels?.[CONTAINER_LABELS.containerName] ?? metaName;
+  if (!podUID || !name || !id) return undefined;
+  return { id, podUID, name, running, createdAt: nanos(createdAt), startedAt: nanos(startedAt) };
 }
 
 /** The runtime's containers that kubelet made, read from a ListContainers answer. Pure. */
 export function runtimeContainers(items: readonly CriContainer[]): RuntimeContainer[] {
   const out: RuntimeContainer[] = [];
   for (const c of items) {
-    const podUID = c.labels?.[CONTAINER_LABELS.podUID];
-    const name = c.labels?.[CONTAINER_LABELS.containerName] ?? c.metadata?.name;
-    if (!podUID || !name || !c.id) continue;
-    let createdAt = 0n;
-    try {
-      createdAt = BigInt(c.createdAt || '0');
-    } catch { /* a runtime's odd timestamp: sorts first */ }
-    out.push({ id: c.id, podUID, name, running: c.state === 'CONTAINER_RUNNING', createdAt });
+    const r = fromLabels(c.id, c.labels, c.metadata?.name, c.state === 'CONTAINER_RUNNING', c.createdAt, undefined);
+    if (r) out.push(r);
   }
   return out;
 }
 
-/** Lists the runtime's containers every `intervalMs`; the returned function stops it. */
-export function startRuntimeWatch(o: {
+/** One container status of an event, as the list would show it; undefined when kubelet did not make it. Pure. */
+export function statusContainer(s: CriContainerStatus): RuntimeContainer | undefined {
+  return fromLabels(s.id, s.labels, s.metadata?.name, s.state === 'CONTAINER_RUNNING', s.createdAt, s.startedAt);
+}
+
+/**
+ * Applies one event to `view` (container ID -> container): the statuses it carries are the
+ * sandbox's containers at the event's time; a stopped container is not running whatever they say;
+ * a deleted one goes. New IDs beyond `max` are not added (false). Pure but for `view`.
+ */
+export function applyEvent(view: Map<string, RuntimeContainer>, e: CriContainerEvent, max: number): boolean {
+  let fits = true;
+  for (const s of e.containersStatuses ?? []) {
+    const c = statusContainer(s);
+    if (!c) continue;
+    if (!view.has(c.id) && view.size >= max) {
+      fits = false;
+      continue;
+    }
+    view.set(c.id, c);
+  }
+  const id = e.containerId;
+  if (e.containerEventType === 'CONTAINER_DELETED_EVENT') view.delete(id);
+  else if (e.containerEventType === 'CONTAINER_STOPPED_EVENT') {
+    const c = view.get(id);
+    if (c?.running) view.set(id, { ...c, running: false });
+  }
+  return fits;
+}
+
+export interface RuntimeWatchOptions {
   list: () => Promise<CriContainer[]>;
+  /** Subscribes to the runtime's container events (CriClient.containerEvents); absent: list only. */
+  events?: (onEvent: (e: CriContainerEvent) => void, onEnd: (err: Error) => void) => CriEventStream;
+  /** The list's period without the event stream. */
   intervalMs: number;
   onContainers: (containers: RuntimeContainer[]) => void;
+  /** The source in use, on every change (a metric). */
+  onSource?: (source: RuntimeWatchSource) => void;
+  /** One event received, by type (a metric). */
+  onEvent?: (type: string) => void;
   log: Logger;
-}): () => void {
-  let busy = false;
-  let failing = false;
+  /** With the stream: a full list this often. Default 60 s. */
+  resyncMs?: number;
+  /** Without it: ask for the stream again this often. Default 5 min. */
+  retryEventsMs?: number;
+  /** Longest wait before resubscribing after the stream ended. Default 5 s. */
+  maxBackoffMs?: number;
+  /** Containers the event view holds at most; events received during a catch-up list buffered at most. */
+  maxContainers?: number;
+  maxBuffered?: number;
+}
+
+/** A stream that lived this long resubscribes at the shortest back-off. */
+const HEALTHY_STREAM_MS = 10_000;
+const MIN_BACKOFF_MS = 100;
+
+/** Watches the runtime's containers (events, else a list every `intervalMs`); the returned function stops it. */
+export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
+  const resyncMs = o.resyncMs ?? 60_000;
+  const retryEventsMs = o.retryEventsMs ?? 300_000;
+  const maxBackoffMs = o.maxBackoffMs ?? 5000;
+  const maxContainers = o.maxContainers ?? 50_000;
+  const maxBuffered = o.maxBuffered ?? 10_000;
+  let stopped = false;
+  let source: RuntimeWatchSource | undefined;
+  let listFailing = false;
+  let fallbackLogged = false;
+  let overflowLogged = false;
+
+  const setSource = (s: RuntimeWatchSource): void => {
+    if (s === source) return;
+    source = s;
+    o.onSource?.(s);
+  };
+  const listFailed = (err: unknown): void => {
+    // Once per streak; kubelet's /pods still tells restarts, later.
+    if (!listFailing) o.log.warn('runtime container list not read; restarts are seen from kubelet\'s pod list only', { err: describeError(err) });
+    listFailing = true;
+  };
+  const listed = (): void => {
+    if (listFailing) o.log.info('runtime container list read again');
+    listFailing = false;
+  };
+
+  // ---- Without the stream: the list every intervalMs. ----
+  let pollTimer: NodeJS.Timeout | undefined;
+  let polling = false;
   const tick = (): void => {
-    if (busy) return;
-    busy = true;
+    if (polling || stopped) return;
+    polling = true;
     o.list().then(
       (items) => {
-        if (failing) o.log.info('runtime container list read again');
-        failing = false;
-        o.onContainers(runtimeContainers(items));
+        listed();
+        if (!stopped && pollTimer) o.onContainers(runtimeContainers(items));
+      },
+      listFailed,
+    ).finally(() => (polling = false));
+  };
+  const startPolling = (): void => {
+    if (pollTimer || stopped) return;
+    pollTimer = setInterval(tick, o.intervalMs);
+    pollTimer.unref();
+    tick();
+  };
+  const stopPolling = (): void => {
+    if (pollTimer) clearInterval(pollTimer);
+    pollTimer = undefined;
+  };
+
+  // ---- With the stream. ----
+  let stream: CriEventStream | undefined;
+  let generation = 0;
+  const view = new Map<string, RuntimeContainer>();
+  /** Events received while a catch-up list is out, replayed on its answer; undefined: none out. */
+  let buffer: CriContainerEvent[] | undefined;
+  let bufferOverflowed = false;
+  let flushQueued = false;
+  let timer: NodeJS.Timeout | undefined;
+  let backoffMs = MIN_BACKOFF_MS;
+  let subscribedAt = 0;
+  /**
+   * The stream is the source. A stream asked for again after UNIMPLEMENTED must first deliver an
+   * event: until then the list goes on (a runtime answers UNIMPLEMENTED at once, but not always
+   * before the catch-up list).
+   */
+  let trusted = false;
+  /** The stream ended and no catch-up list has answered since. */
+  let reconnecting = false;
+
+  const later = (fn: () => void, ms: number): void => {
+    if (timer) clearTimeout(timer);
+    timer = setTimeout(() => {
+      timer = undefined;
+      if (!stopped) fn();
+    }, ms);
+    timer.unref();
+  };
+  const flush = (): void => {
+    if (flushQueued) return;
+    flushQueued = true;
+    // Coalesced: a burst of events (a node's pods starting at once) is one evaluation.
+    setImmediate(() => {
+      flushQueued = false;
+      if (!stopped && stream && trusted && buffer === undefined) o.onContainers([...view.values()]);
+    });
+  };
+  const apply = (e: CriContainerEvent): void => {
+    if (applyEvent(view, e, maxContainers) || overflowLogged) return;
+    overflowLogged = true;
+    o.log.warn('runtime container view full; further containers are seen from kubelet\'s pod list only', { maxContainers });
+  };
+  const onEvent = (gen: number, e: CriContainerEvent): void => {
+    if (gen !== generation || stopped) return;
+    o.onEvent?.(e.containerEventType);
+    const first = !trusted;
+    trusted = true;
+    if (buffer) {
+      if (buffer.length < maxBuffered) buffer.push(e);
+      else bufferOverflowed = true;
+      return;
+    }
+    apply(e);
+    if (first) useEvents();
+    flush();
+  };
+  const useEvents = (): void => {
+    setSource('events');
+    stopPolling();
+  };
+  /** One list; events meanwhile are replayed on it. A failed list restarts the stream (with back-off). */
+  const catchUp = (gen: number): void => {
+    if (buffer) return;
+    buffer = [];
+    bufferOverflowed = false;
+    o.list().then(
+      (items) => {
+        if (gen !== generation || stopped) return;
+        listed();
+        reconnecting = false;
+        const replay = buffer ?? [];
+        const overflowed = bufferOverflowed;
+        buffer = undefined;
+        view.clear();
+        for (const c of runtimeContainers(items)) if (view.size < maxContainers) view.set(c.id, c);
+        for (const e of replay) apply(e);
+        if (trusted) useEvents();
+        flush();
+        // More happened meanwhile than was kept: list again.
+        later(() => catchUp(gen), overflowed ? 0 : resyncMs);
       },
       (err: unknown) => {
-        // Once per streak; kubelet's /pods still tells restarts, later.
-        if (!failing) o.log.warn('runtime container list not read; restarts are seen from kubelet\'s pod list only', { err: describeError(err) });
-        failing = true;
+        if (gen !== generation || stopped) return;
+        buffer = undefined;
+        listFailed(err);
+        restart();
       },
-    ).finally(() => (busy = false));
+    );
   };
-  const timer = setInterval(tick, o.intervalMs);
-  timer.unref();
-  tick();
-  return () => clearInterval(timer);
+  const subscribe = (): void => {
+    if (stopped || !o.events) return;
+    const gen = ++generation;
+    subscribedAt = Date.now();
+    trusted = source !== 'list';
+    stream = o.events((e) => onEvent(gen, e), (err) => onEnd(gen, err));
+    catchUp(gen);
+  };
+  const restart = (): void => {
+    stream?.cancel();
+    stream = undefined;
+    generation++;
+    buffer = undefined;
+    if (Date.now() - subscribedAt >= HEALTHY_STREAM_MS) backoffMs = MIN_BACKOFF_MS;
+    const wait = backoffMs;
+    backoffMs = Math.min(backoffMs * 2, maxBackoffMs);
+    later(subscribe, wait);
+  };
+  const onEnd = (gen: number, err: Error): void => {
+    if (gen !== generation || stopped) return;
+    const code = (err as { context?: { grpcCode?: unknown } }).context?.grpcCode;
+    if (code === UNIMPLEMENTED) {
+      stream = undefined;
+      generation++;
+      buffer = undefined;
+      if (!fallbackLogged || source === 'events') {
+        o.log.info('the runtime has no container event stream; its containers are listed every interval instead', { reason: describeError(err), intervalMs: o.intervalMs, retryEventsMs });
+      }
+      fallbackLogged = true;
+      setSource('list');
+      startPolling();
+      later(subscribe, retryEventsMs);
+      return;
+    }
+    // Once per outage: a runtime that is down ends every new subscription too.
+    if (!reconnecting) o.log.info('runtime container event stream ended; subscribing again', { reason: describeError(err) });
+    else o.log.debug('runtime container event stream ended again', { reason: describeError(err) });
+    reconnecting = true;
+    restart();
+  };
+
+  if (o.events) subscribe();
+  else {
+    setSource('list');
+    startPolling();
+  }
+  return () => {
+    stopped = true;
+    stopPolling();
+    if (timer) clearTimeout(timer);
+    stream?.cancel();
+    stream = undefined;
+  };
 }

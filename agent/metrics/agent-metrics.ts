@@ -20,6 +20,8 @@ export const CALL_BUCKETS: readonly number[] = [0.001, 0.005, 0.01, 0.025, 0.05,
 
 /** Socket-factory modes (SocketFactory.mode). */
 export const HELPER_MODES = ['resident', 'warm', 'spawn', 'node'] as const;
+export const RUNTIME_WATCH_SOURCES = ['events', 'list'] as const;
+export const RUNTIME_EVENT_TYPES = ['created', 'started', 'stopped', 'deleted'] as const;
 /** KubeletError kinds (brief D): the kubelet poll error label. */
 export const KUBELET_ERROR_KINDS = ['unreachable', 'timeout', 'http-status', 'too-large', 'malformed', 'unauthorized'] as const;
 /** Netns resolvers (agent/netns/resolver.ts). */
@@ -81,6 +83,8 @@ export class AgentMetrics {
   readonly #helperSpawnSeconds: Histogram<'mode'>;
   readonly #helperRestarts: Counter;
   readonly #gatesOps: Counter<'op' | 'result'>;
+  readonly #runtimeWatchSource: Gauge<'source'>;
+  readonly #runtimeEvents: Counter<'type'>;
   readonly #containerLookups: Counter;
   readonly #kubeletPollSeconds: Histogram<'result'>;
   readonly #kubeletPollErrors: Counter<'kind'>;
@@ -124,6 +128,18 @@ export class AgentMetrics {
       name: 'probe_agent_gates_operations_total',
       help: 'Gates mode: writes and actions by op (condition, event, prestop, stop, lease) and result (ok, error).',
       labelNames: ['op', 'result'] as const,
+      registers,
+    });
+    this.#runtimeWatchSource = new Gauge({
+      name: 'probe_agent_gates_runtime_watch_source',
+      help: 'Gates mode: 1 for where the agent learns of container starts and stops now: events (the runtime\'s CRI GetContainerEvents stream) or list (CRI ListContainers every second, for a runtime without the stream).',
+      labelNames: ['source'] as const,
+      registers,
+    });
+    this.#runtimeEvents = new Counter({
+      name: 'probe_agent_gates_runtime_events_total',
+      help: 'Gates mode: container events received from the runtime, by type (created, started, stopped, deleted).',
+      labelNames: ['type'] as const,
       registers,
     });
     this.#kubeletPollSeconds = new Histogram({
@@ -304,6 +320,21 @@ export class AgentMetrics {
   /** The resident helper died and was restarted. */
   gatesOp(op: string, ok: boolean): void {
     this.#guard('gatesOp', () => this.#gatesOps.inc({ op, result: ok ? 'ok' : 'error' }));
+  }
+
+  /** Gates mode: the runtime watch's source changed (runtime-watch.ts). */
+  runtimeWatchSource(source: string): void {
+    this.#guard('runtimeWatchSource', () => {
+      for (const s of RUNTIME_WATCH_SOURCES) this.#runtimeWatchSource.set({ source: s }, s === source ? 1 : 0);
+    });
+  }
+
+  /** Gates mode: one container event from the runtime (a CRI ContainerEventType name). */
+  runtimeEvent(type: string): void {
+    this.#guard('runtimeEvent', () => {
+      const t = type.replace(/^CONTAINER_/, '').replace(/_EVENT$/, '').toLowerCase();
+      this.#runtimeEvents.inc({ type: oneOf(t, RUNTIME_EVENT_TYPES) });
+    });
   }
 
   helperRestart(): void {

@@ -93,6 +93,37 @@ export interface CriContainerFilter {
   labelSelector?: Record<string, string>;
 }
 
+/** One ContainerStatus (the subset in our proto), camelCase. */
+export interface CriContainerStatus {
+  id: string;
+  metadata: { name: string; attempt: number } | null;
+  state: CriContainerState;
+  createdAt: string;
+  startedAt: string;
+  finishedAt: string;
+  exitCode: number;
+  labels: Record<string, string>;
+  annotations: Record<string, string>;
+}
+
+export type CriContainerEventType = 'CONTAINER_CREATED_EVENT' | 'CONTAINER_STARTED_EVENT' | 'CONTAINER_STOPPED_EVENT' | 'CONTAINER_DELETED_EVENT';
+
+/** One GetContainerEvents message: the event, and the statuses of its sandbox's containers at that time. */
+export interface CriContainerEvent {
+  containerId: string;
+  containerEventType: CriContainerEventType;
+  /** Nanoseconds since the epoch. */
+  createdAt: string;
+  podSandboxStatus: CriPodSandboxStatusResponse['status'];
+  containersStatuses: CriContainerStatus[];
+}
+
+/** A running GetContainerEvents stream. */
+export interface CriEventStream {
+  /** Ends the stream; no callback runs after it. */
+  cancel(): void;
+}
+
 /** CreateContainer config (the subset in our proto), camelCase. */
 export interface CriContainerConfig {
   metadata: { name: string; attempt?: number };
@@ -107,6 +138,7 @@ export interface CriContainerConfig {
 
 type Callback = (err: grpc.ServiceError | null, res?: unknown) => void;
 type UnaryMethod = (req: unknown, md: grpc.Metadata, opts: grpc.CallOptions, cb: Callback) => grpc.ClientUnaryCall;
+type StreamMethod = (req: unknown, md: grpc.Metadata, opts: grpc.CallOptions) => grpc.ClientReadableStream<unknown>;
 type RuntimeServiceClient = grpc.Client & Record<string, UnaryMethod>;
 
 let serviceCtor: grpc.ServiceClientConstructor | undefined;
@@ -179,6 +211,45 @@ export class CriClient {
   async listContainers(filter: CriContainerFilter, signal?: AbortSignal): Promise<CriContainer[]> {
     const res = await this.#call<{ containers: CriContainer[] }>('ListContainers', { filter }, signal);
     return res.containers ?? [];
+  }
+
+  /**
+   * GetContainerEvents (containerd 1.7+): `onEvent` per message, then `onEnd` once, with the
+   * error that ended the stream (UNIMPLEMENTED from a runtime without it). No deadline: the stream
+   * lives as long as the runtime keeps it; each message is bounded by the client's maxReplyBytes.
+   */
+  containerEvents(onEvent: (e: CriContainerEvent) => void, onEnd: (err: NetnsUnavailableError) => void): CriEventStream {
+    let ended = false;
+    const end = (err: NetnsUnavailableError): void => {
+      if (ended) return;
+      ended = true;
+      onEnd(err);
+    };
+    let client: RuntimeServiceClient;
+    try {
+      client = this.#channel();
+    } catch (err) {
+      queueMicrotask(() => end(err as NetnsUnavailableError));
+      return { cancel: () => (ended = true) };
+    }
+    const call = (client['GetContainerEvents'] as unknown as StreamMethod).call(client, {}, new grpc.Metadata(), {});
+    call.on('data', (e: CriContainerEvent) => {
+      if (!ended) onEvent(e);
+    });
+    call.on('error', (err: grpc.ServiceError) => {
+      if (err.code === grpc.status.UNAVAILABLE && this.#client === client) {
+        client.close();
+        this.#client = undefined;
+      }
+      end(this.#fromGrpc('GetContainerEvents', err));
+    });
+    call.on('end', () => end(this.#error('GetContainerEvents', 'ended the event stream', 'unavailable', grpc.status.OK, undefined)));
+    return {
+      cancel: () => {
+        ended = true;
+        call.cancel();
+      },
+    };
   }
 
   /** CreateContainer (test lab). */

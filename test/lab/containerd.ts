@@ -119,6 +119,11 @@ export interface ContainerdLabOptions {
   registryMirrors?: Record<string, string[]>;
   /** IPv4 destinations pods route through the bridge's gateway (the host), besides their own subnet. */
   routes?: string[];
+  /**
+   * Another containerd binary than the one on PATH (e.g. a 1.7 for its container event stream). Its
+   * directory goes first on the daemon's PATH, so that it starts its own containerd-shim-runc-v2.
+   */
+  binary?: string;
 }
 
 /** Starts a private containerd with CNI and the pause image. */
@@ -127,7 +132,7 @@ export async function createContainerdLab(opts: ContainerdLabOptions = {}): Prom
   const lay = slotLayout(slot);
   // A previous owner of this slot may have died without a sweep.
   sweepSlot(slot);
-  const lab = new Lab(lay);
+  const lab = new Lab(lay, opts.binary);
   registerExitCleanup(lab);
   try {
     writeConfig(lay, opts);
@@ -151,11 +156,13 @@ class Lab implements ContainerdLab {
   readonly cgroupPrefix: string;
   readonly client: CriClient;
   readonly #lay: SlotLayout;
+  readonly #binary: string | undefined;
   #child: ChildProcess | undefined;
   #destroyed = false;
 
-  constructor(lay: SlotLayout) {
+  constructor(lay: SlotLayout, binary?: string) {
     this.#lay = lay;
+    this.#binary = binary;
     this.slot = lay.slot;
     this.dir = lay.dir;
     this.socket = path.join(lay.dir, 'containerd.sock');
@@ -174,9 +181,11 @@ class Lab implements ContainerdLab {
     if (this.pid) return;
     const log = openSync(path.join(this.dir, 'containerd.log'), 'a');
     try {
-      this.#child = spawn('containerd', ['--config', path.join(this.dir, 'config.toml')], {
+      const bin = this.#binary;
+      this.#child = spawn(bin ?? 'containerd', ['--config', path.join(this.dir, 'config.toml')], {
         stdio: ['ignore', log, log],
         detached: true,
+        ...(bin ? { env: { ...process.env, PATH: `${path.dirname(bin)}:${process.env['PATH'] ?? ''}` } } : {}),
       });
     } finally {
       closeSync(log);

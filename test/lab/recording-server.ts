@@ -20,6 +20,8 @@ export interface RecordedHit {
   method: string;
   url: string;
   headers: Record<string, string | string[] | undefined>;
+  /** When the server got it (Date.now() in the server, the same host clock). */
+  time: number;
 }
 
 /** Where to listen (0 = any free port) and the TLS key pair for https. */
@@ -96,7 +98,7 @@ export async function startRecordingServer(netns: string, opts: RecordingOptions
 async function serve(opts: RecordingOptions): Promise<void> {
   const handler = (tls: boolean) => (req: http.IncomingMessage, res: http.ServerResponse): void => {
     const port = req.socket.localPort ?? 0;
-    process.stdout.write(`req ${JSON.stringify({ port, tls, method: req.method, url: req.url, headers: req.headers })}\n`);
+    process.stdout.write(`req ${JSON.stringify({ port, tls, method: req.method, url: req.url, headers: req.headers, time: Date.now() })}\n`);
     const url = new URL(req.url ?? '/', 'http://x.invalid');
     const status = /^\/status\/(\d{3})$/.exec(url.pathname);
     if (status) return void res.writeHead(Number(status[1]), { 'Content-Type': 'text/plain' }).end(`status ${status[1]} SECRET-BODY`);

@@ -21,6 +21,8 @@ export interface RecordedApiRequest {
   contentType?: string;
   authorization?: string;
   body?: unknown;
+  /** When it was received (Date.now()). */
+  time: number;
 }
 
 export interface ApiServerStandIn {
@@ -62,7 +64,7 @@ export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
     const answer = (): unknown => {
       let body: unknown;
       try { body = raw ? JSON.parse(raw) : undefined; } catch { body = raw; }
-      state.requests.push({ method: req.method ?? '', url: req.url ?? '', ...(req.headers['content-type'] ? { contentType: req.headers['content-type'] } : {}), ...(req.headers.authorization ? { authorization: req.headers.authorization } : {}), ...(body !== undefined ? { body } : {}) });
+      state.requests.push({ time: Date.now(), method: req.method ?? '', url: req.url ?? '', ...(req.headers['content-type'] ? { contentType: req.headers['content-type'] } : {}), ...(req.headers.authorization ? { authorization: req.headers.authorization } : {}), ...(body !== undefined ? { body } : {}) });
       const send = (status: number, obj: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(obj));
       const notFound = (what: string) => send(404, { kind: 'Status', apiVersion: 'v1', status: 'Failure', reason: 'NotFound', code: 404, message: `${what} not found` });
       if (state.down) return send(503, { kind: 'Status', status: 'Failure', code: 503, message: 'stand-in outage' });

@@ -7,8 +7,8 @@
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import { ApiWriter } from '../../agent/gates/api-writer.ts';
-import { desiredCondition, GatesController, podAsRuntimeSees, preStopPlan } from '../../agent/gates/controller.ts';
-import { runtimeContainers } from '../../agent/gates/runtime-watch.ts';
+import { desiredCondition, GatesController, podAsRuntimeSees, podAsRuntimeStarted, preStopPlan } from '../../agent/gates/controller.ts';
+import { runtimeContainers, type RuntimeContainer } from '../../agent/gates/runtime-watch.ts';
 import { createLogger } from '../../agent/log.ts';
 import { ResultsStore } from '../../agent/scheduler/results-store.ts';
 import { GATES_CONDITION_TYPE, parsePodList } from '../../agent/pods/pod-model.ts';
@@ -192,6 +192,49 @@ describe('gates controller', () => {
     // Exited with no successor yet: not running.
     expect(desiredCondition(podAsRuntimeSees(info, listed([['c1', 'CONTAINER_EXITED', 1]])), results.list()).reason).toBe('ContainerNotRunning');
     expect(podAsRuntimeSees(info, listed([['c1', 'CONTAINER_RUNNING', 1]]))).toBe(info);
+  });
+
+  it('podAsRuntimeStarted: a container the runtime started (with its start time) is running under kubelet\'s ID before kubelet lists it', () => {
+    const rt = (id: string, running: boolean, created: bigint, started: bigint): RuntimeContainer => ({ id, podUID: UID, name: 'app', running, createdAt: created, startedAt: started });
+    const listed = kubeletView(apiPod(), 'c1');
+    const waiting: PodInfo = { ...listed, containers: listed.containers.map((c) => ({ ...c, state: undefined })) };
+    const startNs = 1_700_000_000_123_456_789n;
+    // Not created by kubelet's list yet: running, started, not ready, its start time kept for an initial delay.
+    const seen = podAsRuntimeStarted(waiting, [rt('c9', true, 5n, startNs)], 'containerd://');
+    expect(seen.containers[0]!.state).toEqual({ containerID: 'containerd://c9', running: true, startedAt: 1_700_000_000_123, terminated: false, started: true, ready: false, restartCount: 0 });
+    // A newer container than kubelet's (a restart) replaces it; an older one or the same one changes nothing.
+    expect(podAsRuntimeStarted(listed, [rt('c1', false, 1n, 1n), rt('c2', true, 2n, startNs)], 'containerd://').containers[0]!.state?.containerID).toBe('containerd://c2');
+    expect(podAsRuntimeStarted(listed, [rt('c1', true, 2n, startNs), rt('c0', true, 1n, startNs)], 'containerd://')).toBe(listed);
+    // No start time (a list), no prefix yet, or a list older than kubelet's view: kubelet's list as it is.
+    expect(podAsRuntimeStarted(waiting, [rt('c9', true, 5n, 0n)], 'containerd://')).toBe(waiting);
+    expect(podAsRuntimeStarted(waiting, [rt('c9', true, 5n, startNs)], undefined)).toBe(waiting);
+    expect(podAsRuntimeStarted(listed, [rt('c2', true, 2n, startNs)], 'containerd://')).toBe(listed);
+    // The condition sees the same container: no decision for it yet.
+    expect(desiredCondition(podAsRuntimeSees(seen, [rt('c9', true, 5n, startNs)]), []).reason).toBe('NoDecisionYet');
+  });
+
+  it('the probe workers see a container the runtime started, under the prefix kubelet\'s list spells (else the runtime\'s name)', async () => {
+    const api = await startApiServerStandIn();
+    cleanup.push(() => api.close());
+    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+    cleanup.push(() => writer.close());
+    const controller = new GatesController({ results: new ResultsStore(), writer, log: createLogger({ level: 'error', write: () => {} }) });
+    cleanup.push(() => controller.close());
+    const listed = kubeletView(apiPod(), 'c1');
+    const waiting: PodInfo = { ...listed, containers: listed.containers.map((c) => ({ ...c, state: undefined })) };
+    const started: RuntimeContainer = { id: 'c9', podUID: UID, name: 'app', running: true, createdAt: 5n, startedAt: 1_700_000_000_000_000_000n };
+    controller.sync([waiting]);
+    // Kubelet's list is behind the runtime: read it again. No prefix known yet: kubelet's list as it is.
+    expect(controller.runtime([started])).toBe(true);
+    expect(controller.asRuntimeStarted([waiting])[0]).toBe(waiting);
+    controller.setRuntimeName('containerd');
+    expect(controller.asRuntimeStarted([waiting])[0]!.containers[0]!.state?.containerID).toBe('containerd://c9');
+    // Kubelet's own spelling, from another pod it lists, wins; the runtime's name does not replace it.
+    const other: PodInfo = { ...listed, uid: 'other', gates: undefined, containers: listed.containers.map((c) => ({ ...c, state: { ...c.state!, containerID: 'cri-o://x1' } })) };
+    expect(controller.sync([waiting, other])).toBe(true);
+    controller.setRuntimeName('containerd');
+    expect(controller.asRuntimeStarted([waiting])[0]!.containers[0]!.state?.containerID).toBe('cri-o://c9');
+    expect(controller.asRuntimeStarted([other])[0]).toBe(other);
   });
 
   it('preStopPlan: HTTP, exec and sleep hooks as kubelet runs them, within the grace period; bad ones said', () => {
