@@ -191,6 +191,7 @@ bench-kubelet: build
 ## the rollback and 100 pods. E2E_CLUSTER_INSTALL=helm installs the chart (deploy/helm) with the values of the same
 ## overlay instead, then checks a `helm upgrade` to a new image tag and a `helm rollback` restart no pod.
 ## E2E_CLUSTER_MODE=gates runs the gates phase instead (test/e2e-cluster/gates.ts): both kubelets on containerd, no shim.
+## E2E_CONTAINERD_BIN=/path/to/containerd runs both nodes on that containerd (e.g. a 1.7, whose event stream gates mode follows).
 ## Root; about 15 minutes; not part of make test (test/e2e-cluster/run.ts says what it checks).
 e2e-cluster: build image kube-tools
 	@test -n "$(KUBE_BIN_DIR)" || { echo "usage: make e2e-cluster KUBE_BIN_DIR=/dir/with/kube-apiserver,kubectl,..." >&2; exit 2; }

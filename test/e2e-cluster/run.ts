@@ -256,7 +256,7 @@ async function main(): Promise<number> {
   say('two lab containerds (CNI bridge, pause and busybox images), each with the image from make image');
   const makeNode = async (name: string, role: LabNode['role']): Promise<LabNode> => {
     // Pods reach the nodes' addresses and the Service range through their gateway, the host.
-    const ctrd = await createContainerdLab({ routes: [NODE_IP_RANGE, SERVICE_CIDR] });
+    const ctrd = await createContainerdLab({ routes: [NODE_IP_RANGE, SERVICE_CIDR], binary: process.env.E2E_CONTAINERD_BIN || undefined });
     cleanups.push(() => ctrd.destroy());
     importBusyboxImage(ctrd.socket);
     execFileSync('ctr', ['--address', ctrd.socket, '-n', 'k8s.io', 'images', 'import', '--snapshotter', 'overlayfs', IMAGE_TAR], { stdio: 'pipe', timeout: 300_000 });
