@@ -4,7 +4,7 @@
  */
 import { parseArgs } from 'node:util';
 import { parseDuration } from '../config/duration.ts';
-import { shimSocketBeside } from '../api/shim-socket.ts';
+import { shimSocketBeside } from '../contract/shim-socket.ts';
 
 /** Where the shim's own sockets live (root-only directory). */
 export const SHIM_RUN_DIR = '/run/probe-agent-shim';

@@ -2,7 +2,7 @@
  * The kubelet shim: a CRI proxy between kubelet and the container runtime. Every call is passed
  * through at the HTTP/2 frame level, one runtime connection per kubelet connection (relay.ts).
  * Only ExecSync is looked at, and an ExecSync whose command is probe-agent's
- * (agent/rewrite/shim-command.ts) goes, as kubelet's message bytes unchanged, to the agent's
+ * (agent/contract/shim-command.ts) goes, as kubelet's message bytes unchanged, to the agent's
  * ExecSync on the agent's socket for the shim, over a separate connection with its own deadlines; the agent's answer goes
  * back to kubelet unchanged. So a slow or dead agent costs kubelet nothing but that one call, and
  * kubelet's ordinary calls never wait on the agent.
@@ -10,8 +10,8 @@
 import * as net from 'node:net';
 import { chmodSync, existsSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
-import { AgentCallError, ShimProbeClient } from '../api/shim-client.ts';
-import { shimSocketBeside } from '../api/shim-socket.ts';
+import { AgentCallError, ShimProbeClient } from './agent-client.ts';
+import { shimSocketBeside } from '../contract/shim-socket.ts';
 import { readSingleFrame } from '../grpc/frame.ts';
 import { parseGrpcTimeout } from '../grpc/headers.ts';
 import { GrpcCode } from '../grpc/status.ts';

@@ -24,9 +24,9 @@ requireGrpcGoPeer();
 
 import { existsSync, rmSync, symlinkSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
-import { shimSocketBeside } from '../../agent/api/shim-socket.ts';
+import { shimSocketBeside } from '../../agent/contract/shim-socket.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
 import { labScratch } from '../lab/slots.ts';

@@ -14,7 +14,7 @@ import { labScratch } from '../lab/slots.ts';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';

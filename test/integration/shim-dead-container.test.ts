@@ -24,7 +24,7 @@ import { NetnsResolverChain } from '../../agent/netns/resolver.ts';
 import { PodProber } from '../../agent/pod-prober.ts';
 import { ContainerLocator } from '../../agent/pods/container-lookup.ts';
 import type { PodInfo } from '../../agent/pods/types.ts';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { FairLimiter } from '../../agent/scheduler/limiter.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
 

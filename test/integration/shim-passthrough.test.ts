@@ -12,7 +12,7 @@ import { rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand, SHIM_KINDS } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand, SHIM_KINDS } from '../../agent/contract/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { labScratch } from '../lab/slots.ts';

@@ -1,5 +1,5 @@
 /**
- * The shim's frame relay (`--relay frames`, agent/shim/relay.ts) against what a naive frame relay
+ * The shim's frame relay (agent/shim/relay.ts) against what a naive frame relay
  * gets wrong, on the lab's real containerd with the real agent: stream ids renumbered for a held
  * ExecSync forwarded after later streams opened, kubelet's HPACK dynamic table in use across
  * intercepted calls, connection flow control with the shim's own answers mixed into large runtime
@@ -17,7 +17,7 @@ import * as net from 'node:net';
 import { rmSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { FrameSplitter, HeaderBlockJoiner, headerBlockFrames } from '../../agent/http2/connection.ts';
 import { CLIENT_PREFACE, Flag, frameBytes, FrameType } from '../../agent/http2/wire.ts';
@@ -63,7 +63,7 @@ beforeAll(async () => {
   kubelet = await FakeKubelet.start({ pods: [spec] });
   agent = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: 'cri', args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`] });
   shim = new CriShim({
-    listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: agent.socket, relay: 'frames',
+    listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: agent.socket,
     log: shimLog.log,
   });
   await shim.listen();
@@ -326,7 +326,7 @@ describe('the frame relay on one kubelet connection', () => {
 describe('close(graceMs) with the frame relay', () => {
   it('lets a hook in flight finish within the grace, then closes; a hook past the grace is cut', async () => {
     for (const [graceMs, slowMs, finishes] of [[20_000, 1500, true], [300, 5000, false]] as const) {
-      const s2 = new CriShim({ listenPath: path.join(scratch, `cri-close-${graceMs}.sock`), runtimeSocket: ctrd.socket, probeSocket: agent.socket, relay: 'frames', log: shimLogSink(`shim closing with grace ${graceMs} ms (shim-relay)`).log });
+      const s2 = new CriShim({ listenPath: path.join(scratch, `cri-close-${graceMs}.sock`), runtimeSocket: ctrd.socket, probeSocket: agent.socket, log: shimLogSink(`shim closing with grace ${graceMs} ms (shim-relay)`).log });
       await s2.listen();
       const k = new KubeletCri(s2.config.listenPath);
       try {

@@ -19,7 +19,7 @@ import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
-import { encodeShimCommand, type ShimKind } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand, type ShimKind } from '../../agent/contract/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';

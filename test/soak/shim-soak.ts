@@ -27,7 +27,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { launcherNodeFlags } from '../bench/agent-process.ts';
 import { REPO } from '../bench/build.ts';
 import { childrenOf, rssOf } from '../bench/procstat.ts';

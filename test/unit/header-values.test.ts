@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 import * as protoLoader from '@grpc/proto-loader';
 import { describe, expect, it } from 'vitest';
 import { parseCommand } from '../../agent/api/exec-sync.ts';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { lifecycleRequestFromWire, probeRequestFromWire } from '../../agent/api/convert-request.ts';
 import { InvalidProbeError } from '../../agent/errors.ts';
 import { handlerFieldOf, refuseDroppedHeaderValues, withHeaderValues } from '../../agent/pods/header-values.ts';
