@@ -34,7 +34,7 @@ import type { LifecycleHandlerSpec, LifecycleHook } from '../probe/lifecycle.ts'
 import { boundMessage } from '../probe/run.ts';
 import { parseProbe, SPEC_LIMITS } from '../probe/spec.ts';
 import type { ProbeHandler, ProbeType } from '../probe/types.ts';
-import { normalizeContainerID } from '../pods/container-lookup.ts';
+import { normalizeContainerID } from '../prober/container-lookup.ts';
 import { decodeShimCommand, SHIM_COMMAND_PATH, ShimCommandError, type ShimKind } from '../contract/shim-command.ts';
 import type { OnDemandProber } from '../scheduler/types.ts';
 import { DRAINING_DETAIL, INVALID_COMMAND_PREFIX, NOT_STARTED_DRAINING } from '../contract/hook-refusal.ts';

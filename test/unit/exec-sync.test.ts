@@ -31,8 +31,8 @@ import { AgentCallError, ShimProbeClient } from '../../agent/shim/agent-client.t
 import { parseFeatureGates } from '../../agent/featuregates.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { NetnsResolverChain, type NetnsResolver } from '../../agent/netns/resolver.ts';
-import { PodProber } from '../../agent/pod-prober.ts';
-import { ContainerLocator } from '../../agent/pods/container-lookup.ts';
+import { PodProber } from '../../agent/prober/pod-prober.ts';
+import { ContainerLocator } from '../../agent/prober/container-lookup.ts';
 import type { PodInfo } from '../../agent/pods/types.ts';
 import { encodeShimCommand, SHIM_COMMAND_PATH, type ShimKind } from '../../agent/contract/shim-command.ts';
 import { FairLimiter } from '../../agent/scheduler/limiter.ts';
