@@ -14,7 +14,6 @@ requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 
 import * as http2 from 'node:http2';
 import * as net from 'node:net';
-import { rmSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
@@ -22,15 +21,11 @@ import { CriShim } from '../../agent/shim/proxy.ts';
 import { FrameSplitter, HeaderBlockJoiner, headerBlockFrames } from '../../agent/http2/connection.ts';
 import { CLIENT_PREFACE, Flag, frameBytes, FrameType } from '../../agent/http2/wire.ts';
 import { encodeLiteralBlock, HpackDecoder } from '../../agent/http2/hpack.ts';
-import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
-import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
-import { labScratch } from '../lab/slots.ts';
-import { SandboxServer } from '../soak/sandbox-server.ts';
-import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
-import { FakeKubelet } from '../support/fake-kubelet.ts';
+import type { ContainerdLab, LabContainer, LabSandbox } from '../lab/containerd.ts';
+import type { AgentHandle } from '../support/agent-harness.ts';
 import { KubeletCri, RUNTIME_SERVICE } from '../support/kubelet-cri.ts';
-import { makePod } from '../support/pod-factory.ts';
 import { shimLogSink } from '../support/log-check.ts';
+import { ShimLab } from '../support/shim-lab.ts';
 
 const NS = 'shim-relay';
 const HTTP = 8080;
@@ -38,47 +33,33 @@ const HTTP = 8080;
 const BIG_CONTAINERS = 8;
 const ANNOTATION_BYTES = 14 * 1024;
 
+let lab: ShimLab;
 let ctrd: ContainerdLab;
-let kubelet: FakeKubelet;
 let agent: AgentHandle;
 let scratch: string;
 let shim: CriShim;
 let direct: KubeletCri;
 let pod: LabSandbox;
 let app: LabContainer;
-let server: SandboxServer | undefined;
 const shimLog = shimLogSink('shim, frame relay (shim-relay)');
 
 beforeAll(async () => {
-  ctrd = await createContainerdLab();
-  importBusyboxImage(ctrd.socket);
-  scratch = labScratch('shim-relay-');
-  pod = await ctrd.runSandbox({ name: 'web', namespace: NS });
-  app = await ctrd.runContainer(pod, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
-  for (let i = 0; i < BIG_CONTAINERS; i++) {
-    await ctrd.runContainer(pod, { name: `big${i}`, annotations: { 'example.com/padding': String(i).repeat(ANNOTATION_BYTES) } });
-  }
-  server = await SandboxServer.start(pod, { http: HTTP });
-  const spec = makePod({ uid: pod.uid, name: pod.name, namespace: NS, ips: pod.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` });
-  kubelet = await FakeKubelet.start({ pods: [spec] });
-  agent = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: 'cri', args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`] });
-  shim = new CriShim({
-    listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: agent.socket,
-    log: shimLog.log,
-  });
-  await shim.listen();
-  direct = new KubeletCri(ctrd.socket);
+  lab = await ShimLab.start('shim-relay-');
+  ({ ctrd, scratch } = lab);
+  const bigContainers = async (sb: LabSandbox): Promise<void> => {
+    for (let i = 0; i < BIG_CONTAINERS; i++) {
+      await ctrd.runContainer(sb, { name: `big${i}`, annotations: { 'example.com/padding': String(i).repeat(ANNOTATION_BYTES) } });
+    }
+  };
+  let spec: Record<string, unknown>;
+  ({ pod, app, spec } = await lab.appPod({ namespace: NS, server: { http: HTTP }, port: HTTP, beforeServer: bigContainers }));
+  await lab.startKubelet([spec]);
+  agent = await lab.startAgent();
+  shim = await lab.startShim({ log: shimLog.log });
+  direct = lab.client(new KubeletCri(ctrd.socket));
 }, 120_000);
 
-afterAll(async () => {
-  direct?.close();
-  await shim?.close(100);
-  await agent?.stop('SIGKILL').catch(() => {});
-  await kubelet?.stop();
-  await server?.stop();
-  await ctrd?.destroy();
-  if (scratch) rmSync(scratch, { recursive: true, force: true });
-});
+afterAll(() => lab?.stop());
 
 /** One gRPC call's outcome on a raw HTTP/2 client stream. */
 interface Outcome {
