@@ -51,7 +51,7 @@ export interface PodProberOptions {
    */
   onShimResult?: (key: ProbeKey, containerID: string, outcome: ProbeOutcome) => void;
   log?: Logger;
-  /** Asks the runtime whether a pod's sandbox stopped (agent/sandbox-going.ts); absent = never asked. */
+  /** Asks the runtime whether a pod's sandbox stopped (sandbox-going.ts); absent = never asked. */
   sandboxGoing?: SandboxGoing;
 }
 
