@@ -432,8 +432,8 @@ export function renderShimMarkdown(r: ShimBenchResult): string {
   L.push('', `PLEG's relist (one ListPodSandbox and one ListContainers a second) costs the shim ${r.plegCorePercent} % of a core.`);
   const c = r.compared;
   if (c) {
-    L.push('', `The same run, the measured shim (--relay ${r.relay}) beside a second shim on --relay ${c.relay} (shim CPU ms/call, added p50 ms):`, '');
-    L.push(`| call | --relay ${r.relay} | --relay ${c.relay} |`, '| --- | --- | --- |');
+    L.push('', `The same run, the measured shim (${r.relay}) beside a second shim (${c.relay}) (shim CPU ms/call, added p50 ms):`, '');
+    L.push(`| call | ${r.relay} | ${c.relay} |`, '| --- | --- | --- |');
     L.push(`| rewritten probe (shim only) | ${r.shimPath.shimCpuMs}, p50 ${r.shimPath.p50Ms} | ${c.shimPath.shimCpuMs}, p50 ${c.shimPath.p50Ms} |`);
     for (const [m, x] of Object.entries(r.ordinary)) {
       const y = c.ordinary[m];

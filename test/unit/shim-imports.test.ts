@@ -71,6 +71,13 @@ describe('the shim import graph', () => {
     }
   });
 
+  it('the agent does not load the shim: only `probe-agent shim` (cli/shim-command.ts) imports it', () => {
+    const folders = readdirSync(AGENT, { withFileTypes: true }).filter((d) => d.isDirectory()).map((d) => `${d.name}/`);
+    const outside = [...tsFiles(''), ...folders.filter((f) => f !== 'shim/').flatMap(tsFiles)];
+    const importers = outside.filter((m) => [...graph(m).modules].some((x) => x.startsWith('shim/')));
+    expect(importers.sort()).toEqual(['cli.ts', 'cli/shim-command.ts']);
+  });
+
   it('uses Node built-ins only (no npm package, so no node_modules on the host)', () => {
     const { packages } = graph('shim/main.ts');
     for (const p of packages) expect(p, p).toMatch(/^node:/);
