@@ -1,6 +1,6 @@
 /**
- * The agent's lean server on the kubelet shim's own socket (agent/contract/shim-socket.ts): ExecSync and nothing
- * else, on our own unary HTTP/2 server (agent/http2/unary-server.ts: frames and HPACK we own, no
+ * The agent's lean server on the kubelet shim's own socket (agent/contract/shim-socket.ts):
+ * ExecSync and nothing else, on our own unary HTTP/2 server (agent/http2/unary-server.ts: frames and HPACK we own, no
  * node:http2 or grpc-js objects). The request's message bytes go to the ExecSync handler as they
  * came (exec-sync.ts reads them) and its answer's bytes go back as they are; the status codes,
  * messages and the not-started trailer are those grpc-js gives the same call on the ProbeService

@@ -2,8 +2,9 @@
  * The kubelet shim's client of the agent: our own unary HTTP/2 client (agent/http2/unary-client.ts,
  * no node:http2) straight to the agent's socket for the shim (agent/contract/shim-socket.ts). It
  * speaks only ExecSync, whose request is kubelet's own ExecSyncRequest: the shim sends kubelet's
- * gRPC message bytes as they came and gets back the agent's ExecSyncResponse bytes (or a gRPC status), encoding and decoding nothing but the
- * answer's exit_code (one varint, for the shim's metrics). It loads no proto files and no gRPC
+ * gRPC message bytes as they came and gets back the agent's ExecSyncResponse bytes (or a gRPC
+ * status), encoding and decoding nothing but the answer's exit_code (one varint, for the shim's
+ * metrics). It loads no proto files and no gRPC
  * library, so the shim starts in tens of milliseconds and a call costs microseconds of its CPU.
  * One HTTP/2 connection (more only while every one is at the agent's stream cap), rebuilt on demand
  * after the agent restarts; every probe call has a deadline, so a slow agent costs the caller only
@@ -73,14 +74,14 @@ export interface AgentExecAnswer {
 const MAX_RESPONSE = 64 * 1024;
 
 /** The request header block of each method (literal HPACK, static-table names); grpc-timeout is appended per call. */
-const REQUEST_BLOCKS = new Map<string, Buffer>([['ExecSync', SHIM_EXEC_SYNC_PATH] as const].map(([m, path]) => [m, encodeLiteralBlock([
+const REQUEST_BLOCKS = new Map<string, Buffer>([['ExecSync', encodeLiteralBlock([
   { name: ':method', value: 'POST' },
   { name: ':scheme', value: 'http' },
-  { name: ':path', value: path },
+  { name: ':path', value: SHIM_EXEC_SYNC_PATH },
   { name: ':authority', value: 'probe-agent' },
   { name: 'content-type', value: 'application/grpc' },
   { name: 'te', value: 'trailers' },
-])]));
+])]]);
 
 /** The value of header `name` in a decoded header list, if present. */
 function field(fields: readonly HeaderField[] | undefined, name: string): string | undefined {

@@ -1,7 +1,7 @@
 /**
- * What the shim reads of kubelet's ExecSyncRequest (agent/contract/exec-sync-fields.ts): whether argv[0] is probe-agent's (from the first
- * octets), and for a rewritten command three cheap facts: the kind (cmd[1]), the timeout and the
- * container ID. It never decodes the handler (cmd[2]): the agent does, once (agent/api/exec-sync.ts).
+ * What the shim reads of kubelet's ExecSyncRequest (agent/contract/exec-sync-fields.ts): whether
+ * argv[0] is probe-agent's (from the first octets), and for a rewritten command three cheap facts:
+ * the kind (cmd[1]), the timeout and the container ID. It never decodes the handler (cmd[2]): the agent does, once (agent/api/exec-sync.ts).
  */
 import { declaredLength, FRAME_PREFIX } from '../grpc/frame.ts';
 import { readFields, WireError, WireReader, WireTruncated } from '../grpc/protowire.ts';
