@@ -7,7 +7,7 @@ import { parseProbe, PROBE_DEFAULTS, SPEC_LIMITS } from '../probe/spec.ts';
 import type { HttpGetHandler, PortRef, ProbeHandler, TcpSocketHandler } from '../probe/types.ts';
 import type { LifecycleHook } from '../probe/lifecycle.ts';
 import type { OnDemandHookRequest, OnDemandProbeRequest } from '../scheduler/types.ts';
-import { normalizeContainerID } from '../pods/container-lookup.ts';
+import { normalizeContainerID } from '../prober/container-lookup.ts';
 import { boundedId, probeTypeFromWire } from './convert.ts';
 import type { WireIntOrString, WireLifecycleHandler, WireLifecycleRequest, WireProbeHandler, WireProbeRequest } from './proto.ts';
 

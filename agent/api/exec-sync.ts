@@ -34,13 +34,14 @@ import type { LifecycleHandlerSpec, LifecycleHook } from '../probe/lifecycle.ts'
 import { boundMessage } from '../probe/run.ts';
 import { parseProbe, SPEC_LIMITS } from '../probe/spec.ts';
 import type { ProbeHandler, ProbeType } from '../probe/types.ts';
-import { normalizeContainerID } from '../pods/container-lookup.ts';
-import { decodeShimCommand, SHIM_COMMAND_PATH, ShimCommandError, type ShimKind } from '../rewrite/shim-command.ts';
+import { normalizeContainerID } from '../prober/container-lookup.ts';
+import { decodeShimCommand, SHIM_COMMAND_PATH, ShimCommandError, type ShimKind } from '../contract/shim-command.ts';
 import type { OnDemandProber } from '../scheduler/types.ts';
-import { DRAINING_DETAIL, INVALID_COMMAND_PREFIX, NOT_STARTED_DRAINING } from './hook-refusal.ts';
+import { DRAINING_DETAIL, INVALID_COMMAND_PREFIX, NOT_STARTED_DRAINING } from '../contract/hook-refusal.ts';
 import { runLifecycleCall } from './lifecycle-call.ts';
 import { grpcStatusFor, NotStartedError, RpcError, runProbeCall, type CallLike, type ProbeCallGate } from './probe-call.ts';
 import { readFields, WireError, WireWriter } from '../grpc/protowire.ts';
+import { EXEC_SYNC_REQUEST as REQ, EXEC_SYNC_RESPONSE as RES } from '../contract/exec-sync-fields.ts';
 
 /** Exit code of a failed probe or hook. */
 export const FAILURE_EXIT_CODE = 1;
@@ -56,20 +57,20 @@ export interface ExecSyncRequestView {
   timeout: number;
 }
 
-/** Decodes an ExecSyncRequest message (CRI field numbers); throws WireError when malformed. */
+/** Decodes an ExecSyncRequest message; throws WireError when malformed. */
 export function decodeExecSyncRequest(msg: Buffer): ExecSyncRequestView {
   const req: ExecSyncRequestView = { containerId: '', cmd: [], timeout: 0 };
   readFields(msg, (field, value) => {
-    if (field === 1 && Buffer.isBuffer(value)) req.containerId = value.toString('utf8');
-    else if (field === 2 && Buffer.isBuffer(value)) req.cmd.push(value);
-    else if (field === 3 && typeof value === 'number') req.timeout = value;
+    if (field === REQ.containerId && Buffer.isBuffer(value)) req.containerId = value.toString('utf8');
+    else if (field === REQ.cmd && Buffer.isBuffer(value)) req.cmd.push(value);
+    else if (field === REQ.timeout && typeof value === 'number') req.timeout = value;
   });
   return req;
 }
 
 /** Encodes an ExecSyncResponse message (stderr always empty, so omitted). */
 export function encodeExecSyncResponse(exitCode: number, stdout: string): Buffer {
-  return new WireWriter().bytes(1, stdout).varint(3, exitCode).finish();
+  return new WireWriter().bytes(RES.stdout, stdout).varint(RES.exitCode, exitCode).finish();
 }
 
 const PROBE_TYPE_OF: Partial<Record<ShimKind, ProbeType>> = { liveness: 'Liveness', readiness: 'Readiness', startup: 'Startup' };

@@ -1,6 +1,6 @@
 /**
- * The agent's lean server on the kubelet shim's own socket (shim-socket.ts): ExecSync and nothing
- * else, on our own unary HTTP/2 server (agent/http2/unary-server.ts: frames and HPACK we own, no
+ * The agent's lean server on the kubelet shim's own socket (agent/contract/shim-socket.ts):
+ * ExecSync and nothing else, on our own unary HTTP/2 server (agent/http2/unary-server.ts: frames and HPACK we own, no
  * node:http2 or grpc-js objects). The request's message bytes go to the ExecSync handler as they
  * came (exec-sync.ts reads them) and its answer's bytes go back as they are; the status codes,
  * messages and the not-started trailer are those grpc-js gives the same call on the ProbeService
@@ -13,9 +13,9 @@ import { UnaryH2Server, type UnaryH2Stream } from '../http2/unary-server.ts';
 import { readFrame } from '../grpc/frame.ts';
 import { parseGrpcTimeout } from '../grpc/headers.ts';
 import { GrpcCode } from '../grpc/status.ts';
-import { NOT_STARTED_TRAILER } from './hook-refusal.ts';
+import { NOT_STARTED_TRAILER } from '../contract/hook-refusal.ts';
 import { grpcStatusFor, NotStartedError, type CallLike } from './probe-call.ts';
-import { SHIM_EXEC_SYNC_PATH } from './shim-socket.ts';
+import { SHIM_EXEC_SYNC_PATH } from '../contract/shim-socket.ts';
 
 /**
  * Serves one ExecSync: the request's message bytes and the call (deadline, cancellation) in, the

@@ -15,7 +15,7 @@ import {
 import type { OnDemandProber, OnDemandProbeRequest } from '../scheduler/types.ts';
 import type { ProbeOutcome } from '../probe/types.ts';
 import { outcomeToWire } from './convert.ts';
-import { NOT_STARTED_TRAILER } from './hook-refusal.ts';
+import { NOT_STARTED_TRAILER } from '../contract/hook-refusal.ts';
 import { probeRequestFromWire } from './convert-request.ts';
 import type { WireProbeRequest, WireProbeResponse } from './proto.ts';
 
@@ -41,7 +41,7 @@ export function grpcStatusFor(err: unknown): { code: grpc.status; details: strin
   return { code: grpc.status.INTERNAL, details: `internal error: ${details}` };
 }
 
-/** A call refused before it started (UNAVAILABLE + the not-started trailer of hook-refusal.ts): a hook refused so is sent again. */
+/** A call refused before it started (UNAVAILABLE + the not-started trailer of agent/contract/hook-refusal.ts): a hook refused so is sent again. */
 export class NotStartedError extends RpcError {
   /** The not-started trailer's value. */
   readonly why: string;

@@ -22,7 +22,7 @@ import { filterFromWire, revisionFromWire, statusToWire } from './convert.ts';
 import { NotStartedError, RpcError, grpcStatusFor, handleProbeCall, type CallLike, type ProbeCallGate } from './probe-call.ts';
 import { ExecSyncHandlerCache, handleExecSync, type ExecSyncCacheStats } from './exec-sync.ts';
 import { handleLifecycleCall } from './lifecycle-call.ts';
-import { DRAINING_DETAIL, NOT_STARTED_DRAINING } from './hook-refusal.ts';
+import { DRAINING_DETAIL, NOT_STARTED_DRAINING } from '../contract/hook-refusal.ts';
 import {
   DEFAULT_SOCKET_PATH,
   LOADER_OPTIONS,
@@ -42,7 +42,7 @@ import {
 import { prepareSocketPath, removeSocket, resolveGroup, secureSocket, withPrivateUmask } from './socket.ts';
 import { WatchSession } from './watch.ts';
 import { HotUnaryServer } from './hot-unary.ts';
-import { shimSocketBeside } from './shim-socket.ts';
+import { shimSocketBeside } from '../contract/shim-socket.ts';
 
 /** Who the agent is, as Version reports it. */
 export interface ApiVersionInfo {

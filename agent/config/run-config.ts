@@ -6,7 +6,7 @@
 import { existsSync } from 'node:fs';
 import { isIP } from 'node:net';
 import { DEFAULT_SOCKET_PATH } from '../api/proto.ts';
-import { shimSocketBeside } from '../api/shim-socket.ts';
+import { shimSocketBeside } from '../contract/shim-socket.ts';
 import { ConfigError } from '../errors.ts';
 import { parseFeatureGates, type FeatureGates } from '../featuregates.ts';
 import { levelForVerbosity, type LogFormat, type LogLevel, type Logger } from '../log.ts';

@@ -17,7 +17,7 @@
 import { describeError } from '../errors.ts';
 import type { Logger } from '../log.ts';
 import type { CriContainer, CriContainerEvent, CriContainerStatus, CriEventStream } from '../netns/cri-client.ts';
-import { CONTAINER_LABELS } from '../pods/sandbox-view.ts';
+import { CONTAINER_LABELS } from '../prober/sandbox-view.ts';
 
 /** One container as the runtime lists it: the pod's UID and the container's name come from kubelet's labels. */
 export interface RuntimeContainer {

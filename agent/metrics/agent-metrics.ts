@@ -28,7 +28,7 @@ export const KUBELET_ERROR_KINDS = ['unreachable', 'timeout', 'http-status', 'to
 export const NETNS_RESOLVERS = ['cri', 'procfs', 'address'] as const;
 /** Netns resolution outcomes (agent/netns/resolver.ts). */
 export const NETNS_OUTCOMES = ['ok', 'not-found', 'unavailable', 'unsupported', 'ambiguous', 'invalid'] as const;
-/** How a CRI container ID (the kubelet shim's requests) was found, or why not (agent/pods/container-lookup.ts). */
+/** How a CRI container ID (the kubelet shim's requests) was found, or why not (agent/prober/container-lookup.ts). */
 export const CONTAINER_LOOKUP_SOURCES = ['cache', 'pods', 'runtime', 'refresh', 'not-found', 'unavailable'] as const;
 /** Why a pod is left to kubelet (NotOursReason), plus 'ours'. */
 export const POD_STATES = ['ours', 'no-network-probes', 'exec-only', 'host-network', 'sandboxed-runtime'] as const;

@@ -8,7 +8,7 @@ import { parseProbe } from '../probe/spec.ts';
 import { PROBE_TYPES, type ProbeType } from '../probe/types.ts';
 import { KubeletError } from './kubelet-client.ts';
 import { DroppedPodItem, type DroppedPodReason } from './pod-list-stream.ts';
-import { ShimCommandError } from '../rewrite/shim-command.ts';
+import { ShimCommandError } from '../contract/shim-command.ts';
 import { unwrapShimProbe } from './shim-probe.ts';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../rewrite/pod-rewrite.ts';
 

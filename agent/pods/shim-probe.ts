@@ -1,10 +1,10 @@
 /**
  * On-demand mode's marker: a probe that `probe-agent rewrite` (or the webhook) turned into an exec
- * handler carrying probe-agent's command (agent/rewrite/shim-command.ts). Kubelet runs it through the
+ * handler carrying probe-agent's command (agent/contract/shim-command.ts). Kubelet runs it through the
  * kubelet shim, which asks this agent; the agent therefore never probes it on its own timers, and
  * shows the results the shim brings (docs/design/shim.md, "On-demand mode").
  */
-import { ShimCommandError, decodeShimCommand, type ShimKind } from '../rewrite/shim-command.ts';
+import { ShimCommandError, decodeShimCommand, type ShimKind } from '../contract/shim-command.ts';
 import type { ProbeType } from '../probe/types.ts';
 
 const KIND_OF: Record<ProbeType, ShimKind> = { Liveness: 'liveness', Readiness: 'readiness', Startup: 'startup' };

@@ -181,7 +181,7 @@ function parseHeaders(raw: unknown, p: FieldPath): HttpHeader[] {
     const valueFrom = h['valueFrom'];
     if (valueFrom !== undefined && valueFrom !== null && valueFrom !== '') {
       // A rewritten handler's header whose value the agent reads from the pod's original-handlers
-      // annotation (agent/pods/header-values.ts), so that it never appears in the exec command.
+      // annotation (agent/prober/header-values.ts), so that it never appears in the exec command.
       if (valueFrom !== 'annotation') throw ep.child('valueFrom').error(`unsupported value ${JSON.stringify(String(valueFrom).slice(0, 32))}: supported values: "annotation"`);
       if (h['value'] !== undefined && h['value'] !== null && h['value'] !== '') throw ep.child('value').error('must be empty when valueFrom is set');
       return { name, value: '', valueFrom };

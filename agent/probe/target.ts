@@ -58,7 +58,7 @@ export function resolvePort(port: PortRef, containerPorts: readonly PortDecl[] |
 export async function planTargets(handler: NetworkHandler, ctx: ProbeContext, signal?: AbortSignal): Promise<TargetPlan> {
   if (handler.kind === 'http') {
     // A header whose value lives in the pod's annotation is filled in by the shim path
-    // (agent/pods/header-values.ts); one that reaches a prober unfilled must not go out empty.
+    // (agent/prober/header-values.ts); one that reaches a prober unfilled must not go out empty.
     const i = handler.headers.findIndex((h) => h.valueFrom !== undefined);
     if (i >= 0) throw new InvalidProbeError(`httpGet.httpHeaders[${i}]: its value comes from the pod's annotation, which only a call by container ID reads`, { field: `httpGet.httpHeaders[${i}].valueFrom` });
   }

@@ -13,7 +13,7 @@ export interface HttpHeader {
   value: string;
   /**
    * 'annotation': the value is not in the handler; the agent reads it from the pod's
-   * original-handlers annotation before the request is made (agent/pods/header-values.ts).
+   * original-handlers annotation before the request is made (agent/prober/header-values.ts).
    */
   valueFrom?: 'annotation';
 }

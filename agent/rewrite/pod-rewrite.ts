@@ -12,7 +12,7 @@
  * `probe-agent.io/original-handlers` annotation, so the undo gives back the input exactly (same
  * values, same key order), and the agent reads header values from it.
  */
-import { decodeShimCommand, encodeShimCommand, isShimCommand, MAX_ENCODED_HANDLER, ShimCommandError, type ShimKind } from './shim-command.ts';
+import { decodeShimCommand, encodeShimCommand, isShimCommand, MAX_ENCODED_HANDLER, ShimCommandError, type ShimKind } from '../contract/shim-command.ts';
 import { RewriteError } from './errors.ts';
 import { commandHandler, needsAnnotationValues } from './command-handler.ts';
 import { ensureClosedHoleToleration, ensureShimAffinity, removePointer } from './placement.ts';

@@ -12,10 +12,10 @@
  *    shim sent) -> UNAVAILABLE, never DEADLINE_EXCEEDED (kubelet would read an exec timeout);
  *  - UNIMPLEMENTED: an agent older than ExecSync -> UNAVAILABLE saying to upgrade the agent first.
  */
-import type { AgentCallError } from '../api/shim-client.ts';
+import type { AgentCallError } from './agent-client.ts';
 import { GrpcCode } from '../grpc/status.ts';
 import type { AgentErrorCause } from './metrics.ts';
-import { INVALID_COMMAND_PREFIX } from '../api/hook-refusal.ts';
+import { INVALID_COMMAND_PREFIX } from '../contract/hook-refusal.ts';
 
 /** What the shim sends back for one ExecSync. */
 export type ExecSyncAnswer =

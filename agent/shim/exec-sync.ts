@@ -1,12 +1,12 @@
 /**
- * What the shim reads of kubelet's ExecSyncRequest {container_id = 1, cmd = 2, timeout = 3}
- * (k8s.io/cri-api runtime/v1 field numbers): whether argv[0] is probe-agent's (from the first
- * octets), and for a rewritten command three cheap facts: the kind (cmd[1]), the timeout and the
- * container ID. It never decodes the handler (cmd[2]): the agent does, once (agent/api/exec-sync.ts).
+ * What the shim reads of kubelet's ExecSyncRequest (agent/contract/exec-sync-fields.ts): whether
+ * argv[0] is probe-agent's (from the first octets), and for a rewritten command three cheap facts:
+ * the kind (cmd[1]), the timeout and the container ID. It never decodes the handler (cmd[2]): the agent does, once (agent/api/exec-sync.ts).
  */
 import { declaredLength, FRAME_PREFIX } from '../grpc/frame.ts';
 import { readFields, WireError, WireReader, WireTruncated } from '../grpc/protowire.ts';
-import { SHIM_COMMAND_PATH } from '../rewrite/shim-command.ts';
+import { EXEC_SYNC_REQUEST as REQ } from '../contract/exec-sync-fields.ts';
+import { SHIM_COMMAND_PATH, SHIM_KINDS, type ShimKind } from '../contract/shim-command.ts';
 
 /** CRI method path the shim intercepts. */
 export const EXEC_SYNC_PATH = '/runtime.v1.RuntimeService/ExecSync';
@@ -14,16 +14,14 @@ export const EXEC_SYNC_PATH = '/runtime.v1.RuntimeService/ExecSync';
 /** The facts the shim needs of a rewritten ExecSync: no handler in them. */
 export interface ExecSyncFacts {
   /** cmd[1] when it is one of the rewrite's kinds, else 'unknown' (the agent refuses it). */
-  kind: 'liveness' | 'readiness' | 'startup' | 'postStart' | 'preStop' | 'unknown';
+  kind: ShimKind | 'unknown';
   /** ExecSync timeout in seconds (0 for kubelet's exec hooks). */
   timeoutSeconds: number;
   /** The container_id field's octets (decoded only for a log line). */
   containerId: Buffer;
 }
 
-const KINDS = new Map<string, ExecSyncFacts['kind']>(
-  (['liveness', 'readiness', 'startup', 'postStart', 'preStop'] as const).map((k) => [k, k]),
-);
+const KINDS = new Map<string, ShimKind>(SHIM_KINDS.map((k) => [k, k]));
 
 /**
  * The facts of an ExecSyncRequest message whose argv[0] is probe-agent's; null when it is
@@ -38,12 +36,12 @@ export function execSyncFacts(msg: Buffer): ExecSyncFacts | null {
   let containerId: Buffer = EMPTY;
   try {
     readFields(msg, (field, value) => {
-      if (field === 2 && Buffer.isBuffer(value)) {
+      if (field === REQ.cmd && Buffer.isBuffer(value)) {
         if (argv === 0) ours = value.equals(ARGV0);
         else if (argv === 1 && value.length <= 16) kind = KINDS.get(value.toString('latin1')) ?? 'unknown';
         argv++;
-      } else if (field === 1 && Buffer.isBuffer(value)) containerId = value;
-      else if (field === 3 && typeof value === 'number') timeoutSeconds = value;
+      } else if (field === REQ.containerId && Buffer.isBuffer(value)) containerId = value;
+      else if (field === REQ.timeout && typeof value === 'number') timeoutSeconds = value;
     });
   } catch (err) {
     if (err instanceof WireError) return null;
@@ -80,7 +78,7 @@ export function classifyExecSyncPrefix(framed: Buffer): 'ours' | 'not-ours' | 'm
       }
       if (wire !== 2) return 'not-ours';
       const len = r.varint(5);
-      if (field === 2) {
+      if (field === REQ.cmd) {
         // cmd[0]: the whole of it is needed only to say 'ours'; a differing prefix says 'not-ours' at once.
         const have = Math.min(len, r.end - r.pos);
         const cmp = Math.min(have, ARGV0.length);

@@ -4,7 +4,7 @@
  */
 import { parseArgs } from 'node:util';
 import { parseDuration } from '../config/duration.ts';
-import { shimSocketBeside } from '../api/shim-socket.ts';
+import { shimSocketBeside } from '../contract/shim-socket.ts';
 
 /** Where the shim's own sockets live (root-only directory). */
 export const SHIM_RUN_DIR = '/run/probe-agent-shim';
@@ -26,19 +26,9 @@ export const SHIM_FLAGS = {
   'hook-agent-wait': { help: 'how long a hook waits for an agent that has not started it (down, starting, draining, admission refused)', default: '60s', duration: true },
   'metrics-socket': { help: "unix socket serving the shim's counters at GET /metrics ('' = none)", default: `${SHIM_RUN_DIR}/metrics.sock` },
   'metrics-listen': { help: "also serve the shim's counters over TCP (e.g. 127.0.0.1:9810)" },
-  // Deprecated, kept so that an old unit file still starts the shim: refusing them would cut kubelet off its runtime.
-  'hook-deadline': { help: 'deprecated, no effect: hooks run until they finish or kubelet cancels them (the agent caps one at 1 h)', duration: true },
-  relay: { help: "deprecated: 'frames' is the only relay; 'streams' is accepted, logs a warning and relays frames", default: 'frames' },
 } as const satisfies Record<string, FlagSpec>;
 
 export type ShimFlagName = keyof typeof SHIM_FLAGS;
-
-/**
- * `--relay`: only 'frames' remains. 'streams' (node:http2 streams over one shared runtime
- * connection) was removed; it is still accepted so that old unit files start, with a warning.
- */
-export const RELAY_MODES = ['frames', 'streams'] as const;
-export type RelayMode = (typeof RELAY_MODES)[number];
 
 /** The shim's flags, parsed. */
 export interface ShimFlags {
@@ -53,11 +43,9 @@ export interface ShimFlags {
   metricsSocket: string;
   /** Optional HOST:PORT for GET /metrics over TCP. */
   metricsListen?: string;
-  hookDeadlineMs?: number;
-  relay: RelayMode;
 }
 
-/** Turns flag values by name (unset ones absent) into ShimFlags, with the defaults; throws on a bad duration or mode. */
+/** Turns flag values by name (unset ones absent) into ShimFlags, with the defaults; throws on a bad duration. */
 export function shimFlagsFrom(values: Partial<Record<ShimFlagName, string>>): ShimFlags {
   const text = (name: ShimFlagName): string | undefined => values[name] ?? (SHIM_FLAGS[name] as FlagSpec).default;
   const ms = (name: ShimFlagName): number | undefined => {
@@ -72,24 +60,16 @@ export function shimFlagsFrom(values: Partial<Record<ShimFlagName, string>>): Sh
     agentGraceMs: ms('agent-grace')!,
     hookAgentWaitMs: ms('hook-agent-wait')!,
     metricsSocket: text('metrics-socket')!,
-    relay: relayMode(text('relay')!),
   };
   const metricsListen = text('metrics-listen');
   if (metricsListen !== undefined) flags.metricsListen = metricsListen;
-  const hookDeadline = ms('hook-deadline');
-  if (hookDeadline !== undefined) flags.hookDeadlineMs = hookDeadline;
   return flags;
-}
-
-function relayMode(v: string): RelayMode {
-  if (!(RELAY_MODES as readonly string[]).includes(v)) throw new Error(`--relay: invalid mode "${v}" (want ${RELAY_MODES.join(' or ')})`);
-  return v as RelayMode;
 }
 
 /** The usage line of `node dist/shim/main.js --help`. */
 export function shimUsage(): string {
   const parts = Object.entries(SHIM_FLAGS).map(([name, spec]: [string, FlagSpec]) =>
-    `[--${name} ${spec.default !== undefined && spec.default !== '' ? spec.default : name === 'hook-deadline' ? '(deprecated, no effect)' : 'VALUE'}]`);
+    `[--${name} ${spec.default !== undefined && spec.default !== '' ? spec.default : 'VALUE'}]`);
   return `usage: probe-agent-shim ${parts.join(' ')}\n`;
 }
 

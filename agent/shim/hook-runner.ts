@@ -11,7 +11,7 @@
  * until the pod's grace period ends, so only kubelet's cancellation (the signal) or the agent's own
  * cap (`lastResortMs`, the agent's 1 h bound plus a margin, for an agent that hangs) ends a hook.
  */
-import { AgentCallError, type AgentExecAnswer, type ShimProbeClient } from '../api/shim-client.ts';
+import { AgentCallError, type AgentExecAnswer, type ShimProbeClient } from './agent-client.ts';
 
 /** How long a hook waits and how often it asks again. */
 export interface HookWaitPolicy {

@@ -18,8 +18,6 @@ export async function runShim(flags: ShimFlags): Promise<CriShim> {
     agentGraceMs: flags.agentGraceMs,
     hookAgentWaitMs: flags.hookAgentWaitMs,
   };
-  if (flags.hookDeadlineMs !== undefined) config.hookDeadlineMs = flags.hookDeadlineMs;
-  config.relay = flags.relay;
   // Flags first: a bad --metrics-listen must not leave kubelet's socket taken.
   if (flags.metricsListen) parseHostPort(flags.metricsListen);
   const shim = new CriShim(config);
@@ -37,9 +35,6 @@ export async function runShim(flags: ShimFlags): Promise<CriShim> {
     await shim.close(0);
     throw err;
   }
-  if (flags.hookDeadlineMs !== undefined) {
-    process.stderr.write(`${JSON.stringify({ time: new Date().toISOString(), level: 'warn', msg: '--hook-deadline is deprecated and has no effect: hooks run until they finish or kubelet cancels them (the agent caps one at 1 h)' })}\n`);
-  }
   // Once serving, the shim holds no state: an unexpected error in one call is logged and the rest
   // go on, since exiting would cut kubelet off its runtime until systemd restarts us.
   process.on('uncaughtException', (err) => {
@@ -49,7 +44,7 @@ export async function runShim(flags: ShimFlags): Promise<CriShim> {
     time: new Date().toISOString(), level: 'info', msg: 'shim listening',
     listen: config.listenPath, runtime: config.runtimeSocket, agentSocket: config.agentSocket, probeSocket: config.probeSocket,
     metricsSocket: flags.metricsSocket, metricsListen: flags.metricsListen,
-    hookAgentWaitMs: shim.config.hookAgentWaitMs, relay: shim.config.relay,
+    hookAgentWaitMs: shim.config.hookAgentWaitMs,
     startupMs: Math.round(performance.now()),
   })}\n`);
   const stop = (sig: NodeJS.Signals): void => {

@@ -4,6 +4,7 @@
  * count is bounded whatever kubelet or a pod sends. Counting costs a Map lookup and an addition
  * on kubelet's path; rendering happens only when someone scrapes.
  */
+import { SHIM_KINDS } from '../contract/shim-command.ts';
 
 /** Why a rewritten handler was not answered by the agent. */
 export type AgentErrorCause = 'unreachable' | 'unavailable' | 'timeout' | 'refused' | 'exhausted' | 'bad_command' | 'agent_too_old' | 'other';
@@ -15,7 +16,7 @@ export type InterceptAnswer = 'success' | 'failure' | 'error';
 export type HookWaitOutcome = 'ran' | 'gave_up';
 
 /** The intercepted kinds (cmd[1] of the rewritten command), plus 'unknown' for a cmd[1] that is none of them. */
-export const INTERCEPT_KINDS = ['liveness', 'readiness', 'startup', 'postStart', 'preStop', 'unknown'] as const;
+export const INTERCEPT_KINDS = [...SHIM_KINDS, 'unknown'] as const;
 export type InterceptKind = (typeof INTERCEPT_KINDS)[number];
 
 /** CRI methods (runtime.v1 RuntimeService and ImageService) named in the forwarded counter; anything else is "other". */

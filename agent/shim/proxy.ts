@@ -2,7 +2,7 @@
  * The kubelet shim: a CRI proxy between kubelet and the container runtime. Every call is passed
  * through at the HTTP/2 frame level, one runtime connection per kubelet connection (relay.ts).
  * Only ExecSync is looked at, and an ExecSync whose command is probe-agent's
- * (agent/rewrite/shim-command.ts) goes, as kubelet's message bytes unchanged, to the agent's
+ * (agent/contract/shim-command.ts) goes, as kubelet's message bytes unchanged, to the agent's
  * ExecSync on the agent's socket for the shim, over a separate connection with its own deadlines; the agent's answer goes
  * back to kubelet unchanged. So a slow or dead agent costs kubelet nothing but that one call, and
  * kubelet's ordinary calls never wait on the agent.
@@ -10,8 +10,8 @@
 import * as net from 'node:net';
 import { chmodSync, existsSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
-import { AgentCallError, ShimProbeClient } from '../api/shim-client.ts';
-import { shimSocketBeside } from '../api/shim-socket.ts';
+import { AgentCallError, ShimProbeClient } from './agent-client.ts';
+import { shimSocketBeside } from '../contract/shim-socket.ts';
 import { readSingleFrame } from '../grpc/frame.ts';
 import { parseGrpcTimeout } from '../grpc/headers.ts';
 import { GrpcCode } from '../grpc/status.ts';
@@ -21,7 +21,6 @@ import { ShimMetrics, type AgentErrorCause, type InterceptKind } from './metrics
 import { execSyncFacts, type ExecSyncFacts } from './exec-sync.ts';
 import type { HeaderField } from '../http2/hpack.ts';
 import { FrameRelay } from './relay.ts';
-import type { RelayMode } from './flags.ts';
 
 
 /** How the shim is configured. */
@@ -37,20 +36,12 @@ export interface ShimConfig {
   /** Time the agent gets beyond a probe's own timeout before the shim gives up on it (queueing, helper). */
   agentGraceMs?: number;
   /**
-   * Deprecated, no effect (kept so that old unit files still start): hooks are no longer cut by
-   * the shim. Kubelet runs exec hooks with timeout 0 and ends them by cancelling the ExecSync
-   * stream; the agent's own cap (1 h) is the last resort.
-   */
-  hookDeadlineMs?: number;
-  /**
    * How long a hook waits for an agent that has not started it (down, starting, draining, or
    * refusing admission) before it fails; the hook then runs exactly once.
    */
   hookAgentWaitMs?: number;
   /** Local bound on one hook call to a hung agent (default: the agent's 1 h cap + 30 s). */
   hookLastResortMs?: number;
-  /** Deprecated: 'frames' is the only relay; 'streams' is accepted and relays frames too (a warning says so). */
-  relay?: RelayMode;
   /** Counters (default: a new set; main.ts serves them on --metrics-socket). */
   metrics?: ShimMetrics;
   /** Structured log sink; default: JSON lines on stderr for warnings and errors. */
@@ -68,7 +59,7 @@ export interface ShimStats {
   runtimeErrors: number;
 }
 
-const DEFAULTS = { relay: 'frames' as RelayMode, agentGraceMs: 2000, hookDeadlineMs: 0, hookAgentWaitMs: 60_000, hookLastResortMs: 3_630_000 };
+const DEFAULTS = { agentGraceMs: 2000, hookAgentWaitMs: 60_000, hookLastResortMs: 3_630_000 };
 
 const HOOK_KINDS: ReadonlySet<InterceptKind> = new Set(['postStart', 'preStop']);
 
@@ -107,7 +98,6 @@ export class CriShim {
     this.#agent = new ShimProbeClient(this.config.agentSocket, this.config.probeSocket, (socket, fallback) => this.#log('info', fallback
       ? 'nothing listens on the agent\'s socket for the shim (an agent of the release before it): rewritten calls go to the ProbeService socket'
       : 'the agent\'s socket for the shim answers: rewritten calls go there', { socket }));
-    if (this.config.relay === 'streams') this.#log('warn', '--relay streams was removed: relaying HTTP/2 frames (the default)', {});
     this.#listener = net.createServer((socket) => this.#relay(socket));
   }
 

@@ -8,7 +8,7 @@
  *   node test/bench/shim-hop.ts [calls]           (HOP_REPO=/path/to/other/checkout to measure that one)
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import * as net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -17,6 +17,13 @@ import { fileURLToPath } from 'node:url';
 
 const HERE = fileURLToPath(import.meta.url);
 const REPO = process.env.HOP_REPO ?? path.resolve(path.dirname(HERE), '../..');
+
+/** The first of `paths` (the module's place in this layout, then in older ones) present in REPO. */
+function inRepo(...paths: string[]): string {
+  const found = paths.map((p) => path.join(REPO, p)).find((p) => existsSync(p));
+  if (found === undefined) throw new Error(`${REPO} has none of ${paths.join(', ')}`);
+  return found;
+}
 
 /** utime + stime of a process, in ms (clock ticks of 10 ms). */
 function cpuMs(pid: number): number {
@@ -40,16 +47,17 @@ async function server(socket: string): Promise<void> {
 }
 
 async function client(socket: string, calls: number): Promise<void> {
-  const { ShimProbeClient } = (await import(path.join(REPO, 'agent/api/shim-client.ts'))) as typeof import('../../agent/api/shim-client.ts');
+  const { ShimProbeClient } = (await import(inRepo('agent/shim/agent-client.ts', 'agent/api/shim-client.ts'))) as typeof import('../../agent/shim/agent-client.ts');
   // The request's octets are the same whichever checkout builds them: this one's encoders.
   const { encodeFrame } = await import('../../agent/grpc/frame.ts');
   const { WireWriter } = await import('../../agent/grpc/protowire.ts');
-  const { encodeShimCommand } = (await import(path.join(REPO, 'agent/rewrite/shim-command.ts'))) as typeof import('../../agent/rewrite/shim-command.ts');
+  const { encodeShimCommand } = (await import(inRepo('agent/contract/shim-command.ts', 'agent/rewrite/shim-command.ts'))) as typeof import('../../agent/contract/shim-command.ts');
   const c = new ShimProbeClient(socket);
   // Kubelet's ExecSyncRequest for a rewritten liveness probe, as the shim forwards it.
-  const w = new WireWriter().bytes(1, 'c'.repeat(64));
-  for (const arg of encodeShimCommand('liveness', { httpGet: { path: '/healthz', port: 8080 } })) w.bytes(2, arg);
-  const body = encodeFrame(w.varint(3, 1).finish());
+  const { EXEC_SYNC_REQUEST: REQ } = await import('../../agent/contract/exec-sync-fields.ts');
+  const w = new WireWriter().bytes(REQ.containerId, 'c'.repeat(64));
+  for (const arg of encodeShimCommand('liveness', { httpGet: { path: '/healthz', port: 8080 } })) w.bytes(REQ.cmd, arg);
+  const body = encodeFrame(w.varint(REQ.timeout, 1).finish());
   const one = (): Promise<unknown> => c.execSync(body, { deadlineMs: 5000 });
   const lines = createInterface({ input: process.stdin });
   for await (const line of lines) {

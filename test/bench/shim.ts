@@ -17,7 +17,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { EXEC_SYNC_REQUEST as REQ } from '../../agent/contract/exec-sync-fields.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
 import { POD_SERVER_PATH } from '../lab/server.ts';
@@ -29,8 +30,8 @@ import { launcherNodeFlags } from './agent-process.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
-import { ShimProbeClient } from '../../agent/api/shim-client.ts';
-import { shimSocketBeside } from '../../agent/api/shim-socket.ts';
+import { ShimProbeClient } from '../../agent/shim/agent-client.ts';
+import { shimSocketBeside } from '../../agent/contract/shim-socket.ts';
 import { ProbeApiClient } from '../../agent/api/client.ts';
 import { encodeFrame } from '../../agent/grpc/frame.ts';
 import { WireWriter } from '../../agent/grpc/protowire.ts';
@@ -253,9 +254,9 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     const lean = new ShimProbeClient(shimSocketBeside(agentSock), agentSock);
     const viaGrpcJs = new ProbeApiClient(agentSock);
     // The shim's call: kubelet's ExecSyncRequest bytes for the rewritten probe, to ProbeService ExecSync.
-    const execW = new WireWriter().bytes(1, app.id);
-    for (const arg of cmd) execW.bytes(2, arg);
-    const execBody = encodeFrame(execW.varint(3, 1).finish());
+    const execW = new WireWriter().bytes(REQ.containerId, app.id);
+    for (const arg of cmd) execW.bytes(REQ.cmd, arg);
+    const execBody = encodeFrame(execW.varint(REQ.timeout, 1).finish());
     const ways = {
       lean: async (): Promise<boolean> => (await lean.execSync(execBody, { deadlineMs: 3000 })).exitCode === 0,
       grpcJs: async (): Promise<boolean> => (await viaGrpcJs.probe({ pod: { containerId: app.id }, handler: { kind: 'http', port: HTTP, path: '/healthz', scheme: 'HTTP', headers: [] }, timeoutSeconds: 1, probeType: 'Readiness' })).result === 'success',
@@ -431,8 +432,8 @@ export function renderShimMarkdown(r: ShimBenchResult): string {
   L.push('', `PLEG's relist (one ListPodSandbox and one ListContainers a second) costs the shim ${r.plegCorePercent} % of a core.`);
   const c = r.compared;
   if (c) {
-    L.push('', `The same run, the measured shim (--relay ${r.relay}) beside a second shim on --relay ${c.relay} (shim CPU ms/call, added p50 ms):`, '');
-    L.push(`| call | --relay ${r.relay} | --relay ${c.relay} |`, '| --- | --- | --- |');
+    L.push('', `The same run, the measured shim (${r.relay}) beside a second shim (${c.relay}) (shim CPU ms/call, added p50 ms):`, '');
+    L.push(`| call | ${r.relay} | ${c.relay} |`, '| --- | --- | --- |');
     L.push(`| rewritten probe (shim only) | ${r.shimPath.shimCpuMs}, p50 ${r.shimPath.p50Ms} | ${c.shimPath.shimCpuMs}, p50 ${c.shimPath.p50Ms} |`);
     for (const [m, x] of Object.entries(r.ordinary)) {
       const y = c.ordinary[m];

@@ -708,7 +708,7 @@ describe('the kubelet-shim installer from the same image', () => {
       await runInstaller('shim-installer');
       const cur = path.join(hostRoot, 'opt/probe-agent-shim/current');
       expect(readlinkSync(cur)).toBe(`releases/${VERSION}`);
-      for (const f of ['node', 'package.json', 'dist/shim/main.js', 'dist/shim/proxy.js', 'dist/rewrite/shim-command.js']) expect(existsSync(path.join(cur, f)), f).toBe(true);
+      for (const f of ['node', 'package.json', 'dist/shim/main.js', 'dist/shim/proxy.js', 'dist/contract/shim-command.js']) expect(existsSync(path.join(cur, f)), f).toBe(true);
       expect(existsSync(path.join(cur, 'node_modules'))).toBe(false);
       expect(readFileSync(path.join(hostRoot, 'etc/systemd/system/probe-agent-shim.service'), 'utf8'))
         .toBe(readFileSync(path.join(REPO, 'deploy/components/kubelet-shim/probe-agent-shim.service'), 'utf8'));

@@ -43,7 +43,7 @@ import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
 import { keepKubeletSysctls, Kubelet, kubeletInfo } from '../e2e-kubelet/kubelet.ts';
 import { check, checks, Cleanups, freePort, NODE_NAME, readdirSafe, runHarness, say, sayAs, skip, sleep, startLogged, stopChild, unmountUnder, waitFor } from '../e2e-kubelet/lib.ts';
-import { SHIM_COMMAND_PATH } from '../../agent/rewrite/shim-command.ts';
+import { SHIM_COMMAND_PATH } from '../../agent/contract/shim-command.ts';
 import { CLOSED_HOLE_TAINT_KEY, SHIM_NODE_LABEL } from '../../agent/rewrite/placement.ts';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
 import { KUBERNETES_SERVICE_IP, SERVICE_CIDR, startControlPlane, WEBHOOK_HOST, type ControlPlane } from './control-plane.ts';

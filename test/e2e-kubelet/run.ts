@@ -24,7 +24,7 @@ import { importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
 import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { builtCli, builtEntry } from '../support/built-cli.ts';
 import { agentDaemonSetEnv, shimUnitEnv, shimUnitNodeFlags } from '../soak/shim-soak.ts';
 import { KubeletCri } from '../support/kubelet-cri.ts';

@@ -1,5 +1,5 @@
 /**
- * The kubelet shim's own socket (agent/api/hot-unary.ts, shim-socket.ts) and the ProbeService
+ * The kubelet shim's own socket (agent/api/hot-unary.ts, agent/contract/shim-socket.ts) and the ProbeService
  * socket beside it, on real sockets with real probes in a lab pod. The shim's socket is root-only
  * (0600, whatever the socket group), serves ExecSync and answers every other method UNIMPLEMENTED;
  * its answers, status codes, admission gate and cancellation are those grpc-js gives the same call
@@ -16,12 +16,12 @@ import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ApiError, ProbeApiClient } from '../../agent/api/client.ts';
-import { AgentCallError, ShimProbeClient } from '../../agent/api/shim-client.ts';
+import { AgentCallError, ShimProbeClient } from '../../agent/shim/agent-client.ts';
 import type { ProbeHandler } from '../../agent/probe/types.ts';
 import type { OnDemandProbeRequest, OnDemandProber } from '../../agent/scheduler/types.ts';
 import { encodeFrame } from '../../agent/grpc/frame.ts';
 import { readFields, WireWriter } from '../../agent/grpc/protowire.ts';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { execSyncRequest } from '../support/relay-harness.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { createLab, type Lab } from '../lab/lab.ts';

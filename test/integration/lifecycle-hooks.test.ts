@@ -14,7 +14,7 @@ import * as http2 from 'node:http2';
 import * as net from 'node:net';
 import { encodeFrame } from '../../agent/grpc/frame.ts';
 import { execSyncRequest } from '../support/relay-harness.ts';
-import { DRAINING_DETAIL, NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from '../../agent/api/hook-refusal.ts';
+import { DRAINING_DETAIL, NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from '../../agent/contract/hook-refusal.ts';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import * as grpc from '@grpc/grpc-js';
@@ -30,7 +30,7 @@ import { startRecordingServer, type RecordingServer } from '../lab/recording-ser
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod } from '../support/pod-factory.ts';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { startShimMetricsServer, type ShimMetricsServer } from '../../agent/shim/metrics-server.ts';
 import { KubeletCri, RUNTIME_SERVICE } from '../support/kubelet-cri.ts';
@@ -279,10 +279,9 @@ describe('rewritten hooks through the kubelet shim across agent restarts and dra
   beforeAll(async () => {
     scratch = mkdtempSync('/tmp/lifecycle-shim-');
     link = path.join(scratch, 'probe.sock');
-    // The old shim cut hooks at --hook-deadline; 1 s here would make a 3 s preStop fail on that code.
     shim = new CriShim({
       listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: path.join(scratch, 'no-runtime.sock'), probeSocket: link,
-      hookAgentWaitMs: 40_000, hookDeadlineMs: 1000, log: shimLogs.log,
+      hookAgentWaitMs: 40_000, log: shimLogs.log,
     });
     await shim.listen();
     shimMetrics = await startShimMetricsServer({ metrics: shim.metrics, socketPath: path.join(scratch, 'shim', 'metrics.sock') });
@@ -330,7 +329,7 @@ describe('rewritten hooks through the kubelet shim across agent restarts and dra
     expect(srv.hits.filter((h) => h.url.includes(`id=${inflight}`)).length).toBe(1);
   }, 90_000);
 
-  it('a preStop longer than the shim\'s old hook cut (--hook-deadline, 1 s here) runs to completion', async () => {
+  it('a 3 s preStop runs to completion: the shim sends the agent no deadline for a hook', async () => {
     const id = unique('long-prestop').slice(1);
     const a = await execHook('preStop', `/slow?ms=3000&id=${id}`);
     expect(exitCode(a)).toBe(0);

@@ -20,7 +20,7 @@ import { parse, parseAllDocuments } from 'yaml';
 import { transformObject } from '../../agent/rewrite/objects.ts';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
 import { CLOSED_HOLE_TOLERATION, SHIM_AFFINITY_REQUIREMENT } from '../../agent/rewrite/placement.ts';
-import { decodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { decodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { admit, REVIEWED_ANNOTATION } from '../../agent/webhook/admission.ts';
 import { builtCli, REPO } from '../support/built-cli.ts';
 import { appProbers, containerOf, istioInject, ISTIO_PROXY, REWRITE_APP_PROBERS_ANNOTATION } from '../support/istio-injector.ts';

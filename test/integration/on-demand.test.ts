@@ -1,6 +1,6 @@
 /**
  * On-demand mode through the running daemon: the fake kubelet serves a pod whose probes were
- * rewritten for the kubelet shim (probe-agent's exec command, agent/rewrite/shim-command.ts) next to
+ * rewritten for the kubelet shim (probe-agent's exec command, agent/contract/shim-command.ts) next to
  * a container with an ordinary probe. The agent must send no timer traffic for the rewritten probes
  * (counted at a real server in the pod's netns), keep probing the ordinary one, and show in
  * ListProbeStatus and metrics exactly the results of the Probe calls the shim makes with probe_type.
@@ -10,7 +10,7 @@ requireRoot(['ip', 'nft']);
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ProbeStatus } from '../../agent/scheduler/types.ts';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { createLab, type Lab, type LabPod } from '../lab/lab.ts';
 import { startRecordingServer, type RecordingServer } from '../lab/recording-server.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';

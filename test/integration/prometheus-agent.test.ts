@@ -20,7 +20,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { FEATURES, type FeatureName } from '../../agent/featuregates.ts';
 import { kubernetesStageLabel } from '../../agent/metrics/registry.ts';
 import { AGENT_VERSION, API_VERSION } from '../../agent/version.ts';

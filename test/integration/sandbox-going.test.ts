@@ -17,10 +17,10 @@ import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { CriResolver } from '../../agent/netns/cri-resolver.ts';
 import { NetnsResolverChain, type NetnsResolver } from '../../agent/netns/resolver.ts';
-import { PodProber } from '../../agent/pod-prober.ts';
+import { PodProber } from '../../agent/prober/pod-prober.ts';
 import type { ContainerInfo, PodInfo } from '../../agent/pods/types.ts';
 import type { ProbeSpec } from '../../agent/probe/types.ts';
-import { criSandboxGoing } from '../../agent/sandbox-going.ts';
+import { criSandboxGoing } from '../../agent/prober/sandbox-going.ts';
 import { FairLimiter } from '../../agent/scheduler/limiter.ts';
 import { createContainerdLab, type ContainerdLab, type LabSandbox } from '../lab/containerd.ts';
 

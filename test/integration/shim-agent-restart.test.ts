@@ -22,20 +22,16 @@ requireRoot(['ip', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 import { requireGrpcGoPeer } from '../support/grpc-go-cri.ts';
 requireGrpcGoPeer();
 
-import { existsSync, rmSync, symlinkSync, unlinkSync } from 'node:fs';
+import { existsSync, symlinkSync, unlinkSync } from 'node:fs';
 import path from 'node:path';
-import { shimSocketBeside } from '../../agent/api/shim-socket.ts';
+import { shimSocketBeside } from '../../agent/contract/shim-socket.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
-import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
-import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
-import { labScratch } from '../lab/slots.ts';
-import { SandboxServer } from '../soak/sandbox-server.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
+import type { ContainerdLab, LabContainer } from '../lab/containerd.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { REPO } from '../support/built-cli.ts';
-import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { GrpcGoCri } from '../support/grpc-go-cri.ts';
-import { makePod } from '../support/pod-factory.ts';
+import { ShimLab } from '../support/shim-lab.ts';
 import { startShimProcess, type ShimProcess } from '../support/shim-process.ts';
 
 const HTTP = 8080;
@@ -46,21 +42,20 @@ const PROBE_LOOPS = 3;
 /** Between the old agent's exit and the new one's start: the rollout's gap. */
 const GAP_MS = 1500;
 
+let lab: ShimLab;
 let ctrd: ContainerdLab;
-let kubelet: FakeKubelet;
 let scratch: string;
 let probeLink: string;
-let sb: LabSandbox;
 let app: LabContainer;
-let server: SandboxServer;
 let shim: ShimProcess;
 let peer: GrpcGoCri;
 const agents: AgentHandle[] = [];
 
 /** Starts an agent and links its sockets where the shim finds them; without the shim's socket it looks like an agent from before that socket. */
 async function startTheAgent(withShimSocket = true): Promise<AgentHandle> {
-  const a = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: 'cri', args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`] });
+  const a = await startAgent(lab.agentOptions());
   agents.push(a);
+  lab.client({ close: () => a.stop('SIGKILL').catch(() => {}) });
   // Its own socket beside --probe-socket, as the shim looks for it.
   for (const [target, link] of [[a.socket, probeLink], [withShimSocket ? a.shimSocket : undefined, shimSocketBeside(probeLink)]] as const) {
     try {
@@ -74,30 +69,22 @@ async function startTheAgent(withShimSocket = true): Promise<AgentHandle> {
 }
 
 beforeAll(async () => {
-  ctrd = await createContainerdLab();
-  importBusyboxImage(ctrd.socket);
-  scratch = labScratch('agent-restart-');
+  lab = await ShimLab.start('agent-restart-');
+  ({ ctrd, scratch } = lab);
   probeLink = path.join(scratch, 'probe.sock');
-  sb = await ctrd.runSandbox({ name: 'web', namespace: 'rollout' });
-  app = await ctrd.runContainer(sb, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
-  server = await SandboxServer.start(sb, { http: HTTP });
-  kubelet = await FakeKubelet.start({ pods: [makePod({ uid: sb.uid, name: sb.name, namespace: 'rollout', ips: sb.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` })] });
+  let spec: Record<string, unknown>;
+  ({ app, spec } = await lab.appPod({ namespace: 'rollout', server: { http: HTTP }, port: HTTP }));
+  await lab.startKubelet([spec]);
   await startTheAgent();
   shim = await startShimProcess(path.join(REPO, 'agent/cli.ts'), path.join(scratch, 'cri.sock'), [
     `--runtime-endpoint=unix://${ctrd.socket}`, `--probe-socket=${probeLink}`, `--metrics-socket=${path.join(scratch, 'shim-metrics.sock')}`,
   ]);
+  lab.client({ close: () => shim.stop() });
   peer = new GrpcGoCri(shim.listenPath);
+  lab.client({ close: () => peer.close(5000) });
 }, 120_000);
 
-afterAll(async () => {
-  await peer?.close(5000);
-  await shim?.stop();
-  for (const a of agents) await a.stop('SIGKILL').catch(() => {});
-  await kubelet?.stop();
-  await server?.stop();
-  await ctrd?.destroy();
-  if (scratch) rmSync(scratch, { recursive: true, force: true });
-}, 60_000);
+afterAll(() => lab?.stop(), 60_000);
 
 describe('an agent rollout under load', () => {
   it('fails no hook and no probe: the hook in flight finishes, hooks in the gap run on the new agent, probes error at worst', async () => {

@@ -9,22 +9,15 @@
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 
-import { rmSync } from 'node:fs';
-import { labScratch } from '../lab/slots.ts';
-import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
-import { CriShim } from '../../agent/shim/proxy.ts';
-import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
-import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
-import { SandboxServer } from '../soak/sandbox-server.ts';
-import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
-import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
+import type { CriShim } from '../../agent/shim/proxy.ts';
+import type { ContainerdLab, LabContainer } from '../lab/containerd.ts';
 import { KubeletCri, readContainerEvents, RUNTIME_SERVICE, type CriAnswer } from '../support/kubelet-cri.ts';
-import { makePod } from '../support/pod-factory.ts';
 import { grpcRequestHeaders, headerValue, rawUnary } from '../support/raw-h2.ts';
 import { shimLogSink } from '../support/log-check.ts';
+import { ShimLab } from '../support/shim-lab.ts';
 
 const NS = 'shim-authority';
 const HTTP = 8080;
@@ -33,15 +26,11 @@ const SOCKET_PATH_AUTHORITY = '/run/containerd/containerd.sock';
 /** Octets nghttp2 refuses (space, braces, '@', '|', '/'), as a client with a mangled target might send. */
 const ODD_AUTHORITY = 'cri socket {x}@y|z/w';
 
+let lab: ShimLab;
 let ctrd: ContainerdLab;
-let kubelet: FakeKubelet;
-let agent: AgentHandle;
-let scratch: string;
 let shim: CriShim;
 let direct: KubeletCri;
-let pod: LabSandbox;
 let app: LabContainer;
-let server: SandboxServer | undefined;
 const shimLog = shimLogSink('shim (shim-authority)');
 
 function same(a: CriAnswer, b: CriAnswer): void {
@@ -62,34 +51,19 @@ function readiness(): string[] {
 
 
 beforeAll(async () => {
-  ctrd = await createContainerdLab();
-  importBusyboxImage(ctrd.socket);
-  scratch = labScratch('shim-authority-');
-  pod = await ctrd.runSandbox({ name: 'web', namespace: NS });
-  app = await ctrd.runContainer(pod, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
-  server = await SandboxServer.start(pod, { http: HTTP });
-  const spec = makePod({ uid: pod.uid, name: pod.name, namespace: NS, ips: pod.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` });
+  lab = await ShimLab.start('shim-authority-');
+  ctrd = lab.ctrd;
+  let spec: Record<string, unknown>;
+  ({ app, spec } = await lab.appPod({ namespace: NS, server: { http: HTTP }, port: HTTP }));
   const container = (spec.spec as { containers: Record<string, unknown>[] }).containers[0]!;
   container.readinessProbe = { exec: { command: readiness() }, periodSeconds: 1, timeoutSeconds: 1 };
-  kubelet = await FakeKubelet.start({ pods: [spec] });
-  agent = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: 'cri', args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`] });
-  shim = new CriShim({
-    listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: agent.socket,
-    log: shimLog.log,
-  });
-  await shim.listen();
-  direct = new KubeletCri(ctrd.socket);
+  await lab.startKubelet([spec]);
+  await lab.startAgent();
+  shim = await lab.startShim({ log: shimLog.log });
+  direct = lab.client(new KubeletCri(ctrd.socket));
 }, 90_000);
 
-afterAll(async () => {
-  direct?.close();
-  await shim?.close(100);
-  await agent?.stop('SIGKILL').catch(() => {});
-  await kubelet?.stop();
-  await server?.stop();
-  await ctrd?.destroy();
-  if (scratch) rmSync(scratch, { recursive: true, force: true });
-});
+afterAll(() => lab?.stop());
 
 describe.each([
   ['the socket path (kubelet, crictl before 1.31; grpc-java)', SOCKET_PATH_AUTHORITY, true],

@@ -14,7 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ApiError } from '../../agent/api/client.ts';
 import { CriResolver } from '../../agent/netns/cri-resolver.ts';
 import { NetnsPathChecker } from '../../agent/netns/netns-path.ts';
-import { ContainerLocator } from '../../agent/pods/container-lookup.ts';
+import { ContainerLocator } from '../../agent/prober/container-lookup.ts';
 import type { PodInfo } from '../../agent/pods/types.ts';
 import type { ProbeHandler } from '../../agent/probe/types.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';

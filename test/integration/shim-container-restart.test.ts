@@ -5,38 +5,30 @@
  * container through the runtime at once, and must not answer for the removed one from memory.
  * Real containerd, the real agent, the shim in this process, kubelet's calls from grpc-js.
  */
-import { labScratch } from '../lab/slots.ts';
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 
-import { rmSync } from 'node:fs';
-import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
-import { CriShim } from '../../agent/shim/proxy.ts';
-import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
-import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
-import { SandboxServer } from '../soak/sandbox-server.ts';
-import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
-import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
+import { BUSYBOX_IMAGE_REF } from '../lab/busybox-image.ts';
+import type { ContainerdLab, LabContainer, LabSandbox } from '../lab/containerd.ts';
+import type { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri, type CriAnswer } from '../support/kubelet-cri.ts';
 import { shimLogSink } from '../support/log-check.ts';
 import { makePod } from '../support/pod-factory.ts';
+import { ShimLab } from '../support/shim-lab.ts';
 import { until } from '../soak/observe.ts';
 
 const NS = 'restart-in-place';
 const HTTP = 8080;
 
+let lab: ShimLab;
 let ctrd: ContainerdLab;
 let kubelet: FakeKubelet;
-let agent: AgentHandle;
-let scratch: string;
-let shim: CriShim;
 let k: KubeletCri;
 let pod: LabSandbox;
 let first: LabContainer;
-let server: SandboxServer;
 const shimLogs = shimLogSink('shim (shim-container-restart)');
 
 const readiness = encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } });
@@ -46,30 +38,17 @@ function exitCode(a: CriAnswer<{ exitCode: number }>): number | string {
 }
 
 beforeAll(async () => {
-  ctrd = await createContainerdLab();
-  importBusyboxImage(ctrd.socket);
-  scratch = labScratch('restart-in-place-');
-  pod = await ctrd.runSandbox({ name: 'web', namespace: NS });
-  first = await ctrd.runContainer(pod, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
-  server = await SandboxServer.start(pod, { http: HTTP });
-  kubelet = await FakeKubelet.start({
-    pods: [makePod({ uid: pod.uid, name: pod.name, namespace: NS, ips: pod.ips, probe: 'none', port: HTTP, containerID: `containerd://${first.id}` })],
-  });
-  agent = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: 'cri', args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`] });
-  shim = new CriShim({ listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: agent.socket, log: shimLogs.log });
-  await shim.listen();
-  k = new KubeletCri(shim.config.listenPath);
+  lab = await ShimLab.start('restart-in-place-');
+  ctrd = lab.ctrd;
+  let spec: Record<string, unknown>;
+  ({ pod, app: first, spec } = await lab.appPod({ namespace: NS, server: { http: HTTP }, port: HTTP }));
+  kubelet = await lab.startKubelet([spec]);
+  await lab.startAgent();
+  const shim = await lab.startShim({ log: shimLogs.log });
+  k = lab.client(new KubeletCri(shim.config.listenPath));
 }, 90_000);
 
-afterAll(async () => {
-  k?.close();
-  await shim?.close(100);
-  await agent?.stop('SIGKILL').catch(() => {});
-  await kubelet?.stop();
-  await server?.stop();
-  await ctrd?.destroy();
-  if (scratch) rmSync(scratch, { recursive: true, force: true });
-});
+afterAll(() => lab?.stop());
 
 describe('a container restarted in place: same sandbox and netns, a new container ID', () => {
   it('the next ExecSync names the new ID and is answered from the same netns; the removed ID is not answered from memory', async () => {

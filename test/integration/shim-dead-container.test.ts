@@ -21,10 +21,10 @@ import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NetnsPathChecker } from '../../agent/netns/netns-path.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { NetnsResolverChain } from '../../agent/netns/resolver.ts';
-import { PodProber } from '../../agent/pod-prober.ts';
-import { ContainerLocator } from '../../agent/pods/container-lookup.ts';
+import { PodProber } from '../../agent/prober/pod-prober.ts';
+import { ContainerLocator } from '../../agent/prober/container-lookup.ts';
 import type { PodInfo } from '../../agent/pods/types.ts';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { FairLimiter } from '../../agent/scheduler/limiter.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
 

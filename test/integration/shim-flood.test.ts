@@ -17,7 +17,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeLiteralBlock } from '../../agent/http2/hpack.ts';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { rssOf } from '../bench/procstat.ts';
 import { shimUnitEnv, shimUnitNodeFlags } from '../soak/shim-soak.ts';
 import { builtEntry } from '../support/built-cli.ts';

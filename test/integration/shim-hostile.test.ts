@@ -13,12 +13,12 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand, SHIM_COMMAND_PATH } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand, SHIM_COMMAND_PATH } from '../../agent/contract/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { ShimMetrics } from '../../agent/shim/metrics.ts';
 import { startShimMetricsServer } from '../../agent/shim/metrics-server.ts';
 import { loadProbeApi } from '../../agent/api/proto.ts';
-import { NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from '../../agent/api/hook-refusal.ts';
+import { NOT_STARTED_DRAINING, NOT_STARTED_TRAILER } from '../../agent/contract/hook-refusal.ts';
 import { KubeletCri, RUNTIME_SERVICE } from '../support/kubelet-cri.ts';
 import { getUnix } from '../support/http-unix.ts';
 
@@ -64,7 +64,6 @@ describe('probe-agent shim refuses to start with a clear message and exit 2', ()
     [['--agent-grace', 'soon'], /--agent-grace: invalid duration "soon"/],
     [['--runtime-endpoint', 'tcp://10.0.0.1:1234'], /unsupported endpoint "tcp:\/\/10.0.0.1:1234": only unix sockets/],
     [['--listen', 'unix:///proc/no-such-dir/cri.sock'], /ENOENT.*\/proc\/no-such-dir/],
-    [['--relay', 'sideways'], /--relay: invalid mode "sideways" \(want frames or streams\)/],
   ])('%j', (args, message) => {
     const r = spawnSync(process.execPath, [CLI, 'shim', ...args], { encoding: 'utf8', timeout: 20_000 });
     expect(r.status).toBe(2);
@@ -252,13 +251,13 @@ describe('hook refusals the shim retries within --hook-agent-wait, and those it 
 
 describe("the shim's metrics endpoints", () => {
 
-  it('probe-agent shim serves its counters on --metrics-socket (directory 0700, socket 0600) and still accepts the deprecated --hook-deadline', async () => {
+  it('probe-agent shim serves its counters on --metrics-socket (directory 0700, socket 0600) ', async () => {
     const CLI = new URL('../../agent/cli.ts', import.meta.url).pathname;
     const dir = path.join(scratch, 'shim-run');
     const metricsSock = path.join(dir, 'metrics.sock');
     const listen = path.join(scratch, 'cli-cri.sock');
     const child = spawn(process.execPath, [CLI, 'shim', '--listen', `unix://${listen}`, '--runtime-endpoint', `unix://${path.join(scratch, 'rt.sock')}`,
-      '--probe-socket', path.join(scratch, 'nobody.sock'), '--metrics-socket', metricsSock, '--hook-deadline', '2m'], { stdio: ['ignore', 'ignore', 'pipe'] });
+      '--probe-socket', path.join(scratch, 'nobody.sock'), '--metrics-socket', metricsSock], { stdio: ['ignore', 'ignore', 'pipe'] });
     let stderr = '';
     try {
       await new Promise<void>((resolve, reject) => {
@@ -272,7 +271,6 @@ describe("the shim's metrics endpoints", () => {
         });
         child.once('exit', (code) => reject(new Error(`shim exited ${code}: ${stderr}`)));
       });
-      expect(stderr).toMatch(/--hook-deadline is deprecated and has no effect/);
       expect(statSync(dir).mode & 0o777).toBe(0o700);
       expect(statSync(metricsSock).mode & 0o777).toBe(0o600);
       const kc = new KubeletCri(listen);

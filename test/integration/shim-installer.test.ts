@@ -165,7 +165,7 @@ describe('install-shim.sh on a scratch host root', () => {
     const cur = path.join(host, 'opt/probe-agent-shim/current');
     expect(lstatSync(cur).isSymbolicLink()).toBe(true);
     expect(readlinkSync(cur)).toBe(`releases/${VERSION}`);
-    for (const f of ['node', 'package.json', 'dist/shim/main.js', 'dist/shim/proxy.js', 'dist/rewrite/shim-command.js']) expect(existsSync(path.join(cur, f)), f).toBe(true);
+    for (const f of ['node', 'package.json', 'dist/shim/main.js', 'dist/shim/proxy.js', 'dist/contract/shim-command.js']) expect(existsSync(path.join(cur, f)), f).toBe(true);
     expect(existsSync(path.join(cur, 'node_modules'))).toBe(false);
     expect(readFileSync(path.join(host, 'etc/systemd/system/probe-agent-shim.service'), 'utf8')).toBe(readFileSync(path.join(COMPONENT, 'probe-agent-shim.service'), 'utf8'));
     expect(systemctlCalls()).toEqual(['daemon-reload', 'enable probe-agent-shim.service', 'restart probe-agent-shim.service']);

@@ -13,7 +13,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { rssOf } from '../bench/procstat.ts';
 import { shimUnitEnv, shimUnitNodeFlags } from '../soak/shim-soak.ts';
 import { builtEntry } from '../support/built-cli.ts';

@@ -8,18 +8,19 @@
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'containerd', 'ctr', 'gcc', 'tar', 'dpkg-deb']);
 
-import { rmSync, statSync } from 'node:fs';
+import { statSync } from 'node:fs';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand, SHIM_KINDS } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand, SHIM_KINDS } from '../../agent/contract/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
-import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
-import { labScratch } from '../lab/slots.ts';
-import { createContainerdLab, type ContainerdLab, type LabSandbox } from '../lab/containerd.ts';
+import { BUSYBOX_IMAGE_REF } from '../lab/busybox-image.ts';
+import type { ContainerdLab, LabSandbox } from '../lab/containerd.ts';
 import { KubeletCri, readContainerEvents, RUNTIME_SERVICE, type CriAnswer } from '../support/kubelet-cri.ts';
 import { shimLogSink } from '../support/log-check.ts';
+import { ShimLab } from '../support/shim-lab.ts';
 
+let lab: ShimLab;
 let ctrd: ContainerdLab;
 let scratch: string;
 let shim: CriShim;
@@ -49,23 +50,15 @@ function sameMapped(a: CriAnswer, b: CriAnswer): void {
 const shimLogs = shimLogSink('shim (shim-passthrough)');
 
 beforeAll(async () => {
-  ctrd = await createContainerdLab();
-  importBusyboxImage(ctrd.socket);
-  scratch = labScratch('shim-test-');
+  lab = await ShimLab.start('shim-test-');
+  ({ ctrd, scratch } = lab);
   // No agent behind probe.sock: plain passthrough needs none.
-  shim = new CriShim({ listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: path.join(scratch, 'no-agent.sock'), log: shimLogs.log });
-  await shim.listen();
-  viaShim = new KubeletCri(shim.config.listenPath);
-  direct = new KubeletCri(ctrd.socket);
+  shim = await lab.startShim({ probeSocket: path.join(scratch, 'no-agent.sock'), log: shimLogs.log });
+  direct = lab.client(new KubeletCri(ctrd.socket));
+  viaShim = lab.client(new KubeletCri(shim.config.listenPath));
 });
 
-afterAll(async () => {
-  viaShim?.close();
-  direct?.close();
-  await shim?.close(100);
-  await ctrd?.destroy();
-  if (scratch) rmSync(scratch, { recursive: true, force: true });
-});
+afterAll(() => lab?.stop());
 
 /** One field of a protobuf message: its number, the whole record (tag and value) and, length-delimited, the value. */
 interface WireField {

@@ -8,40 +8,35 @@
  * agent slow, killed and restarted never disturbs ordinary CRI calls.
  */
 import { connectFromNode } from '../lab/net.ts';
-import { labScratch } from '../lab/slots.ts';
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 
-import { rmSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
+import { symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
-import { shimSocketBeside } from '../../agent/api/shim-socket.ts';
+import { shimSocketBeside } from '../../agent/contract/shim-socket.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand, SHIM_COMMAND_PATH, type ShimKind } from '../../agent/rewrite/shim-command.ts';
-import { CriShim } from '../../agent/shim/proxy.ts';
-import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
-import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
-import { SandboxServer } from '../soak/sandbox-server.ts';
+import { encodeShimCommand, SHIM_COMMAND_PATH, type ShimKind } from '../../agent/contract/shim-command.ts';
+import type { CriShim } from '../../agent/shim/proxy.ts';
+import type { ContainerdLab, LabContainer, LabSandbox } from '../lab/containerd.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
-import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri, type CriAnswer } from '../support/kubelet-cri.ts';
-import { makePod } from '../support/pod-factory.ts';
 import { shimLogSink } from '../support/log-check.ts';
+import { ShimLab } from '../support/shim-lab.ts';
 
 const NS = 'shim-e2e';
 const HTTP = 8080;
 const GRPC = 9090;
 const GUARD = 'pa_shim_guard';
 
+let lab: ShimLab;
 let ctrd: ContainerdLab;
-let kubelet: FakeKubelet;
 let agent: AgentHandle | undefined;
 let scratch: string;
 let shim: CriShim;
 let k: KubeletCri;
 let pod: LabSandbox;
 let app: LabContainer;
-let server: SandboxServer | undefined;
 /** The shim's --probe-socket: a link to the running agent's socket, so a restarted agent appears at the same path. */
 let probeLink: string;
 
@@ -86,11 +81,8 @@ async function settled(name: 'inside' | 'outside'): Promise<number> {
 const shimLogs = shimLogSink('shim (shim-probes)');
 
 async function startTheAgent(): Promise<AgentHandle> {
-  const a = await startAgent({
-    kubeletUrl: kubelet.httpUrl,
-    resolvers: 'cri',
-    args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`],
-  });
+  const a = await startAgent(lab.agentOptions());
+  lab.agent = a;
   // Both of the agent's sockets, where the shim finds them (its own beside --probe-socket).
   for (const [target, link] of [[a.socket, probeLink], [a.shimSocket, shimSocketBeside(probeLink)]] as const) {
     try {
@@ -119,34 +111,21 @@ function grpcError(a: CriAnswer): { code: grpc.status; details: string } {
 }
 
 beforeAll(async () => {
-  ctrd = await createContainerdLab();
-  importBusyboxImage(ctrd.socket);
-  scratch = labScratch('shim-e2e-');
+  lab = await ShimLab.start('shim-e2e-');
+  ({ ctrd, scratch } = lab);
   probeLink = path.join(scratch, 'probe.sock');
-  pod = await ctrd.runSandbox({ name: 'web', namespace: NS });
-  app = await ctrd.runContainer(pod, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
-  await guard(pod);
-  server = await SandboxServer.start(pod, { http: HTTP, grpc: GRPC });
-  const spec = makePod({ uid: pod.uid, name: pod.name, namespace: NS, ips: pod.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` });
+  let spec: Record<string, unknown>;
+  ({ pod, app, spec } = await lab.appPod({ namespace: NS, server: { http: HTTP, grpc: GRPC }, port: HTTP, beforeServer: guard }));
   // The pod as the rewrite leaves it: its readiness probe is probe-agent's exec command (on-demand mode).
   const container = (spec.spec as { containers: Record<string, unknown>[] }).containers[0]!;
   container.readinessProbe = { exec: { command: encodeShimCommand('readiness', { httpGet: { path: '/healthz', port: HTTP } }) }, periodSeconds: 1, timeoutSeconds: 1 };
-  kubelet = await FakeKubelet.start({ pods: [spec] });
+  await lab.startKubelet([spec]);
   agent = await startTheAgent();
-  shim = new CriShim({ listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: probeLink, agentGraceMs: 1000, hookAgentWaitMs: 1500, log: shimLogs.log });
-  await shim.listen();
-  k = new KubeletCri(shim.config.listenPath);
+  shim = await lab.startShim({ probeSocket: probeLink, agentGraceMs: 1000, hookAgentWaitMs: 1500, log: shimLogs.log });
+  k = lab.client(new KubeletCri(shim.config.listenPath));
 }, 90_000);
 
-afterAll(async () => {
-  k?.close();
-  await shim?.close(100);
-  await agent?.stop('SIGKILL').catch(() => {});
-  await kubelet?.stop();
-  await server?.stop();
-  await ctrd?.destroy();
-  if (scratch) rmSync(scratch, { recursive: true, force: true });
-});
+afterAll(() => lab?.stop());
 
 describe('rewritten probes answered inside the pod netns, the node->pod path dropped', () => {
   it('the node cannot reach the pod (the hole is closed)', async () => {

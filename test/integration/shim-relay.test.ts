@@ -1,5 +1,5 @@
 /**
- * The shim's frame relay (`--relay frames`, agent/shim/relay.ts) against what a naive frame relay
+ * The shim's frame relay (agent/shim/relay.ts) against what a naive frame relay
  * gets wrong, on the lab's real containerd with the real agent: stream ids renumbered for a held
  * ExecSync forwarded after later streams opened, kubelet's HPACK dynamic table in use across
  * intercepted calls, connection flow control with the shim's own answers mixed into large runtime
@@ -14,23 +14,18 @@ requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr', 'dpkg-deb']);
 
 import * as http2 from 'node:http2';
 import * as net from 'node:net';
-import { rmSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { FrameSplitter, HeaderBlockJoiner, headerBlockFrames } from '../../agent/http2/connection.ts';
 import { CLIENT_PREFACE, Flag, frameBytes, FrameType } from '../../agent/http2/wire.ts';
 import { encodeLiteralBlock, HpackDecoder } from '../../agent/http2/hpack.ts';
-import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
-import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
-import { labScratch } from '../lab/slots.ts';
-import { SandboxServer } from '../soak/sandbox-server.ts';
-import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
-import { FakeKubelet } from '../support/fake-kubelet.ts';
+import type { ContainerdLab, LabContainer, LabSandbox } from '../lab/containerd.ts';
+import type { AgentHandle } from '../support/agent-harness.ts';
 import { KubeletCri, RUNTIME_SERVICE } from '../support/kubelet-cri.ts';
-import { makePod } from '../support/pod-factory.ts';
 import { shimLogSink } from '../support/log-check.ts';
+import { ShimLab } from '../support/shim-lab.ts';
 
 const NS = 'shim-relay';
 const HTTP = 8080;
@@ -38,47 +33,33 @@ const HTTP = 8080;
 const BIG_CONTAINERS = 8;
 const ANNOTATION_BYTES = 14 * 1024;
 
+let lab: ShimLab;
 let ctrd: ContainerdLab;
-let kubelet: FakeKubelet;
 let agent: AgentHandle;
 let scratch: string;
 let shim: CriShim;
 let direct: KubeletCri;
 let pod: LabSandbox;
 let app: LabContainer;
-let server: SandboxServer | undefined;
 const shimLog = shimLogSink('shim, frame relay (shim-relay)');
 
 beforeAll(async () => {
-  ctrd = await createContainerdLab();
-  importBusyboxImage(ctrd.socket);
-  scratch = labScratch('shim-relay-');
-  pod = await ctrd.runSandbox({ name: 'web', namespace: NS });
-  app = await ctrd.runContainer(pod, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', 'infinity'] });
-  for (let i = 0; i < BIG_CONTAINERS; i++) {
-    await ctrd.runContainer(pod, { name: `big${i}`, annotations: { 'example.com/padding': String(i).repeat(ANNOTATION_BYTES) } });
-  }
-  server = await SandboxServer.start(pod, { http: HTTP });
-  const spec = makePod({ uid: pod.uid, name: pod.name, namespace: NS, ips: pod.ips, probe: 'none', port: HTTP, containerID: `containerd://${app.id}` });
-  kubelet = await FakeKubelet.start({ pods: [spec] });
-  agent = await startAgent({ kubeletUrl: kubelet.httpUrl, resolvers: 'cri', args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`] });
-  shim = new CriShim({
-    listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: agent.socket, relay: 'frames',
-    log: shimLog.log,
-  });
-  await shim.listen();
-  direct = new KubeletCri(ctrd.socket);
+  lab = await ShimLab.start('shim-relay-');
+  ({ ctrd, scratch } = lab);
+  const bigContainers = async (sb: LabSandbox): Promise<void> => {
+    for (let i = 0; i < BIG_CONTAINERS; i++) {
+      await ctrd.runContainer(sb, { name: `big${i}`, annotations: { 'example.com/padding': String(i).repeat(ANNOTATION_BYTES) } });
+    }
+  };
+  let spec: Record<string, unknown>;
+  ({ pod, app, spec } = await lab.appPod({ namespace: NS, server: { http: HTTP }, port: HTTP, beforeServer: bigContainers }));
+  await lab.startKubelet([spec]);
+  agent = await lab.startAgent();
+  shim = await lab.startShim({ log: shimLog.log });
+  direct = lab.client(new KubeletCri(ctrd.socket));
 }, 120_000);
 
-afterAll(async () => {
-  direct?.close();
-  await shim?.close(100);
-  await agent?.stop('SIGKILL').catch(() => {});
-  await kubelet?.stop();
-  await server?.stop();
-  await ctrd?.destroy();
-  if (scratch) rmSync(scratch, { recursive: true, force: true });
-});
+afterAll(() => lab?.stop());
 
 /** One gRPC call's outcome on a raw HTTP/2 client stream. */
 interface Outcome {
@@ -326,7 +307,7 @@ describe('the frame relay on one kubelet connection', () => {
 describe('close(graceMs) with the frame relay', () => {
   it('lets a hook in flight finish within the grace, then closes; a hook past the grace is cut', async () => {
     for (const [graceMs, slowMs, finishes] of [[20_000, 1500, true], [300, 5000, false]] as const) {
-      const s2 = new CriShim({ listenPath: path.join(scratch, `cri-close-${graceMs}.sock`), runtimeSocket: ctrd.socket, probeSocket: agent.socket, relay: 'frames', log: shimLogSink(`shim closing with grace ${graceMs} ms (shim-relay)`).log });
+      const s2 = new CriShim({ listenPath: path.join(scratch, `cri-close-${graceMs}.sock`), runtimeSocket: ctrd.socket, probeSocket: agent.socket, log: shimLogSink(`shim closing with grace ${graceMs} ms (shim-relay)`).log });
       await s2.listen();
       const k = new KubeletCri(s2.config.listenPath);
       try {

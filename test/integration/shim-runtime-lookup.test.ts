@@ -12,21 +12,18 @@ requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr']);
 
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { rmSync } from 'node:fs';
-import { labScratch } from '../lab/slots.ts';
 import { createInterface } from 'node:readline';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
-import { encodeShimCommand, type ShimKind } from '../../agent/rewrite/shim-command.ts';
-import { CriShim } from '../../agent/shim/proxy.ts';
-import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
-import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
-import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { encodeShimCommand, type ShimKind } from '../../agent/contract/shim-command.ts';
+import type { ContainerdLab, LabContainer, LabSandbox } from '../lab/containerd.ts';
+import type { FakeKubelet } from '../support/fake-kubelet.ts';
 import { KubeletCri, type CriAnswer } from '../support/kubelet-cri.ts';
 import { makePod } from '../support/pod-factory.ts';
 import { shimLogSink } from '../support/log-check.ts';
+import { ShimLab } from '../support/shim-lab.ts';
 
 const NS = 'shim-rt';
 const PORT = 8080;
@@ -37,11 +34,10 @@ const PORTS = { 'io.kubernetes.container.ports': JSON.stringify([{ name: 'http',
 /** The pod /pods lists (without IPs): its UID is fixed before the agent's one and only poll. */
 const LISTED_UID = randomUUID();
 
+let lab: ShimLab;
 let ctrd: ContainerdLab;
 let kubelet: FakeKubelet;
-let agent: AgentHandle;
 let scratch: string;
-let shim: CriShim;
 let k: KubeletCri;
 const servers: ChildProcess[] = [];
 /** Authorization values the servers saw, per sandbox name. */
@@ -97,33 +93,20 @@ async function podWithServer(name: string, annotations?: Record<string, string>,
 const shimLogs = shimLogSink('shim (shim-runtime-lookup)');
 
 beforeAll(async () => {
-  ctrd = await createContainerdLab();
-  scratch = labScratch('shim-rt-');
+  lab = await ShimLab.start('shim-rt-', { busybox: false });
+  ({ ctrd, scratch } = lab);
+  lab.onStop(() => servers.forEach((s) => s.kill('SIGKILL')));
   // What kubelet's /pods shows before the status round trip: the pod, no podIPs, no containerStatuses.
-  kubelet = await FakeKubelet.start({ pods: [makePod({ uid: LISTED_UID, name: 'listed', namespace: NS, ips: [], probe: 'none', port: PORT, noContainerStatuses: true })] });
-  agent = await startAgent({
-    kubeletUrl: kubelet.httpUrl,
-    resolvers: 'cri',
-    pollInterval: '60s',
-    args: [`--cri-endpoint=${ctrd.endpoint}`, `--netns-dir=${ctrd.netnsDir}`],
-  });
+  kubelet = await lab.startKubelet([makePod({ uid: LISTED_UID, name: 'listed', namespace: NS, ips: [], probe: 'none', port: PORT, noContainerStatuses: true })]);
+  await lab.startAgent({ pollInterval: '60s' });
   // The agent's first (and, at 60 s, only) poll of the test.
   for (let i = 0; i < 200 && kubelet.requests.length === 0; i++) await new Promise((r) => setTimeout(r, 50));
   await new Promise((r) => setTimeout(r, 200));
-  shim = new CriShim({ listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: ctrd.socket, probeSocket: agent.socket, agentGraceMs: 1000, hookAgentWaitMs: 1500, log: shimLogs.log });
-  await shim.listen();
-  k = new KubeletCri(shim.config.listenPath);
+  const shim = await lab.startShim({ agentGraceMs: 1000, hookAgentWaitMs: 1500, log: shimLogs.log });
+  k = lab.client(new KubeletCri(shim.config.listenPath));
 }, 90_000);
 
-afterAll(async () => {
-  k?.close();
-  await shim?.close(100);
-  await agent?.stop('SIGKILL').catch(() => {});
-  await kubelet?.stop();
-  for (const s of servers) s.kill('SIGKILL');
-  await ctrd?.destroy();
-  if (scratch) rmSync(scratch, { recursive: true, force: true });
-});
+afterAll(() => lab?.stop());
 
 describe('the first probe after a container starts, before /pods has the pod', () => {
   it('passes on a numeric port for a pod /pods lists without IPs, and on a named port for a pod /pods never lists; no /pods request is made', async () => {

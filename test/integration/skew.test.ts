@@ -24,7 +24,7 @@ import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
-import { encodeShimCommand, type ShimKind } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand, type ShimKind } from '../../agent/contract/shim-command.ts';
 import { BUSYBOX_IMAGE_REF, importBusyboxImage } from '../lab/busybox-image.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
 import { SandboxServer } from '../soak/sandbox-server.ts';

@@ -27,7 +27,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { launcherNodeFlags } from '../bench/agent-process.ts';
 import { REPO } from '../bench/build.ts';
 import { childrenOf, rssOf } from '../bench/procstat.ts';
@@ -251,7 +251,7 @@ const escapeRe = (s: string): string => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')
  * Whether the answer to a rewritten `kind` probe of `app` (in sandbox `sb`, stopped or removed) is
  * the shim's refusal of a dead container: the agent's refusal passed on as a gRPC error (never an
  * exit code, which kubelet would take as the probe's verdict), for one of the two reasons a dead
- * container has (agent/pods/container-lookup.ts, agent/netns/resolver.ts, agent/api/exec-sync.ts):
+ * container has (agent/prober/container-lookup.ts, agent/netns/resolver.ts, agent/api/exec-sync.ts):
  *  - NOT_FOUND "probe-agent refused the <kind> probe: container <id> is not known on this node"
  *    (the runtime has no such container: removed);
  *  - UNAVAILABLE "probe-agent refused the <kind> probe: netns of pod <ns>/<name> (<uid>) not

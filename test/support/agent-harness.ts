@@ -5,7 +5,7 @@
  * (or non-JSON) line the agent wrote fails it unless listed in `expectedLogs` / expectLogs()
  * (log-check.ts): a healthy run logs none.
  */
-import { shimSocketBeside } from '../../agent/api/shim-socket.ts';
+import { shimSocketBeside } from '../../agent/contract/shim-socket.ts';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';

@@ -24,7 +24,7 @@ import type * as grpc from '@grpc/grpc-js';
 import { randomUUID } from 'node:crypto';
 import * as http from 'node:http';
 import * as net from 'node:net';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { FAILURE_EXIT_CODE } from '../../agent/api/exec-sync.ts';
 import { BUSYBOX_IMAGE_REF } from '../lab/busybox-image.ts';
 import { kubeletCgroupParent } from '../lab/containerd.ts';

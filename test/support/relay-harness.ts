@@ -20,7 +20,7 @@ import { encodeFrame } from '../../agent/grpc/frame.ts';
 import type { HeaderField } from '../../agent/http2/hpack.ts';
 import { describeFrame, FramePeer, Trace, type CreditPolicy, type PeerStream } from './h2-frame-peer.ts';
 
-/** argv[0] of every command probe-agent's rewrite writes (agent/rewrite/shim-command.ts). */
+/** argv[0] of every command probe-agent's rewrite writes (agent/contract/shim-command.ts). */
 export const MARKER = '/.probe-agent/v1';
 export const EXEC_SYNC = '/runtime.v1.RuntimeService/ExecSync';
 export const LIST_CONTAINERS = '/runtime.v1.RuntimeService/ListContainers';

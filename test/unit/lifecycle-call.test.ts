@@ -17,8 +17,8 @@ import type { WireLifecycleRequest, WireLifecycleResponse } from '../../agent/ap
 import { parseFeatureGates } from '../../agent/featuregates.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { NetnsResolverChain, type NetnsResolver } from '../../agent/netns/resolver.ts';
-import { PodProber } from '../../agent/pod-prober.ts';
-import { ContainerLocator } from '../../agent/pods/container-lookup.ts';
+import { PodProber } from '../../agent/prober/pod-prober.ts';
+import { ContainerLocator } from '../../agent/prober/container-lookup.ts';
 import type { PodInfo } from '../../agent/pods/types.ts';
 import { FairLimiter } from '../../agent/scheduler/limiter.ts';
 import type { OnDemandHookRequest } from '../../agent/scheduler/types.ts';

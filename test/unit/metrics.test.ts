@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { ExecSyncHandlerCache } from '../../agent/api/exec-sync.ts';
-import { encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
 import { FEATURES, FeatureGates, parseFeatureGates } from '../../agent/featuregates.ts';
 import { createLogger } from '../../agent/log.ts';
 import { freshnessCheck, HealthRegistry } from '../../agent/metrics/health.ts';

@@ -10,7 +10,7 @@ import { parseFeatureGates } from '../../agent/featuregates.ts';
 import { createLogger } from '../../agent/log.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { NetnsResolverChain, podLabel, resolveFailure, type NetnsResolver } from '../../agent/netns/resolver.ts';
-import { PodProber } from '../../agent/pod-prober.ts';
+import { PodProber } from '../../agent/prober/pod-prober.ts';
 import type { PodInfo } from '../../agent/pods/types.ts';
 import { FairLimiter } from '../../agent/scheduler/limiter.ts';
 import { Harness, container, pod, running, tcpProbe, testClassify } from '../support/scheduler-harness.ts';

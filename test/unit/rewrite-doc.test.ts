@@ -10,7 +10,7 @@ import { registerWebhookCommand } from '../../agent/cli/webhook-command.ts';
 import { LOOPBACK_HOST_ANNOTATION, ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SHIM_NODE_LABEL, SHIM_NODE_LABEL_VALUE } from '../../agent/rewrite/pod-rewrite.ts';
 import { CLOSED_HOLE_TAINT_EFFECT, CLOSED_HOLE_TAINT_KEY, SHIM_ROLLBACK_ANNOTATION } from '../../agent/rewrite/placement.ts';
 import { HEADER_VALUE_FROM } from '../../agent/rewrite/command-handler.ts';
-import { SHIM_COMMAND_PATH, SHIM_KINDS } from '../../agent/rewrite/shim-command.ts';
+import { SHIM_COMMAND_PATH, SHIM_KINDS } from '../../agent/contract/shim-command.ts';
 import { MUTATE_ANNOTATED_PATH, MUTATE_PATH, OPT_IN_ANNOTATION } from '../../agent/webhook/admission.ts';
 
 const doc = readFileSync(new URL('../../docs/rewrite.md', import.meta.url), 'utf8');

@@ -10,7 +10,7 @@ import { describe, expect, it } from 'vitest';
 import { parseAllDocuments } from 'yaml';
 import { detectFormat, ManifestError, transformManifest } from '../../agent/rewrite/manifest.ts';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../../agent/rewrite/pod-rewrite.ts';
-import { decodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { decodeShimCommand } from '../../agent/contract/shim-command.ts';
 
 const CORPUS = fileURLToPath(new URL('../fixtures/rewrite/', import.meta.url));
 const FILES = readdirSync(CORPUS).sort();

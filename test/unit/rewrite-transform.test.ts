@@ -9,7 +9,7 @@ import { RewriteError } from '../../agent/rewrite/errors.ts';
 import { transformObject, REWRITTEN_KINDS } from '../../agent/rewrite/objects.ts';
 import { ORIGINAL_HANDLERS_ANNOTATION, rewritePod, SANDBOXED_RUNTIME_CLASSES, SHIM_NODE_LABEL, undoPod, type RewriteOptions } from '../../agent/rewrite/pod-rewrite.ts';
 import { DEFAULT_SANDBOXED_RUNTIMES } from '../../agent/netns/resolver.ts';
-import { decodeShimCommand, encodeShimCommand } from '../../agent/rewrite/shim-command.ts';
+import { decodeShimCommand, encodeShimCommand } from '../../agent/contract/shim-command.ts';
 
 type Obj = Record<string, any>;
 const SHIM_REQ = { key: SHIM_NODE_LABEL, operator: 'In', values: ['ready'] };

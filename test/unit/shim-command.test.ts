@@ -1,5 +1,5 @@
 /**
- * The exec command form of a rewritten handler (agent/rewrite/shim-command.ts): round trip, safety
+ * The exec command form of a rewritten handler (agent/contract/shim-command.ts): round trip, safety
  * against kubelet's $(VAR) expansion (with kubelet's expansion rules reimplemented here), and
  * every malformed form the shim may meet in an ExecSync.
  */
@@ -13,7 +13,7 @@ import {
   SHIM_COMMAND_PATH,
   SHIM_KINDS,
   ShimCommandError,
-} from '../../agent/rewrite/shim-command.ts';
+} from '../../agent/contract/shim-command.ts';
 
 /**
  * Kubelet's expansion of container command arguments (third_party/forked/golang/expansion): `$(NAME)`

@@ -20,7 +20,6 @@ describe('shim flags', () => {
       agentGraceMs: 2000,
       hookAgentWaitMs: 60_000,
       metricsSocket: '/run/probe-agent-shim/metrics.sock',
-      relay: 'frames',
     });
   });
 
@@ -30,8 +29,8 @@ describe('shim flags', () => {
   });
 
   it('takes Go durations such as 1m30s on every duration flag', () => {
-    const f = parseShimArgv(['--agent-grace', '1m30s', '--hook-agent-wait', '1h', '--hook-deadline', '2m', '--metrics-socket', '']);
-    expect(f).toMatchObject({ agentGraceMs: 90_000, hookAgentWaitMs: 3_600_000, hookDeadlineMs: 120_000, metricsSocket: '' });
+    const f = parseShimArgv(['--agent-grace', '1m30s', '--hook-agent-wait', '1h', '--metrics-socket', '']);
+    expect(f).toMatchObject({ agentGraceMs: 90_000, hookAgentWaitMs: 3_600_000, metricsSocket: '' });
     expect(shimFlagsFrom({ 'agent-grace': '1m30s' }).agentGraceMs).toBe(90_000);
   });
 
@@ -39,6 +38,9 @@ describe('shim flags', () => {
     expect(() => parseShimArgv(['--agent-grace', 'soon'])).toThrow(/--agent-grace: invalid duration "soon"/);
     expect(() => parseShimArgv(['--hook-agent-wait', '5x'])).toThrow(/--hook-agent-wait: invalid duration "5x"/);
     expect(() => parseShimArgv(['--no-such-flag', '1'])).toThrow(/no-such-flag/);
+    // The flags that did nothing are gone: a unit still naming them is told so.
+    expect(() => parseShimArgv(['--relay', 'frames'])).toThrow(/'--relay'/);
+    expect(() => parseShimArgv(['--hook-deadline', '2m'])).toThrow(/'--hook-deadline'/);
     expect(parseShimArgv(['--help'])).toBeUndefined();
   });
 
@@ -60,9 +62,14 @@ describe('shim flags', () => {
       expect(ok.stderr, entry.join(' ')).toMatch(/unsupported endpoint "tcp:\/\/10.0.0.1:1"/);
     }
     expect(spawnSync(process.execPath, [builtEntry('shim/main.js'), '--help'], { encoding: 'utf8' }).stdout).toBe(shimUsage());
-    const bad = spawnSync(process.execPath, [builtEntry('shim/main.js'), '--agent-grace', '1x'], { encoding: 'utf8' });
-    expect(bad.status).toBe(2);
-    expect(bad.stderr).toMatch(/--agent-grace: invalid duration "1x"/);
+    for (const entry of [[builtEntry('shim/main.js')], [builtEntry('cli.js'), 'shim']]) {
+      const bad = spawnSync(process.execPath, [...entry, '--agent-grace', '1x'], { encoding: 'utf8' });
+      expect(bad.status, entry.join(' ')).toBe(2);
+      expect(bad.stderr, entry.join(' ')).toMatch(/--agent-grace: invalid duration "1x"/);
+      const gone = spawnSync(process.execPath, [...entry, '--hook-deadline', '2m'], { encoding: 'utf8' });
+      expect(gone.status, entry.join(' ')).toBe(2);
+      expect(gone.stderr, entry.join(' ')).toMatch(/unknown option '--hook-deadline'/i);
+    }
   });
 });
 

@@ -1,23 +1,30 @@
 /**
- * The shim's import graph stays small and never reaches the agent's internals: starting from
- * agent/shim/main.ts, every import is a Node built-in or one of the few modules listed here. If
- * the agent crashes or grows, kubelet's runtime path is unaffected; the installed shim needs no
+ * The shim is one folder: starting from agent/shim/main.ts, every module it loads is in
+ * agent/shim/, the contract both sides share (agent/contract/), the HTTP/2 and gRPC wire layers
+ * (agent/http2/, agent/grpc/), or one of the few leaves listed here, and every import is a Node
+ * built-in. Agent core (probe, pods, prober, scheduler, netns, api, ...) is never reached, so if the
+ * agent crashes or grows, kubelet's runtime path is unaffected; the installed shim needs no
  * node_modules (the installer copies dist/ and node only).
  */
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import ts from 'typescript';
 import { describe, expect, it } from 'vitest';
 
 const AGENT = fileURLToPath(new URL('../../agent/', import.meta.url));
-const ALLOWED = [
-  'shim/main.ts', 'shim/proxy.ts', 'shim/relay.ts', 'shim/answer.ts', 'shim/exec-sync.ts',
-  'shim/hook-runner.ts', 'shim/metrics.ts', 'shim/metrics-server.ts', 'shim/flags.ts', 'config/duration.ts', 'errors.ts',
-  'http2/connection.ts', 'http2/authority.ts', 'http2/hpack.ts', 'http2/huffman.ts', 'http2/unary-client.ts', 'http2/wire.ts',
-  'grpc/frame.ts', 'grpc/headers.ts', 'grpc/protowire.ts', 'grpc/status.ts',
-  'api/shim-client.ts', 'api/shim-socket.ts', 'api/hook-refusal.ts', 'rewrite/shim-command.ts',
-];
+/** Folders the shim may load anything from. */
+const SHIM_FOLDERS = ['shim/', 'contract/', 'http2/', 'grpc/'];
+/** Leaves outside them (they import nothing but each other). */
+const SHIM_LEAVES = ['config/duration.ts', 'errors.ts'];
+
+function allowed(module: string): boolean {
+  return SHIM_FOLDERS.some((f) => module.startsWith(f)) || SHIM_LEAVES.includes(module);
+}
+
+function tsFiles(folder: string): string[] {
+  return readdirSync(path.join(AGENT, folder)).filter((f) => f.endsWith('.ts')).map((f) => folder + f);
+}
 
 function graph(entry: string): { modules: Set<string>; packages: Set<string> } {
   const modules = new Set<string>();
@@ -38,9 +45,37 @@ function graph(entry: string): { modules: Set<string>; packages: Set<string> } {
 }
 
 describe('the shim import graph', () => {
-  it('reaches only the shim, the lean ProbeService client and the command contract', () => {
+  it('reaches only the shim folder, the contract, the wire layers and the listed leaves', () => {
     const { modules } = graph('shim/main.ts');
-    expect([...modules].sort()).toEqual([...ALLOWED].sort());
+    expect([...modules].filter((m) => !allowed(m)).sort()).toEqual([]);
+  });
+
+  it('is the whole shim folder: every module of agent/shim/ is loaded by the shim', () => {
+    const { modules } = graph('shim/main.ts');
+    expect(tsFiles('shim/').filter((m) => !modules.has(m))).toEqual([]);
+  });
+
+  it('the rule holds for what it allows, and fails for agent core', () => {
+    expect(SHIM_LEAVES.flatMap((leaf) => [...graph(leaf).modules]).every(allowed)).toBe(true);
+    for (const core of ['probe/run.ts', 'prober/pod-prober.ts', 'api/exec-sync.ts', 'scheduler/manager.ts', 'netns/helper.ts', 'pods/pod-model.ts']) {
+      expect(allowed(core), core).toBe(false);
+    }
+  });
+
+  it('the contract is a leaf both sides import: it imports nothing', () => {
+    for (const m of tsFiles('contract/')) expect(graph(m).modules, m).toEqual(new Set([m]));
+    const agentSide = ['api/exec-sync.ts', 'api/hot-unary.ts', 'pods/shim-probe.ts', 'rewrite/pod-rewrite.ts'];
+    const importers = (m: string): string[] => ts.preProcessFile(readFileSync(path.join(AGENT, m), 'utf8'), true, true).importedFiles.map((f) => f.fileName);
+    for (const m of [...agentSide, 'shim/exec-sync.ts', 'shim/agent-client.ts']) {
+      expect(importers(m).some((spec) => spec.includes('/contract/')), m).toBe(true);
+    }
+  });
+
+  it('the agent does not load the shim: only `probe-agent shim` (cli/shim-command.ts) imports it', () => {
+    const folders = readdirSync(AGENT, { withFileTypes: true }).filter((d) => d.isDirectory()).map((d) => `${d.name}/`);
+    const outside = [...tsFiles(''), ...folders.filter((f) => f !== 'shim/').flatMap(tsFiles)];
+    const importers = outside.filter((m) => [...graph(m).modules].some((x) => x.startsWith('shim/')));
+    expect(importers.sort()).toEqual(['cli.ts', 'cli/shim-command.ts']);
   });
 
   it('uses Node built-ins only (no npm package, so no node_modules on the host)', () => {
@@ -59,6 +94,6 @@ describe('the shim import graph', () => {
     // Statically, only the flags' leaf module (the same definitions as the systemd entry point's).
     const statics = [...src.matchAll(/^import .*'(\.\.\/shim\/[^']+)'/gm)].map((m) => m[1]);
     expect(statics).toEqual(['../shim/flags.ts']);
-    expect(graph('shim/flags.ts').modules).toEqual(new Set(['shim/flags.ts', 'config/duration.ts', 'errors.ts', 'api/shim-socket.ts']));
+    expect(graph('shim/flags.ts').modules).toEqual(new Set(['shim/flags.ts', 'config/duration.ts', 'errors.ts', 'contract/shim-socket.ts']));
   });
 });

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { classifyPod, parsePodList } from '../../agent/pods/pod-model.ts';
 import { unwrapShimProbe } from '../../agent/pods/shim-probe.ts';
-import { encodeShimCommand, SHIM_COMMAND_PATH } from '../../agent/rewrite/shim-command.ts';
+import { encodeShimCommand, SHIM_COMMAND_PATH } from '../../agent/contract/shim-command.ts';
 import { podList } from '../support/fake-kubelet.ts';
 import { makePod } from '../support/pod-factory.ts';
 

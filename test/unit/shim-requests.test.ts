@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { lifecycleRequestFromWire, probeRequestFromWire } from '../../agent/api/convert-request.ts';
-import { normalizeContainerID } from '../../agent/pods/container-lookup.ts';
+import { normalizeContainerID } from '../../agent/prober/container-lookup.ts';
 
 const http = { http_get: { path: '/', port: { int_val: 80 } } };
 

@@ -1,4 +1,4 @@
-/** `probe-agent watch`, built, against a real agent API server whose store the test changes. */
+/** `probe-agent watch` (agent/cli/watch-command.ts), built, against a real agent API server whose store the test changes. */
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';

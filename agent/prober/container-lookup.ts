@@ -19,7 +19,7 @@ import type { CriContainer, CriContainerFilter, CriPodSandboxStatusResponse } fr
 import { isProcNetnsPath, isSameNetnsNow } from '../netns/netns-path.ts';
 import { outcomeOf } from '../netns/resolver.ts';
 import { CONTAINER_LABELS, containerNameOf, containerPortsOf, sandboxViewOf, type RecordedHeaders, type SandboxView } from './sandbox-view.ts';
-import type { ContainerInfo, ContainerPort, PodInfo } from './types.ts';
+import type { ContainerInfo, ContainerPort, PodInfo } from '../pods/types.ts';
 
 export { CONTAINER_LABELS } from './sandbox-view.ts';
 

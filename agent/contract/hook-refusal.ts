@@ -1,7 +1,7 @@
 /**
  * What the agent's refusals tell the shim: "I did not start this hook; ask again" (so that a hook
  * refused during a drain is retried, and a hook that may have run is not), and "this command is
- * unreadable" (for the shim's counters). Kept free of imports: the shim loads it too.
+ * unreadable" (for the shim's counters). Free of imports: both sides load it.
  */
 
 /** Trailer the agent sets on a RunLifecycleHandler it refused before starting it. */

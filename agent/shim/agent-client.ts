@@ -1,9 +1,10 @@
 /**
- * The kubelet shim's lean ProbeService client: our own unary HTTP/2 client (agent/http2/unary-client.ts,
- * no node:http2) straight to the agent's socket for the shim (shim-socket.ts). It speaks only ExecSync, whose request is
- * kubelet's own ExecSyncRequest: the shim sends kubelet's gRPC message bytes as they came and gets
- * back the agent's ExecSyncResponse bytes (or a gRPC status), encoding and decoding nothing but the
- * answer's exit_code (one varint, for the shim's metrics). It loads no proto files and no gRPC
+ * The kubelet shim's client of the agent: our own unary HTTP/2 client (agent/http2/unary-client.ts,
+ * no node:http2) straight to the agent's socket for the shim (agent/contract/shim-socket.ts). It
+ * speaks only ExecSync, whose request is kubelet's own ExecSyncRequest: the shim sends kubelet's
+ * gRPC message bytes as they came and gets back the agent's ExecSyncResponse bytes (or a gRPC
+ * status), encoding and decoding nothing but the answer's exit_code (one varint, for the shim's
+ * metrics). It loads no proto files and no gRPC
  * library, so the shim starts in tens of milliseconds and a call costs microseconds of its CPU.
  * One HTTP/2 connection (more only while every one is at the agent's stream cap), rebuilt on demand
  * after the agent restarts; every probe call has a deadline, so a slow agent costs the caller only
@@ -15,7 +16,9 @@ import { readFrame } from '../grpc/frame.ts';
 import { decodeGrpcMessage, formatGrpcTimeout } from '../grpc/headers.ts';
 import { readFields } from '../grpc/protowire.ts';
 import { GrpcCode, parseGrpcStatus } from '../grpc/status.ts';
-import { NOT_STARTED_TRAILER } from './hook-refusal.ts';
+import { EXEC_SYNC_RESPONSE as RES } from '../contract/exec-sync-fields.ts';
+import { NOT_STARTED_TRAILER } from '../contract/hook-refusal.ts';
+import { SHIM_EXEC_SYNC_PATH } from '../contract/shim-socket.ts';
 
 /**
  * Why a call to the agent did not give an answer: 'unreachable' (no connection, nothing was
@@ -68,18 +71,17 @@ export interface AgentExecAnswer {
   exitCode: number;
 }
 
-const SERVICE = '/probe.v1alpha1.ProbeService/';
 const MAX_RESPONSE = 64 * 1024;
 
 /** The request header block of each method (literal HPACK, static-table names); grpc-timeout is appended per call. */
-const REQUEST_BLOCKS = new Map<string, Buffer>(['ExecSync'].map((m) => [m, encodeLiteralBlock([
+const REQUEST_BLOCKS = new Map<string, Buffer>([['ExecSync', encodeLiteralBlock([
   { name: ':method', value: 'POST' },
   { name: ':scheme', value: 'http' },
-  { name: ':path', value: SERVICE + m },
+  { name: ':path', value: SHIM_EXEC_SYNC_PATH },
   { name: ':authority', value: 'probe-agent' },
   { name: 'content-type', value: 'application/grpc' },
   { name: 'te', value: 'trailers' },
-])]));
+])]]);
 
 /** The value of header `name` in a decoded header list, if present. */
 function field(fields: readonly HeaderField[] | undefined, name: string): string | undefined {
@@ -222,14 +224,14 @@ function answerOf(method: string, res: UnaryH2Response): [AgentCallError | null,
   }
 }
 
-/** The exit_code (field 3) of a gRPC-framed ExecSyncResponse; throws when the body is not one uncompressed message. */
+/** The exit_code of a gRPC-framed ExecSyncResponse; throws when the body is not one uncompressed message. */
 function exitCodeOf(body: Buffer): number {
   const msg = readFrame(body, true);
   if (typeof msg === 'string') throw new Error(msg === 'compressed' ? 'compressed answer' : 'not one gRPC message');
   let exitCode = 0;
   readFields(msg, (f, value) => {
     // int32: a negative value arrives as a 10-byte varint, which readFields gives signed.
-    if (f === 3 && typeof value === 'number') exitCode = value | 0;
+    if (f === RES.exitCode && typeof value === 'number') exitCode = value | 0;
   });
   return exitCode;
 }

@@ -3,8 +3,8 @@
  * kubelet's pod list shows a deletion, that the pod is going. A liveness or startup failure seen
  * then is the pod's shutdown, not the app's ill health, and must not restart anything.
  */
-import { POD_UID_LABEL } from './netns/cri-resolver.ts';
-import type { CriClient } from './netns/cri-client.ts';
+import { POD_UID_LABEL } from '../netns/cri-resolver.ts';
+import type { CriClient } from '../netns/cri-client.ts';
 
 /** Resolves with why the pod's sandbox is going, or undefined when it runs or the runtime cannot say. */
 export type SandboxGoing = (podUID: string, signal?: AbortSignal) => Promise<string | undefined>;

@@ -8,7 +8,7 @@
 import type { CriContainer, CriPodSandboxStatusResponse } from '../netns/cri-client.ts';
 import { SPEC_LIMITS } from '../probe/spec.ts';
 import { ORIGINAL_HANDLERS_ANNOTATION } from '../rewrite/pod-rewrite.ts';
-import type { ContainerPort } from './types.ts';
+import type { ContainerPort } from '../pods/types.ts';
 
 /** kubelet's labels on every sandbox and container it creates (pkg/kubelet/types/labels.go). */
 export const CONTAINER_LABELS = {

@@ -9,21 +9,21 @@ import {
   NetnsUnavailableError,
   PodNotFoundError,
   UnsupportedPodError,
-} from './errors.ts';
-import type { FeatureGates } from './featuregates.ts';
-import { silentLogger, type Logger } from './log.ts';
-import { isSandboxGone, outcomeOf, type NetnsResolverChain, type PodRef } from './netns/resolver.ts';
-import type { ContainerLocator, PodIndex, RuntimeSandbox } from './pods/container-lookup.ts';
-import { handlerFieldOf, needsHeaderValues, refuseDroppedHeaderValues, withHeaderValues, type HeaderValueSource } from './pods/header-values.ts';
-import type { ContainerInfo, NotOursReason, PodInfo } from './pods/types.ts';
-import { runProbe } from './probe/run.ts';
-import { refuseForeignHostInShimCall } from './probe/target.ts';
-import type { FailureReason, ProbeContext, ProbeHandler, ProbeOutcome, ProbeSpec, ProbeType, SocketFactory } from './probe/types.ts';
-import { errorOutcome, type RunProbe } from './scheduler/guarded-run.ts';
-import type { FairLimiter } from './scheduler/limiter.ts';
+} from '../errors.ts';
+import type { FeatureGates } from '../featuregates.ts';
+import { silentLogger, type Logger } from '../log.ts';
+import { isSandboxGone, outcomeOf, type NetnsResolverChain, type PodRef } from '../netns/resolver.ts';
+import type { ContainerLocator, PodIndex, RuntimeSandbox } from './container-lookup.ts';
+import { handlerFieldOf, needsHeaderValues, refuseDroppedHeaderValues, withHeaderValues, type HeaderValueSource } from './header-values.ts';
+import type { ContainerInfo, NotOursReason, PodInfo } from '../pods/types.ts';
+import { runProbe } from '../probe/run.ts';
+import { refuseForeignHostInShimCall } from '../probe/target.ts';
+import type { FailureReason, ProbeContext, ProbeHandler, ProbeOutcome, ProbeSpec, ProbeType, SocketFactory } from '../probe/types.ts';
+import { errorOutcome, type RunProbe } from '../scheduler/guarded-run.ts';
+import type { FairLimiter } from '../scheduler/limiter.ts';
 import type { SandboxGoing } from './sandbox-going.ts';
-import type { OnDemandHookRequest, OnDemandProber, OnDemandProbeRequest, ProbeKey } from './scheduler/types.ts';
-import { runLifecycleHandler, type HookOutcome, type LifecycleHook } from './probe/lifecycle.ts';
+import type { OnDemandHookRequest, OnDemandProber, OnDemandProbeRequest, ProbeKey } from '../scheduler/types.ts';
+import { runLifecycleHandler, type HookOutcome, type LifecycleHook } from '../probe/lifecycle.ts';
 
 /** Dependencies of PodProber. */
 export interface PodProberOptions {
@@ -51,7 +51,7 @@ export interface PodProberOptions {
    */
   onShimResult?: (key: ProbeKey, containerID: string, outcome: ProbeOutcome) => void;
   log?: Logger;
-  /** Asks the runtime whether a pod's sandbox stopped (agent/sandbox-going.ts); absent = never asked. */
+  /** Asks the runtime whether a pod's sandbox stopped (sandbox-going.ts); absent = never asked. */
   sandboxGoing?: SandboxGoing;
 }
 
