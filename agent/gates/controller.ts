@@ -423,6 +423,8 @@ export function podAsRuntimeStarted(pod: PodInfo, runtime: readonly RuntimeConta
     const newer = runtime.filter((r) => r.name === c.name && r.running && r.startedAt > 0n && r.id !== id && (!known || r.createdAt > known.createdAt))
       .sort((a, b) => (a.createdAt < b.createdAt ? 1 : -1))[0];
     if (!newer) return c;
+    // Kubelet probes a pod only once it knows its IP; so does the agent (from the sandbox, as kubelet).
+    if (pod.podIPs.length === 0 && !newer.podIPs?.length) return c;
     changed = true;
     const startup = c.probes.Startup;
     return {
@@ -439,7 +441,9 @@ export function podAsRuntimeStarted(pod: PodInfo, runtime: readonly RuntimeConta
       },
     };
   });
-  return changed ? { ...pod, containers } : pod;
+  if (!changed) return pod;
+  const ips = pod.podIPs.length > 0 ? pod.podIPs : (runtime.find((r) => r.running && r.podIPs?.length)?.podIPs ?? []);
+  return { ...pod, containers, podIPs: ips };
 }
 
 /** A container of `pod` runs in the runtime under an ID kubelet's list does not show (yet). Pure. */

@@ -29,6 +29,8 @@ export interface RuntimeContainer {
   createdAt: bigint;
   /** Nanoseconds since the epoch (CRI started_at); 0: not known (a list does not carry it). */
   startedAt: bigint;
+  /** The sandbox's IPs, primary first, as an event's sandbox status gives them (kubelet's source too); empty from a list. */
+  podIPs?: string[];
 }
 
 /** Where the watch's view comes from now. */
@@ -63,8 +65,11 @@ export function runtimeContainers(items: readonly CriContainer[]): RuntimeContai
 }
 
 /** One container status of an event, as the list would show it; undefined when kubelet did not make it. Pure. */
-export function statusContainer(s: CriContainerStatus): RuntimeContainer | undefined {
-  return fromLabels(s.id, s.labels, s.metadata?.name, s.state === 'CONTAINER_RUNNING', s.createdAt, s.startedAt);
+export function statusContainer(s: CriContainerStatus, sandbox?: CriContainerEvent['podSandboxStatus']): RuntimeContainer | undefined {
+  const c = fromLabels(s.id, s.labels, s.metadata?.name, s.state === 'CONTAINER_RUNNING', s.createdAt, s.startedAt);
+  const net = sandbox?.network;
+  if (c && net?.ip) c.podIPs = [net.ip, ...(net.additionalIps ?? []).map((a) => a.ip).filter((ip) => ip)];
+  return c;
 }
 
 /**
@@ -75,7 +80,7 @@ export function statusContainer(s: CriContainerStatus): RuntimeContainer | undef
 export function applyEvent(view: Map<string, RuntimeContainer>, e: CriContainerEvent, max: number): boolean {
   let fits = true;
   for (const s of e.containersStatuses ?? []) {
-    const c = statusContainer(s);
+    const c = statusContainer(s, e.podSandboxStatus);
     if (!c) continue;
     if (!view.has(c.id) && view.size >= max) {
       fits = false;

@@ -213,6 +213,20 @@ describe('gates controller', () => {
     expect(desiredCondition(podAsRuntimeSees(seen, [rt('c9', true, 5n, startNs)]), []).reason).toBe('NoDecisionYet');
   });
 
+  it('podAsRuntimeStarted: a pod kubelet lists without an IP yet is probed only with the IP its sandbox event carries', () => {
+    const listed = kubeletView(apiPod(), 'c1');
+    const noIP: PodInfo = { ...listed, podIPs: [], containers: listed.containers.map((c) => ({ ...c, state: undefined })) };
+    const started: RuntimeContainer = { id: 'c9', podUID: UID, name: 'app', running: true, createdAt: 5n, startedAt: 1_700_000_000_000_000_000n };
+    // No IP anywhere: as kubelet, no probe yet (a probe now could only error).
+    expect(podAsRuntimeStarted(noIP, [started], 'containerd://')).toBe(noIP);
+    // The event's sandbox status names the IPs: running, with them.
+    const seen = podAsRuntimeStarted(noIP, [{ ...started, podIPs: ['10.1.2.3', 'fd00::3'] }], 'containerd://');
+    expect(seen.podIPs).toEqual(['10.1.2.3', 'fd00::3']);
+    expect(seen.containers[0]!.state?.containerID).toBe('containerd://c9');
+    // Kubelet's own IPs win when it lists them.
+    expect(podAsRuntimeStarted({ ...noIP, podIPs: ['10.9.9.9'] }, [{ ...started, podIPs: ['10.1.2.3'] }], 'containerd://').podIPs).toEqual(['10.9.9.9']);
+  });
+
   it('the probe workers see a container the runtime started, under the prefix kubelet\'s list spells (else the runtime\'s name)', async () => {
     const api = await startApiServerStandIn();
     cleanup.push(() => api.close());

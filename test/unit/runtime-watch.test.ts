@@ -90,6 +90,15 @@ describe('runtime watch', () => {
     expect([...view.keys()]).toEqual(['c1']);
   });
 
+  it('applyEvent: a container carries its sandbox\'s IPs, primary first, when the event names them', () => {
+    const view = new Map<string, RuntimeContainer>();
+    const sandbox = { network: { ip: '10.1.2.3', additionalIps: [{ ip: 'fd00::3' }] } } as unknown as CriContainerEvent['podSandboxStatus'];
+    applyEvent(view, { ...event('STARTED', 'c1', [status('c1', 'CONTAINER_RUNNING')]), podSandboxStatus: sandbox }, 10);
+    expect(view.get('c1')?.podIPs).toEqual(['10.1.2.3', 'fd00::3']);
+    applyEvent(view, event('STARTED', 'c2', [status('c2', 'CONTAINER_RUNNING')]), 10);
+    expect(view.get('c2')?.podIPs).toBeUndefined();
+  });
+
   it('a runtime without the stream: the list every interval, said once at info, the stream asked for again later', async () => {
     const rt = runtime();
     rt.items = [listed('c1', 'CONTAINER_RUNNING')];
