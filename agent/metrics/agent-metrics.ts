@@ -19,7 +19,7 @@ import { GRPC_CODE_NAMES } from '../grpc/status.ts';
 export const CALL_BUCKETS: readonly number[] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
 
 /** Socket-factory modes (SocketFactory.mode). */
-export const HELPER_MODES = ['resident', 'warm', 'spawn', 'node'] as const;
+export const HELPER_MODES = ['resident', 'warm', 'pool', 'spawn', 'node'] as const;
 /** KubeletError kinds (brief D): the kubelet poll error label. */
 export const KUBELET_ERROR_KINDS = ['unreachable', 'timeout', 'http-status', 'too-large', 'malformed', 'unauthorized'] as const;
 /** Netns resolvers (agent/netns/resolver.ts). */
@@ -80,6 +80,7 @@ export class AgentMetrics {
   readonly #helperSpawns: Counter<'mode' | 'result'>;
   readonly #helperSpawnSeconds: Histogram<'mode'>;
   readonly #helperRestarts: Counter;
+  readonly #helperWorkersLost: Counter<'reason'>;
   readonly #gatesOps: Counter<'op' | 'result'>;
   readonly #containerLookups: Counter;
   readonly #kubeletPollSeconds: Histogram<'result'>;
@@ -118,6 +119,12 @@ export class AgentMetrics {
     this.#helperRestarts = new Counter({
       name: 'probe_agent_helper_restarts_total',
       help: 'Times the resident netns helper died and was restarted.',
+      registers,
+    });
+    this.#helperWorkersLost = new Counter({
+      name: 'probe_agent_helper_workers_lost_total',
+      help: 'Pool workers of the netns helper lost, by reason (timeout: killed past a request\'s deadline; crash), each replaced when next needed.',
+      labelNames: ['reason'] as const,
       registers,
     });
     this.#gatesOps = new Counter({
@@ -308,6 +315,11 @@ export class AgentMetrics {
 
   helperRestart(): void {
     this.#guard('helperRestart', () => this.#helperRestarts.inc());
+  }
+
+  /** The helper lost a pool worker ('timeout' or 'crash'). */
+  helperWorkerLost(reason: 'timeout' | 'crash'): void {
+    this.#guard('helperWorkerLost', () => this.#helperWorkersLost.inc({ reason }));
   }
 
   /** One kubelet poll finished; errorKind set = it failed (a KubeletError kind). */
