@@ -14,9 +14,11 @@
  * the child-safe parts of netns.c, channel.c and text.c: no stdio, locale, locks or malloc.
  *
  * --pool N: up to N long-lived workers (fork()ed on demand, own memory) serve requests first, one
- * at a time each, returning to the home netns after each; a request finding no idle worker gets a
- * per-request child as above, so a stuck worker never delays another request. A worker past its
- * request's deadline is killed, answered for, and replaced by the next request that needs one.
+ * at a time each, returning to the home netns after each. A request finding every worker busy waits
+ * in a short FIFO for the next free one, but at most QUEUE_WAIT_MS: then (or when the FIFO is full)
+ * it gets a per-request child as above, so a stuck worker delays no other request by more than
+ * that. A worker past its request's deadline is killed, answered for, and replaced by the next
+ * request that needs one.
  */
 #define _GNU_SOURCE
 #include "helper.h"
@@ -48,6 +50,14 @@
  * margin. Only the pages a child touches become resident, and blocks are reused LIFO.
  */
 #define CHILD_STACK_BYTES (64 * 1024)
+/*
+ * Longest a request waits for a busy pool worker before it takes a child instead: a worker serves
+ * a socket in tens of microseconds, so this is only ever reached when workers are stuck (or the
+ * node is very loaded), and bounds what that costs everyone else.
+ */
+#define QUEUE_WAIT_MS 10
+/* Requests that may wait for a worker, per worker. */
+#define QUEUE_PER_WORKER 4
 /* Longest wait before a child that exited is reaped (and answered for, if it did not answer). */
 #define REAP_INTERVAL_MS 20
 
@@ -108,6 +118,10 @@ struct resident {
   int nchildren;
   struct worker *workers;
   int nworkers, nbusy;
+  /* Jobs waiting for a worker (FIFO), and when each came. */
+  struct child_job *queue;
+  int64_t *queued_ms;
+  int q_head, q_count, q_cap;
   /* Child blocks: [guard page][stack][job], mapped on first use, at most max_children, never unmapped. */
   char **blocks;
   int *free_blocks;
@@ -346,6 +360,9 @@ static int pool_dispatch(struct resident *rs, const struct child_job *job) {
   return 0;
 }
 
+static void start_child(struct resident *rs, const struct child_job *job);
+static int pool_enqueue(struct resident *rs, const struct child_job *job);
+
 static void spawn_child(struct resident *rs, const struct request *req, enum path_kind kind, size_t dir_index) {
   struct ns_result r = {0};
   static struct child_job job;
@@ -378,22 +395,32 @@ static void spawn_child(struct resident *rs, const struct request *req, enum pat
   job.timeout_ms = rs->opts->child_timeout_ms;
   job.parent = rs->self;
   memcpy(job.netns, req->netns, strlen(req->netns) + 1);
-  if (rs->opts->pool > 0 && pool_dispatch(rs, &job) == 0) return;
+  if (rs->opts->pool > 0) {
+    /* Nobody overtakes a waiting request; when none waits, an idle worker serves at once. */
+    if (rs->q_count == 0 && pool_dispatch(rs, &job) == 0) return;
+    if (pool_enqueue(rs, &job) == 0) return;
+  }
+  start_child(rs, &job);
+}
+
+/* The job in a per-request child; answered with an error when none can be started. */
+static void start_child(struct resident *rs, const struct child_job *job) {
+  struct ns_result r = {0};
   /* Children that answered may not be reaped yet: count only the ones still alive. */
   if (rs->nchildren >= rs->opts->max_children) reap(rs);
   if (rs->nchildren >= rs->opts->max_children) {
     ns_fail(&r, "busy", EAGAIN, "busy: %d sockets are being made", rs->nchildren);
-    reply_error(rs, req->id, &r);
+    reply_error(rs, job->id, &r);
     return;
   }
   int block = take_block(rs);
   if (block < 0) {
     ns_fail_errno(&r, "fork", errno);
-    reply_error(rs, req->id, &r);
+    reply_error(rs, job->id, &r);
     return;
   }
   struct child_job *cj = job_of(rs, block);
-  memcpy(cj, &job, offsetof(struct child_job, netns) + strlen(job.netns) + 1);
+  memcpy(cj, job, offsetof(struct child_job, netns) + strlen(job->netns) + 1);
 #if HELPER_SHARED_VM_CHILD
   /* The stack grows down from just below the job; 16-byte alignment is what both ABIs want. */
   char *top = (char *)((uintptr_t)cj & ~(uintptr_t)15);
@@ -405,11 +432,39 @@ static void spawn_child(struct resident *rs, const struct request *req, enum pat
   if (pid < 0) {
     ns_fail_errno(&r, "fork", errno);
     rs->free_blocks[rs->nfree++] = block;
-    reply_error(rs, req->id, &r);
+    reply_error(rs, job->id, &r);
     return;
   }
-  int64_t extra = req->op == OP_TCP ? req->timeout_ms : 0;
-  rs->children[rs->nchildren++] = (struct child_slot){.pid = pid, .id = req->id, .started_ms = now_ms(), .extra_ms = extra, .block = block};
+  int64_t extra = job->op == OP_TCP ? job->connect_timeout_ms : 0;
+  rs->children[rs->nchildren++] = (struct child_slot){.pid = pid, .id = job->id, .started_ms = now_ms(), .extra_ms = extra, .block = block};
+}
+
+/* Queues a job for the next free worker; -1 when the queue is full (the job takes a child). */
+static int pool_enqueue(struct resident *rs, const struct child_job *job) {
+  if (rs->q_count == rs->q_cap) return -1;
+  int i = (rs->q_head + rs->q_count) % rs->q_cap;
+  memcpy(&rs->queue[i], job, offsetof(struct child_job, netns) + strlen(job->netns) + 1);
+  rs->queued_ms[i] = now_ms();
+  rs->q_count++;
+  return 0;
+}
+
+/*
+ * Hands waiting jobs, oldest first, to free workers, and to children those that waited
+ * QUEUE_WAIT_MS; returns the poll timeout until the oldest one is due (-1: none waits).
+ */
+static int drain_queue(struct resident *rs) {
+  while (rs->q_count > 0) {
+    struct child_job *job = &rs->queue[rs->q_head];
+    int64_t waited = now_ms() - rs->queued_ms[rs->q_head];
+    if (pool_dispatch(rs, job) < 0) {
+      if (waited < QUEUE_WAIT_MS) return (int)(QUEUE_WAIT_MS - waited);
+      start_child(rs, job);
+    }
+    rs->q_head = (rs->q_head + 1) % rs->q_cap;
+    rs->q_count--;
+  }
+  return -1;
 }
 
 /* --warm: the same work in this process, returning to the home netns before anything else. */
@@ -586,7 +641,7 @@ void log_escaped(const char *what, const char *value) {
  */
 static int can_take_request(const struct resident *rs) {
   /* A worker may need two: its request's answer and the news that it was lost. */
-  return rs->out_count + (size_t)rs->nchildren + (size_t)rs->nworkers + (size_t)rs->nbusy < rs->out_cap;
+  return rs->out_count + (size_t)rs->nchildren + (size_t)rs->nworkers + (size_t)rs->nbusy + (size_t)rs->q_count < rs->out_cap;
 }
 
 /* A line longer than MAX_LINE - 1 bytes: answered with an error when its first bytes name an id. */
@@ -644,10 +699,13 @@ static int resident_init(struct resident *rs, int chan, const struct allow_dirs 
   size_t job_bytes = (sizeof(struct child_job) + rs->page - 1) / rs->page * rs->page;
   rs->block_bytes = rs->page + CHILD_STACK_BYTES + job_bytes;
   /* Room for an answer per child (a killed child's answer waits here when the agent lags) and more. */
-  rs->out_cap = (size_t)o->max_children + 16 + 2 * (size_t)o->pool;
+  rs->q_cap = QUEUE_PER_WORKER * o->pool;
+  rs->out_cap = (size_t)o->max_children + 16 + 2 * (size_t)o->pool + (size_t)rs->q_cap;
   rs->outq = calloc(rs->out_cap, sizeof *rs->outq);
   rs->workers = calloc((size_t)o->pool + 1, sizeof *rs->workers);
-  if (!rs->children || !rs->blocks || !rs->free_blocks || !rs->outq || !rs->workers) {
+  rs->queue = calloc((size_t)rs->q_cap + 1, sizeof *rs->queue);
+  rs->queued_ms = calloc((size_t)rs->q_cap + 1, sizeof *rs->queued_ms);
+  if (!rs->children || !rs->blocks || !rs->free_blocks || !rs->outq || !rs->workers || !rs->queue || !rs->queued_ms) {
     fprintf(stderr, "probe-agent-netns-helper: out of memory\n");
     return -1;
   }
@@ -677,6 +735,7 @@ static void kill_children(struct resident *rs) {
     *w = (struct worker){0};
   }
   rs->nworkers = rs->nbusy = 0;
+  rs->q_count = 0;
   while (rs->nchildren > 0) {
     pid_t pid = waitpid(-1, NULL, 0);
     if (pid < 0) break;
@@ -710,14 +769,20 @@ int run_resident(int chan, const struct allow_dirs *a, const struct resident_opt
     /* Lines read while the reply queue was full, now that it may have room. */
     drain_lines(&rs, inbuf, &used, &discarding);
     int timeout = enforce_deadlines(&rs);
+    int queue_due = drain_queue(&rs);
+    if (queue_due >= 0 && (timeout < 0 || queue_due < timeout)) timeout = queue_due;
     if (rs.nchildren > 0 && (timeout < 0 || timeout > REAP_INTERVAL_MS)) timeout = REAP_INTERVAL_MS;
     short in = can_take_request(&rs) && used < MAX_LINE ? POLLIN : 0;
     struct pollfd *p = pfds;
     p[0] = (struct pollfd){.fd = chan, .events = (short)(in | (rs.out_count ? POLLOUT : 0))};
-    /* A busy worker's control socket, for its hang-up only: a worker that dies is answered for at once. */
+    /*
+     * A busy worker's control socket: its hang-up (a worker that dies is answered for at once) and,
+     * while jobs wait for a worker, its "done".
+     */
     nfds_t n = 1;
+    short done = rs.q_count > 0 ? POLLIN : 0;
     for (int i = 0; i < o->pool; i++) {
-      if (rs.workers[i].pid && rs.workers[i].busy) p[n++] = (struct pollfd){.fd = rs.workers[i].ctl, .events = 0};
+      if (rs.workers[i].pid && rs.workers[i].busy) p[n++] = (struct pollfd){.fd = rs.workers[i].ctl, .events = done};
     }
     if (poll(p, n, timeout) < 0) {
       if (errno == EINTR) continue;
