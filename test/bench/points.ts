@@ -28,8 +28,14 @@ try {
   const runs = points.flatMap(([pods, period]) => Array.from({ length: rounds }, () => variants.map((v) => [pods, period, v] as const)).flat());
   for (const [pods, period, variant] of runs) {
     process.env.BENCH_AGENT_ARGS = variant;
-    const pt = await measurePoint(env, build.cli, pods, period, seconds);
     if (variants.length > 1) process.stdout.write(`[${variant || 'defaults'}] load ${loadavg().map((l) => l.toFixed(1)).join(' ')} `);
+    const pt = await measurePoint(env, build.cli, pods, period, seconds).catch((err: unknown) => {
+      // One variant failing (an overloaded machine) must not lose the others' lines.
+      if (variants.length === 1) throw err;
+      process.stdout.write(`${pods}x3@${period}s: failed: ${String(err).split('\n')[0]}\n`);
+      return undefined;
+    });
+    if (!pt) continue;
     process.stdout.write(`${pods}x3@${period}s: cpu ${pt.cpuPercent}% (helper ${pt.helperCpuPercent}) probes/s ${pt.probesPerSecond}/${pt.expectedProbesPerSecond} rss ${pt.rssMB} (anon ${pt.rssSplitMB?.anon} file ${pt.rssSplitMB?.file}) peak ${pt.peakRssMB} heap ${pt.heap.usedMB}/${pt.heap.totalMB} loop ${pt.loopP99RawMs} nonSuccess ${pt.nonSuccess}\n`);
   }
 } finally {
