@@ -3,7 +3,8 @@
  * time and go home after each; a request finding every worker busy gets a child of its own. Real
  * kernel netns, real stalls: a worker waiting on a blackholed connect or stopped inside a pod's
  * netns costs only its own request, is killed past that request's deadline and replaced; a worker
- * killed mid-request costs only that request; no pod's netns fd or socket stays in a worker.
+ * killed mid-request costs only that request; no pod's netns fd or socket stays in a worker. The
+ * agent (`probe-agent run`) runs its helper with the pool by default and counts a lost worker.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft']);
@@ -12,6 +13,9 @@ import { readdirSync, readlinkSync, readFileSync, statSync } from 'node:fs';
 import type { Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
+import { startAgent } from '../support/agent-harness.ts';
+import { FakeKubelet } from '../support/fake-kubelet.ts';
+import { makePod } from '../support/pod-factory.ts';
 import { childrenOf } from '../bench/procstat.ts';
 import { createLab, type Lab, type LabPod, type RunningServer } from '../lab/lab.ts';
 
@@ -251,6 +255,42 @@ describe('the helper pool', () => {
       expect(h.stats().failures).toBe(1);
     } finally {
       await h.close();
+    }
+  }, 90_000);
+});
+
+describe('the agent with its defaults', () => {
+  it('runs the helper with a pool of 4; a killed worker shows in its metrics and probes go on', async () => {
+    const kubelet = await FakeKubelet.start({ pods: [makePod({ name: 'p', namespace: 'pool', ips: a.ips, port: srvA.ports.http as number, probe: 'tcp' })] });
+    const agent = await startAgent({
+      kubeletUrl: kubelet.httpUrl,
+      pollInterval: '300ms',
+      expectedLogs: [{ level: 'warn', msg: 'netns helper replaced a pool worker', why: 'a worker is killed on purpose' }],
+    });
+    try {
+      await agent.waitForStatuses((l) => l.length > 0 && l.every((x) => x.lastProbeTime > 0), 30_000);
+      const helper = childrenOf(agent.pid).find((c) => readFileSync(`/proc/${c}/cmdline`, 'utf8').split('\0').includes('--resident'));
+      expect(helper).toBeDefined();
+      const argv = readFileSync(`/proc/${helper}/cmdline`, 'utf8').split('\0');
+      expect(argv.slice(argv.indexOf('--pool'), argv.indexOf('--pool') + 2)).toEqual(['--pool', '4']);
+      const on = async (): Promise<{ result: string }> => agent.client.probe({ pod: { namespace: 'pool', name: 'p' }, handler: { kind: 'tcp', port: srvA.ports.http as number }, timeoutSeconds: 5 });
+      expect(await on()).toMatchObject({ result: 'success' });
+      // Idle between probes: killing it costs no request; the next one is served by a new worker.
+      const [worker] = childrenOf(helper as number);
+      expect(worker).toBeDefined();
+      process.kill(worker as number, 'SIGKILL');
+      expect(await waitFor(() => !alive(worker as number), 5000)).toBe(true);
+      expect(await on()).toMatchObject({ result: 'success' });
+      let body = '';
+      expect(await waitFor(() => {
+        void agent.http('/metrics').then((r) => (body = r.body));
+        return /^probe_agent_helper_workers_lost_total\{reason="crash"\} 1$/m.test(body);
+      }, 10_000), 'probe_agent_helper_workers_lost_total{reason="crash"} 1').toBe(true);
+      expect(body).toMatch(/^probe_agent_helper_spawns_total\{mode="pool",result="success"\} [1-9]/m);
+      expect(body).toMatch(/^probe_agent_helper_restarts_total(\{[^}]*\})? 0$/m);
+    } finally {
+      await agent.stop();
+      await kubelet.stop();
     }
   }, 90_000);
 });
