@@ -49,7 +49,8 @@ export interface ResidentHelperOptions {
   warm?: boolean;
   /**
    * Long-lived workers that serve requests one at a time (the NetnsHelperPool gate); a request
-   * finding none idle gets a child of its own. 0 or absent: a child per request. At most 64.
+   * finding none idle waits up to 10 ms for one, then gets a child of its own. 0 or absent: a
+   * child per request. At most 64.
    */
   pool?: number;
   /** Called each time the helper lost a pool worker ('timeout': killed past its deadline; 'crash'). */
