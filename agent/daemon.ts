@@ -3,7 +3,7 @@
  * results store, the ProbeService socket and the metrics/health listener, and shuts them down in
  * order on SIGTERM (stop taking work, drain, exit 0 within the grace period).
  */
-import { kubeletClientOptions, type RunConfig } from './config/run-config.ts';
+import { helperModeOptions, kubeletClientOptions, type RunConfig } from './config/run-config.ts';
 import { describeError } from './errors.ts';
 import { createLogger, type Logger } from './log.ts';
 import { ProbeApiServer } from './api/server.ts';
@@ -88,18 +88,20 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
   });
   cleanups.push(() => onOverloadedTimeout(undefined));
   try {
-    const helperMode = gates.enabled('WarmNetnsHelper') ? 'warm' : 'resident';
+    const helperModes = helperModeOptions(config);
+    const helperMode = helperModes.warm ? 'warm' : helperModes.pool > 0 ? 'pool' : 'resident';
     const helper = await ResidentHelper.start({
       helperPath: config.helperPath,
       allowDirs: config.netnsDirs,
       procRoot: config.procRoot,
-      warm: gates.enabled('WarmNetnsHelper'),
+      ...helperModes,
       log,
       // Every probe and hook in flight may wait here for one of the maxSent children, which are what is scarce.
       maxInFlight: config.maxConcurrentProbes + config.maxConcurrentHooks + 64,
       maxSent: config.maxHelperRequests,
       onRestart: () => metrics.agent.helperRestart(),
       onRequest: (seconds, ok) => metrics.agent.helperSpawn(seconds, ok, helperMode),
+      onWorkerLost: (why) => metrics.agent.helperWorkerLost(why),
     });
     cleanups.push(() => helper.close());
 

@@ -47,6 +47,12 @@ export const FEATURES = {
     lockToDefault: false,
     description: 'The resident helper makes sockets itself (setns, socket, setns back) instead of forking a child per probe.',
   },
+  NetnsHelperPool: {
+    stage: 'BETA',
+    default: true,
+    lockToDefault: false,
+    description: 'Long-lived helper workers (--helper-pool-size) serve netns requests one at a time, killed and replaced past their deadline; off = a child per request. WarmNetnsHelper wins when both are on.',
+  },
 } as const satisfies Record<string, FeatureSpec>;
 
 export type FeatureName = keyof typeof FEATURES;

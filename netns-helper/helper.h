@@ -14,6 +14,8 @@
 
 /* Bounds: a request line, a netns path, the allow list. */
 #define MAX_LINE 8192
+/* Most pool workers --pool accepts. */
+#define POOL_MAX 64
 #define NETNS_PATH_MAX 4096
 #define ALLOW_DIR_MAX 1024
 #define MAX_ALLOW_DIRS 16
@@ -157,6 +159,8 @@ struct resident_opts {
   int max_children;
   int child_timeout_ms;
   int warm;
+  /* Long-lived workers serving requests before per-request children (0: none). */
+  int pool;
 };
 int run_resident(int chan, const struct allow_dirs *a, const struct resident_opts *o);
 /* The request loop without the process around it (state made on first call): for the dispatch fuzzer. */

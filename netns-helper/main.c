@@ -27,7 +27,7 @@ __attribute__((used)) static const char FORTIFY_NOTE[] = "probe-agent-netns-help
 
 static const char USAGE[] =
     "usage: probe-agent-netns-helper --resident [--allow-dir DIR]... [--proc-root DIR] [--max-children N]\n"
-    "                                [--child-timeout-ms MS] [--warm]\n"
+    "                                [--child-timeout-ms MS] [--warm | --pool N]\n"
     "       probe-agent-netns-helper --once --netns PATH --family 4|6 [--id N] [--allow-dir DIR]...\n"
     "                                [--proc-root DIR] [--dev N --ino N]\n"
     "       probe-agent-netns-helper --check-paths [--allow-dir DIR]... [--proc-root DIR]   (paths on stdin)\n"
@@ -169,6 +169,10 @@ int main(int argc, char **argv) {
       if (parse_long(val, 1, 4096, &v) < 0) return usage_error("--max-children must be 1..4096");
       ro.max_children = (int)v;
       i++;
+    } else if (!strcmp(arg, "--pool")) {
+      if (parse_long(val, 0, POOL_MAX, &v) < 0) return usage_error("--pool must be 0.." HELPER_STR(POOL_MAX));
+      ro.pool = (int)v;
+      i++;
     } else if (!strcmp(arg, "--child-timeout-ms")) {
       if (parse_long(val, 10, 60000, &v) < 0) return usage_error("--child-timeout-ms must be 10..60000");
       ro.child_timeout_ms = (int)v;
@@ -178,6 +182,7 @@ int main(int argc, char **argv) {
     }
   }
   if (!mode) return usage_error("give a mode");
+  if (ro.warm && ro.pool) return usage_error("--warm and --pool exclude each other");
   if (has_dev != has_ino) return usage_error("--dev and --ino go together");
   want.set = has_dev;
   /* Flags come in any order: the proc root and the directories are compared once all are known. */

@@ -12,12 +12,20 @@
  * until the child is reaped) and reads the allow list, which never changes after start; it
  * calls only raw system calls (sys.h: glibc's wrappers would write the resident's errno) and
  * the child-safe parts of netns.c, channel.c and text.c: no stdio, locale, locks or malloc.
+ *
+ * --pool N: up to N long-lived workers (fork()ed on demand, own memory) serve requests first, one
+ * at a time each, returning to the home netns after each. A request finding every worker busy waits
+ * in a short FIFO for the next free one, but at most QUEUE_WAIT_MS: then (or when the FIFO is full)
+ * it gets a per-request child as above, so a stuck worker delays no other request by more than
+ * that. A worker past its request's deadline is killed, answered for, and replaced by the next
+ * request that needs one.
  */
 #define _GNU_SOURCE
 #include "helper.h"
 #include "sys.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -42,6 +50,14 @@
  * margin. Only the pages a child touches become resident, and blocks are reused LIFO.
  */
 #define CHILD_STACK_BYTES (64 * 1024)
+/*
+ * Longest a request waits for a busy pool worker before it takes a child instead: a worker serves
+ * a socket in tens of microseconds, so this is only ever reached when workers are stuck (or the
+ * node is very loaded), and bounds what that costs everyone else.
+ */
+#define QUEUE_WAIT_MS 10
+/* Requests that may wait for a worker, per worker. */
+#define QUEUE_PER_WORKER 4
 /* Longest wait before a child that exited is reaped (and answered for, if it did not answer). */
 #define REAP_INTERVAL_MS 20
 
@@ -74,6 +90,17 @@ struct child_slot {
   int block;
 };
 
+/* A pool worker: its end of a SOCK_SEQPACKET pair takes jobs and answers "done" after each. */
+struct worker {
+  pid_t pid; /* 0: the slot is empty */
+  int ctl;
+  int busy;
+  uint64_t id;
+  int64_t started_ms;
+  int64_t extra_ms;
+  int killed;
+};
+
 /* The resident's own replies wait here when the channel is full; each may own one fd. */
 struct out_entry {
   char line[OUT_LINE_MAX];
@@ -89,6 +116,12 @@ struct resident {
   int home_netns;
   struct child_slot *children;
   int nchildren;
+  struct worker *workers;
+  int nworkers, nbusy;
+  /* Jobs waiting for a worker (FIFO), and when each came. */
+  struct child_job *queue;
+  int64_t *queued_ms;
+  int q_head, q_count, q_cap;
   /* Child blocks: [guard page][stack][job], mapped on first use, at most max_children, never unmapped. */
   char **blocks;
   int *free_blocks;
@@ -161,26 +194,11 @@ static int take_block(struct resident *rs) {
 }
 
 /*
- * The child: enter, make, send, exit (its return value is the exit status). It shares the
- * resident's memory: see the top of this file for what it may touch.
+ * The request's work and its answer on the channel, closing whatever it made; 0 once answered.
+ * Child-safe: it runs in the shared-VM child and in a pool worker. It enters the netns and stays.
  */
-static int child_main(void *arg) {
-  const struct child_job *job = arg;
+static int serve_job(const struct child_job *job) {
   struct ns_result r = {0};
-  /*
-   * First: this fd table is a copy of the resident's, with other requests' sockets waiting in its
-   * reply queue and (--warm) its home netns. None of that may follow this child into a pod.
-   */
-  int closed = sys_close_all_but(job->chan);
-  if (closed < 0) {
-    char line[OUT_LINE_MAX];
-    ns_fail_text(&r, "fork", -closed, "cannot close the descriptors a child inherits: ", errno_name(-closed), NULL);
-    size_t len = format_error_line(line, sizeof line, job->id, &r);
-    return len > 0 && chan_send_wait(job->chan, line, len, -1, job->timeout_ms) == 0 ? 0 : 3;
-  }
-  /* Dies with the resident; the check closes the race with a resident that died already. */
-  sys_prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (sys_getppid() != job->parent) return 4;
   if (job->op == OP_ADDRS) {
     /* A plain line (no fd); a netns's address list can be longer than a socket's answer. */
     char line[ADDRS_LINE_MAX];
@@ -198,7 +216,65 @@ static int child_main(void *arg) {
   int s = netns_socket_checked(job->netns, job->kind, job->dir, &job->want, job->family, &r);
   char line[OUT_LINE_MAX];
   size_t len = s >= 0 ? format_handle_line(line, sizeof line, job->id) : format_error_line(line, sizeof line, job->id, &r);
-  return len > 0 && chan_send_wait(job->chan, line, len, s, job->timeout_ms) == 0 ? 0 : 3;
+  int e = len > 0 ? chan_send_wait(job->chan, line, len, s, job->timeout_ms) : -EMSGSIZE;
+  /* The agent holds its own copy now (SCM_RIGHTS); a worker must not keep a pod's socket. */
+  if (s >= 0) sys_close(s);
+  return e == 0 ? 0 : 3;
+}
+
+/*
+ * The child: enter, make, send, exit (its return value is the exit status). It shares the
+ * resident's memory: see the top of this file for what it may touch.
+ */
+static int child_main(void *arg) {
+  const struct child_job *job = arg;
+  struct ns_result r = {0};
+  /*
+   * First: this fd table is a copy of the resident's, with other requests' sockets waiting in its
+   * reply queue, the pool's control sockets and (--warm) its home netns. None of that may follow
+   * this child into a pod.
+   */
+  int closed = sys_close_all_but(job->chan);
+  if (closed < 0) {
+    char line[OUT_LINE_MAX];
+    ns_fail_text(&r, "fork", -closed, "cannot close the descriptors a child inherits: ", errno_name(-closed), NULL);
+    size_t len = format_error_line(line, sizeof line, job->id, &r);
+    return len > 0 && chan_send_wait(job->chan, line, len, -1, job->timeout_ms) == 0 ? 0 : 3;
+  }
+  /* Dies with the resident; the check closes the race with a resident that died already. */
+  sys_prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (sys_getppid() != job->parent) return 4;
+  return serve_job(job);
+}
+
+/*
+ * A pool worker (a fork(): memory of its own): takes one job at a time from `ctl`, serves it,
+ * goes back to the home netns and says "done". It holds only stdio, the channel, `ctl` and its
+ * home netns between jobs: a job's netns fd and socket are closed before "done".
+ */
+__attribute__((noreturn)) static void worker_main(const struct resident *rs, int ctl) {
+  /* Other requests' queued sockets, other workers' control sockets: none of it comes along. */
+  if (sys_close_all_but2(rs->chan, ctl) < 0) _exit(3);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != rs->self) _exit(4);
+  int home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+  if (home < 0) _exit(5);
+  static struct child_job job;
+  for (;;) {
+    ssize_t n = recv(ctl, &job, sizeof job, 0);
+    if (n == 0) _exit(0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      _exit(6);
+    }
+    size_t head = offsetof(struct child_job, netns);
+    if ((size_t)n <= head || job.netns[(size_t)n - head - 1] != '\0') _exit(7);
+    int e = serve_job(&job);
+    /* Every later job would start in the wrong netns: die, the resident answers and replaces us. */
+    if (setns(home, CLONE_NEWNET) < 0) _exit(70);
+    if (e != 0) _exit(3);
+    if (send(ctl, "d", 1, MSG_NOSIGNAL) != 1) _exit(8);
+  }
 }
 
 static void reap(struct resident *rs);
@@ -226,72 +302,169 @@ static int tcp_target(long family, const char *ip, long port, struct tcp_target 
   return -1;
 }
 
+/* A busy worker's "done", when it has said it: the worker is idle again. */
+static void collect_done(struct resident *rs, struct worker *w) {
+  char b;
+  if (w->pid && w->busy && recv(w->ctl, &b, 1, MSG_DONTWAIT) == 1) {
+    w->busy = 0;
+    rs->nbusy--;
+  }
+}
+
+/* Starts a worker in the empty slot i; i, or -1 when it cannot be started. */
+static int start_worker(struct resident *rs, int i) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) worker_main(rs, sv[1]);
+  close(sv[1]);
+  if (pid < 0) {
+    close(sv[0]);
+    return -1;
+  }
+  rs->workers[i] = (struct worker){.pid = pid, .ctl = sv[0]};
+  rs->nworkers++;
+  return i;
+}
+
+/*
+ * Hands the job to an idle worker (starting one while the pool has room: a worker that died is
+ * replaced by the next request that needs one); -1 when none is idle, and the job takes a child.
+ */
+static int pool_dispatch(struct resident *rs, const struct child_job *job) {
+  int idle = -1, empty = -1;
+  for (int i = 0; i < rs->opts->pool && idle < 0; i++) {
+    struct worker *w = &rs->workers[i];
+    if (!w->pid) {
+      if (empty < 0) empty = i;
+      continue;
+    }
+    collect_done(rs, w);
+    if (!w->busy && !w->killed) idle = i;
+  }
+  if (idle < 0 && empty >= 0) idle = start_worker(rs, empty);
+  if (idle < 0) return -1;
+  struct worker *w = &rs->workers[idle];
+  size_t len = offsetof(struct child_job, netns) + strlen(job->netns) + 1;
+  if (send(w->ctl, job, len, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)len) {
+    /* Its end is gone or jammed: it is no worker any more (reaped, and replaced, later). */
+    kill(w->pid, SIGKILL);
+    w->killed = 1;
+    return -1;
+  }
+  w->busy = 1;
+  w->id = job->id;
+  w->started_ms = now_ms();
+  w->extra_ms = job->op == OP_TCP ? job->connect_timeout_ms : 0;
+  rs->nbusy++;
+  return 0;
+}
+
+static void start_child(struct resident *rs, const struct child_job *job);
+static int pool_enqueue(struct resident *rs, const struct child_job *job);
+
 static void spawn_child(struct resident *rs, const struct request *req, enum path_kind kind, size_t dir_index) {
   struct ns_result r = {0};
-  struct tcp_target targets[2];
-  int ntargets = 0;
+  static struct child_job job;
+  memset(&job, 0, offsetof(struct child_job, netns));
   if (req->op == OP_TCP) {
-    if (tcp_target(req->family, req->ip, req->port, &targets[0]) < 0) {
+    if (tcp_target(req->family, req->ip, req->port, &job.targets[0]) < 0) {
       ns_fail(&r, "request", EINVAL, "malformed request: ip is not an IPv%ld address", req->family);
       reply_error(rs, req->id, &r);
       return;
     }
-    ntargets = 1;
+    job.ntargets = 1;
     if (req->has_ip2) {
-      if (tcp_target(req->family2, req->ip2, req->port, &targets[1]) < 0 || req->stagger_ms < 0) {
+      if (tcp_target(req->family2, req->ip2, req->port, &job.targets[1]) < 0 || req->stagger_ms < 0) {
         ns_fail(&r, "request", EINVAL, "malformed request: ip2 is not an address of family2 (4 or 6), or stagger_ms is out of range");
         reply_error(rs, req->id, &r);
         return;
       }
-      ntargets = 2;
+      job.ntargets = 2;
     }
+    job.connect_timeout_ms = (int)req->timeout_ms;
+    job.stagger_ms = (int)req->stagger_ms;
   }
+  job.id = req->id;
+  job.op = req->op;
+  job.family = (int)req->family;
+  job.kind = kind;
+  job.dir = netns_base_dir(rs->allow, kind, dir_index);
+  job.want = (struct ns_identity){.set = req->has_dev, .dev = req->dev, .ino = req->ino};
+  job.chan = rs->chan;
+  job.timeout_ms = rs->opts->child_timeout_ms;
+  job.parent = rs->self;
+  memcpy(job.netns, req->netns, strlen(req->netns) + 1);
+  if (rs->opts->pool > 0) {
+    /* Nobody overtakes a waiting request; when none waits, an idle worker serves at once. */
+    if (rs->q_count == 0 && pool_dispatch(rs, &job) == 0) return;
+    if (pool_enqueue(rs, &job) == 0) return;
+  }
+  start_child(rs, &job);
+}
+
+/* The job in a per-request child; answered with an error when none can be started. */
+static void start_child(struct resident *rs, const struct child_job *job) {
+  struct ns_result r = {0};
   /* Children that answered may not be reaped yet: count only the ones still alive. */
   if (rs->nchildren >= rs->opts->max_children) reap(rs);
   if (rs->nchildren >= rs->opts->max_children) {
     ns_fail(&r, "busy", EAGAIN, "busy: %d sockets are being made", rs->nchildren);
-    reply_error(rs, req->id, &r);
+    reply_error(rs, job->id, &r);
     return;
   }
   int block = take_block(rs);
   if (block < 0) {
     ns_fail_errno(&r, "fork", errno);
-    reply_error(rs, req->id, &r);
+    reply_error(rs, job->id, &r);
     return;
   }
-  struct child_job *job = job_of(rs, block);
-  job->id = req->id;
-  job->op = req->op;
-  job->family = (int)req->family;
-  job->kind = kind;
-  job->dir = netns_base_dir(rs->allow, kind, dir_index);
-  job->want = (struct ns_identity){.set = req->has_dev, .dev = req->dev, .ino = req->ino};
-  job->chan = rs->chan;
-  job->timeout_ms = rs->opts->child_timeout_ms;
-  job->parent = rs->self;
-  if (req->op == OP_TCP) {
-    memcpy(job->targets, targets, sizeof targets);
-    job->ntargets = ntargets;
-    job->connect_timeout_ms = (int)req->timeout_ms;
-    job->stagger_ms = (int)req->stagger_ms;
-  }
-  memcpy(job->netns, req->netns, strlen(req->netns) + 1);
+  struct child_job *cj = job_of(rs, block);
+  memcpy(cj, job, offsetof(struct child_job, netns) + strlen(job->netns) + 1);
 #if HELPER_SHARED_VM_CHILD
   /* The stack grows down from just below the job; 16-byte alignment is what both ABIs want. */
-  char *top = (char *)((uintptr_t)job & ~(uintptr_t)15);
-  pid_t pid = clone(child_main, top, CLONE_VM | SIGCHLD, job);
+  char *top = (char *)((uintptr_t)cj & ~(uintptr_t)15);
+  pid_t pid = clone(child_main, top, CLONE_VM | SIGCHLD, cj);
 #else
   pid_t pid = fork();
-  if (pid == 0) _exit(child_main(job));
+  if (pid == 0) _exit(child_main(cj));
 #endif
   if (pid < 0) {
     ns_fail_errno(&r, "fork", errno);
     rs->free_blocks[rs->nfree++] = block;
-    reply_error(rs, req->id, &r);
+    reply_error(rs, job->id, &r);
     return;
   }
-  int64_t extra = req->op == OP_TCP ? req->timeout_ms : 0;
-  rs->children[rs->nchildren++] = (struct child_slot){.pid = pid, .id = req->id, .started_ms = now_ms(), .extra_ms = extra, .block = block};
+  int64_t extra = job->op == OP_TCP ? job->connect_timeout_ms : 0;
+  rs->children[rs->nchildren++] = (struct child_slot){.pid = pid, .id = job->id, .started_ms = now_ms(), .extra_ms = extra, .block = block};
+}
+
+/* Queues a job for the next free worker; -1 when the queue is full (the job takes a child). */
+static int pool_enqueue(struct resident *rs, const struct child_job *job) {
+  if (rs->q_count == rs->q_cap) return -1;
+  int i = (rs->q_head + rs->q_count) % rs->q_cap;
+  memcpy(&rs->queue[i], job, offsetof(struct child_job, netns) + strlen(job->netns) + 1);
+  rs->queued_ms[i] = now_ms();
+  rs->q_count++;
+  return 0;
+}
+
+/*
+ * Hands waiting jobs, oldest first, to free workers, and to children those that waited
+ * QUEUE_WAIT_MS; returns the poll timeout until the oldest one is due (-1: none waits).
+ */
+static int drain_queue(struct resident *rs) {
+  while (rs->q_count > 0) {
+    struct child_job *job = &rs->queue[rs->q_head];
+    int64_t waited = now_ms() - rs->queued_ms[rs->q_head];
+    if (pool_dispatch(rs, job) < 0) {
+      if (waited < QUEUE_WAIT_MS) return (int)(QUEUE_WAIT_MS - waited);
+      start_child(rs, job);
+    }
+    rs->q_head = (rs->q_head + 1) % rs->q_cap;
+    rs->q_count--;
+  }
+  return -1;
 }
 
 /* --warm: the same work in this process, returning to the home netns before anything else. */
@@ -372,11 +545,39 @@ static void handle_line(struct resident *rs, const char *line, size_t len) {
   else spawn_child(rs, &req, kind, dir_index);
 }
 
+/* The agent hears of every lost worker (metrics); its request, if any, is answered for. */
+static int reap_worker(struct resident *rs, pid_t pid, int st) {
+  for (int i = 0; i < rs->opts->pool; i++) {
+    struct worker *w = &rs->workers[i];
+    if (w->pid != pid) continue;
+    /* It may have answered just before it died. */
+    collect_done(rs, w);
+    int timeout = w->killed && w->busy;
+    if (w->busy) {
+      struct ns_result r = {0};
+      if (timeout) ns_fail(&r, "child", ETIMEDOUT, "worker killed after %lld ms", (long long)(rs->opts->child_timeout_ms + w->extra_ms));
+      else if (WIFSIGNALED(st)) ns_fail(&r, "child", ECHILD, "worker killed by signal %d", WTERMSIG(st));
+      else ns_fail(&r, "child", ECHILD, "worker exited with status %d without answering", WEXITSTATUS(st));
+      reply_error(rs, w->id, &r);
+      rs->nbusy--;
+    }
+    char line[128];
+    int len = snprintf(line, sizeof line, "{\"event\":\"worker-lost\",\"pid\":%d,\"why\":\"%s\"}\n", (int)pid, timeout ? "timeout" : "crash");
+    reply(rs, line, (size_t)len, -1);
+    close(w->ctl);
+    *w = (struct worker){0};
+    rs->nworkers--;
+    return 1;
+  }
+  return 0;
+}
+
 static void reap(struct resident *rs) {
   for (;;) {
     int st;
     pid_t pid = waitpid(-1, &st, WNOHANG);
     if (pid <= 0) return;
+    if (reap_worker(rs, pid, st)) continue;
     for (int i = 0; i < rs->nchildren; i++) {
       struct child_slot *c = &rs->children[i];
       if (c->pid != pid) continue;
@@ -399,6 +600,18 @@ static void reap(struct resident *rs) {
 /* Kills children past their lifetime; returns the poll timeout until the next one is due. */
 static int enforce_deadlines(struct resident *rs) {
   int64_t now = now_ms(), next = -1;
+  for (int i = 0; i < rs->opts->pool; i++) {
+    struct worker *w = &rs->workers[i];
+    collect_done(rs, w);
+    if (!w->pid || !w->busy || w->killed) continue;
+    int64_t due = w->started_ms + rs->opts->child_timeout_ms + w->extra_ms;
+    if (due <= now) {
+      kill(w->pid, SIGKILL);
+      w->killed = 1;
+    } else if (next < 0 || due - now < next) {
+      next = due - now;
+    }
+  }
   for (int i = 0; i < rs->nchildren; i++) {
     struct child_slot *c = &rs->children[i];
     if (c->killed) continue;
@@ -427,7 +640,8 @@ void log_escaped(const char *what, const char *value) {
  * for a full queue: an agent that stops reading stops being read (bounded backpressure).
  */
 static int can_take_request(const struct resident *rs) {
-  return rs->out_count + (size_t)rs->nchildren < rs->out_cap;
+  /* A worker may need two: its request's answer and the news that it was lost. */
+  return rs->out_count + (size_t)rs->nchildren + (size_t)rs->nworkers + (size_t)rs->nbusy + (size_t)rs->q_count < rs->out_cap;
 }
 
 /* A line longer than MAX_LINE - 1 bytes: answered with an error when its first bytes name an id. */
@@ -485,9 +699,13 @@ static int resident_init(struct resident *rs, int chan, const struct allow_dirs 
   size_t job_bytes = (sizeof(struct child_job) + rs->page - 1) / rs->page * rs->page;
   rs->block_bytes = rs->page + CHILD_STACK_BYTES + job_bytes;
   /* Room for an answer per child (a killed child's answer waits here when the agent lags) and more. */
-  rs->out_cap = (size_t)o->max_children + 16;
+  rs->q_cap = QUEUE_PER_WORKER * o->pool;
+  rs->out_cap = (size_t)o->max_children + 16 + 2 * (size_t)o->pool + (size_t)rs->q_cap;
   rs->outq = calloc(rs->out_cap, sizeof *rs->outq);
-  if (!rs->children || !rs->blocks || !rs->free_blocks || !rs->outq) {
+  rs->workers = calloc((size_t)o->pool + 1, sizeof *rs->workers);
+  rs->queue = calloc((size_t)rs->q_cap + 1, sizeof *rs->queue);
+  rs->queued_ms = calloc((size_t)rs->q_cap + 1, sizeof *rs->queued_ms);
+  if (!rs->children || !rs->blocks || !rs->free_blocks || !rs->outq || !rs->workers || !rs->queue || !rs->queued_ms) {
     fprintf(stderr, "probe-agent-netns-helper: out of memory\n");
     return -1;
   }
@@ -508,6 +726,16 @@ static void drop_outq(struct resident *rs) {
 /* The agent is gone: nobody can use what is still being made. */
 static void kill_children(struct resident *rs) {
   for (int i = 0; i < rs->nchildren; i++) kill(rs->children[i].pid, SIGKILL);
+  for (int i = 0; i < rs->opts->pool; i++) {
+    struct worker *w = &rs->workers[i];
+    if (!w->pid) continue;
+    kill(w->pid, SIGKILL);
+    waitpid(w->pid, NULL, 0);
+    close(w->ctl);
+    *w = (struct worker){0};
+  }
+  rs->nworkers = rs->nbusy = 0;
+  rs->q_count = 0;
   while (rs->nchildren > 0) {
     pid_t pid = waitpid(-1, NULL, 0);
     if (pid < 0) break;
@@ -524,6 +752,8 @@ int run_resident(int chan, const struct allow_dirs *a, const struct resident_opt
   static char inbuf[MAX_LINE];
   struct resident rs;
   if (resident_init(&rs, chan, a, o) < 0) return 1;
+  struct pollfd *pfds = calloc((size_t)o->pool + 1, sizeof *pfds);
+  if (!pfds) return 1;
   signal(SIGPIPE, SIG_IGN);
   /*
    * Children are reaped on every wake-up rather than on SIGCHLD (left at its default: no wake-up).
@@ -539,16 +769,28 @@ int run_resident(int chan, const struct allow_dirs *a, const struct resident_opt
     /* Lines read while the reply queue was full, now that it may have room. */
     drain_lines(&rs, inbuf, &used, &discarding);
     int timeout = enforce_deadlines(&rs);
+    int queue_due = drain_queue(&rs);
+    if (queue_due >= 0 && (timeout < 0 || queue_due < timeout)) timeout = queue_due;
     if (rs.nchildren > 0 && (timeout < 0 || timeout > REAP_INTERVAL_MS)) timeout = REAP_INTERVAL_MS;
     short in = can_take_request(&rs) && used < MAX_LINE ? POLLIN : 0;
-    struct pollfd p = {.fd = chan, .events = (short)(in | (rs.out_count ? POLLOUT : 0))};
-    if (poll(&p, 1, timeout) < 0) {
+    struct pollfd *p = pfds;
+    p[0] = (struct pollfd){.fd = chan, .events = (short)(in | (rs.out_count ? POLLOUT : 0))};
+    /*
+     * A busy worker's control socket: its hang-up (a worker that dies is answered for at once) and,
+     * while jobs wait for a worker, its "done".
+     */
+    nfds_t n = 1;
+    short done = rs.q_count > 0 ? POLLIN : 0;
+    for (int i = 0; i < o->pool; i++) {
+      if (rs.workers[i].pid && rs.workers[i].busy) p[n++] = (struct pollfd){.fd = rs.workers[i].ctl, .events = done};
+    }
+    if (poll(p, n, timeout) < 0) {
       if (errno == EINTR) continue;
       fprintf(stderr, "probe-agent-netns-helper: poll: %s\n", strerror(errno));
       break;
     }
-    if (p.revents & (POLLOUT | POLLHUP | POLLERR)) flush_outq(&rs);
-    if ((p.revents & (POLLIN | POLLHUP | POLLERR)) && !read_channel(&rs, inbuf, &used, &discarding)) break;
+    if (p[0].revents & (POLLOUT | POLLHUP | POLLERR)) flush_outq(&rs);
+    if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && !read_channel(&rs, inbuf, &used, &discarding)) break;
   }
   kill_children(&rs);
   return 0;

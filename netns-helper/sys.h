@@ -87,6 +87,20 @@ static inline int sys_close_all_but(int keep) {
   if (e == 0) e = sys_close_range(keep >= 3 ? (unsigned)keep + 1 : 3, ~0U);
   return e;
 }
+/* The same, keeping two descriptors (a pool worker's channel and its control socket). */
+static inline int sys_close_all_but2(int a, int b) {
+  int keep[2] = {a < b ? a : b, a < b ? b : a};
+  unsigned next = 3;
+  for (int i = 0; i < 2; i++) {
+    if (keep[i] < (int)next) continue;
+    if ((unsigned)keep[i] > next) {
+      int e = sys_close_range(next, (unsigned)keep[i] - 1);
+      if (e < 0) return e;
+    }
+    next = (unsigned)keep[i] + 1;
+  }
+  return sys_close_range(next, ~0U);
+}
 static inline long sys_readlinkat(int dirfd, const char *path, char *buf, size_t cap) {
   return sys_call6(SYS_readlinkat, dirfd, SYS_ARG(path), SYS_ARG(buf), SYS_ARG(cap), 0, 0);
 }

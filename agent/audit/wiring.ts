@@ -5,7 +5,7 @@
  */
 import { ProbeAgentError } from '../errors.ts';
 import { silentLogger, type Logger } from '../log.ts';
-import { kubeletClientOptions, type RunConfig } from '../config/run-config.ts';
+import { helperModeOptions, kubeletClientOptions, type RunConfig } from '../config/run-config.ts';
 import { ResidentHelper } from '../netns/helper.ts';
 import { NodeSocketFactory } from '../netns/node-sockets.ts';
 import { NetnsResolverChain } from '../netns/resolver.ts';
@@ -51,7 +51,7 @@ export async function runAudit(config: RunConfig, opts: RunAuditOptions = {}): P
         ...(config.helperPath ? { helperPath: config.helperPath } : {}),
         allowDirs: config.netnsDirs,
         procRoot: config.procRoot,
-        warm: config.featureGates.enabled('WarmNetnsHelper'),
+        ...helperModeOptions(config),
         log,
       }).then((h) => {
         closers.push(() => h.close());

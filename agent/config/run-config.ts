@@ -56,6 +56,8 @@ export interface RunConfig {
   maxHooksPerNamespace: number;
   maxHooksPerPod: number;
   maxHelperRequests: number;
+  /** Long-lived netns helper workers (gate NetnsHelperPool). */
+  helperPoolSize: number;
   helperPath?: string;
   shutdownGracePeriodMs: number;
   /** Probe ticks fire at multiples of this (0: when due); ticks due together then share one wakeup. */
@@ -100,6 +102,7 @@ export const RUN_DEFAULTS = {
   maxHooksPerNamespace: '64',
   maxHooksPerPod: '16',
   maxHelperRequests: '128',
+  helperPoolSize: '4',
   logLevel: 'info',
   logFormat: 'json',
   socket: DEFAULT_SOCKET,
@@ -221,6 +224,7 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     maxHooksPerNamespace: flagInt(raw, 'maxHooksPerNamespace', '--max-hooks-per-namespace', 65_536),
     maxHooksPerPod: flagInt(raw, 'maxHooksPerPod', '--max-hooks-per-pod', 65_536),
     maxHelperRequests: flagInt(raw, 'maxHelperRequests', '--max-helper-requests', 4096),
+    helperPoolSize: flagInt(raw, 'helperPoolSize', '--helper-pool-size', 64),
     helperPath: str(raw, 'helperPath'),
     shutdownGracePeriodMs: parseDuration(valueOf(raw, 'shutdownGracePeriod'), '--shutdown-grace-period'),
     probeTickAlignmentMs: tickAlignment(valueOf(raw, 'probeTickAlignment')),
@@ -232,6 +236,12 @@ export function parseRunConfig(raw: RawFlags, env: NodeJS.ProcessEnv): RunConfig
     nodeLeaseDurationMs: parseDuration(valueOf(raw, 'nodeLeaseDuration'), '--node-lease-duration'),
     nodeLeaseNamespace: valueOf(raw, 'nodeLeaseNamespace'),
   };
+}
+
+/** How the resident helper serves requests: warm (gate WarmNetnsHelper), a pool of workers (NetnsHelperPool) or a child each. */
+export function helperModeOptions(config: Pick<RunConfig, 'featureGates' | 'helperPoolSize'>): { warm: boolean; pool: number } {
+  const warm = config.featureGates.enabled('WarmNetnsHelper');
+  return { warm, pool: !warm && config.featureGates.enabled('NetnsHelperPool') ? config.helperPoolSize : 0 };
 }
 
 /** --probe-tick-alignment: 0 (off) or a divisor of one second, so every period stays whole. */

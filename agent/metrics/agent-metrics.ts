@@ -19,7 +19,7 @@ import { GRPC_CODE_NAMES } from '../grpc/status.ts';
 export const CALL_BUCKETS: readonly number[] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
 
 /** Socket-factory modes (SocketFactory.mode). */
-export const HELPER_MODES = ['resident', 'warm', 'spawn', 'node'] as const;
+export const HELPER_MODES = ['resident', 'warm', 'pool', 'spawn', 'node'] as const;
 export const RUNTIME_WATCH_SOURCES = ['events', 'list'] as const;
 export const RUNTIME_EVENT_TYPES = ['created', 'started', 'stopped', 'deleted'] as const;
 /** KubeletError kinds (brief D): the kubelet poll error label. */
@@ -82,6 +82,7 @@ export class AgentMetrics {
   readonly #helperSpawns: Counter<'mode' | 'result'>;
   readonly #helperSpawnSeconds: Histogram<'mode'>;
   readonly #helperRestarts: Counter;
+  readonly #helperWorkersLost: Counter<'reason'>;
   readonly #gatesOps: Counter<'op' | 'result'>;
   readonly #runtimeWatchSource: Gauge<'source'>;
   readonly #runtimeEvents: Counter<'type'>;
@@ -122,6 +123,12 @@ export class AgentMetrics {
     this.#helperRestarts = new Counter({
       name: 'probe_agent_helper_restarts_total',
       help: 'Times the resident netns helper died and was restarted.',
+      registers,
+    });
+    this.#helperWorkersLost = new Counter({
+      name: 'probe_agent_helper_workers_lost_total',
+      help: 'Pool workers of the netns helper lost, by reason (timeout: killed past a request\'s deadline; crash), each replaced when next needed.',
+      labelNames: ['reason'] as const,
       registers,
     });
     this.#gatesOps = new Counter({
@@ -339,6 +346,11 @@ export class AgentMetrics {
 
   helperRestart(): void {
     this.#guard('helperRestart', () => this.#helperRestarts.inc());
+  }
+
+  /** The helper lost a pool worker ('timeout' or 'crash'). */
+  helperWorkerLost(reason: 'timeout' | 'crash'): void {
+    this.#guard('helperWorkerLost', () => this.#helperWorkersLost.inc({ reason }));
   }
 
   /** One kubelet poll finished; errorKind set = it failed (a KubeletError kind). */

@@ -1,9 +1,10 @@
 /**
  * The resident netns helper client: the request table over one long-lived helper process
  * (helper-process.ts starts it, restarts it with capped backoff and kills it when silent). The
- * helper starts a tiny child per request (a clone sharing its small memory, see
- * netns-helper/README.md): a socket arrives as a handle on Node's IPC channel, a netns's address
- * list as a plain message. No fork from Node per probe, so the event loop never pays the agent's
+ * helper serves each request in a pool worker (mode 'pool': long-lived, one request at a time,
+ * killed and replaced past its deadline) or a tiny child per request (a clone sharing its small
+ * memory, see netns-helper/README.md): a socket arrives as a handle on Node's IPC channel, a
+ * netns's address list as a plain message. No fork from Node per probe, so the event loop never pays the agent's
  * page-table copy. See netns-helper/resident.c for the other side.
  */
 import type { Socket } from 'node:net';
@@ -46,6 +47,14 @@ export interface ResidentHelperOptions {
   requestTimeoutMs?: number;
   /** The WarmNetnsHelper gate: the helper makes sockets itself (setns there and back), no fork. */
   warm?: boolean;
+  /**
+   * Long-lived workers that serve requests one at a time (the NetnsHelperPool gate); a request
+   * finding none idle waits up to 10 ms for one, then gets a child of its own. 0 or absent: a
+   * child per request. At most 64.
+   */
+  pool?: number;
+  /** Called each time the helper lost a pool worker ('timeout': killed past its deadline; 'crash'). */
+  onWorkerLost?: (why: 'timeout' | 'crash') => void;
   /** Restart delay after the helper dies: doubles from `initial` up to `max` (ms). */
   restartBackoffMs?: { initial: number; max: number };
   /** Called each time a dead helper is restarted (for probe_agent_* metrics). */
@@ -69,6 +78,8 @@ export interface ResidentHelperStats {
   inFlight: number;
   /** Requests that ended without a socket (errors of any kind, caller aborts excluded). */
   failures: number;
+  /** Pool workers lost (killed past a request's deadline, or died), each replaced when next needed. */
+  workersLost: number;
 }
 
 /** What a request asks the helper for, and what it settles with. */
@@ -105,7 +116,7 @@ const MAX_ADDRESSES = 128;
 
 /** SocketFactory backed by the resident helper (mode 'resident', or 'warm' with the gate on). */
 export class ResidentHelper implements SocketFactory {
-  readonly mode: 'resident' | 'warm';
+  readonly mode: 'resident' | 'warm' | 'pool';
   readonly helperPath: string;
   readonly #allowDirs: string[];
   readonly procRoot: string;
@@ -125,13 +136,16 @@ export class ResidentHelper implements SocketFactory {
   readonly #maxTcpInFlight: number;
   /** Netns paths the path guard accepted: the guard is pure, so a repeat (every probe of a pod) skips it. */
   readonly #acceptedPaths = new Set<string>();
-  #stats = { spawned: 0, failures: 0 };
+  readonly #onWorkerLost?: (why: 'timeout' | 'crash') => void;
+  #stats = { spawned: 0, failures: 0, workersLost: 0 };
 
   private constructor(opts: ResidentHelperOptions) {
     this.helperPath = resolveHelperPath(opts.helperPath);
     this.#allowDirs = allowedNetnsDirs(opts.allowDirs ?? []);
-    this.mode = opts.warm ? 'warm' : 'resident';
-    const args = ['--resident', ...(opts.warm ? ['--warm'] : [])];
+    const pool = boundedInt(opts.pool ?? 0, 0, 64, 'pool');
+    if (opts.warm && pool > 0) throw new HelperError('the warm helper and the helper pool exclude each other');
+    this.mode = opts.warm ? 'warm' : pool > 0 ? 'pool' : 'resident';
+    const args = ['--resident', ...(opts.warm ? ['--warm'] : []), ...(pool > 0 ? ['--pool', String(pool)] : [])];
     for (const d of this.#allowDirs.filter((x) => !DEFAULT_NETNS_DIRS.includes(x))) args.push('--allow-dir', d);
     this.procRoot = normaliseProcRoot(opts.procRoot ?? DEFAULT_PROC_ROOT, this.#allowDirs);
     if (this.procRoot !== DEFAULT_PROC_ROOT) args.push('--proc-root', this.procRoot);
@@ -144,6 +158,7 @@ export class ResidentHelper implements SocketFactory {
     this.#maxTcpInFlight = Math.max(1, Math.floor(this.#maxInFlight * TCP_IN_FLIGHT_SHARE));
     const backoff = opts.restartBackoffMs ?? { initial: 100, max: 10_000 };
     this.#onRequest = opts.onRequest;
+    this.#onWorkerLost = opts.onWorkerLost;
     this.#process = new HelperProcess({
       path: this.helperPath,
       args,
@@ -286,6 +301,14 @@ export class ResidentHelper implements SocketFactory {
   }
 
   #onMessage(msg: unknown, handle: unknown): void {
+    const lost = workerLostOf(msg);
+    if (lost) {
+      discardHandle(handle);
+      this.#stats.workersLost++;
+      this.#log.warn('netns helper replaced a pool worker', lost);
+      this.#notify(() => this.#onWorkerLost?.(lost.why));
+      return;
+    }
     const p = isHelperReply(msg) ? this.#pending.get(msg.id) : undefined;
     if (!p || !isHelperReply(msg)) {
       // A late answer (timed out, aborted) or noise: its socket must not leak.
@@ -369,6 +392,13 @@ export class ResidentHelper implements SocketFactory {
     }
     return true;
   }
+}
+
+/** The helper's news that it lost a pool worker (its request, if any, is answered on its own). */
+function workerLostOf(msg: unknown): { pid: number; why: 'timeout' | 'crash' } | undefined {
+  const m = msg as { event?: unknown; pid?: unknown; why?: unknown } | null;
+  if (typeof m !== 'object' || m === null || m.event !== 'worker-lost' || typeof m.pid !== 'number') return undefined;
+  return m.why === 'timeout' || m.why === 'crash' ? { pid: m.pid, why: m.why } : undefined;
 }
 
 /** Upper bound of op "tcp"'s timeout_ms in the helper (TCP_TIMEOUT_MS_MAX in netns-helper/helper.h). */

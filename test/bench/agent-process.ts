@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { freePort } from './blackbox.ts';
 import { REPO } from './build.ts';
-import { cmdlineOf, cpuOf, findChild, rssOf } from './procstat.ts';
+import { childrenOf, cmdlineOf, cpuOf, findChild, rssOf, treeCpuMs } from './procstat.ts';
 
 /** How to start the agent. */
 export interface AgentStartOptions {
@@ -119,13 +119,21 @@ export async function startAgent(opts: AgentStartOptions): Promise<AgentProcess>
     cpuMs() {
       const a = cpuOf(pid);
       const h = helperPid();
-      const hc = h ? cpuOf(h) : { selfMs: 0, childrenMs: 0 };
-      return { agent: a.selfMs + a.childrenMs, helper: hc.selfMs + hc.childrenMs };
+      // With its live children (the pool's workers), whose CPU its cutime shows only once they are reaped.
+      return { agent: a.selfMs + a.childrenMs, helper: h ? treeCpuMs(h) : 0 };
     },
     rss() {
       const a = rssOf(pid);
       const h = helperPid();
-      const hr = h ? rssOf(h) : { rssMB: 0, peakMB: 0, anonMB: 0, fileMB: 0 };
+      const hr = { rssMB: 0, peakMB: 0, anonMB: 0, fileMB: 0 };
+      // The helper and its workers (each a small static process of its own).
+      for (const p of h ? [h, ...childrenOf(h)] : []) {
+        const r = rssOf(p);
+        hr.rssMB += r.rssMB;
+        hr.peakMB += r.peakMB;
+        hr.anonMB += r.anonMB;
+        hr.fileMB += r.fileMB;
+      }
       return { rssMB: a.rssMB + hr.rssMB, peakMB: a.peakMB + hr.peakMB, anonMB: a.anonMB + hr.anonMB, fileMB: a.fileMB + hr.fileMB };
     },
     async scrape() {

@@ -1,6 +1,7 @@
 /**
- * What one in-netns socket costs, per path: the resident helper (fork per socket), its warm
- * variant (setns there and back, no fork) and a per-socket spawn from Node. Prints CPU per
+ * What one in-netns socket costs, per path: the resident helper (a clone child per socket), its
+ * pool of long-lived workers (--pool 4), its warm variant (setns there and back in the resident)
+ * and a per-socket spawn from Node. Prints CPU per
  * socket (agent + helper, children included), createSocket latency and event-loop delay.
  *
  *   node test/bench/helper-cost.ts [--n 2000] [--concurrency 16] [--rounds 3] [--rss-mb 0] [--connect]
@@ -19,6 +20,7 @@ import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { SpawnHelper } from '../../agent/netns/spawn-helper.ts';
 import type { SocketFactory } from '../../agent/probe/types.ts';
 import { createLab, type LabPod } from '../lab/lab.ts';
+import { treeCpuMs } from './procstat.ts';
 
 const { values: args } = parseArgs({
   options: {
@@ -56,7 +58,8 @@ async function measure(mode: string, f: SocketFactory, pod: LabPod, helperPid: n
   const cpu0 = process.cpuUsage();
   // Spawned helpers are the agent's children: their CPU shows up in the agent's cutime/cstime.
   const kids0 = procCpuMs('self', true) - procCpuMs('self', false);
-  const helper0 = helperPid ? procCpuMs(helperPid, true) : 0;
+  // The pool's workers live through the run: their CPU is in no cutime until they are reaped.
+  const helper0 = helperPid ? treeCpuMs(helperPid) : 0;
   const t0 = performance.now();
   loop.enable();
   let next = 0;
@@ -80,7 +83,7 @@ async function measure(mode: string, f: SocketFactory, pod: LabPod, helperPid: n
   const cpu = process.cpuUsage(cpu0);
   const agentMs = (cpu.user + cpu.system) / 1000;
   const kidsMs = procCpuMs('self', true) - procCpuMs('self', false) - kids0;
-  const helperMs = helperPid ? procCpuMs(helperPid, true) - helper0 : 0;
+  const helperMs = helperPid ? treeCpuMs(helperPid) - helper0 : 0;
   lat.sort((x, y) => x - y);
   const q = (p: number): number => lat[Math.min(lat.length - 1, Math.floor(p * lat.length))] as number;
   return {
@@ -105,11 +108,13 @@ async function main(): Promise<void> {
   const server = args.connect ? await lab.startServer(pod, { tcp: 0 }) : undefined;
   const resident = await ResidentHelper.start({ maxInFlight: 256 });
   const warm = await ResidentHelper.start({ warm: true });
+  const pool = await ResidentHelper.start({ pool: 4, maxInFlight: 256 });
   const spawn = new SpawnHelper();
-  const factories: [string, SocketFactory][] = [['resident', resident], ['warm', warm], ['spawn', spawn]];
+  const factories: [string, SocketFactory][] = [['resident', resident], ['pool', pool], ['warm', warm], ['spawn', spawn]];
   for (const b of BASELINES) {
     factories.push([`resident@${b.name}`, await ResidentHelper.start({ maxInFlight: 256, helperPath: b.path })]);
     factories.push([`warm@${b.name}`, await ResidentHelper.start({ warm: true, helperPath: b.path })]);
+    factories.push([`pool@${b.name}`, await ResidentHelper.start({ pool: 4, maxInFlight: 256, helperPath: b.path })]);
   }
   const runs: Run[] = [];
   try {
@@ -137,7 +142,7 @@ async function main(): Promise<void> {
       `${col('p50', 3).padStart(14)}  ${col('p99', 3).padStart(6)}   ${col('loopP99', 2).padStart(11)}  ${col('perSecond', 0).padStart(9)}`);
   }
   for (const b of BASELINES) {
-    for (const mode of ['resident', 'warm']) {
+    for (const mode of ['resident', 'pool', 'warm']) {
       const ratio = (k: 'cpuMsPerSocket' | 'helperMsPerSocket'): string => (of(mode, k) / of(`${mode}@${b.name}`, k)).toFixed(2);
       console.log(`${mode}: this tree / ${b.name} = ${ratio('cpuMsPerSocket')}x CPU per socket, ${ratio('helperMsPerSocket')}x the helper's own`);
     }

@@ -38,6 +38,21 @@ export function cpuOf(pid: number | 'self'): CpuSample {
   return { selfMs: (t(11) + t(12)) * tick, childrenMs: (t(13) + t(14)) * tick };
 }
 
+/**
+ * CPU of `pid` with every child's, live or reaped, in ms: long-lived children (the helper pool's
+ * workers) are reaped only when replaced, so cutime alone would miss them. The parent is read
+ * first: a child reaped in between is missed in this sample and counted in the next one's cutime.
+ */
+export function treeCpuMs(pid: number): number {
+  const c = cpuOf(pid);
+  let live = 0;
+  for (const child of childrenOf(pid)) {
+    const k = cpuOf(child);
+    live += k.selfMs + k.childrenMs;
+  }
+  return c.selfMs + c.childrenMs + live;
+}
+
 /** utime+stime+cutime+cstime of `pid` in ms. */
 export function totalCpuMs(pid: number | 'self'): number {
   const c = cpuOf(pid);

@@ -9,6 +9,7 @@
  *
  * Helper children are held hung with a tiny ptrace tracer (compiled here with gcc): it seizes the
  * resident helper and leaves every child it forks stopped at birth, like a child stuck in the kernel.
+ * So the helper runs without its pool of workers here (NetnsHelperPool=false).
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'gcc', 'prlimit']);
@@ -240,6 +241,9 @@ beforeAll(async () => {
   agent = await startAgent({
     kubeletUrl: kubelet.httpUrl,
     pollInterval: '300ms',
+    // The per-request child's faults: the tracer holds what the helper forks, and a pool worker is
+    // forked once. The pool's own faults (hung, stuck, killed workers) are helper-pool.test.ts's.
+    args: ['--feature-gates=NetnsHelperPool=false'],
     // Every test here injects a fault; each asserts the reason its probes end with.
     expectedLogs: [
       { level: 'warn', msg: 'probe errored; result kept', line: /"reason":"(helper-error|timeout|netns-unresolved)"/, why: 'hostile targets, helper faults, a deleted netns and EMFILE end probes as errors on purpose' },

@@ -194,6 +194,7 @@ describe('the helper enters only the namespace the resolver checked', () => {
     writeFileSync(file, '');
     const resident = await ResidentHelper.start({ allowDirs: [dir] });
     const warm = await ResidentHelper.start({ allowDirs: [dir], warm: true });
+    const pool = await ResidentHelper.start({ allowDirs: [dir], pool: 2 });
     const spawned = await SpawnHelper.create({ allowDirs: [dir] });
     const checker = new NetnsPathChecker({ extraDirs: [dir] });
     try {
@@ -201,7 +202,7 @@ describe('the helper enters only the namespace the resolver checked', () => {
       expect((await checker.check(file)).inode).toBe(statSync(a.netns).ino);
       execFileSync('umount', [file]);
       execFileSync('mount', ['--bind', b.netns, file]);
-      for (const f of [resident, warm, spawned]) {
+      for (const f of [resident, warm, pool, spawned]) {
         const err = await f.createSocket(file, 4).then((s) => { s.destroy(); return undefined; }, (e: unknown) => e);
         expect(err, f.mode).toBeInstanceOf(NetnsError);
         expect((err as NetnsError).kind).toBe('gone');
@@ -212,9 +213,9 @@ describe('the helper enters only the namespace the resolver checked', () => {
       // The resolver looks again: now the path is checked to be pod B, and served.
       expect((await checker.check(file)).inode).toBe(statSync(b.netns).ino);
       expect(await resident.readAddresses(file)).toContain(b.ipv4);
-      for (const f of [resident, warm, spawned]) (await f.createSocket(file, 4)).destroy();
+      for (const f of [resident, warm, pool, spawned]) (await f.createSocket(file, 4)).destroy();
     } finally {
-      await Promise.all([resident.close(), warm.close()]);
+      await Promise.all([resident.close(), warm.close(), pool.close()]);
       try { execFileSync('umount', [file], { stdio: 'ignore' }); } catch { /* not mounted */ }
     }
   }, 60_000);

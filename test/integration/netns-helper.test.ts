@@ -1,6 +1,6 @@
 /**
- * The netns helper end to end: sockets made by the resident helper (fork per socket), its warm
- * variant and the per-probe spawn really live in the pod's netns (they reach the pod while the
+ * The netns helper end to end: sockets made by the resident helper (a child per socket), its pool
+ * of long-lived workers, its warm variant and the per-probe spawn really live in the pod's netns (they reach the pod while the
  * node is blocked, and 127.0.0.1 is the pod's loopback); bad paths fail with clear typed errors;
  * a killed helper fails its in-flight requests and comes back; 200 concurrent requests for two
  * pods each get a socket of their own pod.
@@ -108,6 +108,7 @@ let loopServer: RunningServer;
 let scratch: string;
 let resident: ResidentHelper;
 let warm: ResidentHelper;
+let pool: ResidentHelper;
 let spawned: SpawnHelper;
 
 beforeAll(async () => {
@@ -118,11 +119,12 @@ beforeAll(async () => {
   scratch = mkdtempSync(join(tmpdir(), 'pa-helper-test-'));
   resident = await ResidentHelper.start({ allowDirs: [scratch], maxInFlight: 256 });
   warm = await ResidentHelper.start({ warm: true, allowDirs: [scratch] });
+  pool = await ResidentHelper.start({ pool: 4, allowDirs: [scratch], maxInFlight: 256 });
   spawned = await SpawnHelper.create({ allowDirs: [scratch] });
 });
 
 afterAll(async () => {
-  await Promise.all([resident?.close(), warm?.close()]);
+  await Promise.all([resident?.close(), warm?.close(), pool?.close()]);
   try { execFileSync('umount', [join(scratch, 'bound')], { stdio: 'ignore' }); } catch { /* not mounted */ }
   if (scratch) rmSync(scratch, { recursive: true, force: true });
   await lab?.destroy();
@@ -131,6 +133,7 @@ afterAll(async () => {
 describe.each([
   ['resident', () => resident],
   ['warm', () => warm],
+  ['pool', () => pool],
   ['spawn', () => spawned],
 ] as const)('%s factory', (mode, factory) => {
   it('has its mode name', () => {
@@ -182,8 +185,8 @@ describe('bad netns references', () => {
     execFileSync('mount', ['--bind', b.netns, join(scratch, 'bound')]);
   });
 
-  it.each([['resident'], ['warm'], ['spawn']] as const)('%s: each refusal is a typed error with a clear message', async (mode) => {
-    const f = mode === 'resident' ? resident : mode === 'warm' ? warm : spawned;
+  it.each([['resident'], ['warm'], ['pool'], ['spawn']] as const)('%s: each refusal is a typed error with a clear message', async (mode) => {
+    const f = mode === 'resident' ? resident : mode === 'warm' ? warm : mode === 'pool' ? pool : spawned;
     const cases: [string, NetnsError['kind'], RegExp, string?][] = [
       [`/run/netns/pa-missing-${process.pid}`, 'gone', /^netns "\/run\/netns\/pa-missing-\d+" is gone \(ENOENT\)$/],
       ['/proc/999999999/ns/net', 'gone', /is gone \(ENOENT\)/],
@@ -219,8 +222,8 @@ describe('bad netns references', () => {
 });
 
 describe('reading a netns\'s addresses (netlink inside the netns, no process run)', () => {
-  it.each([['resident'], ['warm']] as const)('%s: returns the pod\'s own global addresses, canonical, and nothing of the node', async (mode) => {
-    const h = mode === 'resident' ? resident : warm;
+  it.each([['resident'], ['warm'], ['pool']] as const)('%s: returns the pod\'s own global addresses, canonical, and nothing of the node', async (mode) => {
+    const h = mode === 'resident' ? resident : mode === 'warm' ? warm : pool;
     const addrs = await h.readAddresses(a.netns);
     expect(addrs).toContain(a.ipv4);
     expect(addrs).toContain(a.ipv6);
@@ -238,8 +241,8 @@ describe('reading a netns\'s addresses (netlink inside the netns, no process run
 });
 
 describe('op "tcp": the TCP probe in the helper\'s child', () => {
-  it.each([['resident'], ['warm']] as const)('%s: connects inside the pod (v4, v6, its loopback) while the node is blocked; closed ports are refused', async (mode) => {
-    const h = mode === 'resident' ? resident : warm;
+  it.each([['resident'], ['warm'], ['pool']] as const)('%s: connects inside the pod (v4, v6, its loopback) while the node is blocked; closed ports are refused', async (mode) => {
+    const h = mode === 'resident' ? resident : mode === 'warm' ? warm : pool;
     const port = server.ports.http as number;
     const drops = await lab.nodeToPodDrops();
     const loopPort = loopServer.ports.http as number;
@@ -457,9 +460,10 @@ describe('a host procfs mounted elsewhere (--proc-root)', () => {
   it('makes sockets from <proc root>/<pid>/ns/net in every mode and passes the root to the helper', async () => {
     h = await ResidentHelper.start({ procRoot: hostProc });
     const warmRooted = await ResidentHelper.start({ procRoot: `${hostProc}/`, warm: true });
+    const poolRooted = await ResidentHelper.start({ procRoot: hostProc, pool: 2 });
     try {
       const spawnRooted = await SpawnHelper.create({ procRoot: hostProc });
-      for (const f of [h, warmRooted, spawnRooted]) {
+      for (const f of [h, warmRooted, poolRooted, spawnRooted]) {
         const echo = await echoOver(await f.createSocket(`${hostProc}/${server.pid}/ns/net`, 4), a.ipv4, server.ports.http as number);
         expect(plain(echo.remoteAddress), f.mode).toBe(a.ipv4);
       }
@@ -468,7 +472,7 @@ describe('a host procfs mounted elsewhere (--proc-root)', () => {
         expect(argv.slice(argv.indexOf('--proc-root'), argv.indexOf('--proc-root') + 2)).toEqual(['--proc-root', hostProc]);
       }
     } finally {
-      await warmRooted.close();
+      await Promise.all([warmRooted.close(), poolRooted.close()]);
     }
   });
 
@@ -505,17 +509,18 @@ describe('a host procfs mounted elsewhere (--proc-root)', () => {
   });
 });
 
-it('200 concurrent requests for two pods each get a socket of their own pod', async () => {
+it.each([['resident'], ['pool']] as const)('%s: 200 concurrent requests for two pods each get a socket of their own pod', async (mode) => {
+  const h = mode === 'pool' ? pool : resident;
   const pods = [a, b];
   const port = server.ports.http as number;
   const results = await Promise.all(Array.from({ length: 200 }, async (_, i) => {
     const pod = pods[i % 2] as LabPod;
     const family = (i % 4 < 2 ? 4 : 6) as 4 | 6;
-    const socket = await resident.createSocket(pod.netns, family);
+    const socket = await h.createSocket(pod.netns, family);
     const echo = await echoOver(socket, family === 4 ? a.ipv4 : a.ipv6, port, 10_000);
     return plain(echo.remoteAddress) === (family === 4 ? pod.ipv4 : pod.ipv6);
   }));
   expect(results.filter((ok) => !ok)).toHaveLength(0);
   expect(results).toHaveLength(200);
-  expect(resident.stats().inFlight).toBe(0);
+  expect(h.stats().inFlight).toBe(0);
 }, 60_000);

@@ -58,6 +58,23 @@ describe('AgentMetrics', () => {
     expect(await series('probe_agent_container_lookups_total')).toEqual(['probe_agent_container_lookups_total{source="other"} 1']);
   });
 
+  it('helper spawns by mode, pool mode included, and pool workers lost by reason', async () => {
+    const { agent, series } = setup();
+    agent.helperSpawn(0.0001, true, 'pool');
+    agent.helperSpawn(0.002, false, 'pool');
+    agent.helperWorkerLost('timeout');
+    agent.helperWorkerLost('crash');
+    agent.helperWorkerLost('crash');
+    expect((await series('probe_agent_helper_spawns_total')).sort()).toEqual([
+      'probe_agent_helper_spawns_total{mode="pool",result="failure"} 1',
+      'probe_agent_helper_spawns_total{mode="pool",result="success"} 1',
+    ]);
+    expect((await series('probe_agent_helper_workers_lost_total')).sort()).toEqual([
+      'probe_agent_helper_workers_lost_total{reason="crash"} 2',
+      'probe_agent_helper_workers_lost_total{reason="timeout"} 1',
+    ]);
+  });
+
   it('kubelet staleness counts from start, then from the last success; a failed poll does not reset it', () => {
     const { agent, advance } = setup();
     advance(5000);
