@@ -154,7 +154,10 @@ describe('the helper pool', () => {
   it('leaves no pod netns fd or socket in a worker, and each worker back in the node netns', async () => {
     const h = await ResidentHelper.start({ pool: 3 });
     try {
-      // Every op, both pods, successes and failures, concurrently so that every worker serves some.
+      // One worker held in the hostile pod's connect for 3 s, so that others must serve meanwhile
+      // (however loaded the machine), and it too must come back clean.
+      const held = await stuckInHostile(h, [], 3000);
+      // Every op, both pods, successes and failures, concurrently.
       await Promise.all(Array.from({ length: 30 }, async (_, i) => {
         const [pod, srv] = i % 2 ? [a, srvA] : [b, srvB];
         if (i % 3 === 0) (await h.createSocket(pod.netns, i % 4 < 2 ? 4 : 6)).destroy();
@@ -162,7 +165,9 @@ describe('the helper pool', () => {
         else expect(await h.connectProbe(pod.netns, { family: 4, ip: pod.ipv4, port: srv.ports.http as number, timeoutMs: 5000 })).toMatchObject({ outcome: 'connected' });
       }));
       await expect(h.createSocket(`/run/netns/pa-missing-${process.pid}`, 4)).rejects.toMatchObject({ kind: 'gone' });
+      expect(await held.pending).toMatchObject({ value: { outcome: 'timeout' } });
       const workers = await workersOf(h);
+      expect(workers).toContain(held.worker);
       expect(workers.length).toBeGreaterThan(1);
       expect(workers.length).toBeLessThanOrEqual(3);
       const home = netnsOf('self');
