@@ -11,9 +11,6 @@ import { WATCHDOG_GRACE_MS, scheduledLimitMs } from '../probe/time-budget.ts';
 /** Runs one probe against a container; resolves with the outcome (errors as result 'error'). */
 export type RunProbe = (pod: PodInfo, container: ContainerInfo, spec: ProbeSpec, signal: AbortSignal) => Promise<ProbeOutcome>;
 
-/** A prober that overruns its longest run by this much is abandoned: a stuck run must not stop a worker for good. */
-export { WATCHDOG_GRACE_MS } from '../probe/time-budget.ts';
-
 /** An outcome for a probe that could not be run. */
 export function errorOutcome(reason: FailureReason, message: string): ProbeOutcome {
   return { result: 'error', reason, message, durationSeconds: 0, phases: { total: 0 } };
@@ -33,7 +30,7 @@ export async function runGuarded(
   controller: AbortController,
   watchdogGraceMs = WATCHDOG_GRACE_MS,
 ): Promise<ProbeOutcome> {
-  // A probe may take its timeout for the target plus as long again for the agent's own time (connect.ts Deadline).
+  // Past its longest run (time-budget.ts) a stuck prober is abandoned: it must not stop a worker for good.
   const limitMs = scheduledLimitMs(spec.timeoutSeconds, watchdogGraceMs);
   let permit: Permit | undefined;
   if (limiter) {
