@@ -14,7 +14,7 @@ const AGENT = fileURLToPath(new URL('../../agent/', import.meta.url));
 const ALLOWED = [
   'shim/main.ts', 'shim/proxy.ts', 'shim/relay.ts', 'shim/answer.ts', 'shim/exec-sync.ts',
   'shim/hook-runner.ts', 'shim/metrics.ts', 'shim/metrics-server.ts', 'shim/flags.ts', 'config/duration.ts', 'errors.ts',
-  'http2/connection.ts', 'http2/authority.ts', 'http2/hpack.ts', 'http2/huffman.ts', 'http2/unary-client.ts', 'http2/wire.ts',
+  'http2/connection.ts', 'http2/flow-control.ts', 'http2/writer.ts', 'http2/authority.ts', 'http2/hpack.ts', 'http2/huffman.ts', 'http2/unary-client.ts', 'http2/wire.ts',
   'grpc/frame.ts', 'grpc/headers.ts', 'grpc/protowire.ts', 'grpc/status.ts',
   'api/shim-client.ts', 'api/shim-socket.ts', 'api/hook-refusal.ts', 'rewrite/shim-command.ts', 'probe/time-budget.ts',
 ];
