@@ -7,7 +7,8 @@ import type { HookOutcome } from '../probe/lifecycle.ts';
 import type { OnDemandHookRequest, OnDemandProber } from '../scheduler/types.ts';
 import { boundMessage } from '../probe/run.ts';
 import { lifecycleRequestFromWire } from './convert-request.ts';
-import { RpcError, type CallLike, type ProbeCallGate } from './probe-call.ts';
+import { RpcError, deadlineMs, type CallLike, type ProbeCallGate } from './probe-call.ts';
+import { callBudget } from '../probe/time-budget.ts';
 import type { WireLifecycleRequest, WireLifecycleResponse, WireProbeResult } from './proto.ts';
 
 const RESULT: Record<HookOutcome['result'], WireProbeResult> = {
@@ -41,18 +42,17 @@ export async function handleLifecycleCall(
 export async function runLifecycleCall(req: OnDemandHookRequest, call: CallLike, prober: OnDemandProber, gate: ProbeCallGate): Promise<HookOutcome> {
   if (!prober.runHook) throw new RpcError(grpc.status.UNIMPLEMENTED, 'this agent does not run lifecycle hooks');
   if (gate.inFlight >= gate.max) throw new RpcError(grpc.status.RESOURCE_EXHAUSTED, `too many RunLifecycleHandler calls in flight (limit ${gate.max})`);
-  const deadline = call.getDeadline();
-  const remainingMs = (deadline instanceof Date ? deadline.getTime() : deadline) - Date.now();
-  if (remainingMs <= 0) throw new RpcError(grpc.status.DEADLINE_EXCEEDED, 'call deadline already passed');
   const own = req.timeoutSeconds;
+  const budget = callBudget(deadlineMs(call.getDeadline()), own, Date.now());
+  if (!budget) throw new RpcError(grpc.status.DEADLINE_EXCEEDED, 'call deadline already passed');
+  const { answerInMs: remainingMs, capped } = budget;
   // For admission: a hook that cannot start in time is refused rather than queued.
-  if (Number.isFinite(remainingMs)) req.deadlineAt = Date.now() + remainingMs;
-  const capped = Number.isFinite(remainingMs) && (own === 0 || remainingMs < own * 1000);
-  if (capped) req.timeoutSeconds = remainingMs / 1000;
+  if (budget.answerBy !== undefined) req.deadlineAt = budget.answerBy;
+  req.timeoutSeconds = budget.timeoutSeconds;
   const ac = new AbortController();
   const onCancel = (): void => ac.abort(new Error('call cancelled'));
   call.on('cancelled', onCancel);
-  const timer = capped ? setTimeout(() => ac.abort(new Error('call deadline exceeded')), remainingMs) : undefined;
+  const timer = budget.answerBy !== undefined ? setTimeout(() => ac.abort(new Error('call deadline exceeded')), remainingMs) : undefined;
   const cutShort = (): RpcError =>
     new RpcError(grpc.status.DEADLINE_EXCEEDED, `hook did not complete within the call deadline (${Math.round(remainingMs)} ms${own ? `; hook timeout ${own}s` : ''})`);
   gate.inFlight++;

@@ -16,6 +16,7 @@ import type { OnDemandProber, OnDemandProbeRequest } from '../scheduler/types.ts
 import type { ProbeOutcome } from '../probe/types.ts';
 import { outcomeToWire } from './convert.ts';
 import { NOT_STARTED_TRAILER } from '../contract/hook-refusal.ts';
+import { callBudget } from '../probe/time-budget.ts';
 import { probeRequestFromWire } from './convert-request.ts';
 import type { WireProbeRequest, WireProbeResponse } from './proto.ts';
 
@@ -63,7 +64,8 @@ export interface ProbeCallGate {
   readonly max: number;
 }
 
-function deadlineMs(deadline: grpc.Deadline): number {
+/** A call's deadline in epoch ms (Infinity: none). */
+export function deadlineMs(deadline: grpc.Deadline): number {
   return deadline instanceof Date ? deadline.getTime() : deadline;
 }
 
@@ -99,18 +101,19 @@ export interface CallLike {
  */
 export async function runProbeCall(req: OnDemandProbeRequest, call: CallLike, prober: OnDemandProber, gate: ProbeCallGate): Promise<ProbeOutcome> {
   if (gate.inFlight >= gate.max) throw new RpcError(grpc.status.RESOURCE_EXHAUSTED, `too many Probe calls in flight (limit ${gate.max})`);
-  const remainingMs = deadlineMs(call.getDeadline()) - Date.now();
-  if (remainingMs <= 0) throw new RpcError(grpc.status.DEADLINE_EXCEEDED, 'call deadline already passed');
   const configured = req.timeoutSeconds;
+  const budget = callBudget(deadlineMs(call.getDeadline()), configured, Date.now());
+  if (!budget) throw new RpcError(grpc.status.DEADLINE_EXCEEDED, 'call deadline already passed');
+  const { answerInMs: remainingMs, capped } = budget;
   // For admission: a call that cannot start its probe in time is refused rather than queued.
-  if (Number.isFinite(remainingMs)) req.deadlineAt = Date.now() + remainingMs;
-  // The call deadline caps the probe: a probe outliving its caller would only hold a slot.
-  const capped = remainingMs < configured * 1000;
-  if (capped) req.timeoutSeconds = remainingMs / 1000;
+  if (budget.answerBy !== undefined) req.deadlineAt = budget.answerBy;
+  // The call deadline caps the probe, and ends a run that outlives it (a helper's slow socket):
+  // a probe outliving its caller would only hold a slot.
+  req.timeoutSeconds = budget.timeoutSeconds;
   const ac = new AbortController();
   const onCancel = (): void => ac.abort(new Error('call cancelled'));
   call.on('cancelled', onCancel);
-  const timer = capped ? setTimeout(() => ac.abort(new Error('call deadline exceeded')), remainingMs) : undefined;
+  const timer = budget.answerBy !== undefined ? setTimeout(() => ac.abort(new Error('call deadline exceeded')), remainingMs) : undefined;
   gate.inFlight++;
   try {
     const outcome = await prober.probe(req, ac.signal);

@@ -12,10 +12,11 @@
  * What we send is literal HPACK only (the peer's dynamic table is never touched, so our encoder
  * has no state), DATA within the peer's connection and stream windows (split to its frame size,
  * queued per stream otherwise, streams served round-robin), and header blocks in stream order
- * behind that stream's queued DATA. Output is gathered and written once per turn of the event
- * loop. A peer that does not read is bounded: DATA waits in our queue (bounded by the windows the
- * owner grants) once the socket holds HIGH_WATER octets, and a connection whose unsent octets pass
- * `maxBufferedOutput` anyway (control frames it provokes and never reads) is cut.
+ * behind that stream's queued DATA. The window rules are flow-control.ts's; output is written by
+ * writer.ts, once per turn of the event loop. A peer that does not read is bounded: DATA waits in
+ * our queue (bounded by the windows the owner grants) while the writer is blocked, and a
+ * connection whose unsent octets pass `maxBufferedOutput` anyway (control frames it provokes and
+ * never reads) is cut.
  *
  * Every frame a peer sends costs bounded work (the CONTINUATION and empty-frame floods): a header
  * block takes at most `maxContinuations` CONTINUATION frames, and frames that move no stream
@@ -28,9 +29,13 @@
 import type { Duplex } from 'node:stream';
 import { encodeLiteralBlock, HpackDecoder, HpackError, type HeaderField } from './hpack.ts';
 import {
-  CLIENT_PREFACE, dataPayload, DEFAULT_WINDOW, Flag, FRAME_HEADER, frameBytes, FrameType, goawayFrame, H2Error, H2InputError, MAX_WINDOW, parseGoaway,
+  CLIENT_PREFACE, dataPayload, DEFAULT_WINDOW, Flag, FRAME_HEADER, frameBytes, FrameType, goawayFrame, H2ConnectionError, H2Error, H2InputError, parseGoaway,
   rstStreamFrame, Setting, windowUpdateFrame, type Frame,
 } from './wire.ts';
+import { checkInitialWindowSize, FlowControl, type StreamWindows } from './flow-control.ts';
+import { FrameWriter } from './writer.ts';
+
+export { H2ConnectionError } from './wire.ts';
 
 /** SETTINGS values of one side (RFC 9113 6.5.2); maxConcurrentStreams Infinity when never set. */
 export interface H2Settings {
@@ -53,16 +58,6 @@ const SETTING_KEYS: Record<number, keyof H2Settings> = {
   [Setting.MAX_CONCURRENT_STREAMS]: 'maxConcurrentStreams', [Setting.INITIAL_WINDOW_SIZE]: 'initialWindowSize',
   [Setting.MAX_FRAME_SIZE]: 'maxFrameSize', [Setting.MAX_HEADER_LIST_SIZE]: 'maxHeaderListSize',
 };
-
-/** A connection error: GOAWAY with `code`, then close. */
-export class H2ConnectionError extends H2InputError {
-  readonly code: number;
-  constructor(code: number, message: string) {
-    super(message);
-    this.name = 'H2ConnectionError';
-    this.code = code;
-  }
-}
 
 /** Where DATA octets are credited back once they have left (the relay's other side). */
 export interface Credit {
@@ -152,9 +147,8 @@ interface Pending {
   credit: Credit | null;
 }
 
-interface StreamState {
-  /** What the peer lets us send on it. */
-  sendWindow: number;
+/** A stream's state here; its windows (StreamWindows) follow flow-control.ts's rules. */
+interface StreamState extends StreamWindows {
   queue: Pending[];
   /** We sent END_STREAM (or it is queued). */
   localEnded: boolean;
@@ -162,14 +156,8 @@ interface StreamState {
   remoteEnded: boolean;
   /** Started by the peer. */
   remote: boolean;
-  /** Octets the owner read on it whose stream window is not yet given back (consumed() with its id). */
-  unacked: number;
-  /** What the peer may still send on it (our advertised initial window, its DATA, our updates). */
-  recvWindow: number;
 }
 
-/** The socket's unsent octets past which DATA waits in our queues. */
-const HIGH_WATER = 256 * 1024;
 const SETTINGS_ACK = frameBytes(FrameType.SETTINGS, Flag.ACK, 0);
 const EMPTY = Buffer.alloc(0);
 
@@ -267,7 +255,7 @@ export class FrameSplitter {
 /** Checks one SETTINGS entry against RFC 9113 6.5.2; throws H2ConnectionError. */
 function checkSetting(id: number, v: number): void {
   if (id === Setting.ENABLE_PUSH && v > 1) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `SETTINGS_ENABLE_PUSH ${v}`);
-  if (id === Setting.INITIAL_WINDOW_SIZE && v > MAX_WINDOW) throw new H2ConnectionError(H2Error.FLOW_CONTROL_ERROR, `SETTINGS_INITIAL_WINDOW_SIZE ${v} beyond 2^31-1`);
+  if (id === Setting.INITIAL_WINDOW_SIZE) checkInitialWindowSize(v);
   if (id === Setting.MAX_FRAME_SIZE && (v < 16_384 || v > 16_777_215)) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `SETTINGS_MAX_FRAME_SIZE ${v} outside 16384..16777215`);
 }
 
@@ -386,22 +374,15 @@ export class H2Connection implements Credit {
   readonly #streams = new Map<number, StreamState>();
   /** Streams with queued output, in the order they are served. */
   readonly #ready = new Set<number>();
-  readonly #maxBufferedOutput: number;
-  readonly #creditBatch: number;
   readonly #blocks: HeaderBlockJoiner;
-  /** The peer's connection window (what we may still send). */
-  #sendWindow = DEFAULT_WINDOW;
-  /** Our connection window (what the peer may still send) and the octets consumed but not yet given back. */
-  #recvWindow: number;
-  #unacked = 0;
+  readonly #flow: FlowControl;
+  readonly #writer: FrameWriter;
   /** The highest stream id the peer started; the next id we start. */
   #lastPeerStream = 0;
   #nextOwnStream: number;
   #remoteOpen = 0;
   #localOpen = 0;
   readonly #ignoreIdle: boolean;
-  #out: Buffer[] = [];
-  #flushQueued = false;
   #settingsSeen = false;
   #goawaySent = false;
   #goawayReceived = false;
@@ -420,20 +401,25 @@ export class H2Connection implements Credit {
     this.local = { ...INITIAL_SETTINGS, ...opts.settings, ...(opts.role === 'client' ? { enablePush: 0 } : {}) };
     this.#splitter = new FrameSplitter(opts.role === 'server', this.local.maxFrameSize);
     this.#decoder = new HpackDecoder({ maxTableSize: this.local.headerTableSize, maxHeaderListSize: this.local.maxHeaderListSize });
-    this.#maxBufferedOutput = opts.maxBufferedOutput ?? 4 * 1024 * 1024;
+    this.#writer = new FrameWriter(socket, opts.maxBufferedOutput ?? 4 * 1024 * 1024, {
+      beforeWrite: (queued) => {
+        const credit = this.#flow.connectionCredit(queued);
+        if (credit > 0) this.#writer.add(windowUpdateFrame(0, credit));
+      },
+      onOverflow: (unsent) => this.destroy(new H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, `peer does not read: ${unsent} octets unsent`)),
+    });
     this.#blocks = new HeaderBlockJoiner(opts.maxHeaderBlock ?? 64 * 1024, opts.maxContinuations);
     this.#budgetMax = opts.noProgressBudget ?? NO_PROGRESS_BUDGET;
     this.#budget = this.#budgetMax;
-    this.#recvWindow = opts.connectionWindow;
-    this.#creditBatch = opts.creditBatch ?? Math.max(16_384, opts.connectionWindow >>> 2);
+    this.#flow = new FlowControl(opts.connectionWindow, opts.creditBatch);
     this.#nextOwnStream = opts.role === 'client' ? (opts.firstStreamId ?? 1) : 2;
     if (this.#nextOwnStream % 2 !== (opts.role === 'client' ? 1 : 0)) throw new RangeError(`first stream id ${this.#nextOwnStream} is not a ${opts.role}'s`);
     this.#ignoreIdle = opts.ignoreIdleStreams ?? false;
     // The preface: ours first (a client's magic, then SETTINGS), our connection window beyond the default.
     const hello = [frameBytes(FrameType.SETTINGS, 0, 0, settingsPayload({ ...opts.settings, ...(opts.role === 'client' ? { enablePush: 0 } : {}) }))];
-    if (opts.connectionWindow > DEFAULT_WINDOW) hello.push(windowUpdateFrame(0, opts.connectionWindow - DEFAULT_WINDOW));
+    if (this.#flow.prefaceIncrement > 0) hello.push(windowUpdateFrame(0, this.#flow.prefaceIncrement));
     if (opts.role === 'client') hello.unshift(CLIENT_PREFACE);
-    this.#out.push(...hello);
+    for (const b of hello) this.#writer.add(b);
   }
 
   /** Starts reading with `handler` (separate from the constructor so an owner can hold the connection first). */
@@ -444,7 +430,7 @@ export class H2Connection implements Credit {
     this.#socket.on('close', () => this.#gone(undefined));
     this.#socket.on('end', () => this.#gone(undefined));
     this.#socket.on('drain', () => this.#pump());
-    this.#scheduleFlush();
+    this.#writer.schedule();
     return this;
   }
 
@@ -506,7 +492,7 @@ export class H2Connection implements Credit {
       // The new initial window applies to open streams too (RFC 9113 6.9.2): one that shrank below
       // what the peer needs gets back what the owner already read, or it could never send again.
       for (const [id, st] of this.#streams) {
-        st.recvWindow += delta;
+        this.#flow.localInitialWindow(st, delta);
         this.#refill(id, st);
       }
     }
@@ -583,7 +569,7 @@ export class H2Connection implements Credit {
   windowUpdate(streamId: number, increment: number): void {
     const s = this.#streams.get(streamId);
     if (this.#closed || increment <= 0 || s === undefined) return;
-    s.recvWindow += increment;
+    this.#flow.grant(s, increment);
     this.#push(windowUpdateFrame(streamId, increment));
   }
 
@@ -593,24 +579,16 @@ export class H2Connection implements Credit {
    */
   consumed(octets: number, streamId = 0): void {
     if (octets <= 0 || this.#closed) return;
-    this.#unacked += octets;
     const s = streamId === 0 ? undefined : this.#streams.get(streamId);
-    if (s !== undefined) {
-      s.unacked += octets;
-      this.#refill(streamId, s);
-    }
-    if (this.#unacked >= this.#creditBatch) this.#scheduleFlush();
+    const due = this.#flow.consumed(octets, s);
+    if (s !== undefined) this.#refill(streamId, s);
+    if (due) this.#writer.schedule();
   }
 
-  /**
-   * The one stream-window refill rule: what the owner read goes back once the peer has half the
-   * window we advertise left or less (as nghttp2 does), while the peer still sends on the stream.
-   */
+  /** Sends what the stream-window refill rule (FlowControl.refill) gives back on a stream. */
   #refill(id: number, s: StreamState): void {
-    if (s.unacked === 0 || s.remoteEnded || s.recvWindow > this.local.initialWindowSize >>> 1) return;
-    s.recvWindow += s.unacked;
-    this.#push(windowUpdateFrame(id, s.unacked));
-    s.unacked = 0;
+    const n = this.#flow.refill(s, this.local.initialWindowSize, s.remoteEnded);
+    if (n > 0) this.#push(windowUpdateFrame(id, n));
   }
 
   /** GOAWAY: the last stream of the peer's we process; no new streams on either side after it. */
@@ -629,7 +607,7 @@ export class H2Connection implements Credit {
   end(): void {
     if (this.#closed || this.#ending) return;
     this.#ending = true;
-    this.#flush();
+    this.#writer.flush();
     this.#socket.end();
     // A peer that never closes its side is cut.
     setTimeout(() => this.destroy(), 1000).unref();
@@ -687,8 +665,8 @@ export class H2Connection implements Credit {
     else e = new H2ConnectionError(H2Error.INTERNAL_ERROR, `unexpected: ${err.message}`);
     if (!this.#closed && !this.#goawaySent) {
       this.#goawaySent = true;
-      this.#out.push(goawayFrame(this.#lastPeerStream, e.code, e.message));
-      this.#flush();
+      this.#writer.add(goawayFrame(this.#lastPeerStream, e.code, e.message));
+      this.#writer.flush();
     }
     if (!this.#socket.destroyed) this.#socket.end();
     this.#gone(e);
@@ -776,13 +754,7 @@ export class H2Connection implements Credit {
     }
     this.#settingsSeen = true;
     const iw = values.get('initialWindowSize');
-    if (iw !== undefined) {
-      const delta = iw - this.peer.initialWindowSize;
-      for (const s of this.#streams.values()) {
-        s.sendWindow += delta;
-        if (s.sendWindow > MAX_WINDOW) throw new H2ConnectionError(H2Error.FLOW_CONTROL_ERROR, 'SETTINGS_INITIAL_WINDOW_SIZE overflows a stream window');
-      }
-    }
+    if (iw !== undefined) this.#flow.peerInitialWindow(this.#streams.values(), iw - this.peer.initialWindowSize);
     for (const [k, v] of values) this.peer[k] = v;
     this.#push(SETTINGS_ACK);
     this.#h!.settings?.(values);
@@ -795,9 +767,7 @@ export class H2Connection implements Credit {
     if (f.payload.length !== 4) throw new H2ConnectionError(H2Error.FRAME_SIZE_ERROR, 'WINDOW_UPDATE of a length other than 4');
     const inc = f.payload.readUInt32BE(0) & 0x7fffffff;
     if (f.streamId === 0) {
-      if (inc === 0) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'WINDOW_UPDATE of 0 on the connection');
-      this.#sendWindow += inc;
-      if (this.#sendWindow > MAX_WINDOW) throw new H2ConnectionError(H2Error.FLOW_CONTROL_ERROR, 'connection window beyond 2^31-1');
+      this.#flow.connectionUpdate(inc);
       this.#pump();
       return;
     }
@@ -806,9 +776,8 @@ export class H2Connection implements Credit {
       if (this.#idle(f.streamId)) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `WINDOW_UPDATE on idle stream ${f.streamId}`);
       return;
     }
-    if (inc === 0) return this.#streamError(f.streamId, H2Error.PROTOCOL_ERROR);
-    s.sendWindow += inc;
-    if (s.sendWindow > MAX_WINDOW) return this.#streamError(f.streamId, H2Error.FLOW_CONTROL_ERROR);
+    const error = this.#flow.streamUpdate(s, inc);
+    if (error !== 0) return this.#streamError(f.streamId, error);
     this.#h!.windowUpdate?.(f.streamId, inc);
     if (s.queue.length > 0) this.#pump();
   }
@@ -829,8 +798,7 @@ export class H2Connection implements Credit {
   #onData(f: Frame): void {
     if (f.streamId === 0) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'DATA on stream 0');
     const n = f.payload.length;
-    if (n > this.#recvWindow) throw new H2ConnectionError(H2Error.FLOW_CONTROL_ERROR, `DATA beyond the connection window (${n} > ${this.#recvWindow})`);
-    this.#recvWindow -= n;
+    this.#flow.received(n);
     const s = this.#streams.get(f.streamId);
     if (!s || s.remoteEnded) {
       if (!s && this.#idle(f.streamId)) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `DATA on idle stream ${f.streamId}`);
@@ -842,7 +810,7 @@ export class H2Connection implements Credit {
     }
     const payload = dataPayload(f.flags, f.payload);
     if (payload === undefined) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, 'DATA padding longer than the frame');
-    s.recvWindow -= n;
+    this.#flow.receivedOn(s, n);
     const end = (f.flags & Flag.END_STREAM) !== 0;
     if (payload.length > 0 || end) this.#progress();
     else this.#noProgress(f);
@@ -926,9 +894,7 @@ export class H2Connection implements Credit {
   // ---- writing ----
 
   #push(octets: Buffer): void {
-    if (this.#closed) return;
-    this.#out.push(octets);
-    this.#scheduleFlush();
+    if (!this.#closed) this.#writer.push(octets);
   }
 
   /** Moves queued DATA (and the header blocks behind it) out within the windows, round-robin over streams. */
@@ -938,7 +904,7 @@ export class H2Connection implements Credit {
     while (progressed && this.#ready.size > 0) {
       progressed = false;
       for (const id of this.#ready) {
-        if (this.#socket.writableLength >= HIGH_WATER) return;
+        if (this.#writer.blocked) return;
         const s = this.#streams.get(id);
         if (!s || s.queue.length === 0) {
           this.#ready.delete(id);
@@ -963,7 +929,7 @@ export class H2Connection implements Credit {
       return true;
     }
     const len = p.payload.length;
-    const room = Math.min(this.#sendWindow, s.sendWindow, this.peer.maxFrameSize);
+    const room = this.#flow.room(s, this.peer.maxFrameSize);
     if (len > 0 && room <= 0) return false;
     const take = Math.min(len, room);
     const whole = take === len;
@@ -976,8 +942,7 @@ export class H2Connection implements Credit {
     } else {
       this.#push(frameBytes(FrameType.DATA, flags, id, p.payload.subarray(0, take)));
     }
-    this.#sendWindow -= take;
-    s.sendWindow -= take;
+    this.#flow.charge(s, take);
     if (take > 0) this.#progress();
     if (whole) {
       s.queue.shift();
@@ -989,47 +954,12 @@ export class H2Connection implements Credit {
     return true;
   }
 
-  #scheduleFlush(): void {
-    if (this.#flushQueued || this.#closed) return;
-    this.#flushQueued = true;
-    queueMicrotask(() => {
-      this.#flushQueued = false;
-      this.#flush();
-    });
-  }
-
-  #flush(): void {
-    // Ended (GOAWAY sent, or the peer left): a frame read since then gets no answer; writing would be an error.
-    if (this.#closed || this.#socket.destroyed || this.#socket.writableEnded) return;
-    if (this.#unacked > 0 && (this.#unacked >= this.#creditBatch || (this.#out.length > 0 && this.#unacked >= 4096))) {
-      this.#recvWindow += this.#unacked;
-      this.#out.push(windowUpdateFrame(0, this.#unacked));
-      this.#unacked = 0;
-    }
-    const out = this.#out;
-    if (out.length === 0) return;
-    this.#out = [];
-    // Frames forwarded from one read lie back to back in its buffer: one view covers them.
-    let merged = 0;
-    for (let i = 1; i < out.length; i++) {
-      const a = out[merged]!;
-      const b = out[i]!;
-      if (a.buffer === b.buffer && a.byteOffset + a.length === b.byteOffset) out[merged] = Buffer.from(a.buffer, a.byteOffset, a.length + b.length);
-      else out[++merged] = b;
-    }
-    out.length = merged + 1;
-    this.#socket.write(out.length === 1 ? out[0]! : Buffer.concat(out));
-    if (this.#socket.writableLength > this.#maxBufferedOutput) {
-      this.destroy(new H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, `peer does not read: ${this.#socket.writableLength} octets unsent`));
-    }
-  }
-
   #gone(err: Error | undefined): void {
     if (this.#closed) return;
     this.#closed = true;
     for (const [id, s] of this.#streams) this.#drop(id, s);
     this.#ready.clear();
-    this.#out = [];
+    this.#writer.close();
     const h = this.#h;
     this.#h = null;
     h?.closed(err);

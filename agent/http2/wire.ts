@@ -11,6 +11,16 @@ export class H2InputError extends Error {
   }
 }
 
+/** A connection error: GOAWAY with `code`, then close. */
+export class H2ConnectionError extends H2InputError {
+  readonly code: number;
+  constructor(code: number, message: string) {
+    super(message);
+    this.name = 'H2ConnectionError';
+    this.code = code;
+  }
+}
+
 /** The client connection preface (RFC 9113 3.4). */
 export const CLIENT_PREFACE = Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n', 'latin1');
 

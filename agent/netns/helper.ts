@@ -13,6 +13,7 @@ import { HelperError, describeError } from '../errors.ts';
 import { type Logger, silentLogger } from '../log.ts';
 import type { SocketFactory, TcpProbeOutcome, TcpTarget } from '../probe/types.ts';
 import { canonicalIp } from './ip.ts';
+import { helperRequestMs } from '../probe/time-budget.ts';
 import { HelperProcess } from './helper-process.ts';
 import {
   abortError, boundedInt, checkHelperBinary, checkRequest, discardHandle, isHelperReply, ownNetnsPath,
@@ -275,7 +276,7 @@ export class ResidentHelper implements SocketFactory {
     const p: Pending = {
       id, netns: netns as string, identity: checkedNetnsIdentity(netns as string), ask, startedAt: performance.now(), sent: false, sentAt: 0, reject, signal,
       // A TCP probe may wait its whole connect timeout in the helper on top of the helper's own time.
-      timer: setTimeout(() => this.#onTimeout(p), this.#timeoutMs + (ask.kind === 'tcp' ? Math.ceil(ask.target.timeoutMs) : 0)),
+      timer: setTimeout(() => this.#onTimeout(p), helperRequestMs(this.#timeoutMs, ask.kind === 'tcp' ? ask.target.timeoutMs : undefined)),
     };
     if (signal) {
       p.onAbort = () => this.#fail(p, abortError(signal), true);

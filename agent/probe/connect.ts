@@ -9,6 +9,7 @@ import { HelperError, NetnsError, describeError } from '../errors.ts';
 import type { FailureReason, ProbePhases, ProbeResult, SocketFactory } from './types.ts';
 import { watchLoopLag, type LagWatch } from './loop-lag.ts';
 import { joinHostPort } from './target.ts';
+import { ownTimeBudgetMs } from './time-budget.ts';
 
 /** RFC 8305 "Connection Attempt Delay": start the next address after this long without an answer. */
 export const ATTEMPT_DELAY_MS = 250;
@@ -17,7 +18,7 @@ export const ATTEMPT_DELAY_MS = 250;
  * One probe's time budget: an AbortSignal that fires when the target has had `timeoutMs`, or when the
  * caller aborts. Time the agent spends on itself while no socket exists yet (the netns helper's
  * fork/setns/socket round trip on a loaded node) is held out of that budget (hold/release): kubelet's
- * timeout is for the target. The held time has its own budget of `timeoutMs`; running out of it
+ * timeout is for the target. The held time has its own budget (time-budget.ts ownTimeBudgetMs); running out of it
  * aborts with why() 'helper', which callers report as an error (ours), never a failure. The event
  * loop's stalls are the agent's own time too (loop-lag.ts): when the timeout fires, the stall seen
  * since the start is given back to the target from the same budget; what the budget could not give
@@ -28,6 +29,8 @@ export class Deadline {
   /** When the target's budget ends; moves later by every held interval. */
   endsAt: number;
   readonly timeoutMs: number;
+  /** The agent's own-time budget: held time and the stalls given back share it. */
+  readonly #ownBudgetMs: number;
   readonly signal: AbortSignal;
   readonly #controller = new AbortController();
   #timer: NodeJS.Timeout;
@@ -45,6 +48,7 @@ export class Deadline {
   constructor(timeoutMs: number, parent?: AbortSignal) {
     this.startedAt = performance.now();
     this.timeoutMs = timeoutMs;
+    this.#ownBudgetMs = ownTimeBudgetMs(timeoutMs);
     this.endsAt = this.startedAt + timeoutMs;
     this.signal = this.#controller.signal;
     this.#timer = this.#arm('timeout', timeoutMs);
@@ -80,7 +84,7 @@ export class Deadline {
     this.#heldAt = performance.now();
     this.#stallAtHold = this.#lag.stalledMs();
     clearTimeout(this.#timer);
-    this.#timer = this.#arm('helper', Math.max(0, this.timeoutMs - this.#heldMs));
+    this.#timer = this.#arm('helper', Math.max(0, this.#ownBudgetMs - this.#heldMs));
   }
 
   /** Restarts the target's clock where hold() stopped it. Idempotent. */
@@ -114,7 +118,7 @@ export class Deadline {
 
   /** The target's time is up, unless the loop stalled meanwhile: that time is given back first. */
   #onTimeout(): void {
-    const credit = Math.min(this.uncreditedStallMs(), Math.max(0, this.timeoutMs - this.#heldMs - this.#givenBackMs));
+    const credit = Math.min(this.uncreditedStallMs(), Math.max(0, this.#ownBudgetMs - this.#heldMs - this.#givenBackMs));
     if (credit > 0) {
       this.#creditedMs += credit;
       this.#givenBackMs += credit;

@@ -17,6 +17,7 @@ import { encodeFrame, readFrame } from '../grpc/frame.ts';
 import { decodeGrpcMessage, formatGrpcTimeout } from '../grpc/headers.ts';
 import { codeFromHttpStatus, codeFromRstStream, goCodeName, GrpcCode, parseGrpcStatus } from '../grpc/status.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
+import { targetGrpcTimeoutMs } from './time-budget.ts';
 import type { FailureReason, GrpcHandler } from './types.ts';
 
 /** A health response is a few bytes; anything near this is not a health server. */
@@ -147,7 +148,7 @@ function checkRpc(socket: import('node:net').Socket, authority: string, service:
       { name: 'content-type', value: 'application/grpc' },
       { name: 'user-agent', value: `kube-probe/${kubeVersion}` },
       { name: 'te', value: 'trailers' },
-      { name: 'grpc-timeout', value: formatGrpcTimeout(Math.floor(deadline.remainingMs())) },
+      { name: 'grpc-timeout', value: formatGrpcTimeout(targetGrpcTimeoutMs(deadline.remainingMs())) },
     ]);
     const request = { block, body: encodeFrame(encodeHealthCheckRequest(service)), maxResponseBytes: MAX_RESPONSE_BYTES, maxHeaderListSize: MAX_HEADER_LIST };
     exchange = exchangeOnce(socket, request, (end) => {

@@ -25,6 +25,7 @@ import { buildHeaderMap, buildProbeRequest, type HeaderMap } from './http-reques
 import { boundMessage } from './run.ts';
 import { SPEC_LIMITS } from './spec.ts';
 import { TargetError, planTargets, type TargetPlan } from './target.ts';
+import { hookLimitSeconds } from './time-budget.ts';
 import type { FailureReason, HttpGetHandler, ProbeContext, ProbePhases, TcpSocketHandler } from './types.ts';
 
 /** The two container lifecycle hooks. */
@@ -75,7 +76,7 @@ export async function runLifecycleHandler(handler: LifecycleHandlerSpec, ctx: Ho
     // handlers.go's default case: the hook fails before anything is sent.
     return finish({ result: 'failure', reason: 'invalid-spec', message: 'Cannot run handler: invalid handler: tcpSocket lifecycle hooks are not supported by kubelet' });
   }
-  const limit = ctx.timeoutSeconds === 0 ? SPEC_LIMITS.maxTimeoutSeconds : ctx.timeoutSeconds;
+  const limit = hookLimitSeconds(ctx.timeoutSeconds);
   if (!Number.isFinite(limit) || limit <= 0 || limit > SPEC_LIMITS.maxTimeoutSeconds) {
     return finish({ result: 'error', reason: 'invalid-spec', message: `timeout: must be 0 or up to ${SPEC_LIMITS.maxTimeoutSeconds} s, got ${ctx.timeoutSeconds}` });
   }

@@ -9,6 +9,7 @@
 import { isIPv6 } from 'node:net';
 import { ATTEMPT_DELAY_MS, ConnectError, connectTo, toConnectError, type Deadline, type ProberResult } from './connect.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
+import { helperTcpTimes } from './time-budget.ts';
 import type { TcpProbeOutcome } from './types.ts';
 
 /** Runs kubelet's TCP probe against `plan`; never throws. */
@@ -39,9 +40,6 @@ export async function probeTcp(plan: TargetPlan, deadline: Deadline): Promise<Pr
   }
 }
 
-/** What the helper's child may take to make its socket before a TCP probe done there is given up as our own error. */
-const HELPER_SLACK_MS = 500;
-
 /**
  * The probe done whole by the socket factory where it makes sockets (the resident helper's child
  * inside the pod's netns: connect, close, report), when it offers that and the probe has one or
@@ -58,18 +56,17 @@ async function probeInHelper(plan: TargetPlan, deadline: Deadline): Promise<Prob
   if (deadline.signal.aborted) return undefined;
   const address = { ip, port: plan.port };
   const second = ip2 === undefined ? undefined : { family: isIPv6(ip2) ? 6 as const : 4 as const, ip: ip2, staggerMs: ATTEMPT_DELAY_MS };
-  const timeoutMs = deadline.remainingMs();
   // The child has the target's whole budget from the moment its socket exists; its own start gets
-  // HELPER_SLACK_MS on top (kubelet's timeout is for the target). No answer by then means the
+  // a slack on top (kubelet's timeout is for the target). No answer by then means the
   // child never got its socket in time (a hung open/setns, a stopped helper): our trouble, an
   // error, never a failure, as on the socket route. Only that or the caller aborting cancels it.
-  const slackMs = Math.min(timeoutMs, HELPER_SLACK_MS);
+  const { childTimeoutMs: timeoutMs, slackMs, giveUpMs } = helperTcpTimes(deadline.remainingMs());
   const cancel = new AbortController();
   const onAbort = (): void => {
     if (deadline.why() === 'aborted') cancel.abort(new ConnectError('error', 'other', address, 'probe aborted'));
   };
   const slack = setTimeout(() => cancel.abort(new ConnectError('error', 'helper-error', address,
-    `netns helper did not make the probe's socket within ${Math.round(slackMs)} ms (not counted against the probe's timeout)`)), timeoutMs + slackMs);
+    `netns helper did not make the probe's socket within ${Math.round(slackMs)} ms (not counted against the probe's timeout)`)), giveUpMs);
   deadline.signal.addEventListener('abort', onAbort, { once: true });
   let outcome: TcpProbeOutcome | undefined;
   try {

@@ -24,6 +24,7 @@ import type { FairLimiter } from '../scheduler/limiter.ts';
 import type { SandboxGoing } from './sandbox-going.ts';
 import type { OnDemandHookRequest, OnDemandProber, OnDemandProbeRequest, ProbeKey } from '../scheduler/types.ts';
 import { runLifecycleHandler, type HookOutcome, type LifecycleHook } from '../probe/lifecycle.ts';
+import { admission } from '../probe/time-budget.ts';
 
 /** Dependencies of PodProber. */
 export interface PodProberOptions {
@@ -92,15 +93,6 @@ const UNPROBEABLE: ReadonlySet<NotOursReason> = new Set(['host-network', 'sandbo
 function decidesRestart(container: ContainerInfo, spec: ProbeSpec): boolean {
   const { Liveness, Startup } = container.probes;
   return (Liveness?.ok === true && Liveness.spec === spec) || (Startup?.ok === true && Startup.spec === spec);
-}
-
-/**
- * How long a call may wait for a slot and still run its whole timeout before the caller's deadline
- * (milliseconds from now; undefined = no deadline). The kubelet shim's calls get their timeout plus
- * a small grace: that grace is all the queueing they can take.
- */
-function latestStartMs(deadlineAt: number | undefined, timeoutMs: number): number | undefined {
-  return deadlineAt === undefined ? undefined : deadlineAt - Date.now() - timeoutMs;
 }
 
 /** Runs probes inside the netns of pods known on this node. */
@@ -188,12 +180,11 @@ export class PodProber implements OnDemandProber {
     // refused call costs next to nothing): fair queueing, and refused at once when the probe could
     // not start its full timeout before the caller's deadline. One tenant's hanging probes never
     // take another tenant's slots.
-    const timeoutMs = req.timeoutSeconds * 1000;
     const { value } = await this.#o.limiter.run(
       { group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` },
       async () => this.#run(pod, container, handler, req.timeoutSeconds, await this.#netnsOf(located, signal), signal, shimCall, sandbox?.id),
       signal,
-      { deadlineMs: latestStartMs(req.deadlineAt, timeoutMs), holdMs: timeoutMs, maxQueuedInGroup: this.#o.maxQueuedPerNamespace },
+      { ...admission(req.deadlineAt, req.timeoutSeconds, Date.now()), maxQueuedInGroup: this.#o.maxQueuedPerNamespace },
     );
     if (value.reason === 'netns-gone' && shimCall) await this.#refuseIfDead(req, signal);
     // A call its caller gave up on is not a result kubelet will see: record nothing for it.
@@ -254,10 +245,8 @@ export class PodProber implements OnDemandProber {
       const netns = await this.#netnsOf(located, signal);
       return runLifecycleHandler(handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal, shimCall), hook: req.hook });
     };
-    const timeoutMs = req.timeoutSeconds > 0 ? req.timeoutSeconds * 1000 : undefined;
-    const admission = { deadlineMs: latestStartMs(req.deadlineAt, timeoutMs ?? 0), holdMs: timeoutMs };
     const outcome = this.#o.hookLimiter
-      ? (await this.#o.hookLimiter.run({ group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` }, run, signal, admission)).value
+      ? (await this.#o.hookLimiter.run({ group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` }, run, signal, admission(req.deadlineAt, req.timeoutSeconds, Date.now()))).value
       : await run();
     if (outcome.reason === 'netns-gone') {
       this.#netnsGone(pod.uid, sandbox?.id);

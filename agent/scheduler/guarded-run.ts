@@ -6,12 +6,10 @@ import { describeError, OverloadedError } from '../errors.ts';
 import type { ContainerInfo, PodInfo } from '../pods/types.ts';
 import type { FailureReason, ProbeOutcome, ProbeSpec } from '../probe/types.ts';
 import type { FairLimiter, Permit } from './limiter.ts';
+import { WATCHDOG_GRACE_MS, scheduledLimitMs } from '../probe/time-budget.ts';
 
 /** Runs one probe against a container; resolves with the outcome (errors as result 'error'). */
 export type RunProbe = (pod: PodInfo, container: ContainerInfo, spec: ProbeSpec, signal: AbortSignal) => Promise<ProbeOutcome>;
-
-/** A prober that overruns its timeout by this much is abandoned: a stuck run must not stop a worker for good. */
-export const WATCHDOG_GRACE_MS = 5_000;
 
 /** An outcome for a probe that could not be run. */
 export function errorOutcome(reason: FailureReason, message: string): ProbeOutcome {
@@ -32,11 +30,13 @@ export async function runGuarded(
   controller: AbortController,
   watchdogGraceMs = WATCHDOG_GRACE_MS,
 ): Promise<ProbeOutcome> {
+  // Past its longest run (time-budget.ts) a stuck prober is abandoned: it must not stop a worker for good.
+  const limitMs = scheduledLimitMs(spec.timeoutSeconds, watchdogGraceMs);
   let permit: Permit | undefined;
   if (limiter) {
     try {
       permit = await limiter.acquire({ group: pod.namespace, owner: pod.uid }, controller.signal, {
-        holdMs: 2 * spec.timeoutSeconds * 1000 + watchdogGraceMs,
+        holdMs: limitMs,
       });
     } catch (err) {
       if (err instanceof OverloadedError) return errorOutcome('queue-full', err.message);
@@ -52,8 +52,7 @@ export async function runGuarded(
   }
   const held = permit;
   if (held) void running.then(() => held.release(), () => held.release());
-  // A probe may take its timeout for the target plus as long again waiting on the netns helper (connect.ts Deadline).
-  const outcome = await watch(running, 2 * spec.timeoutSeconds * 1000 + watchdogGraceMs, controller);
+  const outcome = await watch(running, limitMs, controller);
   return held ? { ...outcome, phases: { ...outcome.phases, queue: held.waitedMs / 1000 } } : outcome;
 }
 

@@ -102,8 +102,9 @@ export interface OnDemandProbeRequest {
   /** Seconds; fractional when the API call's deadline capped the probe's own timeout. */
   timeoutSeconds: number;
   /**
-   * Epoch ms when the caller stops waiting (the API call's deadline); absent = never. A call that
-   * could not start its full timeout before it is refused instead of queued (RESOURCE_EXHAUSTED).
+   * Epoch ms when the answer is due (the API call's deadline less the reply margin,
+   * time-budget.ts callBudget); absent = never. A call that could not start its full timeout
+   * before it is refused instead of queued (RESOURCE_EXHAUSTED).
    */
   deadlineAt?: number;
   /** Called with the pod's namespace once the pod is found, before admission (ExecSync's cache charges its entry to it). */
@@ -120,7 +121,7 @@ export interface OnDemandHookRequest {
   hook: import('../probe/lifecycle.ts').LifecycleHook;
   /** Seconds; 0 = no limit of its own; fractional when the call deadline capped it. */
   timeoutSeconds: number;
-  /** Epoch ms when the caller stops waiting, as in OnDemandProbeRequest. */
+  /** Epoch ms when the answer is due, as in OnDemandProbeRequest. */
   deadlineAt?: number;
   /** As in OnDemandProbeRequest. */
   onLocated?: (namespace: string) => void;

@@ -21,6 +21,7 @@ import { ShimMetrics, type AgentErrorCause, type InterceptKind } from './metrics
 import { execSyncFacts, type ExecSyncFacts } from './exec-sync.ts';
 import type { HeaderField } from '../http2/hpack.ts';
 import { FrameRelay } from './relay.ts';
+import { AGENT_GRACE_MS, HOOK_LAST_RESORT_MS, agentCallMs } from '../probe/time-budget.ts';
 
 
 /** How the shim is configured. */
@@ -59,7 +60,7 @@ export interface ShimStats {
   runtimeErrors: number;
 }
 
-const DEFAULTS = { agentGraceMs: 2000, hookAgentWaitMs: 60_000, hookLastResortMs: 3_630_000 };
+const DEFAULTS = { agentGraceMs: AGENT_GRACE_MS, hookAgentWaitMs: 60_000, hookLastResortMs: HOOK_LAST_RESORT_MS };
 
 const HOOK_KINDS: ReadonlySet<InterceptKind> = new Set(['postStart', 'preStop']);
 
@@ -239,12 +240,11 @@ export class CriShim {
       if (outcome.error) return { kind, answer: answerFromCallError(outcome.error, `${kind} hook`), cause: causeOfCallError(outcome.error) };
       return { kind, answer: { kind: 'message', ...outcome.answer } };
     }
-    const ownMs = Math.min(Math.max(0, facts.timeoutSeconds) * 1000 + this.config.agentGraceMs, this.config.hookLastResortMs);
     const what = kind === 'unknown' ? 'rewritten handler' : `${kind} probe`;
     // No retry here: kubelet discards a probe's gRPC error (it never counts as a failure) and runs
     // the probe again at its next period, so an agent that is away costs a probe nothing; hooks,
     // whose failure kills a container, wait for the agent instead (runHookOnce).
-    const deadlineMs = callerMs === undefined ? ownMs : Math.max(1, Math.min(ownMs, callerMs - 50));
+    const deadlineMs = agentCallMs(facts.timeoutSeconds, this.config.agentGraceMs, callerMs, this.config.hookLastResortMs);
     try {
       const a = await this.#agent.execSync(body, { deadlineMs, signal });
       return { kind, answer: { kind: 'message', ...a } };

@@ -16,7 +16,7 @@ const AGENT = fileURLToPath(new URL('../../agent/', import.meta.url));
 /** Folders the shim may load anything from. */
 const SHIM_FOLDERS = ['shim/', 'contract/', 'http2/', 'grpc/'];
 /** Leaves outside them (they import nothing but each other). */
-const SHIM_LEAVES = ['config/duration.ts', 'errors.ts'];
+const SHIM_LEAVES = ['config/duration.ts', 'errors.ts', 'probe/time-budget.ts'];
 
 function allowed(module: string): boolean {
   return SHIM_FOLDERS.some((f) => module.startsWith(f)) || SHIM_LEAVES.includes(module);
