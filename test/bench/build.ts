@@ -6,7 +6,7 @@
  * node_modules, proto/, netns-helper/ and package.json, so module-relative paths keep working.
  */
 import { execFile, execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -73,13 +73,19 @@ export async function buildForBench(opts: { fromSource?: boolean; root?: string 
 export async function buildRevision(label: string, rev: string): Promise<BenchBuild> {
   if (!/^[A-Za-z0-9_.-]+$/.test(label)) throw new Error(`revision label ${JSON.stringify(label)}: letters, digits, _ . - only`);
   const root = join(REPO, 'build/bench-revs', label);
-  rmSync(root, { recursive: true, force: true });
-  mkdirSync(root, { recursive: true });
-  const paths = ['agent', 'test', 'proto', 'netns-helper', 'package.json', 'tsconfig.json'];
-  const tar = execFileSync('git', ['-C', REPO, 'archive', rev, ...paths], { maxBuffer: 256 * 1024 * 1024 });
-  execFileSync('tar', ['-x', '-C', root], { input: tar });
-  symlinkSync(join(REPO, 'node_modules'), join(root, 'node_modules'));
-  execFileSync('make', ['-s', '-C', join(root, 'netns-helper')], { stdio: ['ignore', 'ignore', 'inherit'] });
+  const commit = execFileSync('git', ['-C', REPO, 'rev-parse', '--verify', `${rev}^{commit}`], { encoding: 'utf8' }).trim();
+  const marker = join(root, '.bench-rev');
+  // The same commit extracted and its helper built before: only the compile is redone.
+  if (!existsSync(marker) || readFileSync(marker, 'utf8') !== commit) {
+    rmSync(root, { recursive: true, force: true });
+    mkdirSync(root, { recursive: true });
+    const paths = ['agent', 'test', 'proto', 'netns-helper', 'package.json', 'tsconfig.json'];
+    const tar = execFileSync('git', ['-C', REPO, 'archive', commit, ...paths], { maxBuffer: 256 * 1024 * 1024 });
+    execFileSync('tar', ['-x', '-C', root], { input: tar });
+    symlinkSync(join(REPO, 'node_modules'), join(root, 'node_modules'));
+    execFileSync('make', ['-s', '-C', join(root, 'netns-helper')], { stdio: ['ignore', 'ignore', 'inherit'] });
+    writeFileSync(marker, commit);
+  }
   const build = await buildForBench({ root });
-  return { ...build, note: `${label} = ${rev}${build.note ? ` (${build.note})` : ''}` };
+  return { ...build, note: `${label} = ${rev} (${commit.slice(0, 7)})${build.note ? `: ${build.note}` : ''}` };
 }
