@@ -1,6 +1,7 @@
 /**
  * Before/after in one run: the side-by-side mix on path (a) for this tree and for other git
- * revisions, interleaved round by round (this tree's paths first, then each revision), plus
+ * revisions, interleaved round by round (this tree's paths first, then each revision, their order
+ * rotated every round; name this tree as a revision too, e.g. head=HEAD, to rotate it as well), plus
  * blackbox_exporter (e) by default. Each revision is compiled with its own driver and its own
  * helper (build.ts buildRevision), so only the code differs between the columns.
  *
@@ -96,8 +97,9 @@ async function main(): Promise<void> {
     };
     for (const kind of KINDS) row(kind, (s) => s.kinds[kind].cpuMsPerProbe, (s) => agentMs(s, kind));
     row('whole mix', (s) => s.cpuMsPerProbe, (s) => KINDS.reduce((t, k) => t + agentMs(s, k), 0) / KINDS.length);
-    const unexpected = [a, ...Object.values(sbs.revisions ?? {})].flatMap((s) => Object.values(s.variants).map((v) => v.unexpected)).reduce((x, y) => x + y, 0);
-    L.push('', unexpected === 0 ? 'Every probe gave the expected result.' : `**${unexpected} probes gave an unexpected result.**`);
+    const columns: [string, PathSummary][] = [['this tree', a], ...revs.map((r) => [r.label, sbs.revisions?.[r.label] as PathSummary] as [string, PathSummary])];
+    const bad = columns.map(([label, s]) => [label, Object.entries(s.variants).filter(([, v]) => v.unexpected > 0).map(([n, v]) => `${n} ${v.unexpected}`)] as const).filter(([, l]) => l.length > 0);
+    L.push('', bad.length === 0 ? 'Every probe gave the expected result.' : `**Unexpected results** (a broken build or timeouts under load): ${bad.map(([label, l]) => `${label}: ${l.join(', ')}`).join('; ')}.`);
     process.stdout.write(`${L.join('\n')}\n`);
   } finally {
     for (const b of builds) b.cleanup();

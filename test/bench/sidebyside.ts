@@ -27,7 +27,7 @@ export interface SideBySideOptions {
   driver: string;
   /** Paths to run (default all, in PATHS order); the report needs all of them. */
   paths?: readonly PathName[];
-  /** Other builds' drivers (build.ts buildRevision), each run as path (a) after the paths of every round. */
+  /** Other builds' drivers (build.ts buildRevision), each run as path (a) after the paths of every round, in rotated order. */
   revisions?: readonly { label: string; driver: string }[];
   /** Node flags for every agent driver (e.g. --cpu-prof). */
   driverNodeFlags?: (name: string) => string[];
@@ -218,7 +218,10 @@ export async function runSideBySide(opts: SideBySideOptions): Promise<SideBySide
         round.push(await runDriver(driver, cfg, cgroups, `${path}-${r + 1}`, flags));
         log(`  round ${r + 1}/${opts.rounds} ${path}: ${((Date.now() - t) / 1000).toFixed(1)} s`);
       }
-      for (const [i, rev] of revisions.entries()) {
+      // Each round starts with the next revision: none always runs right after another.
+      for (let k = 0; k < revisions.length; k++) {
+        const i = (k + r) % revisions.length;
+        const rev = revisions[i]!;
         const cfg: DriverConfig = { path: 'resident', pods, probes: opts.probes, warmup: opts.warmup, concurrency: opts.concurrency, timeoutSeconds: opts.timeoutSeconds };
         const t = Date.now();
         revRounds[i]!.push(await runDriver(rev.driver, cfg, cgroups, `${rev.label}-${r + 1}`, driverNodeFlags?.(`${rev.label}-${r + 1}`)));
