@@ -28,7 +28,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: fuzz-helper bench-helper bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster e2e-containerd-events
+.PHONY: fuzz-helper bench-helper bench-revs bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster e2e-containerd-events
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -143,6 +143,12 @@ bench: build
 ## bench-shim: only the kubelet-shim part of the bench (BENCH_QUICK=1, BENCH_SHIM_* knobs; see test/bench/shim.ts).
 bench-shim: build
 	node test/bench/shim.ts
+
+## bench-revs: path (a) of other git revisions beside this tree's and blackbox_exporter, interleaved,
+## ratios in one run: BENCH_REVS='label=rev ...' (e.g. the frame budgets' cost:
+## BENCH_REVS='nobudget=86bcf41^ budget=86bcf41'); knobs in test/bench/revs.ts.
+bench-revs: build
+	node test/bench/revs.ts
 
 ## bench-helper: CPU per in-netns socket, this helper against the same source (or HELPER_BASELINE_REV's)
 ## built with the flags it had before its hardening (static non-PIE, partial RELRO, FORTIFY 2).

@@ -234,9 +234,17 @@ function helperTimeoutError(address: ConnectAddress, deadline: Deadline): Connec
   return new ConnectError('error', 'helper-error', address, `netns helper did not hand over a socket within ${deadline.timeoutMs} ms (not counted against the probe's timeout)`);
 }
 
+/**
+ * Why a losing or cancelled attempt's own signal fires. One shared reason: abort() without one
+ * builds a DOMException (a stack trace) per attempt, and the reason reaches only code that
+ * ignores it (a settled connectTo).
+ */
+const ATTEMPT_CANCELLED = new Error('connection attempt cancelled');
+
 interface Attempt {
   address: ConnectAddress;
-  abort: AbortController;
+  /** Only with several addresses: a lone attempt is cancelled by the deadline's signal. */
+  abort: AbortController | undefined;
   socket?: Socket;
   error?: ConnectError;
   helperSeconds: number;
@@ -268,7 +276,7 @@ export function connectTo(addresses: readonly ConnectAddress[], via: ConnectVia,
       deadline.signal.removeEventListener('abort', onDeadline);
       for (const a of attempts) {
         if (a === winner) continue;
-        a.abort.abort();
+        a.abort?.abort(ATTEMPT_CANCELLED);
         a.socket?.destroy();
       }
       if (winner?.socket) {
@@ -309,7 +317,7 @@ export function connectTo(addresses: readonly ConnectAddress[], via: ConnectVia,
         if (attempts.every((a) => a.error)) finish(undefined, attempts[0]?.error);
         return;
       }
-      const attempt: Attempt = { address, abort: new AbortController(), helperSeconds: 0 };
+      const attempt: Attempt = { address, abort: addresses.length === 1 ? undefined : new AbortController(), helperSeconds: 0 };
       attempts.push(attempt);
       if (attempts.length < addresses.length) staggerTimer = setTimeout(startNext, ATTEMPT_DELAY_MS);
       void runAttempt(attempt);
@@ -332,7 +340,7 @@ export function connectTo(addresses: readonly ConnectAddress[], via: ConnectVia,
         // A lone attempt is only ever cancelled by the deadline. With several, the attempt's own
         // signal is enough: the deadline ends in finish(), which aborts every attempt but the
         // winner. (AbortSignal.any over both cost more than the rest of the attempt's bookkeeping.)
-        const signal = addresses.length === 1 ? deadline.signal : attempt.abort.signal;
+        const signal = attempt.abort?.signal ?? deadline.signal;
         socket = await via.sockets.createSocket(via.netns, isIPv6(attempt.address.ip) ? 6 : 4, signal);
       } catch (err) {
         if (!settled && !deadline.signal.aborted) failAttempt(attempt, err);

@@ -116,6 +116,41 @@ function nghttp2Name(code: number): string {
   return name === undefined ? String(code) : `NGHTTP2_${name}`;
 }
 
+/** A probe's request header block but its grpc-timeout, and its framed request message. */
+interface RequestParts {
+  head: Buffer;
+  body: Buffer;
+}
+
+/**
+ * Request parts by authority, service and kube version: a worker sends the same ones every period.
+ * Bounded (a node has far fewer gRPC targets); past the bound it starts over. Only read afterwards.
+ */
+const requestCache = new Map<string, RequestParts>();
+const REQUEST_CACHE_MAX = 4096;
+
+function requestParts(authority: string, service: string, kubeVersion: string): RequestParts {
+  const key = `${authority}\u0000${service}\u0000${kubeVersion}`;
+  const known = requestCache.get(key);
+  if (known) return known;
+  const parts = {
+    head: encodeLiteralBlock([
+      { name: ':method', value: 'POST' },
+      { name: ':scheme', value: 'http' },
+      { name: ':path', value: CHECK_PATH },
+      // grpc-go uses the dial target as :authority, port included.
+      { name: ':authority', value: authority },
+      { name: 'content-type', value: 'application/grpc' },
+      { name: 'user-agent', value: `kube-probe/${kubeVersion}` },
+      { name: 'te', value: 'trailers' },
+    ]),
+    body: encodeFrame(encodeHealthCheckRequest(service)),
+  };
+  if (requestCache.size >= REQUEST_CACHE_MAX) requestCache.clear();
+  requestCache.set(key, parts);
+  return parts;
+}
+
 /** One unary Health/Check over a fresh HTTP/2 connection on `socket`. Resolves; never rejects. */
 function checkRpc(socket: import('node:net').Socket, authority: string, service: string, kubeVersion: string, deadline: Deadline): Promise<RpcResult | ConnFailure> {
   return new Promise((resolve) => {
@@ -139,18 +174,10 @@ function checkRpc(socket: import('node:net').Socket, authority: string, service:
     };
     if (deadline.signal.aborted) return onAbort();
 
-    const block = encodeLiteralBlock([
-      { name: ':method', value: 'POST' },
-      { name: ':scheme', value: 'http' },
-      { name: ':path', value: CHECK_PATH },
-      // grpc-go uses the dial target as :authority, port included.
-      { name: ':authority', value: authority },
-      { name: 'content-type', value: 'application/grpc' },
-      { name: 'user-agent', value: `kube-probe/${kubeVersion}` },
-      { name: 'te', value: 'trailers' },
-      { name: 'grpc-timeout', value: formatGrpcTimeout(targetGrpcTimeoutMs(deadline.remainingMs())) },
-    ]);
-    const request = { block, body: encodeFrame(encodeHealthCheckRequest(service)), maxResponseBytes: MAX_RESPONSE_BYTES, maxHeaderListSize: MAX_HEADER_LIST };
+    const fixed = requestParts(authority, service, kubeVersion);
+    // Literal representations stand alone, so the per-probe grpc-timeout is appended to the fixed fields.
+    const block = Buffer.concat([fixed.head, encodeLiteralBlock([{ name: 'grpc-timeout', value: formatGrpcTimeout(targetGrpcTimeoutMs(deadline.remainingMs())) }])]);
+    const request = { block, body: fixed.body, maxResponseBytes: MAX_RESPONSE_BYTES, maxHeaderListSize: MAX_HEADER_LIST };
     exchange = exchangeOnce(socket, request, (end) => {
       const started = exchange?.responseStarted ?? false;
       const ready = exchange?.settingsSeen ?? false;

@@ -53,9 +53,7 @@ export class SocketGet {
     // Raw header pairs: node writes them as given (order, case, latin1 bytes) and adds no Host,
     // Connection or Transfer-Encoding of its own. Go writes a value's UTF-8 bytes; node validates
     // and writes each character as one latin1 byte, so non-ASCII values go in as their UTF-8 bytes.
-    const headers: string[] = ['Host', req.hostHeader];
-    for (const [name, value] of req.headers) headers.push(name, utf8OnTheWire(value));
-    headers.push('Connection', 'close');
+    const headers = rawHeaders(req);
     let informational = 0;
     this.#request = httpRequest({
       method: 'GET',
@@ -145,6 +143,20 @@ export function readAtMost(res: IncomingMessage, limit: number): Promise<Buffer>
 export function discardBody(res: IncomingMessage): void {
   res.on('error', () => {});
   res.destroy();
+}
+
+/** Raw header lists by request: a worker's first request is the same object every period (http.ts). */
+const rawHeaderLists = new WeakMap<ProbeRequest, readonly string[]>();
+
+/** The request's header lines as node:http takes them raw (node only reads the list). */
+function rawHeaders(req: ProbeRequest): string[] {
+  const known = rawHeaderLists.get(req);
+  if (known) return known as string[];
+  const headers: string[] = ['Host', req.hostHeader];
+  for (const [name, value] of req.headers) headers.push(name, utf8OnTheWire(value));
+  headers.push('Connection', 'close');
+  rawHeaderLists.set(req, Object.freeze(headers));
+  return headers;
 }
 
 /**

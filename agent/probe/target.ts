@@ -168,13 +168,23 @@ export function familyOrdered(ips: readonly string[]): string[] {
   return out;
 }
 
+/** canonicalIP's IPv6 answers: every probe of a dual-stack pod asks about the same address. */
+const canonicalV6 = new Map<string, string>();
+/** Bound of that memo (a node has far fewer pod addresses); past it the memo starts over. */
+const CANONICAL_V6_MAX = 4096;
+
 /** The canonical text of an IP literal (compressed lower-case IPv6, no zone), or undefined if not an IP. */
 export function canonicalIP(text: string): string | undefined {
+  const known = canonicalV6.get(text);
+  if (known !== undefined) return known;
   const family = isIP(text);
   if (family === 4) return text;
   if (family !== 6 || text.includes('%')) return undefined;
   // The WHATWG URL parser prints IPv6 in RFC 5952 form, so equal addresses compare equal as strings.
-  return new URL(`http://[${text}]/`).hostname.slice(1, -1);
+  const canonical = new URL(`http://[${text}]/`).hostname.slice(1, -1);
+  if (canonicalV6.size >= CANONICAL_V6_MAX) canonicalV6.clear();
+  canonicalV6.set(text, canonical);
+  return canonical;
 }
 
 /** 127.0.0.0/8, ::1, and IPv4-mapped loopback. */

@@ -73,6 +73,12 @@ export class ProbeManager {
   readonly #finished = new Map<string, Set<string>>();
   /** Stopped workers whose aborted run has not settled yet. */
   readonly #draining = new Set<ProbeWorker>();
+  /**
+   * A container's worker ids by probe type. Every probe result and every pod sync looks its
+   * container's workers up, and the pod source hands back the same container object while the pod
+   * is unchanged: the id strings are built once per container object, not on every lookup.
+   */
+  readonly #idsOf = new WeakMap<ContainerInfo, { uid: string; ids: Record<ProbeType, string> }>();
   #stopped = false;
 
   constructor(opts: ProbeManagerOptions) {
@@ -186,13 +192,13 @@ export class ProbeManager {
     const changed = previous === undefined || (previous !== pod && JSON.stringify(previous) !== JSON.stringify(pod));
     this.#pods.set(pod.uid, pod);
 
-    const desired = new Map<string, { container: ContainerInfo; probe: ContainerProbe; key: ProbeKey }>();
+    const desired = new Map<string, { container: ContainerInfo; probe: ContainerProbe; probeType: ProbeType }>();
     for (const container of pod.containers) {
+      const ids = this.#ids(pod, container);
       for (const probeType of PROBE_TYPES) {
         const probe = container.probes[probeType];
         if (!probe || !isOurs(probe)) continue;
-        const key = keyOf(pod.uid, container.name, probeType);
-        desired.set(probeKeyString(key), { container, probe, key });
+        desired.set(ids[probeType], { container, probe, probeType });
       }
     }
     for (const [id, w] of this.#workersOf(previous)) {
@@ -203,19 +209,21 @@ export class ProbeManager {
     const terminal = pod.phase === 'Failed' || pod.phase === 'Succeeded';
     for (const [id, want] of desired) {
       const existing = this.#workers.get(id);
-      if (existing && JSON.stringify(existing.probe) === JSON.stringify(want.probe)) {
+      // The same probe object is the same spec (an unchanged pod is handed back as is).
+      if (existing && (existing.probe === want.probe || JSON.stringify(existing.probe) === JSON.stringify(want.probe))) {
         existing.update(pod, want.container);
         continue;
       }
       if (existing) this.#stopWorker(id, existing);
       else if (terminal || finished?.has(id)) continue;
+      const key = keyOf(pod.uid, want.container.name, want.probeType);
       if (this.#workers.size >= this.#maxWorkers) {
-        this.#logger.warn('worker limit reached; probe not started', { ...want.key, maxWorkers: this.#maxWorkers });
+        this.#logger.warn('worker limit reached; probe not started', { ...key, maxWorkers: this.#maxWorkers });
         continue;
       }
-      const worker = new ProbeWorker(want.key, pod, want.container, want.probe, this.#host);
+      const worker = new ProbeWorker(key, pod, want.container, want.probe, this.#host);
       this.#workers.set(id, worker);
-      this.#logger.debug('probe worker started', { ...want.key, restarted: existing !== undefined });
+      this.#logger.debug('probe worker started', { ...key, restarted: existing !== undefined });
       worker.start();
     }
     return changed;
@@ -244,8 +252,9 @@ export class ProbeManager {
     const out: [string, ProbeWorker][] = [];
     if (!pod) return out;
     for (const container of pod.containers) {
+      const ids = this.#ids(pod, container);
       for (const probeType of PROBE_TYPES) {
-        const id = probeKeyString(keyOf(pod.uid, container.name, probeType));
+        const id = ids[probeType];
         const w = this.#workers.get(id);
         if (w) out.push([id, w]);
       }
@@ -253,13 +262,22 @@ export class ProbeManager {
     return out;
   }
 
+  #ids(pod: PodInfo, container: ContainerInfo): Record<ProbeType, string> {
+    const known = this.#idsOf.get(container);
+    if (known && known.uid === pod.uid) return known.ids;
+    const ids = {} as Record<ProbeType, string>;
+    for (const t of PROBE_TYPES) ids[t] = probeKeyString(keyOf(pod.uid, container.name, t));
+    this.#idsOf.set(container, { uid: pod.uid, ids });
+    return ids;
+  }
+
   #workerUpdated(w: ProbeWorker, significant: boolean): void {
-    if (w.stopped || this.#workers.get(probeKeyString(w.key)) !== w) return;
+    if (w.stopped || this.#workers.get(w.id) !== w) return;
     this.#refreshContainer(w.pod, w.container, significant);
   }
 
   #workerExited(w: ProbeWorker): void {
-    const id = probeKeyString(w.key);
+    const id = w.id;
     if (this.#workers.get(id) !== w) return;
     this.#workers.delete(id);
     this.#opts.store.remove(w.key);
@@ -274,23 +292,25 @@ export class ProbeManager {
   }
 
   #worker(pod: PodInfo, container: ContainerInfo, probeType: ProbeType): ProbeWorker | undefined {
-    return this.#workers.get(probeKeyString(keyOf(pod.uid, container.name, probeType)));
+    return this.#workers.get(this.#ids(pod, container)[probeType]);
   }
 
   /** Writes the container's derived state into every one of its workers' statuses. */
   #refreshContainer(pod: PodInfo, container: ContainerInfo, allowTrigger: boolean): void {
-    const workers = PROBE_TYPES.map((t) => this.#worker(pod, container, t)).filter((w) => w !== undefined);
-    if (workers.length === 0) return;
-    const started = this.#isStarted(pod, container);
-    const ready = started && this.#isReady(pod, container, allowTrigger);
-    for (const w of workers) this.#opts.store.upsert({ ...w.status(), started, ready });
+    const ids = this.#ids(pod, container);
+    const liveness = this.#workers.get(ids.Liveness);
+    const readiness = this.#workers.get(ids.Readiness);
+    const startup = this.#workers.get(ids.Startup);
+    if (!liveness && !readiness && !startup) return;
+    const started = this.#isStarted(pod, container, startup);
+    const ready = started && this.#isReady(pod, container, allowTrigger, readiness);
+    for (const w of [liveness, readiness, startup]) if (w) this.#opts.store.upsert({ ...w.status(), started, ready });
   }
 
-  /** kubelet's isContainerStarted. */
-  #isStarted(pod: PodInfo, container: ContainerInfo): boolean {
+  /** kubelet's isContainerStarted; `worker`: the container's startup worker, when the caller has looked it up. */
+  #isStarted(pod: PodInfo, container: ContainerInfo, worker = this.#worker(pod, container, 'Startup')): boolean {
     const state = container.state;
     if (!state?.running) return false;
-    const worker = this.#worker(pod, container, 'Startup');
     const cached = worker?.resultFor(state.containerID);
     if (cached !== undefined) return cached === 'success';
     // ChangeContainerStatusOnKubeletRestart off (kubelet's default): a reported Started=true is trusted.
@@ -305,10 +325,9 @@ export class ProbeManager {
   }
 
   /** kubelet's readiness part of UpdatePodStatus (called only for started containers), with the restart grace. */
-  #isReady(pod: PodInfo, container: ContainerInfo, allowTrigger: boolean): boolean {
+  #isReady(pod: PodInfo, container: ContainerInfo, allowTrigger: boolean, worker = this.#worker(pod, container, 'Readiness')): boolean {
     const state = container.state;
     if (!state?.running) return false;
-    const worker = this.#worker(pod, container, 'Readiness');
     const cached = worker?.resultFor(state.containerID);
     if (cached === 'success') return true;
     if (!worker && isKubeletExec(container.probes.Readiness)) return state.ready;

@@ -18,6 +18,7 @@ import type { Clock, TimerHandle } from './clock.ts';
 import { errorOutcome, runGuarded } from './guarded-run.ts';
 import type { RunProbe } from './guarded-run.ts';
 import type { FairLimiter } from './limiter.ts';
+import { probeKeyString } from './results-store.ts';
 import { Ticker } from './ticker.ts';
 import type { ProbeKey, ProbeObserver, ProbeRunMeta, ProbeStatus, ThresholdResult } from './types.ts';
 
@@ -59,6 +60,8 @@ const INVALID_SPEC_PERIOD_MS = 10_000;
 /** Periodic prober of one probe of one container. Create, then start(). */
 export class ProbeWorker {
   readonly key: ProbeKey;
+  /** probeKeyString(key), built once: the manager looks its workers up by it on every result. */
+  readonly id: string;
   /** Metric identity; undefined when the spec is invalid (nothing runs, nothing is measured). */
   readonly meta: ProbeRunMeta | undefined;
   readonly probe: ContainerProbe;
@@ -94,6 +97,7 @@ export class ProbeWorker {
 
   constructor(key: ProbeKey, pod: PodInfo, container: ContainerInfo, probe: ContainerProbe, host: WorkerHost) {
     this.key = key;
+    this.id = probeKeyString(key);
     this.probe = probe;
     this.#host = host;
     this.#pod = pod;

@@ -5,8 +5,8 @@
  * of RSS) and start-up CPU to every measurement. The dir mirrors the repo layout, with symlinks to
  * node_modules, proto/, netns-helper/ and package.json, so module-relative paths keep working.
  */
-import { execFile } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { execFile, execFileSync } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -30,17 +30,21 @@ function fromSource(note: string): BenchBuild {
   return { cli: join(REPO, 'agent/cli.ts'), driver: join(REPO, 'test/bench/driver.ts'), compiled: false, note, cleanup: () => {} };
 }
 
-/** Compiles into a temp dir; falls back to running the TypeScript sources when that fails. */
-export async function buildForBench(opts: { fromSource?: boolean } = {}): Promise<BenchBuild> {
+/**
+ * Compiles into a temp dir; falls back to running the TypeScript sources when that fails. `root`:
+ * another checkout to compile (buildRevision), which has no source fallback.
+ */
+export async function buildForBench(opts: { fromSource?: boolean; root?: string } = {}): Promise<BenchBuild> {
   if (opts.fromSource) return fromSource('BENCH_TS=1: running the TypeScript sources (type stripping adds RSS)');
+  const root = opts.root ?? REPO;
   const dir = mkdtempSync(join(tmpdir(), 'probe-agent-bench-build-'));
   const out = join(dir, 'out');
   const cleanup = (): void => rmSync(dir, { recursive: true, force: true });
   writeFileSync(join(dir, 'tsconfig.json'), JSON.stringify({
-    extends: join(REPO, 'tsconfig.json'),
-    compilerOptions: { rootDir: REPO, outDir: out, sourceMap: false, noEmitOnError: false, typeRoots: [join(REPO, 'node_modules/@types')] },
+    extends: join(root, 'tsconfig.json'),
+    compilerOptions: { rootDir: root, outDir: out, sourceMap: false, noEmitOnError: false, typeRoots: [join(REPO, 'node_modules/@types')] },
     include: [],
-    files: [join(REPO, 'agent/cli.ts'), join(REPO, 'test/bench/driver.ts')],
+    files: [join(root, 'agent/cli.ts'), join(root, 'test/bench/driver.ts')],
   }));
   const tsc = join(REPO, 'node_modules/typescript/bin/tsc');
   const diagnostics = await new Promise<string>((resolve) => {
@@ -50,11 +54,38 @@ export async function buildForBench(opts: { fromSource?: boolean } = {}): Promis
   const driver = join(out, 'test/bench/driver.js');
   if (!existsSync(cli) || !existsSync(driver)) {
     cleanup();
+    if (opts.root) throw new Error(`tsc produced no output for ${opts.root}: ${diagnostics.split('\n')[0] ?? 'no message'}`);
     return fromSource(`tsc produced no output (${diagnostics.split('\n')[0] ?? 'no message'}): running the TypeScript sources`);
   }
-  for (const link of ['node_modules', 'proto', 'netns-helper', 'package.json']) symlinkSync(join(REPO, link), join(out, link));
+  for (const link of ['proto', 'netns-helper', 'package.json']) symlinkSync(join(root, link), join(out, link));
+  symlinkSync(join(REPO, 'node_modules'), join(out, 'node_modules'));
   const build: BenchBuild = { cli, driver, compiled: true, cleanup };
   // Type errors still emit JS; other work in progress must not stop the bench, but it is reported.
   if (diagnostics) build.note = `tsc reported: ${diagnostics.split('\n').slice(0, 3).join(' | ')}`;
   return build;
+}
+
+/**
+ * Another revision's agent and driver, compiled as buildForBench does, with that revision's own
+ * helper built from its source (its protocol may differ): `git archive <rev>` into
+ * build/bench-revs/<label>, this tree's node_modules. For before/after ratios in one run.
+ */
+export async function buildRevision(label: string, rev: string): Promise<BenchBuild> {
+  if (!/^[A-Za-z0-9_.-]+$/.test(label)) throw new Error(`revision label ${JSON.stringify(label)}: letters, digits, _ . - only`);
+  const root = join(REPO, 'build/bench-revs', label);
+  const commit = execFileSync('git', ['-C', REPO, 'rev-parse', '--verify', `${rev}^{commit}`], { encoding: 'utf8' }).trim();
+  const marker = join(root, '.bench-rev');
+  // The same commit extracted and its helper built before: only the compile is redone.
+  if (!existsSync(marker) || readFileSync(marker, 'utf8') !== commit) {
+    rmSync(root, { recursive: true, force: true });
+    mkdirSync(root, { recursive: true });
+    const paths = ['agent', 'test', 'proto', 'netns-helper', 'package.json', 'tsconfig.json'];
+    const tar = execFileSync('git', ['-C', REPO, 'archive', commit, ...paths], { maxBuffer: 256 * 1024 * 1024 });
+    execFileSync('tar', ['-x', '-C', root], { input: tar });
+    symlinkSync(join(REPO, 'node_modules'), join(root, 'node_modules'));
+    execFileSync('make', ['-s', '-C', join(root, 'netns-helper')], { stdio: ['ignore', 'ignore', 'inherit'] });
+    writeFileSync(marker, commit);
+  }
+  const build = await buildForBench({ root });
+  return { ...build, note: `${label} = ${rev} (${commit.slice(0, 7)})${build.note ? `: ${build.note}` : ''}` };
 }

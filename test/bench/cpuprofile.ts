@@ -4,6 +4,8 @@
  * for a time window only (to leave start-up out).
  *
  *   node test/bench/cpuprofile.ts <file.cpuprofile> [--from-seconds S] [--to-seconds S] [--top N]
+ *     [--callers NAME [--depth D]]   (who calls the functions whose name contains NAME: self time by
+ *                                     their D nearest non-native callers)
  */
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
@@ -148,6 +150,34 @@ export function summariseProfile(profile: CpuProfile, opts: { fromSeconds?: numb
   };
 }
 
+/** Self time of the functions whose name contains `name`, by the chain of their `depth` nearest callers with a script location. */
+export function callersOf(profile: CpuProfile, name: string, opts: { fromSeconds?: number; toSeconds?: number; top?: number; depth?: number } = {}): ProfileRow[] {
+  const byId = new Map(profile.nodes.map((n) => [n.id, n]));
+  const parent = new Map<number, number>();
+  for (const n of profile.nodes) for (const c of n.children ?? []) parent.set(c, n.id);
+  const from = profile.startTime + (opts.fromSeconds ?? 0) * 1e6;
+  const to = opts.toSeconds === undefined ? Infinity : profile.startTime + opts.toSeconds * 1e6;
+  const chains = new Map<string, number>();
+  let total = 0;
+  let at = profile.startTime;
+  for (let i = 0; i < profile.samples.length; i++) {
+    at += profile.timeDeltas[i] as number;
+    const us = (profile.timeDeltas[i + 1] ?? 0);
+    if (at < from || at > to) continue;
+    const node = byId.get(profile.samples[i] as number);
+    if (!node || !fnName(node.callFrame).includes(name)) continue;
+    const chain: string[] = [];
+    for (let id = parent.get(node.id); id !== undefined && chain.length < (opts.depth ?? 3); id = parent.get(id)) {
+      const f = (byId.get(id) as ProfileNode).callFrame;
+      if (f.url !== '') chain.push(fnName(f));
+    }
+    const key = chain.join(' < ') || '(no script caller)';
+    chains.set(key, (chains.get(key) ?? 0) + us / 1000);
+    total += us / 1000;
+  }
+  return rows(chains, Math.max(total, 1e-9), opts.top ?? 25);
+}
+
 /** Markdown tables of a summary. */
 export function profileMarkdown(s: ProfileSummary): string {
   const table = (title: string, list: ProfileRow[]): string =>
@@ -168,7 +198,13 @@ export function profileMarkdown(s: ProfileSummary): string {
 if (import.meta.main) {
   const { values, positionals } = parseArgs({
     allowPositionals: true,
-    options: { 'from-seconds': { type: 'string' }, 'to-seconds': { type: 'string' }, top: { type: 'string', default: '25' } },
+    options: {
+      'from-seconds': { type: 'string' },
+      'to-seconds': { type: 'string' },
+      top: { type: 'string', default: '25' },
+      callers: { type: 'string' },
+      depth: { type: 'string', default: '3' },
+    },
   });
   const file = positionals[0];
   if (!file) {
@@ -176,7 +212,13 @@ if (import.meta.main) {
     process.exit(2);
   }
   const num = (v: string | undefined): number | undefined => (v === undefined ? undefined : Number(v));
-  const summary = summariseProfile(JSON.parse(readFileSync(file, 'utf8')) as CpuProfile, {
+  const profile = JSON.parse(readFileSync(file, 'utf8')) as CpuProfile;
+  if (values.callers !== undefined) {
+    const list = callersOf(profile, values.callers, { fromSeconds: num(values['from-seconds']), toSeconds: num(values['to-seconds']), top: Number(values.top), depth: Number(values.depth) });
+    process.stdout.write(`${['| callers | ms | % of the function |', '|---|---:|---:|', ...list.map((r) => `| \`${r.name.replace(/\|/g, '\\|')}\` | ${r.ms} | ${r.percent} |`)].join('\n')}\n`);
+    process.exit(0);
+  }
+  const summary = summariseProfile(profile, {
     fromSeconds: num(values['from-seconds']),
     toSeconds: num(values['to-seconds']),
     top: Number(values.top),

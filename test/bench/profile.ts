@@ -3,9 +3,10 @@
  * `node --cpu-prof` on `probe-agent run`, summarising only a steady window (start-up and shutdown
  * are left out) with cpuprofile.ts. Run by bench.ts when BENCH_PROFILE=1, or alone:
  *
- *   node test/bench/profile.ts            (env: BENCH_PROFILE_PODS, BENCH_PROFILE_SECONDS, BENCH_RESOLVER)
+ *   node test/bench/profile.ts            (env: BENCH_PROFILE_PODS, BENCH_PROFILE_SECONDS, BENCH_RESOLVER,
+ *                                          BENCH_PROFILE_KEEP: a path to copy the .cpuprofile to)
  */
-import { readFileSync, readdirSync } from 'node:fs';
+import { copyFileSync, readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { startAgent } from './agent-process.ts';
 import { buildForBench } from './build.ts';
@@ -70,6 +71,7 @@ if (import.meta.main) {
   const env = await createScaleEnv(Math.max(1, pods), resolver, (l) => process.stderr.write(`${l}\n`));
   try {
     const r = await profileAgent(env, build.cli, pods, period, seconds);
+    if (process.env.BENCH_PROFILE_KEEP) copyFileSync(r.file, process.env.BENCH_PROFILE_KEEP);
     process.stdout.write(`${pods} pods x 3 probes @${period}s, profiler on: agent + helper ${r.cpuPercent} % of a core\n\n${r.markdown}\n`);
   } finally {
     await env.destroy();

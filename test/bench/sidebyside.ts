@@ -25,6 +25,12 @@ export interface SideBySideOptions {
   timeoutSeconds: number;
   /** The driver script to run (compiled or source; see build.ts). */
   driver: string;
+  /** Paths to run (default all, in PATHS order); the report needs all of them. */
+  paths?: readonly PathName[];
+  /** Other builds' drivers (build.ts buildRevision), each run as path (a) after the paths of every round, in rotated order. */
+  revisions?: readonly { label: string; driver: string }[];
+  /** Node flags for every agent driver (e.g. --cpu-prof). */
+  driverNodeFlags?: (name: string) => string[];
   log: (line: string) => void;
 }
 
@@ -64,8 +70,10 @@ export interface PathSummary {
 
 /** What the side-by-side part produces. */
 export interface SideBySideResult {
-  options: Omit<SideBySideOptions, 'log' | 'driver'>;
+  options: Omit<SideBySideOptions, 'log' | 'driver' | 'revisions' | 'driverNodeFlags'>;
   paths: Record<PathName, PathSummary>;
+  /** Path (a) of each other build, by label. */
+  revisions?: Record<string, PathSummary>;
   rounds: DriverResult[][];
   wallSeconds: number;
 }
@@ -83,9 +91,9 @@ async function startServers(lab: Lab, parallel: number): Promise<RunningServer[]
 }
 
 /** Runs one driver process (in its own CPU cgroup when there are any) and returns its parsed result. */
-function runDriver(driver: string, cfg: DriverConfig, cgroups: CpuCgroups | undefined, name: string): Promise<DriverResult> {
+function runDriver(driver: string, cfg: DriverConfig, cgroups: CpuCgroups | undefined, name: string, nodeFlags: string[] = []): Promise<DriverResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [driver, cfg.path], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [...nodeFlags, driver, cfg.path], { stdio: ['pipe', 'pipe', 'pipe'] });
     // Placed before it can start its helper: every task it makes inherits the cgroup.
     const cpu = child.pid ? cgroups?.place(name, child.pid) : undefined;
     child.stdin.end(JSON.stringify(cpu ? { ...cfg, cpu } : cfg));
@@ -175,7 +183,8 @@ function summarisePath(runs: DriverResult[]): PathSummary {
 /** Builds the lab and the exporter, runs the rounds, tears everything down. */
 export async function runSideBySide(opts: SideBySideOptions): Promise<SideBySideResult> {
   const t0 = Date.now();
-  const { log, driver, ...options } = opts;
+  const { log, driver, revisions = [], driverNodeFlags, ...options } = opts;
+  const runPaths = opts.paths ?? PATHS;
   // Policy 'none': path (d) and the exporter dial the pods from the node, as kubelet does today.
   const lab = await createLab({ pods: opts.pods, policy: 'none', tag: 'bench side-by-side' });
   let blackbox: Blackbox | undefined;
@@ -187,9 +196,10 @@ export async function runSideBySide(opts: SideBySideOptions): Promise<SideBySide
     blackbox = await startBlackbox();
     const pods = lab.pods.map((p) => ({ netns: p.netns, ipv4: p.ipv4, ipv6: p.ipv6 }));
     const rounds: DriverResult[][] = [];
+    const revRounds: DriverResult[][] = revisions.map(() => []);
     for (let r = 0; r < opts.rounds; r++) {
       const round: DriverResult[] = [];
-      for (const path of PATHS) {
+      for (const path of runPaths) {
         const cfg: DriverConfig = {
           path,
           pods,
@@ -204,14 +214,26 @@ export async function runSideBySide(opts: SideBySideOptions): Promise<SideBySide
         }
         if (opts.paced && PACED_PATHS.includes(path)) cfg.paced = opts.paced;
         const t = Date.now();
-        round.push(await runDriver(driver, cfg, cgroups, `${path}-${r + 1}`));
+        const flags = path === 'blackbox' ? [] : driverNodeFlags?.(`${path}-${r + 1}`);
+        round.push(await runDriver(driver, cfg, cgroups, `${path}-${r + 1}`, flags));
         log(`  round ${r + 1}/${opts.rounds} ${path}: ${((Date.now() - t) / 1000).toFixed(1)} s`);
+      }
+      // Each round starts with the next revision: none always runs right after another.
+      for (let k = 0; k < revisions.length; k++) {
+        const i = (k + r) % revisions.length;
+        const rev = revisions[i]!;
+        const cfg: DriverConfig = { path: 'resident', pods, probes: opts.probes, warmup: opts.warmup, concurrency: opts.concurrency, timeoutSeconds: opts.timeoutSeconds };
+        const t = Date.now();
+        revRounds[i]!.push(await runDriver(rev.driver, cfg, cgroups, `${rev.label}-${r + 1}`, driverNodeFlags?.(`${rev.label}-${r + 1}`)));
+        log(`  round ${r + 1}/${opts.rounds} ${rev.label} (a): ${((Date.now() - t) / 1000).toFixed(1)} s`);
       }
       rounds.push(round);
     }
     const paths = {} as Record<PathName, PathSummary>;
-    for (const path of PATHS) paths[path] = summarisePath(rounds.map((round) => round.find((x) => x.path === path) as DriverResult));
-    return { options, paths, rounds, wallSeconds: round((Date.now() - t0) / 1000, 1) };
+    for (const path of runPaths) paths[path] = summarisePath(rounds.map((round) => round.find((x) => x.path === path) as DriverResult));
+    const result: SideBySideResult = { options, paths, rounds, wallSeconds: round((Date.now() - t0) / 1000, 1) };
+    if (revisions.length > 0) result.revisions = Object.fromEntries(revisions.map((rev, i) => [rev.label, summarisePath(revRounds[i]!)]));
+    return result;
   } finally {
     await blackbox?.stop();
     await lab.destroy();
