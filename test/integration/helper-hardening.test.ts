@@ -20,18 +20,10 @@ import { NetnsPathChecker } from '../../agent/netns/netns-path.ts';
 import { SpawnHelper } from '../../agent/netns/spawn-helper.ts';
 import { createLab, type Lab, type LabPod, type RunningServer } from '../lab/lab.ts';
 import { RawHelper } from '../support/raw-helper.ts';
+import { waitFor } from '../support/proc-wait.ts';
 
 const SELF_NETNS = `/proc/${process.pid}/ns/net`;
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
-
-async function waitFor(cond: () => boolean, ms: number): Promise<boolean> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (cond()) return true;
-    await sleep(20);
-  }
-  return cond();
-}
 
 function fds(pid: number): string[] {
   try {

@@ -18,6 +18,9 @@ import { FakeKubelet } from '../support/fake-kubelet.ts';
 import { makePod } from '../support/pod-factory.ts';
 import { childrenOf } from '../bench/procstat.ts';
 import { createLab, type Lab, type LabPod, type RunningServer } from '../lab/lab.ts';
+import { processState, waitFor } from '../support/proc-wait.ts';
+
+const alive = (pid: number): boolean => { const s = processState(pid); return s !== undefined && s !== 'Z'; };
 
 let lab: Lab;
 let a: LabPod;
@@ -48,23 +51,6 @@ afterAll(async () => {
 
 const netnsOf = (pid: number | 'self'): string => readlinkSync(`/proc/${pid}/ns/net`);
 const netnsName = (path: string): string => `net:[${statSync(path).ino}]`;
-
-function alive(pid: number): boolean {
-  try {
-    return readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]?.[0] !== 'Z';
-  } catch {
-    return false;
-  }
-}
-
-async function waitFor(cond: () => boolean, ms: number): Promise<boolean> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (cond()) return true;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return cond();
-}
 
 /** The helper's workers: its children once nothing is in flight (per-request children are reaped within 20 ms). */
 async function workersOf(h: ResidentHelper): Promise<number[]> {

@@ -22,6 +22,7 @@ import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { SpawnHelper } from '../../agent/netns/spawn-helper.ts';
 import type { SocketFactory } from '../../agent/probe/types.ts';
 import { createLab, type Lab, type LabPod, type RunningServer } from '../lab/lab.ts';
+import { processState, waitFor } from '../support/proc-wait.ts';
 
 const HELPER = resolveHelperPath();
 
@@ -81,23 +82,6 @@ async function failure(f: SocketFactory, netns: string, family: 4 | 6 = 4): Prom
   const r = await f.createSocket(netns, family).then((s) => { s.destroy(); return undefined; }, (e: Error) => e);
   if (!r) throw new Error(`expected ${netns} to fail`);
   return r;
-}
-
-function processState(pid: number): string | undefined {
-  try {
-    return readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]?.[0];
-  } catch {
-    return undefined;
-  }
-}
-
-async function waitFor(cond: () => boolean, ms: number): Promise<boolean> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (cond()) return true;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return cond();
 }
 
 let lab: Lab;
