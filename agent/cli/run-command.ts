@@ -68,7 +68,7 @@ export function registerRunCommand(program: Command): void {
     .addOption(flag('--max-concurrent-hooks <n>', 'lifecycle hooks in flight at once on the node (as many may wait)', d.maxConcurrentHooks))
     .addOption(flag('--max-hooks-per-namespace <n>', 'hooks one namespace may have in flight (and as many waiting)', d.maxHooksPerNamespace))
     .addOption(flag('--max-hooks-per-pod <n>', 'hooks one pod may have in flight (and as many waiting)', d.maxHooksPerPod))
-    .addOption(flag('--max-helper-requests <n>', 'netns helper requests (forked children) at once; the rest wait their turn', d.maxHelperRequests))
+    .addOption(flag('--max-helper-requests <n>', 'netns helper requests at once; the rest wait, pods taking turns', d.maxHelperRequests))
     .addOption(flag('--helper-pool-size <n>', 'long-lived netns helper workers, one request at a time each (gate NetnsHelperPool); past them, a child per request', d.helperPoolSize))
     .addOption(flag('--socket <path>', 'ProbeService unix socket (created 0600)', d.socket))
     .addOption(flag('--socket-group <group>', 'group allowed to use the socket (mode becomes 0660)'))

@@ -131,6 +131,8 @@ export class ResidentHelper implements SocketFactory {
   readonly #onRequest?: (durationSeconds: number, ok: boolean) => void;
   readonly #process: HelperProcess;
   readonly #pending = new Map<number, Pending>();
+  /** Requests not sent yet, per pod netns path; the map's order is whose turn is next. */
+  readonly #waiting = new Map<string, Pending[]>();
   #nextId = 1;
   #closed = false;
   #tcpInFlight = 0;
@@ -171,7 +173,7 @@ export class ResidentHelper implements SocketFactory {
       silenceMs: this.#timeoutMs,
     }, {
       onUp: () => {
-        for (const p of this.#pending.values()) this.#send(p);
+        this.#pump();
       },
       onDown: (reason, pid) => {
         for (const p of [...this.#pending.values()]) {
@@ -283,7 +285,28 @@ export class ResidentHelper implements SocketFactory {
       signal.addEventListener('abort', p.onAbort, { once: true });
     }
     this.#pending.set(id, p);
-    this.#send(p);
+    const queue = this.#waiting.get(p.netns);
+    if (queue) queue.push(p);
+    else this.#waiting.set(p.netns, [p]);
+    this.#pump();
+  }
+
+  /**
+   * Sends waiting requests while the helper has room, taking pod netns in turn (round robin, each
+   * pod's own in order): one pod's backlog, however long, delays another pod's request by one
+   * request per waiting pod, not by the whole backlog.
+   */
+  #pump(): void {
+    while (this.#process.ready && this.#sentNow < this.#maxSent) {
+      const next = this.#waiting.entries().next();
+      if (next.done) return;
+      const [netns, queue] = next.value;
+      const p = queue.shift() as Pending;
+      this.#waiting.delete(netns);
+      // To the back of the turn order.
+      if (queue.length > 0) this.#waiting.set(netns, queue);
+      this.#send(p);
+    }
   }
 
   #send(p: Pending): void {
@@ -383,13 +406,12 @@ export class ResidentHelper implements SocketFactory {
     if (p.onAbort) p.signal?.removeEventListener('abort', p.onAbort);
     if (p.sent) {
       this.#sentNow--;
-      // A child slot is free: the oldest request waiting for one goes now.
-      for (const next of this.#pending.values()) {
-        if (!next.sent) {
-          this.#send(next);
-          break;
-        }
-      }
+      this.#pump();
+    } else {
+      const queue = this.#waiting.get(p.netns);
+      const i = queue ? queue.indexOf(p) : -1;
+      if (i >= 0) queue!.splice(i, 1);
+      if (queue?.length === 0) this.#waiting.delete(p.netns);
     }
     return true;
   }

@@ -284,8 +284,8 @@ describe('probe-agent run with the host procfs mounted elsewhere (--proc-root)',
       for (const p of resolved) expect(p).toMatch(new RegExp(`^${hostProc}/\\d+/ns/net$`));
       const metrics = (await procAgent.http('/metrics')).body;
       expect(sample(metrics, 'probe_agent_netns_resolutions_total', { resolver: 'procfs', outcome: 'ok' })).toBeGreaterThanOrEqual(1);
-      expect(sample(metrics, 'probe_agent_helper_spawns_total', { mode: 'resident', result: 'failure' }) ?? 0).toBe(0);
-      expect(sample(metrics, 'probe_agent_helper_spawns_total', { mode: 'resident', result: 'success' })).toBeGreaterThanOrEqual(2);
+      expect(sample(metrics, 'probe_agent_helper_spawns_total', { mode: 'pool', result: 'failure' }) ?? 0).toBe(0);
+      expect(sample(metrics, 'probe_agent_helper_spawns_total', { mode: 'pool', result: 'success' })).toBeGreaterThanOrEqual(2);
       expect((await procAgent.http('/readyz?verbose')).body).toContain('[+]helper ok');
       expect(await procAgent.stop('SIGTERM')).toBe(0);
     } finally {

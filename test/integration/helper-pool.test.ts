@@ -117,6 +117,25 @@ async function stuckInHostile(h: ResidentHelper, others: number[], timeoutMs: nu
 }
 
 describe('the helper pool', () => {
+  it('takes pods in turn when requests wait for the helper: one pod\'s backlog does not hold another pod\'s request behind it', async () => {
+    // Two requests at once in the helper; the hostile pod queues eight that each hold a slot 1.5 s.
+    const h = await ResidentHelper.start({ pool: 2, maxSent: 2, maxInFlight: 64 });
+    try {
+      let noisyDone = 0;
+      const noisy = Array.from({ length: 8 }, () => h.connectProbe(hostile.netns, { family: 4, ip: hostile.ipv4, port: srvHostile.ports.http as number, timeoutMs: 1500 })
+        .finally(() => noisyDone++));
+      const victim = h.createSocket(a.netns, 4).then((sock) => {
+        sock.destroy();
+        return noisyDone;
+      });
+      // In arrival order the victim would wait for six more of them; in turn, for the first slot to free.
+      expect(await victim).toBeLessThanOrEqual(2);
+      for (const r of await Promise.all(noisy)) expect(r).toMatchObject({ outcome: 'timeout' });
+    } finally {
+      await h.close();
+    }
+  }, 60_000);
+
   it('serves requests for several pods from long-lived workers, each socket in its own pod', async () => {
     const h = await ResidentHelper.start({ pool: 2 });
     try {
