@@ -597,31 +597,29 @@ static void reap(struct resident *rs) {
   }
 }
 
-/* Kills children past their lifetime; returns the poll timeout until the next one is due. */
+/* Kills `pid` once its job is past `due`, else lowers `*next` (ms until the soonest due; -1: none). */
+static void enforce_deadline(pid_t pid, int64_t due, int64_t now, int *killed, int64_t *next) {
+  if (due <= now) {
+    kill(pid, SIGKILL);
+    *killed = 1;
+  } else if (*next < 0 || due - now < *next) {
+    *next = due - now;
+  }
+}
+
+/* Kills workers and children past their lifetime; returns the poll timeout until the next one is due. */
 static int enforce_deadlines(struct resident *rs) {
   int64_t now = now_ms(), next = -1;
   for (int i = 0; i < rs->opts->pool; i++) {
     struct worker *w = &rs->workers[i];
     collect_done(rs, w);
     if (!w->pid || !w->busy || w->killed) continue;
-    int64_t due = w->started_ms + rs->opts->child_timeout_ms + w->extra_ms;
-    if (due <= now) {
-      kill(w->pid, SIGKILL);
-      w->killed = 1;
-    } else if (next < 0 || due - now < next) {
-      next = due - now;
-    }
+    enforce_deadline(w->pid, w->started_ms + rs->opts->child_timeout_ms + w->extra_ms, now, &w->killed, &next);
   }
   for (int i = 0; i < rs->nchildren; i++) {
     struct child_slot *c = &rs->children[i];
     if (c->killed) continue;
-    int64_t due = c->started_ms + rs->opts->child_timeout_ms + c->extra_ms;
-    if (due <= now) {
-      kill(c->pid, SIGKILL);
-      c->killed = 1;
-    } else if (next < 0 || due - now < next) {
-      next = due - now;
-    }
+    enforce_deadline(c->pid, c->started_ms + rs->opts->child_timeout_ms + c->extra_ms, now, &c->killed, &next);
   }
   return (int)next;
 }
