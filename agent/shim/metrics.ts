@@ -4,6 +4,7 @@
  * count is bounded whatever kubelet or a pod sends. Counting costs a Map lookup and an addition
  * on kubelet's path; rendering happens only when someone scrapes.
  */
+import { getHeapSpaceStatistics } from 'node:v8';
 import { SHIM_KINDS } from '../contract/shim-command.ts';
 
 /** Why a rewritten handler was not answered by the agent. */
@@ -165,8 +166,30 @@ export class ShimMetrics {
     }
     family('probe_agent_shim_runtime_errors_total', 'counter', 'Forwarded CRI calls the runtime could not take (unreachable or reset).');
     out.push(`probe_agent_shim_runtime_errors_total ${this.#runtimeErrors}`);
+    processMemory(out, family);
     return `${out.join('\n')}\n`;
   }
+}
+
+/**
+ * The process's memory under prom-client's names, so one dashboard reads the agent and the shim: the
+ * shim runs under a systemd MemoryMax, and RSS alone cannot tell V8's heap from native buffers.
+ */
+function processMemory(out: string[], family: (name: string, type: string, help: string) => void): void {
+  const m = process.memoryUsage();
+  family('process_resident_memory_bytes', 'gauge', 'Resident memory size in bytes.');
+  out.push(`process_resident_memory_bytes ${m.rss}`);
+  family('nodejs_heap_size_total_bytes', 'gauge', 'Process heap size from Node.js in bytes.');
+  out.push(`nodejs_heap_size_total_bytes ${m.heapTotal}`);
+  family('nodejs_heap_size_used_bytes', 'gauge', 'Process heap size used from Node.js in bytes.');
+  out.push(`nodejs_heap_size_used_bytes ${m.heapUsed}`);
+  family('nodejs_external_memory_bytes', 'gauge', 'Node.js external memory size in bytes.');
+  out.push(`nodejs_external_memory_bytes ${m.external}`);
+  const spaces = getHeapSpaceStatistics();
+  family('nodejs_heap_space_size_used_bytes', 'gauge', 'Process heap space size used from Node.js in bytes.');
+  for (const s of spaces) out.push(`nodejs_heap_space_size_used_bytes{space="${s.space_name.replace(/_space$/, '')}"} ${s.space_used_size}`);
+  family('nodejs_heap_space_size_total_bytes', 'gauge', 'Process heap space size total from Node.js in bytes.');
+  for (const s of spaces) out.push(`nodejs_heap_space_size_total_bytes{space="${s.space_name.replace(/_space$/, '')}"} ${s.space_size}`);
 }
 
 function sorted<K extends string, V>(m: Map<K, V>): [K, V][] {
