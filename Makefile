@@ -185,7 +185,8 @@ e2e-kubelet: build
 	node test/e2e-kubelet/run.ts --kubelet "$(KUBELET)"
 
 ## bench-kubelet: what switching a node costs on a real kubelet you provide (KUBELET=/path/to/kubelet): N static pods
-## (BENCH_KUBELET_PODS, default 20) with a 1 s HTTP readiness probe, without probes, with kubelet's own and rewritten;
+## (BENCH_KUBELET_PODS, default 20) with an HTTP readiness probe (BENCH_KUBELET_PERIOD s, default 1;
+## BENCH_KUBELET_TCP=1 adds a TCP liveness probe), without probes, with kubelet's own and rewritten;
 ## CPU per probe of kubelet, the runtime, the shim and the agent (BENCH_KUBELET_SECONDS per mode, default 60).
 bench-kubelet: build
 	@test -n "$(KUBELET)" || { echo "usage: make bench-kubelet KUBELET=/path/to/kubelet" >&2; exit 2; }

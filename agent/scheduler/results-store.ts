@@ -9,11 +9,19 @@ import type { ProbeEvent, ProbeKey, ProbeStatus, ResultsReader, StatusFilter, Th
 
 /** Default number of events kept for eventsSince(). */
 export const DEFAULT_EVENT_RING = 4096;
+/**
+ * Default age past which an event leaves the ring. A watcher reconnects within seconds; one gone
+ * longer resyncs from a snapshot. Without an age bound the ring fills at the pace of pod churn, so
+ * the agent's heap grows for as long as that takes (about 30 minutes at 16 new pods a minute).
+ */
+export const DEFAULT_EVENT_MAX_AGE_MS = 5 * 60_000;
 
 /** Options for ResultsStore. */
 export interface ResultsStoreOptions {
   /** How many recent events eventsSince() can replay (default 4096, at least 1). */
   ringSize?: number;
+  /** How old (ms, by the clock) an event may be and still be replayed (default 5 minutes). */
+  maxEventAgeMs?: number;
   clock?: Clock;
   /** Called when a subscriber throws; the store carries on delivering. */
   onListenerError?: (err: unknown) => void;
@@ -54,6 +62,7 @@ export class ResultsStore implements ResultsReader {
   readonly #listeners = new Set<(event: ProbeEvent) => void>();
   readonly #ring: ProbeEvent[] = [];
   readonly #ringSize: number;
+  readonly #maxAgeMs: number;
   readonly #clock: Clock;
   readonly #onListenerError: (err: unknown) => void;
   #revision = 0;
@@ -63,6 +72,7 @@ export class ResultsStore implements ResultsReader {
 
   constructor(opts: ResultsStoreOptions = {}) {
     this.#ringSize = Math.max(1, Math.floor(opts.ringSize ?? DEFAULT_EVENT_RING));
+    this.#maxAgeMs = Math.max(0, opts.maxEventAgeMs ?? DEFAULT_EVENT_MAX_AGE_MS);
     this.#clock = opts.clock ?? realClock;
     this.#onListenerError = opts.onListenerError ?? (() => {});
   }
@@ -119,6 +129,7 @@ export class ResultsStore implements ResultsReader {
   eventsSince(revision: number): ProbeEvent[] | undefined {
     if (!Number.isSafeInteger(revision) || revision < 0 || revision > this.#revision) return undefined;
     if (revision === this.#revision) return [];
+    this.#expire();
     const oldest = this.#ring[0]?.revision ?? this.#revision + 1;
     if (revision + 1 < oldest) return undefined;
     return this.#ring.slice(revision + 1 - oldest).map((e) => ({ ...e, status: copyStatus(e.status) }));
@@ -138,9 +149,18 @@ export class ResultsStore implements ResultsReader {
     const event: ProbeEvent = { revision: ++this.#revision, type, status: copyStatus(status), previous, time: this.#clock.now() };
     this.#ring.push(event);
     if (this.#ring.length > this.#ringSize) this.#ring.shift();
+    this.#expire();
     this.#pending.push(event);
     if (!this.#delivering) this.#drain();
     return event;
+  }
+
+  /** Drops events past the age bound (the newest always stays: it marks where the ring starts). */
+  #expire(): void {
+    const cutoff = this.#clock.now() - this.#maxAgeMs;
+    let n = 0;
+    while (n < this.#ring.length - 1 && (this.#ring[n] as ProbeEvent).time < cutoff) n++;
+    if (n > 0) this.#ring.splice(0, n);
   }
 
   #drain(): void {

@@ -105,36 +105,52 @@ interface ModeResult {
   cpu: Record<Part, number>;
 }
 
-function benchPod(name: string, mode: Mode): Record<string, unknown> {
+/** The probes each bench pod has: BENCH_KUBELET_PERIOD (seconds, default 1) and BENCH_KUBELET_TCP=1 (a TCP liveness probe too). */
+export interface BenchProbes {
+  periodSeconds: number;
+  tcp: boolean;
+}
+
+export function benchProbes(env: NodeJS.ProcessEnv = process.env): BenchProbes {
+  const periodSeconds = Number(env['BENCH_KUBELET_PERIOD'] ?? 1);
+  if (!Number.isInteger(periodSeconds) || periodSeconds < 1 || periodSeconds > 60) throw new Error(`BENCH_KUBELET_PERIOD=${env['BENCH_KUBELET_PERIOD']}: a whole number of seconds, 1 to 60`);
+  return { periodSeconds, tcp: env['BENCH_KUBELET_TCP'] === '1' };
+}
+
+function benchPod(name: string, mode: Mode, probes: BenchProbes): Record<string, unknown> {
   const pod = churnPod(name) as { spec: { containers: Record<string, unknown>[] } };
   const app = pod.spec.containers[0]!;
   // Without -vv: a log line per request would make the runtime copy every probe's log, a cost of the server, not of probing.
   app['command'] = ['/bin/busybox', 'sh', '-c', `mkdir -p /www && echo ok > /www/ready && exec /bin/busybox httpd -f -p ${HTTP_PORT} -h /www`];
-  delete app['livenessProbe'];
+  for (const k of ['readinessProbe', 'livenessProbe']) {
+    const probe = app[k] as Record<string, unknown> | undefined;
+    if (probe) probe['periodSeconds'] = probes.periodSeconds;
+  }
+  if (!probes.tcp || mode === 'none') delete app['livenessProbe'];
   if (mode === 'none') delete app['readinessProbe'];
   return pod as unknown as Record<string, unknown>;
 }
 
-async function runMode(s: BenchSetup, mode: Mode, pods: number, windowS: number): Promise<ModeResult | undefined> {
+async function runMode(s: BenchSetup, mode: Mode, pods: number, windowS: number, probes: BenchProbes): Promise<ModeResult | undefined> {
   const names = Array.from({ length: pods }, (_, i) => `bench-${mode}-${String(i).padStart(2, '0')}`);
   s.nodePath(mode === 'native');
   // A node without the switch has no agent probing beside kubelet: it is paused while kubelet probes alone.
   const paused = mode === 'native' ? withDescendants(s.agentPid) : [];
   for (const pid of paused) process.kill(pid, 'SIGSTOP');
   try {
-    return await measureMode(s, mode, names, windowS);
+    return await measureMode(s, mode, names, windowS, probes);
   } finally {
     for (const pid of paused) process.kill(pid, 'SIGCONT');
   }
 }
 
-async function measureMode(s: BenchSetup, mode: Mode, names: string[], windowS: number): Promise<ModeResult | undefined> {
+async function measureMode(s: BenchSetup, mode: Mode, names: string[], windowS: number, probes: BenchProbes): Promise<ModeResult | undefined> {
   const { ctx } = s;
   const pods = names.length;
   // One rewrite for all pods (a node process per pod would take the CPU being measured).
-  const template = mode === 'rewritten' ? rewritePod(ctx, benchPod('bench-template', mode)) : undefined;
+  const template = mode === 'rewritten' ? rewritePod(ctx, benchPod('bench-template', mode, probes)) : undefined;
   for (const n of names) {
-    const pod = template ? { ...template, metadata: { ...template['metadata'], name: n } } : benchPod(n, mode);
+    const pod = template ? { ...template, metadata: { ...template['metadata'], name: n } } : benchPod(n, mode, probes);
     writeManifest(ctx.manifests, n, JSON.stringify(pod));
   }
   const settled = await waitFor(`${mode}: ${pods} pods running${mode === 'none' ? '' : ' and Ready'}`, 180_000, async () => {
@@ -184,11 +200,13 @@ const ms = (v: number): string => v.toFixed(2);
 export async function runBench(s: BenchSetup): Promise<void> {
   const pods = Number(process.env['BENCH_KUBELET_PODS'] ?? 20);
   const windowS = Number(process.env['BENCH_KUBELET_SECONDS'] ?? 60);
-  say(`bench: ${pods} pods, one HTTP readiness probe each every second; ${windowS} s per mode`);
+  const probes = benchProbes();
+  const what = `one HTTP readiness probe${probes.tcp ? ' and one TCP liveness probe' : ''} each every ${probes.periodSeconds} s`;
+  say(`bench: ${pods} pods, ${what}; ${windowS} s per mode`);
   const results: ModeResult[] = [];
   for (const mode of ['none', 'native', 'rewritten'] as Mode[]) {
     say(`bench: ${mode}`);
-    const r = await runMode(s, mode, pods, windowS);
+    const r = await runMode(s, mode, pods, windowS, probes);
     if (!r) return;
     results.push(r);
   }
@@ -200,7 +218,7 @@ export async function runBench(s: BenchSetup): Promise<void> {
   const perProbe = (r: ModeResult, p: Part): number => (counted(r).includes(p) ? ((rate(r, p) - rate(none, p)) * r.seconds * 1000) / Math.max(1, r.probes) : 0);
   const allIn = (r: ModeResult): number => (counted(r).reduce((sum, p) => sum + r.cpu[p], 0) * 1000) / Math.max(1, r.probes);
   console.log('');
-  console.log(`bench-kubelet (${pods} pods, ${windowS} s per mode): CPU ms per probe, above the pods-without-probes baseline`);
+  console.log(`bench-kubelet (${pods} pods, ${what}, ${windowS} s per mode): CPU ms per probe, above the pods-without-probes baseline`);
   console.log(`| mode | probes/s | ${PARTS.join(' | ')} | marginal total | all-in per probe |`);
   console.log(`|---|---|${PARTS.map(() => '---|').join('')}---|---|`);
   for (const r of [native, rewritten]) {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { ManualClock } from '../../agent/scheduler/clock.ts';
-import { ResultsStore } from '../../agent/scheduler/results-store.ts';
+import { DEFAULT_EVENT_MAX_AGE_MS, ResultsStore } from '../../agent/scheduler/results-store.ts';
 import type { ProbeEvent, ProbeStatus } from '../../agent/scheduler/types.ts';
 
 function status(over: Partial<ProbeStatus> & { uid?: string; container?: string } = {}): ProbeStatus {
@@ -68,6 +68,24 @@ describe('ResultsStore', () => {
     expect(store.eventsSince(7)).toBeUndefined();
     expect(store.eventsSince(-1)).toBeUndefined();
     expect(store.eventsSince(2.5)).toBeUndefined();
+  });
+
+  it('drops events older than the age bound, so churn cannot keep its heap growing', async () => {
+    const clock = new ManualClock();
+    const store = new ResultsStore({ clock, maxEventAgeMs: DEFAULT_EVENT_MAX_AGE_MS });
+    store.upsert(status({ uid: 'a' })); // revision 1
+    await clock.advance(DEFAULT_EVENT_MAX_AGE_MS - 1000);
+    store.upsert(status({ uid: 'b' })); // revision 2
+    expect(store.eventsSince(0)?.map((e) => e.revision)).toEqual([1, 2]);
+    await clock.advance(2000); // revision 1 is now past the bound, revision 2 is not
+    expect(store.eventsSince(0)).toBeUndefined();
+    expect(store.eventsSince(1)?.map((e) => e.revision)).toEqual([2]);
+    await clock.advance(DEFAULT_EVENT_MAX_AGE_MS);
+    store.upsert(status({ uid: 'c' })); // revision 3; revision 2 expires on this write
+    expect(store.eventsSince(1)).toBeUndefined();
+    expect(store.eventsSince(2)?.map((e) => e.revision)).toEqual([3]);
+    // The latest statuses are never aged out: a resync lists them all.
+    expect(store.list().map((s) => s.key.podUID)).toEqual(['a', 'b', 'c']);
   });
 
   it('delivers synchronously, in order, even when a listener writes during delivery', () => {
