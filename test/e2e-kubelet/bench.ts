@@ -9,7 +9,8 @@
  * kubelet probes alone, as a node without the switch has none probing beside it.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
-import { readFileSync, readdirSync } from 'node:fs';
+import { readFileSync, readdirSync, rmSync } from 'node:fs';
+import path from 'node:path';
 import { check, NODE_NAME, podsOf, proberTotals, say, sleep, waitFor } from './lib.ts';
 import { churnPod, HTTP_PORT } from './pods.ts';
 import { removePods, rewritePod, writeManifest, type PhaseContext } from './static-pods.ts';
@@ -153,6 +154,14 @@ async function measureMode(s: BenchSetup, mode: Mode, names: string[], windowS: 
     const pod = template ? { ...template, metadata: { ...template['metadata'], name: n } } : benchPod(n, mode, probes);
     writeManifest(ctx.manifests, n, JSON.stringify(pod));
   }
+  // Standalone, each mode gets a kubelet of its own, started with the mode's manifests in place:
+  // a KubeEdge-based standalone kubelet (our v1.26 and v1.32) never marks its file source ready and
+  // then never deletes a removed pod ("skipping delete because sources aren't ready yet"), so the
+  // previous mode's pods would keep running and being probed in this mode's window.
+  if (!ctx.kubelet.setup.cluster && !(await ctx.kubelet.start(`bench-${mode}`))) {
+    check(`bench: kubelet starts with the ${mode} pods`, false, `kubelet ${ctx.kubelet.exited ? 'exited' : 'not healthy'}`);
+    return undefined;
+  }
   const settled = await waitFor(`${mode}: ${pods} pods running${mode === 'none' ? '' : ' and Ready'}`, 180_000, async () => {
     const listed = (await podsOf(ctx.kubelet.setup.roPort)).filter((p) => names.includes(p.name));
     return (listed.length === pods && listed.every((p) => p.containers.length > 0 && p.containers.every((c) => c.id !== '') && (mode === 'none' || p.ready))) || undefined;
@@ -166,15 +175,22 @@ async function measureMode(s: BenchSetup, mode: Mode, names: string[], windowS: 
   const pids = pidsOf(s);
   const t0 = performance.now();
   const before = sample(pids);
-  const p0 = probesDone(await proberTotals(ctx.kubelet.setup.roPort), 'bench-');
+  // Only this mode's pods: a pod of another mode still running must not count as one of its probes.
+  const p0 = probesDone(await proberTotals(ctx.kubelet.setup.roPort), `bench-${mode}-`);
   await sleep(windowS * 1000);
   const after = sample(pids);
-  const p1 = probesDone(await proberTotals(ctx.kubelet.setup.roPort), 'bench-');
+  const p1 = probesDone(await proberTotals(ctx.kubelet.setup.roPort), `bench-${mode}-`);
   const seconds = (performance.now() - t0) / 1000;
   const cpu = {} as Record<Part, number>;
   for (const p of PARTS) cpu[p] = after[p] - before[p];
-  const gone = await removePods(ctx, names);
-  if (!gone) check(`bench: ${mode} pods removed`, false, 'still listed or running after 90 s');
+  if (ctx.kubelet.setup.cluster) {
+    const gone = await removePods(ctx, names);
+    if (!gone) check(`bench: ${mode} pods removed`, false, 'still listed or running after 90 s');
+  } else {
+    // The manifests go while kubelet is stopped, then the sandboxes: nothing is left to restart them.
+    await ctx.kubelet.stop();
+    for (const n of names) rmSync(path.join(ctx.manifests, `${n}.json`), { force: true });
+  }
   await removeSandboxes(ctx, names);
   return { mode, seconds, probes: p1 - p0, cpu };
 }
@@ -204,12 +220,15 @@ export async function runBench(s: BenchSetup): Promise<void> {
   const what = `one HTTP readiness probe${probes.tcp ? ' and one TCP liveness probe' : ''} each every ${probes.periodSeconds} s`;
   say(`bench: ${pods} pods, ${what}; ${windowS} s per mode`);
   const results: ModeResult[] = [];
+  const standalone = !s.ctx.kubelet.setup.cluster;
+  if (standalone) await s.ctx.kubelet.stop(); // each mode starts its own (measureMode)
   for (const mode of ['none', 'native', 'rewritten'] as Mode[]) {
     say(`bench: ${mode}`);
     const r = await runMode(s, mode, pods, windowS, probes);
     if (!r) return;
     results.push(r);
   }
+  if (standalone && !(await s.ctx.kubelet.start('bench-done'))) check('bench: kubelet starts again after the bench', false, `kubelet ${s.ctx.kubelet.exited ? 'exited' : 'not healthy'}`);
   s.nodePath(false);
   const [none, native, rewritten] = results as [ModeResult, ModeResult, ModeResult];
   const rate = (r: ModeResult, p: Part): number => r.cpu[p] / r.seconds; // CPU s per s
