@@ -172,24 +172,25 @@ export class ShimMetrics {
 }
 
 /**
- * The process's memory under prom-client's names, so one dashboard reads the agent and the shim: the
- * shim runs under a systemd MemoryMax, and RSS alone cannot tell V8's heap from native buffers.
+ * The shim's own memory, prefixed like its other families: the agent relays them beside its own
+ * process_* and nodejs_* series (/metrics/shim), which dashboards and alerts read by name. The shim
+ * runs under a systemd MemoryMax, and RSS alone cannot tell V8's heap from native buffers.
  */
 function processMemory(out: string[], family: (name: string, type: string, help: string) => void): void {
   const m = process.memoryUsage();
-  family('process_resident_memory_bytes', 'gauge', 'Resident memory size in bytes.');
-  out.push(`process_resident_memory_bytes ${m.rss}`);
-  family('nodejs_heap_size_total_bytes', 'gauge', 'Process heap size from Node.js in bytes.');
-  out.push(`nodejs_heap_size_total_bytes ${m.heapTotal}`);
-  family('nodejs_heap_size_used_bytes', 'gauge', 'Process heap size used from Node.js in bytes.');
-  out.push(`nodejs_heap_size_used_bytes ${m.heapUsed}`);
-  family('nodejs_external_memory_bytes', 'gauge', 'Node.js external memory size in bytes.');
-  out.push(`nodejs_external_memory_bytes ${m.external}`);
+  family('probe_agent_shim_resident_memory_bytes', 'gauge', 'The shim\'s resident memory.');
+  out.push(`probe_agent_shim_resident_memory_bytes ${m.rss}`);
+  family('probe_agent_shim_heap_total_bytes', 'gauge', 'V8 heap committed by the shim.');
+  out.push(`probe_agent_shim_heap_total_bytes ${m.heapTotal}`);
+  family('probe_agent_shim_heap_used_bytes', 'gauge', 'V8 heap used by the shim (live and not yet collected).');
+  out.push(`probe_agent_shim_heap_used_bytes ${m.heapUsed}`);
+  family('probe_agent_shim_external_memory_bytes', 'gauge', 'Memory outside V8\'s heap held by the shim\'s JavaScript objects (Buffers).');
+  out.push(`probe_agent_shim_external_memory_bytes ${m.external}`);
   const spaces = getHeapSpaceStatistics();
-  family('nodejs_heap_space_size_used_bytes', 'gauge', 'Process heap space size used from Node.js in bytes.');
-  for (const s of spaces) out.push(`nodejs_heap_space_size_used_bytes{space="${s.space_name.replace(/_space$/, '')}"} ${s.space_used_size}`);
-  family('nodejs_heap_space_size_total_bytes', 'gauge', 'Process heap space size total from Node.js in bytes.');
-  for (const s of spaces) out.push(`nodejs_heap_space_size_total_bytes{space="${s.space_name.replace(/_space$/, '')}"} ${s.space_size}`);
+  family('probe_agent_shim_heap_space_used_bytes', 'gauge', 'V8 heap used by the shim, by space.');
+  for (const s of spaces) out.push(`probe_agent_shim_heap_space_used_bytes{space="${s.space_name.replace(/_space$/, '')}"} ${s.space_used_size}`);
+  family('probe_agent_shim_heap_space_total_bytes', 'gauge', 'V8 heap committed by the shim, by space.');
+  for (const s of spaces) out.push(`probe_agent_shim_heap_space_total_bytes{space="${s.space_name.replace(/_space$/, '')}"} ${s.space_size}`);
 }
 
 function sorted<K extends string, V>(m: Map<K, V>): [K, V][] {

@@ -14,6 +14,12 @@ export const SHIM_METRICS = [
   'probe_agent_shim_runtime_errors_total',
   'probe_agent_shim_cri_calls_total',
   'probe_agent_shim_cri_connections',
+  'probe_agent_shim_resident_memory_bytes',
+  'probe_agent_shim_heap_total_bytes',
+  'probe_agent_shim_heap_used_bytes',
+  'probe_agent_shim_external_memory_bytes',
+  'probe_agent_shim_heap_space_used_bytes',
+  'probe_agent_shim_heap_space_total_bytes',
 ] as const;
 
 /** One panel query. */

@@ -52,18 +52,18 @@ describe('ShimMetrics', () => {
     expect(text).toMatch(/^probe_agent_shim_intercept_duration_seconds_count\{kind="preStop"\} 5$/m);
   });
 
-  it('reports its own memory under the agent\'s names: RSS, V8 heap by space, external', () => {
+  it('reports its own memory: RSS, V8 heap by space, external', () => {
     const text = new ShimMetrics().render();
     const value = (re: RegExp): number => Number(re.exec(text)?.[1]);
-    const rss = value(/^process_resident_memory_bytes (\d+)$/m);
+    const rss = value(/^probe_agent_shim_resident_memory_bytes (\d+)$/m);
     expect(rss).toBeGreaterThan(10 * 2 ** 20);
     expect(Math.abs(rss - process.memoryUsage().rss)).toBeLessThan(rss / 2);
-    const used = value(/^nodejs_heap_size_used_bytes (\d+)$/m);
+    const used = value(/^probe_agent_shim_heap_used_bytes (\d+)$/m);
     expect(used).toBeGreaterThan(0);
-    expect(used).toBeLessThanOrEqual(value(/^nodejs_heap_size_total_bytes (\d+)$/m));
-    expect(value(/^nodejs_heap_space_size_used_bytes\{space="old"\} (\d+)$/m)).toBeGreaterThan(0);
-    expect(value(/^nodejs_heap_space_size_total_bytes\{space="new"\} (\d+)$/m)).toBeGreaterThan(0);
-    expect(value(/^nodejs_external_memory_bytes (\d+)$/m)).toBeGreaterThan(0);
+    expect(used).toBeLessThanOrEqual(value(/^probe_agent_shim_heap_total_bytes (\d+)$/m));
+    expect(value(/^probe_agent_shim_heap_space_used_bytes\{space="old"\} (\d+)$/m)).toBeGreaterThan(0);
+    expect(value(/^probe_agent_shim_heap_space_total_bytes\{space="new"\} (\d+)$/m)).toBeGreaterThan(0);
+    expect(value(/^probe_agent_shim_external_memory_bytes (\d+)$/m)).toBeGreaterThan(0);
   });
 
   it('promtool accepts the exposition, empty and full', () => {
