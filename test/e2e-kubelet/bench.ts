@@ -9,11 +9,10 @@
  * kubelet probes alone, as a node without the switch has none probing beside it.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
-import { readFileSync, readdirSync, rmSync } from 'node:fs';
-import path from 'node:path';
+import { readFileSync, readdirSync } from 'node:fs';
 import { check, NODE_NAME, podsOf, proberTotals, say, sleep, waitFor } from './lib.ts';
 import { churnPod, HTTP_PORT } from './pods.ts';
-import { removePods, rewritePod, writeManifest, type PhaseContext } from './static-pods.ts';
+import { removeManifest, removePods, rewritePod, writeManifest, type PhaseContext } from './static-pods.ts';
 
 const CLK_TCK = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
 
@@ -189,7 +188,7 @@ async function measureMode(s: BenchSetup, mode: Mode, names: string[], windowS: 
   } else {
     // The manifests go while kubelet is stopped, then the sandboxes: nothing is left to restart them.
     await ctx.kubelet.stop();
-    for (const n of names) rmSync(path.join(ctx.manifests, `${n}.json`), { force: true });
+    for (const n of names) removeManifest(ctx.manifests, n);
   }
   await removeSandboxes(ctx, names);
   return { mode, seconds, probes: p1 - p0, cpu };

@@ -4,14 +4,12 @@
  * with the ExecProbeTimeout gate off (they must fail by exit code, never by DeadlineExceeded, which
  * kubelet then ignores).
  */
-import { rmSync } from 'node:fs';
-import path from 'node:path';
 import type { KubeletCri } from '../support/kubelet-cri.ts';
 import {
   check, criMs, httpGet, klogTime, metricValue, NODE_NAME, podLogFiles, podsOf, probeLines, proberTotals, safeRead, say, skip, sleep, total, waitFor,
 } from './lib.ts';
 import { CASE_PODS, casePods, PRESTOP_SLEEP_SECONDS } from './pods.ts';
-import { placePod, removePods, type PhaseContext } from './static-pods.ts';
+import { placePod, removeManifest, removePods, type PhaseContext } from './static-pods.ts';
 
 interface CriContainer {
   id: string;
@@ -112,7 +110,7 @@ export async function runSleepHook(ctx: PhaseContext): Promise<void> {
   // (containerd logs "StopContainer for <id>"; the container may be gone before a poll sees it).
   const server = (await containersOf(ctx.cri, name)).find((c) => c.name === 'server' && c.state === 'CONTAINER_RUNNING');
   const removedAt = Date.now();
-  rmSync(path.join(ctx.manifests, `${name}.json`), { force: true });
+  removeManifest(ctx.manifests, name);
   const stopAt = server ? await waitFor('containerd\'s StopContainer for the server', 30_000, () => {
     const line = safeRead(ctx.containerdLog).split('\n').find((l) => l.includes(`msg="StopContainer for \\"${server.id}\\"`));
     const t = line ? /^time="([^"]+)"/.exec(line)?.[1] : undefined;

@@ -8,16 +8,14 @@
  * kubelet's PLEG healthy throughout. The GOAWAYs containerd sends the shim are counted by a frame
  * tap (frame-tap.ts), since containerd does not log them.
  */
-import { rmSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
-import path from 'node:path';
 import type { KubeletCri } from '../support/kubelet-cri.ts';
 import { goawaySummary, type FrameTap, type TapCounts } from './frame-tap.ts';
 import type { Kubelet } from './kubelet.ts';
 import {
   check, criMs, httpGet, klogTime, metricValue, NODE_NAME, podsOf, readFrom, safeRead, say, sizeOf, skip, sleep, vmRssBytes,
 } from './lib.ts';
-import { writeManifest } from './static-pods.ts';
+import { removeManifest, writeManifest } from './static-pods.ts';
 
 export const CHURN_PODS = 16;
 export const REPLACE_EVERY_MS = 15_000;
@@ -101,7 +99,7 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   };
   const remove = (slot: number): void => {
     const name = podName(slot);
-    rmSync(path.join(ctx.manifests, `${name}.json`), { force: true });
+    removeManifest(ctx.manifests, name);
     const rec = pods.get(name);
     if (rec) rec.removedAt = Date.now();
   };

@@ -47,13 +47,18 @@ export function writeManifest(dir: string, name: string, text: string): void {
   renameSync(tmp, path.join(dir, `${name}.json`));
 }
 
+/** Removes the manifest writeManifest wrote for `name` (gone already is fine). */
+export function removeManifest(dir: string, name: string): void {
+  rmSync(path.join(dir, `${name}.json`), { force: true });
+}
+
 /**
  * Removes pods' manifests and waits until kubelet no longer lists them and containerd runs none of
  * their containers: a kubelet that has just started drops a removed static pod from /pods but skips
  * killing it until its sources are ready ("Failed to delete pod"), and then stops it as an orphan.
  */
 export async function removePods(ctx: PhaseContext, names: string[], timeoutMs = 90_000): Promise<boolean> {
-  for (const n of names) rmSync(path.join(ctx.manifests, `${n}.json`), { force: true });
+  for (const n of names) removeManifest(ctx.manifests, n);
   const full = new Set(names.map((n) => `${n}-${NODE_NAME}`));
   return (await waitFor(`${names.join(', ')} to go`, timeoutMs, async () => {
     const listed = (await podsOf(ctx.kubelet.setup.roPort)).filter((p) => names.includes(p.name));
