@@ -100,7 +100,9 @@ size_t netns_addresses_line(char *buf, size_t cap, uint64_t id, const char *path
  * tcp.c: enters the netns for good (child-safe; the caller exits right after), connects to the
  * first target within timeout_ms (a second one, if given, after stagger_ms or the first's failure:
  * first to connect wins) and formats {"id":N,"ok":true,"tcp":"connected|error|timeout",...};
- * 0 with `r` set when the socket could not be made.
+ * 0 with `r` set when the socket could not be made. With `keep_fd` (op "connect"), the winner is
+ * not closed: it comes back there (TCP_NODELAY set, as Go sets it) with the answer wrapped as a
+ * NODE_HANDLE line to carry it; -1 there when nothing connected.
  */
 #include <sys/socket.h>
 struct tcp_target {
@@ -110,7 +112,7 @@ struct tcp_target {
 };
 size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir,
                             const struct ns_identity *want, const struct tcp_target *targets, int ntargets, int timeout_ms, int stagger_ms,
-                            struct ns_result *r);
+                            int *keep_fd, struct ns_result *r);
 /* Longest connect timeout op "tcp" accepts (kubelet's timeoutSeconds bound of the agent: 3600 s). */
 #define TCP_TIMEOUT_MS_MAX 3600000
 
@@ -122,7 +124,9 @@ int chan_send_wait(int chan, const char *line, size_t len, int fd, int timeout_m
 int channel_fd_from_env(const char **why);
 
 /* jsonreq.c */
-enum request_op { OP_SOCKET = 0, OP_ADDRS = 1, OP_TCP = 2 };
+enum request_op { OP_SOCKET = 0, OP_ADDRS = 1, OP_TCP = 2, OP_CONNECT = 3 };
+/* Ops that connect in the pod (op "tcp", and op "connect", which hands the connected socket over). */
+#define OP_CONNECTS(op) ((op) == OP_TCP || (op) == OP_CONNECT)
 struct request {
   int has_id;
   int has_op;

@@ -204,6 +204,7 @@ int parse_request(const char *line, size_t len, struct request *req, const char 
       if (r == 0 && strcmp(op, "socket") == 0) req->op = OP_SOCKET;
       else if (r == 0 && strcmp(op, "addrs") == 0) req->op = OP_ADDRS;
       else if (r == 0 && strcmp(op, "tcp") == 0) req->op = OP_TCP;
+      else if (r == 0 && strcmp(op, "connect") == 0) req->op = OP_CONNECT;
       else r = fail(&c, "unknown op");
       req->has_op = r == 0;
     } else if (strcmp(key, "ip") == 0) {

@@ -206,12 +206,16 @@ static int serve_job(const struct child_job *job) {
     if (len == 0) len = format_error_line(line, sizeof line, job->id, &r);
     return len > 0 && chan_send_wait(job->chan, line, len, -1, job->timeout_ms) == 0 ? 0 : 3;
   }
-  if (job->op == OP_TCP) {
+  if (OP_CONNECTS(job->op)) {
     char line[OUT_LINE_MAX];
+    int kept = -1;
     size_t len = netns_tcp_probe_line(line, sizeof line, job->id, job->netns, job->kind, job->dir, &job->want, job->targets, job->ntargets,
-                                      job->connect_timeout_ms, job->stagger_ms, &r);
+                                      job->connect_timeout_ms, job->stagger_ms, job->op == OP_CONNECT ? &kept : NULL, &r);
     if (len == 0) len = format_error_line(line, sizeof line, job->id, &r);
-    return len > 0 && chan_send_wait(job->chan, line, len, -1, job->timeout_ms) == 0 ? 0 : 3;
+    int e = len > 0 ? chan_send_wait(job->chan, line, len, kept, job->timeout_ms) : -EMSGSIZE;
+    /* As for a socket: the agent holds its own copy now, and a worker must not keep a pod's connection. */
+    if (kept >= 0) sys_close(kept);
+    return e == 0 ? 0 : 3;
   }
   int s = netns_socket_checked(job->netns, job->kind, job->dir, &job->want, job->family, &r);
   char line[OUT_LINE_MAX];
@@ -355,7 +359,7 @@ static int pool_dispatch(struct resident *rs, const struct child_job *job) {
   w->busy = 1;
   w->id = job->id;
   w->started_ms = now_ms();
-  w->extra_ms = job->op == OP_TCP ? job->connect_timeout_ms : 0;
+  w->extra_ms = OP_CONNECTS(job->op) ? job->connect_timeout_ms : 0;
   rs->nbusy++;
   return 0;
 }
@@ -367,7 +371,7 @@ static void spawn_child(struct resident *rs, const struct request *req, enum pat
   struct ns_result r = {0};
   static struct child_job job;
   memset(&job, 0, offsetof(struct child_job, netns));
-  if (req->op == OP_TCP) {
+  if (OP_CONNECTS(req->op)) {
     if (tcp_target(req->family, req->ip, req->port, &job.targets[0]) < 0) {
       ns_fail(&r, "request", EINVAL, "malformed request: ip is not an IPv%ld address", req->family);
       reply_error(rs, req->id, &r);
@@ -435,7 +439,7 @@ static void start_child(struct resident *rs, const struct child_job *job) {
     reply_error(rs, job->id, &r);
     return;
   }
-  int64_t extra = job->op == OP_TCP ? job->connect_timeout_ms : 0;
+  int64_t extra = OP_CONNECTS(job->op) ? job->connect_timeout_ms : 0;
   rs->children[rs->nchildren++] = (struct child_slot){.pid = pid, .id = job->id, .started_ms = now_ms(), .extra_ms = extra, .block = block};
 }
 
@@ -525,7 +529,7 @@ static void handle_line(struct resident *rs, const char *line, size_t len) {
     reply_error(rs, req.id, &r);
     return;
   }
-  if (req.op == OP_TCP && (!req.has_ip || !req.has_port || req.port < 1 || !req.has_timeout || req.timeout_ms < 1)) {
+  if (OP_CONNECTS(req.op) && (!req.has_ip || !req.has_port || req.port < 1 || !req.has_timeout || req.timeout_ms < 1)) {
     ns_fail(&r, "request", EINVAL, "malformed request: op tcp wants ip, port 1..65535 and timeout_ms 1..%d", TCP_TIMEOUT_MS_MAX);
     reply_error(rs, req.id, &r);
     return;

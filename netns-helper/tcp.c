@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -46,21 +47,24 @@ static void start_attempt(struct attempt *a, int s, const struct tcp_target *t) 
     return;
   }
   int e = (int)sys_call6(SYS_connect, s, SYS_ARG(&t->addr), t->alen, 0, 0, 0);
-  if (e == 0 || e != -EINPROGRESS) {
+  if (e != -EINPROGRESS) {
     a->done = 1;
     a->err = -e;
+    /* Connected at once (loopback may): still pending for the caller, which keeps or closes it. */
+    if (e == 0) return;
     sys_close(s);
     a->fd = -1;
   }
 }
 
-/* The pending socket's result once it is writable or failed. */
-static void finish_attempt(struct attempt *a) {
+/* The pending socket's result once it is writable or failed; a connected one stays open when `keep`. */
+static void finish_attempt(struct attempt *a, int keep) {
   int err = 0;
   socklen_t len = sizeof err;
   long g = sys_call6(SYS_getsockopt, a->fd, SOL_SOCKET, SO_ERROR, SYS_ARG(&err), SYS_ARG(&len), 0);
   a->done = 1;
   a->err = g < 0 ? (int)-g : err;
+  if (keep && a->err == 0) return;
   /* A plain close (FIN), as the agent's own TCP probe does; the TIME-WAIT stays in the pod's netns. */
   sys_close(a->fd);
   a->fd = -1;
@@ -68,7 +72,8 @@ static void finish_attempt(struct attempt *a) {
 
 size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir,
                             const struct ns_identity *want, const struct tcp_target *targets, int ntargets, int timeout_ms,
-                            int stagger_ms, struct ns_result *r) {
+                            int stagger_ms, int *keep_fd, struct ns_result *r) {
+  if (keep_fd) *keep_fd = -1;
   int s = netns_socket_checked(path, kind, dir, want, targets[0].family, r);
   if (s < 0) return 0;
   struct attempt at[2] = {{.fd = -1}, {.fd = -1}};
@@ -118,15 +123,24 @@ size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path
     }
     if (got <= 0) continue;
     for (int k = 0; k < n; k++) {
-      if (p[k].revents) finish_attempt(&at[idx[k]]);
+      if (p[k].revents) finish_attempt(&at[idx[k]], keep_fd != NULL);
     }
   }
   int64_t us = mono_us() - t0;
+  int kept = -1;
+  if (keep_fd && winner >= 0) {
+    kept = at[winner].fd;
+    at[winner].fd = -1;
+    int one = 1;
+    sys_call6(SYS_setsockopt, kept, IPPROTO_TCP, TCP_NODELAY, SYS_ARG(&one), sizeof one, 0);
+  }
   for (int i = 0; i < 2; i++) {
     if (at[i].fd >= 0) sys_close(at[i].fd);
   }
   struct text t;
   text_init(&t, buf, cap);
+  /* The same answer; with a connection to hand over, as the msg of the NODE_HANDLE that carries it. */
+  if (kept >= 0) text_str(&t, "{\"cmd\":\"NODE_HANDLE\",\"type\":\"net.Native\",\"msg\":");
   text_str(&t, "{\"id\":");
   text_u64(&t, id);
   text_str(&t, ",\"ok\":true,\"tcp\":\"");
@@ -146,6 +160,11 @@ size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path
   }
   text_str(&t, ",\"us\":");
   text_i64(&t, us);
-  text_str(&t, "}\n");
-  return t.overflow ? 0 : t.len;
+  text_str(&t, kept >= 0 ? "}}\n" : "}\n");
+  if (t.overflow) {
+    if (kept >= 0) sys_close(kept);
+    return 0;
+  }
+  if (keep_fd) *keep_fd = kept;
+  return t.len;
 }

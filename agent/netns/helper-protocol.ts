@@ -144,6 +144,11 @@ export function socketFromHandle(handle: unknown): net.Socket {
   return new net.Socket({ handle, manualStart: true } as net.SocketConstructorOpts);
 }
 
+/** Wraps a passed, connected TCP handle (op "connect") as a net.Socket that reads at once. */
+export function connectedSocketFromHandle(handle: unknown): net.Socket {
+  return new net.Socket({ handle, readable: true, writable: true } as net.SocketConstructorOpts);
+}
+
 /** Releases a handle nobody will use (a late answer), so its fd does not leak. */
 export function discardHandle(handle: unknown): void {
   if (handle && typeof (handle as RawHandle).close === 'function') (handle as RawHandle).close();

@@ -11,13 +11,13 @@ import type { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { HelperError, describeError } from '../errors.ts';
 import { type Logger, silentLogger } from '../log.ts';
-import type { SocketFactory, TcpProbeOutcome, TcpTarget } from '../probe/types.ts';
+import type { SocketFactory, TcpConnectOutcome, TcpProbeOutcome, TcpTarget } from '../probe/types.ts';
 import { canonicalIp } from './ip.ts';
 import { helperRequestMs } from '../probe/time-budget.ts';
 import { HelperProcess } from './helper-process.ts';
 import {
   abortError, boundedInt, checkHelperBinary, checkRequest, discardHandle, isHelperReply, ownNetnsPath,
-  replyToError, resolveHelperPath, socketFromHandle,
+  replyToError, resolveHelperPath, connectedSocketFromHandle, socketFromHandle,
 } from './helper-protocol.ts';
 import { type NetnsIdentity, checkedNetnsIdentity } from './netns-path.ts';
 import { DEFAULT_NETNS_DIRS, DEFAULT_PROC_ROOT, allowedNetnsDirs, normaliseProcRoot } from './path-guard.ts';
@@ -87,7 +87,8 @@ export interface ResidentHelperStats {
 type Ask =
   | { kind: 'socket'; family: 4 | 6; resolve: (s: Socket) => void }
   | { kind: 'addrs'; resolve: (addrs: string[]) => void }
-  | { kind: 'tcp'; target: TcpTarget; resolve: (o: TcpProbeOutcome) => void };
+  | { kind: 'tcp'; target: TcpTarget; resolve: (o: TcpProbeOutcome) => void }
+  | { kind: 'connect'; target: TcpTarget; resolve: (o: TcpConnectOutcome) => void };
 
 interface Pending {
   id: number;
@@ -237,6 +238,20 @@ export class ResidentHelper implements SocketFactory {
    * bound: the caller then takes the socket route.
    */
   connectProbe(netns: string, target: TcpTarget, signal?: AbortSignal): Promise<TcpProbeOutcome | undefined> {
+    return this.#connectOp<TcpProbeOutcome>(target, (resolve, reject) => this.#request(netns, { kind: 'tcp', target, resolve }, signal, reject));
+  }
+
+  /**
+   * The same connect in the helper's child, the winning connection handed over (TCP_NODELAY set)
+   * instead of closed: an HTTP or gRPC probe's socket arrives connected, so Node makes no connect
+   * of its own. Undefined under the same conditions as connectProbe.
+   */
+  connectSocket(netns: string, target: TcpTarget, signal?: AbortSignal): Promise<TcpConnectOutcome | undefined> {
+    return this.#connectOp<TcpConnectOutcome>(target, (resolve, reject) => this.#request(netns, { kind: 'connect', target, resolve }, signal, reject));
+  }
+
+  /** A request that waits on a connect in the helper: within the TCP share of maxInFlight and the helper's timeout bound. */
+  #connectOp<T>(target: TcpTarget, start: (resolve: (o: T) => void, reject: (e: Error) => void) => void): Promise<T | undefined> {
     if (this.#tcpInFlight >= this.#maxTcpInFlight || !(target.timeoutMs >= 1 && target.timeoutMs <= TCP_TIMEOUT_MS_MAX)) {
       return Promise.resolve(undefined);
     }
@@ -244,7 +259,7 @@ export class ResidentHelper implements SocketFactory {
     const done = (): void => {
       this.#tcpInFlight--;
     };
-    const p = new Promise<TcpProbeOutcome>((resolve, reject) => this.#request(netns, { kind: 'tcp', target, resolve }, signal, reject));
+    const p = new Promise<T>(start);
     p.then(done, done);
     return p;
   }
@@ -257,7 +272,7 @@ export class ResidentHelper implements SocketFactory {
   }
 
   #request(netns: string | undefined, ask: Ask, signal: AbortSignal | undefined, reject: (e: Error) => void): void {
-    const family = ask.kind === 'socket' ? ask.family : ask.kind === 'tcp' ? ask.target.family : 4;
+    const family = familyOf(ask);
     try {
       if (this.#closed) throw new HelperError('netns helper is closed');
       if (netns === undefined || (family !== 4 && family !== 6) || !this.#acceptedPaths.has(netns)) {
@@ -278,7 +293,7 @@ export class ResidentHelper implements SocketFactory {
     const p: Pending = {
       id, netns: netns as string, identity: checkedNetnsIdentity(netns as string), ask, startedAt: performance.now(), sent: false, sentAt: 0, reject, signal,
       // A TCP probe may wait its whole connect timeout in the helper on top of the helper's own time.
-      timer: setTimeout(() => this.#onTimeout(p), helperRequestMs(this.#timeoutMs, ask.kind === 'tcp' ? ask.target.timeoutMs : undefined)),
+      timer: setTimeout(() => this.#onTimeout(p), helperRequestMs(this.#timeoutMs, ask.kind === 'tcp' || ask.kind === 'connect' ? ask.target.timeoutMs : undefined)),
     };
     if (signal) {
       p.onAbort = () => this.#fail(p, abortError(signal), true);
@@ -317,8 +332,8 @@ export class ResidentHelper implements SocketFactory {
     this.#stats.spawned++;
     const msg: Record<string, unknown> = p.ask.kind === 'socket'
       ? { id: p.id, netns: p.netns, family: p.ask.family }
-      : p.ask.kind === 'tcp'
-        ? tcpRequest(p.id, p.netns, p.ask.target)
+      : p.ask.kind === 'tcp' || p.ask.kind === 'connect'
+        ? tcpRequest(p.ask.kind, p.id, p.netns, p.ask.target)
         : { id: p.id, op: 'addrs', netns: p.netns };
     if (p.identity) Object.assign(msg, { dev: p.identity.dev, ino: p.identity.ino });
     this.#process.send(msg, (err) => this.#fail(p, new HelperError(`cannot send a request to the netns helper: ${describeError(err)}`, { netns: p.netns })));
@@ -342,16 +357,20 @@ export class ResidentHelper implements SocketFactory {
     }
     if (!msg.ok) {
       discardHandle(handle);
-      return this.#fail(p, replyToError(p.netns, p.ask.kind === 'socket' ? p.ask.family : p.ask.kind === 'tcp' ? p.ask.target.family : 4, msg));
+      return this.#fail(p, replyToError(p.netns, familyOf(p.ask), msg));
     }
-    if (p.ask.kind === 'tcp') {
-      discardHandle(handle);
+    if (p.ask.kind === 'tcp' || p.ask.kind === 'connect') {
       const outcome = tcpOutcomeOf(msg, (performance.now() - p.sentAt) / 1000);
-      if (!outcome) return this.#fail(p, new HelperError('netns helper answered a TCP probe without a valid outcome', { netns: p.netns }));
+      // Only a connection that won travels, and only when it was asked for.
+      const wanted = p.ask.kind === 'connect' && outcome?.outcome === 'connected';
+      if (!wanted) discardHandle(handle);
+      if (!outcome) return this.#fail(p, new HelperError('netns helper answered a TCP connect without a valid outcome', { netns: p.netns }));
+      if (wanted && !handle) return this.#fail(p, new HelperError('netns helper connected without handing over the connection', { netns: p.netns }));
       this.#finish(p);
       // The helper's share only (its start and the answer), so the spawn histogram stays comparable with sockets.
       this.#notify(() => this.#onRequest?.(outcome.helperSeconds, true));
-      return p.ask.resolve(outcome);
+      if (p.ask.kind === 'tcp') return p.ask.resolve(outcome);
+      return p.ask.resolve(outcome.outcome === 'connected' ? { ...outcome, socket: connectedSocketFromHandle(handle) } : outcome);
     }
     if (p.ask.kind === 'addrs') {
       discardHandle(handle);
@@ -427,9 +446,14 @@ function workerLostOf(msg: unknown): { pid: number; why: 'timeout' | 'crash' } |
 /** Upper bound of op "tcp"'s timeout_ms in the helper (TCP_TIMEOUT_MS_MAX in netns-helper/helper.h). */
 const TCP_TIMEOUT_MS_MAX = 3_600_000;
 
-/** The op "tcp" request line's object (second address and stagger only for Happy Eyeballs). */
-function tcpRequest(id: number, netns: string, t: TcpTarget): Record<string, unknown> {
-  const msg: Record<string, unknown> = { id, op: 'tcp', netns, family: t.family, ip: t.ip, port: t.port, timeout_ms: Math.ceil(t.timeoutMs) };
+/** The socket family a request is for (an address list: 4, which the helper ignores). */
+function familyOf(ask: Ask): 4 | 6 {
+  return ask.kind === 'socket' ? ask.family : ask.kind === 'addrs' ? 4 : ask.target.family;
+}
+
+/** The op "tcp" or "connect" request line's object (second address and stagger only for Happy Eyeballs). */
+function tcpRequest(op: 'tcp' | 'connect', id: number, netns: string, t: TcpTarget): Record<string, unknown> {
+  const msg: Record<string, unknown> = { id, op, netns, family: t.family, ip: t.ip, port: t.port, timeout_ms: Math.ceil(t.timeoutMs) };
   if (t.second) Object.assign(msg, { ip2: t.second.ip, family2: t.second.family, stagger_ms: Math.round(t.second.staggerMs) });
   return msg;
 }

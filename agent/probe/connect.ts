@@ -6,10 +6,10 @@
 import { isIPv6, type Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { HelperError, NetnsError, describeError } from '../errors.ts';
-import type { FailureReason, ProbePhases, ProbeResult, SocketFactory } from './types.ts';
+import type { FailureReason, ProbePhases, ProbeResult, SocketFactory, TcpConnectOutcome, TcpProbeOutcome, TcpTarget } from './types.ts';
 import { watchLoopLag, type LagWatch } from './loop-lag.ts';
 import { joinHostPort } from './target.ts';
-import { ownTimeBudgetMs } from './time-budget.ts';
+import { helperTcpTimes, ownTimeBudgetMs } from './time-budget.ts';
 
 /** RFC 8305 "Connection Attempt Delay": start the next address after this long without an answer. */
 export const ATTEMPT_DELAY_MS = 250;
@@ -78,23 +78,30 @@ export class Deadline {
     return this.signal.aborted ? (r instanceof DeadlineAbort ? r.why : 'aborted') : undefined;
   }
 
-  /** Stops the target's clock (we are waiting on ourselves). Idempotent. */
-  hold(): void {
+  /**
+   * Stops the target's clock (we are waiting on ourselves). Idempotent. `budgetMs`: how long the
+   * hold may last before it aborts with 'helper' (default: what is left of the own-time budget).
+   */
+  hold(budgetMs?: number): void {
     if (this.#heldAt !== undefined || this.signal.aborted) return;
     this.#heldAt = performance.now();
     this.#stallAtHold = this.#lag.stalledMs();
     clearTimeout(this.#timer);
-    this.#timer = this.#arm('helper', Math.max(0, this.#ownBudgetMs - this.#heldMs));
+    this.#timer = this.#arm('helper', budgetMs ?? Math.max(0, this.#ownBudgetMs - this.#heldMs));
   }
 
-  /** Restarts the target's clock where hold() stopped it. Idempotent. */
-  release(): void {
+  /**
+   * Restarts the target's clock where hold() stopped it. Idempotent. `chargeMs` of the hold are the
+   * target's after all (the connect a helper's child waited for inside it: connectTo's helper route).
+   */
+  release(chargeMs = 0): void {
     if (this.#heldAt === undefined) return;
     const held = performance.now() - this.#heldAt;
+    const givenBack = held - Math.min(Math.max(0, chargeMs), held);
     this.#heldAt = undefined;
-    this.#heldMs += held;
+    this.#heldMs += givenBack;
     this.#creditedMs += Math.max(0, this.#lag.stalledMs() - this.#stallAtHold);
-    this.endsAt += held;
+    this.endsAt += givenBack;
     if (this.signal.aborted) return;
     clearTimeout(this.#timer);
     this.#timer = this.#arm('timeout', Math.max(0, this.endsAt - performance.now()));
@@ -255,8 +262,70 @@ interface Attempt {
  * Connects to the first address that answers. One address: a plain connect. Several: RFC 8305
  * staggering (next attempt after ATTEMPT_DELAY_MS or as soon as the previous one fails), first to
  * connect wins and every other socket is destroyed. Rejects with ConnectError; never leaks a socket.
+ * Where the socket factory connects by itself (the resident helper's connectSocket), it does, and
+ * the connection arrives made; otherwise Node connects a socket the factory made.
  */
-export function connectTo(addresses: readonly ConnectAddress[], via: ConnectVia, deadline: Deadline): Promise<Connected> {
+export async function connectTo(addresses: readonly ConnectAddress[], via: ConnectVia, deadline: Deadline): Promise<Connected> {
+  const made = helperRoute(addresses, via) ? await connectInFactory(addresses, via, deadline) : undefined;
+  return made ?? connectSocket(addresses, via, deadline);
+}
+
+/**
+ * Whether the factory can connect these addresses itself: one or two (a dual-stack pod; more, from
+ * a resolved legacy host name, stay in Node), one port, inside a netns, and no scoped IPv6 literal
+ * (fe80::1%eth0 needs Node's zone handling).
+ */
+function helperRoute(addresses: readonly ConnectAddress[], via: ConnectVia): boolean {
+  const [a, b] = addresses;
+  return via.sockets.connectSocket !== undefined && via.netns !== undefined && a !== undefined && addresses.length <= 2
+    && (b === undefined || b.port === a.port) && addresses.every((x) => !x.ip.includes('%'));
+}
+
+/** A target for the helper's connect (or TCP probe) of one or two addresses, with `timeoutMs` from its socket's creation. */
+export function helperTarget(addresses: readonly ConnectAddress[], timeoutMs: number): TcpTarget {
+  const [a, b] = addresses as [ConnectAddress, ConnectAddress | undefined];
+  const second = b === undefined ? undefined : { family: isIPv6(b.ip) ? 6 as const : 4 as const, ip: b.ip, staggerMs: ATTEMPT_DELAY_MS };
+  return { family: isIPv6(a.ip) ? 6 : 4, ip: a.ip, port: a.port, timeoutMs, second };
+}
+
+/** The ConnectError a connect that did not connect in the helper stands for (the first address's, as connectTo reports). */
+export function helperOutcomeError(outcome: Exclude<TcpProbeOutcome, { outcome: 'connected' }>, address: ConnectAddress): ConnectError {
+  return outcome.outcome === 'timeout' ? timeoutError(address) : toConnectError(Object.assign(new Error(outcome.code), { code: outcome.code }), address);
+}
+
+/**
+ * The connect done by the socket factory inside the netns (Happy Eyeballs there too), the winning
+ * connection handed over; undefined when the factory will not take it now. The helper's own time
+ * is held out of the target's budget as on the socket route, and the connect it waited for is
+ * charged back to the target.
+ */
+async function connectInFactory(addresses: readonly ConnectAddress[], via: ConnectVia, deadline: Deadline): Promise<Connected | undefined> {
+  if (deadline.signal.aborted) return undefined;
+  const first = addresses[0] as ConnectAddress;
+  const { childTimeoutMs, giveUpMs } = helperTcpTimes(deadline.remainingMs());
+  let outcome: TcpConnectOutcome | undefined;
+  // The hold lasts while the child makes its socket and connects; only our trouble or the caller ends it early.
+  deadline.hold(giveUpMs);
+  try {
+    outcome = await (via.sockets.connectSocket as NonNullable<SocketFactory['connectSocket']>)(via.netns as string, helperTarget(addresses, childTimeoutMs), deadline.signal);
+  } catch (err) {
+    deadline.release();
+    const why = deadline.why();
+    if (why === 'helper') throw helperTimeoutError(first, deadline);
+    if (why === 'aborted') throw new ConnectError('error', 'other', first, 'probe aborted');
+    throw toConnectError(err, first);
+  }
+  deadline.release((outcome?.connectSeconds ?? 0) * 1000);
+  if (!outcome) return undefined;
+  if (outcome.outcome !== 'connected') throw helperOutcomeError(outcome, first);
+  // A socket error before the caller attaches its own listener must not crash the agent.
+  outcome.socket.on('error', ignoreError);
+  const address = outcome.won === 1 ? (addresses[1] ?? first) : first;
+  return { socket: outcome.socket, address, helperSeconds: outcome.helperSeconds, connectSeconds: outcome.connectSeconds };
+}
+
+/** connectTo over a socket from the factory, connected by Node. */
+function connectSocket(addresses: readonly ConnectAddress[], via: ConnectVia, deadline: Deadline): Promise<Connected> {
   return new Promise<Connected>((resolve, reject) => {
     const first = addresses[0];
     if (!first) {

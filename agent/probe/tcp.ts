@@ -6,8 +6,7 @@
  * cannot set SO_LINGER, so we close normally (FIN). The TIME-WAIT sockets this leaves live in the
  * pod's netns, whose ephemeral port space is the pod's own, so they do not add up on the node.
  */
-import { isIPv6 } from 'node:net';
-import { ATTEMPT_DELAY_MS, ConnectError, connectTo, toConnectError, type Deadline, type ProberResult } from './connect.ts';
+import { ConnectError, connectTo, helperOutcomeError, helperTarget, toConnectError, type Deadline, type ProberResult } from './connect.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
 import { helperTcpTimes } from './time-budget.ts';
 import type { TcpProbeOutcome } from './types.ts';
@@ -55,7 +54,6 @@ async function probeInHelper(plan: TargetPlan, deadline: Deadline): Promise<Prob
   if (plan.ips.some((x) => x.includes('%'))) return undefined;
   if (deadline.signal.aborted) return undefined;
   const address = { ip, port: plan.port };
-  const second = ip2 === undefined ? undefined : { family: isIPv6(ip2) ? 6 as const : 4 as const, ip: ip2, staggerMs: ATTEMPT_DELAY_MS };
   // The child has the target's whole budget from the moment its socket exists; its own start gets
   // a slack on top (kubelet's timeout is for the target). No answer by then means the
   // child never got its socket in time (a hung open/setns, a stopped helper): our trouble, an
@@ -70,7 +68,7 @@ async function probeInHelper(plan: TargetPlan, deadline: Deadline): Promise<Prob
   deadline.signal.addEventListener('abort', onAbort, { once: true });
   let outcome: TcpProbeOutcome | undefined;
   try {
-    outcome = await plan.sockets.connectProbe(plan.netns, { family: isIPv6(ip) ? 6 : 4, ip, port: plan.port, timeoutMs, second }, cancel.signal);
+    outcome = await plan.sockets.connectProbe(plan.netns, helperTarget(plan.ips.map((x) => ({ ip: x, port: plan.port })), timeoutMs), cancel.signal);
   } catch (err) {
     const e = toConnectError(err, address);
     return { result: e.kind, reason: e.reason, message: e.dialText, address: joinHostPort(ip, plan.port), phases: {} };
@@ -83,8 +81,6 @@ async function probeInHelper(plan: TargetPlan, deadline: Deadline): Promise<Prob
   if (outcome.outcome === 'connected') {
     return { result: 'success', message: '', address: joinHostPort(outcome.won === 1 && ip2 !== undefined ? ip2 : ip, plan.port), phases };
   }
-  const e = outcome.outcome === 'timeout'
-    ? new ConnectError('failure', 'timeout', address, 'i/o timeout')
-    : toConnectError(Object.assign(new Error(outcome.code), { code: outcome.code }), address);
+  const e = helperOutcomeError(outcome, address);
   return { result: e.kind, reason: e.reason, message: e.dialText, address: joinHostPort(ip, plan.port), phases };
 }

@@ -141,7 +141,18 @@ export interface SocketFactory {
    * rejects with NetnsError or HelperError as createSocket does.
    */
   connectProbe?(netns: string, target: TcpTarget, signal?: AbortSignal): Promise<TcpProbeOutcome | undefined>;
+  /**
+   * Optional: the same connect, but a connection that wins is handed over (TCP_NODELAY set) for the
+   * caller to use and destroy; no socket of Node's connects. Resolves undefined when the factory will
+   * not take it now (callers then connect a createSocket socket themselves).
+   */
+  connectSocket?(netns: string, target: TcpTarget, signal?: AbortSignal): Promise<TcpConnectOutcome | undefined>;
 }
+
+/** connectSocket's answer: connectProbe's outcome, with the connection when it connected. */
+export type TcpConnectOutcome =
+  | (Extract<TcpProbeOutcome, { outcome: 'connected' }> & { socket: Socket })
+  | Exclude<TcpProbeOutcome, { outcome: 'connected' }>;
 
 /** Where a TCP probe connects, and the target's budget. */
 export interface TcpTarget {

@@ -263,6 +263,64 @@ describe('op "tcp": the TCP probe in the helper\'s child', () => {
   });
 });
 
+describe('op "connect": the connect in the helper\'s child, the connection handed over', () => {
+  it.each([['resident'], ['warm'], ['pool']] as const)('%s: a connection made inside the pod (v4, v6, its loopback) while the node is blocked carries a request', async (mode) => {
+    const h = mode === 'resident' ? resident : mode === 'warm' ? warm : pool;
+    const port = server.ports.http as number;
+    const drops = await lab.nodeToPodDrops();
+    const loopPort = loopServer.ports.http as number;
+    for (const [family, ip, p] of [[4, a.ipv4, port], [6, a.ipv6, port], [4, '127.0.0.1', loopPort], [6, '::1', loopPort]] as const) {
+      const out = await h.connectSocket(a.netns, { family, ip, port: p, timeoutMs: 2000 });
+      if (out?.outcome !== 'connected') throw new Error(`${ip}: ${JSON.stringify(out)}`);
+      expect(out.won).toBe(0);
+      // Made connected in the pod: Node never connects it, yet it reads and writes at once.
+      expect(out.socket.connecting).toBe(false);
+      expect(plain((await readEcho(out.socket, ip)).remoteAddress), ip).toBe(ip === '127.0.0.1' || ip === '::1' ? ip : family === 4 ? a.ipv4 : a.ipv6);
+    }
+    expect(await lab.nodeToPodDrops()).toBe(drops);
+  });
+
+  it('answers a refused or blackholed target with its outcome and hands nothing over; Happy Eyeballs hands over the winner', async () => {
+    const port = server.ports.http as number;
+    expect(await pool.connectSocket(b.netns, { family: 4, ip: b.ipv4, port, timeoutMs: 2000 })).toMatchObject({ outcome: 'error', code: 'ECONNREFUSED' });
+    // 192.0.2.1 (TEST-NET-1) is routed nowhere from the pod: the connect waits out its timeout in the child.
+    const t0 = performance.now();
+    const late = await pool.connectSocket(a.netns, { family: 4, ip: '192.0.2.1', port, timeoutMs: 300 }).catch((e: Error) => e);
+    expect(late, String(late)).toMatchObject({ outcome: expect.stringMatching(/^(timeout|error)$/) });
+    expect(late).not.toHaveProperty('socket');
+    expect(performance.now() - t0).toBeLessThan(2000);
+    // The first address (pod b, nothing listening there) refuses at once; the second (the other family) connects and is the one handed over.
+    const he = await pool.connectSocket(a.netns, { family: 6, ip: b.ipv6, port, timeoutMs: 2000, second: { family: 4, ip: a.ipv4, staggerMs: 250 } });
+    if (he?.outcome !== 'connected') throw new Error(JSON.stringify(he));
+    expect(he.won).toBe(1);
+    expect(plain((await readEcho(he.socket, a.ipv4)).remoteAddress)).toBe(a.ipv4);
+  });
+
+  it('leaks no connection when the caller gives up before the answer: the agent closes the one that arrives late', async () => {
+    // A server of its own: the only connection its port ever sees is this test's.
+    const own = await lab.startServer(a, { http: 0 });
+    const port = own.ports.http as number;
+    try {
+      const ac = new AbortController();
+      const p = pool.connectSocket(a.netns, { family: 4, ip: a.ipv4, port, timeoutMs: 2000 }, ac.signal);
+      ac.abort(new Error('caller gave up'));
+      await expect(p).rejects.toThrow('caller gave up');
+      // Both ends live in the pod's netns: once the connection was made, none of its ends may stay established.
+      const states = async (): Promise<string[]> => (await lab.exec(a, 'ss', ['-Htan', `( sport = :${port} or dport = :${port} )`])).stdout
+        .split('\n').map((l) => l.trim().split(/\s+/)[0] ?? '').filter((x) => x !== '' && x !== 'LISTEN');
+      let seen = await states();
+      for (let i = 0; i < 60 && (seen.length === 0 || seen.includes('ESTAB')); i++) {
+        await new Promise((r) => setTimeout(r, 50));
+        seen = await states();
+      }
+      expect(seen.length, 'the connection was made').toBeGreaterThan(0);
+      expect(seen).not.toContain('ESTAB');
+    } finally {
+      await own.stop();
+    }
+  });
+});
+
 describe('resident helper lifecycle', () => {
   it('fails an in-flight request when the helper is killed, then restarts and serves the next one', async () => {
     const restarts: string[] = [];

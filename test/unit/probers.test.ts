@@ -414,6 +414,48 @@ describe('HTTP prober', () => {
     expect(await run({ kind: 'tcp', port: rawPort }, { sockets: slow(1500) })).toMatchObject({ result: 'error', reason: 'helper-error' });
   });
 
+  /**
+   * A factory that connects by itself, as the resident helper's op "connect" does inside the pod's
+   * netns (test/integration/netns-helper.test.ts runs the real one): here it waits `helperMs` of its
+   * own time, connects on loopback, then waits `connectMs` more as a slow handshake would, and reports that.
+   */
+  const connecting = (helperMs: number, connectMs = 0): SocketFactory => ({
+    mode: 'connecting-helper',
+    createSocket: (netns, family, signal) => sockets.createSocket(netns, family, signal),
+    connectSocket: async (_netns, target, signal) => {
+      await new Promise((r) => setTimeout(r, helperMs));
+      if (signal?.aborted) throw new HelperError('aborted while waiting', {});
+      const socket = net.connect({ host: target.ip, port: target.port });
+      const err = await new Promise<NodeJS.ErrnoException | undefined>((resolve) => {
+        socket.once('connect', () => resolve(undefined));
+        socket.once('error', resolve);
+      });
+      await new Promise((r) => setTimeout(r, connectMs));
+      const connectSeconds = connectMs / 1000;
+      if (err) return { outcome: 'error' as const, code: err.code ?? 'EIO', connectSeconds, helperSeconds: helperMs / 1000 };
+      return { outcome: 'connected' as const, won: 0 as const, socket, connectSeconds, helperSeconds: helperMs / 1000 };
+    },
+  });
+
+  it('a connection the factory makes itself: its own time is held out, the connect is the target\'s, errors keep Go\'s text', async () => {
+    const netns = '/run/netns/unit-test';
+    // 700 ms of the factory's own time plus a 500 ms answer within a 1 s timeout: success, as on the socket route.
+    const ok = await run(httpGet(rawPort, '/after-500ms'), { sockets: connecting(700), netns });
+    expect(ok).toMatchObject({ result: 'success', message: 'ok' });
+    expect(ok.phases.helper).toBeCloseTo(0.7, 6);
+    // A connect that took 600 ms is the target's: with the 500 ms answer it no longer fits in 1 s.
+    const late = await run(httpGet(rawPort, '/after-500ms'), { sockets: connecting(0, 600), netns });
+    expect(late).toMatchObject({ result: 'failure', reason: 'timeout' });
+    expect(late.phases.connect).toBeCloseTo(0.6, 6);
+    const port = await closedPort();
+    expect(await run(httpGet(port, '/x'), { sockets: connecting(0), netns })).toMatchObject({
+      result: 'failure', reason: 'refused', message: `Get "http://127.0.0.1:${port}/x": dial tcp 127.0.0.1:${port}: connect: connection refused`,
+    });
+    // A factory that will not take it now: Node connects the factory's socket instead.
+    const declining: SocketFactory = { ...connecting(0), connectSocket: () => Promise.resolve(undefined) };
+    expect(await run(httpGet(rawPort, '/continue'), { sockets: declining, netns })).toMatchObject({ result: 'success', message: 'ok' });
+  });
+
   it('skips a 100 Continue over HTTP and HTTPS alike (node:http writeContinue)', async () => {
     expect(await run(httpGet(httpPort, '/write-continue'))).toMatchObject({ result: 'success', message: 'after continue' });
     expect(await run(httpGet(httpsPort, '/write-continue', { scheme: 'HTTPS' }))).toMatchObject({ result: 'success', message: 'after continue' });
