@@ -13,7 +13,8 @@
  * Stalls are measured by a ticker that runs while any probe runs: a timer every TICK_MS whose
  * lateness beyond TOLERANCE_MS (timer granularity) is added up. A probe reads the sum over its
  * lifetime, plus the stall still in progress when its own timer fires (timers due first may not
- * have run yet).
+ * have run yet). When the last probe ends, the ticker's pending lateness is added and the ticker
+ * stops: a probe shorter than a tick (most are) then costs the agent no wake-up of its own.
  */
 import { performance } from 'node:perf_hooks';
 
@@ -73,9 +74,17 @@ export function watchLoopLag(): LagWatch {
     stop: () => {
       if (stopped) return;
       stopped = true;
-      watchers--;
+      if (--watchers > 0 || timer === undefined) return;
+      stalledMs += pendingMs();
+      clearTimeout(timer);
+      timer = undefined;
     },
   };
+}
+
+/** Whether the stall ticker runs (it does only while some probe runs): for tests. */
+export function lagTickerRunning(): boolean {
+  return timer !== undefined;
 }
 
 /**

@@ -11,7 +11,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
-import { overloadedTimeout, overloadedTimeouts, STALL_FLOOR_MS, watchLoopLag } from '../../agent/probe/loop-lag.ts';
+import { lagTickerRunning, overloadedTimeout, overloadedTimeouts, STALL_FLOOR_MS, watchLoopLag } from '../../agent/probe/loop-lag.ts';
 import { runProbe } from '../../agent/probe/run.ts';
 import type { HttpGetHandler, ProbeContext } from '../../agent/probe/types.ts';
 
@@ -111,5 +111,27 @@ describe('the rule and the stall meter', () => {
     expect(earlier.stalledMs()).toBeGreaterThanOrEqual(600);
     w.stop();
     earlier.stop();
+  });
+});
+
+describe('the stall ticker', () => {
+  it('runs only while a probe runs, and a stall in progress when the last one ends still counts', async () => {
+    expect(lagTickerRunning()).toBe(false);
+    const quick = watchLoopLag();
+    expect(lagTickerRunning()).toBe(true);
+    quick.stop();
+    // A probe shorter than a tick leaves no timer behind: no wake-up of its own.
+    expect(lagTickerRunning()).toBe(false);
+    const a = watchLoopLag();
+    const b = watchLoopLag();
+    a.stop();
+    expect(lagTickerRunning()).toBe(true);
+    busy(150);
+    b.stop();
+    expect(lagTickerRunning()).toBe(false);
+    // The tick never ran during the stall: the lateness was taken when the last watch ended.
+    expect(b.stalledMs()).toBeGreaterThanOrEqual(100);
+    await new Promise((r) => setTimeout(r, 50));
+    expect(lagTickerRunning()).toBe(false);
   });
 });
