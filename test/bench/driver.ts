@@ -197,7 +197,9 @@ async function pacedRun(p: Prober, cfg: DriverConfig, mix: Variant[], rate: numb
     const tick = (): void => {
       const due = Math.min(total, Math.floor(((performance.now() - t0) / 1000) * rate) + 1);
       while (started < due && inFlight < maxInFlight) launch();
-      if (started < total) setTimeout(tick, 1);
+      // Sleep until the next probe is due (at least 1 ms): a timer every millisecond would wake this
+      // process, which is the agent being measured, far more often than its probes do at a low rate.
+      if (started < total) setTimeout(tick, Math.max(1, t0 + (started * 1000) / rate - performance.now()));
     };
     tick();
   });

@@ -9,7 +9,9 @@
  *
  * Env: BENCH_REVS (label=rev, space or comma separated; none: this tree alone, e.g. to profile), BENCH_PATHS (this tree's paths,
  * default resident,blackbox), BENCH_DRIVER_PROFILE (a dir: each agent driver runs with
- * --cpu-prof there), and the side-by-side's BENCH_PODS, _PROBES, _WARMUP, _ROUNDS, _CONCURRENCY.
+ * --cpu-prof there), and the side-by-side's BENCH_PODS, _PROBES, _WARMUP, _ROUNDS, _CONCURRENCY,
+ * _PACED_RATE and _PACED_SECONDS (an open-loop run at that rate after each closed loop, every
+ * revision too: the per-probe cost at a kubelet-like rate, where each probe wakes the agent alone).
  */
 import os from 'node:os';
 import { buildForBench, buildRevision, type BenchBuild } from './build.ts';
@@ -76,6 +78,7 @@ async function main(): Promise<void> {
       driver: self.driver,
       paths,
       revisions: others,
+      ...(cfg.paced ? { paced: cfg.paced } : {}),
       driverNodeFlags: profileDir ? (name) => ['--cpu-prof', `--cpu-prof-dir=${profileDir}`, `--cpu-prof-name=${name}.cpuprofile`] : undefined,
       log,
     });
@@ -97,6 +100,14 @@ async function main(): Promise<void> {
     };
     for (const kind of KINDS) row(kind, (s) => s.kinds[kind].cpuMsPerProbe, (s) => agentMs(s, kind));
     row('whole mix', (s) => s.cpuMsPerProbe, (s) => KINDS.reduce((t, k) => t + agentMs(s, k), 0) / KINDS.length);
+    if (cfg.paced && a.paced) {
+      // Open loop at a low rate: each probe wakes the agent on its own, as kubelet's period does.
+      const cells = revs.map((r) => {
+        const p = sbs.revisions?.[r.label]?.paced;
+        return p ? `${r.label} ${f(p.cpuMsPerProbe)} (this / ${r.label} ${ratio(a.paced!.cpuMsPerProbe, p.cpuMsPerProbe)})` : `${r.label} -`;
+      });
+      L.push('', `Paced at ${cfg.paced.rate}/s for ${cfg.paced.seconds} s (the healthy tcp/http/grpc entries, open loop), CPU ms per probe, medians: this tree ${f(a.paced.cpuMsPerProbe)}; ${cells.join('; ')}.`);
+    }
     const columns: [string, PathSummary][] = [['this tree', a], ...revs.map((r) => [r.label, sbs.revisions?.[r.label] as PathSummary] as [string, PathSummary])];
     const bad = columns.map(([label, s]) => [label, Object.entries(s.variants).filter(([, v]) => v.unexpected > 0).map(([n, v]) => `${n} ${v.unexpected}`)] as const).filter(([, l]) => l.length > 0);
     L.push('', bad.length === 0 ? 'Every probe gave the expected result.' : `**Unexpected results** (a broken build or timeouts under load): ${bad.map(([label, l]) => `${label}: ${l.join(', ')}`).join('; ')}.`);

@@ -223,6 +223,7 @@ export async function runSideBySide(opts: SideBySideOptions): Promise<SideBySide
         const i = (k + r) % revisions.length;
         const rev = revisions[i]!;
         const cfg: DriverConfig = { path: 'resident', pods, probes: opts.probes, warmup: opts.warmup, concurrency: opts.concurrency, timeoutSeconds: opts.timeoutSeconds };
+        if (opts.paced) cfg.paced = opts.paced;
         const t = Date.now();
         revRounds[i]!.push(await runDriver(rev.driver, cfg, cgroups, `${rev.label}-${r + 1}`, driverNodeFlags?.(`${rev.label}-${r + 1}`)));
         log(`  round ${r + 1}/${opts.rounds} ${rev.label} (a): ${((Date.now() - t) / 1000).toFixed(1)} s`);

@@ -224,13 +224,21 @@ describe('reading a netns\'s addresses (netlink inside the netns, no process run
   });
 });
 
+const residentOf = (mode: 'resident' | 'warm' | 'pool'): ResidentHelper => (mode === 'resident' ? resident : mode === 'warm' ? warm : pool);
+
+/** Pod a's server seen from inside it: its IPv4 and IPv6 addresses, and its loopback (another server). */
+function podTargets(): (readonly [4 | 6, string, number])[] {
+  const port = server.ports.http as number;
+  const loopPort = loopServer.ports.http as number;
+  return [[4, a.ipv4, port], [6, a.ipv6, port], [4, '127.0.0.1', loopPort], [6, '::1', loopPort]];
+}
+
 describe('op "tcp": the TCP probe in the helper\'s child', () => {
   it.each([['resident'], ['warm'], ['pool']] as const)('%s: connects inside the pod (v4, v6, its loopback) while the node is blocked; closed ports are refused', async (mode) => {
-    const h = mode === 'resident' ? resident : mode === 'warm' ? warm : pool;
+    const h = residentOf(mode);
     const port = server.ports.http as number;
     const drops = await lab.nodeToPodDrops();
-    const loopPort = loopServer.ports.http as number;
-    for (const [family, ip, p] of [[4, a.ipv4, port], [6, a.ipv6, port], [4, '127.0.0.1', loopPort], [6, '::1', loopPort]] as const) {
+    for (const [family, ip, p] of podTargets()) {
       expect(await h.connectProbe(a.netns, { family, ip, port: p, timeoutMs: 2000 }), ip).toMatchObject({ outcome: 'connected' });
     }
     // Nothing went from the node to the pod: the connects happened inside it.
@@ -265,11 +273,9 @@ describe('op "tcp": the TCP probe in the helper\'s child', () => {
 
 describe('op "connect": the connect in the helper\'s child, the connection handed over', () => {
   it.each([['resident'], ['warm'], ['pool']] as const)('%s: a connection made inside the pod (v4, v6, its loopback) while the node is blocked carries a request', async (mode) => {
-    const h = mode === 'resident' ? resident : mode === 'warm' ? warm : pool;
-    const port = server.ports.http as number;
+    const h = residentOf(mode);
     const drops = await lab.nodeToPodDrops();
-    const loopPort = loopServer.ports.http as number;
-    for (const [family, ip, p] of [[4, a.ipv4, port], [6, a.ipv6, port], [4, '127.0.0.1', loopPort], [6, '::1', loopPort]] as const) {
+    for (const [family, ip, p] of podTargets()) {
       const out = await h.connectSocket(a.netns, { family, ip, port: p, timeoutMs: 2000 });
       if (out?.outcome !== 'connected') throw new Error(`${ip}: ${JSON.stringify(out)}`);
       expect(out.won).toBe(0);
