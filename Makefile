@@ -28,7 +28,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: fuzz-helper bench-helper bench-revs bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster e2e-containerd-events
+.PHONY: fuzz-helper bench-helper bench-floor bench-revs bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster e2e-containerd-events
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -143,6 +143,11 @@ bench: build
 ## bench-shim: only the kubelet-shim part of the bench (BENCH_QUICK=1, BENCH_SHIM_* knobs; see test/bench/shim.ts).
 bench-shim: build
 	node test/bench/shim.ts
+
+## bench-floor: what one wake-up costs a Node, a Go and a C process on this machine (test/bench/wakeup-floor.ts):
+## the least the shim and the agent can pay per rewritten probe for the wake-ups it takes. BENCH_FLOOR_RATES, _SECONDS, _ROUNDS.
+bench-floor: node | .tools/.go-deps
+	node test/bench/wakeup-floor.ts
 
 ## bench-revs: path (a) of other git revisions beside this tree's and blackbox_exporter, interleaved,
 ## ratios in one run: BENCH_REVS='label=rev ...' (e.g. the frame budgets' cost:
