@@ -59,11 +59,20 @@ async function workersOf(h: ResidentHelper): Promise<number[]> {
   return childrenOf(h.stats().pid as number).sort((x, y) => x - y);
 }
 
-/** The source address a pod's server saw for a connection over `socket`. */
+/** The source address a pod's server saw for a connection over `socket`, connected here to ip:port. */
 function echoFrom(socket: Socket, ip: string, port: number): Promise<string> {
-  return new Promise((resolve, reject) => {
+  const answer = echoOver(socket, false);
+  socket.connect({ host: ip, port }, () => socket.write(ECHO_REQUEST));
+  return answer;
+}
+
+const ECHO_REQUEST = 'GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n';
+
+/** The source address a pod's server saw for `socket`; `send`: it is connected already, write the request now. */
+function echoOver(socket: Socket, send = true): Promise<string> {
+  const answer = new Promise<string>((resolve, reject) => {
     let data = '';
-    const timer = setTimeout(() => { socket.destroy(); reject(new Error(`timeout talking to ${ip}`)); }, 20_000);
+    const timer = setTimeout(() => { socket.destroy(); reject(new Error(`timeout talking to ${socket.remoteAddress ?? 'a pod'}`)); }, 20_000);
     socket.once('error', (e) => { clearTimeout(timer); reject(e); });
     socket.on('data', (d: Buffer) => { data += d.toString(); });
     socket.on('end', () => {
@@ -75,8 +84,9 @@ function echoFrom(socket: Socket, ip: string, port: number): Promise<string> {
         reject(new Error(`not an echo answer: ${data.slice(0, 200)}`));
       }
     });
-    socket.connect({ host: ip, port }, () => socket.write('GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n'));
   });
+  if (send) socket.write(ECHO_REQUEST);
+  return answer;
 }
 
 /** One healthy probe's worth: a socket in `pod`'s netns that reaches its server from the pod's own address. */
@@ -85,7 +95,7 @@ async function healthy(h: ResidentHelper, pod: LabPod, srv: RunningServer, famil
   return (await echoFrom(await h.createSocket(pod.netns, family), ip, srv.ports.http as number)) === ip;
 }
 
-/** A wave of healthy requests for pods a and b (sockets and TCP probes); the number that got their right answer. */
+/** A wave of healthy requests for pods a and b (sockets, TCP probes and handed-over connections); the number that got their right answer. */
 async function healthyWave(h: ResidentHelper, n: number): Promise<number> {
   const results = await Promise.all(Array.from({ length: n }, async (_, i) => {
     const [pod, srv] = i % 2 ? [a, srvA] : [b, srvB];
@@ -93,14 +103,23 @@ async function healthyWave(h: ResidentHelper, n: number): Promise<number> {
       const out = await h.connectProbe(pod.netns, { family: 4, ip: pod.ipv4, port: srv.ports.http as number, timeoutMs: 10_000 });
       return out?.outcome === 'connected';
     }
+    if (i % 5 === 3) {
+      // An HTTP probe's connection, made in the pod by the helper: the pod's server sees the pod's own address.
+      const out = await h.connectSocket(pod.netns, { family: 4, ip: pod.ipv4, port: srv.ports.http as number, timeoutMs: 10_000 });
+      return out?.outcome === 'connected' && (await echoOver(out.socket)) === pod.ipv4;
+    }
     return healthy(h, pod, srv, i % 4 < 2 ? 4 : 6);
   }));
   return results.filter(Boolean).length;
 }
 
-/** Starts a blackholed TCP probe in the hostile pod and waits until a worker (not one of `others`) is inside its netns with it. */
-async function stuckInHostile(h: ResidentHelper, others: number[], timeoutMs: number): Promise<{ pending: Promise<unknown>; worker: number }> {
-  const pending = h.connectProbe(hostile.netns, { family: 4, ip: hostile.ipv4, port: srvHostile.ports.http as number, timeoutMs })
+/**
+ * Starts a blackholed connect in the hostile pod (a TCP probe, or with `op` 'connect' an HTTP or gRPC
+ * probe's connection) and waits until a worker (not one of `others`) is inside its netns with it.
+ */
+async function stuckInHostile(h: ResidentHelper, others: number[], timeoutMs: number, op: 'tcp' | 'connect' = 'tcp'): Promise<{ pending: Promise<unknown>; worker: number }> {
+  const target = { family: 4 as const, ip: hostile.ipv4, port: srvHostile.ports.http as number, timeoutMs };
+  const pending = (op === 'tcp' ? h.connectProbe(hostile.netns, target) : h.connectSocket(hostile.netns, target))
     .then((v) => ({ value: v }), (e: Error) => ({ error: e }));
   const inside = netnsName(hostile.netns);
   let worker: number | undefined;
@@ -191,13 +210,13 @@ describe('the helper pool', () => {
     }
   }, 60_000);
 
-  it('a worker waiting on a blackholed connect costs only its own request: every other pod keeps every answer', async () => {
+  it.each([['tcp'], ['connect']] as const)('a worker waiting on a blackholed connect (op %s) costs only its own request: every other pod keeps every answer', async (op) => {
     const h = await ResidentHelper.start({ pool: 2 });
     try {
       // The first worker hangs in the hostile pod for the probe's whole timeout; the next hostile
       // probe finds it busy and starts the second worker, which hangs there too.
-      const first = await stuckInHostile(h, [], 30_000);
-      const second = await stuckInHostile(h, [first.worker], 30_000);
+      const first = await stuckInHostile(h, [], 30_000, op);
+      const second = await stuckInHostile(h, [first.worker], 30_000, op);
       expect(second.worker).not.toBe(first.worker);
       let hung = 0;
       for (const p of [first.pending, second.pending]) void p.then(() => hung++);
