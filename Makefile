@@ -23,6 +23,10 @@ GO_PACKAGES := golang-1.19-go golang-google-grpc-dev
 GO := /usr/lib/go-1.19/bin/go
 GRPC_GO_PEER := build/grpc-go-peer
 GRPC_GO_PEER_SRC := $(wildcard test/grpc-go-peer/*.go)
+# Offline, GOPATH mode, Debian's Go only: `cd <package dir> && $(GO_BUILD) -o <out> .`
+GO_BUILD := GO111MODULE=off GOPATH=/usr/share/gocode GOPROXY=off GOFLAGS= GOTOOLCHAIN=local \
+	GOCACHE=$(TOOLS)/go-cache CGO_ENABLED=0 $(GO) build -trimpath
+FLOOR_RECEIVERS := build/wakeup-floor-go build/wakeup-floor-c
 
 HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
@@ -118,8 +122,7 @@ grpc-go-peer: $(GRPC_GO_PEER)
 # Order-only on the packages' stamp: a Makefile edit re-checks them without rebuilding the binary.
 $(GRPC_GO_PEER): $(GRPC_GO_PEER_SRC) | .tools/.go-deps
 	@mkdir -p build
-	cd test/grpc-go-peer && GO111MODULE=off GOPATH=/usr/share/gocode GOPROXY=off GOFLAGS= GOTOOLCHAIN=local \
-		GOCACHE=$(TOOLS)/go-cache CGO_ENABLED=0 $(GO) build -trimpath -o $(CURDIR)/$@ .
+	cd test/grpc-go-peer && $(GO_BUILD) -o $(CURDIR)/$@ .
 .tools/.go-deps: Makefile
 	@bash test/lab/install-system-deps.sh $(GO_PACKAGES)
 	@mkdir -p .tools && touch $@
@@ -146,8 +149,14 @@ bench-shim: build
 
 ## bench-floor: what one wake-up costs a Node, a Go and a C process on this machine (test/bench/wakeup-floor.ts):
 ## the least the shim and the agent can pay per rewritten probe for the wake-ups it takes. BENCH_FLOOR_RATES, _SECONDS, _ROUNDS.
-bench-floor: node | .tools/.go-deps
+bench-floor: node $(FLOOR_RECEIVERS)
 	node test/bench/wakeup-floor.ts
+build/wakeup-floor-go: test/bench/wakeup/main.go | .tools/.go-deps
+	@mkdir -p build
+	cd test/bench/wakeup && $(GO_BUILD) -o $(CURDIR)/$@ .
+build/wakeup-floor-c: test/bench/wakeup/receiver.c
+	@mkdir -p build
+	gcc -O2 -o $@ $<
 
 ## bench-revs: path (a) of other git revisions beside this tree's and blackbox_exporter, interleaved,
 ## ratios in one run: BENCH_REVS='label=rev ...' (e.g. the frame budgets' cost:

@@ -11,8 +11,8 @@
  *
  *   make bench-floor   (BENCH_FLOOR_RATES=20,200 BENCH_FLOOR_SECONDS=15 BENCH_FLOOR_ROUNDS=2)
  */
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -21,7 +21,6 @@ import { fileURLToPath } from 'node:url';
 const HERE = fileURLToPath(new URL('./wakeup/', import.meta.url));
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const BUILD = join(ROOT, 'build');
-const GO = '/usr/lib/go-1.19/bin/go';
 
 type Kind = 'node' | 'go' | 'c';
 
@@ -38,15 +37,11 @@ function runNs(pid: number): number {
   return sum;
 }
 
-function build(): Record<Kind, string[]> {
-  mkdirSync(BUILD, { recursive: true });
-  const c = join(BUILD, 'wakeup-floor-c');
-  execFileSync('gcc', ['-O2', '-o', c, join(HERE, 'receiver.c')]);
+/** The receivers' commands; the Go and C ones are built by `make bench-floor`. */
+function receivers(): Record<Kind, string[]> {
   const go = join(BUILD, 'wakeup-floor-go');
-  execFileSync(GO, ['build', '-trimpath', '-o', go, '.'], {
-    cwd: HERE,
-    env: { ...process.env, GO111MODULE: 'off', GOPROXY: 'off', GOFLAGS: '', GOTOOLCHAIN: 'local', CGO_ENABLED: '0', GOCACHE: join(ROOT, '.tools', 'go-cache') },
-  });
+  const c = join(BUILD, 'wakeup-floor-c');
+  for (const bin of [go, c]) if (!existsSync(bin)) throw new Error(`${bin} is missing: run make bench-floor`);
   return { node: [process.execPath, join(HERE, 'receiver.ts')], go: [go], c: [c] };
 }
 
@@ -107,7 +102,7 @@ const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floo
 const rates = (process.env['BENCH_FLOOR_RATES'] ?? '20,200').split(',').map(Number);
 const seconds = Number(process.env['BENCH_FLOOR_SECONDS'] ?? 15);
 const rounds = Number(process.env['BENCH_FLOOR_ROUNDS'] ?? 2);
-const cmds = build();
+const cmds = receivers();
 const kinds: Kind[] = ['node', 'go', 'c'];
 const result: Record<string, Record<Kind, number[]>> = {};
 const load0 = loadavg()[0]?.toFixed(1);
