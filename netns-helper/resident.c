@@ -530,7 +530,7 @@ static void handle_line(struct resident *rs, const char *line, size_t len) {
     return;
   }
   if (OP_CONNECTS(req.op) && (!req.has_ip || !req.has_port || req.port < 1 || !req.has_timeout || req.timeout_ms < 1)) {
-    ns_fail(&r, "request", EINVAL, "malformed request: op tcp wants ip, port 1..65535 and timeout_ms 1..%d", TCP_TIMEOUT_MS_MAX);
+    ns_fail(&r, "request", EINVAL, "malformed request: op %s wants ip, port 1..65535 and timeout_ms 1..%d", req.op == OP_CONNECT ? "connect" : "tcp", TCP_TIMEOUT_MS_MAX);
     reply_error(rs, req.id, &r);
     return;
   }
