@@ -2,13 +2,13 @@
  * What a flooding gRPC server costs the prober and its neighbour (issue 43, the frame budget's two
  * holes): in this process (the prober, as in the agent), through lab pods and the resident helper.
  *
- *  1. four attacker workers (period 1 s, timeout 5 s) against each flood (endless 1xx heads;
+ *  1. `--attackers` attacker workers (period 1 s, timeout 5 s) against each flood (endless 1xx heads;
  *     SETTINGS re-armed on each connection): this process's CPU share, event-loop delay p99, and
  *     the flood frames each probe read before it was cut;
- *  2. the neighbour alone, then beside four attacker workers of each flood (1xx heads; SETTINGS
+ *  2. the neighbour alone, then beside as many attacker workers of each flood (1xx heads; SETTINGS
  *     re-armed on each connection): its probes back to back (timeout 1 s), rate, p99 and slowest.
  *
- *   node test/bench/frame-flood.ts [--seconds 8]
+ *   node test/bench/frame-flood.ts [--seconds 8] [--attackers 4]
  *
  * Run it from another checkout (a worktree of main) to compare before and after. Root only.
  */
@@ -23,8 +23,9 @@ import { createLab, type LabPod } from '../lab/lab.ts';
 import { startHostileServer, type H2Flood } from '../lab/hostile-server.ts';
 import { quantile } from './stats.ts';
 
-const { values: args } = parseArgs({ options: { seconds: { type: 'string', default: '8' } } });
+const { values: args } = parseArgs({ options: { seconds: { type: 'string', default: '8' }, attackers: { type: 'string', default: '4' } } });
 const WINDOW_MS = Number(args.seconds) * 1000;
+const ATTACKERS = Number(args.attackers);
 
 /** The per-pod budgets when this checkout has them (after the fix); none before. */
 async function podBudgets(): Promise<((uid: string) => SharedFrameBudget) | undefined> {
@@ -73,7 +74,7 @@ async function main(): Promise<void> {
       lag.enable();
       const cpu0 = process.cpuUsage();
       const t0 = performance.now();
-      const runs = Array.from({ length: 4 }, (): ProbeOutcome[] => []);
+      const runs = Array.from({ length: ATTACKERS }, (): ProbeOutcome[] => []);
       await Promise.all(runs.map((o) => worker(attack(kind), 1000, t0 + WINDOW_MS, o)));
       const wall = performance.now() - t0;
       const cpu = process.cpuUsage(cpu0);
@@ -81,18 +82,18 @@ async function main(): Promise<void> {
       const out = runs.flat();
       // Frames without progress each probe read before it was cut, from its message ("(SETTINGS n)").
       const frames = out.map((o) => Number(/\((?:SETTINGS|1xx HEADERS) (\d+)/.exec(o.message)?.[1] ?? NaN)).filter((n) => !Number.isNaN(n));
-      console.log(`4 ${kind} probe workers: CPU ${(((cpu.user + cpu.system) / 1000 / wall) * 100).toFixed(1)} % of one core, ` +
+      console.log(`${ATTACKERS} ${kind} probe workers: CPU ${(((cpu.user + cpu.system) / 1000 / wall) * 100).toFixed(1)} % of one core, ` +
         `loop delay p99 ${(lag.percentile(99) / 1e6).toFixed(1)} ms, ${out.length} probes (${[...new Set(out.map((o) => o.reason ?? o.result))].join(', ')})` +
         (frames.length ? `, flood frames read per probe: median ${pct(frames, 50)}, most ${Math.max(...frames)}` : ''));
     }
     for (const kind of [undefined, 'h2Informational', 'h2Settings'] as const) {
       const until = performance.now() + WINDOW_MS;
       const mine: ProbeOutcome[] = [];
-      const theirs = Array.from({ length: kind ? 4 : 0 }, (): ProbeOutcome[] => []);
+      const theirs = Array.from({ length: kind ? ATTACKERS : 0 }, (): ProbeOutcome[] => []);
       await Promise.all([worker(healthyProbe, 0, until, mine), ...theirs.map((o) => worker(attack(kind!), 1000, until, o))]);
       const times = mine.map((o) => o.durationSeconds);
       const ok = mine.filter((o) => o.result === 'success').length;
-      console.log(`neighbour ${kind ? `beside 4 ${kind} workers` : 'alone'}: ${(mine.length / (WINDOW_MS / 1000)).toFixed(1)} probes/s, ${ok}/${mine.length} SERVING, ` +
+      console.log(`neighbour ${kind ? `beside ${ATTACKERS} ${kind} workers` : 'alone'}: ${(mine.length / (WINDOW_MS / 1000)).toFixed(1)} probes/s, ${ok}/${mine.length} SERVING, ` +
         `p99 ${(pct(times, 99) * 1000).toFixed(0)} ms, slowest ${(Math.max(...times) * 1000).toFixed(0)} ms`);
     }
   } finally {
