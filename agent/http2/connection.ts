@@ -21,10 +21,11 @@
  * Every frame a peer sends costs bounded work (the CONTINUATION and empty-frame floods): a header
  * block takes at most `maxContinuations` CONTINUATION frames, and frames that move no stream
  * forward (PING, SETTINGS, empty DATA, RST_STREAM or WINDOW_UPDATE on closed streams, refused
- * HEADERS, PRIORITY, unknown types...) spend a per-connection budget that progress (a header block
- * or DATA with octets on a live stream, each way) and time refill; a peer that spends it all is
- * closed with GOAWAY ENHANCE_YOUR_CALM. Stream ids of ours stop at 2^31-1: `mayStart` turns false
- * and the owner opens a new connection.
+ * HEADERS, informational 1xx heads, PRIORITY, unknown types...) spend a per-connection budget that
+ * progress (a header block or DATA with octets on a live stream, each way) and time refill, and a
+ * shared one when the owner gives it (the gRPC prober: the pod's, across its connections;
+ * frame-budget.ts); a peer that spends either is closed with GOAWAY ENHANCE_YOUR_CALM. Stream ids
+ * of ours stop at 2^31-1: `mayStart` turns false and the owner opens a new connection.
  */
 import type { Duplex } from 'node:stream';
 import { encodeLiteralBlock, HpackDecoder, HpackError, type HeaderField } from './hpack.ts';
@@ -34,6 +35,8 @@ import {
 } from './wire.ts';
 import { checkInitialWindowSize, FlowControl, type StreamWindows } from './flow-control.ts';
 import { FrameWriter } from './writer.ts';
+import { FrameBudgetError, SHARED_FREE_FRAMES, TokenBucket, type SharedFrameBudget } from './frame-budget.ts';
+import { isInformationalBlock } from './informational.ts';
 
 export { H2ConnectionError } from './wire.ts';
 
@@ -119,6 +122,12 @@ export interface H2ConnectionOptions {
    * frame of progress either way gives one back, and the budget refills in full over 10 s.
    */
   noProgressBudget?: number;
+  /**
+   * A budget shared with other connections (the gRPC prober's, per pod) that frames without
+   * progress also spend, past the first SHARED_FREE_FRAMES of this connection; progress gives
+   * nothing back to it. Spent, the connection is cut as for its own budget.
+   */
+  sharedBudget?: SharedFrameBudget;
   /** The first stream id we start (client role; default 1): a test drives a connection to the last id fast. */
   firstStreamId?: number;
 }
@@ -389,10 +398,10 @@ export class H2Connection implements Credit {
   #closed = false;
   #ending = false;
   #idleQueued = false;
-  /** The no-progress budget: what is left, its size, when time last refilled it, and what was spent by frame type. */
-  #budget: number;
-  readonly #budgetMax: number;
-  #budgetAt = performance.now();
+  /** The no-progress budget, the shared one (and frames charged to it), and what was spent by frame type. */
+  readonly #budget: TokenBucket;
+  readonly #shared: SharedFrameBudget | undefined;
+  #sharedCharged = 0;
   readonly #spent = new Map<string, number>();
 
   constructor(socket: Duplex, opts: H2ConnectionOptions) {
@@ -409,8 +418,8 @@ export class H2Connection implements Credit {
       onOverflow: (unsent) => this.destroy(new H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, `peer does not read: ${unsent} octets unsent`)),
     });
     this.#blocks = new HeaderBlockJoiner(opts.maxHeaderBlock ?? 64 * 1024, opts.maxContinuations);
-    this.#budgetMax = opts.noProgressBudget ?? NO_PROGRESS_BUDGET;
-    this.#budget = this.#budgetMax;
+    this.#budget = new TokenBucket(opts.noProgressBudget ?? NO_PROGRESS_BUDGET, BUDGET_REFILL_MS);
+    this.#shared = opts.sharedBudget;
     this.#flow = new FlowControl(opts.connectionWindow, opts.creditBatch);
     this.#nextOwnStream = opts.role === 'client' ? (opts.firstStreamId ?? 1) : 2;
     if (this.#nextOwnStream % 2 !== (opts.role === 'client' ? 1 : 0)) throw new RangeError(`first stream id ${this.#nextOwnStream} is not a ${opts.role}'s`);
@@ -621,25 +630,23 @@ export class H2Connection implements Credit {
 
   // ---- the no-progress budget ----
 
-  /** A frame that moved no stream forward: spends one of the budget, which time refills; throws once it is gone. */
-  #noProgress(f: Frame): void {
-    const name = TYPE_NAMES[f.type] ?? `type ${f.type}`;
+  /** A frame that moved no stream forward: spends one of each budget, which time refills; throws once one is gone. */
+  #noProgress(f: Frame, name = TYPE_NAMES[f.type] ?? `type ${f.type}`): void {
     this.#spent.set(name, (this.#spent.get(name) ?? 0) + 1);
-    if (--this.#budget >= 0) return;
-    const now = performance.now();
-    const refill = Math.floor(((now - this.#budgetAt) * this.#budgetMax) / BUDGET_REFILL_MS);
-    if (refill > 0) {
-      this.#budgetAt = now;
-      this.#budget = Math.min(this.#budgetMax, this.#budget + refill);
-      if (this.#budget >= 0) return;
+    if (!this.#budget.take()) throw new FrameBudgetError('connection', `peer flooded frames without progress (${this.#spentText()}): budget of ${this.#budget.max} spent`);
+    const shared = this.#shared;
+    if (shared !== undefined && ++this.#sharedCharged > SHARED_FREE_FRAMES && !shared.spend()) {
+      throw new FrameBudgetError('shared', `peer flooded frames without progress (${this.#spentText()}): ${shared.spentWhy}`);
     }
-    const what = [...this.#spent].sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${v}`).join(', ');
-    throw new H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, `peer flooded frames without progress (${what}): budget of ${this.#budgetMax} spent`);
   }
 
-  /** A frame of progress, received or sent: gives one back. */
+  #spentText(): string {
+    return [...this.#spent].sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${v}`).join(', ');
+  }
+
+  /** A frame of progress, received or sent: gives one back (to this connection's budget only). */
   #progress(): void {
-    if (this.#budget < this.#budgetMax) this.#budget++;
+    this.#budget.giveBack();
   }
 
   // ---- reading ----
@@ -700,7 +707,10 @@ export class H2Connection implements Credit {
       case FrameType.HEADERS:
       case FrameType.CONTINUATION:
         // Decoded whatever the stream's fate: the HPACK state is the connection's.
-        if (block !== null && !this.#headerBlock(block.streamId, this.#decoder.decode(block.block), block.endStream)) this.#noProgress(f);
+        if (block !== null) {
+          const moved = this.#headerBlock(block.streamId, this.#decoder.decode(block.block), block.endStream);
+          if (moved !== true) this.#noProgress(f, moved === 'informational' ? '1xx HEADERS' : undefined);
+        }
         return;
       case FrameType.RST_STREAM: return this.#onReset(f);
       case FrameType.SETTINGS: return this.#onSettings(f);
@@ -818,8 +828,12 @@ export class H2Connection implements Credit {
     this.#h!.data(f.streamId, f, payload, end);
   }
 
-  /** A complete header block; false when it moved no stream forward (refused, ignored, on a closed stream). */
-  #headerBlock(id: number, fields: HeaderField[], endStream: boolean): boolean {
+  /**
+   * A complete header block; false when it moved no stream forward (refused, ignored, on a closed
+   * stream), 'informational' for a 1xx head on a stream of ours (passed on, but no progress: the
+   * response is still to come, and a peer could send them for ever).
+   */
+  #headerBlock(id: number, fields: HeaderField[], endStream: boolean): boolean | 'informational' {
     const s = this.#streams.get(id);
     if (s) {
       if (s.remoteEnded) {
@@ -827,9 +841,10 @@ export class H2Connection implements Credit {
         return false;
       }
       if (endStream) this.#remoteEnd(id, s);
-      this.#progress();
+      const informational = !s.remote && isInformationalBlock(fields);
+      if (!informational) this.#progress();
       this.#h!.headers(id, fields, endStream, false);
-      return true;
+      return informational ? 'informational' : true;
     }
     if (!this.#isPeerId(id)) {
       if (this.#idle(id)) throw new H2ConnectionError(H2Error.PROTOCOL_ERROR, `HEADERS on idle stream ${id}`);

@@ -17,6 +17,7 @@ import * as net from 'node:net';
 import { H2_LIMITS } from './authority.ts';
 import { H2Connection, H2ConnectionError, type H2Handler } from './connection.ts';
 import type { HeaderField } from './hpack.ts';
+import { isInformationalBlock, MAX_1XX_RESPONSES } from './informational.ts';
 import { H2Error, type Frame } from './wire.ts';
 import { BodyReader } from '../grpc/frame.ts';
 
@@ -83,6 +84,8 @@ interface Stream {
   headers: HeaderField[] | undefined;
   trailers: HeaderField[] | undefined;
   body: BodyReader;
+  /** 1xx heads skipped so far. */
+  informational: number;
 }
 
 interface Pending {
@@ -164,7 +167,7 @@ class Connection {
 
   #start(p: Pending): void {
     const id = this.#h2.request(p.block, false);
-    const s: Stream = { id, cb: p.cb, headers: undefined, trailers: undefined, body: new BodyReader(this.#opts.maxResponseBytes) };
+    const s: Stream = { id, cb: p.cb, headers: undefined, trailers: undefined, body: new BodyReader(this.#opts.maxResponseBytes), informational: 0 };
     p.stream = s;
     this.#streams.set(id, s);
     this.#h2.data(id, p.body, true);
@@ -207,6 +210,15 @@ class Connection {
       headers: (id, fields, endStream) => {
         const s = this.#streams.get(id);
         if (!s) return;
+        if (s.headers === undefined && isInformationalBlock(fields)) {
+          // A 1xx head: the response is still to come; Go's client takes MAX_1XX_RESPONSES of them.
+          if (!endStream && ++s.informational <= MAX_1XX_RESPONSES) return;
+          this.#h2.reset(id, H2Error.PROTOCOL_ERROR);
+          this.#end(s);
+          const why = endStream ? 'a 1xx response ended the stream' : `more than ${MAX_1XX_RESPONSES} 1xx informational responses`;
+          s.cb.fail(new UnaryH2Error('broken', `${this.#label}: ${why}`, false));
+          return;
+        }
         if (s.headers === undefined) s.headers = fields;
         else s.trailers = fields;
         if (endStream) this.#complete(s);

@@ -7,10 +7,14 @@
  * (connection.ts: SETTINGS acknowledged, PINGs answered, windows given back as we read, so a
  * server is never stuck on us), in grpc-go's client's manner: frames on streams it never opened
  * are ignored. What is kept here is the one response and how the exchange ended, in the terms
- * kubelet's grpc-go prober judges it by. The caller owns the socket and destroys it.
+ * kubelet's grpc-go prober judges it by: a response head whose :status is not 200 (1xx included)
+ * ends the exchange at once, as it fails grpc-go's call. Frames without progress spend the
+ * connection's budget and the caller's shared one (the pod's; frame-budget.ts). The caller owns the
+ * socket and destroys it.
  */
 import type { Socket } from 'node:net';
 import { H2Connection } from './connection.ts';
+import { FrameBudgetError, type SharedFrameBudget } from './frame-budget.ts';
 import type { HeaderField } from './hpack.ts';
 import { DEFAULT_WINDOW, H2Error, H2InputError } from './wire.ts';
 import { BodyReader } from '../grpc/frame.ts';
@@ -24,11 +28,16 @@ export interface OneShotRequest {
   maxResponseBytes: number;
   /** Our SETTINGS_MAX_HEADER_LIST_SIZE; a larger response header list is a protocol error. */
   maxHeaderListSize: number;
+  /** A frame budget shared with the caller's other exchanges (the pod's). */
+  sharedBudget?: SharedFrameBudget;
 }
 
 /** How the exchange ended (reported once). */
 export type OneShotEnd =
-  /** The stream ended (END_STREAM): trailers is undefined for a trailers-only response. */
+  /**
+   * The stream ended (END_STREAM): trailers is undefined for a trailers-only response. Or the
+   * response head's :status is not 200: the exchange ends on it (body empty, stream reset).
+   */
   | { kind: 'response'; headers: HeaderField[]; trailers: HeaderField[] | undefined; body: Buffer }
   /** The server reset our stream with this HTTP/2 error code (what had come of the response with it). */
   | { kind: 'reset'; code: number; headers: HeaderField[] | undefined; trailers: HeaderField[] | undefined; body: Buffer }
@@ -38,14 +47,14 @@ export type OneShotEnd =
   | { kind: 'goaway'; code: number; debug: string; processed: boolean }
   /** The connection closed (EOF) before the stream ended (what had come of the response with it). */
   | { kind: 'eof'; headers: HeaderField[] | undefined; trailers: HeaderField[] | undefined; body: Buffer }
-  /** A socket error or a protocol violation by the server (message says which). */
-  | { kind: 'broken'; message: string };
+  /** A socket error or a protocol violation by the server (message says which); `flood`: a frame budget ended it. */
+  | { kind: 'broken'; message: string; flood?: 'connection' | 'shared' };
 
 /** A running exchange: what has been seen so far, and cancel() to stop it (nothing more is reported). */
 export interface OneShotExchange {
   /** Whether the server's SETTINGS arrived (its connection preface: the "transport is ready"). */
   readonly settingsSeen: boolean;
-  /** Whether the response's (non-informational) HEADERS arrived. */
+  /** Whether the response's HEADERS arrived. */
   readonly responseStarted: boolean;
   /** Resets the stream (RST_STREAM CANCEL) if it is open and stops reading. */
   cancel(): void;
@@ -69,6 +78,7 @@ export function exchangeOnce(socket: Socket, req: OneShotRequest, onEnd: (end: O
   // The protocol's initial windows: a health answer is a few octets, and we give them back as we read.
   const conn = new H2Connection(socket, {
     role: 'client', settings: { maxHeaderListSize: req.maxHeaderListSize }, connectionWindow: DEFAULT_WINDOW, ignoreIdleStreams: true,
+    ...(req.sharedBudget ? { sharedBudget: req.sharedBudget } : {}),
   });
   conn.start({
     headers: (_id, fields, endStream) => {
@@ -76,9 +86,12 @@ export function exchangeOnce(socket: Socket, req: OneShotRequest, onEnd: (end: O
       if (headers === undefined) {
         const status = fields.find((x) => x.name === ':status')?.value;
         if (status === undefined) throw new H2InputError('response HEADERS without :status');
-        // 1xx: informational, the response is still to come.
-        if (/^1\d\d$/.test(status) && !endStream) return;
         headers = fields;
+        if (status !== '200' && !endStream) {
+          // grpc-go fails the call on this head (and resets the stream): nothing after it is read.
+          conn.reset(id, H2Error.PROTOCOL_ERROR);
+          return end({ kind: 'response', headers, trailers: undefined, body: body() });
+        }
       } else {
         trailers = fields;
         if (!endStream) throw new H2InputError('trailers without END_STREAM');
@@ -103,7 +116,7 @@ export function exchangeOnce(socket: Socket, req: OneShotRequest, onEnd: (end: O
     },
     closed: (err) => {
       if (err === undefined) end({ kind: 'eof', headers, trailers, body: body() });
-      else end({ kind: 'broken', message: err.message });
+      else end({ kind: 'broken', message: err.message, ...(err instanceof FrameBudgetError ? { flood: err.scope } : {}) });
     },
   });
   // Preface, SETTINGS, HEADERS and the DATA the (initial) windows take go out in one write.

@@ -36,7 +36,7 @@ export const PHASE_BUCKETS: readonly number[] = [
 export const FAILURE_REASONS: readonly FailureReason[] = [
   'refused', 'timeout', 'reset', 'unreachable', 'status', 'redirects', 'tls', 'protocol', 'grpc-status',
   'grpc-unimplemented', 'grpc-not-serving', 'netns-gone', 'netns-denied', 'netns-unresolved', 'unsupported-pod', 'helper-error', 'host-refused',
-  'port-unresolved', 'invalid-spec', 'queue-full', 'agent-overloaded', 'other',
+  'port-unresolved', 'invalid-spec', 'queue-full', 'agent-overloaded', 'frame-budget', 'other',
 ];
 const REASONS = new Set<string>(FAILURE_REASONS);
 const PROTOCOLS = new Set(['http', 'tcp', 'grpc']);

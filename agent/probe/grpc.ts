@@ -4,6 +4,12 @@
  * Spoken on a socket we connected ourselves (grpc-js cannot use a given socket) with our own one-shot
  * HTTP/2 exchange (http2/unary-oneshot.ts): a node:http2 session per probe cost more CPU than the probe.
  *
+ * A response head whose :status is not 200 fails the call as grpc-go before 1.76 does (kubelet's
+ * through v1.34), 1xx included ("unexpected HTTP status code received from server: 100 (Continue)");
+ * grpc-go 1.76 and later skip a 1xx head, which would let a server send them until the deadline.
+ * Frames without progress spend the pod's frame budget across its probes' connections
+ * (ProbeContext.frameBudget): a flood ends the probe with reason 'frame-budget'.
+ *
  * Differences from kubelet (grpc-go with WithBlock): a refused or non-HTTP/2 target fails at once
  * with "error: failed to connect service ..." where grpc-go keeps redialling until the deadline and
  * then says "timeout: failed to connect service ..."; the User-Agent has no " grpc-go/x.y" suffix.
@@ -15,7 +21,8 @@ import { ConnectError, connectTo, type Deadline, type ProberResult } from './con
 import { decodeHealthStatus, encodeHealthCheckRequest, goDuration } from './grpc-wire.ts';
 import { encodeFrame, readFrame } from '../grpc/frame.ts';
 import { decodeGrpcMessage, formatGrpcTimeout } from '../grpc/headers.ts';
-import { codeFromHttpStatus, codeFromRstStream, goCodeName, GrpcCode, parseGrpcStatus } from '../grpc/status.ts';
+import { codeFromHttpStatus, codeFromRstStream, goCodeName, goStatusText, GrpcCode, parseGrpcStatus } from '../grpc/status.ts';
+import type { SharedFrameBudget } from '../http2/frame-budget.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
 import { targetGrpcTimeoutMs } from './time-budget.ts';
 import type { FailureReason, GrpcHandler } from './types.ts';
@@ -34,15 +41,16 @@ const H2_ERROR_NAMES = [
   'REFUSED_STREAM', 'CANCEL', 'COMPRESSION_ERROR', 'CONNECT_ERROR', 'ENHANCE_YOUR_CALM', 'INADEQUATE_SECURITY', 'HTTP_1_1_REQUIRED',
 ];
 
-/** A finished RPC: a status code, its message, and the response message bytes when OK. */
+/** A finished RPC: a status code, its message, and the response message bytes when OK; `reason` when not 'grpc-status'. */
 interface RpcResult {
   code: number;
   message: string;
   response?: Buffer;
+  reason?: FailureReason;
 }
 
 /** Runs kubelet's gRPC probe against `plan`; never throws. */
-export async function probeGrpc(handler: GrpcHandler, plan: TargetPlan, deadline: Deadline, kubeVersion: string): Promise<ProberResult> {
+export async function probeGrpc(handler: GrpcHandler, plan: TargetPlan, deadline: Deadline, kubeVersion: string, frameBudget?: SharedFrameBudget): Promise<ProberResult> {
   const addr = joinHostPort(plan.host, plan.port);
   const within = goDuration(deadline.timeoutMs);
   const addresses = plan.ips.map((ip) => ({ ip, port: plan.port }));
@@ -64,7 +72,7 @@ export async function probeGrpc(handler: GrpcHandler, plan: TargetPlan, deadline
   const t0 = performance.now();
   let rpc: RpcResult | ConnFailure;
   try {
-    rpc = await checkRpc(connected.socket, addr, handler.service ?? '', kubeVersion, deadline);
+    rpc = await checkRpc(connected.socket, addr, handler.service ?? '', kubeVersion, deadline, frameBudget);
   } finally {
     connected.socket.destroy();
   }
@@ -89,7 +97,7 @@ function judge(rpc: RpcResult, within: string, address: string, phases: ProberRe
     return { result: 'failure', reason: 'timeout', message: `timeout: health rpc did not complete within ${within}`, address, phases };
   }
   if (rpc.code !== 0) {
-    return { result: 'failure', reason: 'grpc-status', message: `error: health rpc probe failed: rpc error: code = ${goCodeName(rpc.code)} desc = ${rpc.message}`, address, phases };
+    return { result: 'failure', reason: rpc.reason ?? 'grpc-status', message: `error: health rpc probe failed: rpc error: code = ${goCodeName(rpc.code)} desc = ${rpc.message}`, address, phases };
   }
   let status: number;
   try {
@@ -152,7 +160,9 @@ function requestParts(authority: string, service: string, kubeVersion: string): 
 }
 
 /** One unary Health/Check over a fresh HTTP/2 connection on `socket`. Resolves; never rejects. */
-function checkRpc(socket: import('node:net').Socket, authority: string, service: string, kubeVersion: string, deadline: Deadline): Promise<RpcResult | ConnFailure> {
+function checkRpc(
+  socket: import('node:net').Socket, authority: string, service: string, kubeVersion: string, deadline: Deadline, frameBudget: SharedFrameBudget | undefined,
+): Promise<RpcResult | ConnFailure> {
   return new Promise((resolve) => {
     let settled = false;
     let exchange: OneShotExchange | undefined;
@@ -169,15 +179,15 @@ function checkRpc(socket: import('node:net').Socket, authority: string, service:
       if (!exchange?.responseStarted && !exchange?.settingsSeen) done({ connFailure: 'context deadline exceeded', reason: 'timeout', timedOut });
       else done({ code: GrpcCode.DEADLINE_EXCEEDED, message: 'context deadline exceeded' });
     };
-    const connFail = (message: string): void => {
-      done({ connFailure: `connection error: desc = "transport: ${message}"`, reason: 'protocol', timedOut: false });
+    const connFail = (message: string, reason: FailureReason = 'protocol'): void => {
+      done({ connFailure: `connection error: desc = "transport: ${message}"`, reason, timedOut: false });
     };
     if (deadline.signal.aborted) return onAbort();
 
     const fixed = requestParts(authority, service, kubeVersion);
     // Literal representations stand alone, so the per-probe grpc-timeout is appended to the fixed fields.
     const block = Buffer.concat([fixed.head, encodeLiteralBlock([{ name: 'grpc-timeout', value: formatGrpcTimeout(targetGrpcTimeoutMs(deadline.remainingMs())) }])]);
-    const request = { block, body: fixed.body, maxResponseBytes: MAX_RESPONSE_BYTES, maxHeaderListSize: MAX_HEADER_LIST };
+    const request = { block, body: fixed.body, maxResponseBytes: MAX_RESPONSE_BYTES, maxHeaderListSize: MAX_HEADER_LIST, ...(frameBudget ? { sharedBudget: frameBudget } : {}) };
     exchange = exchangeOnce(socket, request, (end) => {
       const started = exchange?.responseStarted ?? false;
       const ready = exchange?.settingsSeen ?? false;
@@ -202,8 +212,10 @@ function checkRpc(socket: import('node:net').Socket, authority: string, service:
         case 'eof':
           // After the response headers the stream ends with what came: no trailers is grpc-go's Internal.
           return end.headers ? done(finishRpc(end.headers, end.trailers, end.body)) : connFail('error reading server preface: EOF');
-        case 'broken':
-          return started ? done({ code: GrpcCode.UNAVAILABLE, message: `connection error: ${end.message}` }) : connFail(end.message);
+        case 'broken': {
+          const reason: FailureReason = end.flood ? 'frame-budget' : 'protocol';
+          return started ? done({ code: GrpcCode.UNAVAILABLE, message: `connection error: ${end.message}`, ...(end.flood ? { reason } : {}) }) : connFail(end.message, reason);
+        }
       }
     });
     deadline.signal.addEventListener('abort', onAbort, { once: true });
@@ -216,11 +228,41 @@ function resetStatus(rstCode: number): RpcResult {
   return { code: codeFromRstStream(rstCode), message: `stream terminated by RST_STREAM with error code: ${name}` };
 }
 
+/**
+ * grpc-go's (before 1.76) verdict on a response head whose :status is not 200, 1xx included
+ * (http2Client.operateHeaders): the call fails with the HTTP status's code, and says what else was
+ * wrong with the head. Undefined for 200.
+ */
+function httpStatusFailure(status: string | undefined, contentType: string | undefined): RpcResult | undefined {
+  if (status === '200') return undefined;
+  let code: number = GrpcCode.INTERNAL;
+  let statusErr = 'malformed header: missing HTTP status';
+  if (status !== undefined) {
+    // strconv.ParseInt(value, 10, 32)
+    const n = /^[+-]?\d+$/.test(status) ? Number(status) : NaN;
+    if (Number.isNaN(n) || n > 2 ** 31 - 1 || n < -(2 ** 31)) {
+      const why = Number.isNaN(n) ? 'invalid syntax' : 'value out of range';
+      return { code: GrpcCode.INTERNAL, message: `transport: malformed http-status: strconv.ParseInt: parsing ${JSON.stringify(status)}: ${why}` };
+    }
+    code = codeFromHttpStatus(n);
+    statusErr = `unexpected HTTP status code received from server: ${n} (${goStatusText(n)})`;
+  }
+  const errs = [statusErr];
+  if (contentType === undefined) errs.push('malformed header: missing HTTP content-type');
+  else if (!isGrpcContentType(contentType)) errs.push(`transport: received unexpected content-type ${JSON.stringify(contentType)}`);
+  return { code, message: errs.join('; ') };
+}
+
+/** grpcutil.ContentSubtype's test: application/grpc, or it followed by '+' or ';'. */
+function isGrpcContentType(v: string): boolean {
+  return v === 'application/grpc' || (v.startsWith('application/grpc') && (v[16] === '+' || v[16] === ';'));
+}
+
 /** Turns response headers/trailers/body into a status, with grpc-go's HTTP-status fallback. */
 function finishRpc(headers: readonly HeaderField[], trailers: readonly HeaderField[] | undefined, body: Buffer): RpcResult {
-  const h: { code?: string; message?: string; http?: number; contentType?: string } = {};
+  const h: { code?: string; message?: string; status?: string; contentType?: string } = {};
   for (const f of headers) {
-    if (f.name === ':status') h.http = Number(f.value);
+    if (f.name === ':status') h.status = f.value;
     else if (f.name === 'content-type') h.contentType = f.value;
     else if (f.name === 'grpc-status') h.code = f.value;
     else if (f.name === 'grpc-message') h.message = f.value;
@@ -229,11 +271,12 @@ function finishRpc(headers: readonly HeaderField[], trailers: readonly HeaderFie
     if (f.name === 'grpc-status') h.code = f.value;
     else if (f.name === 'grpc-message') h.message = f.value;
   }
+  const failed = httpStatusFailure(h.status, h.contentType);
+  if (failed) return failed;
   h.contentType ??= '';
   const code = parseGrpcStatus(h.code);
   if (code === undefined) {
-    if (h.http !== 200) return { code: codeFromHttpStatus(h.http ?? 0), message: `unexpected HTTP status code received from server: ${h.http}` };
-    if (!h.contentType?.startsWith('application/grpc')) return { code: GrpcCode.INTERNAL, message: `transport: received unexpected content-type ${JSON.stringify(h.contentType)}` };
+    if (!h.contentType.startsWith('application/grpc')) return { code: GrpcCode.INTERNAL, message: `transport: received unexpected content-type ${JSON.stringify(h.contentType)}` };
     return { code: GrpcCode.INTERNAL, message: 'server closed the stream without sending trailers' };
   }
   const message = decodeGrpcMessage(h.message ?? '');

@@ -15,6 +15,9 @@
 import { request as httpRequest, type ClientRequest, type IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
 import type { ProbeRequest } from './http-request.ts';
+import { MAX_1XX_RESPONSES } from '../http2/informational.ts';
+
+export { MAX_1XX_RESPONSES } from '../http2/informational.ts';
 
 /**
  * The biggest response header block we parse. Go's client allows 10 MiB (Transport
@@ -22,9 +25,6 @@ import type { ProbeRequest } from './http-request.ts';
  * and bounds what one hostile target can make the agent hold.
  */
 export const MAX_HEADER_BYTES = 64 * 1024;
-/** Go's max1xxResponses: more informational responses than this before the final one is an error. */
-export const MAX_1XX_RESPONSES = 5;
-
 /** Go's "too many 1xx" client error, raised when the sixth informational response arrives. */
 export class TooMany1xxError extends Error {
   readonly code = 'TOO_MANY_1XX';

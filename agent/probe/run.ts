@@ -67,7 +67,7 @@ export async function runProbe(handler: ProbeHandler, ctx: ProbeContext): Promis
       case 'http':
         return finish(await probeHttp(handler, plan, deadline, ctx.kubeVersion));
       case 'grpc':
-        return finish(await probeGrpc(handler, plan, deadline, ctx.kubeVersion));
+        return finish(await probeGrpc(handler, plan, deadline, ctx.kubeVersion, ctx.frameBudget));
     }
   } catch (err) {
     return fail('error', 'other', `probe crashed: ${describeError(err)}`);

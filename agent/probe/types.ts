@@ -1,4 +1,5 @@
 import type { Socket } from 'node:net';
+import type { SharedFrameBudget } from '../http2/frame-budget.ts';
 
 /** The three kubelet probe types, spelled as kubelet's metrics spell them. */
 export type ProbeType = 'Liveness' | 'Readiness' | 'Startup';
@@ -95,6 +96,8 @@ export type FailureReason =
   | 'queue-full'
   /** The agent's event loop was stalled for much of a probe that timed out (loop-lag.ts): an error, not the target's failure. */
   | 'agent-overloaded'
+  /** The target's HTTP/2 server sent frames that moved nothing (a flood) past its connection's or its pod's frame budget. */
+  | 'frame-budget'
   | 'other';
 
 /** Per-phase timings in seconds; a phase that did not happen is absent. */
@@ -193,4 +196,6 @@ export interface ProbeContext {
   happyEyeballs: boolean;
   /** Aborts the probe early (agent shutdown, API deadline). */
   signal?: AbortSignal;
+  /** The pod's HTTP/2 frame budget, shared by its probes' connections (pod-frame-budgets.ts); absent = each connection's own only. */
+  frameBudget?: SharedFrameBudget;
 }

@@ -25,6 +25,7 @@ import type { SandboxGoing } from './sandbox-going.ts';
 import type { OnDemandHookRequest, OnDemandProber, OnDemandProbeRequest, ProbeKey } from '../scheduler/types.ts';
 import { runLifecycleHandler, type HookOutcome, type LifecycleHook } from '../probe/lifecycle.ts';
 import { admission } from '../probe/time-budget.ts';
+import { PodFrameBudgets } from '../probe/pod-frame-budgets.ts';
 
 /** Dependencies of PodProber. */
 export interface PodProberOptions {
@@ -108,10 +109,13 @@ export class PodProber implements OnDemandProber {
    * runtime that could not be asked (unavailable) is not remembered: it must be retried at once.
    */
   readonly #unresolved = new Map<string, { key: string; failures: number; retryAt: number; reason: FailureReason; message: string }>();
+  /** Each pod's HTTP/2 frame budget, across its probes' connections. */
+  readonly #frameBudgets: PodFrameBudgets;
 
   constructor(opts: PodProberOptions) {
     this.#o = opts;
     this.#log = (opts.log ?? silentLogger).child({ component: 'prober' });
+    this.#frameBudgets = new PodFrameBudgets({ log: this.#log });
   }
 
   /** The RunProbe workers call: never throws; netns trouble becomes an 'error' outcome with a reason. */
@@ -289,6 +293,7 @@ export class PodProber implements OnDemandProber {
     this.#o.containers?.forgetPod(uid);
     this.#o.resolver.invalidate(uid);
     this.#unresolved.delete(uid);
+    this.#frameBudgets.forget(uid);
     for (const [sandbox, owner] of this.#sandboxes) if (owner === uid) this.#sandboxes.delete(sandbox);
   }
 
@@ -352,6 +357,7 @@ export class PodProber implements OnDemandProber {
       hostFieldPolicy: !shimCall && gates.enabled('LegacyHostFieldProbes') ? 'legacy-node' : 'refuse',
       happyEyeballs: gates.enabled('HappyEyeballs'),
       signal,
+      frameBudget: this.#frameBudgets.of(pod),
     };
   }
 

@@ -3,22 +3,38 @@
  * the real in-netns path (sockets made in lab pods by the resident netns helper, the node cut off
  * by the lab's drop rule). Pod 0 runs test/lab/hostile-server.ts, one port per flood (empty
  * CONTINUATIONs, empty DATA, PING, SETTINGS, RST_STREAM on idle streams, server-opened HEADERS,
- * WINDOW_UPDATE 0, padding-only DATA); pod 1 a healthy gRPC server. For each flood, at the same
+ * WINDOW_UPDATE 0, padding-only DATA, 1xx heads); pod 1 a healthy gRPC server. For each flood, at the same
  * time: 16 probes of the attacker at once (one pod's worth), three times; each fails with a reason naming the flood; a neighbour's probes every
  * 100 ms all succeed; the heap of this process (the prober's) grows by far less than the agent's
  * 96 MiB heap cap (deploy/base/daemonset.yaml). The HTTP prober speaks HTTP/1.1 only (as
  * kubelet's), so these floods do not apply to it.
+ *
+ * Then the frame budget per pod, not per connection (issue 43): eight gRPC probe workers of the
+ * attacker (period 1 s, timeout 5 s, one pod's frame budget as the prober keeps it) run beside the
+ * neighbour's worker (period 100 ms, timeout 1 s, a budget of its own) for a window of 8 s:
+ *  - endless 1xx heads on the gRPC response: each attacker probe fails on the first, as grpc-go
+ *    (kubelet's) fails the call; before the fix each was read for its whole timeout;
+ *  - a SETTINGS flood, re-armed on each new connection: each attacker probe fails 'frame-budget',
+ *    and once the pod's budget is spent every later probe says so (a new connection is not a new
+ *    budget); one warning for the streak;
+ *  - the neighbour: every probe SERVING, its p99 (helper wait aside) within its own 1 s timeout, and
+ *    at least half the probes its period schedules. Bounds of outcome, not of speed: before the
+ *    fix eight 1xx floods took the neighbour to about 2 probes/s of the 10 scheduled.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft']);
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { SharedFrameBudget } from '../../agent/http2/frame-budget.ts';
+import { createLogger } from '../../agent/log.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
+import { PodFrameBudgets } from '../../agent/probe/pod-frame-budgets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
 import type { ProbeContext, ProbeOutcome } from '../../agent/probe/types.ts';
 import { createLab, type Lab, type LabPod, type RunningServer } from '../lab/lab.ts';
 import { H2_FLOODS, startHostileServer, type H2Flood, type HostileServer } from '../lab/hostile-server.ts';
+import { quantile } from '../bench/stats.ts';
 
 /** The agent's V8 heap cap in the DaemonSet (--max-old-space-size=96). */
 const DEPLOYED_HEAP_MIB = 96;
@@ -45,10 +61,10 @@ afterAll(async () => {
   await lab?.destroy();
 });
 
-function ctx(pod: LabPod, timeoutSeconds: number): ProbeContext {
+function ctx(pod: LabPod, timeoutSeconds: number, frameBudget?: SharedFrameBudget): ProbeContext {
   return {
     netns: pod.netns, podIPs: pod.ips, timeoutSeconds, sockets: helper, nodeSockets,
-    kubeVersion: '1.34', hostFieldPolicy: 'refuse', happyEyeballs: false,
+    kubeVersion: '1.34', hostFieldPolicy: 'refuse', happyEyeballs: false, ...(frameBudget ? { frameBudget } : {}),
   };
 }
 
@@ -61,6 +77,8 @@ const REASON: Record<H2Flood, RegExp> = {
   h2ServerHeaders: /peer flooded frames without progress \(HEADERS \d+/,
   h2WindowUpdate0: /peer flooded frames without progress \(WINDOW_UPDATE \d+/,
   h2Padded: /peer flooded frames without progress \(DATA \d+/,
+  // grpc-go (kubelet's through v1.34) fails the call on the first 1xx head.
+  h2Informational: /code = Unknown desc = unexpected HTTP status code received from server: 100 \(Continue\); malformed header: missing HTTP content-type/,
 };
 
 describe("a pod's gRPC server flooding the prober ends only its own probe", () => {
@@ -111,4 +129,98 @@ describe("a pod's gRPC server flooding the prober ends only its own probe", () =
       }
     }, 90_000);
   }
+});
+
+const WINDOW_MS = 8_000;
+const ATTACKERS = 8;
+const ATTACKER_PERIOD_MS = 1_000;
+const ATTACKER_TIMEOUT_S = 5;
+const NEIGHBOUR_PERIOD_MS = 100;
+const NEIGHBOUR_TIMEOUT_S = 1;
+
+/** A worker as kubelet runs one: a probe per tick of its period; a tick that finds the last probe still running is skipped. */
+async function worker(run: () => Promise<ProbeOutcome>, periodMs: number, until: number, out: ProbeOutcome[]): Promise<void> {
+  const start = performance.now();
+  while (performance.now() < until) {
+    out.push(await run());
+    const now = performance.now();
+    const next = start + Math.ceil((now - start) / periodMs) * periodMs;
+    if (next < until) await new Promise((r) => setTimeout(r, Math.max(0, next - now)));
+    else break;
+  }
+}
+
+/** The p99 of `values`. */
+const p99 = (values: number[]): number => quantile([...values].sort((a, b) => a - b), 0.99);
+
+function countBy(keys: string[]): Record<string, number> {
+  const n: Record<string, number> = {};
+  for (const k of keys) n[k] = (n[k] ?? 0) + 1;
+  return n;
+}
+
+interface Run {
+  attackerOutcomes: ProbeOutcome[][];
+  neighbourOutcomes: ProbeOutcome[];
+  warnings: string[];
+}
+
+/** The attacker's workers against `kind` and the neighbour's worker, together for the window. */
+async function underAttack(kind: H2Flood): Promise<Run> {
+  const warnings: string[] = [];
+  const budgets = new PodFrameBudgets({ log: createLogger({ level: 'warn', format: 'json', write: (l) => warnings.push(l) }) });
+  const podCtx = (pod: LabPod, timeoutSeconds: number): ProbeContext => ctx(pod, timeoutSeconds, budgets.of({ uid: pod.name, namespace: 'lab', name: pod.name }));
+  const until = performance.now() + WINDOW_MS;
+  const attackerOutcomes = Array.from({ length: ATTACKERS }, (): ProbeOutcome[] => []);
+  const neighbourOutcomes: ProbeOutcome[] = [];
+  await Promise.all([
+    ...attackerOutcomes.map((out) => worker(() => runProbe({ kind: 'grpc', port: hostile.ports[kind] as number }, podCtx(attacker, ATTACKER_TIMEOUT_S)), ATTACKER_PERIOD_MS, until, out)),
+    worker(() => runProbe({ kind: 'grpc', port: healthy.ports.grpc as number }, podCtx(neighbour, NEIGHBOUR_TIMEOUT_S)), NEIGHBOUR_PERIOD_MS, until, neighbourOutcomes),
+  ]);
+  const targetTimes = neighbourOutcomes.map((o) => o.durationSeconds - (o.phases.helper ?? 0));
+  const all = attackerOutcomes.flat();
+  console.log(`${kind}: neighbour ${neighbourOutcomes.filter((o) => o.result === 'success').length}/${neighbourOutcomes.length} ok ` +
+    `(${(neighbourOutcomes.length / (WINDOW_MS / 1000)).toFixed(1)}/s, scheduled ${1000 / NEIGHBOUR_PERIOD_MS}/s), p99 ${p99(targetTimes).toFixed(3)} s, ` +
+    `slowest ${Math.max(...targetTimes).toFixed(3)} s; attacker ${all.length} probes, reasons ${JSON.stringify(countBy(all.map((o) => o.reason ?? o.result)))}`);
+  return { attackerOutcomes, neighbourOutcomes, warnings };
+}
+
+/** The neighbour kept its rate and its answers: every probe SERVING, p99 within its timeout, at least half its schedule. */
+function expectNeighbourKept(run: Run): void {
+  const out = run.neighbourOutcomes;
+  expect(out.filter((o) => o.result !== 'success').map((o) => `${o.result} ${o.reason}: ${o.message}`)).toEqual([]);
+  const targetTimes = out.map((o) => o.durationSeconds - (o.phases.helper ?? 0));
+  expect(p99(targetTimes), 'neighbour p99 (helper wait aside) within its own timeout').toBeLessThanOrEqual(NEIGHBOUR_TIMEOUT_S);
+  expect(out.length, 'neighbour probes over the window: at least half of what its period schedules').toBeGreaterThanOrEqual((WINDOW_MS / NEIGHBOUR_PERIOD_MS) / 2);
+}
+
+describe("a pod's gRPC server flooding the prober across connections costs only its own probes", () => {
+  it('endless 1xx heads: every attacker probe fails at the first, in grpc-go\'s words; the neighbour keeps its rate and answers', async () => {
+    const run = await underAttack('h2Informational');
+    expectNeighbourKept(run);
+    const all = run.attackerOutcomes.flat();
+    expect(all.length).toBeGreaterThan(0);
+    for (const o of all) {
+      expect(o.result, o.message).toBe('failure');
+      expect(o.reason).toBe('grpc-status');
+      expect(o.message).toMatch(/^error: health rpc probe failed: rpc error: code = Unknown desc = unexpected HTTP status code received from server: 100 \(Continue\); malformed header: missing HTTP content-type$/);
+    }
+  }, 60_000);
+
+  it('a SETTINGS flood re-armed on each new connection: the pod\'s budget is not; its probes fail frame-budget, one warning; the neighbour keeps its rate and answers', async () => {
+    const run = await underAttack('h2Settings');
+    expectNeighbourKept(run);
+    const all = run.attackerOutcomes.flat();
+    for (const o of all) {
+      expect(o.result, o.message).toBe('failure');
+      expect(o.reason, o.message).toBe('frame-budget');
+      expect(o.message).toMatch(/peer flooded frames without progress \(SETTINGS \d+/);
+    }
+    // Past each worker's first probe (the burst the budget allows at once), every probe is cut by the pod's budget.
+    const later = run.attackerOutcomes.flatMap((w) => w.slice(1));
+    expect(later.length).toBeGreaterThan(0);
+    for (const o of later) expect(o.message).toMatch(/the pod's frame budget \(\d+ frames without progress per \d+ s, over all its probes' connections\) is spent/);
+    expect(run.warnings.filter((l) => l.includes('lab/' + attacker.name))).toHaveLength(1);
+    expect(run.warnings.filter((l) => l.includes('lab/' + neighbour.name))).toEqual([]);
+  }, 60_000);
 });

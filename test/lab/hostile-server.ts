@@ -11,7 +11,9 @@
  * - `h2<Flood>` (H2_FLOODS): a raw HTTP/2 server that answers the client's first request with its
  *   SETTINGS (and response HEADERS), then floods one kind of frame as fast as the client reads:
  *   empty CONTINUATIONs, empty DATA, PING, SETTINGS, RST_STREAM on idle streams, server-opened
- *   HEADERS, WINDOW_UPDATE 0 on idle streams, padding-only DATA within the client's windows
+ *   HEADERS, WINDOW_UPDATE 0 on idle streams, padding-only DATA within the client's windows, and
+ *   (h2Informational) endless informational `:status: 100` heads on the response's stream, no
+ *   final response ever. Each new connection gets a new flood.
  *
  * Run as `ip netns exec <ns> node test/lab/hostile-server.ts '<json HostileOptions>'` (or through
  * startHostileServer()); prints `ready {ports}` once listening. Stdin lines: `stats` answers
@@ -27,7 +29,7 @@ import { startNetnsScript } from './netns-script.ts';
 
 /** The behaviours, each a port key in the options and in the ready line. */
 /** The frame floods, each a behaviour of its own (the attacks of issue 31 items 1 and 4). */
-export const H2_FLOODS = ['h2Continuation', 'h2EmptyData', 'h2Ping', 'h2Settings', 'h2RstIdle', 'h2ServerHeaders', 'h2WindowUpdate0', 'h2Padded'] as const;
+export const H2_FLOODS = ['h2Continuation', 'h2EmptyData', 'h2Ping', 'h2Settings', 'h2RstIdle', 'h2ServerHeaders', 'h2WindowUpdate0', 'h2Padded', 'h2Informational'] as const;
 export type H2Flood = (typeof H2_FLOODS)[number];
 export const HOSTILE_BEHAVIOURS = ['endlessBody', 'dripBody', 'hugeHeaders', 'garbageH2', 'rstStream', 'rstAfterHeaders', ...H2_FLOODS] as const;
 export type HostileBehaviour = (typeof HOSTILE_BEHAVIOURS)[number];
@@ -137,6 +139,8 @@ function h2Frame(type: number, flags: number, id: number, payload: Buffer = Buff
 
 /** `:status: 200`, `content-type: application/grpc`, as HPACK literals without indexing. */
 const GRPC_RESPONSE = Buffer.concat([Buffer.from([0x08, 0x03]), Buffer.from('200'), Buffer.from([0x0f, 0x10, 0x10]), Buffer.from('application/grpc')]);
+/** `:status: 100` (an informational head), an HPACK literal without indexing. */
+const CONTINUE_100 = Buffer.concat([Buffer.from([0x08, 0x03]), Buffer.from('100')]);
 
 /** One flood frame (`i`: how many came before it). */
 function floodFrame(kind: H2Flood, i: number): Buffer {
@@ -150,6 +154,7 @@ function floodFrame(kind: H2Flood, i: number): Buffer {
     case 'h2WindowUpdate0': return h2Frame(8, 0, 3 + 2 * (i % 1e9), Buffer.alloc(4));
     // 255 octets of padding and none of data: flow-controlled, so sent only within the client's windows.
     case 'h2Padded': return h2Frame(0, 0x8, 1, Buffer.concat([Buffer.from([255]), Buffer.alloc(255)]));
+    case 'h2Informational': return h2Frame(1, 0x4, 1, CONTINUE_100);
   }
 }
 
@@ -157,8 +162,8 @@ function floodFrame(kind: H2Flood, i: number): Buffer {
 function h2Flood(kind: H2Flood, socket: net.Socket): void {
   socket.once('data', () => {
     const head = [h2Frame(4, 0, 0), h2Frame(4, 1, 0)];
-    // The response's HEADERS, left open (no END_HEADERS) for the CONTINUATION flood.
-    head.push(h2Frame(1, kind === 'h2Continuation' ? 0 : 0x4, 1, GRPC_RESPONSE));
+    // The response's HEADERS, left open (no END_HEADERS) for the CONTINUATION flood; never for 1xx heads.
+    if (kind !== 'h2Informational') head.push(h2Frame(1, kind === 'h2Continuation' ? 0 : 0x4, 1, GRPC_RESPONSE));
     write(kind, socket, Buffer.concat(head));
     // Padding counts against the windows: the client's initial 65,535 (it gives them back as it reads).
     const window = kind === 'h2Padded' ? [65_535, 65_535] : [Infinity, Infinity];

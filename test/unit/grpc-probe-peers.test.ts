@@ -2,7 +2,8 @@
  * The gRPC prober's verdicts and messages for servers that answer with raw HTTP/2 frames (loopback
  * TCP): the cases its HTTP/2 layer decides (GOAWAY before and after the response headers, a reset
  * with and without an error, a connection that ends mid-answer, compressed or over-size messages,
- * non-gRPC answers), each in the words this probe gave when it ran on node:http2.
+ * non-gRPC answers), each in the words this probe gave when it ran on node:http2; a :status other
+ * than 200 (1xx included) in grpc-go's words, as kubelet's prober reports it.
  */
 import net from 'node:net';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -46,7 +47,13 @@ describe('gRPC prober against raw HTTP/2 peers', () => {
     ['a non-OK status with a percent-encoded message', (s) => s.write(Buffer.concat([SETTINGS, GRPC_HEADERS, headers([['grpc-status', '14'], ['grpc-message', 'down%20now']], 0x5)])), 'failure', 'grpc-status', rpcError('Unavailable desc = down now')],
     ['a compressed-flag message', (s) => s.write(Buffer.concat([SETTINGS, GRPC_HEADERS, message(1, 1), OK_TRAILERS])), 'failure', 'grpc-status', rpcError('Internal desc = grpc: compressed message received but no compression was negotiated')],
     ['an over-size answer', (s) => s.write(Buffer.concat([SETTINGS, GRPC_HEADERS, frameBytes(0, 0, 1, Buffer.alloc(16_000)), frameBytes(0, 0, 1, Buffer.alloc(1000))])), 'failure', 'grpc-status', rpcError('ResourceExhausted desc = grpc: received message larger than max \\(17000 vs\\. 16384\\)')],
-    ['HTTP 503 without grpc-status', (s) => s.write(Buffer.concat([SETTINGS, headers([[':status', '503']], 0x5)])), 'failure', 'grpc-status', rpcError('Unavailable desc = unexpected HTTP status code received from server: 503')],
+    // grpc-go (before 1.76, kubelet's through v1.34) fails the call on any :status but 200, in these words.
+    ['HTTP 503 without grpc-status', (s) => s.write(Buffer.concat([SETTINGS, headers([[':status', '503']], 0x5)])), 'failure', 'grpc-status', rpcError('Unavailable desc = unexpected HTTP status code received from server: 503 \\(Service Unavailable\\); malformed header: missing HTTP content-type')],
+    ['HTTP 503 with grpc-status and a gRPC content-type', (s) => s.write(Buffer.concat([SETTINGS, headers([[':status', '503'], ['content-type', 'application/grpc'], ['grpc-status', '0']], 0x5)])), 'failure', 'grpc-status', rpcError('Unavailable desc = unexpected HTTP status code received from server: 503 \\(Service Unavailable\\)')],
+    ['a 100 Continue head, then the answer', (s) => s.write(Buffer.concat([SETTINGS, headers([[':status', '100']]), GRPC_HEADERS, message(0, 1), OK_TRAILERS])), 'failure', 'grpc-status', rpcError('Unknown desc = unexpected HTTP status code received from server: 100 \\(Continue\\); malformed header: missing HTTP content-type')],
+    ['a 103 Early Hints head with a gRPC content-type', (s) => s.write(Buffer.concat([SETTINGS, headers([[':status', '103'], ['content-type', 'application/grpc']])])), 'failure', 'grpc-status', rpcError('Unknown desc = unexpected HTTP status code received from server: 103 \\(Early Hints\\)')],
+    ['a 199 head with a text content-type', (s) => s.write(Buffer.concat([SETTINGS, headers([[':status', '199'], ['content-type', 'text/plain']])])), 'failure', 'grpc-status', rpcError('Unknown desc = unexpected HTTP status code received from server: 199 \\(\\); transport: received unexpected content-type "text/plain"')],
+    ['a malformed :status', (s) => s.write(Buffer.concat([SETTINGS, headers([[':status', 'abc'], ['content-type', 'application/grpc']])])), 'failure', 'grpc-status', rpcError('Internal desc = transport: malformed http-status: strconv.ParseInt: parsing "abc": invalid syntax')],
     ['a text/html answer', (s) => s.write(Buffer.concat([SETTINGS, headers([[':status', '200'], ['content-type', 'text/html']], 0x5)])), 'failure', 'grpc-status', rpcError('Internal desc = transport: received unexpected content-type "text/html"')],
     ['an answer without trailers', (s) => s.write(Buffer.concat([SETTINGS, GRPC_HEADERS, frameBytes(0, 0x1, 1, Buffer.from([0, 0, 0, 0, 2, 8, 1]))])), 'failure', 'grpc-status', rpcError('Internal desc = server closed the stream without sending trailers')],
     ['the connection ends after the response headers', (s) => s.end(Buffer.concat([SETTINGS, GRPC_HEADERS])), 'failure', 'grpc-status', rpcError('Internal desc = server closed the stream without sending trailers')],

@@ -6,6 +6,10 @@
  *  - frames without progress spend a per-connection budget: each flood ends with GOAWAY
  *    ENHANCE_YOUR_CALM and a reason naming it, after about the budget's frames, not the flood's;
  *  - an ordinary peer's traffic (a PING, WINDOW_UPDATEs and a SETTINGS per call) never spends it;
+ *  - a 1xx head on a stream of ours is no progress: endless ones end the connection as any flood;
+ *  - a budget shared across connections (the prober's, per pod) is not re-armed by a new
+ *    connection: a pod that spent it is cut after a connection's free frames, its neighbour keeps
+ *    its own, and its streak is logged once;
  *  - stream ids stop at 2^31-1, and the unary client moves to a new connection with no call lost.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -19,6 +23,9 @@ import { encodeLiteralBlock, type HeaderField } from '../../agent/http2/hpack.ts
 import { UnaryH2Client, type UnaryH2Response } from '../../agent/http2/unary-client.ts';
 import { UnaryH2Server } from '../../agent/http2/unary-server.ts';
 import { CLIENT_PREFACE, Flag, frameBytes, FrameType, H2Error, parseGoaway } from '../../agent/http2/wire.ts';
+import { FrameBudgetError, SHARED_FREE_FRAMES } from '../../agent/http2/frame-budget.ts';
+import { PodFrameBudgets } from '../../agent/probe/pod-frame-budgets.ts';
+import { createLogger } from '../../agent/log.ts';
 
 const REQUEST = encodeLiteralBlock([
   { name: ':method', value: 'POST' }, { name: ':scheme', value: 'http' }, { name: ':path', value: '/x' }, { name: ':authority', value: 'a' },
@@ -158,6 +165,7 @@ const FLOODS: Record<string, { role: 'client' | 'server'; setup?: Buffer; frame:
   'WINDOW_UPDATE 1 on the connection': { role: 'client', frame: () => frameBytes(FrameType.WINDOW_UPDATE, 0, 0, u32(1)) },
   PRIORITY: { role: 'server', frame: () => frameBytes(FrameType.PRIORITY, 0, 5, Buffer.from([0, 0, 0, 0, 16])) },
   'unknown frame type': { role: 'client', frame: () => frameBytes(0xfa, 0, 0, Buffer.alloc(4)) },
+  '1xx HEADERS on our open stream (prober)': { role: 'client', frame: () => frameBytes(FrameType.HEADERS, Flag.END_HEADERS, 1, encodeLiteralBlock([{ name: ':status', value: '100' }])) },
 };
 
 describe('frames without progress spend a per-connection budget', () => {
@@ -205,6 +213,62 @@ describe('frames without progress spend a per-connection budget', () => {
     await new Promise((res) => setImmediate(res));
     expect(r.closedWith).toBeNull();
     r.conn.destroy();
+  });
+});
+
+describe('a frame budget shared across connections (the prober\'s, per pod)', () => {
+  const SETTINGS = (): Buffer => frameBytes(FrameType.SETTINGS, 0, 0);
+  /** The frames without progress a closed connection counted, from its error ("(SETTINGS n)"). */
+  const ATTACKER = { uid: 'a', namespace: 'ns', name: 'attacker' };
+  const P = { uid: 'p', namespace: 'ns', name: 'p' };
+  const spent = (r: Rig): number => Number(/\(SETTINGS (\d+)\)/.exec(r.closedWith?.message ?? '')?.[1] ?? NaN);
+
+  it('a SETTINGS flood on each new connection: cut at the pod\'s budget, then after a connection\'s free frames; the neighbour keeps its own; one warning per streak', async () => {
+    const lines: string[] = [];
+    const budgets = new PodFrameBudgets({ max: 200, refillMs: 3_600_000, log: createLogger({ level: 'info', format: 'json', write: (l) => lines.push(l) }) });
+    const first = rig('client', { ignoreIdleStreams: true, sharedBudget: budgets.of(ATTACKER) });
+    await flood(first, SETTINGS, 200_000);
+    expect(first.closedWith).toBeInstanceOf(FrameBudgetError);
+    expect((first.closedWith as FrameBudgetError).scope).toBe('shared');
+    expect(first.closedWith!.message).toMatch(/peer flooded frames without progress \(SETTINGS \d+\): the pod's frame budget \(200 frames without progress per 3600 s, over all its probes' connections\) is spent/);
+    expect(first.goaway?.code).toBe(H2Error.ENHANCE_YOUR_CALM);
+    // Its own 200 past the connection's free frames (and the peer's first SETTINGS).
+    expect(spent(first)).toBeLessThanOrEqual(200 + SHARED_FREE_FRAMES + 2);
+    for (let i = 0; i < 3; i++) {
+      const again = rig('client', { ignoreIdleStreams: true, sharedBudget: budgets.of(ATTACKER) });
+      await flood(again, SETTINGS, 200_000);
+      expect(again.closedWith).toBeInstanceOf(FrameBudgetError);
+      expect(spent(again), 'a new connection is not a new budget').toBeLessThanOrEqual(SHARED_FREE_FRAMES + 2);
+    }
+    // The neighbour: 150 frames without progress on one connection spend only its own bucket.
+    const neighbour = rig('client', { ignoreIdleStreams: true, sharedBudget: budgets.of({ uid: 'n', namespace: 'ns', name: 'neighbour' }) });
+    neighbour.peer.write(Buffer.concat(Array.from({ length: 150 }, SETTINGS)));
+    for (let i = 0; i < 20; i++) await new Promise((res) => setImmediate(res));
+    expect(neighbour.closedWith).toBeNull();
+    neighbour.conn.destroy();
+    const warned = lines.filter((l) => l.includes('"level":"warn"'));
+    expect(warned).toHaveLength(1);
+    expect(warned[0]).toContain('ns/attacker');
+  });
+
+  it('a pod whose budget refilled runs in full again (its streak ends, logged)', async () => {
+    const lines: string[] = [];
+    const budgets = new PodFrameBudgets({ max: 50, refillMs: 100, log: createLogger({ level: 'info', format: 'json', write: (l) => lines.push(l) }) });
+    const r = rig('client', { ignoreIdleStreams: true, sharedBudget: budgets.of(P) });
+    r.peer.write(Buffer.concat(Array.from({ length: 20_000 }, SETTINGS)));
+    for (let i = 0; i < 20 && r.closedWith === null; i++) await new Promise((res) => setImmediate(res));
+    expect(r.closedWith).toBeInstanceOf(FrameBudgetError);
+    expect(lines.filter((l) => l.includes('floods the prober'))).toHaveLength(1);
+    await new Promise((res) => setTimeout(res, 300));
+    budgets.of(P);
+    budgets.of(P);
+    expect(lines.filter((l) => l.includes('no longer floods'))).toHaveLength(1);
+    // Refilled: a new connection takes its whole budget again before it is cut.
+    const after = rig('client', { ignoreIdleStreams: true, sharedBudget: budgets.of(P) });
+    after.peer.write(Buffer.concat(Array.from({ length: 40 }, SETTINGS)));
+    for (let i = 0; i < 20; i++) await new Promise((res) => setImmediate(res));
+    expect(after.closedWith).toBeNull();
+    after.conn.destroy();
   });
 });
 

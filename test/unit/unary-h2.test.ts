@@ -457,6 +457,32 @@ describe('the unary HTTP/2 client', () => {
     expect([rst.streamId, rst.payload.readUInt32BE(0)]).toEqual([5, H2Error.CANCEL]);
   });
 
+  it('1xx heads: five are skipped before the answer (Go\'s client); a sixth fails the call, its stream reset PROTOCOL_ERROR', async () => {
+    const raw = await rawServer();
+    const c = new UnaryH2Client(raw.path, { maxResponseBytes: 1024 });
+    cleanups.push(() => c.close());
+    const informational = (id: number): Buffer => frameBytes(FrameType.HEADERS, Flag.END_HEADERS, id, encodeLiteralBlock([{ name: ':status', value: '103' }, { name: 'link', value: '</a>' }]));
+    const five = call(c, grpcBody(Buffer.alloc(0)));
+    const six = call(c, grpcBody(Buffer.alloc(0)));
+    const peer = await raw.next();
+    await peer.frame((f) => f.type === FrameType.DATA && f.streamId === 3);
+    peer.write(
+      ...Array.from({ length: 5 }, () => informational(1)),
+      frameBytes(FrameType.HEADERS, Flag.END_HEADERS, 1, encodeLiteralBlock([{ name: ':status', value: '200' }])),
+      frameBytes(FrameType.DATA, 0, 1, grpcBody(Buffer.from('ok'))),
+      frameBytes(FrameType.HEADERS, Flag.END_HEADERS | Flag.END_STREAM, 1, encodeLiteralBlock([{ name: 'grpc-status', value: '0' }])),
+      ...Array.from({ length: 6 }, () => informational(3)),
+    );
+    const r = await five.done;
+    expect(field(r.headers, ':status')).toBe('200');
+    expect(r.body.subarray(5).toString()).toBe('ok');
+    const e = (await six.done.catch((err: unknown) => err)) as UnaryH2Error;
+    expect([e.failure, e.notStarted]).toEqual(['broken', false]);
+    expect(e.message).toMatch(/more than 5 1xx informational responses/);
+    const rst = await peer.frame((f) => f.type === FrameType.RST_STREAM && f.streamId === 3);
+    expect(rst.payload.readUInt32BE(0)).toBe(H2Error.PROTOCOL_ERROR);
+  });
+
   it('a socket nobody listens on is unreachable and not started; an answer over the limit is too-large', async () => {
     const c = new UnaryH2Client(path.join(dir, 'nobody.sock'), { maxResponseBytes: 10 });
     const e = (await call(c, grpcBody(Buffer.alloc(0))).done.catch((err: unknown) => err)) as UnaryH2Error;
