@@ -4,7 +4,7 @@
  */
 import { isIP } from 'node:net';
 import { describeError } from '../errors.ts';
-import { parseProbe } from '../probe/spec.ts';
+import { clampSeconds, parseProbe } from '../probe/spec.ts';
 import { PROBE_TYPES, type ProbeType } from '../probe/types.ts';
 import { KubeletError } from './kubelet-client.ts';
 import { DroppedPodItem, type DroppedPodReason } from './pod-list-stream.ts';
@@ -174,7 +174,9 @@ function parsePod(raw: unknown, lim: Required<PodListLimits>): PodInfo {
     info.gates = {
       taken,
       condition: conditionStatus(status['conditions'], GATES_CONDITION_TYPE),
-      terminationGracePeriodSeconds: typeof grace === 'number' && Number.isInteger(grace) && grace >= 0 ? grace : 30,
+      // int64 in the API (up to 2^63-1 admitted): clamped to what kubelet's Duration holds, so that
+      // no stop deadline or timer derived from it overflows (docs/closing-the-hole.md, gates).
+      terminationGracePeriodSeconds: typeof grace === 'number' && Number.isInteger(grace) && grace >= 0 ? clampSeconds(grace) : 30,
     };
   }
   return info;

@@ -251,6 +251,103 @@ describe('gates controller', () => {
     expect(controller.asRuntimeStarted([other])[0]).toBe(other);
   });
 
+  it('converges on the condition the pod has now: a False someone else wrote goes True again, once; kubelet\'s lag costs no second write', async () => {
+    const api = await startApiServerStandIn();
+    cleanup.push(() => api.close());
+    const pod = apiPod();
+    api.pods.push({ ...structuredClone(pod), status: { conditions: [{ type: GATES_CONDITION_TYPE, status: 'True' }] } });
+    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+    cleanup.push(() => writer.close());
+    const results = new ResultsStore();
+    results.upsert({ key: { podUID: UID, containerName: 'app', probeType: 'Readiness' }, namespace: 'shop', podName: 'web', containerID: 'containerd://c1', result: 'success', consecutive: 1, lastProbeTime: 1, lastMessage: '', onHold: false, started: true, ready: true });
+    const patches = () => api.requests.filter((r) => r.method === 'PATCH' && r.url.includes('/status')).map((r) => (r.body as Obj).status.conditions[0].status as string);
+    const log = createLogger({ level: 'error', write: () => {} });
+    // kubelet's list lags the API server for long (a window no test run outlasts): the value written counts meanwhile.
+    const a = new GatesController({ results, writer, log, minWriteIntervalMs: 1, confirmWindowMs: 3_600_000 });
+    cleanup.push(() => a.close());
+    a.sync([kubeletView(pod, 'c1', 'True')]);
+    // The lease controller (an expiry while this agent was cut off) wrote False; kubelet's list shows it.
+    api.pods[0]!.status.conditions[0] = { type: GATES_CONDITION_TYPE, status: 'False', reason: 'NodeLeaseExpired' };
+    a.sync([kubeletView(pod, 'c1', 'False')]);
+    await until(() => patches().length === 1, 10_000, 'True written again');
+    expect(api.pods[0]!.status.conditions[0]).toMatchObject({ status: 'True', reason: 'ProbesSucceeded' });
+    // kubelet's list has not caught up with that write: nothing more.
+    a.sync([kubeletView(pod, 'c1', 'False')]);
+    a.sync([kubeletView(pod, 'c1', 'False')]);
+    // It shows it; then someone writes False again: written again.
+    a.sync([kubeletView(pod, 'c1', 'True')]);
+    a.sync([kubeletView(pod, 'c1', 'False')]);
+    await until(() => patches().length === 2, 10_000, 'True written a second time');
+    await a.close();
+    expect(patches()).toEqual(['True', 'True']);
+
+    // A list that never shows the write (overwritten at once): written again once the window is over.
+    const b = new GatesController({ results, writer, log, minWriteIntervalMs: 1, confirmWindowMs: 100 });
+    cleanup.push(() => b.close());
+    b.sync([kubeletView(pod, 'c1', 'False')]);
+    await until(() => patches().length === 3, 10_000, 'a fresh controller writes True');
+    await until(() => {
+      b.sync([kubeletView(pod, 'c1', 'False')]);
+      return patches().length >= 4;
+    }, 10_000, 'True again when the list still says False after the window');
+    // Right in kubelet's view: nothing more, however often the list is read.
+    b.sync([kubeletView(pod, 'c1', 'True')]);
+    await b.close();
+    const n = patches().length;
+    const c = new GatesController({ results, writer, log, minWriteIntervalMs: 1, confirmWindowMs: 100 });
+    cleanup.push(() => c.close());
+    for (let i = 0; i < 5; i++) c.sync([kubeletView(pod, 'c1', 'True')]);
+    await c.close();
+    expect(patches()).toEqual(Array(n).fill('True'));
+  });
+
+  it('a liveness failure of a restarted container neither list shows yet is not lost: stopped once kubelet\'s list or the runtime\'s shows it', async () => {
+    const api = await startApiServerStandIn();
+    cleanup.push(() => api.close());
+    const pod = apiPod();
+    api.pods.push(structuredClone(pod));
+    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+    cleanup.push(() => writer.close());
+    const stops: Array<[string, number]> = [];
+    const results = new ResultsStore();
+    const controller = new GatesController({
+      results, writer, log: createLogger({ level: 'error', write: () => {} }), minWriteIntervalMs: 1,
+      stopper: { stopContainer: async (id, t) => void stops.push([id, t]) },
+    });
+    cleanup.push(() => controller.close());
+    const failed = (id: string) => results.upsert({
+      key: { podUID: UID, containerName: 'app', probeType: 'Liveness' }, namespace: 'shop', podName: 'web', containerID: `containerd://${id}`,
+      result: 'failure', consecutive: 2, lastProbeTime: Date.now(), lastMessage: 'dial tcp: connection refused', onHold: true, started: true, ready: false,
+    });
+    const rt = (id: string, running: boolean, created: bigint): RuntimeContainer => ({ id, podUID: UID, name: 'app', running, createdAt: created, startedAt: running ? 1_700_000_000_000_000_000n : 0n });
+    controller.sync([kubeletView(pod, 'c1', 'True')]);
+    // The worker probed c2 (kubelet restarted the container) and it failed at its threshold, before
+    // kubelet's list or the runtime's list given here shows c2.
+    failed('c2');
+    await new Promise((r) => setTimeout(r, 50));
+    expect(stops).toEqual([]);
+    // The runtime shows it: stopped, with the probe's grace (7 s).
+    controller.setRuntimeName('containerd');
+    controller.runtime([rt('c1', false, 1n), rt('c2', true, 2n)]);
+    await until(() => stops.length === 1, 10_000, 'the stop of c2');
+    expect(stops).toEqual([['c2', 7]]);
+
+    // Again with kubelet's list the first to show the new container (c3).
+    failed('c3');
+    await new Promise((r) => setTimeout(r, 50));
+    expect(stops).toHaveLength(1);
+    controller.sync([kubeletView(pod, 'c3', 'False')]);
+    await until(() => stops.length === 2, 10_000, 'the stop of c3');
+    expect(stops[1]).toEqual(['c3', 7]);
+
+    // A failure whose worker moved on (a newer container's status replaced it) is dropped, not acted on late.
+    failed('c4');
+    results.upsert({ ...results.list({ podUID: UID }).find((s) => s.key.probeType === 'Liveness')!, containerID: 'containerd://c5', result: 'unknown', onHold: false });
+    controller.sync([kubeletView(pod, 'c4', 'False')]);
+    await controller.close();
+    expect(stops.map(([id]) => id)).toEqual(['c2', 'c3']);
+  });
+
   it('preStopPlan: HTTP, exec and sleep hooks as kubelet runs them, within the grace period; bad ones said', () => {
     expect(preStopPlan(undefined, 30)).toEqual({ kind: 'none' });
     expect(preStopPlan({ tcpSocket: { port: 80 } }, 30)).toEqual({ kind: 'none' });
