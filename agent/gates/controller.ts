@@ -73,7 +73,7 @@ interface PodState {
   written?: GateCondition['status'];
   /** Kubelet's view has shown `written` since it was written. */
   confirmed: boolean;
-  /** When the last write was sent (pacing) and when `written` was written. */
+  /** When the last write was sent (pacing), and when the one of `written` was (its lastTransitionTime). */
   lastWriteAt: number;
   writtenAt: number;
   writing: boolean;
@@ -320,8 +320,9 @@ export class GatesController {
   /**
    * The condition the pod has now: kubelet's view, except that a value this agent wrote counts
    * until that view shows it, for at most the confirm window (kubelet's list lags the API server).
-   * Once it has shown it, any other value there is someone else's write (the lease controller, an
-   * expiry, a person), and the agent converges on its own value again.
+   * Any other value there is someone else's write (the lease controller, a person), and the agent
+   * converges on its own value again: once its own was shown, or when the other one is no older
+   * than its write (lastTransitionTime, which every writer of this condition sets; to the second).
    */
   #have(s: PodState): string {
     const seen = s.pod.gates?.condition || 'False';
@@ -330,7 +331,9 @@ export class GatesController {
       s.confirmed = true;
       return seen;
     }
-    if (!s.confirmed && Date.now() - s.writtenAt < this.#confirmWindow) return s.written;
+    const since = s.pod.gates?.conditionSince;
+    const newer = since !== undefined && since >= Math.floor(s.writtenAt / 1000) * 1000;
+    if (!s.confirmed && !newer && Date.now() - s.writtenAt < this.#confirmWindow) return s.written;
     return seen;
   }
 
@@ -386,7 +389,7 @@ export class GatesController {
     try {
       await this.#o.writer.patchCondition(pod.namespace, pod.name, pod.uid, want);
       s.written = want.status;
-      s.writtenAt = Date.now();
+      s.writtenAt = s.lastWriteAt;
       s.confirmed = false;
       this.#o.onOp?.('condition', true);
       this.#o.log.info('pod condition written', { pod: `${pod.namespace}/${pod.name}`, status: want.status, reason: want.reason });

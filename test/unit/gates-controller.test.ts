@@ -39,10 +39,10 @@ function apiPod(): Obj {
 }
 
 /** The pod as kubelet's /pods shows it: running container `id`, and our condition as last written. */
-function kubeletView(pod: Obj, id: string, condition = ''): PodInfo {
+function kubeletView(pod: Obj, id: string, condition = '', lastTransitionTime?: string): PodInfo {
   const status = {
     phase: 'Running', podIP: '10.0.0.5', podIPs: [{ ip: '10.0.0.5' }],
-    conditions: condition ? [{ type: GATES_CONDITION_TYPE, status: condition }] : [],
+    conditions: condition ? [{ type: GATES_CONDITION_TYPE, status: condition, ...(lastTransitionTime ? { lastTransitionTime } : {}) }] : [],
     containerStatuses: [{ name: 'app', containerID: `containerd://${id}`, ready: true, started: true, restartCount: 0, state: { running: { startedAt: new Date().toISOString().replace(/\.\d+Z$/, 'Z') } } }],
   };
   const { pods, errors } = parsePodList({ kind: 'PodList', apiVersion: 'v1', items: [{ ...pod, status }] });
@@ -73,6 +73,8 @@ describe('gates controller', () => {
   it('the pod model finds the taken probes, the grace period and our condition', () => {
     const info = kubeletView(apiPod(), 'c1', 'True');
     expect(info.gates).toEqual({ taken: { app: ['Liveness', 'Readiness'] }, condition: 'True', terminationGracePeriodSeconds: 20 });
+    expect(kubeletView(apiPod(), 'c1', 'False', '2026-12-07T06:00:01Z').gates).toMatchObject({ condition: 'False', conditionSince: Date.parse('2026-12-07T06:00:01Z') });
+    expect(kubeletView(apiPod(), 'c1', 'False', 'yesterday').gates).toMatchObject({ condition: 'False' });
     expect(Object.keys(info.containers[0]!.probes).sort()).toEqual(['Liveness', 'Readiness']);
     expect(info.containers[0]!.probes.Liveness).toMatchObject({ ok: true, spec: { terminationGracePeriodSeconds: 7 } });
   });
@@ -274,21 +276,24 @@ describe('gates controller', () => {
     // kubelet's list has not caught up with that write: nothing more.
     a.sync([kubeletView(pod, 'c1', 'False')]);
     a.sync([kubeletView(pod, 'c1', 'False')]);
+    // A False no older than that write (its lastTransitionTime) is someone else's, not lag: written at once.
+    a.sync([kubeletView(pod, 'c1', 'False', new Date(Date.now() + 1000).toISOString())]);
+    await until(() => patches().length === 2, 10_000, 'True written over a newer False');
     // It shows it; then someone writes False again: written again.
     a.sync([kubeletView(pod, 'c1', 'True')]);
     a.sync([kubeletView(pod, 'c1', 'False')]);
-    await until(() => patches().length === 2, 10_000, 'True written a second time');
+    await until(() => patches().length === 3, 10_000, 'True written a third time');
     await a.close();
-    expect(patches()).toEqual(['True', 'True']);
+    expect(patches()).toEqual(['True', 'True', 'True']);
 
     // A list that never shows the write (overwritten at once): written again once the window is over.
     const b = new GatesController({ results, writer, log, minWriteIntervalMs: 1, confirmWindowMs: 100 });
     cleanup.push(() => b.close());
     b.sync([kubeletView(pod, 'c1', 'False')]);
-    await until(() => patches().length === 3, 10_000, 'a fresh controller writes True');
+    await until(() => patches().length === 4, 10_000, 'a fresh controller writes True');
     await until(() => {
       b.sync([kubeletView(pod, 'c1', 'False')]);
-      return patches().length >= 4;
+      return patches().length >= 5;
     }, 10_000, 'True again when the list still says False after the window');
     // Right in kubelet's view: nothing more, however often the list is read.
     b.sync([kubeletView(pod, 'c1', 'True')]);
