@@ -11,6 +11,9 @@
  * the longest request (`requestTimeoutMs`) and a margin before any other replica could take the
  * Lease: it stops writing before its Lease could be taken. On close it gives the Lease up (holder
  * cleared) so that another replica takes over at once.
+ *
+ * Refused by RBAC (403: manifests older than the election), every replica acts, as before it, with
+ * a warning: a fail-closed controller that silently never acts would be worse than duplicate writes.
  */
 import { describeError } from '../errors.ts';
 import type { Logger } from '../log.ts';
@@ -51,6 +54,8 @@ export class LeaderElector {
   /** Another replica's record as last seen, and when this replica saw it change. */
   #observed: { key: string; at: number } | undefined;
   #failing = false;
+  /** The API server refuses this replica the leader Lease (403): it acts without an election. */
+  #forbidden = false;
 
   constructor(o: LeaderElectorOptions) {
     if (o.durationMs < minLeaderDurationMs(o.requestTimeoutMs)) throw new Error(`leader lease duration ${o.durationMs} ms is shorter than ${minLeaderDurationMs(o.requestTimeoutMs)} ms`);
@@ -65,7 +70,7 @@ export class LeaderElector {
 
   /** This replica may act now (and for as long as one request takes). */
   isLeader(): boolean {
-    const leading = this.#now() < this.#leadingUntil;
+    const leading = this.#forbidden || this.#now() < this.#leadingUntil;
     this.#setLeading(leading);
     return leading;
   }
@@ -78,6 +83,7 @@ export class LeaderElector {
     try {
       lease = (await this.#o.api.getJson('leader lease', path)) as Obj;
     } catch (err) {
+      if (err instanceof ApiWriteError && err.status === 403) return this.#refused(err);
       if (!(err instanceof ApiWriteError && err.status === 404)) return this.#failed('leader lease not read', err);
     }
     const me = this.#o.identity;
@@ -106,6 +112,7 @@ export class LeaderElector {
       await this.#o.api.writeJson('leader lease', 'PUT', path, { ...lease, spec: this.#spec(spec, holder) });
       return this.#won(sentAt);
     } catch (err) {
+      if (err instanceof ApiWriteError && err.status === 403) return this.#refused(err);
       this.#lose();
       if (err instanceof ApiWriteError && err.status === 409) return this.#ok(); // another replica was first
       return this.#failed('leader lease not written', err);
@@ -146,6 +153,7 @@ export class LeaderElector {
   }
 
   #won(sentAt: number): void {
+    this.#forbidden = false;
     // From when the renewal was sent: the other replicas saw the record change no earlier.
     this.#leadingUntil = sentAt + this.#renewDeadlineMs;
     this.#observed = undefined;
@@ -163,6 +171,17 @@ export class LeaderElector {
     this.#leading = leading;
     this.#o.log.info(leading ? 'leading: this replica runs the gates lease controller' : 'not leading: another replica runs the gates lease controller', { identity: this.#o.identity });
     this.#o.onLeading?.(leading);
+  }
+
+  #refused(err: unknown): void {
+    this.#o.onOp?.(false);
+    if (!this.#forbidden) {
+      this.#o.log.warn('leader lease refused (RBAC): every replica runs the lease controller, as without an election; grant get, create and update on this Lease', {
+        lease: `${this.#o.namespace}/${LEADER_LEASE_NAME}`, err: describeError(err),
+      });
+    }
+    this.#forbidden = true;
+    this.#setLeading(true);
   }
 
   #ok(): void {

@@ -7,7 +7,7 @@
  * server's patch strategy for that list; `metadata.uid` a precondition, 409 on a mismatch), POST
  * events (kept in `events`), and Leases (merge-patch, PUT guarded by metadata.resourceVersion (409
  * when it moved), POST to create (409 when it exists), GET and LIST; kept in `leases` by
- * `<namespace>/<name>`, each write a new resourceVersion). `down = true` makes it answer
+ * `<namespace>/<name>`, each write a new resourceVersion). `forbid` answers 403 as RBAC would. `down = true` makes it answer
  * 503 (an outage), `delayMs` answers that much later (a slow API server); unknown paths get 404
  * like the real server.
  */
@@ -38,6 +38,8 @@ export interface ApiServerStandIn {
   down: boolean;
   /** Answer every request this many ms after it arrived (default 0). */
   delayMs: number;
+  /** Answer 403 (as RBAC refuses) to the requests this matches. */
+  forbid?: (method: string, path: string) => boolean;
   /** Called after each pods/status write is applied: a test's kubelet can show it, as kubelet's pod watch does. */
   onPodStatus?: (pod: Obj) => void;
   close(): Promise<void>;
@@ -73,6 +75,7 @@ export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
       const notFound = (what: string) => send(404, { kind: 'Status', apiVersion: 'v1', status: 'Failure', reason: 'NotFound', code: 404, message: `${what} not found` });
       if (state.down) return send(503, { kind: 'Status', status: 'Failure', code: 503, message: 'stand-in outage' });
       const url = new URL(req.url ?? '/', 'http://x');
+      if (state.forbid?.(req.method ?? '', url.pathname)) return send(403, { kind: 'Status', status: 'Failure', reason: 'Forbidden', code: 403, message: `${req.method} ${url.pathname} is forbidden` });
       let m = /^\/api\/v1\/nodes\/([^/]+)$/.exec(url.pathname);
       if (m) {
         const name = decodeURIComponent(m[1]!);

@@ -216,4 +216,25 @@ describe('gates lease controller', () => {
     await first.tryOnce();
     expect(first.isLeader()).toBe(true);
   });
+
+  it('a leader Lease RBAC refuses (older manifests): every replica acts, said once, instead of none', async () => {
+    const api = await startApiServerStandIn();
+    cleanup.push(() => api.close());
+    api.forbid = (_method, p) => p.endsWith(`/leases/${LEADER_LEASE_NAME}`) || (_method === 'POST' && p.endsWith('/leases'));
+    const writer = new ApiWriter({ url: api.url, nodeName: 'probe-agent-webhook', conditionType: GATES_CONDITION });
+    cleanup.push(() => writer.close());
+    const lines: string[] = [];
+    const ops: boolean[] = [];
+    const leader = new LeaderElector({ api: writer, namespace: 'probe-agent', identity: 'webhook-a', durationMs: 15_000, requestTimeoutMs: 5_000, log: createLogger({ level: 'info', write: (l) => lines.push(l) }), onOp: (ok) => ops.push(ok) });
+    await leader.tryOnce();
+    await leader.tryOnce();
+    expect(leader.isLeader()).toBe(true);
+    expect(ops).toEqual([false, false]);
+    expect(lines.filter((l) => l.includes('"level":"warn"')).map((l) => JSON.parse(l).msg)).toEqual([expect.stringMatching(/^leader lease refused \(RBAC\)/)]);
+    // Granted later: back to the election, holding the Lease.
+    api.forbid = undefined;
+    await leader.tryOnce();
+    expect(leader.isLeader()).toBe(true);
+    expect(api.leases.get(`probe-agent/${LEADER_LEASE_NAME}`)!.spec.holderIdentity).toBe('webhook-a');
+  });
 });
