@@ -76,6 +76,8 @@ interface PodState {
   /** When the last write was sent (pacing), and when the one of `written` was (its lastTransitionTime). */
   lastWriteAt: number;
   writtenAt: number;
+  /** The lastTransitionTime of the value kubelet's view showed when `written` was written: that one is answered. */
+  overwrote?: number;
   writing: boolean;
   inflight?: Promise<void>;
   timer?: NodeJS.Timeout;
@@ -332,7 +334,7 @@ export class GatesController {
       return seen;
     }
     const since = s.pod.gates?.conditionSince;
-    const newer = since !== undefined && since >= Math.floor(s.writtenAt / 1000) * 1000;
+    const newer = since !== undefined && since !== s.overwrote && since >= Math.floor(s.writtenAt / 1000) * 1000;
     if (!s.confirmed && !newer && Date.now() - s.writtenAt < this.#confirmWindow) return s.written;
     return seen;
   }
@@ -383,6 +385,7 @@ export class GatesController {
   async #write(s: PodState): Promise<void> {
     const want = desiredCondition(this.#viewed(s), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
     const pod = s.pod;
+    const overwrote = pod.gates?.conditionSince;
     s.writing = true;
     this.#inFlight++;
     s.lastWriteAt = Date.now();
@@ -390,6 +393,7 @@ export class GatesController {
       await this.#o.writer.patchCondition(pod.namespace, pod.name, pod.uid, want);
       s.written = want.status;
       s.writtenAt = s.lastWriteAt;
+      s.overwrote = overwrote;
       s.confirmed = false;
       this.#o.onOp?.('condition', true);
       this.#o.log.info('pod condition written', { pod: `${pod.namespace}/${pod.name}`, status: want.status, reason: want.reason });

@@ -69,6 +69,25 @@ async function writeLogFixture() {
   return { api, writer, lines, log, stopped };
 }
 
+/** The API stand-in holding the pod (with our condition `stored`, if given) and a writer to it. */
+async function apiFixture(stored?: 'True') {
+  const api = await startApiServerStandIn();
+  cleanup.push(() => api.close());
+  const pod = apiPod();
+  api.pods.push(stored ? { ...structuredClone(pod), status: { conditions: [{ type: GATES_CONDITION_TYPE, status: stored }] } } : structuredClone(pod));
+  const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+  cleanup.push(() => writer.close());
+  return { api, pod, writer };
+}
+
+/** apiFixture with our condition True, and a readiness success for container c1. */
+async function readyFixture() {
+  const { api, pod, writer } = await apiFixture('True');
+  const results = new ResultsStore();
+  results.upsert({ key: { podUID: UID, containerName: 'app', probeType: 'Readiness' }, namespace: 'shop', podName: 'web', containerID: 'containerd://c1', result: 'success', consecutive: 1, lastProbeTime: 1, lastMessage: '', onHold: false, started: true, ready: true });
+  return { api, pod, writer, results };
+}
+
 describe('gates controller', () => {
   it('the pod model finds the taken probes, the grace period and our condition', () => {
     const info = kubeletView(apiPod(), 'c1', 'True');
@@ -105,12 +124,7 @@ describe('gates controller', () => {
   });
 
   it('a deleted pod whose container stopped is not written False (kubelet shows it not Ready); a live one is', async () => {
-    const api = await startApiServerStandIn();
-    cleanup.push(() => api.close());
-    const pod = apiPod();
-    api.pods.push(structuredClone(pod));
-    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
-    cleanup.push(() => writer.close());
+    const { api, pod, writer } = await apiFixture();
     const controller = new GatesController({ results: new ResultsStore(), writer, log: createLogger({ level: 'error', write: () => {} }) });
     cleanup.push(() => controller.close());
     const info = kubeletView(pod, 'c1', 'True');
@@ -162,14 +176,7 @@ describe('gates controller', () => {
   });
 
   it('a crash seen in the runtime\'s container list turns the condition False before kubelet\'s pod list shows it', async () => {
-    const api = await startApiServerStandIn();
-    cleanup.push(() => api.close());
-    const pod = apiPod();
-    api.pods.push({ ...structuredClone(pod), status: { conditions: [{ type: GATES_CONDITION_TYPE, status: 'True' }] } });
-    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
-    cleanup.push(() => writer.close());
-    const results = new ResultsStore();
-    results.upsert({ key: { podUID: UID, containerName: 'app', probeType: 'Readiness' }, namespace: 'shop', podName: 'web', containerID: 'containerd://c1', result: 'success', consecutive: 1, lastProbeTime: 1, lastMessage: '', onHold: false, started: true, ready: true });
+    const { api, pod, writer, results } = await readyFixture();
     const controller = new GatesController({ results, writer, log: createLogger({ level: 'error', write: () => {} }) });
     cleanup.push(() => controller.close());
     const patches = () => api.requests.filter((r) => r.method === 'PATCH' && r.url.includes('/status')).length;
@@ -254,14 +261,7 @@ describe('gates controller', () => {
   });
 
   it('converges on the condition the pod has now: a False someone else wrote goes True again, once; kubelet\'s lag costs no second write', async () => {
-    const api = await startApiServerStandIn();
-    cleanup.push(() => api.close());
-    const pod = apiPod();
-    api.pods.push({ ...structuredClone(pod), status: { conditions: [{ type: GATES_CONDITION_TYPE, status: 'True' }] } });
-    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
-    cleanup.push(() => writer.close());
-    const results = new ResultsStore();
-    results.upsert({ key: { podUID: UID, containerName: 'app', probeType: 'Readiness' }, namespace: 'shop', podName: 'web', containerID: 'containerd://c1', result: 'success', consecutive: 1, lastProbeTime: 1, lastMessage: '', onHold: false, started: true, ready: true });
+    const { api, pod, writer, results } = await readyFixture();
     const patches = () => api.requests.filter((r) => r.method === 'PATCH' && r.url.includes('/status')).map((r) => (r.body as Obj).status.conditions[0].status as string);
     const log = createLogger({ level: 'error', write: () => {} });
     // kubelet's list lags the API server for long (a window no test run outlasts): the value written counts meanwhile.
@@ -307,12 +307,7 @@ describe('gates controller', () => {
   });
 
   it('a liveness failure of a restarted container neither list shows yet is not lost: stopped once kubelet\'s list or the runtime\'s shows it', async () => {
-    const api = await startApiServerStandIn();
-    cleanup.push(() => api.close());
-    const pod = apiPod();
-    api.pods.push(structuredClone(pod));
-    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
-    cleanup.push(() => writer.close());
+    const { api, pod, writer } = await apiFixture();
     const stops: Array<[string, number]> = [];
     const results = new ResultsStore();
     const controller = new GatesController({
