@@ -430,7 +430,8 @@ export class GatesController {
     // not keep a dead container running).
     this.#evaluate(s);
     const deadline = Date.now() + CLEAR_BEFORE_STOP_MS;
-    while ((s.writing || this.#waiting.has(pod.uid)) && Date.now() < deadline && !signal.aborted) await (s.inflight ?? sleep(50, signal));
+    // A settled write is no wait: waiting for a slot (the in-flight bound) polls, never spins.
+    while ((s.writing || this.#waiting.has(pod.uid)) && Date.now() < deadline && !signal.aborted) await (s.writing && s.inflight ? s.inflight : sleep(50, signal));
     if (signal.aborted) return;
     const kind = probeType === 'Liveness' ? 'liveness' : 'startup';
     const grace = stopGraceSeconds(pod, container, probeType);

@@ -165,7 +165,8 @@ describe('gates mode bounds every time a pod sets', () => {
         },
       },
       onOp: (op, ok) => ops.push(`${op}:${ok}`),
-      maxInFlight: 64,
+      // Few write slots: most stops wait for one before they go (a wait that must not spin the loop).
+      maxInFlight: 2,
     });
     controller.sync(infos);
     for (const p of infos) {
