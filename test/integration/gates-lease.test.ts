@@ -35,6 +35,10 @@ let agent: AgentHandle;
 /** The two webhook replicas, by leader identity. */
 const webhooks = new Map<string, ChildProcess>();
 let renewOther: NodeJS.Timeout;
+/** node-b's agent renews (the test does it for it) while this is true. */
+let nodeBAlive = true;
+/** node-b's Lease lasts longer than the outage below, node-a's (the real agent's) less. */
+const NODE_B_LEASE_SECONDS = 10;
 
 function pod(name: string, node: string, gate: 'True' | 'False' | 'none' | 'not-gated'): Obj {
   const conditions: Obj[] = [{ type: 'Ready', status: gate === 'True' || gate === 'not-gated' ? 'True' : 'False' }];
@@ -72,7 +76,8 @@ beforeAll(async () => {
   api.pods.push(pod('a-ready', 'node-a', 'True'), pod('a-not-ready', 'node-a', 'False'), pod('a-new', 'node-a', 'none'), pod('a-plain', 'node-a', 'not-gated'), pod('b-ready', 'node-b', 'True'));
   // node-b's agent is alive: its Lease is renewed all along.
   const renewB = (): void => {
-    api.leases.set(`${LEASE_NS}/probe-agent-node-b`, { apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: { name: 'probe-agent-node-b', namespace: LEASE_NS }, spec: { holderIdentity: 'node-b', leaseDurationSeconds: 3, renewTime: new Date().toISOString() } });
+    if (!nodeBAlive) return;
+    api.leases.set(`${LEASE_NS}/probe-agent-node-b`, { apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: { name: 'probe-agent-node-b', namespace: LEASE_NS }, spec: { holderIdentity: 'node-b', leaseDurationSeconds: NODE_B_LEASE_SECONDS, renewTime: new Date().toISOString() } });
   };
   renewB();
   renewOther = setInterval(renewB, 500);
@@ -125,13 +130,26 @@ describe('gates lease controller (webhook) and the agent node Lease', () => {
 
   it('an API server outage longer than a Lease expires no one: every clock restarts after it', async () => {
     const leader = leaderLease()!.spec.holderIdentity;
+    const token = `Bearer token-of-${leader}`;
+    // Longer than both Leases; node-b's agent, cut off too, renews only after the leader acts again.
+    nodeBAlive = false;
     api.down = true;
-    await sleep(5000);
+    await sleep((NODE_B_LEASE_SECONDS + 2) * 1000);
+    const recovered = Date.now();
     api.down = false;
-    // The agent renews again within a third of its Lease; the controllers poll every second.
+    // The leader renews its own Lease, then reads the node Leases as leader: the read that found
+    // every Lease stale before the controller restarted their clocks.
+    await until('the leader leading again and reading the node Leases', () => {
+      const mine = api.requests.filter((r) => r.time >= recovered && r.authorization === token);
+      const renewed = mine.find((r) => r.method === 'PUT' && r.url.endsWith(`/leases/${LEADER_LEASE_NAME}`))?.time;
+      return renewed !== undefined && mine.some((r) => r.time > renewed && r.method === 'GET' && r.url.endsWith(`/namespaces/${LEASE_NS}/leases`));
+    });
+    nodeBAlive = true;
+    // Several polls more: nothing written, on either node.
     await sleep(5000);
     expect(statusPatches()).toEqual([]);
     expect(gateOf('a-ready')?.status).toBe('True');
+    expect(gateOf('b-ready')?.status).toBe('True');
     expect(leaderLease()!.spec.holderIdentity).toBe(leader);
   });
 
