@@ -33,7 +33,7 @@ import { FairLimiter } from './scheduler/limiter.ts';
 import { ProbeManager } from './scheduler/manager.ts';
 import { ResultsStore } from './scheduler/results-store.ts';
 import { AGENT_VERSION, API_VERSION } from './version.ts';
-import { GatesController } from './gates/controller.ts';
+import { GatesController, runtimeCallMs } from './gates/controller.ts';
 import { startLeaseRenewal } from './gates/lease.ts';
 import { startRuntimeWatch } from './gates/runtime-watch.ts';
 import { GATES_CONDITION_TYPE } from './pods/pod-model.ts';
@@ -225,10 +225,12 @@ export async function startDaemon(config: RunConfig, opts: { installSignalHandle
       const gatesController = new GatesController({
         results: store,
         writer,
-        // StopContainer waits out the grace period, then the runtime kills: give the call that long and more.
-        ...(cri ? { stopper: { stopContainer: (id: string, t: number) => cri.client.stopContainer(id, t, (t + 30) * 1000) } } : {}),
+        // StopContainer waits out the grace period, then the runtime kills: give the call that long and
+        // more, a deadline grpc-js accepts (a pod's grace is clamped: a huge one made grpc-js throw
+        // "Deadline is too far in the future" where no caller could catch it, and the agent exit).
+        ...(cri ? { stopper: { stopContainer: (id: string, t: number) => cri.client.stopContainer(id, t, runtimeCallMs(t)) } } : {}),
         ...(hookRuntime ? { exec: async (id: string, cmd: string[], t: number) => {
-          const r = await hookRuntime.execSync(id, cmd, t, (t + 30) * 1000);
+          const r = await hookRuntime.execSync(id, cmd, t, runtimeCallMs(t));
           // kubelet's exec hook failure: the exit code and the command's output (bounded, for the event).
           return r.exitCode === 0 ? '' : `command ${JSON.stringify(cmd).slice(0, 256)} exited with ${r.exitCode}: ${Buffer.concat([r.stdout, r.stderr]).subarray(0, 1024).toString('utf8').trim()}`;
         } } : {}),

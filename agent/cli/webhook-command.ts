@@ -3,6 +3,7 @@
  * as they are created (docs/rewrite.md, deploy/components/rewrite-webhook). Runs until SIGTERM.
  * Exit status: 0 after a clean stop, 2 it could not start (bad flag, TLS files, address in use).
  */
+import { hostname } from 'node:os';
 import { Command, Option } from 'commander';
 import { ConfigError, describeError } from '../errors.ts';
 import { createLogger, type LogFormat, type LogLevel } from '../log.ts';
@@ -12,6 +13,9 @@ import {
 } from '../webhook/defaults.ts';
 import { parseDuration } from '../config/duration.ts';
 import { SANDBOXED_RUNTIME_CLASSES } from '../rewrite/pod-rewrite.ts';
+
+/** The lease controller's per-request timeout (its ApiWriter's): bounds how long a leader's last write may take. */
+const API_TIMEOUT_MS = 5000;
 
 /** Where the component mounts the serving certificate (a kubernetes.io/tls Secret). */
 export const DEFAULT_TLS_DIR = '/etc/probe-agent/webhook-tls';
@@ -38,6 +42,8 @@ interface Raw {
   gatesLeaseNamespace: string;
   gatesLeaseInterval: string;
   gatesLeaseMaxWrites: string;
+  gatesLeaderLeaseDuration: string;
+  gatesLeaderIdentity?: string;
   logLevel: LogLevel;
   logFormat: LogFormat;
 }
@@ -68,6 +74,8 @@ export function registerWebhookCommand(program: Command): void {
     .option('--gates-lease-namespace <ns>', "namespace of the agents' node Leases", 'probe-agent')
     .option('--gates-lease-interval <duration>', 'how often the node Leases are read', '10s')
     .option('--gates-lease-max-writes <n>', 'most pod condition writes per poll (the rest wait for the next poll)', '50')
+    .option('--gates-leader-lease-duration <duration>', `the lease controller's leader election: how long the Lease ${'`gates-lease-controller`'} (in --gates-lease-namespace) holds without renewal; only its holder writes`, '15s')
+    .option('--gates-leader-identity <name>', 'this replica in the leader election (default: $POD_NAME, else the host name)')
     .addOption(new Option('--log-level <level>', 'log level').choices(['error', 'warn', 'info', 'debug', 'trace']).default('info'))
     .addOption(new Option('--log-format <format>', 'log format on stderr').choices(['json', 'text']).default('json'))
     .action(async (raw: Raw) => {
@@ -107,6 +115,9 @@ async function webhookCommand(raw: Raw): Promise<number> {
     const leaseMaxWrites = Number(raw.gatesLeaseMaxWrites);
     if (!Number.isInteger(leaseMaxWrites) || leaseMaxWrites < 1 || leaseMaxWrites > 10_000) throw new ConfigError(`--gates-lease-max-writes: want an integer 1..10000, got "${raw.gatesLeaseMaxWrites}"`);
     if (!/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/.test(raw.gatesLeaseNamespace)) throw new ConfigError(`--gates-lease-namespace: not a namespace name: "${raw.gatesLeaseNamespace.slice(0, 80)}"`);
+    const leaderDurationMs = parseDuration(raw.gatesLeaderLeaseDuration, '--gates-leader-lease-duration');
+    const leaderIdentity = (raw.gatesLeaderIdentity ?? process.env['POD_NAME'] ?? hostname()).slice(0, 253);
+    if (leaderIdentity === '') throw new ConfigError('--gates-leader-identity: empty');
     // Loaded here: the daemon and the other commands never need the webhook server.
     const { startWebhookServer } = await import('../webhook/server.ts');
     const { ApiServerReader, inClusterOptions } = await import('../webhook/cluster-reader.ts');
@@ -135,20 +146,38 @@ async function webhookCommand(raw: Raw): Promise<number> {
       if (!api) throw new ConfigError('--gates-lease-controller needs the API server: run in a pod, or give --api-server-url');
       const { ApiWriter } = await import('../gates/api-writer.ts');
       const { LeaseController } = await import('../gates/lease-controller.ts');
+      const { LeaderElector, LEADER_LEASE_NAME, minLeaderDurationMs } = await import('../gates/leader.ts');
+      const minLeaderMs = minLeaderDurationMs(API_TIMEOUT_MS);
+      if (leaderDurationMs < minLeaderMs || leaderDurationMs > 300_000) throw new ConfigError(`--gates-leader-lease-duration: want ${minLeaderMs / 1000}s..5m, got "${raw.gatesLeaderLeaseDuration}"`);
       const { GATES_CONDITION } = await import('../rewrite/gates-rewrite.ts');
-      const writer = new ApiWriter({ ...api, ...(raw.apiTokenFile ? { tokenFile: raw.apiTokenFile } : {}), ...(raw.apiCaFile ? { caFile: raw.apiCaFile } : {}), nodeName: 'probe-agent-webhook', conditionType: GATES_CONDITION });
+      const writer = new ApiWriter({ ...api, ...(raw.apiTokenFile ? { tokenFile: raw.apiTokenFile } : {}), ...(raw.apiCaFile ? { caFile: raw.apiCaFile } : {}), nodeName: 'probe-agent-webhook', conditionType: GATES_CONDITION, timeoutMs: API_TIMEOUT_MS });
       const metrics = server.metrics;
+      // Every replica runs the controller; only the holder of the leader Lease writes (leader.ts).
+      const leader = new LeaderElector({
+        api: writer, namespace: raw.gatesLeaseNamespace, identity: leaderIdentity, durationMs: leaderDurationMs, requestTimeoutMs: API_TIMEOUT_MS, log,
+        onOp: (ok) => metrics.leaseOp('leader', ok), onLeading: (leading) => metrics.setLeading(leading),
+      });
+      let electing: Promise<void> | undefined;
+      const elect = (): void => {
+        electing ??= leader.tryOnce().finally(() => (electing = undefined));
+      };
+      elect();
+      const electTimer = setInterval(elect, leader.retryMs);
+      electTimer.unref();
       leases = new LeaseController({
-        api: writer, namespace: raw.gatesLeaseNamespace, conditionType: GATES_CONDITION, intervalMs: leaseIntervalMs, maxWritesPerPoll: leaseMaxWrites, log,
+        api: writer, namespace: raw.gatesLeaseNamespace, conditionType: GATES_CONDITION, intervalMs: leaseIntervalMs, maxWritesPerPoll: leaseMaxWrites, log, leader,
         onOp: (op, ok) => metrics.leaseOp(op, ok), onExpired: (n) => metrics.setExpiredLeases(n),
       });
       const controller = leases;
       closeLeases = async () => {
+        clearInterval(electTimer);
         await controller.close();
+        await electing;
+        await leader.release();
         await writer.close();
       };
       leases.start();
-      log.info('gates lease controller on', { namespace: raw.gatesLeaseNamespace, interval: raw.gatesLeaseInterval });
+      log.info('gates lease controller on', { namespace: raw.gatesLeaseNamespace, interval: raw.gatesLeaseInterval, leaderLease: `${raw.gatesLeaseNamespace}/${LEADER_LEASE_NAME}`, identity: leaderIdentity });
     }
     if (!cluster) log.warn('no API server (not in a pod, no --api-server-url): DaemonSet pods are left as written, RuntimeClasses are taken by name');
   } catch (err) {

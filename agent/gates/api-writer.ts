@@ -1,7 +1,8 @@
 /**
  * The agent's writes to the API server in gates mode, and nothing more: its own pod condition
  * (`pods/status`, a strategic merge patch keyed on the condition type, so `Ready` and every other
- * condition stay untouched, with the pod's UID as a precondition), an Event, and its node's Lease.
+ * condition stay untouched, with the pod's UID as a precondition), an Event, and its node's Lease;
+ * for the webhook's lease controller, its reads and its leader-election Lease.
  * Same transport and credentials as the webhook's reads (agent/webhook/cluster-reader.ts
  * inClusterOptions): the service-account token re-read on every request (projected tokens
  * rotate), the API server's CA, a per-request timeout, a bounded answer.
@@ -108,12 +109,16 @@ export class ApiWriter implements GatesWriter {
 
   /** GET of `path`, parsed (the lease controller's reads: Lease and Pod lists, bounded like every answer). */
   async getJson(what: string, path: string): Promise<unknown> {
-    const text = await this.#send(what, 'GET', path, undefined, undefined);
-    try {
-      return JSON.parse(text) as unknown;
-    } catch {
-      throw new ApiWriteError(what, 200, 'the answer is not JSON (or is larger than the bound)');
-    }
+    return parseAnswer(what, await this.#send(what, 'GET', path, undefined, undefined));
+  }
+
+  /**
+   * POST (create) or PUT (update) of a whole object at `path`, parsed: the leader election's Lease
+   * (lease-controller.ts). A PUT carrying metadata.resourceVersion is refused with 409 when the
+   * object changed since it was read, so two replicas never both take it.
+   */
+  async writeJson(what: string, method: 'POST' | 'PUT', path: string, body: unknown): Promise<unknown> {
+    return parseAnswer(what, await this.#send(what, method, path, body, 'application/json'));
   }
 
   close(): Promise<void> {
@@ -154,6 +159,14 @@ export class ApiWriter implements GatesWriter {
 }
 
 const enc = encodeURIComponent;
+
+function parseAnswer(what: string, text: string): unknown {
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
+    throw new ApiWriteError(what, 200, 'the answer is not JSON (or is larger than the bound)');
+  }
+}
 
 /** The `message` of a Status answer, else the start of the body. */
 function statusMessage(text: string): string {

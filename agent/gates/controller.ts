@@ -17,13 +17,23 @@
  *   probe), once per container ID: the events kubelet records, the preStop hook (HTTP from the pod
  *   netns, exec through CRI ExecSync, sleep), then CRI StopContainer with the probe's
  *   terminationGracePeriodSeconds, else the pod's, less the time the hook took.
- *   Kubelet restarts the container under its own back-off.
+ *   Kubelet restarts the container under its own back-off. Every grace and sleep is clamped as
+ *   kubelet's time.Duration holds it (spec.ts clampSeconds), a stop gets kubelet's 2 s at least, a
+ *   hook waits at most the hook cap (lifecycle.ts), and a stop that fails (or throws) is that pod's:
+ *   logged, counted (op stop, error), a FailedKillPod event; the agent goes on.
+ * - A liveness failure of a container kubelet's list does not show yet (a restart the runtime saw
+ *   first) is kept and acted on when kubelet's list or the runtime's shows that container running.
+ * - Converges on the condition the pod has now, as kubelet's /pods shows it: after a lease expiry,
+ *   an outage or anyone else's write it writes its own value again (paced like every write). A
+ *   value just written counts until kubelet's view shows it (at most `confirmWindowMs`): kubelet's
+ *   list lags the API server a little, and that lag must not cost a second write.
  */
 import { describeError } from '../errors.ts';
 import type { Logger } from '../log.ts';
 import type { ContainerInfo, PodInfo } from '../pods/types.ts';
 import type { LifecycleHandlerSpec } from '../probe/lifecycle.ts';
-import { parseProbe } from '../probe/spec.ts';
+import { clampSeconds, parseProbe, SPEC_LIMITS } from '../probe/spec.ts';
+import { realClock } from '../scheduler/clock.ts';
 import type { ProbeType } from '../probe/types.ts';
 import type { ProbeEvent, ProbeStatus, ResultsReader } from '../scheduler/types.ts';
 import type { GateCondition, GatesWriter } from './api-writer.ts';
@@ -53,13 +63,21 @@ export interface GatesControllerOptions {
   onOp?: (op: GatesOp, ok: boolean) => void;
   minWriteIntervalMs?: number;
   maxInFlight?: number;
+  /** How long a value written counts over kubelet's view before that view shows it (its lag). */
+  confirmWindowMs?: number;
 }
 
 interface PodState {
   pod: PodInfo;
-  /** The last value written (or found already there); undefined: none yet. */
+  /** The last value written; undefined: none yet (kubelet's view is what the pod has). */
   written?: GateCondition['status'];
+  /** Kubelet's view has shown `written` since it was written. */
+  confirmed: boolean;
+  /** When the last write was sent (pacing), and when the one of `written` was (its lastTransitionTime). */
   lastWriteAt: number;
+  writtenAt: number;
+  /** The lastTransitionTime of the value kubelet's view showed when `written` was written: that one is answered. */
+  overwrote?: number;
   writing: boolean;
   inflight?: Promise<void>;
   timer?: NodeJS.Timeout;
@@ -67,12 +85,43 @@ interface PodState {
   stopped: Set<string>;
   /** The pod's containers as the runtime last listed them (runtime-watch.ts): newer than kubelet's list. */
   runtime?: RuntimeContainer[];
+  /** Liveness/startup failures of a container neither list showed running yet, by container ID. */
+  pendingKills: Map<string, { status: ProbeStatus; probeType: ProbeType }>;
 }
 
 const DEFAULT_MIN_WRITE_INTERVAL_MS = 1000;
 const DEFAULT_MAX_IN_FLIGHT = 8;
 /** How long a liveness stop waits for the condition to be cleared first. */
 const CLEAR_BEFORE_STOP_MS = 5000;
+const DEFAULT_CONFIRM_WINDOW_MS = 10_000;
+/** Kubelet's least grace for a stop (kuberuntime minimumGracePeriodInSeconds). */
+const MIN_STOP_GRACE_SECONDS = 2;
+/** What a runtime call that waits `timeoutSeconds` is given beyond it (kubelet gives its runtime request timeout). */
+const RUNTIME_CALL_MARGIN_SECONDS = 30;
+
+/**
+ * The grace of a stop for a failed liveness or startup probe, as kubelet's setTerminationGracePeriod
+ * picks it: the probe's terminationGracePeriodSeconds, else the pod's; clamped (spec.ts clampSeconds). Pure.
+ */
+export function stopGraceSeconds(pod: PodInfo, container: ContainerInfo, probeType: ProbeType): number {
+  const probe = container.probes[probeType];
+  return clampSeconds((probe?.ok ? probe.spec.terminationGracePeriodSeconds : undefined) ?? pod.gates?.terminationGracePeriodSeconds ?? 30);
+}
+
+/** The StopContainer timeout once a preStop hook took `elapsedMs` of `grace` (kuberuntime killContainer). Pure. */
+export function stopTimeoutSeconds(grace: number, elapsedMs: number): number {
+  return Math.max(MIN_STOP_GRACE_SECONDS, clampSeconds(grace) - Math.floor(Math.max(0, elapsedMs) / 1000));
+}
+
+/** The deadline (ms) of a runtime call that waits `timeoutSeconds` (StopContainer, ExecSync): finite, and one grpc-js accepts. Pure. */
+export function runtimeCallMs(timeoutSeconds: number): number {
+  return (clampSeconds(timeoutSeconds) + RUNTIME_CALL_MARGIN_SECONDS) * 1000;
+}
+
+/** The most the agent waits on a preStop hook it runs over HTTP or ExecSync: the hook cap of lifecycle.ts. Pure. */
+export function hookTimeoutSeconds(grace: number): number {
+  return Math.max(1, Math.min(clampSeconds(grace), SPEC_LIMITS.maxTimeoutSeconds));
+}
 
 /** The condition the agent's decisions call for. Pure. */
 export function desiredCondition(pod: PodInfo, statuses: readonly ProbeStatus[], stopping: ReadonlySet<string> = new Set()): GateCondition {
@@ -117,9 +166,13 @@ export class GatesController {
   /** Kubelet's container ID prefix ("containerd://"); undefined until the runtime's name is known. */
   #prefix: string | undefined;
   readonly #pending = new Set<Promise<void>>();
+  readonly #confirmWindow: number;
+  /** Ends hook sleeps and waits on close: a pod's 292-year sleep must not hold the agent's shutdown. */
+  readonly #abort = new AbortController();
 
   constructor(o: GatesControllerOptions) {
     this.#o = o;
+    this.#confirmWindow = o.confirmWindowMs ?? DEFAULT_CONFIRM_WINDOW_MS;
     this.#minInterval = o.minWriteIntervalMs ?? DEFAULT_MIN_WRITE_INTERVAL_MS;
     this.#maxInFlight = o.maxInFlight ?? DEFAULT_MAX_IN_FLIGHT;
     this.#unsubscribe = o.results.subscribe((e) => this.#onProbeEvent(e));
@@ -147,11 +200,12 @@ export class GatesController {
       seen.add(pod.uid);
       let s = this.#pods.get(pod.uid);
       if (!s) {
-        s = { pod, lastWriteAt: -Infinity, writing: false, stopped: new Set(), runtime: this.#runtimeByPod.get(pod.uid) };
+        s = { pod, confirmed: false, lastWriteAt: -Infinity, writtenAt: -Infinity, writing: false, stopped: new Set(), runtime: this.#runtimeByPod.get(pod.uid), pendingKills: new Map() };
         this.#pods.set(pod.uid, s);
       }
       s.pod = pod;
       behind ||= kubeletBehind(pod, s.runtime);
+      this.#recheckKills(s);
       this.#evaluate(s);
     }
     for (const [uid, s] of this.#pods) {
@@ -189,6 +243,7 @@ export class GatesController {
     for (const [uid, s] of this.#pods) {
       s.runtime = byPod.get(uid) ?? [];
       behind ||= kubeletBehind(s.pod, s.runtime);
+      this.#recheckKills(s);
       this.#evaluate(s);
     }
     return behind;
@@ -204,9 +259,10 @@ export class GatesController {
     return pods.map((p) => (p.gates ? podAsRuntimeStarted(p, this.#runtimeByPod.get(p.uid), this.#prefix) : p));
   }
 
-  /** Stops writing; resolves when writes and stops in flight have settled. */
+  /** Stops writing; resolves when writes in flight have settled and stops have let go (a stop call in flight is left to the runtime). */
   async close(): Promise<void> {
     this.#closed = true;
+    this.#abort.abort();
     this.#unsubscribe();
     for (const s of this.#pods.values()) if (s.timer) clearTimeout(s.timer);
     await Promise.allSettled([...this.#pending]);
@@ -223,21 +279,76 @@ export class GatesController {
     if (!s) return;
     const { containerName, probeType } = e.status.key;
     if (e.type !== 'removed' && (probeType === 'Liveness' || probeType === 'Startup') && e.status.onHold && e.status.result === 'failure') {
-      if (s.pod.gates?.taken[containerName]?.includes(probeType)) this.#track(this.#kill(s, e.status, probeType));
+      if (s.pod.gates?.taken[containerName]?.includes(probeType)) this.#startKill(s, e.status, probeType);
     }
     this.#evaluate(s);
   }
 
+  /** A stop for a failed probe; whatever it meets (a runtime error, a throw) is that pod's, never the agent's. */
+  #startKill(s: PodState, status: ProbeStatus, probeType: ProbeType): void {
+    const id = status.containerID;
+    if (!id || s.stopped.has(id)) return;
+    const container = this.#viewed(s).containers.find((c) => c.name === status.key.containerName);
+    if (!container?.state?.running || container.state.containerID !== id) {
+      // Probed from the runtime's view before either list shows it running (the restart race): acted
+      // on when one does (#recheckKills), not lost.
+      s.pendingKills.set(id, { status, probeType });
+      return;
+    }
+    s.pendingKills.delete(id);
+    s.stopped.add(id);
+    this.#track(this.#kill(s, container, status, probeType).catch((err: unknown) => {
+      this.#o.onOp?.('stop', false);
+      this.#o.log.error('container stop failed unexpectedly; the agent goes on', { pod: `${s.pod.namespace}/${s.pod.name}`, container: container.name, containerID: id, err: describeError(err) });
+    }));
+  }
+
+  /** Failures kept for a container not shown yet: stopped once it shows, dropped once its worker moved on (a new container, the probe gone). */
+  #recheckKills(s: PodState): void {
+    if (s.pendingKills.size === 0) return;
+    const statuses = this.#o.results.list({ podUID: s.pod.uid });
+    for (const [id, k] of [...s.pendingKills]) {
+      const still = statuses.some((st) => st.key.containerName === k.status.key.containerName && st.key.probeType === k.probeType && st.containerID === id && st.onHold && st.result === 'failure');
+      if (!still) s.pendingKills.delete(id);
+      else this.#startKill(s, k.status, k.probeType);
+    }
+  }
+
+  /** The pod as kubelet's list and the runtime's (newer) show it together. */
+  #viewed(s: PodState): PodInfo {
+    return podAsRuntimeSees(podAsRuntimeStarted(s.pod, s.runtime, this.#prefix), s.runtime);
+  }
+
+  /**
+   * The condition the pod has now: kubelet's view, except that a value this agent wrote counts
+   * until that view shows it, for at most the confirm window (kubelet's list lags the API server).
+   * Any other value there is someone else's write (the lease controller, a person), and the agent
+   * converges on its own value again: once its own was shown, or when the other one is no older
+   * than its write (lastTransitionTime, which every writer of this condition sets; to the second).
+   */
+  #have(s: PodState): string {
+    const seen = s.pod.gates?.condition || 'False';
+    if (s.written === undefined) return seen;
+    if (seen === s.written) {
+      s.confirmed = true;
+      return seen;
+    }
+    const since = s.pod.gates?.conditionSince;
+    const newer = since !== undefined && since !== s.overwrote && since >= Math.floor(s.writtenAt / 1000) * 1000;
+    if (!s.confirmed && !newer && Date.now() - s.writtenAt < this.#confirmWindow) return s.written;
+    return seen;
+  }
+
   #evaluate(s: PodState): void {
     if (this.#closed) return;
-    const want = desiredCondition(podAsRuntimeSees(podAsRuntimeStarted(s.pod, s.runtime, this.#prefix), s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    const want = desiredCondition(this.#viewed(s), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
     // A deleted pod's containers stopping: kubelet shows the pod not Ready itself and starts no new
     // container, so a False here would be a write per deleted pod (often refused: the pod is gone).
     if (s.pod.deletionTimestamp !== undefined && want.reason === 'ContainerNotRunning') return;
-    // Kubelet's view of the condition counts as written: an agent restart that finds it right writes
-    // nothing, and an absent condition is a False gate to kubelet already.
-    const have = s.written ?? (s.pod.gates?.condition || 'False');
-    if (want.status === have || s.writing) return;
+    // Kubelet's view is what the pod has (#have): an agent restart that finds it right writes
+    // nothing, an absent condition is a False gate to kubelet already, and a value someone else
+    // wrote over ours is written again.
+    if (want.status === this.#have(s) || s.writing) return;
     // Only True waits out the pacing (the newest value wins): a False is never held back, or a
     // restarted container could show Ready on a condition meant for its predecessor. So a flapping
     // probe costs at most two writes per interval.
@@ -272,14 +383,18 @@ export class GatesController {
   }
 
   async #write(s: PodState): Promise<void> {
-    const want = desiredCondition(podAsRuntimeSees(podAsRuntimeStarted(s.pod, s.runtime, this.#prefix), s.runtime), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
+    const want = desiredCondition(this.#viewed(s), this.#o.results.list({ podUID: s.pod.uid }), s.stopped);
     const pod = s.pod;
+    const overwrote = pod.gates?.conditionSince;
     s.writing = true;
     this.#inFlight++;
     s.lastWriteAt = Date.now();
     try {
       await this.#o.writer.patchCondition(pod.namespace, pod.name, pod.uid, want);
       s.written = want.status;
+      s.writtenAt = s.lastWriteAt;
+      s.overwrote = overwrote;
+      s.confirmed = false;
       this.#o.onOp?.('condition', true);
       this.#o.log.info('pod condition written', { pod: `${pod.namespace}/${pod.name}`, status: want.status, reason: want.reason });
       if (this.#failedWrites > 0) this.#o.log.info('pod condition writes recovered', { failedSinceLastWrite: this.#failedWrites });
@@ -306,21 +421,20 @@ export class GatesController {
     }
   }
 
-  async #kill(s: PodState, status: ProbeStatus, probeType: ProbeType): Promise<void> {
+  async #kill(s: PodState, container: ContainerInfo, status: ProbeStatus, probeType: ProbeType): Promise<void> {
     const pod = s.pod;
-    const container = pod.containers.find((c) => c.name === status.key.containerName);
-    const id = status.containerID;
-    if (!container || !id || s.stopped.has(id) || container.state?.containerID !== id || !container.state.running) return;
-    s.stopped.add(id);
+    const id = status.containerID!;
+    const signal = this.#abort.signal;
     // Not ready before anything is stopped: the container is now `stopping`, so the condition goes
     // False at once (never paced); the stop waits for that write (bounded: a slow API server must
     // not keep a dead container running).
     this.#evaluate(s);
     const deadline = Date.now() + CLEAR_BEFORE_STOP_MS;
-    while ((s.writing || this.#waiting.has(pod.uid)) && Date.now() < deadline) await (s.inflight ?? new Promise((r) => setTimeout(r, 50)));
+    // A settled write is no wait: waiting for a slot (the in-flight bound) polls, never spins.
+    while ((s.writing || this.#waiting.has(pod.uid)) && Date.now() < deadline && !signal.aborted) await (s.writing && s.inflight ? s.inflight : sleep(50, signal));
+    if (signal.aborted) return;
     const kind = probeType === 'Liveness' ? 'liveness' : 'startup';
-    const probe = container.probes[probeType];
-    const grace = (probe?.ok ? probe.spec.terminationGracePeriodSeconds : undefined) ?? pod.gates?.terminationGracePeriodSeconds ?? 30;
+    const grace = stopGraceSeconds(pod, container, probeType);
     const who = { pod: `${pod.namespace}/${pod.name}`, container: container.name, containerID: id };
     this.#o.log.info(`${kind} probe failed; stopping the container`, { ...who, message: status.lastMessage, grace });
     const event = (type: 'Normal' | 'Warning', reason: string, message: string) =>
@@ -341,23 +455,28 @@ export class GatesController {
     }
     const started = Date.now();
     const failure = await this.#preStop(pod, container, id, grace, who);
+    if (signal.aborted) return;
     if (failure) await event('Warning', 'FailedPreStopHook', `PreStopHook failed: ${failure}`);
-    const left = Math.max(0, grace - Math.floor((Date.now() - started) / 1000));
+    const timeout = stopTimeoutSeconds(grace, Date.now() - started);
     try {
-      await this.#o.stopper.stopContainer(bare(id), left);
-      this.#o.onOp?.('stop', true);
+      // The call may wait out the whole grace: on close it is left to the runtime (its channel closes).
+      await untilAborted(this.#o.stopper.stopContainer(bare(id), timeout), signal);
+      if (!signal.aborted) this.#o.onOp?.('stop', true);
     } catch (err) {
       // A later container ID gets its own chance; this one is left to its probe's next decision.
       s.stopped.delete(id);
       this.#o.onOp?.('stop', false);
-      this.#o.log.warn('container not stopped', { ...who, err: describeError(err) });
+      this.#o.log.warn('container not stopped', { ...who, timeout, err: describeError(err) });
+      // kubelet's event for a kill that failed (events.FailedKillPod).
+      await event('Warning', 'FailedKillPod', `error killing container ${container.name}: ${describeError(err)}`);
     }
   }
 
   /**
    * The container's preStop hook, as kubelet runs it before it kills a container: HTTP from the pod
    * netns, exec through the runtime (CRI ExecSync), sleep by waiting; each within `grace`
-   * seconds. Resolves with a failure message, or '' (ran, or no hook this agent can run).
+   * seconds (HTTP and exec at most the hook cap). Resolves with a failure message, or '' (ran, or no
+   * hook this agent can run).
    */
   async #preStop(pod: PodInfo, container: ContainerInfo, containerID: string, grace: number, who: Record<string, string>): Promise<string> {
     const plan = preStopPlan(container.preStop, grace);
@@ -365,9 +484,9 @@ export class GatesController {
     let failure = '';
     try {
       if (plan.kind === 'invalid') failure = plan.message;
-      else if (plan.kind === 'http') failure = await this.#o.preStop!(pod, container, plan.handler, grace);
-      else if (plan.kind === 'exec') failure = await this.#o.exec!(bare(containerID), plan.cmd, grace);
-      else await new Promise((r) => setTimeout(r, plan.ms));
+      else if (plan.kind === 'http') failure = await this.#o.preStop!(pod, container, plan.handler, hookTimeoutSeconds(grace));
+      else if (plan.kind === 'exec') failure = await this.#o.exec!(bare(containerID), plan.cmd, hookTimeoutSeconds(grace));
+      else await sleep(plan.ms, this.#abort.signal);
     } catch (err) {
       failure = describeError(err);
       this.#o.log.warn('preStop hook could not run', { ...who, err: failure });
@@ -376,6 +495,33 @@ export class GatesController {
     return failure;
   }
 
+}
+
+/** Waits `ms` (longer than a Node timer holds: chained), or until `signal` aborts. */
+function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const timer = realClock.setTimeout(() => {
+      signal.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    const onAbort = (): void => {
+      realClock.clearTimeout(timer);
+      resolve();
+    };
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+/** `p`, or undefined once `signal` aborts (p's own outcome is then dropped, never unhandled). */
+function untilAborted<T>(p: Promise<T>, signal: AbortSignal): Promise<T | undefined> {
+  p.catch(() => {});
+  if (signal.aborted) return Promise.resolve(undefined);
+  return new Promise<T | undefined>((resolve, reject) => {
+    const onAbort = (): void => resolve(undefined);
+    signal.addEventListener('abort', onAbort, { once: true });
+    p.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+  });
 }
 
 /**
@@ -490,7 +636,8 @@ export function preStopPlan(hook: Record<string, unknown> | undefined, grace: nu
   if (isObject(hook['sleep'])) {
     const seconds = hook['sleep']['seconds'];
     if (!Number.isInteger(seconds) || (seconds as number) < 0) return { kind: 'invalid', message: `sleep hook: seconds must be a whole number >= 0, got ${JSON.stringify(seconds)}` };
-    return { kind: 'sleep', ms: Math.min(seconds as number, Math.max(0, grace)) * 1000 };
+    // int64 in the API: clamped as kubelet's Duration holds it; the wait is a chained timer (sleep()).
+    return { kind: 'sleep', ms: Math.min(clampSeconds(seconds as number), clampSeconds(grace)) * 1000 };
   }
   // tcpSocket is deprecated and kubelet ignores it; nothing else exists.
   return { kind: 'none' };

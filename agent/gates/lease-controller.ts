@@ -11,11 +11,22 @@
  * `maxWritesPerPoll` writes per poll (the rest wait for the next), the pods of one node per list
  * (a fieldSelector), every answer size-bounded (api-writer.ts). A node is swept again only after
  * its Lease was renewed and expired anew. A write that fails is retried at the next poll.
+ *
+ * After its own polls failed for a while (OUTAGE_POLLS in a row: an API server outage, or this
+ * replica cut off), every Lease's clock restarts at the first poll that succeeds, as if each had
+ * just been renewed: the agents could not renew meanwhile either, and a control-plane outage must
+ * not expire every node at once. A single failed poll restarts nothing, so a flaky API server still
+ * lets a dead node expire.
+ *
+ * A Lease counts only under its holder's name (`probe-agent-<holderIdentity>`, lease.ts
+ * nodeLeaseName): another is ignored, counted and logged once, so a forged Lease cannot speak for
+ * another node. With `leader` (leader.ts) only the replica holding the leader Lease writes; the
+ * others keep reading the Leases, so a new leader's clocks are already right.
  */
 import { describeError } from '../errors.ts';
 import type { Logger } from '../log.ts';
 import type { ApiWriter, GateCondition } from './api-writer.ts';
-import { LEASE_PREFIX } from './lease.ts';
+import { LEASE_PREFIX, nodeLeaseName } from './lease.ts';
 
 export interface LeaseControllerOptions {
   api: Pick<ApiWriter, 'getJson' | 'patchCondition'>;
@@ -25,7 +36,9 @@ export interface LeaseControllerOptions {
   intervalMs: number;
   maxWritesPerPoll: number;
   log: Logger;
-  onOp?: (op: 'poll' | 'write', ok: boolean) => void;
+  onOp?: (op: 'poll' | 'write' | 'ignored', ok: boolean) => void;
+  /** Only the leader writes (leader election); absent: this replica always may. */
+  leader?: { isLeader(): boolean };
   onExpired?: (nodes: number) => void;
   now?: () => number;
 }
@@ -40,6 +53,11 @@ interface Seen {
   swept: boolean;
 }
 
+/** Failed polls in a row after which every Lease's clock restarts at the next poll that succeeds. */
+const OUTAGE_POLLS = 2;
+/** Names of ignored Leases remembered (each counted and logged once; beyond this many, ignored silently). */
+const MAX_IGNORED_LOGGED = 1024;
+
 const EXPIRED: GateCondition = { status: 'False', reason: 'NodeLeaseExpired', message: "the probe-agent of this pod's node stopped renewing its Lease" };
 
 export class LeaseController {
@@ -48,6 +66,8 @@ export class LeaseController {
   #timer: NodeJS.Timeout | undefined;
   #running: Promise<void> | undefined;
   #closed = false;
+  #failedPolls = 0;
+  readonly #ignoredLogged = new Set<string>();
 
   constructor(o: LeaseControllerOptions) {
     this.#o = o;
@@ -78,9 +98,14 @@ export class LeaseController {
       this.#o.onOp?.('poll', true);
     } catch (err) {
       this.#o.onOp?.('poll', false);
-      this.#o.log.warn('node leases not read', { err: describeError(err) });
+      // Once per streak: during an outage every poll fails.
+      if (this.#failedPolls++ === 0) this.#o.log.warn('node leases not read', { err: describeError(err) });
       return;
     }
+    const restart = this.#failedPolls >= OUTAGE_POLLS;
+    if (restart) this.#o.log.info('node leases read again after failed polls: every Lease\'s clock restarts now', { failedPolls: this.#failedPolls, leases: this.#seen.size });
+    else if (this.#failedPolls > 0) this.#o.log.info('node leases read again', { failedPolls: this.#failedPolls });
+    this.#failedPolls = 0;
     const present = new Set<string>();
     const expired: string[] = [];
     for (const lease of Array.isArray(list?.items) ? (list.items as Obj[]) : []) {
@@ -89,9 +114,18 @@ export class LeaseController {
       const seconds = lease?.spec?.leaseDurationSeconds;
       if (typeof name !== 'string' || !name.startsWith(LEASE_PREFIX) || typeof node !== 'string' || node === '') continue;
       if (typeof seconds !== 'number' || !Number.isInteger(seconds) || seconds < 1) continue;
+      if (name !== nodeLeaseName(node)) {
+        if (this.#ignoredLogged.size < MAX_IGNORED_LOGGED && !this.#ignoredLogged.has(name)) {
+          this.#ignoredLogged.add(name);
+          this.#o.onOp?.('ignored', true);
+          this.#o.log.warn('node lease ignored: its name is not its holder\'s (said once per name)', { lease: `${this.#o.namespace}/${name.slice(0, 253)}`, holder: node.slice(0, 253), want: nodeLeaseName(node) });
+        }
+        continue;
+      }
       present.add(node);
       const renewTime = String(lease.spec.renewTime ?? '');
       const s = this.#seen.get(node);
+      if (restart && s) s.observedAt = now();
       if (!s || s.renewTime !== renewTime) {
         if (s?.swept) this.#o.log.info('node lease renewed again', { node });
         this.#seen.set(node, { renewTime, durationMs: seconds * 1000, observedAt: now(), swept: false });
@@ -106,9 +140,13 @@ export class LeaseController {
     for (const node of expired) {
       const s = this.#seen.get(node)!;
       if (s.swept) continue;
-      if (budget <= 0 || this.#closed) break;
+      if (budget <= 0 || this.#closed || !this.#leading()) break;
       budget = await this.#sweep(node, s, budget);
     }
+  }
+
+  #leading(): boolean {
+    return this.#o.leader?.isLeader() ?? true;
   }
 
   /** Sets the condition False on the node's gates pods; returns the write budget left. */
@@ -130,7 +168,8 @@ export class LeaseController {
       const ours = conditions.find((c) => c?.type === this.#o.conditionType);
       // Absent is False to kubelet already; only a True (or Unknown) gate keeps a pod Ready.
       if (!ours || ours.status === 'False') continue;
-      if (budget <= 0 || this.#closed) {
+      // Checked before each write: a replica that lost the lead stops before another could take it.
+      if (budget <= 0 || this.#closed || !this.#leading()) {
         left++;
         continue;
       }

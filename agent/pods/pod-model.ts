@@ -4,7 +4,7 @@
  */
 import { isIP } from 'node:net';
 import { describeError } from '../errors.ts';
-import { parseProbe } from '../probe/spec.ts';
+import { clampSeconds, parseProbe } from '../probe/spec.ts';
 import { PROBE_TYPES, type ProbeType } from '../probe/types.ts';
 import { KubeletError } from './kubelet-client.ts';
 import { DroppedPodItem, type DroppedPodReason } from './pod-list-stream.ts';
@@ -171,10 +171,14 @@ function parsePod(raw: unknown, lim: Required<PodListLimits>): PodInfo {
       if (types.length) taken[c.name] = types;
     }
     const grace = spec['terminationGracePeriodSeconds'];
+    const ours = gatesCondition(status['conditions']);
     info.gates = {
       taken,
-      condition: conditionStatus(status['conditions'], GATES_CONDITION_TYPE),
-      terminationGracePeriodSeconds: typeof grace === 'number' && Number.isInteger(grace) && grace >= 0 ? grace : 30,
+      condition: ours.status,
+      ...(ours.since !== undefined ? { conditionSince: ours.since } : {}),
+      // int64 in the API (up to 2^63-1 admitted): clamped to what kubelet's Duration holds, so that
+      // no stop deadline or timer derived from it overflows (docs/closing-the-hole.md, gates).
+      terminationGracePeriodSeconds: typeof grace === 'number' && Number.isInteger(grace) && grace >= 0 ? clampSeconds(grace) : 30,
     };
   }
   return info;
@@ -312,13 +316,17 @@ function gatesProbes(raw: unknown): Map<string, unknown> | undefined {
   return new Map(Object.entries(parsed['handlers']));
 }
 
-/** The status of one pod condition ('' when absent). */
-function conditionStatus(raw: unknown, type: string): string {
+/** The status of our condition ('' when absent) and its lastTransitionTime (lenient: another writer's odd time is no reason to drop the pod). */
+function gatesCondition(raw: unknown): { status: string; since?: number } {
   for (const [i, c] of optList(raw, 'status.conditions').entries()) {
     const cond = obj(c, `status.conditions[${i}]`);
-    if (cond['type'] === type) return typeof cond['status'] === 'string' ? cond['status'] : '';
+    if (cond['type'] !== GATES_CONDITION_TYPE) continue;
+    const status = typeof cond['status'] === 'string' ? cond['status'] : '';
+    const t = cond['lastTransitionTime'];
+    const since = typeof t === 'string' && RFC3339.test(t) ? Date.parse(t) : NaN;
+    return Number.isNaN(since) ? { status } : { status, since };
   }
-  return '';
+  return { status: '' };
 }
 
 function podReady(raw: unknown): boolean {
@@ -384,11 +392,13 @@ function optBool(v: unknown, path: string): boolean | undefined {
   return v;
 }
 
+/** RFC 3339 as Kubernetes writes it (metav1.Time): Date.parse alone would accept "1" or "May 5". */
+const RFC3339 = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$/;
+
 function optTime(v: unknown, path: string): number | undefined {
   const s = optString(v, path);
   if (s === undefined || s === '') return undefined;
-  // RFC 3339 as Kubernetes writes it (metav1.Time): Date.parse alone would accept "1" or "May 5".
-  const ms = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$/.test(s) ? Date.parse(s) : NaN;
+  const ms = RFC3339.test(s) ? Date.parse(s) : NaN;
   if (Number.isNaN(ms)) throw new FieldError(`${path}: not an RFC 3339 time: ${JSON.stringify(s)}`);
   return ms;
 }

@@ -44,6 +44,8 @@ export interface GatesInfo {
   taken: Record<string, ProbeType[]>;
   /** status.conditions[probe-agent.io/ready].status as kubelet reports it ('' when absent). */
   condition: string;
+  /** Its lastTransitionTime, epoch ms (second precision); undefined when absent or unreadable. */
+  conditionSince?: number;
   /** spec.terminationGracePeriodSeconds (kubelet's default 30). */
   terminationGracePeriodSeconds: number;
 }

@@ -28,6 +28,13 @@ export const SPEC_LIMITS = {
   maxTimeoutSeconds: 3600,
   /** Probe fields are int32 in the API. */
   maxInt32: 2_147_483_647,
+  /**
+   * Grace periods and sleeps are int64 seconds in the API (any value up to 2^63-1 is admitted);
+   * kubelet turns them into a Go time.Duration (int64 ns), whose largest whole number of seconds is
+   * this (~292 years). Clamped here where they are read: no deadline, timer or gRPC timeout a pod
+   * sets is larger, and none overflows (a JS timer is chained, see agent/scheduler/clock.ts).
+   */
+  maxDurationSeconds: 9_223_372_036,
   maxPathLength: 2048,
   maxHeaders: 64,
   maxHeaderNameLength: 256,
@@ -93,7 +100,8 @@ export function parseProbe(raw: unknown, opts: ParseProbeOptions = {}): ProbeSpe
   const grace = obj['terminationGracePeriodSeconds'];
   if (grace !== undefined && grace !== null) {
     const gp = p.child('terminationGracePeriodSeconds');
-    spec.terminationGracePeriodSeconds = integer(grace, gp, 1, SPEC_LIMITS.maxInt32);
+    // int64 in the API, validated > 0: anything larger than kubelet's Duration can hold is that.
+    spec.terminationGracePeriodSeconds = clampSeconds(integer(grace, gp, 1, Number.MAX_VALUE, 'must be greater than 0'));
     if (opts.probeType === 'Readiness') throw gp.error('must not be set for readinessProbes');
   }
   if ((opts.probeType === 'Liveness' || opts.probeType === 'Startup') && spec.successThreshold !== 1) {
@@ -260,6 +268,11 @@ function optionalString(body: Record<string, unknown>, key: string, p: FieldPath
   if (typeof v !== 'string') throw p.child(key).error(`must be a string, got ${typeof v}`);
   if (v.length > max) throw p.child(key).error(`must be at most ${max} characters, got ${v.length}`);
   return v;
+}
+
+/** A whole number of seconds (an API int64 grace or sleep) within what kubelet's time.Duration holds. */
+export function clampSeconds(seconds: number): number {
+  return Math.min(Math.max(0, Math.trunc(seconds)), SPEC_LIMITS.maxDurationSeconds);
 }
 
 /** Reads an int field where absent or 0 means "kubelet default" (SetDefaults_Probe); negatives are invalid. */

@@ -27,15 +27,17 @@ export class WebhookMetrics {
 
   readonly #leaseOps: Counter<'op' | 'result'>;
   readonly #expiredLeases: Gauge;
+  readonly #leading: Gauge;
 
   constructor() {
     this.#leaseOps = new Counter({
       name: 'probe_agent_webhook_lease_controller_operations_total',
-      help: 'Gates lease controller: polls of the node Leases and probe-agent.io/ready writes for nodes whose Lease expired, by result (ok, error).',
+      help: 'Gates lease controller: polls of the node Leases (poll), probe-agent.io/ready writes for nodes whose Lease expired (write), node Leases ignored because their name is not their holder\'s (ignored, once per name), leader Lease tries (leader), by result (ok, error).',
       labelNames: ['op', 'result'],
       registers: [this.registry],
     });
     this.#expiredLeases = new Gauge({ name: 'probe_agent_webhook_expired_node_leases', help: 'Nodes whose probe-agent Lease expired, at the last poll.', registers: [this.registry] });
+    this.#leading = new Gauge({ name: 'probe_agent_webhook_lease_controller_leading', help: 'Gates lease controller: 1 while this replica holds the leader Lease gates-lease-controller (only it writes), else 0.', registers: [this.registry] });
     this.#requests = new Counter({
       name: 'probe_agent_webhook_requests_total',
       help: 'Admission requests by webhook path and outcome (rewritten, unchanged, skipped, refused, bad-request, too-large, internal-error, overloaded, unauthorized, slow).',
@@ -79,8 +81,12 @@ export class WebhookMetrics {
   }
 
   /** Records one request shed with 429. */
-  leaseOp(op: 'poll' | 'write', ok: boolean): void {
+  leaseOp(op: 'poll' | 'write' | 'ignored' | 'leader', ok: boolean): void {
     this.#leaseOps.inc({ op, result: ok ? 'ok' : 'error' });
+  }
+
+  setLeading(leading: boolean): void {
+    this.#leading.set(leading ? 1 : 0);
   }
 
   setExpiredLeases(nodes: number): void {

@@ -52,6 +52,8 @@ export interface ControlPlane {
   admin: Kubectl;
   stop(): Promise<void>;
   apiserverAlive(): boolean;
+  /** Freezes (SIGSTOP) or resumes (SIGCONT) kube-apiserver: an API server that stops answering, its connections held. */
+  apiserverSignal(signal: 'SIGSTOP' | 'SIGCONT'): void;
 }
 
 export async function startControlPlane(o: ControlPlaneOptions): Promise<ControlPlane> {
@@ -158,6 +160,7 @@ export async function startControlPlane(o: ControlPlaneOptions): Promise<Control
     return {
       server, apiPort, pki, ca, admin, adminKubeconfig, nodeCredentials, webhookServing, webhookCa, admissionClientCa, admissionClient, logs, stop,
       apiserverAlive: () => apiserver.exitCode === null && apiserver.signalCode === null,
+      apiserverSignal: (signal) => void apiserver.kill(signal),
     };
   } catch (err) {
     await stop();

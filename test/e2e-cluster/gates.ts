@@ -17,7 +17,11 @@
  *   writes per pod per hour at steady state;
  * - SCALE_PODS pods at once: every one Ready through the gate, the webhook's admission latency;
  * - the agent gone from the closed node: nothing restarts, a new pod stays not Ready, the old pods
- *   go not Ready when its Lease expires; all Ready again when it is back.
+ *   go not Ready when its Lease expires; all Ready again when it is back;
+ * - the closed node's agent cut off from the API server for 60 s, then the API server itself
+ *   stopped (SIGSTOP) for 60 s: every gates pod Ready again soon after, none restarted (the agent
+ *   converges on the condition the pod has now; the lease controller restarts every Lease's clock
+ *   after its own failed polls).
  */
 import { execFileSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
@@ -61,6 +65,10 @@ export interface GatesContext {
   scratch: string;
   /** The closed node's containerd socket (ctr kills a container as a crash would). */
   closedRuntime: string;
+  /** The API server's port (on the open node's address): the agent's path to it is cut there. */
+  apiPort: number;
+  /** Freezes or resumes kube-apiserver (control-plane.ts). */
+  apiserverSignal(signal: 'SIGSTOP' | 'SIGCONT'): void;
 }
 
 const isReady = (p: Obj): boolean => cond(p, 'Ready')?.status === 'True';
@@ -359,13 +367,21 @@ export async function gatesPhase(c: GatesContext): Promise<void> {
   await agentGone(c, pods, get);
   takeLogs();
 
+  // 10. Outages: the agent's API path cut, then the API server stopped; 60 s each.
+  const outageWindows: Array<{ from: number; to: number }> = [];
+  await outages(c, pods, outageWindows);
+  takeLogs();
+
   // What the run causes on purpose: SCALE_PODS pods starting at once on this 2-core machine starve
   // the agent (its probes time out or wait for the netns helper, its loop stalls) and the API server
   // (the webhook's Lease reads time out, its slow admission clients are cut).
   const at = (line: string): number => Date.parse(/"(?:ts|time)":"([^"]+)"/.exec(line)?.[1] ?? '');
   const burstRe = /probe errored; result kept.*"reason":"(timeout|helper-error|netns-unresolved)"|netns resolver unavailable; probing in the last known netns|probe errored; result kept.*"prober did not return within|netns helper stderr.*agent is not reading|slow admission clients cut|probe timeouts not counted: the agent's event loop was stalled|runtime container list not read|node leases not read/;
   const lines = [...logs].map(([line, who]) => ({ line, who }));
-  const unexpected = lines.filter((l) => !(burstRe.test(l.line) && at(l.line) >= burstWindow.from && at(l.line) <= burstWindow.to));
+  // The outages: every API call of the agent and of the webhook fails meanwhile, and just after.
+  const outageRe = /node lease not renewed|pod condition not written|event not recorded|node leases not read|leader lease not (read|written)|pods of an expired node not read|pod condition not written for an expired node lease/;
+  const inOutage = (l: { line: string }): boolean => outageRe.test(l.line) && outageWindows.some((w) => at(l.line) >= w.from && at(l.line) <= w.to);
+  const unexpected = lines.filter((l) => !(burstRe.test(l.line) && at(l.line) >= burstWindow.from && at(l.line) <= burstWindow.to) && !inOutage(l));
   writeFileSync(path.join(c.scratch, 'warnings.log'), lines.map((l) => `${l.who}: ${l.line}`).join('\n'));
   const byMsg = new Map<string, number>();
   const firstErr = new Map<string, string>();
@@ -443,6 +459,76 @@ async function agentGone(c: GatesContext, pods: (ns: string, selector?: string) 
     back !== undefined && changed2.length === 0,
     `${back ? summarize(back) : `not all Ready: ${[...after, get(GATES_NS, 'new-while-down') ?? {}].map((p) => `${p.metadata?.name} gate ${gate(p)}`).join(', ')}`}; changed: ${changed2.map((p) => p.metadata.name).join(', ') || 'none'}`);
   k.run(['-n', GATES_NS, 'delete', 'pod', 'new-while-down', '--wait=false']);
+}
+
+/** How long each outage lasts. */
+const OUTAGE_MS = 60_000;
+
+/**
+ * The agent's API path cut (its pod IP's packets to the API server dropped on the way in), then
+ * kube-apiserver frozen, 60 s each. After each, every gates pod of the closed node must be Ready
+ * again through the gate, with the same containers: the agent writes True over whatever False it
+ * finds (the lease controller's, after the cut expired its Lease), and an outage of the whole API
+ * server expires no node at all.
+ */
+async function outages(c: GatesContext, pods: (ns: string, selector?: string) => Obj[], windows: Array<{ from: number; to: number }>): Promise<void> {
+  const { k, closed } = c;
+  const old = (): Obj[] => pods(GATES_NS).filter((p) => p.spec.nodeName === closed && !p.metadata.deletionTimestamp && /^(web|grpc|tcp)-/.test(p.metadata.name));
+  const settled = await waitFor('every gates pod Ready before the outages', 300_000, () => { const ps = old(); return ps.length > 0 && ps.every(isReady) ? ps : undefined; }, 1000);
+  if (!settled) {
+    check('gates: outages (agent cut off 60 s, API server stopped 60 s): every gates pod Ready again, none restarted', false, `not all Ready before: ${old().map((p) => `${p.metadata.name} gate ${gate(p)}`).join(', ')}`);
+    return;
+  }
+  const agentIP = pods('probe-agent', AGENT).find((p) => p.spec.nodeName === closed)?.status?.podIP as string | undefined;
+  const back = async (what: string, t0: number, before: Obj[], extra: (ps: Obj[]) => string): Promise<void> => {
+    const ps = await waitFor(`every gates pod Ready after ${what}`, 300_000, () => { const x = old(); return x.length === before.length && x.every((p) => isReady(p) && cond(p, GATES_CONDITION)?.status === 'True') ? x : undefined; }, 1000);
+    const secs = ((Date.now() - t0) / 1000).toFixed(0);
+    const now = old();
+    const changed = before.filter((b) => { const a = now.find((x) => x.metadata.name === b.metadata.name); return !a || ids(a) !== ids(b) || restarts(a) !== restarts(b); });
+    check(`gates: ${what} for ${OUTAGE_MS / 1000} s: every gates pod Ready again through the gate, none restarted`, ps !== undefined && changed.length === 0,
+      `${ps ? `${summarize(ps)} ${secs} s after the outage ended` : `not all Ready: ${now.map((p) => `${p.metadata.name} gate ${gate(p)}`).join(', ')}`}; changed: ${changed.map((p) => p.metadata.name).join(', ') || 'none'}; ${extra(now)}`);
+  };
+
+  // The agent's path: its packets to the API server dropped (it is not hostNetwork: its own pod IP).
+  if (!agentIP) {
+    check('gates: the agent cut off from the API server', false, 'no agent pod IP on the closed node');
+  } else {
+    say(`gates: the closed node's agent (${agentIP}) cut off from the API server for ${OUTAGE_MS / 1000} s`);
+    const before = old();
+    const from = Date.now();
+    c.nft(`table inet ${c.nftTable} {\n  chain cut {\n    type filter hook input priority 0; policy accept;\n    ip saddr ${agentIP} tcp dport ${c.apiPort} counter drop\n  }\n}\n`);
+    let expiredSeen = false;
+    const end = Date.now() + OUTAGE_MS;
+    while (Date.now() < end) {
+      await sleep(5000);
+      expiredSeen ||= old().some((p) => cond(p, GATES_CONDITION)?.reason === 'NodeLeaseExpired');
+    }
+    execFileSync('nft', ['flush', 'chain', 'inet', c.nftTable, 'cut']);
+    execFileSync('nft', ['delete', 'chain', 'inet', c.nftTable, 'cut']);
+    const t0 = Date.now();
+    windows.push({ from, to: t0 + 30_000 });
+    await back('the agent cut off from the API server', t0, before, () => `the lease controller set the gate False meanwhile (the Lease expired): ${expiredSeen ? 'yes' : 'no'}`);
+  }
+
+  // The whole API server stopped: nothing can renew or write; no Lease may expire for it.
+  say(`gates: kube-apiserver stopped for ${OUTAGE_MS / 1000} s`);
+  const before = old();
+  const from = Date.now();
+  c.apiserverSignal('SIGSTOP');
+  try {
+    await sleep(OUTAGE_MS);
+  } finally {
+    c.apiserverSignal('SIGCONT');
+  }
+  const t0 = Date.now();
+  windows.push({ from, to: t0 + 60_000 });
+  let expired = 0;
+  const watchExpired = setInterval(() => { expired = Math.max(expired, old().filter((p) => cond(p, GATES_CONDITION)?.reason === 'NodeLeaseExpired').length); }, 2000);
+  try {
+    await back('kube-apiserver stopped', t0, before, () => `pods whose gate the lease controller set False after it: ${expired}`);
+  } finally {
+    clearInterval(watchExpired);
+  }
 }
 
 const summarize = (ps: Obj[]): string => `${ps.filter(isReady).length}/${ps.length} Ready, gate ${[...new Set(ps.map(gate))].join('/')}`;

@@ -376,7 +376,8 @@ async function main(): Promise<number> {
     agentPods ? `${agentNodes.join(', ')}; image ${agentPods[0]!.spec.containers[0].image}` : podSummary(cluster, 'probe-agent'));
   if (MODE === 'gates') {
     if (!agentPods) return 1;
-    await gatesPhase({ k, open: open.name, closed: closed.name, closedSubnet: slotLayout(closed.ctrd.slot).subnet4, nft, nftTable: NFT, image: `docker.io/library/${IMAGE}`, scalePods: SCALE_PODS, scratch, closedRuntime: closed.ctrd.socket });
+    await gatesPhase({ k, open: open.name, closed: closed.name, closedSubnet: slotLayout(closed.ctrd.slot).subnet4, nft, nftTable: NFT, image: `docker.io/library/${IMAGE}`, scalePods: SCALE_PODS, scratch, closedRuntime: closed.ctrd.socket,
+      apiPort: cp.apiPort, apiserverSignal: cp.apiserverSignal });
     return checks.every((c) => c.outcome !== 'FAIL') ? 0 : 1;
   }
 

@@ -4,11 +4,15 @@
  * (both test/lab/pod-server.ts, switched healthy/unhealthy from inside the netns) and a recording
  * server answering the preStop hook. The test kubelet lists the pod as the gates rewrite left it;
  * the API server is the stand-in (test/support/api-server-standin.ts: a real kube-apiserver cannot
- * run in CI), which records every write. Asserted: a readiness transition is exactly one
+ * run in CI), which records every write; the test kubelet shows the condition the stand-in holds,
+ * re-listed after each write as kubelet's pod watch does. Asserted: a readiness transition is exactly one
  * pods/status patch of our condition (True on success, False on failure, none while nothing
  * changes); a new container ID clears the condition before its first probe; a liveness failure at
  * its threshold runs the HTTP preStop hook in the pod netns once (the container still running while
- * it is answered) and then really stops the container in containerd (EXITED), once.
+ * it is answered) and then really stops the container in containerd (EXITED), once; a False
+ * someone else wrote (the lease controller after an expiry) is written True again; a pod with
+ * terminationGracePeriodSeconds 400000000000 whose liveness fails is stopped with the grace clamped
+ * (it used to make the agent exit), and the agent goes on writing its neighbour's condition.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'nsenter', 'containerd', 'ctr']);
@@ -52,11 +56,27 @@ let current: LabContainer;
 /** The pod as the gates rewrite made it (the API object). */
 let pod: Obj;
 
+/** `apiPod` as kubelet's /pods shows it: `status`, with our condition as the API server holds it now. */
+function listedAs(apiPod: Obj, status: Obj): Obj {
+  const stored = api.pods.find((p) => p.metadata.uid === apiPod.metadata.uid)?.status?.conditions?.filter((c: Obj) => c.type === GATES_CONDITION_TYPE) ?? [];
+  return { ...structuredClone(apiPod), status: { ...structuredClone(status), conditions: [...(status.conditions ?? []), ...structuredClone(stored)] } };
+}
+
 /** The pod as kubelet's /pods shows it, running container `c`. */
 function kubeletView(c: LabContainer, restartCount: number): Obj {
   const listed = makePod({ uid: sb.uid, name: sb.name, namespace: NS, ips: sb.ips, containerID: `containerd://${c.id}`, restartCount, probe: 'none' });
-  return { ...structuredClone(pod), status: listed.status };
+  return listedAs(pod, listed.status as Obj);
 }
+
+/** What the test kubelet lists, each re-made after every status write (kubelet's pod watch, in small). */
+let views: Array<() => Obj> = [];
+function show(...v: Array<() => Obj>): void {
+  views = v;
+  kubelet.setPods(views.map((f) => f()));
+}
+
+/** The pods/status patches of one pod, in order. */
+const patchesOf = (name: string): string[] => api.requests.filter((r) => r.method === 'PATCH' && r.url.endsWith(`/pods/${name}/status`)).map((r) => (r.body as Obj).status.conditions[0].status as string);
 
 /** The pods/status patches the agent sent, in order: the status of our condition in each. */
 function patches(): string[] {
@@ -104,6 +124,7 @@ beforeAll(async () => {
   expect(pod.spec.containers[0].readinessProbe).toBeUndefined();
   api.pods.push(structuredClone(pod));
   kubelet = await FakeKubelet.start({ pods: [] });
+  api.onPodStatus = () => kubelet.setPods(views.map((f) => f()));
   agent = await startAgent({
     kubeletUrl: kubelet.httpUrl,
     resolvers: 'cri',
@@ -121,7 +142,7 @@ afterAll(async () => {
 describe('probe-agent run --gates against containerd and the API stand-in', () => {
   it('writes the condition on each readiness transition, and only then; a new container ID clears it', async () => {
     const c1 = await ctrd.runContainer(sb, { name: 'app' });
-    kubelet.setPods([kubeletView(c1, 0)]);
+    show(() => kubeletView(c1, 0));
     await until('True', () => patches().length === 1);
     expect(patches()).toEqual(['True']);
     // Several periods of the same answer: nothing written.
@@ -143,7 +164,7 @@ describe('probe-agent run --gates against containerd and the API stand-in', () =
     // was probed (it has no decision yet), then True once it passes.
     await ctrd.client.stopContainer(c1.id, 0);
     const c2 = await ctrd.runContainer(sb, { name: 'app', attempt: 1 });
-    kubelet.setPods([kubeletView(c2, 1)]);
+    show(() => kubeletView(c2, 1));
     await until('False, then True, for the new container', () => patches().length === 5);
     expect(patches()).toEqual(['True', 'False', 'True', 'False', 'True']);
     const stored = (api.pods[0]!.status.conditions as Obj[]).filter((c) => c.type === GATES_CONDITION_TYPE);
@@ -153,6 +174,19 @@ describe('probe-agent run --gates against containerd and the API stand-in', () =
     expect(hook.hits).toEqual([]);
     expect(await containerState(c2.id)).toBe('CONTAINER_RUNNING');
     current = c2;
+  });
+
+  it('a False someone else wrote (the lease controller, after an expiry) is written True again within a period, once', async () => {
+    const before = patches().length;
+    const ours = api.pods[0]!.status.conditions.find((c: Obj) => c.type === GATES_CONDITION_TYPE);
+    Object.assign(ours, { status: 'False', reason: 'NodeLeaseExpired', message: "the probe-agent of this pod's node stopped renewing its Lease", lastTransitionTime: new Date().toISOString() });
+    show(...views);
+    await until('True written again', () => patches().length === before + 1);
+    expect(patches().slice(before)).toEqual(['True']);
+    expect(api.pods[0]!.status.conditions.find((c: Obj) => c.type === GATES_CONDITION_TYPE)).toMatchObject({ status: 'True', reason: 'ProbesSucceeded' });
+    // Several periods more: right in kubelet's view, nothing written.
+    await sleep(3000);
+    expect(patches()).toHaveLength(before + 1);
   });
 
   it('a liveness failure at its threshold runs the preStop hook, then stops the container in containerd, once', async () => {
@@ -205,7 +239,7 @@ describe('probe-agent run --gates against containerd and the API stand-in', () =
     api.pods.push(structuredClone(pod2));
     const c = await ctrd.runContainer(sb2, { name: 'app', image: BUSYBOX_IMAGE_REF, command: ['/bin/sleep', '3600'] });
     const listed = makePod({ uid: sb2.uid, name: sb2.name, namespace: NS, ips: sb2.ips, containerID: `containerd://${c.id}`, restartCount: 0, probe: 'none' });
-    kubelet.setPods([{ ...structuredClone(pod2), status: listed.status }]);
+    show(() => listedAs(pod2, listed.status as Obj));
     // Healthy first (a few periods), then failing: the hook, run while the container still runs.
     await sleep(3000);
     expect(hook2.hits).toEqual([]);
@@ -220,5 +254,43 @@ describe('probe-agent run --gates against containerd and the API stand-in', () =
     const m = (await agent.http('/metrics')).body;
     expect(m).toMatch(/probe_agent_gates_operations_total\{op="prestop",result="ok"\} 1\b/);
     expect(m).toMatch(/probe_agent_gates_operations_total\{op="prestop",result="error"\} 1\b/);
+  });
+
+  it('a pod with terminationGracePeriodSeconds 400000000000 whose liveness fails: the agent stays up, stops it with the grace clamped, and writes its neighbour\'s condition', async () => {
+    // The first pod, running again (a new container), is the neighbour.
+    await liveSrv.control('/control/health?ok=1');
+    const c3 = await ctrd.runContainer(sb, { name: 'app', attempt: 2 });
+    const sb3 = await ctrd.runSandbox({ name: 'crashloop', namespace: NS });
+    const live3 = await podServer(LIVE_PORT, sb3.netnsPath);
+    extra.push(live3);
+    await live3.control('/control/health?ok=0');
+    const written = makePod({ uid: sb3.uid, name: sb3.name, namespace: NS, ips: sb3.ips, probe: 'none' });
+    delete written.status;
+    // The API server admits any int64 >= 0 here.
+    (written.spec as Obj).terminationGracePeriodSeconds = 400000000000;
+    ((written.spec as Obj).containers[0] as Obj).livenessProbe = { httpGet: { path: '/healthz', port: LIVE_PORT }, periodSeconds: 1, failureThreshold: 1 };
+    const pod3 = rewritePodGates(written).pod as Obj;
+    api.pods.push(structuredClone(pod3));
+    // The pause image: it exits on SIGTERM, so a stop whatever its grace ends at once.
+    const c = await ctrd.runContainer(sb3, { name: 'app' });
+    const listed3 = makePod({ uid: sb3.uid, name: sb3.name, namespace: NS, ips: sb3.ips, containerID: `containerd://${c.id}`, restartCount: 0, probe: 'none' });
+    const neighbour = patchesOf('web').length;
+    show(() => kubeletView(c3, 2), () => listedAs(pod3, listed3.status as Obj));
+    await until('the crash-loop container EXITED', async () => (await containerState(c.id)) === 'CONTAINER_EXITED', 60_000);
+    // Stopped with the pod's grace as kubelet's Duration holds it, by an agent that is still the same process.
+    const said = agent.logs.filter((l) => l.msg === 'liveness probe failed; stopping the container' && l['pod'] === `${NS}/crashloop`);
+    expect(said.map((l) => l['grace'])).toEqual([9223372036]);
+    expect(agent.proc.exitCode).toBeNull();
+    expect(agent.proc.signalCode).toBeNull();
+    const m = (await agent.http('/metrics')).body;
+    expect(m).toMatch(/probe_agent_gates_operations_total\{op="stop",result="ok"\} 3\b/);
+    expect(m).not.toMatch(/op="stop",result="error"/);
+    // The neighbour's condition is written on: True for its new container, then each transition.
+    await until('the neighbour True for its new container', () => patchesOf('web').slice(neighbour).includes('True'));
+    await readySrv.control('/control/health?ok=0');
+    await until('the neighbour False', () => patchesOf('web').at(-1) === 'False');
+    await readySrv.control('/control/health?ok=1');
+    await until('the neighbour True again', () => patchesOf('web').at(-1) === 'True');
+    expect(await containerState(c3.id)).toBe('CONTAINER_RUNNING');
   });
 });

@@ -2,7 +2,7 @@
  * The webhook's gates flags as an operator gives them to the real process: with
  * `--gates-refused-runtime-classes` the given list replaces the default sandboxed list on
  * /mutate-gates, a malformed list stops the start with a clear error (exit 2), and
- * `--gates-lease-controller` without an API server is refused at start.
+ * `--gates-lease-controller` without an API server, or with a leader Lease too short to act in, is refused at start.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -99,5 +99,10 @@ describe('probe-agent webhook: gates flags', () => {
     const lease = spawnSync(process.execPath, [CLI, 'webhook', '--listen=127.0.0.1:0', `--tls-cert-file=${cert}`, `--tls-key-file=${key}`, '--gates-lease-controller'], { encoding: 'utf8', env: { ...process.env, KUBERNETES_SERVICE_HOST: '' } });
     expect(lease.status).toBe(2);
     expect(lease.stderr).toMatch(/--gates-lease-controller needs the API server/);
+    // A leader Lease shorter than the request timeout and margin twice over would leave a leader no time to act.
+    const short = spawnSync(process.execPath, [CLI, 'webhook', '--listen=127.0.0.1:0', `--tls-cert-file=${cert}`, `--tls-key-file=${key}`, '--gates-lease-controller',
+      '--api-server-url=https://127.0.0.1:1', '--gates-leader-lease-duration=5s'], { encoding: 'utf8' });
+    expect(short.status).toBe(2);
+    expect(short.stderr).toMatch(/--gates-leader-lease-duration: want 12s\.\.5m, got "5s"/);
   });
 });

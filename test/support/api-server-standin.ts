@@ -5,8 +5,9 @@
  * is recorded, so tests can say exactly what a component asked for. Gates mode's writes: PATCH
  * pods/status with a strategic merge patch of `status.conditions` (merged by `type`, as the real
  * server's patch strategy for that list; `metadata.uid` a precondition, 409 on a mismatch), POST
- * events (kept in `events`), and Leases (merge-patch, or POST to create, GET and LIST; kept in `leases`
- * by `<namespace>/<name>`). `down = true` makes it answer
+ * events (kept in `events`), and Leases (merge-patch, PUT guarded by metadata.resourceVersion (409
+ * when it moved), POST to create (409 when it exists), GET and LIST; kept in `leases` by
+ * `<namespace>/<name>`, each write a new resourceVersion). `forbid` answers 403 as RBAC would. `down = true` makes it answer
  * 503 (an outage), `delayMs` answers that much later (a slow API server); unknown paths get 404
  * like the real server.
  */
@@ -37,6 +38,10 @@ export interface ApiServerStandIn {
   down: boolean;
   /** Answer every request this many ms after it arrived (default 0). */
   delayMs: number;
+  /** Answer 403 (as RBAC refuses) to the requests this matches. */
+  forbid?: (method: string, path: string) => boolean;
+  /** Called after each pods/status write is applied: a test's kubelet can show it, as kubelet's pod watch does. */
+  onPodStatus?: (pod: Obj) => void;
   close(): Promise<void>;
 }
 
@@ -57,6 +62,7 @@ function mergePatch(target: Obj, patch: Obj): Obj {
 
 export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
   const state: ApiServerStandIn = { url: '', requests: [], nodes: new Map(), pods: [], runtimeClasses: new Map(), events: [], leases: new Map(), down: false, delayMs: 0, close: async () => {} };
+  let leaseVersion = 0;
   const server = http.createServer((req, res) => {
     let raw = '';
     req.on('data', (c) => (raw += c));
@@ -69,6 +75,7 @@ export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
       const notFound = (what: string) => send(404, { kind: 'Status', apiVersion: 'v1', status: 'Failure', reason: 'NotFound', code: 404, message: `${what} not found` });
       if (state.down) return send(503, { kind: 'Status', status: 'Failure', code: 503, message: 'stand-in outage' });
       const url = new URL(req.url ?? '/', 'http://x');
+      if (state.forbid?.(req.method ?? '', url.pathname)) return send(403, { kind: 'Status', status: 'Failure', reason: 'Forbidden', code: 403, message: `${req.method} ${url.pathname} is forbidden` });
       let m = /^\/api\/v1\/nodes\/([^/]+)$/.exec(url.pathname);
       if (m) {
         const name = decodeURIComponent(m[1]!);
@@ -100,7 +107,8 @@ export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
           if (i >= 0) conditions[i] = { ...conditions[i], ...c };
           else conditions.push(c);
         }
-        return send(200, pod);
+        send(200, pod);
+        return state.onPodStatus?.(pod);
       }
       m = /^\/api\/v1\/namespaces\/([^/]+)\/events$/.exec(url.pathname);
       if (m && req.method === 'POST') {
@@ -114,16 +122,30 @@ export async function startApiServerStandIn(): Promise<ApiServerStandIn> {
           return send(200, { kind: 'LeaseList', apiVersion: 'coordination.k8s.io/v1', metadata: { resourceVersion: '1' }, items });
         }
         const key = `${m[1]}/${m[2] ?? (body as Obj)?.metadata?.name}`;
+        const conflict = (message: string) => send(409, { kind: 'Status', status: 'Failure', reason: 'Conflict', code: 409, message });
+        // Every write moves the resourceVersion, as the real server's does.
+        const stored = (l: Obj): Obj => {
+          (l.metadata ??= {}).resourceVersion = String(++leaseVersion);
+          state.leases.set(key, l);
+          return l;
+        };
         if (req.method === 'POST') {
-          state.leases.set(key, body as Obj);
-          return send(201, body);
+          if (state.leases.has(key)) return conflict(`leases "${key}" already exists`);
+          return send(201, stored(body as Obj));
         }
         const lease = state.leases.get(key);
         if (!lease) return notFound(`leases "${m[2]}"`);
         if (req.method === 'GET') return send(200, lease);
-        if (req.method !== 'PATCH' || !body || typeof body !== 'object') return send(405, { kind: 'Status', code: 405 });
+        if (!body || typeof body !== 'object') return send(405, { kind: 'Status', code: 405 });
+        if (req.method === 'PUT') {
+          // An update carrying a resourceVersion is refused when the object changed since (optimistic concurrency).
+          const rv = (body as Obj).metadata?.resourceVersion;
+          if (rv !== undefined && rv !== lease.metadata?.resourceVersion) return conflict('the object has been modified; please apply your changes to the latest version and try again');
+          return send(200, stored(body as Obj));
+        }
+        if (req.method !== 'PATCH') return send(405, { kind: 'Status', code: 405 });
         mergePatch(lease, body as Obj);
-        return send(200, lease);
+        return send(200, stored(lease));
       }
       m = /^\/apis\/node\.k8s\.io\/v1\/runtimeclasses\/([^/]+)$/.exec(url.pathname);
       if (m && req.method === 'GET') {

@@ -39,10 +39,10 @@ function apiPod(): Obj {
 }
 
 /** The pod as kubelet's /pods shows it: running container `id`, and our condition as last written. */
-function kubeletView(pod: Obj, id: string, condition = ''): PodInfo {
+function kubeletView(pod: Obj, id: string, condition = '', lastTransitionTime?: string): PodInfo {
   const status = {
     phase: 'Running', podIP: '10.0.0.5', podIPs: [{ ip: '10.0.0.5' }],
-    conditions: condition ? [{ type: GATES_CONDITION_TYPE, status: condition }] : [],
+    conditions: condition ? [{ type: GATES_CONDITION_TYPE, status: condition, ...(lastTransitionTime ? { lastTransitionTime } : {}) }] : [],
     containerStatuses: [{ name: 'app', containerID: `containerd://${id}`, ready: true, started: true, restartCount: 0, state: { running: { startedAt: new Date().toISOString().replace(/\.\d+Z$/, 'Z') } } }],
   };
   const { pods, errors } = parsePodList({ kind: 'PodList', apiVersion: 'v1', items: [{ ...pod, status }] });
@@ -69,10 +69,31 @@ async function writeLogFixture() {
   return { api, writer, lines, log, stopped };
 }
 
+/** The API stand-in holding the pod (with our condition `stored`, if given) and a writer to it. */
+async function apiFixture(stored?: 'True') {
+  const api = await startApiServerStandIn();
+  cleanup.push(() => api.close());
+  const pod = apiPod();
+  api.pods.push(stored ? { ...structuredClone(pod), status: { conditions: [{ type: GATES_CONDITION_TYPE, status: stored }] } } : structuredClone(pod));
+  const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
+  cleanup.push(() => writer.close());
+  return { api, pod, writer };
+}
+
+/** apiFixture with our condition True, and a readiness success for container c1. */
+async function readyFixture() {
+  const { api, pod, writer } = await apiFixture('True');
+  const results = new ResultsStore();
+  results.upsert({ key: { podUID: UID, containerName: 'app', probeType: 'Readiness' }, namespace: 'shop', podName: 'web', containerID: 'containerd://c1', result: 'success', consecutive: 1, lastProbeTime: 1, lastMessage: '', onHold: false, started: true, ready: true });
+  return { api, pod, writer, results };
+}
+
 describe('gates controller', () => {
   it('the pod model finds the taken probes, the grace period and our condition', () => {
     const info = kubeletView(apiPod(), 'c1', 'True');
     expect(info.gates).toEqual({ taken: { app: ['Liveness', 'Readiness'] }, condition: 'True', terminationGracePeriodSeconds: 20 });
+    expect(kubeletView(apiPod(), 'c1', 'False', '2026-12-07T06:00:01Z').gates).toMatchObject({ condition: 'False', conditionSince: Date.parse('2026-12-07T06:00:01Z') });
+    expect(kubeletView(apiPod(), 'c1', 'False', 'yesterday').gates).toMatchObject({ condition: 'False' });
     expect(Object.keys(info.containers[0]!.probes).sort()).toEqual(['Liveness', 'Readiness']);
     expect(info.containers[0]!.probes.Liveness).toMatchObject({ ok: true, spec: { terminationGracePeriodSeconds: 7 } });
   });
@@ -103,12 +124,7 @@ describe('gates controller', () => {
   });
 
   it('a deleted pod whose container stopped is not written False (kubelet shows it not Ready); a live one is', async () => {
-    const api = await startApiServerStandIn();
-    cleanup.push(() => api.close());
-    const pod = apiPod();
-    api.pods.push(structuredClone(pod));
-    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
-    cleanup.push(() => writer.close());
+    const { api, pod, writer } = await apiFixture();
     const controller = new GatesController({ results: new ResultsStore(), writer, log: createLogger({ level: 'error', write: () => {} }) });
     cleanup.push(() => controller.close());
     const info = kubeletView(pod, 'c1', 'True');
@@ -160,14 +176,7 @@ describe('gates controller', () => {
   });
 
   it('a crash seen in the runtime\'s container list turns the condition False before kubelet\'s pod list shows it', async () => {
-    const api = await startApiServerStandIn();
-    cleanup.push(() => api.close());
-    const pod = apiPod();
-    api.pods.push({ ...structuredClone(pod), status: { conditions: [{ type: GATES_CONDITION_TYPE, status: 'True' }] } });
-    const writer = new ApiWriter({ url: api.url, nodeName: 'node-a', conditionType: GATES_CONDITION_TYPE });
-    cleanup.push(() => writer.close());
-    const results = new ResultsStore();
-    results.upsert({ key: { podUID: UID, containerName: 'app', probeType: 'Readiness' }, namespace: 'shop', podName: 'web', containerID: 'containerd://c1', result: 'success', consecutive: 1, lastProbeTime: 1, lastMessage: '', onHold: false, started: true, ready: true });
+    const { api, pod, writer, results } = await readyFixture();
     const controller = new GatesController({ results, writer, log: createLogger({ level: 'error', write: () => {} }) });
     cleanup.push(() => controller.close());
     const patches = () => api.requests.filter((r) => r.method === 'PATCH' && r.url.includes('/status')).length;
@@ -249,6 +258,94 @@ describe('gates controller', () => {
     controller.setRuntimeName('containerd');
     expect(controller.asRuntimeStarted([waiting])[0]!.containers[0]!.state?.containerID).toBe('cri-o://c9');
     expect(controller.asRuntimeStarted([other])[0]).toBe(other);
+  });
+
+  it('converges on the condition the pod has now: a False someone else wrote goes True again, once; kubelet\'s lag costs no second write', async () => {
+    const { api, pod, writer, results } = await readyFixture();
+    const patches = () => api.requests.filter((r) => r.method === 'PATCH' && r.url.includes('/status')).map((r) => (r.body as Obj).status.conditions[0].status as string);
+    const log = createLogger({ level: 'error', write: () => {} });
+    // kubelet's list lags the API server for long (a window no test run outlasts): the value written counts meanwhile.
+    const a = new GatesController({ results, writer, log, minWriteIntervalMs: 1, confirmWindowMs: 3_600_000 });
+    cleanup.push(() => a.close());
+    a.sync([kubeletView(pod, 'c1', 'True')]);
+    // The lease controller (an expiry while this agent was cut off) wrote False; kubelet's list shows it.
+    api.pods[0]!.status.conditions[0] = { type: GATES_CONDITION_TYPE, status: 'False', reason: 'NodeLeaseExpired' };
+    a.sync([kubeletView(pod, 'c1', 'False')]);
+    await until(() => patches().length === 1, 10_000, 'True written again');
+    expect(api.pods[0]!.status.conditions[0]).toMatchObject({ status: 'True', reason: 'ProbesSucceeded' });
+    // kubelet's list has not caught up with that write: nothing more.
+    a.sync([kubeletView(pod, 'c1', 'False')]);
+    a.sync([kubeletView(pod, 'c1', 'False')]);
+    // A False no older than that write (its lastTransitionTime) is someone else's, not lag: written at once.
+    a.sync([kubeletView(pod, 'c1', 'False', new Date(Date.now() + 1000).toISOString())]);
+    await until(() => patches().length === 2, 10_000, 'True written over a newer False');
+    // It shows it; then someone writes False again: written again.
+    a.sync([kubeletView(pod, 'c1', 'True')]);
+    a.sync([kubeletView(pod, 'c1', 'False')]);
+    await until(() => patches().length === 3, 10_000, 'True written a third time');
+    await a.close();
+    expect(patches()).toEqual(['True', 'True', 'True']);
+
+    // A list that never shows the write (overwritten at once): written again once the window is over.
+    const b = new GatesController({ results, writer, log, minWriteIntervalMs: 1, confirmWindowMs: 100 });
+    cleanup.push(() => b.close());
+    b.sync([kubeletView(pod, 'c1', 'False')]);
+    await until(() => patches().length === 4, 10_000, 'a fresh controller writes True');
+    await until(() => {
+      b.sync([kubeletView(pod, 'c1', 'False')]);
+      return patches().length >= 5;
+    }, 10_000, 'True again when the list still says False after the window');
+    // Right in kubelet's view: nothing more, however often the list is read.
+    b.sync([kubeletView(pod, 'c1', 'True')]);
+    await b.close();
+    const n = patches().length;
+    const c = new GatesController({ results, writer, log, minWriteIntervalMs: 1, confirmWindowMs: 100 });
+    cleanup.push(() => c.close());
+    for (let i = 0; i < 5; i++) c.sync([kubeletView(pod, 'c1', 'True')]);
+    await c.close();
+    expect(patches()).toEqual(Array(n).fill('True'));
+  });
+
+  it('a liveness failure of a restarted container neither list shows yet is not lost: stopped once kubelet\'s list or the runtime\'s shows it', async () => {
+    const { api, pod, writer } = await apiFixture();
+    const stops: Array<[string, number]> = [];
+    const results = new ResultsStore();
+    const controller = new GatesController({
+      results, writer, log: createLogger({ level: 'error', write: () => {} }), minWriteIntervalMs: 1,
+      stopper: { stopContainer: async (id, t) => void stops.push([id, t]) },
+    });
+    cleanup.push(() => controller.close());
+    const failed = (id: string) => results.upsert({
+      key: { podUID: UID, containerName: 'app', probeType: 'Liveness' }, namespace: 'shop', podName: 'web', containerID: `containerd://${id}`,
+      result: 'failure', consecutive: 2, lastProbeTime: Date.now(), lastMessage: 'dial tcp: connection refused', onHold: true, started: true, ready: false,
+    });
+    const rt = (id: string, running: boolean, created: bigint): RuntimeContainer => ({ id, podUID: UID, name: 'app', running, createdAt: created, startedAt: running ? 1_700_000_000_000_000_000n : 0n });
+    controller.sync([kubeletView(pod, 'c1', 'True')]);
+    // The worker probed c2 (kubelet restarted the container) and it failed at its threshold, before
+    // kubelet's list or the runtime's list given here shows c2.
+    failed('c2');
+    await new Promise((r) => setTimeout(r, 50));
+    expect(stops).toEqual([]);
+    // The runtime shows it: stopped, with the probe's grace (7 s).
+    controller.setRuntimeName('containerd');
+    controller.runtime([rt('c1', false, 1n), rt('c2', true, 2n)]);
+    await until(() => stops.length === 1, 10_000, 'the stop of c2');
+    expect(stops).toEqual([['c2', 7]]);
+
+    // Again with kubelet's list the first to show the new container (c3).
+    failed('c3');
+    await new Promise((r) => setTimeout(r, 50));
+    expect(stops).toHaveLength(1);
+    controller.sync([kubeletView(pod, 'c3', 'False')]);
+    await until(() => stops.length === 2, 10_000, 'the stop of c3');
+    expect(stops[1]).toEqual(['c3', 7]);
+
+    // A failure whose worker moved on (a newer container's status replaced it) is dropped, not acted on late.
+    failed('c4');
+    results.upsert({ ...results.list({ podUID: UID }).find((s) => s.key.probeType === 'Liveness')!, containerID: 'containerd://c5', result: 'unknown', onHold: false });
+    controller.sync([kubeletView(pod, 'c4', 'False')]);
+    await controller.close();
+    expect(stops.map(([id]) => id)).toEqual(['c2', 'c3']);
   });
 
   it('preStopPlan: HTTP, exec and sleep hooks as kubelet runs them, within the grace period; bad ones said', () => {

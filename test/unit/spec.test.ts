@@ -86,7 +86,7 @@ describe('parseProbe: validation errors name the field', () => {
     ['negative period', { tcpSocket: { port: 1 }, periodSeconds: -5 }, 'periodSeconds: must be 1..2147483647, got -5'],
     ['string threshold', { tcpSocket: { port: 1 }, failureThreshold: '3' }, 'failureThreshold: must be an integer, got "3"'],
     ['negative initial delay', { tcpSocket: { port: 1 }, initialDelaySeconds: -1 }, 'initialDelaySeconds: must be 0..2147483647, got -1'],
-    ['grace 0', { tcpSocket: { port: 1 }, terminationGracePeriodSeconds: 0 }, 'terminationGracePeriodSeconds: must be 1..2147483647, got 0'],
+    ['grace 0', { tcpSocket: { port: 1 }, terminationGracePeriodSeconds: 0 }, 'terminationGracePeriodSeconds: must be greater than 0, got 0'],
     ['exec without command', { exec: {} }, 'exec.command: required'],
     ['exec non-string arg', { exec: { command: ['a', 1] } }, 'exec.command[1]: must be a string'],
     ['handler not an object', { httpGet: 'http://x' }, 'httpGet: must be an object, got "http://x"'],
