@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -883,11 +884,44 @@ int run_resident(int chan, const struct allow_dirs *a, const struct resident_opt
   return 0;
 }
 
+/* One turn of the resident's loop for the fuzzer, with `drain` reading the agent's end. */
+static void fuzz_round(struct resident *rs, void (*drain)(void)) {
+  reap(rs);
+  enforce_deadlines(rs);
+  drain_queue(rs);
+  flush_outq(rs);
+  drain();
+  poll(NULL, 0, 1);
+}
+
+/* A worker between jobs holds stdio, the channel, its control socket and its home netns: 6. */
+static void fuzz_check_idle_workers(const struct resident *rs) {
+  for (int i = 0; i < rs->opts->pool; i++) {
+    const struct worker *w = &rs->workers[i];
+    if (!w->pid || w->busy || w->killed) continue;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)w->pid);
+    int n = 0;
+    DIR *d = opendir(path);
+    if (!d) continue; /* died meanwhile: reaped next round */
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    if (n != 6) {
+      fprintf(stderr, "fuzz-dispatch: idle worker %d holds %d descriptors, not 6\n", (int)w->pid, n);
+      abort();
+    }
+  }
+}
+
 /*
- * The dispatch fuzzer's entry: one input is a run of request lines on a channel nobody reads
- * (answers are dropped when it is full); children are killed and reaped before returning.
+ * The dispatch fuzzer's entry: one input is a run of request lines, fed as the channel would bring
+ * them, then the loop turns (as run_resident's, with `drain` reading the agent's end) until every
+ * request is settled: no child, no busy worker, nothing queued or unsent. Idle workers are checked
+ * to hold nothing of a pod, then stopped, so the caller can count its own descriptors. Returns 0
+ * when settled within `budget_ms`, else -1 (everything killed: the caller cannot check answers).
  */
-void resident_feed_for_fuzzing(int chan, const struct allow_dirs *a, const struct resident_opts *o, const char *data, size_t len) {
+int resident_feed_for_fuzzing(int chan, const struct allow_dirs *a, const struct resident_opts *o, const char *data, size_t len,
+                              void (*drain)(void), int budget_ms) {
   static struct resident rs;
   static int ready;
   static char inbuf[MAX_LINE];
@@ -895,22 +929,31 @@ void resident_feed_for_fuzzing(int chan, const struct allow_dirs *a, const struc
     if (resident_init(&rs, chan, a, o) < 0) abort();
     ready = 1;
   }
+  int64_t end = now_ms() + budget_ms;
   size_t used = 0;
-  int discarding = 0;
-  while (len > 0) {
+  int discarding = 0, settled = 1;
+  while (len > 0 || (used > 0 && memchr(inbuf, '\n', used))) {
     size_t n = len < MAX_LINE - used ? len : MAX_LINE - used;
     memcpy(inbuf + used, data, n);
     used += n;
     data += n;
     len -= n;
+    size_t before = used + len;
     drain_lines(&rs, inbuf, &used, &discarding);
-    if (!can_take_request(&rs) || used == MAX_LINE) {
-      kill_children(&rs);
-      drop_outq(&rs);
-      drain_lines(&rs, inbuf, &used, &discarding);
+    if (used + len == before) fuzz_round(&rs, drain);
+    if (now_ms() > end) {
+      settled = 0;
+      break;
     }
   }
+  while (settled && (rs.nchildren > 0 || rs.nbusy > 0 || rs.q_count > 0 || rs.out_count > 0)) {
+    fuzz_round(&rs, drain);
+    if (now_ms() > end) settled = 0;
+  }
+  if (settled) fuzz_check_idle_workers(&rs);
   kill_children(&rs);
   flush_outq(&rs);
   drop_outq(&rs);
+  drain();
+  return settled ? 0 : -1;
 }
