@@ -408,6 +408,26 @@ describe('the helper starts clean whatever its launcher left', () => {
     }
   }, 60_000);
 
+  it('without close_range and without a procfs at /proc, closes every number below RLIMIT_NOFILE', async () => {
+    // Its own mount namespace: the host's procfs at a proc root of its own, a tmpfs over /proc.
+    const procRoot = join(scratch, 'proc-elsewhere');
+    mkdirSync(procRoot, { recursive: true });
+    const script = 'p=$1; shift; mount --make-rprivate / && mount -t proc proc "$p" && mount -t tmpfs none /proc && exec "$@"';
+    const h = new RawHelper(['--proc-root', procRoot], { prefix: ['unshare', '--mount', 'sh', '-c', script, 'sh', procRoot, launcher(), '436', '38'], extraPipes: 1 });
+    try {
+      const netns = `${procRoot}/${process.pid}/ns/net`;
+      h.chan.write(line({ id: 1, netns, family: 4 }));
+      expect(await h.answer(1, 30_000), h.stderr).toMatchObject({ ok: true });
+      expect(fds(h.pid).filter((fd) => Number(fd) > 3)).toEqual([]);
+      h.chan.write(line({ id: 2, op: 'tcp', netns, family: 4, ip: a.ipv4, port: server.ports.http as number, timeout_ms: 30_000 }));
+      let child = 0;
+      expect(await waitFor(() => (child = childrenOf(h.pid)[0] ?? 0) > 0 && fds(child).length === 5, 30_000), `${fds(child).join(',')} ${h.stderr}`).toBe(true);
+      expect(readlinkSync(`/proc/${child}/fd/4`)).toMatch(/^socket:\[\d+\]$/);
+    } finally {
+      await h.stop();
+    }
+  }, 90_000);
+
   it('pool: a request that starts a worker while the agent is not reading keeps the room for every answer and lost-worker news', async () => {
     // The agent's end is full from the start: every reply of the helper waits in its queue of
     // max-children + 16 + 2 x pool + 4 x pool = 23. 22 refusals fill it up to one free place; a

@@ -28,10 +28,15 @@ static int numeric(const char *s) {
 
 /* Sends lines until the buffer stays full: the peer may still be taking some in at first. */
 static int fill(int fd) {
+  /* One JSON line per send (all of it or EAGAIN: one buffer of a stream socket), 1 KiB: few sends. */
+  char line[1024];
+  memset(line, ' ', sizeof line);
+  memcpy(line, "{}", 2);
+  line[sizeof line - 1] = '\n';
   int full_rounds = 0;
   while (full_rounds < 5) {
     int sent = 0;
-    while (send(fd, "{}\n", 3, MSG_DONTWAIT | MSG_NOSIGNAL) == 3) sent++;
+    while (send(fd, line, sizeof line, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof line) sent++;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
     full_rounds = sent ? 0 : full_rounds + 1;
     nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
