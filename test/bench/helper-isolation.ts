@@ -4,7 +4,8 @@
  *   - starvation: 256 blackholed connects of one namespace (4 pods x 64; past the helper's share,
  *     each takes the socket route as the probers do), then a neighbour pod's sockets, TCP probes and
  *     connections: how many are answered, and their latency;
- *   - pool tax: a neighbour's socket latency alone, then with 4 blackholed connects of one pod in flight.
+ *   - pool tax: a neighbour's socket latency alone, then with 4 blackholed connects of one pod in
+ *     flight, then with a pool of 2 whose both workers hang in connects of 2 pods.
  *
  *   node test/bench/helper-isolation.ts [--n 200] [--hold-ms 15000]
  * Root only (lab pods are the netns).
@@ -33,8 +34,8 @@ try {
   const defaults = { pool: 4, maxSent: 128, maxInFlight: 2048 + 512 + 64 };
 
   /** One blackholed connect as an HTTP probe makes it: in the helper, or past its share through a socket Node connects. */
-  const hang = async (h: ResidentHelper, pod: number): Promise<void> => {
-    const out = await h.connectSocket(hostile.netns, blackhole, undefined, { group: 'hostile', owner: `hostile-${pod}` }).catch(() => undefined);
+  const hang = async (h: ResidentHelper, pod: number, netns = hostile.netns): Promise<void> => {
+    const out = await h.connectSocket(netns, blackhole, undefined, { group: 'hostile', owner: `hostile-${pod}` }).catch(() => undefined);
     if (out !== undefined) {
       if (out.outcome === 'connected') out.socket.destroy();
       return;
@@ -104,6 +105,18 @@ try {
       const held = Array.from({ length: 4 }, () => hang(h, 0));
       await new Promise((r) => setTimeout(r, 500));
       show('pool tax, 4 blackholed connects of one pod (sockets, sequential)', await neighbourWave(h, N, true, true), N);
+      await Promise.all(held);
+    } finally {
+      await h.close();
+    }
+  }
+  {
+    // Two paths of the hostile netns are two pods to the helper: their connects hold both workers.
+    const h = await ResidentHelper.start({ ...defaults, pool: 2 });
+    try {
+      const held = [hang(h, 0), hang(h, 1, `/proc/${srvHostile.pid}/ns/net`)];
+      await new Promise((r) => setTimeout(r, 500));
+      show('pool tax, pool of 2 held by blackholed connects of 2 pods (sockets, sequential)', await neighbourWave(h, N, true, true), N);
       await Promise.all(held);
     } finally {
       await h.close();
