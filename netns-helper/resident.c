@@ -383,9 +383,9 @@ static int pod_at_bound(struct resident *rs, const struct pod_key *pod) {
 
 /*
  * Whether a request that finds no idle worker may wait for one: only while a worker may soon be
- * free (a slot empty or a busy worker making a socket or reading addresses, which take
- * microseconds, or one idle behind earlier waiters). Workers busy with connects may wait on a hung target for its whole timeout: then
- * nobody waits behind them, every request takes a child at once.
+ * free (a slot empty, one idle behind earlier waiters, or one making a socket or reading addresses,
+ * which takes microseconds). A worker busy with a connect may wait on a hung target for the probe's
+ * whole timeout: when all are, nobody waits behind them, every request takes a child at once.
  */
 static int worker_due_soon(const struct resident *rs) {
   for (int i = 0; i < rs->opts->pool; i++) {

@@ -42,7 +42,8 @@ export interface ResidentHelperOptions {
   maxInFlight?: number;
   /**
    * Requests sent to the helper at once (its forked children: what is really scarce); the rest of
-   * maxInFlight wait here, in order, within their request timeout. Default: maxInFlight.
+   * maxInFlight wait here, pods taking turns, within their request timeout. Connects (which may last
+   * a probe's timeout) hold at most half of it, a namespace a quarter, a pod an eighth. Default: maxInFlight.
    */
   maxSent?: number;
   /** Upper bound of one request, whatever the caller's signal says. Default 5000 ms. */
@@ -50,9 +51,10 @@ export interface ResidentHelperOptions {
   /** The WarmNetnsHelper gate: the helper makes sockets itself (setns there and back), no fork. */
   warm?: boolean;
   /**
-   * Long-lived workers that serve requests one at a time (the NetnsHelperPool gate); a request
-   * finding none idle waits up to 10 ms for one, then gets a child of its own. 0 or absent: a
-   * child per request. At most 64.
+   * Long-lived workers that serve requests one at a time (the NetnsHelperPool gate); a pod (netns)
+   * holds at most a quarter of them (at least one). A request finding none idle waits up to 10 ms
+   * for one while one may soon be free, else gets a child of its own at once. 0 or absent: a child
+   * per request. At most 64.
    */
   pool?: number;
   /** Called each time the helper lost a pool worker ('timeout': killed past its deadline; 'crash'). */
