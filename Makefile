@@ -32,7 +32,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: fuzz-helper bench-helper bench-floor bench-revs bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster e2e-containerd-events
+.PHONY: fuzz-helper bench-helper bench-helper-isolation bench-floor bench-revs bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster e2e-containerd-events
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -172,6 +172,11 @@ bench-helper: build
 	git archive $(HELPER_BASELINE_REV) netns-helper | tar -x -C build/helper-baseline
 	$(MAKE) -C build/helper-baseline/netns-helper HARDEN='-D_FORTIFY_SOURCE=2 -fstack-protector-strong' HARDEN_LD=-static
 	node test/bench/helper-cost.ts --baseline unhardened=build/helper-baseline/netns-helper/build/probe-agent-netns-helper $(BENCH_HELPER_ARGS)
+
+## bench-helper-isolation: what one tenant's blackholed connects cost another pod's helper requests
+## (starvation of the send window, the pool's tax), with the agent's defaults; root.
+bench-helper-isolation: build
+	node test/bench/helper-isolation.ts $(BENCH_ISOLATION_ARGS)
 
 ## soak: long churn run (SOAK_MINUTES, default 10).
 soak: build

@@ -167,8 +167,12 @@ struct resident_opts {
   int pool;
 };
 int run_resident(int chan, const struct allow_dirs *a, const struct resident_opts *o);
-/* The request loop without the process around it (state made on first call): for the dispatch fuzzer. */
-void resident_feed_for_fuzzing(int chan, const struct allow_dirs *a, const struct resident_opts *o, const char *data, size_t len);
+/*
+ * The request loop without the process around it (state made on first call), run until every
+ * request is settled or `budget_ms` passed (-1): for the dispatch fuzzer, `drain` reading the agent's end.
+ */
+int resident_feed_for_fuzzing(int chan, const struct allow_dirs *a, const struct resident_opts *o, const char *data, size_t len,
+                              void (*drain)(void), int budget_ms);
 
 /* A value a peer sent, for stderr: JSON-escaped (no raw newline can forge a log line), cut at `cap`. */
 void log_escaped(const char *what, const char *value);

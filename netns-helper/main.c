@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,7 +107,26 @@ static int run_check_paths(const struct allow_dirs *a) {
   return 0;
 }
 
+/*
+ * Signal state comes through exec as the launcher left it. A SIGCHLD set to SIG_IGN (or
+ * SA_NOCLDWAIT) makes the kernel reap our children behind our back: waitpid() never reports them,
+ * a child that died silent is never answered for, its slot is never freed, and a pool worker's
+ * pid may be reused by an unrelated process before we signal it. A blocked mask would reach every
+ * child and worker. So both start at the kernel's defaults.
+ */
+static void reset_signals(void) {
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGCHLD, &dfl, NULL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
 int main(int argc, char **argv) {
+  reset_signals();
   struct allow_dirs allow;
   struct resident_opts ro = {.max_children = 128, .child_timeout_ms = 2000, .warm = 0};
   const char *mode = NULL, *netns = NULL;

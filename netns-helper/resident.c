@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -58,8 +59,18 @@
 #define QUEUE_WAIT_MS 10
 /* Requests that may wait for a worker, per worker. */
 #define QUEUE_PER_WORKER 4
+/*
+ * Workers one pod (one netns) may hold at once: a quarter of the pool, at least one. Its other
+ * requests take children at once, so a pod whose targets hang holds no more of the pool than that.
+ */
+#define POOL_PER_POD(pool) ((pool) / 4 > 0 ? (pool) / 4 : 1)
 /* Longest wait before a child that exited is reaped (and answered for, if it did not answer). */
 #define REAP_INTERVAL_MS 20
+
+/* Which pod a request is for: the namespace's identity when the agent sent one, else its path's hash. */
+struct pod_key {
+  uint64_t dev, ino;
+};
 
 /* What one child works on: written before clone(), read-only for the child, kept until it is reaped. */
 struct child_job {
@@ -77,6 +88,7 @@ struct child_job {
   int connect_timeout_ms;
   int stagger_ms;
   struct ns_identity want;
+  struct pod_key pod;
   char netns[NETNS_PATH_MAX];
 };
 
@@ -93,8 +105,13 @@ struct child_slot {
 /* A pool worker: its end of a SOCK_SEQPACKET pair takes jobs and answers "done" after each. */
 struct worker {
   pid_t pid; /* 0: the slot is empty */
+  /* A pidfd (Linux >= 5.3) signals this process only, even once reaped behind our back; -1: none. */
+  int pidfd;
   int ctl;
   int busy;
+  /* The job's op and pod, while busy. */
+  enum request_op op;
+  struct pod_key pod;
   uint64_t id;
   int64_t started_ms;
   int64_t extra_ms;
@@ -130,6 +147,23 @@ struct resident {
   struct out_entry *outq;
   size_t out_cap, out_head, out_count;
 };
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434 /* the same number on x86_64 and aarch64 (Linux 5.3) */
+#endif
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
+
+/*
+ * SIGKILLs a process of ours that we have not reaped: through its pidfd when there is one, so a pid
+ * the kernel reaped and gave to another process is never hit; else by pid, which only our own
+ * waitpid() frees (SIGCHLD is at its default, main.c).
+ */
+static void kill_own(pid_t pid, int pidfd) {
+  if (pidfd >= 0) syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
+  else kill(pid, SIGKILL);
+}
 
 static int64_t now_ms(void) {
   struct timespec ts;
@@ -326,16 +360,48 @@ static int start_worker(struct resident *rs, int i) {
     close(sv[0]);
     return -1;
   }
-  rs->workers[i] = (struct worker){.pid = pid, .ctl = sv[0]};
+  int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+  rs->workers[i] = (struct worker){.pid = pid, .pidfd = pidfd < 0 ? -1 : pidfd, .ctl = sv[0]};
   rs->nworkers++;
   return i;
 }
 
+static int same_pod(const struct pod_key *a, const struct pod_key *b) {
+  return a->dev == b->dev && a->ino == b->ino;
+}
+
+/* Whether `pod` holds its share of the workers already (workers that said "done" are idle). */
+static int pod_at_bound(struct resident *rs, const struct pod_key *pod) {
+  int held = 0;
+  for (int i = 0; i < rs->opts->pool; i++) {
+    struct worker *w = &rs->workers[i];
+    collect_done(rs, w);
+    if (w->pid && w->busy && !w->killed && same_pod(&w->pod, pod)) held++;
+  }
+  return held >= POOL_PER_POD(rs->opts->pool);
+}
+
+/*
+ * Whether a request that finds no idle worker may wait for one: only while a worker may soon be
+ * free (a slot empty, one idle behind earlier waiters, or one making a socket or reading addresses,
+ * which takes microseconds). A worker busy with a connect may wait on a hung target for the probe's
+ * whole timeout: when all are, nobody waits behind them, every request takes a child at once.
+ */
+static int worker_due_soon(const struct resident *rs) {
+  for (int i = 0; i < rs->opts->pool; i++) {
+    const struct worker *w = &rs->workers[i];
+    if (!w->pid || !w->busy || (!w->killed && !OP_CONNECTS(w->op))) return 1;
+  }
+  return 0;
+}
+
 /*
  * Hands the job to an idle worker (starting one while the pool has room: a worker that died is
- * replaced by the next request that needs one); -1 when none is idle, and the job takes a child.
+ * replaced by the next request that needs one); -1 when none is idle, -2 when the job's pod holds
+ * its share of the workers: either way the job may take a child.
  */
 static int pool_dispatch(struct resident *rs, const struct child_job *job) {
+  if (pod_at_bound(rs, &job->pod)) return -2;
   int idle = -1, empty = -1;
   for (int i = 0; i < rs->opts->pool && idle < 0; i++) {
     struct worker *w = &rs->workers[i];
@@ -352,12 +418,14 @@ static int pool_dispatch(struct resident *rs, const struct child_job *job) {
   size_t len = offsetof(struct child_job, netns) + strlen(job->netns) + 1;
   if (send(w->ctl, job, len, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)len) {
     /* Its end is gone or jammed: it is no worker any more (reaped, and replaced, later). */
-    kill(w->pid, SIGKILL);
+    kill_own(w->pid, w->pidfd);
     w->killed = 1;
     return -1;
   }
   w->busy = 1;
   w->id = job->id;
+  w->op = job->op;
+  w->pod = job->pod;
   w->started_ms = now_ms();
   w->extra_ms = OP_CONNECTS(job->op) ? job->connect_timeout_ms : 0;
   rs->nbusy++;
@@ -366,6 +434,14 @@ static int pool_dispatch(struct resident *rs, const struct child_job *job) {
 
 static void start_child(struct resident *rs, const struct child_job *job);
 static int pool_enqueue(struct resident *rs, const struct child_job *job);
+
+/* FNV-1a: a path's pod key when the request names no namespace identity (a collision only makes two pods share a bound). */
+static struct pod_key pod_of(const struct request *req) {
+  if (req->has_dev && req->has_ino) return (struct pod_key){.dev = req->dev, .ino = req->ino};
+  uint64_t h = 14695981039346656037ULL;
+  for (const unsigned char *p = (const unsigned char *)req->netns; *p; p++) h = (h ^ *p) * 1099511628211ULL;
+  return (struct pod_key){.dev = UINT64_MAX, .ino = h};
+}
 
 static void spawn_child(struct resident *rs, const struct request *req, enum path_kind kind, size_t dir_index) {
   struct ns_result r = {0};
@@ -395,14 +471,17 @@ static void spawn_child(struct resident *rs, const struct request *req, enum pat
   job.kind = kind;
   job.dir = netns_base_dir(rs->allow, kind, dir_index);
   job.want = (struct ns_identity){.set = req->has_dev, .dev = req->dev, .ino = req->ino};
+  job.pod = pod_of(req);
   job.chan = rs->chan;
   job.timeout_ms = rs->opts->child_timeout_ms;
   job.parent = rs->self;
   memcpy(job.netns, req->netns, strlen(req->netns) + 1);
   if (rs->opts->pool > 0) {
     /* Nobody overtakes a waiting request; when none waits, an idle worker serves at once. */
-    if (rs->q_count == 0 && pool_dispatch(rs, &job) == 0) return;
-    if (pool_enqueue(rs, &job) == 0) return;
+    int d = rs->q_count == 0 ? pool_dispatch(rs, &job) : pod_at_bound(rs, &job.pod) ? -2 : -1;
+    if (d == 0) return;
+    /* A pod at its share, or workers that may all be stuck: a child now rather than a wait. */
+    if (d == -1 && worker_due_soon(rs) && pool_enqueue(rs, &job) == 0) return;
   }
   start_child(rs, &job);
 }
@@ -461,8 +540,9 @@ static int drain_queue(struct resident *rs) {
   while (rs->q_count > 0) {
     struct child_job *job = &rs->queue[rs->q_head];
     int64_t waited = now_ms() - rs->queued_ms[rs->q_head];
-    if (pool_dispatch(rs, job) < 0) {
-      if (waited < QUEUE_WAIT_MS) return (int)(QUEUE_WAIT_MS - waited);
+    int d = pool_dispatch(rs, job);
+    if (d < 0) {
+      if (d == -1 && waited < QUEUE_WAIT_MS && worker_due_soon(rs)) return (int)(QUEUE_WAIT_MS - waited);
       start_child(rs, job);
     }
     rs->q_head = (rs->q_head + 1) % rs->q_cap;
@@ -569,6 +649,7 @@ static int reap_worker(struct resident *rs, pid_t pid, int st) {
     int len = snprintf(line, sizeof line, "{\"event\":\"worker-lost\",\"pid\":%d,\"why\":\"%s\"}\n", (int)pid, timeout ? "timeout" : "crash");
     reply(rs, line, (size_t)len, -1);
     close(w->ctl);
+    if (w->pidfd >= 0) close(w->pidfd);
     *w = (struct worker){0};
     rs->nworkers--;
     return 1;
@@ -602,9 +683,9 @@ static void reap(struct resident *rs) {
 }
 
 /* Kills `pid` once its job is past `due`, else lowers `*next` (ms until the soonest due; -1: none). */
-static void enforce_deadline(pid_t pid, int64_t due, int64_t now, int *killed, int64_t *next) {
+static void enforce_deadline(pid_t pid, int pidfd, int64_t due, int64_t now, int *killed, int64_t *next) {
   if (due <= now) {
-    kill(pid, SIGKILL);
+    kill_own(pid, pidfd);
     *killed = 1;
   } else if (*next < 0 || due - now < *next) {
     *next = due - now;
@@ -618,12 +699,12 @@ static int enforce_deadlines(struct resident *rs) {
     struct worker *w = &rs->workers[i];
     collect_done(rs, w);
     if (!w->pid || !w->busy || w->killed) continue;
-    enforce_deadline(w->pid, w->started_ms + rs->opts->child_timeout_ms + w->extra_ms, now, &w->killed, &next);
+    enforce_deadline(w->pid, w->pidfd, w->started_ms + rs->opts->child_timeout_ms + w->extra_ms, now, &w->killed, &next);
   }
   for (int i = 0; i < rs->nchildren; i++) {
     struct child_slot *c = &rs->children[i];
     if (c->killed) continue;
-    enforce_deadline(c->pid, c->started_ms + rs->opts->child_timeout_ms + c->extra_ms, now, &c->killed, &next);
+    enforce_deadline(c->pid, -1, c->started_ms + rs->opts->child_timeout_ms + c->extra_ms, now, &c->killed, &next);
   }
   return (int)next;
 }
@@ -642,8 +723,12 @@ void log_escaped(const char *what, const char *value) {
  * for a full queue: an agent that stops reading stops being read (bounded backpressure).
  */
 static int can_take_request(const struct resident *rs) {
-  /* A worker may need two: its request's answer and the news that it was lost. */
-  return rs->out_count + (size_t)rs->nchildren + (size_t)rs->nworkers + (size_t)rs->nbusy + (size_t)rs->q_count < rs->out_cap;
+  /*
+   * A worker may need two: its request's answer (counted in nbusy) and the news that it was lost.
+   * The news is reserved for every slot of the pool, live or not: a request may start a worker,
+   * and then needs both, where only its answer's room was checked.
+   */
+  return rs->out_count + (size_t)rs->nchildren + (size_t)rs->opts->pool + (size_t)rs->nbusy + (size_t)rs->q_count < rs->out_cap;
 }
 
 /* A line longer than MAX_LINE - 1 bytes: answered with an error when its first bytes name an id. */
@@ -727,13 +812,14 @@ static void drop_outq(struct resident *rs) {
 
 /* The agent is gone: nobody can use what is still being made. */
 static void kill_children(struct resident *rs) {
-  for (int i = 0; i < rs->nchildren; i++) kill(rs->children[i].pid, SIGKILL);
+  for (int i = 0; i < rs->nchildren; i++) kill_own(rs->children[i].pid, -1);
   for (int i = 0; i < rs->opts->pool; i++) {
     struct worker *w = &rs->workers[i];
     if (!w->pid) continue;
-    kill(w->pid, SIGKILL);
+    kill_own(w->pid, w->pidfd);
     waitpid(w->pid, NULL, 0);
     close(w->ctl);
+    if (w->pidfd >= 0) close(w->pidfd);
     *w = (struct worker){0};
   }
   rs->nworkers = rs->nbusy = 0;
@@ -798,11 +884,44 @@ int run_resident(int chan, const struct allow_dirs *a, const struct resident_opt
   return 0;
 }
 
+/* One turn of the resident's loop for the fuzzer, with `drain` reading the agent's end. */
+static void fuzz_round(struct resident *rs, void (*drain)(void)) {
+  reap(rs);
+  enforce_deadlines(rs);
+  drain_queue(rs);
+  flush_outq(rs);
+  drain();
+  poll(NULL, 0, 1);
+}
+
+/* A worker between jobs holds stdio, the channel, its control socket and its home netns: 6. */
+static void fuzz_check_idle_workers(const struct resident *rs) {
+  for (int i = 0; i < rs->opts->pool; i++) {
+    const struct worker *w = &rs->workers[i];
+    if (!w->pid || w->busy || w->killed) continue;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)w->pid);
+    int n = 0;
+    DIR *d = opendir(path);
+    if (!d) continue; /* died meanwhile: reaped next round */
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    if (n != 6) {
+      fprintf(stderr, "fuzz-dispatch: idle worker %d holds %d descriptors, not 6\n", (int)w->pid, n);
+      abort();
+    }
+  }
+}
+
 /*
- * The dispatch fuzzer's entry: one input is a run of request lines on a channel nobody reads
- * (answers are dropped when it is full); children are killed and reaped before returning.
+ * The dispatch fuzzer's entry: one input is a run of request lines, fed as the channel would bring
+ * them, then the loop turns (as run_resident's, with `drain` reading the agent's end) until every
+ * request is settled: no child, no busy worker, nothing queued or unsent. Idle workers are checked
+ * to hold nothing of a pod, then stopped, so the caller can count its own descriptors. Returns 0
+ * when settled within `budget_ms`, else -1 (everything killed: the caller cannot check answers).
  */
-void resident_feed_for_fuzzing(int chan, const struct allow_dirs *a, const struct resident_opts *o, const char *data, size_t len) {
+int resident_feed_for_fuzzing(int chan, const struct allow_dirs *a, const struct resident_opts *o, const char *data, size_t len,
+                              void (*drain)(void), int budget_ms) {
   static struct resident rs;
   static int ready;
   static char inbuf[MAX_LINE];
@@ -810,22 +929,31 @@ void resident_feed_for_fuzzing(int chan, const struct allow_dirs *a, const struc
     if (resident_init(&rs, chan, a, o) < 0) abort();
     ready = 1;
   }
+  int64_t end = now_ms() + budget_ms;
   size_t used = 0;
-  int discarding = 0;
-  while (len > 0) {
+  int discarding = 0, settled = 1;
+  while (len > 0 || (used > 0 && memchr(inbuf, '\n', used))) {
     size_t n = len < MAX_LINE - used ? len : MAX_LINE - used;
     memcpy(inbuf + used, data, n);
     used += n;
     data += n;
     len -= n;
+    size_t before = used + len;
     drain_lines(&rs, inbuf, &used, &discarding);
-    if (!can_take_request(&rs) || used == MAX_LINE) {
-      kill_children(&rs);
-      drop_outq(&rs);
-      drain_lines(&rs, inbuf, &used, &discarding);
+    if (used + len == before) fuzz_round(&rs, drain);
+    if (now_ms() > end) {
+      settled = 0;
+      break;
     }
   }
+  while (settled && (rs.nchildren > 0 || rs.nbusy > 0 || rs.q_count > 0 || rs.out_count > 0)) {
+    fuzz_round(&rs, drain);
+    if (now_ms() > end) settled = 0;
+  }
+  if (settled) fuzz_check_idle_workers(&rs);
   kill_children(&rs);
   flush_outq(&rs);
   drop_outq(&rs);
+  drain();
+  return settled ? 0 : -1;
 }

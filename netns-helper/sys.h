@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -76,6 +77,54 @@ static inline int sys_fstatfs(int fd, struct statfs *st) {
 static inline int sys_close_range(unsigned first, unsigned last) {
   return (int)sys_call6(SYS_close_range, first, last, 0, 0, 0, 0);
 }
+static inline long sys_getdents64(int fd, void *buf, size_t cap) {
+  return sys_call6(SYS_getdents64, fd, SYS_ARG(buf), SYS_ARG(cap), 0, 0, 0);
+}
+static inline int sys_prlimit_nofile(struct rlimit *rl) {
+  return (int)sys_call6(SYS_prlimit64, 0, RLIMIT_NOFILE, 0, SYS_ARG(rl), 0, 0);
+}
+/* A /proc/self/fd entry's number, or -1 ("." and ".."). */
+static inline long sys_fd_name(const char *name) {
+  long v = 0;
+  if (*name < '0' || *name > '9') return -1;
+  for (; *name >= '0' && *name <= '9' && v < (1L << 31); name++) v = v * 10 + (*name - '0');
+  return *name ? -1 : v;
+}
+/*
+ * close_range(first, last) where the kernel has none (Linux < 5.9: ENOSYS) or a seccomp profile
+ * refuses it (EPERM, or whatever errno it chose): each open descriptor /proc/self/fd lists, or,
+ * without a procfs, every number below RLIMIT_NOFILE. Raw calls and the stack only (child-safe).
+ */
+static inline int sys_close_span_slow(unsigned first, unsigned last) {
+  int dir = sys_openat(AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    char buf[2048] __attribute__((aligned(8)));
+    long n;
+    /* Entries come in fd order from a position that is an fd number: closing those read skips none. */
+    while ((n = sys_getdents64(dir, buf, sizeof buf)) > 0) {
+      for (long off = 0; off < n;) {
+        const char *d = buf + off;
+        unsigned short reclen;
+        __builtin_memcpy(&reclen, d + 16, sizeof reclen);
+        long fd = sys_fd_name(d + 19);
+        if (fd >= (long)first && fd <= (long)last && fd != dir) sys_close((int)fd);
+        off += reclen;
+      }
+    }
+    sys_close(dir);
+    return n < 0 ? (int)n : 0;
+  }
+  struct rlimit rl;
+  int e = sys_prlimit_nofile(&rl);
+  if (e < 0) return e;
+  unsigned long end = rl.rlim_cur < last ? rl.rlim_cur : (unsigned long)last + 1;
+  for (unsigned long fd = first; fd < end; fd++) sys_close((int)fd);
+  return 0;
+}
+/* close_range(first, last, 0), or the slow way where there is none; 0 or -errno. */
+static inline int sys_close_span(unsigned first, unsigned last) {
+  return sys_close_range(first, last) == 0 ? 0 : sys_close_span_slow(first, last);
+}
 /*
  * Closes every descriptor but 0, 1, 2 and `keep`: what a process must do before it enters a pod's
  * netns, since clone() without CLONE_FILES copies the whole table (queued reply sockets of other
@@ -83,8 +132,8 @@ static inline int sys_close_range(unsigned first, unsigned last) {
  */
 static inline int sys_close_all_but(int keep) {
   int e = 0;
-  if (keep > 3) e = sys_close_range(3, (unsigned)keep - 1);
-  if (e == 0) e = sys_close_range(keep >= 3 ? (unsigned)keep + 1 : 3, ~0U);
+  if (keep > 3) e = sys_close_span(3, (unsigned)keep - 1);
+  if (e == 0) e = sys_close_span(keep >= 3 ? (unsigned)keep + 1 : 3, ~0U);
   return e;
 }
 /* The same, keeping two descriptors (a pool worker's channel and its control socket). */
@@ -94,12 +143,12 @@ static inline int sys_close_all_but2(int a, int b) {
   for (int i = 0; i < 2; i++) {
     if (keep[i] < (int)next) continue;
     if ((unsigned)keep[i] > next) {
-      int e = sys_close_range(next, (unsigned)keep[i] - 1);
+      int e = sys_close_span(next, (unsigned)keep[i] - 1);
       if (e < 0) return e;
     }
     next = (unsigned)keep[i] + 1;
   }
-  return sys_close_range(next, ~0U);
+  return sys_close_span(next, ~0U);
 }
 static inline long sys_readlinkat(int dirfd, const char *path, char *buf, size_t cap) {
   return sys_call6(SYS_readlinkat, dirfd, SYS_ARG(path), SYS_ARG(buf), SYS_ARG(cap), 0, 0);

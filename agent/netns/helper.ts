@@ -12,6 +12,7 @@ import { performance } from 'node:perf_hooks';
 import { HelperError, describeError } from '../errors.ts';
 import { type Logger, silentLogger } from '../log.ts';
 import type { SocketFactory, TcpConnectOutcome, TcpProbeOutcome, TcpTarget } from '../probe/types.ts';
+import { FairLimiter, type Tenant } from '../scheduler/limiter.ts';
 import { canonicalIp } from './ip.ts';
 import { helperRequestMs } from '../probe/time-budget.ts';
 import { HelperProcess } from './helper-process.ts';
@@ -41,7 +42,8 @@ export interface ResidentHelperOptions {
   maxInFlight?: number;
   /**
    * Requests sent to the helper at once (its forked children: what is really scarce); the rest of
-   * maxInFlight wait here, in order, within their request timeout. Default: maxInFlight.
+   * maxInFlight wait here, pods taking turns, within their request timeout. Connects (which may last
+   * a probe's timeout) hold at most half of it, a namespace a quarter, a pod an eighth. Default: maxInFlight.
    */
   maxSent?: number;
   /** Upper bound of one request, whatever the caller's signal says. Default 5000 ms. */
@@ -49,9 +51,10 @@ export interface ResidentHelperOptions {
   /** The WarmNetnsHelper gate: the helper makes sockets itself (setns there and back), no fork. */
   warm?: boolean;
   /**
-   * Long-lived workers that serve requests one at a time (the NetnsHelperPool gate); a request
-   * finding none idle waits up to 10 ms for one, then gets a child of its own. 0 or absent: a
-   * child per request. At most 64.
+   * Long-lived workers that serve requests one at a time (the NetnsHelperPool gate); a pod (netns)
+   * holds at most a quarter of them (at least one). A request finding none idle waits up to 10 ms
+   * for one while one may soon be free, else gets a child of its own at once. 0 or absent: a child
+   * per request. At most 64.
    */
   pool?: number;
   /** Called each time the helper lost a pool worker ('timeout': killed past its deadline; 'crash'). */
@@ -108,11 +111,13 @@ interface Pending {
 const SELF_TEST_TIMEOUT_MS = 3000;
 const ACCEPTED_PATHS_MAX = 4096;
 /**
- * Share of maxInFlight that TCP probes done in the helper may hold. Such a request lives as long as
- * its connect (up to the probe's timeout), not only while a socket is made: past this share, TCP
- * probes take the socket route again, so blackholed targets cannot crowd out other pods' probes.
+ * Shares of the send window (maxSent) that connects in the helper (TCP probes, op "connect") may
+ * hold: half in all, a quarter per namespace, an eighth per pod. Such a request lives as long as its
+ * connect (up to the probe's timeout), not only while a socket is made; past its share a connect
+ * takes the socket route (a socket made at once, connected by Node), so blackholed targets of one
+ * tenant can hold neither the whole window nor every other tenant's connects.
  */
-const TCP_IN_FLIGHT_SHARE = 0.25;
+const CONNECT_SHARE = { node: 1 / 2, namespace: 1 / 4, pod: 1 / 8 };
 /** Bound on the addresses one netns may report (the helper's answer line holds about 90). */
 const MAX_ADDRESSES = 128;
 
@@ -136,8 +141,8 @@ export class ResidentHelper implements SocketFactory {
   readonly #waiting = new Map<string, Pending[]>();
   #nextId = 1;
   #closed = false;
-  #tcpInFlight = 0;
-  readonly #maxTcpInFlight: number;
+  /** Connects in the helper, per namespace and pod, within their shares of the send window. */
+  readonly #connects: FairLimiter;
   /** Netns paths the path guard accepted: the guard is pure, so a repeat (every probe of a pod) skips it. */
   readonly #acceptedPaths = new Set<string>();
   readonly #onWorkerLost?: (why: 'timeout' | 'crash') => void;
@@ -159,7 +164,15 @@ export class ResidentHelper implements SocketFactory {
     // The helper's own cap is a safety net above ours: a child that answered may still be exiting.
     args.push('--max-children', String(Math.min(4096, this.#maxSent + 64)));
     this.#timeoutMs = boundedInt(opts.requestTimeoutMs ?? 5000, 10, 60_000, 'requestTimeoutMs');
-    this.#maxTcpInFlight = Math.max(1, Math.floor(this.#maxInFlight * TCP_IN_FLIGHT_SHARE));
+    const share = (f: number): number => Math.max(1, Math.floor(this.#maxSent * f));
+    this.#connects = new FairLimiter({
+      what: 'helper connect',
+      maxInFlight: share(CONNECT_SHARE.node),
+      maxInFlightPerGroup: share(CONNECT_SHARE.namespace),
+      maxInFlightPerOwner: share(CONNECT_SHARE.pod),
+      // Nothing waits (tryAcquire): past its share a connect takes the socket route at once.
+      maxQueued: 0,
+    });
     const backoff = opts.restartBackoffMs ?? { initial: 100, max: 10_000 };
     this.#onRequest = opts.onRequest;
     this.#onWorkerLost = opts.onWorkerLost;
@@ -234,11 +247,12 @@ export class ResidentHelper implements SocketFactory {
   /**
    * kubelet's TCP probe done in the helper's child inside `netns`: connect within the target's
    * timeout (counted from the socket's creation there), close, report. No fd is passed and Node
-   * makes no socket. Undefined when too many run already or the timeout is beyond the helper's
-   * bound: the caller then takes the socket route.
+   * makes no socket. Undefined when `tenant` (its namespace and pod; default: the netns alone)
+   * holds its share of the helper's connects already, or the timeout is beyond the helper's bound:
+   * the caller then takes the socket route.
    */
-  connectProbe(netns: string, target: TcpTarget, signal?: AbortSignal): Promise<TcpProbeOutcome | undefined> {
-    return this.#connectOp<TcpProbeOutcome>(target, (resolve, reject) => this.#request(netns, { kind: 'tcp', target, resolve }, signal, reject));
+  connectProbe(netns: string, target: TcpTarget, signal?: AbortSignal, tenant?: Tenant): Promise<TcpProbeOutcome | undefined> {
+    return this.#connectOp<TcpProbeOutcome>(netns, target, tenant, (resolve, reject) => this.#request(netns, { kind: 'tcp', target, resolve }, signal, reject));
   }
 
   /**
@@ -246,21 +260,18 @@ export class ResidentHelper implements SocketFactory {
    * instead of closed: an HTTP or gRPC probe's socket arrives connected, so Node makes no connect
    * of its own. Undefined under the same conditions as connectProbe.
    */
-  connectSocket(netns: string, target: TcpTarget, signal?: AbortSignal): Promise<TcpConnectOutcome | undefined> {
-    return this.#connectOp<TcpConnectOutcome>(target, (resolve, reject) => this.#request(netns, { kind: 'connect', target, resolve }, signal, reject));
+  connectSocket(netns: string, target: TcpTarget, signal?: AbortSignal, tenant?: Tenant): Promise<TcpConnectOutcome | undefined> {
+    return this.#connectOp<TcpConnectOutcome>(netns, target, tenant, (resolve, reject) => this.#request(netns, { kind: 'connect', target, resolve }, signal, reject));
   }
 
-  /** A request that waits on a connect in the helper: within the TCP share of maxInFlight and the helper's timeout bound. */
-  #connectOp<T>(target: TcpTarget, start: (resolve: (o: T) => void, reject: (e: Error) => void) => void): Promise<T | undefined> {
-    if (this.#tcpInFlight >= this.#maxTcpInFlight || !(target.timeoutMs >= 1 && target.timeoutMs <= TCP_TIMEOUT_MS_MAX)) {
-      return Promise.resolve(undefined);
-    }
-    this.#tcpInFlight++;
-    const done = (): void => {
-      this.#tcpInFlight--;
-    };
+  /** A request that waits on a connect in the helper: within its tenant's connect shares and the helper's timeout bound. */
+  #connectOp<T>(netns: string, target: TcpTarget, tenant: Tenant | undefined, start: (resolve: (o: T) => void, reject: (e: Error) => void) => void): Promise<T | undefined> {
+    if (!(target.timeoutMs >= 1 && target.timeoutMs <= TCP_TIMEOUT_MS_MAX)) return Promise.resolve(undefined);
+    // Taken at once (the request goes out in this call, before a caller can abort it), or not at all.
+    const permit = this.#connects.tryAcquire(tenant ?? { group: '', owner: netns });
+    if (!permit) return Promise.resolve(undefined);
     const p = new Promise<T>(start);
-    p.then(done, done);
+    p.then(permit.release, permit.release);
     return p;
   }
 

@@ -7,6 +7,7 @@ import { isIPv6, type Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { HelperError, NetnsError, describeError } from '../errors.ts';
 import type { FailureReason, ProbePhases, ProbeResult, SocketFactory, TcpConnectOutcome, TcpProbeOutcome, TcpTarget } from './types.ts';
+import type { Tenant } from '../scheduler/limiter.ts';
 import { watchLoopLag, type LagWatch } from './loop-lag.ts';
 import { joinHostPort } from './target.ts';
 import { helperTcpTimes, ownTimeBudgetMs } from './time-budget.ts';
@@ -170,6 +171,8 @@ export interface ConnectAddress {
 export interface ConnectVia {
   sockets: SocketFactory;
   netns: string | undefined;
+  /** Whose connect it is, for the factory's per-tenant shares. */
+  tenant?: Tenant;
 }
 
 /** A connected socket and how long getting it took. */
@@ -307,7 +310,7 @@ async function connectInFactory(addresses: readonly ConnectAddress[], via: Conne
   // The hold lasts while the child makes its socket and connects; only our trouble or the caller ends it early.
   deadline.hold(giveUpMs);
   try {
-    outcome = await (via.sockets.connectSocket as NonNullable<SocketFactory['connectSocket']>)(via.netns as string, helperTarget(addresses, childTimeoutMs), deadline.signal);
+    outcome = await (via.sockets.connectSocket as NonNullable<SocketFactory['connectSocket']>)(via.netns as string, helperTarget(addresses, childTimeoutMs), deadline.signal, via.tenant);
   } catch (err) {
     deadline.release();
     const why = deadline.why();

@@ -7,6 +7,7 @@ import { lookup } from 'node:dns/promises';
 import { isIP, isIPv4 } from 'node:net';
 import { InvalidProbeError } from '../errors.ts';
 import type { FailureReason, NetworkHandler, PortRef, ProbeContext, SocketFactory } from './types.ts';
+import type { Tenant } from '../scheduler/limiter.ts';
 
 /** A container port as the pod spec declares it. */
 export interface PortDecl {
@@ -25,6 +26,8 @@ export interface TargetPlan {
   /** Netns to make sockets in; undefined = the node's own. */
   netns: string | undefined;
   sockets: SocketFactory;
+  /** Whose probe it is (the socket factory's shares); only for a pod's own netns. */
+  tenant?: Tenant;
   /** True when this probe runs from the node because of the legacy host-field policy. */
   legacyNode: boolean;
 }
@@ -69,7 +72,7 @@ export async function planTargets(handler: NetworkHandler, ctx: ProbeContext, si
   if (host === '') {
     if (podIPs.length === 0) throw new TargetError('other', 'pod has no IP yet');
     const primary = podIPs[0] as string;
-    return { host: primary, port, ips: ctx.happyEyeballs ? familyOrdered(podIPs) : [primary], netns: ctx.netns, sockets: ctx.sockets, legacyNode: false };
+    return { host: primary, port, ips: ctx.happyEyeballs ? familyOrdered(podIPs) : [primary], netns: ctx.netns, sockets: ctx.sockets, tenant: ctx.tenant, legacyNode: false };
   }
 
   // From the node (--from-node / legacy path) the host field means exactly what it means to kubelet.
@@ -78,13 +81,13 @@ export async function planTargets(handler: NetworkHandler, ctx: ProbeContext, si
   const literal = canonicalIP(host);
   if (/^localhost\.?$/i.test(host)) {
     // Inside the netns "localhost" is the pod's own loopback: the reason in-netns probes exist.
-    return { host, port, ips: ctx.happyEyeballs ? ['127.0.0.1', '::1'] : ['127.0.0.1'], netns: ctx.netns, sockets: ctx.sockets, legacyNode: false };
+    return { host, port, ips: ctx.happyEyeballs ? ['127.0.0.1', '::1'] : ['127.0.0.1'], netns: ctx.netns, sockets: ctx.sockets, tenant: ctx.tenant, legacyNode: false };
   }
   if (literal !== undefined && isLoopback(literal)) {
-    return { host, port, ips: [unmapV4(literal)], netns: ctx.netns, sockets: ctx.sockets, legacyNode: false };
+    return { host, port, ips: [unmapV4(literal)], netns: ctx.netns, sockets: ctx.sockets, tenant: ctx.tenant, legacyNode: false };
   }
   if (literal !== undefined && podIPs.includes(literal)) {
-    return { host, port, ips: [literal], netns: ctx.netns, sockets: ctx.sockets, legacyNode: false };
+    return { host, port, ips: [literal], netns: ctx.netns, sockets: ctx.sockets, tenant: ctx.tenant, legacyNode: false };
   }
   if (ctx.hostFieldPolicy === 'legacy-node') return fromNode(host, port, ctx, true, signal);
   throw new TargetError(

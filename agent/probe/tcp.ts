@@ -68,7 +68,7 @@ async function probeInHelper(plan: TargetPlan, deadline: Deadline): Promise<Prob
   deadline.signal.addEventListener('abort', onAbort, { once: true });
   let outcome: TcpProbeOutcome | undefined;
   try {
-    outcome = await plan.sockets.connectProbe(plan.netns, helperTarget(plan.ips.map((x) => ({ ip: x, port: plan.port })), timeoutMs), cancel.signal);
+    outcome = await plan.sockets.connectProbe(plan.netns, helperTarget(plan.ips.map((x) => ({ ip: x, port: plan.port })), timeoutMs), cancel.signal, plan.tenant);
   } catch (err) {
     const e = toConnectError(err, address);
     return { result: e.kind, reason: e.reason, message: e.dialText, address: joinHostPort(ip, plan.port), phases: {} };

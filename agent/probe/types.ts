@@ -1,5 +1,6 @@
 import type { Socket } from 'node:net';
 import type { SharedFrameBudget } from '../http2/frame-budget.ts';
+import type { Tenant } from '../scheduler/limiter.ts';
 
 /** The three kubelet probe types, spelled as kubelet's metrics spell them. */
 export type ProbeType = 'Liveness' | 'Readiness' | 'Startup';
@@ -141,15 +142,16 @@ export interface SocketFactory {
    * Optional: kubelet's whole TCP probe done where the socket is made (connect within
    * `timeoutMs`, counted from the socket's creation, then close), so no socket travels.
    * Resolves undefined when the factory will not take it now (callers use createSocket);
-   * rejects with NetnsError or HelperError as createSocket does.
+   * rejects with NetnsError or HelperError as createSocket does. `tenant` (the pod and its
+   * namespace) is whose share of the factory's long connects the probe takes.
    */
-  connectProbe?(netns: string, target: TcpTarget, signal?: AbortSignal): Promise<TcpProbeOutcome | undefined>;
+  connectProbe?(netns: string, target: TcpTarget, signal?: AbortSignal, tenant?: Tenant): Promise<TcpProbeOutcome | undefined>;
   /**
    * Optional: the same connect, but a connection that wins is handed over (TCP_NODELAY set) for the
    * caller to use and destroy; no socket of Node's connects. Resolves undefined when the factory will
    * not take it now (callers then connect a createSocket socket themselves).
    */
-  connectSocket?(netns: string, target: TcpTarget, signal?: AbortSignal): Promise<TcpConnectOutcome | undefined>;
+  connectSocket?(netns: string, target: TcpTarget, signal?: AbortSignal, tenant?: Tenant): Promise<TcpConnectOutcome | undefined>;
 }
 
 /** connectSocket's answer: connectProbe's outcome, with the connection when it connected. */
@@ -180,6 +182,8 @@ export type HostFieldPolicy = 'refuse' | 'legacy-node';
 export interface ProbeContext {
   /** Netns path to probe inside; undefined means the node's own netns (direct/legacy). */
   netns?: string;
+  /** The pod (owner: its UID) and its namespace (group), for the socket factory's per-tenant shares. */
+  tenant?: Tenant;
   /** The pod's own IPs (status.podIPs); the only addresses a probe may target. */
   podIPs: string[];
   /** Container ports, for named-port resolution. */

@@ -348,6 +348,7 @@ export class PodProber implements OnDemandProber {
     const { gates } = this.#o;
     return {
       netns,
+      tenant: { group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` },
       podIPs: pod.podIPs,
       containerPorts: container?.ports,
       timeoutSeconds,

@@ -229,6 +229,18 @@ export class FairLimiter {
   }
 
   /**
+   * A slot for `who` now, or undefined when its pod, its namespace or the node is at its cap: for
+   * callers that never wait (they have a way around), with the same caps as acquire.
+   */
+  tryAcquire(who: string | Tenant): Permit | undefined {
+    const tenant = tenantOf(who);
+    const group = this.#group(tenant.group);
+    if (this.#blockedAt(group, this.#owner(group, tenant.owner)) === undefined) return this.#grant(tenant, Infinity, 0);
+    this.#dropIfIdle(tenant);
+    return undefined;
+  }
+
+  /**
    * Runs `fn` once a slot is free and releases the slot when it settles. Resolves with fn's value
    * and the seconds spent queued.
    */

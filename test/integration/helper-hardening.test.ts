@@ -4,13 +4,15 @@
  * launcher's pipe); a netns path that names another namespace than the one checked (a pid reused
  * in a pid namespace, a file re-mounted) is refused before setns; and the smaller defects each get
  * an answer: an overlong line, a full reply queue, a ppoll that keeps failing, a proc root that
- * stopped being a procfs, a cmd carrying a newline into the log.
+ * stopped being a procfs, a cmd carrying a newline into the log. Whatever its launcher left (SIGCHLD
+ * ignored, signals blocked, no close_range, a channel nobody reads), it starts clean, reaps its own,
+ * signals no pid it does not own and drops no reply.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'unshare', 'nsenter', 'mount', 'gcc']);
 
 import { type ChildProcessWithoutNullStreams, execFileSync, spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmdirSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmdirSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -20,7 +22,7 @@ import { NetnsPathChecker } from '../../agent/netns/netns-path.ts';
 import { SpawnHelper } from '../../agent/netns/spawn-helper.ts';
 import { createLab, type Lab, type LabPod, type RunningServer } from '../lab/lab.ts';
 import { RawHelper } from '../support/raw-helper.ts';
-import { waitFor } from '../support/proc-wait.ts';
+import { processState, waitFor } from '../support/proc-wait.ts';
 
 const SELF_NETNS = `/proc/${process.pid}/ns/net`;
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
@@ -46,6 +48,35 @@ function netnsOf(pid: number): string | undefined {
 }
 
 const line = (o: Record<string, unknown>): string => `${JSON.stringify(o)}\n`;
+
+let launcherPath = '';
+/** test/lab/fail-syscall, built once: failing system calls, ignored and blocked signals, a full channel. */
+function launcher(): string {
+  if (!launcherPath) {
+    launcherPath = join(scratch, 'fail-syscall');
+    execFileSync('gcc', ['-O2', '-o', launcherPath, new URL('../lab/fail-syscall.c', import.meta.url).pathname]);
+  }
+  return launcherPath;
+}
+
+/** A signal mask line of /proc/PID/status (SigBlk, SigIgn) as a number. */
+function sigmask(pid: number, field: 'SigBlk' | 'SigIgn'): bigint {
+  const m = new RegExp(`^${field}:\\s*([0-9a-f]+)$`, 'm').exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return BigInt(`0x${m?.[1] ?? 'x'}`);
+}
+
+/** Unread bytes in the receive queue of the unix socket `pid` holds as `fd` (ss, sock_diag). */
+function unixRecvQ(pid: number, fd: number): number {
+  const inode = /^socket:\[(\d+)\]$/.exec(readlinkSync(`/proc/${pid}/fd/${fd}`))?.[1];
+  for (const row of execFileSync('ss', ['-xnH'], { encoding: 'utf8' }).split('\n')) {
+    const f = row.trim().split(/\s+/);
+    if (f[5] === inode) return Number(f[2]);
+  }
+  throw new Error(`no unix socket ${inode} in ss`);
+}
+
+const SIGCHLD_BIT = 1n << 16n;
+const alive = (pid: number): boolean => { const st = processState(pid); return st !== undefined && st !== 'Z'; };
 
 let lab: Lab;
 let a: LabPod;
@@ -247,10 +278,8 @@ describe('smaller defects get an answer', () => {
   }, 60_000);
 
   it('fails a TCP probe whose ppoll keeps failing instead of spinning until its deadline', async () => {
-    const launcher = join(scratch, 'fail-syscall');
-    execFileSync('gcc', ['-O2', '-o', launcher, new URL('../lab/fail-syscall.c', import.meta.url).pathname]);
     // x86_64: ppoll is 271, ENOMEM 12. The resident's own poll() is another system call.
-    const h = new RawHelper([], { prefix: [launcher, '271', '12'] });
+    const h = new RawHelper([], { prefix: [launcher(), '271', '12'] });
     try {
       // The node's SYN to pod A is dropped by the lab: the connect stays in progress.
       h.chan.write(line({ id: 1, op: 'tcp', netns: SELF_NETNS, family: 4, ip: a.ipv4, port: server.ports.http as number, timeout_ms: 40_000 }));
@@ -298,4 +327,132 @@ describe('smaller defects get an answer', () => {
       await h.stop();
     }
   });
+});
+
+describe('the helper starts clean whatever its launcher left', () => {
+  it('resets an ignored SIGCHLD and a blocked mask: its children are reaped and answered for, not reaped by the kernel behind its back', async () => {
+    // Ignored, the kernel reaps the children itself: waitpid() never frees their slots, so the third request was "busy".
+    const h = new RawHelper(['--max-children', '2'], { prefix: [launcher(), '--ignore', '17', '--block-all'] });
+    try {
+      h.chan.write(line({ id: 1, netns: SELF_NETNS, family: 4 }));
+      expect(await h.answer(1)).toMatchObject({ ok: true });
+      for (let id = 2; id <= 8; id++) {
+        h.chan.write(line({ id, netns: SELF_NETNS, family: 4 }));
+        expect(await h.answer(id), `request ${id}: ${h.stderr}`).toMatchObject({ ok: true });
+      }
+      expect(sigmask(h.pid, 'SigBlk')).toBe(0n);
+      expect(sigmask(h.pid, 'SigIgn') & SIGCHLD_BIT).toBe(0n);
+    } finally {
+      await h.stop();
+    }
+  });
+
+  it('pool: never signals a pid it reaped: an unrelated process that reuses a dead idle worker\'s pid lives on', async () => {
+    // The helper in a pid namespace of its own, with SIGCHLD ignored as its launcher left it: a
+    // worker killed while idle is the kernel's to reap, and ns_last_pid gives its pid to a `sleep`.
+    const h = new RawHelper(['--pool', '1'], { prefix: ['unshare', '--pid', '--fork', '--kill-child', launcher(), '--ignore', '17'] });
+    let other: ChildProcessWithoutNullStreams | undefined;
+    try {
+      expect(await waitFor(() => childrenOf(h.pid).length === 1, 10_000)).toBe(true);
+      const helper = childrenOf(h.pid)[0] as number;
+      h.chan.write(line({ id: 1, netns: SELF_NETNS, family: 4 }));
+      expect(await h.answer(1), h.stderr).toMatchObject({ ok: true });
+      const [worker] = childrenOf(helper);
+      expect(worker).toBeDefined();
+      const nsPid = Number(/^NSpid:\s+\d+\s+(\d+)$/m.exec(readFileSync(`/proc/${worker}/status`, 'utf8'))?.[1]);
+      expect(nsPid).toBeGreaterThan(1);
+      process.kill(worker as number, 'SIGKILL');
+      // Dead: gone (reaped by the kernel, its pid free) or a zombie until the helper reaps it.
+      expect(await waitFor(() => !alive(worker as number), 10_000), 'the worker is dead').toBe(true);
+      other = spawn('nsenter', ['--target', String(helper), '--pid', '--', 'bash', '-c',
+        `echo ${nsPid - 1} > /proc/sys/kernel/ns_last_pid; sleep 600 & echo "pid $!"; read -r _; kill -TERM $!; wait $!; echo "ended $?"`]);
+      let out = '';
+      other.stdout.on('data', (d: Buffer) => { out += d.toString(); });
+      // It gets the worker's pid unless a zombie still holds it (then the next one).
+      expect(await waitFor(() => out.includes('\n'), 10_000)).toBe(true);
+      expect(out.trim()).toMatch(/^pid \d+$/);
+      // The next request finds the dead worker's slot: a new worker serves it; nothing is killed.
+      h.chan.write(line({ id: 2, netns: SELF_NETNS, family: 4 }));
+      expect(await h.answer(2), h.stderr).toMatchObject({ ok: true });
+      other.stdin.write('\n');
+      expect(await waitFor(() => out.includes('ended'), 10_000)).toBe(true);
+      // 143: our own SIGTERM ended it; 137 would be the helper's SIGKILL.
+      expect(out).toContain('ended 143');
+    } finally {
+      other?.kill('SIGKILL');
+      await h.stop();
+    }
+  }, 60_000);
+
+  it.each([['ENOSYS (Linux < 5.9)', '38'], ['EPERM (a seccomp profile without it)', '1']])('starts and closes what it inherits when close_range fails with %s', async (_why, errno) => {
+    for (const pool of [false, true]) {
+      // x86_64: close_range is 436. A launcher's pipe comes along as fd 4.
+      const h = new RawHelper(pool ? ['--pool', '1'] : [], { prefix: [launcher(), '436', errno], extraPipes: 1 });
+      try {
+        h.chan.write(line({ id: 1, netns: SELF_NETNS, family: 4 }));
+        expect(await h.answer(1), h.stderr).toMatchObject({ ok: true });
+        // Beyond stdio and the channel: nothing (pool: its worker's control socket and pidfd), never the pipe.
+        const beyond = (pid: number): string[] => fds(pid).filter((fd) => Number(fd) > 3).map((fd) => readlinkSync(`/proc/${pid}/fd/${fd}`));
+        expect(beyond(h.pid).filter((l) => l.startsWith('pipe:'))).toEqual([]);
+        if (!pool) expect(beyond(h.pid)).toEqual([]);
+        // A TCP probe to the dropped pod waits in the child (or worker) in the node's netns.
+        h.chan.write(line({ id: 2, op: 'tcp', netns: SELF_NETNS, family: 4, ip: a.ipv4, port: server.ports.http as number, timeout_ms: 30_000 }));
+        let child = 0;
+        // Its connect's socket open, beyond stdio and the channel (a worker: also its control socket and home netns).
+        expect(await waitFor(() => (child = childrenOf(h.pid)[0] ?? 0) > 0 && fds(child).length === (pool ? 7 : 5), 10_000), `${fds(child).join(',')} ${h.stderr}`).toBe(true);
+        expect(beyond(child).filter((l) => !/^(socket|net):\[\d+\]$/.test(l))).toEqual([]);
+        for (const fd of ['0', '1', '2', '3']) expect(readlinkSync(`/proc/${child}/fd/${fd}`)).toBe(readlinkSync(`/proc/${h.pid}/fd/${fd}`));
+      } finally {
+        await h.stop();
+      }
+    }
+  }, 60_000);
+
+  it('without close_range and without a procfs at /proc, closes every number below RLIMIT_NOFILE', async () => {
+    // Its own mount namespace: the host's procfs at a proc root of its own, a tmpfs over /proc.
+    const procRoot = join(scratch, 'proc-elsewhere');
+    mkdirSync(procRoot, { recursive: true });
+    const script = 'p=$1; shift; mount --make-rprivate / && mount -t proc proc "$p" && mount -t tmpfs none /proc && exec "$@"';
+    const h = new RawHelper(['--proc-root', procRoot], { prefix: ['unshare', '--mount', 'sh', '-c', script, 'sh', procRoot, launcher(), '436', '38'], extraPipes: 1 });
+    try {
+      const netns = `${procRoot}/${process.pid}/ns/net`;
+      h.chan.write(line({ id: 1, netns, family: 4 }));
+      expect(await h.answer(1, 30_000), h.stderr).toMatchObject({ ok: true });
+      expect(fds(h.pid).filter((fd) => Number(fd) > 3)).toEqual([]);
+      h.chan.write(line({ id: 2, op: 'tcp', netns, family: 4, ip: a.ipv4, port: server.ports.http as number, timeout_ms: 30_000 }));
+      let child = 0;
+      expect(await waitFor(() => (child = childrenOf(h.pid)[0] ?? 0) > 0 && fds(child).length === 5, 30_000), `${fds(child).join(',')} ${h.stderr}`).toBe(true);
+      expect(readlinkSync(`/proc/${child}/fd/4`)).toMatch(/^socket:\[\d+\]$/);
+    } finally {
+      await h.stop();
+    }
+  }, 90_000);
+
+  it('pool: a request that starts a worker while the agent is not reading keeps the room for every answer and lost-worker news', async () => {
+    // The agent's end is full from the start: every reply of the helper waits in its queue of
+    // max-children + 16 + 2 x pool + 4 x pool = 23. 22 refusals fill it up to one free place; a
+    // request starting a worker then needs two (its answer and, if the worker dies, the news).
+    const h = new RawHelper(['--pool', '1', '--max-children', '1'], { prefix: [launcher(), '--fill-fd', '3'] });
+    h.chan.pause();
+    try {
+      const refused = Array.from({ length: 22 }, (_, i) => line({ id: i + 1, netns: '/run/netns/../x', family: 4 }));
+      const tcp = line({ id: 100, op: 'tcp', netns: SELF_NETNS, family: 4, ip: a.ipv4, port: server.ports.http as number, timeout_ms: 1500 });
+      expect(await waitFor(() => existsSync(`/proc/${h.pid}/fd/3`) && readlinkSync(`/proc/${h.pid}/exe`).endsWith('probe-agent-netns-helper'), 10_000)).toBe(true);
+      h.chan.write(refused.join('') + tcp);
+      // Settled: it read all it will read (all of it, or all but the last request), and no worker
+      // is alive (one that started has given up on the full channel and been answered for).
+      const settled = (): boolean => childrenOf(h.pid).length === 0 && [0, Buffer.byteLength(tcp)].includes(unixRecvQ(h.pid, 3));
+      for (let i = 0; i < 3; i++) {
+        expect(await waitFor(settled, 30_000), `settled (${h.stderr})`).toBe(true);
+        await sleep(300);
+      }
+      h.chan.resume();
+      expect(await h.answer(100, 20_000), h.stderr).toMatchObject({ ok: true, tcp: 'timeout' });
+      for (let id = 1; id <= 22; id++) expect(h.answersFor(id), `answers for ${id}`).toHaveLength(1);
+      expect(h.answersFor(100)).toHaveLength(1);
+      expect(h.stderr).not.toContain('dropping a reply');
+    } finally {
+      await h.stop();
+    }
+  }, 90_000);
 });

@@ -289,10 +289,10 @@ describe('the TCP probe done whole in the helper\'s child (op "tcp": no socket p
     expect(await pending).toMatchObject({ result: 'error', reason: 'other', message: 'probe aborted' });
   });
 
-  it('past its share of maxInFlight a TCP probe takes the socket route, so hung targets cannot crowd out others', async () => {
+  it('past its share of the helper\'s send window a TCP probe takes the socket route, so hung targets cannot crowd out others', async () => {
     const small = await ResidentHelper.start({ maxInFlight: 4 });
     try {
-      // A share of one: the hung probe holds it for its whole timeout.
+      // A window of four: a namespace's share is one, and the hung probe holds it for its whole timeout.
       const hung = small.connectProbe(podC.netns, { family: 4, ip: podC.ipv4, port: srvC.ports.http as number, timeoutMs: 1000 });
       expect(await small.connectProbe(podA.netns, { family: 4, ip: podA.ipv4, port: srvA.ports.tcp as number, timeoutMs: 1000 })).toBeUndefined();
       const out = await probe({ kind: 'tcp', port: srvA.ports.tcp as number }, ctx(podA, { sockets: small }));

@@ -122,6 +122,23 @@ describe('FairLimiter', () => {
     expect(limiter.inFlight).toBe(0);
   });
 
+  it('tryAcquire takes a slot within the pod, namespace and node caps, or none at once', () => {
+    const limiter = new FairLimiter({ maxInFlight: 4, maxQueued: 0, maxInFlightPerGroup: 2, maxInFlightPerOwner: 1 });
+    const a1 = limiter.tryAcquire({ group: 'a', owner: 'a1' });
+    expect(a1).toBeDefined();
+    expect(limiter.tryAcquire({ group: 'a', owner: 'a1' }), 'the pod is at its cap').toBeUndefined();
+    expect(limiter.tryAcquire({ group: 'a', owner: 'a2' })).toBeDefined();
+    expect(limiter.tryAcquire({ group: 'a', owner: 'a3' }), 'the namespace is at its cap').toBeUndefined();
+    expect(limiter.tryAcquire({ group: 'b', owner: 'b1' })).toBeDefined();
+    expect(limiter.tryAcquire({ group: 'c', owner: 'c1' })).toBeDefined();
+    expect(limiter.tryAcquire({ group: 'd', owner: 'd1' }), 'the node is at its cap').toBeUndefined();
+    expect(limiter.inFlight).toBe(4);
+    a1?.release();
+    expect(limiter.groupStats('a').inFlight).toBe(1);
+    expect(limiter.tryAcquire({ group: 'a', owner: 'a1' })).toBeDefined();
+    expect(limiter.queued).toBe(0);
+  });
+
   it('rejects nonsense limits', () => {
     expect(() => new FairLimiter({ maxInFlight: 0, maxQueued: 1 })).toThrow(ConfigError);
     expect(() => new FairLimiter({ maxInFlight: 1.5, maxQueued: 1 })).toThrow(ConfigError);

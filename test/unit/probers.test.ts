@@ -456,6 +456,22 @@ describe('HTTP prober', () => {
     expect(await run(httpGet(rawPort, '/continue'), { sockets: declining, netns })).toMatchObject({ result: 'success', message: 'ok' });
   });
 
+  it('the pod and its namespace reach the factory with every connect it makes itself (its per-tenant shares)', async () => {
+    const tenant = { group: 'ns-a', owner: 'uid-a' };
+    const seen: unknown[] = [];
+    const base = connecting(0);
+    const recording: SocketFactory = {
+      ...base,
+      connectSocket: (netns, target, signal, t) => { seen.push(t); return (base.connectSocket as NonNullable<SocketFactory['connectSocket']>)(netns, target, signal, t); },
+      connectProbe: (_netns, _target, _signal, t) => { seen.push(t); return Promise.resolve(undefined); },
+    };
+    const netns = '/run/netns/unit-test';
+    expect(await run(httpGet(rawPort, '/continue'), { sockets: recording, netns, tenant })).toMatchObject({ result: 'success' });
+    expect(await run({ kind: 'tcp', port: httpPort }, { sockets: recording, netns, tenant })).toMatchObject({ result: 'success' });
+    // HTTP: its connection; TCP: the probe in the factory, declined, then its connection.
+    expect(seen).toEqual([tenant, tenant, tenant]);
+  });
+
   it('skips a 100 Continue over HTTP and HTTPS alike (node:http writeContinue)', async () => {
     expect(await run(httpGet(httpPort, '/write-continue'))).toMatchObject({ result: 'success', message: 'after continue' });
     expect(await run(httpGet(httpsPort, '/write-continue', { scheme: 'HTTPS' }))).toMatchObject({ result: 'success', message: 'after continue' });
