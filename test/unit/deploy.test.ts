@@ -351,19 +351,23 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     const rules = roles.flatMap((r) => r.rules as Obj[]);
     const expected = [{ apiGroups: [''], resources: ['nodes/pods'], verbs: ['get'] }];
     if (has('nodes-proxy-fallback')) expected.push({ apiGroups: [''], resources: ['nodes/proxy'], verbs: ['get'] });
-    // Gates mode: its own condition (narrowed by the pod-status policy), events, its node Lease.
+    // Gates mode: its own condition and events (narrowed by the pod-status and events policies), no
+    // get (api-writer.ts reads nothing); its node Lease only with gates-lease, in its own namespace.
     if (has('gates')) {
       expected.push(
-        { apiGroups: [''], resources: ['pods/status'], verbs: ['get', 'patch'] },
+        { apiGroups: [''], resources: ['pods/status'], verbs: ['patch'] },
         { apiGroups: [''], resources: ['events'], verbs: ['create'] },
-        { apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['get', 'create', 'patch'] },
       );
     }
-    expect(rules).toEqual(expected);
+    if (has('gates-lease')) expected.push({ apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['create', 'patch'] });
+    const byText = (list: Obj[]) => list.map((r) => JSON.stringify(r)).sort();
+    expect(byText(rules)).toEqual(byText(expected));
+    const leaseRoles = roles.filter((r) => r.rules.some((x: Obj) => x.resources.includes('leases')));
+    expect(leaseRoles.map((r) => [r.kind, r.metadata.namespace])).toEqual(has('gates-lease') ? [['Role', v.namespace ?? 'probe-agent']] : []);
     const sa = docs().find((o) => o.kind === 'ServiceAccount');
     expect(pod().serviceAccountName).toBe(sa?.metadata.name);
-    for (const b of docs().filter((o) => o.kind === 'ClusterRoleBinding' && !isShimInstaller(o))) {
-      expect(roles.map((r) => r.metadata.name)).toContain(b.roleRef.name);
+    for (const b of docs().filter((o) => (o.kind === 'ClusterRoleBinding' || o.kind === 'RoleBinding') && !isShimInstaller(o))) {
+      expect(roles.filter((r) => r.kind === b.roleRef.kind).map((r) => r.metadata.name)).toContain(b.roleRef.name);
       expect(b.subjects).toEqual([{ kind: 'ServiceAccount', name: sa?.metadata.name, namespace: sa?.metadata.namespace }]);
     }
   });
@@ -595,8 +599,13 @@ describe('rewrite-webhook component', () => {
     const agentEnv = found(objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'probe-agent'), 'the agent DaemonSet').spec.template.spec.containers[0].env as Obj[];
     expect(agentEnv).toContainEqual({ name: 'PROBE_AGENT_NODE_LEASE_DURATION', value: '40s' });
     const roles = objs.filter((o) => (o.kind === 'ClusterRole' || o.kind === 'Role') && o.metadata.name === 'probe-agent-webhook-gates-leases');
+    // Leader election through its own Lease (get/update/patch by name; create cannot be limited by name: lease-policy.yaml does).
     expect(roles.map((r) => [r.kind, r.metadata.namespace, r.rules])).toEqual([
-      ['Role', 'probe-agent', [{ apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['list'] }]],
+      ['Role', 'probe-agent', [
+        { apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['list'] },
+        { apiGroups: ['coordination.k8s.io'], resources: ['leases'], resourceNames: ['gates-lease-controller'], verbs: ['get', 'update', 'patch'] },
+        { apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['create'] },
+      ]],
       ['ClusterRole', undefined, [{ apiGroups: [''], resources: ['pods'], verbs: ['list'] }, { apiGroups: [''], resources: ['pods/status'], verbs: ['patch'] }]],
     ]);
     for (const b of objs.filter((o) => (o.kind === 'ClusterRoleBinding' || o.kind === 'RoleBinding') && o.metadata.name === 'probe-agent-webhook-gates-leases')) {
