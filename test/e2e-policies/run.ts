@@ -292,6 +292,17 @@ attack('own pod probe-agent.io/ready True (api-writer)', 'allowed', (api, t) => 
   const uid = (await must(api, 'GET', podPath(TENANT_A, 'web-a'))).metadata.uid as string;
   try { await w.patchCondition(TENANT_A, 'web-a', uid, { status: 'True', reason: 'ProbesSucceeded', message: '' }); } finally { await w.close(); }
 }));
+attack('own pod being deleted: probe-agent.io/ready False (api-writer)', 'allowed', (api, t, tag) => viaWriter(async () => {
+  // A pod kept by a finalizer after its deletion: deletionTimestamp set, as while its containers stop.
+  const name = `term-${tag}`;
+  const pod = podObject(TENANT_A, name, 'node-a');
+  pod.metadata.finalizers = ['e2e-policies/keep'];
+  await ensure(api, `/api/v1/namespaces/${TENANT_A}/pods`, pod);
+  await must(api, 'DELETE', podPath(TENANT_A, name));
+  const uid = (await must(api, 'GET', podPath(TENANT_A, name))).metadata.uid as string;
+  const w = writer(api, t.files.a, 'node-a');
+  try { await w.patchCondition(TENANT_A, name, uid, { status: 'False', reason: 'ContainerNotRunning', message: '' }); } finally { await w.close(); }
+}));
 attack('event for its gates pod (api-writer)', 'allowed', (api, t) => viaWriter(async () => {
   const w = writer(api, t.files.a, 'node-a');
   const uid = (await must(api, 'GET', podPath(TENANT_A, 'web-a'))).metadata.uid as string;
@@ -512,14 +523,16 @@ async function fairness(api: Api, t: Tokens, name: string): Promise<void> {
   const alone = await measureB(api, t, uidB);
   say(`fairness (${name}): node-b while node-a's ${pods.length} pods flap`);
   const f = await flood(api, t, pods);
+  const floodStart = performance.now();
   await sleep(3000);
   const loaded = await measureB(api, t, uidB);
   const apf = await apfNumbers(api);
   const a = await f.stop();
+  const rate = Object.values(a).reduce((x, y) => x + y, 0) / ((performance.now() - floodStart) / 1000);
   const row = (l: Latency): string => `${l.writes - l.failed}/${l.writes} ok, p50 ${l.p50.toFixed(0)} ms, p99 ${l.p99.toFixed(0)} ms, max ${l.max.toFixed(0)} ms, failed ${l.failures}`;
   fairnessRows.push(`fairness ${name} (FlowSchema ${fs}): node-b alone: ${row(alone)}`);
   say(fairnessRows.at(-1)!);
-  fairnessRows.push(`fairness ${name} (FlowSchema ${fs}): node-b under node-a's flapping: ${row(loaded)}; node-a's writes by answer ${JSON.stringify(a)}; probe-agent-gates ${apf}`);
+  fairnessRows.push(`fairness ${name} (FlowSchema ${fs}): node-b under node-a's flapping: ${row(loaded)}; node-a's writes by answer ${JSON.stringify(a)} (${rate.toFixed(0)}/s); probe-agent-gates ${apf}`);
   say(fairnessRows.at(-1)!);
   if (name.startsWith('after')) check(`${name}: node-b's writes all succeed while node-a's ${pods.length} pods flap`, loaded.failed === 0 && alone.failed === 0, row(loaded));
 }
