@@ -414,6 +414,22 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     }
   });
 
+  if (has('gates')) it("gives the agent's writes one flow per namespace, for exactly the verbs its roles grant", () => {
+    const fs = found(docs().find((o) => o.kind === 'FlowSchema' && o.metadata.name === 'probe-agent-gates'), 'FlowSchema probe-agent-gates');
+    // ByUser would make every node's agent (one service account) a single flow: one tenant's flaps would queue all others.
+    expect(fs.spec.distinguisherMethod).toEqual({ type: 'ByNamespace' });
+    const plc = found(docs().find((o) => o.kind === 'PriorityLevelConfiguration' && o.metadata.name === fs.spec.priorityLevelConfiguration.name), 'its PriorityLevelConfiguration');
+    expect(plc.spec.limited.limitResponse.type).toBe('Queue');
+    const granted = docs().filter((o) => (o.kind === 'ClusterRole' || o.kind === 'Role') && !isShimInstaller(o)).flatMap((r) => r.rules as Obj[])
+      .filter((r) => !String(r.resources[0]).startsWith('nodes/'));
+    const inFlow = (fs.spec.rules as Obj[]).flatMap((r) => r.resourceRules as Obj[]);
+    for (const g of granted) {
+      expect(inFlow.some((f) => f.resources.includes(g.resources[0]) && g.verbs.every((v: string) => f.verbs.includes(v))), JSON.stringify(g)).toBe(true);
+    }
+    // And nothing the agent may not do (no read it does not make).
+    for (const f of inFlow) expect(f.verbs).not.toContain('get');
+  });
+
   if (has('kubelet-shim')) it('installs the shim with patch on nodes and its kubelet\'s /pods only (no pod list: unlabel asks the node\'s kubelet), its own service account, and the installer files it runs', () => {
     const own = docs().filter((o) => String(o.metadata?.name ?? '').startsWith('probe-agent-shim-installer'));
     const role = own.find((o) => o.kind === 'ClusterRole')!;
