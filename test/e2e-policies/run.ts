@@ -309,6 +309,11 @@ attack('event for its gates pod (api-writer)', 'allowed', (api, t) => viaWriter(
   try { await w.recordEvent({ namespace: TENANT_A, podName: 'web-a', podUID: uid, container: 'app', type: 'Warning', reason: 'Unhealthy', message: 'Liveness probe failed: e2e-policies' }); } finally { await w.close(); }
 }));
 attack('webhook: leader-election Lease gates-lease-controller', 'allowed', (api, t) => code(call(api, { token: t.webhook }, 'POST', leasePath(NS), { apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: { name: 'gates-lease-controller' }, spec: { holderIdentity: 'probe-agent-webhook-0', leaseDurationSeconds: 15 } })));
+attack('webhook: renew gates-lease-controller (get, then update)', 'allowed', async (api, t) => {
+  const got = await call(api, { token: t.webhook }, 'GET', leasePath(NS, 'gates-lease-controller'));
+  if (got.status !== 200) return code(Promise.resolve(got));
+  return code(call(api, { token: t.webhook }, 'PUT', leasePath(NS, 'gates-lease-controller'), { ...got.body, spec: { ...got.body.spec, holderIdentity: 'probe-agent-webhook-1', renewTime: nowMicro() } }));
+});
 attack('webhook: set a gate False on node-b', 'allowed', async (api, t) => {
   await must(api, 'PATCH', `${podPath(TENANT_B, 'web-b')}/status`, { status: { conditions: [{ type: GATES_CONDITION_TYPE, status: 'True' }] } }, smp);
   return code(call(api, { token: t.webhook }, 'PATCH', `${podPath(TENANT_B, 'web-b')}/status`, { status: { conditions: [{ type: GATES_CONDITION_TYPE, status: 'False', reason: 'NodeLeaseExpired', message: '' }] } }, smp));

@@ -615,11 +615,11 @@ describe('rewrite-webhook component', () => {
     const agentEnv = found(objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'probe-agent'), 'the agent DaemonSet').spec.template.spec.containers[0].env as Obj[];
     expect(agentEnv).toContainEqual({ name: 'PROBE_AGENT_NODE_LEASE_DURATION', value: '40s' });
     const roles = objs.filter((o) => (o.kind === 'ClusterRole' || o.kind === 'Role') && o.metadata.name === 'probe-agent-webhook-gates-leases');
-    // Leader election through its own Lease (get/update/patch by name; create cannot be limited by name: lease-policy.yaml does).
+    // Leader election through its own Lease (agent/gates/leader.ts: get and update by name; create cannot be limited by name: lease-policy.yaml does).
     expect(roles.map((r) => [r.kind, r.metadata.namespace, r.rules])).toEqual([
       ['Role', 'probe-agent', [
         { apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['list'] },
-        { apiGroups: ['coordination.k8s.io'], resources: ['leases'], resourceNames: ['gates-lease-controller'], verbs: ['get', 'update', 'patch'] },
+        { apiGroups: ['coordination.k8s.io'], resources: ['leases'], resourceNames: ['gates-lease-controller'], verbs: ['get', 'update'] },
         { apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['create'] },
       ]],
       ['ClusterRole', undefined, [{ apiGroups: [''], resources: ['pods'], verbs: ['list'] }, { apiGroups: [''], resources: ['pods/status'], verbs: ['patch'] }]],
