@@ -32,7 +32,7 @@ HELPER := netns-helper/build/probe-agent-netns-helper
 HELPER_SRC := $(wildcard netns-helper/*.c netns-helper/*.h)
 TS_SRC := $(shell find agent proto -type f 2>/dev/null)
 
-.PHONY: fuzz-helper bench-helper bench-helper-isolation bench-floor bench-revs bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster e2e-containerd-events
+.PHONY: fuzz-helper bench-helper bench-helper-isolation bench-floor bench-revs bench-kubelet build deps kube-tools system-deps node test test-unit grpc-go-peer test-grpc-go test-deployed demo bench bench-shim soak soak-shim soak-deployed clean helper typecheck image alerts e2e-kubelet e2e-critest e2e-cluster e2e-policies e2e-containerd-events
 
 ## system-deps: install missing Debian packages without starting their services.
 system-deps: .tools/.system-deps
@@ -223,6 +223,16 @@ e2e-cluster: build image kube-tools
 	@test -n "$(KUBE_BIN_DIR)" || { echo "usage: make e2e-cluster KUBE_BIN_DIR=/dir/with/kube-apiserver,kubectl,..." >&2; exit 2; }
 	@bash test/lab/install-system-deps.sh etcd-server
 	node test/e2e-cluster/run.ts --kube-bin-dir "$(KUBE_BIN_DIR)"
+
+## e2e-policies: gates mode's rights tried as an attacker on a real API server you provide (KUBE_BIN_DIR with kube-apiserver
+## and kubectl, 1.30+; Debian's etcd; no kubelet), with two nodes' pod-bound agent tokens: each attack's HTTP code with the
+## manifests of POLICIES_BEFORE_REF (default b3d6c29) and of this tree, kustomize and Helm; then node-b's write latency while
+## node-a's tenant flaps 200 pods (POLICIES_FLAPPING_PODS), ByUser before, ByNamespace after (test/e2e-policies/run.ts).
+## A few minutes; not part of make test.
+e2e-policies: build kube-tools
+	@test -n "$(KUBE_BIN_DIR)" || { echo "usage: make e2e-policies KUBE_BIN_DIR=/dir/with/kube-apiserver,kubectl" >&2; exit 2; }
+	@bash test/lab/install-system-deps.sh etcd-server
+	node test/e2e-policies/run.ts --kube-bin-dir "$(KUBE_BIN_DIR)"
 
 ## e2e-containerd-events: gates mode's runtime watch on a containerd 1.7 or later you provide (CONTAINERD_17_BIN=/path/to/containerd,
 ## its containerd-shim-runc-v2 beside it): the event stream chosen, a restart cleared before the new container runs. Root.

@@ -23,6 +23,10 @@ export interface ControlPlaneOptions {
   scratch: string;
   /** The open node's address: the API server advertises and serves on it. */
   nodeIp: string;
+  /** false: etcd and kube-apiserver only (pods are API objects, nothing schedules or runs them). Default true. */
+  controllers?: boolean;
+  /** More kube-apiserver flags (e.g. smaller in-flight limits). */
+  apiserverArgs?: string[];
 }
 
 /** What one node's kubelet needs to register: its client kubeconfig and a serving pair for its address. */
@@ -135,11 +139,18 @@ export async function startControlPlane(o: ControlPlaneOptions): Promise<Control
       '--enable-aggregator-routing=true',
       '--endpoint-reconciler-type=lease',
       '--v=1',
+      ...(o.apiserverArgs ?? []),
     ]);
     const apiUp = await waitFor('kube-apiserver /readyz', 120_000, async () =>
       (apiserver.exitCode !== null ? false : admin.raw('/readyz') === 'ok' || undefined), 1000);
     if (!apiUp) throw new Error(`kube-apiserver not ready (see ${logs['kube-apiserver']})`);
 
+    const done = {
+      server, apiPort, pki, ca, admin, adminKubeconfig, nodeCredentials, webhookServing, webhookCa, admissionClientCa, admissionClient, logs, stop,
+      apiserverAlive: () => apiserver.exitCode === null && apiserver.signalCode === null,
+      apiserverSignal: (signal: NodeJS.Signals) => void apiserver.kill(signal),
+    };
+    if (o.controllers === false) return done;
     say('kube-controller-manager and kube-scheduler');
     start('kube-controller-manager', path.join(o.binDir, 'kube-controller-manager'), [
       `--kubeconfig=${cmKubeconfig}`, `--authentication-kubeconfig=${cmKubeconfig}`, `--authorization-kubeconfig=${cmKubeconfig}`,
@@ -157,11 +168,7 @@ export async function startControlPlane(o: ControlPlaneOptions): Promise<Control
     const sa0 = await waitFor('the default service account', 60_000, async () =>
       admin.raw('/api/v1/namespaces/default/serviceaccounts/default').includes('"name":"default"') || undefined, 1000);
     if (!sa0) throw new Error(`the controller-manager made no default service account (see ${logs['kube-controller-manager']})`);
-    return {
-      server, apiPort, pki, ca, admin, adminKubeconfig, nodeCredentials, webhookServing, webhookCa, admissionClientCa, admissionClient, logs, stop,
-      apiserverAlive: () => apiserver.exitCode === null && apiserver.signalCode === null,
-      apiserverSignal: (signal) => void apiserver.kill(signal),
-    };
+    return done;
   } catch (err) {
     await stop();
     throw err;

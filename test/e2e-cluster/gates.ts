@@ -313,9 +313,10 @@ export async function gatesPhase(c: GatesContext): Promise<void> {
   if (closedAgent && ownPod) {
     const token = k.must(['-n', 'probe-agent', 'create', 'token', 'probe-agent', '--bound-object-kind', 'Pod', '--bound-object-name', closedAgent.metadata.name]).trim();
     const as = k.withToken(token, `${k.kubeconfig}.gates-agent`);
-    const write = (ns: string, name: string, status: string) => as.run(['-n', ns, 'patch', 'pod', name, '--subresource=status', '--type=strategic', '-p', JSON.stringify({ status: { conditions: [{ type: GATES_CONDITION, status }] } })]);
-    const other = write(TWINS_NS, 'twin-open', 'True');
-    const own = write(GATES_NS, ownPod.metadata.name, cond(ownPod, GATES_CONDITION)?.status ?? 'True');
+    // As the agent writes it: a patch, no read first (the agent has no get on pods/status).
+    const write = (ns: string, name: string, status: string) => as.patchRaw(`/api/v1/namespaces/${ns}/pods/${name}/status`, { status: { conditions: [{ type: GATES_CONDITION, status }] } });
+    const other = await write(TWINS_NS, 'twin-open', 'True');
+    const own = await write(GATES_NS, ownPod.metadata.name, cond(ownPod, GATES_CONDITION)?.status ?? 'True');
     const otherPod = get(TWINS_NS, 'twin-open');
     check('gates: the closed node\'s agent token writing a pod on the open node: refused by the API server; its own node\'s pod: allowed',
       !other.ok && /own node/.test(other.stderr) && cond(otherPod ?? {}, GATES_CONDITION) === undefined && own.ok,

@@ -4,6 +4,7 @@
  */
 import { spawnSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
+import { request } from 'node:https';
 import path from 'node:path';
 
 export interface KubectlResult {
@@ -55,6 +56,34 @@ export class Kubectl {
       'current-context': 'token',
     }), { mode: 0o600 });
     return new Kubectl(path.dirname(this.bin), file);
+  }
+
+  /**
+   * PATCH of an API path as this kubeconfig's token holder (withToken), sent as is: `kubectl patch`
+   * reads the object first, which a writer granted patch and no get (the gates agent) may not.
+   */
+  patchRaw(p: string, body: object, type = 'application/strategic-merge-patch+json'): Promise<KubectlResult> {
+    const cfg = JSON.parse(readFileSync(this.kubeconfig, 'utf8')) as { clusters: Array<{ cluster: { server: string; 'certificate-authority-data': string } }>; users: Array<{ user: { token?: string } }> };
+    const { server, 'certificate-authority-data': ca } = cfg.clusters[0]!.cluster;
+    const token = cfg.users[0]?.user.token;
+    return new Promise((resolve) => {
+      const req = request(new URL(p, server), {
+        method: 'PATCH', ca: Buffer.from(ca, 'base64'), timeout: 30_000,
+        headers: { 'content-type': type, accept: 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}) },
+      }, (res) => {
+        let text = '';
+        res.on('data', (d: Buffer) => (text += d.toString()));
+        res.on('end', () => {
+          const ok = (res.statusCode ?? 0) >= 200 && (res.statusCode ?? 0) < 300;
+          let message = text;
+          try { message = String((JSON.parse(text) as { message?: unknown }).message ?? text); } catch { /* not JSON */ }
+          resolve({ ok, stdout: ok ? text : '', stderr: ok ? '' : `HTTP ${res.statusCode}: ${message}` });
+        });
+      });
+      req.on('error', (err) => resolve({ ok: false, stdout: '', stderr: String(err) }));
+      req.on('timeout', () => req.destroy(new Error('timeout')));
+      req.end(JSON.stringify(body));
+    });
   }
 
   /** `kubectl apply -f -` of objects. */

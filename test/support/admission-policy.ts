@@ -53,7 +53,25 @@ function namespaceMatches(policy: Obj, ns: Obj | null): boolean {
 
 /** What the API server decides with `policy` for one AdmissionRequest (in namespace `ns`, if namespaced). */
 export function admitByPolicy(policy: Obj, request: Obj, ns: Obj | null = null): Decision {
-  if (!ruleMatches(policy, request) || !namespaceMatches(policy, ns)) return { decision: 'not-matched' };
+  const run = evaluate(policy, request, ns);
+  if (run.matched !== true) return run.matched;
+  const failed = run.validations.find((v) => v.failed !== undefined);
+  return failed ? { decision: 'denied', message: failed.failed! } : { decision: 'allowed' };
+}
+
+/**
+ * Every validation's verdict for a request the policy matches (the API server stops at the first
+ * failure; tests use this to show a request is refused by exactly the rule meant to refuse it).
+ * `failed` is the validation's message, or the error's under failurePolicy Fail; undefined: it passed.
+ */
+export function validationVerdicts(policy: Obj, request: Obj, ns: Obj | null = null): Array<{ message: string; failed?: string }> {
+  const run = evaluate(policy, request, ns);
+  if (run.matched !== true) throw new Error(`${policy.metadata.name}: the request is not matched (${JSON.stringify(run.matched)})`);
+  return run.validations;
+}
+
+function evaluate(policy: Obj, request: Obj, ns: Obj | null): { matched: true | Decision; validations: Array<{ message: string; failed?: string }> } {
+  if (!ruleMatches(policy, request) || !namespaceMatches(policy, ns)) return { matched: { decision: 'not-matched' }, validations: [] };
   const failClosed = policy.spec.failurePolicy === 'Fail';
   const env: CelEnv = { request, object: request.object ?? null, oldObject: request.oldObject ?? null, params: null, namespaceObject: ns };
   const variables: Obj = {};
@@ -67,22 +85,19 @@ export function admitByPolicy(policy: Obj, request: Obj, ns: Obj | null = null):
   env['variables'] = variables;
   for (const c of (policy.spec.matchConditions ?? []) as Obj[]) {
     try {
-      if (cel(c.expression, matchEnv) !== true) return { decision: 'not-matched' };
+      if (cel(c.expression, matchEnv) !== true) return { matched: { decision: 'not-matched' }, validations: [] };
     } catch (err) {
       if (!(err instanceof CelError)) throw err;
-      return failClosed ? { decision: 'denied', message: `matchCondition ${c.name}: ${err.message}` } : { decision: 'not-matched' };
+      return { matched: failClosed ? { decision: 'denied', message: `matchCondition ${c.name}: ${err.message}` } : { decision: 'not-matched' }, validations: [] };
     }
   }
-  for (const v of policy.spec.validations as Obj[]) {
-    let ok: unknown;
+  const validations = (policy.spec.validations as Obj[]).map((v) => {
     try {
-      ok = cel(v.expression, env);
+      return cel(v.expression, env) === true ? { message: v.message as string } : { message: v.message as string, failed: v.message as string };
     } catch (err) {
       if (!(err instanceof CelError)) throw err;
-      if (failClosed) return { decision: 'denied', message: `expression error: ${err.message}` };
-      continue;
+      return failClosed ? { message: v.message as string, failed: `expression error: ${err.message}` } : { message: v.message as string };
     }
-    if (ok !== true) return { decision: 'denied', message: v.message };
-  }
-  return { decision: 'allowed' };
+  });
+  return { matched: true, validations };
 }

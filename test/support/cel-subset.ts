@@ -2,9 +2,10 @@
  * A small evaluator for the subset of CEL (https://github.com/google/cel-spec) that the project's
  * ValidatingAdmissionPolicies use, so their logic can be tested without an API server:
  * literals (strings, ints, bools, null, lists, maps), field selection and indexing, `has()`,
- * `size()`, `!`, `-`, `==`, `!=`, `<`, `<=`, `>`, `>=`, `in`, `&&`, `||` (commutative over errors,
- * as CEL's are), `? :`, the methods startsWith/endsWith/contains/size, and the macros all/exists
- * on lists and maps (maps iterate their keys). Anything else is a parse error, never a guess.
+ * `size()`, `dyn()`, `!`, `-`, `+` (strings and lists), `==`, `!=`, `<`, `<=`, `>`, `>=`, `in`, `&&`,
+ * `||` (commutative over errors, as CEL's are), `? :`, the methods startsWith/endsWith/contains/size
+ * and Kubernetes' substring, and the macros all/exists on lists and maps (maps iterate their keys).
+ * Anything else is a parse error, never a guess.
  *
  * What it does not do: type-checking (the API server refuses a policy that does not compile; this
  * evaluator only runs what it parses), cost limits, and the API server's construction of
@@ -64,7 +65,7 @@ function tokenize(src: string): Token[] {
     }
     const two = src.slice(i, i + 2);
     if (['==', '!=', '<=', '>=', '&&', '||'].includes(two)) { out.push({ k: 'op', v: two }); i += 2; continue; }
-    if ('!<>?:.,()[]{}-'.includes(c)) { out.push({ k: 'op', v: c }); i++; continue; }
+    if ('!<>?:.,()[]{}-+'.includes(c)) { out.push({ k: 'op', v: c }); i++; continue; }
     throw new SyntaxError(`unexpected character ${JSON.stringify(c)} at ${i}`);
   }
   out.push({ k: 'end', v: '' });
@@ -100,14 +101,19 @@ export function parseCel(src: string): Node {
     return n;
   };
   const rel = (): Node => {
-    let n = unary();
+    let n = add();
     for (;;) {
       const t = peek();
       const op = t.k === 'op' && ['==', '!=', '<', '<=', '>', '>='].includes(t.v) ? t.v : t.k === 'id' && t.v === 'in' ? 'in' : undefined;
       if (!op) return n;
       p++;
-      n = { t: 'binary', op, left: n, right: unary() };
+      n = { t: 'binary', op, left: n, right: add() };
     }
+  };
+  const add = (): Node => {
+    let n = unary();
+    while (isOp('+')) { p++; n = { t: 'binary', op: '+', left: n, right: unary() }; }
+    return n;
   };
   const unary = (): Node => {
     if (isOp('!')) { p++; return { t: 'unary', op: '!', operand: unary() }; }
@@ -272,6 +278,10 @@ function binary(op: string, l: Node, r: Node, env: CelEnv): Value {
   switch (op) {
     case '==': return celEquals(a, b);
     case '!=': return !celEquals(a, b);
+    case '+':
+      if (typeof a === 'string' && typeof b === 'string') return a + b;
+      if (Array.isArray(a) && Array.isArray(b)) return [...a, ...b];
+      throw new CelError('no such overload: +');
     case 'in':
       if (Array.isArray(b)) return b.some((x) => celEquals(x, a));
       if (isMap(b)) return typeof a === 'string' && Object.hasOwn(b, a);
@@ -302,6 +312,8 @@ function call(n: Extract<Node, { t: 'call' }>, env: CelEnv): Value {
       return Object.hasOwn(o, arg.field);
     }
     if (n.fn === 'size' && n.args.length === 1) return size(evalCel(n.args[0]!, env));
+    // Only the type checker sees dyn(): at run time it is the value itself.
+    if (n.fn === 'dyn' && n.args.length === 1) return evalCel(n.args[0]!, env);
     throw new SyntaxError(`unsupported function ${n.fn}()`);
   }
   if (n.fn === 'all' || n.fn === 'exists') {
@@ -324,6 +336,14 @@ function call(n: Extract<Node, { t: 'call' }>, env: CelEnv): Value {
   const target = evalCel(n.target, env);
   const args = n.args.map((a) => evalCel(a, env));
   if (n.fn === 'size' && args.length === 0) return size(target);
+  // Kubernetes' strings library: code points [start, end); out of range is an error.
+  if (n.fn === 'substring' && typeof target === 'string' && args.every((a) => typeof a === 'number') && (args.length === 1 || args.length === 2)) {
+    const cps = [...target];
+    const start = args[0] as number;
+    const end = args.length === 2 ? (args[1] as number) : cps.length;
+    if (start < 0 || end > cps.length || start > end) throw new CelError(`substring: index out of range: ${start}, ${end}`);
+    return cps.slice(start, end).join('');
+  }
   if (typeof target === 'string' && typeof args[0] === 'string' && args.length === 1) {
     if (n.fn === 'startsWith') return target.startsWith(args[0]);
     if (n.fn === 'endsWith') return target.endsWith(args[0]);

@@ -351,19 +351,23 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
     const rules = roles.flatMap((r) => r.rules as Obj[]);
     const expected = [{ apiGroups: [''], resources: ['nodes/pods'], verbs: ['get'] }];
     if (has('nodes-proxy-fallback')) expected.push({ apiGroups: [''], resources: ['nodes/proxy'], verbs: ['get'] });
-    // Gates mode: its own condition (narrowed by the pod-status policy), events, its node Lease.
+    // Gates mode: its own condition and events (narrowed by the pod-status and events policies), no
+    // get (api-writer.ts reads nothing); its node Lease only with gates-lease, in its own namespace.
     if (has('gates')) {
       expected.push(
-        { apiGroups: [''], resources: ['pods/status'], verbs: ['get', 'patch'] },
+        { apiGroups: [''], resources: ['pods/status'], verbs: ['patch'] },
         { apiGroups: [''], resources: ['events'], verbs: ['create'] },
-        { apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['get', 'create', 'patch'] },
       );
     }
-    expect(rules).toEqual(expected);
+    if (has('gates-lease')) expected.push({ apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['create', 'patch'] });
+    const byText = (list: Obj[]) => list.map((r) => JSON.stringify(r)).sort();
+    expect(byText(rules)).toEqual(byText(expected));
+    const leaseRoles = roles.filter((r) => r.rules.some((x: Obj) => x.resources.includes('leases')));
+    expect(leaseRoles.map((r) => [r.kind, r.metadata.namespace])).toEqual(has('gates-lease') ? [['Role', v.namespace ?? 'probe-agent']] : []);
     const sa = docs().find((o) => o.kind === 'ServiceAccount');
     expect(pod().serviceAccountName).toBe(sa?.metadata.name);
-    for (const b of docs().filter((o) => o.kind === 'ClusterRoleBinding' && !isShimInstaller(o))) {
-      expect(roles.map((r) => r.metadata.name)).toContain(b.roleRef.name);
+    for (const b of docs().filter((o) => (o.kind === 'ClusterRoleBinding' || o.kind === 'RoleBinding') && !isShimInstaller(o))) {
+      expect(roles.filter((r) => r.kind === b.roleRef.kind).map((r) => r.metadata.name)).toContain(b.roleRef.name);
       expect(b.subjects).toEqual([{ kind: 'ServiceAccount', name: sa?.metadata.name, namespace: sa?.metadata.namespace }]);
     }
   });
@@ -408,6 +412,22 @@ describe.each(VARIANTS)('deploy variant $name', (v) => {
       expect(relay.relabelings, m.kind).toContainEqual(pathLabel);
       expect(relay.interval).toBe(own.interval);
     }
+  });
+
+  if (has('gates')) it("gives the agent's writes one flow per namespace, for exactly the verbs its roles grant", () => {
+    const fs = found(docs().find((o) => o.kind === 'FlowSchema' && o.metadata.name === 'probe-agent-gates'), 'FlowSchema probe-agent-gates');
+    // ByUser would make every node's agent (one service account) a single flow: one tenant's flaps would queue all others.
+    expect(fs.spec.distinguisherMethod).toEqual({ type: 'ByNamespace' });
+    const plc = found(docs().find((o) => o.kind === 'PriorityLevelConfiguration' && o.metadata.name === fs.spec.priorityLevelConfiguration.name), 'its PriorityLevelConfiguration');
+    expect(plc.spec.limited.limitResponse.type).toBe('Queue');
+    const granted = docs().filter((o) => (o.kind === 'ClusterRole' || o.kind === 'Role') && !isShimInstaller(o)).flatMap((r) => r.rules as Obj[])
+      .filter((r) => !String(r.resources[0]).startsWith('nodes/'));
+    const inFlow = (fs.spec.rules as Obj[]).flatMap((r) => r.resourceRules as Obj[]);
+    for (const g of granted) {
+      expect(inFlow.some((f) => f.resources.includes(g.resources[0]) && g.verbs.every((v: string) => f.verbs.includes(v))), JSON.stringify(g)).toBe(true);
+    }
+    // And nothing the agent may not do (no read it does not make).
+    for (const f of inFlow) expect(f.verbs).not.toContain('get');
   });
 
   if (has('kubelet-shim')) it('installs the shim with patch on nodes and its kubelet\'s /pods only (no pod list: unlabel asks the node\'s kubelet), its own service account, and the installer files it runs', () => {
@@ -595,8 +615,13 @@ describe('rewrite-webhook component', () => {
     const agentEnv = found(objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'probe-agent'), 'the agent DaemonSet').spec.template.spec.containers[0].env as Obj[];
     expect(agentEnv).toContainEqual({ name: 'PROBE_AGENT_NODE_LEASE_DURATION', value: '40s' });
     const roles = objs.filter((o) => (o.kind === 'ClusterRole' || o.kind === 'Role') && o.metadata.name === 'probe-agent-webhook-gates-leases');
+    // Leader election through its own Lease (agent/gates/leader.ts: get and update by name; create cannot be limited by name: lease-policy.yaml does).
     expect(roles.map((r) => [r.kind, r.metadata.namespace, r.rules])).toEqual([
-      ['Role', 'probe-agent', [{ apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['list'] }]],
+      ['Role', 'probe-agent', [
+        { apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['list'] },
+        { apiGroups: ['coordination.k8s.io'], resources: ['leases'], resourceNames: ['gates-lease-controller'], verbs: ['get', 'update'] },
+        { apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['create'] },
+      ]],
       ['ClusterRole', undefined, [{ apiGroups: [''], resources: ['pods'], verbs: ['list'] }, { apiGroups: [''], resources: ['pods/status'], verbs: ['patch'] }]],
     ]);
     for (const b of objs.filter((o) => (o.kind === 'ClusterRoleBinding' || o.kind === 'RoleBinding') && o.metadata.name === 'probe-agent-webhook-gates-leases')) {

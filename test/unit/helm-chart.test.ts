@@ -345,6 +345,22 @@ describe('helm chart deploy/helm/probe-agent', () => {
     expect([hostPath('shim-dir'), hostPath('units'), hostPath('kubelet')]).toEqual(['/lab/opt', '/lab/units', '/lab/kubelet']);
   });
 
+  it('warns where components/nodes-proxy-fallback warns: install notes and the rendered rule', () => {
+    const notes = (values: Obj): string => {
+      const file = path.join(mkdtempSync(path.join(scratch, 'notes-')), 'values.json');
+      writeFileSync(file, JSON.stringify(values));
+      const env = { ...process.env, HELM_CACHE_HOME: path.join(scratch, 'hc'), HELM_CONFIG_HOME: path.join(scratch, 'hcfg'), HELM_DATA_HOME: path.join(scratch, 'hd'), KUBECONFIG: path.join(scratch, 'none') };
+      const r = spawnSync(tool('helm'), ['install', 'probe-agent', CHART, '--dry-run=client', '--namespace', NS, '-f', file], { encoding: 'utf8', env, maxBuffer: 64 << 20 });
+      expect(r.status, r.stderr).toBe(0);
+      return r.stdout.slice(r.stdout.indexOf('NOTES:'));
+    };
+    const component = readFileSync(path.join(DEPLOY, 'components/nodes-proxy-fallback/kustomization.yaml'), 'utf8').replace(/\n#\s*/g, ' ');
+    expect(component).toMatch(/run commands in any pod on any node/);
+    expect(notes({ agent: { nodesProxyFallback: true } })).toMatch(/WARNING: agent.nodesProxyFallback[\s\S]*run commands in any pod on any node/);
+    expect(notes({})).not.toMatch(/WARNING/);
+    expect(templateText({ agent: { nodesProxyFallback: true } }, '1.32.0')).toMatch(/# WARNING \(agent.nodesProxyFallback\)[^\n]*\n[^\n]*run commands in any pod on any node/);
+  });
+
   it('renders gates mode: the agent writes the gate, the webhook rewrites for it; refused before 1.30', () => {
     const objs = template(GATES_VALUES);
     const agent = objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'probe-agent')!.spec.template.spec.containers[0];
@@ -353,7 +369,11 @@ describe('helm chart deploy/helm/probe-agent', () => {
     const mwc = objs.find((o) => o.kind === 'MutatingWebhookConfiguration')!;
     const gates = mwc.webhooks.find((w: Obj) => w.name === 'namespaces.gates.probe-agent.io');
     expect(gates.clientConfig.service.path).toBe('/mutate-gates');
-    for (const k of ['ClusterRole/-/probe-agent-gates', 'ValidatingAdmissionPolicy/-/probe-agent-gates-pod-status', 'FlowSchema/-/probe-agent-gates']) expect(objs.map(key), k).toContain(k);
+    for (const k of ['ClusterRole/-/probe-agent-gates', 'ValidatingAdmissionPolicy/-/probe-agent-gates-pod-status', 'ValidatingAdmissionPolicy/-/probe-agent-gates-events', 'FlowSchema/-/probe-agent-gates']) expect(objs.map(key), k).toContain(k);
+    // The Lease rights and their policy come only with gatesLease.enabled.
+    expect(objs.map(key).filter((k) => /lease/i.test(k))).toEqual([]);
+    const leased = template({ ...GATES_VALUES, gatesLease: { enabled: true } }).map(key);
+    for (const k of [`Role/${NS}/probe-agent-gates-lease`, `RoleBinding/${NS}/probe-agent-gates-lease`, 'ValidatingAdmissionPolicy/-/probe-agent-gates-leases']) expect(leased, k).toContain(k);
     const r = templateRaw(GATES_VALUES, '1.29.0');
     expect(r.ok).toBe(false);
     expect(r.err).toMatch(/mode: gates needs Kubernetes >= 1.30/);
