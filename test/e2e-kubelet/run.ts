@@ -240,7 +240,7 @@ async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string,
   const readiness: Record<string, string> = {};
   for (const n of [PODS.webNum, PODS.webNamed, PODS.webExec]) {
     const p = pods.find((x) => x.name === n);
-    const id = p?.containers[0]?.id.replace(/^\w+:\/\//, '');
+    const id = p?.containers[0]?.id.replace(/^[\w-]+:\/\//, '');
     const st = id ? await cri.call<{ status: { startedAt: string } }>('ContainerStatus', { containerId: id }) : undefined;
     const started = st?.ok ? Number(BigInt(st.msg.status.startedAt) / 1000n) / 1000 : undefined;
     const line = readyLines.find((l) => l.includes(`pod="default/${n}-${NODE_NAME}"`));
@@ -252,7 +252,7 @@ async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string,
 
   // Header values from the pod's annotation as kubelet copied it onto the sandbox: kubelet's own
   // ExecSync for a rewrite that keeps values out of the command (valueFrom), sent through the shim.
-  const named = pods.find((p) => p.name === PODS.webNamed)?.containers[0]?.id.replace(/^\w+:\/\//, '');
+  const named = pods.find((p) => p.name === PODS.webNamed)?.containers[0]?.id.replace(/^[\w-]+:\/\//, '');
   if (named) {
     const viaShim = new KubeletCri(shimSocket);
     const exec = (header: string) => viaShim.execSync(named, encodeShimCommand('readiness', { httpGet: { path: '/ready', port: HTTP_PORT, httpHeaders: [{ name: header, valueFrom: 'annotation' }] } }), 1);

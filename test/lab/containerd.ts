@@ -13,6 +13,7 @@ import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeFileSync
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { CriClient, type CriNamespaceMode } from '../../agent/netns/cri-client.ts';
+import { KubeletCri } from '../support/kubelet-cri.ts';
 import { ensurePauseImage, PAUSE_IMAGE_REF } from './containerd-image.ts';
 import {
   allocateSlot, pidAlive, recordContainerdPid, releaseSlot, removeSharedLeftovers, slotLayout, sweepSlot, waitGone,
@@ -102,6 +103,10 @@ export interface RuntimeLab {
   logFile: string;
   /** Puts an image archive (docker-archive or OCI) into the runtime's store under `ref`. */
   importImage(tar: string, ref: string): void;
+  /** Gives image `from` the name `to` too. */
+  tagImage(from: string, to: string): void;
+  /** SIGKILLs container `id`'s process, as a crash would (the runtime sees it exit). */
+  killContainer(id: string): Promise<void>;
   /** When the daemon's log (its text) says it was asked to stop container `id` (ms since the epoch). */
   stopRequestedAt(log: string, id: string): number | undefined;
   runSandbox(opts?: SandboxOptions): Promise<LabSandbox>;
@@ -133,6 +138,7 @@ export interface RuntimeDaemon {
   args: string[];
   env?: NodeJS.ProcessEnv;
   importImage(tar: string, ref: string): void;
+  tagImage(from: string, to: string): void;
   /** The text of the daemon's log line saying it was asked to stop container `id`. */
   stopLine(id: string): string;
 }
@@ -168,8 +174,12 @@ export async function createContainerdLab(opts: ContainerdLabOptions = {}): Prom
       command: bin ?? 'containerd',
       args: ['--config', path.join(lay.dir, 'config.toml')],
       ...(bin ? { env: { ...process.env, PATH: `${path.dirname(bin)}:${process.env['PATH'] ?? ''}` } } : {}),
+      // The archive names its image: `ref` is what the caller expects it to be.
       importImage: (tar) => {
         execFileSync(ctr, ['--address', socket, '-n', 'k8s.io', 'images', 'import', '--snapshotter', 'overlayfs', tar], { stdio: 'pipe', timeout: 300_000 });
+      },
+      tagImage: (from, to) => {
+        execFileSync(ctr, ['--address', socket, '-n', 'k8s.io', 'images', 'tag', '--force', from, to], { stdio: 'pipe', timeout: 60_000 });
       },
       stopLine: (id) => `msg="StopContainer for \\"${id}\\"`,
     };
@@ -237,6 +247,24 @@ class Lab implements RuntimeLab {
 
   importImage(tar: string, ref: string): void {
     this.#daemon.importImage(tar, ref);
+  }
+
+  tagImage(from: string, to: string): void {
+    this.#daemon.tagImage(from, to);
+  }
+
+  async killContainer(id: string): Promise<void> {
+    // Both runtimes' verbose ContainerStatus carries the process in info["info"].pid.
+    const cri = new KubeletCri(this.socket);
+    try {
+      const r = await cri.call<{ info: Record<string, string> }>('ContainerStatus', { containerId: id, verbose: true });
+      if (!r.ok) throw new Error(`ContainerStatus ${id}: ${r.details}`);
+      const pid = (JSON.parse(r.msg.info['info'] ?? '{}') as { pid?: number }).pid;
+      if (!pid) throw new Error(`ContainerStatus ${id}: no pid in its verbose info`);
+      process.kill(pid, 'SIGKILL');
+    } finally {
+      cri.close();
+    }
   }
 
   stopRequestedAt(log: string, id: string): number | undefined {

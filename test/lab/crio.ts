@@ -44,11 +44,14 @@ export async function createCrioLab(opts: CrioLabOptions): Promise<RuntimeLab> {
   return createLab((lay) => {
     writeCrioConfig(lay, opts, pinns);
     const d = lay.dir;
+    const store = `containers-storage:[overlay@${d}/root+${d}/runroot]`;
+    const copy = (from: string, to: string): void => {
+      execFileSync('skopeo', ['--policy', path.join(d, 'policy.json'), 'copy', '--quiet', from, to], { stdio: 'pipe', timeout: 300_000 });
+    };
     const importImage = (tar: string, ref: string): void => {
       // A docker-archive (the lab's own images) or an OCI archive (make image's).
       const transport = execFileSync('tar', ['-tf', tar], { encoding: 'utf8', maxBuffer: 64 << 20 }).split('\n').includes('oci-layout') ? 'oci-archive' : 'docker-archive';
-      execFileSync('skopeo', ['--policy', path.join(d, 'policy.json'), 'copy', '--quiet', `${transport}:${tar}`,
-        `containers-storage:[overlay@${d}/root+${d}/runroot]${ref}`], { stdio: 'pipe', timeout: 300_000 });
+      copy(`${transport}:${tar}`, `${store}${ref}`);
     };
     // Before CRI-O starts: it never has to pull its sandbox image.
     importImage(ensurePauseImage(), PAUSE_IMAGE_REF);
@@ -60,6 +63,7 @@ export async function createCrioLab(opts: CrioLabOptions): Promise<RuntimeLab> {
       // Its own config and drop-in dir: nothing of /etc/crio is read.
       args: ['--config', path.join(d, 'crio.conf'), '--config-dir', path.join(d, 'crio.conf.d'), '--registries-conf', path.join(d, 'registries.conf')],
       importImage,
+      tagImage: (from, to) => copy(`${store}${from}`, `${store}${to}`),
       stopLine: (id) => `Stopping container: ${id}`,
     };
   });
