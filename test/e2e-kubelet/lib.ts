@@ -237,7 +237,8 @@ export function warnLines(text: string): { count: number; top: string } {
 
 /** klog's "I1124 20:04:55.831504" -> epoch ms (kubelet logs local time; this run is on one machine). */
 export function klogTime(line: string): number | undefined {
-  const m = /^[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6})/.exec(line);
+  // OpenShift's kubelet (v1.33 from microshift) puts "??? " before klog's header.
+  const m = /^(?:\S+ )?[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6})/.exec(line);
   if (!m) return undefined;
   const now = new Date();
   const d = new Date(now.getFullYear(), Number(m[1]) - 1, Number(m[2]), Number(m[3]), Number(m[4]), Number(m[5]), Number(m[6]) / 1000);

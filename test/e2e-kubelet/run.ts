@@ -164,7 +164,7 @@ async function main(): Promise<number> {
   cleanups.push(() => kubelet.stop());
   const up = await kubelet.start('first');
   if (!check('kubelet starts with the shim as its runtime endpoint', up,
-    up ? `${info.version} healthy, endpoints by ${info.how}` : `kubelet ${kubelet.exited ? `exited (${kubelet.proc?.exitCode})` : 'not healthy'}: ${tail(kubelet.log, /^[EF]\d{4}|fail|RST_STREAM/i)}`)) {
+    up ? `${info.version} healthy, endpoints by ${info.how}` : `kubelet ${kubelet.exited ? `exited (${kubelet.proc?.exitCode})` : 'not healthy'}: ${tail(kubelet.log, /^(?:\S+ )?[EF]\d{4}|fail|RST_STREAM/i)}`)) {
     return 1;
   }
 
@@ -245,7 +245,8 @@ async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string,
     const started = st?.ok ? Number(BigInt(st.msg.status.startedAt) / 1000n) / 1000 : undefined;
     const line = readyLines.find((l) => l.includes(`pod="default/${n}-${NODE_NAME}"`));
     const at = line ? klogTime(line) : seenReady.get(n);
-    readiness[n] = started !== undefined && at !== undefined ? `${Math.round(at - started)} ms${line ? '' : ' (seen in /pods)'}` : 'not measured';
+    readiness[n] = started !== undefined && at !== undefined ? `${Math.round(at - started)} ms${line ? '' : ' (seen in /pods)'}`
+      : `not measured (${!id ? 'no container ID in /pods' : started === undefined ? `ContainerStatus: ${st?.ok ? 'no startedAt' : st?.details}` : `no readiness time: ${line ? `kubelet line ${line.slice(0, 60)}` : 'never seen Ready'}`})`;
     check(`${n}: Ready`, p?.ready === true, `container start -> kubelet's readiness "ready": ${readiness[n]}`);
   }
   check('the node cannot reach the pods (hole closed)', await nodeCannotReach(pods, roPort), `nft table ${NFT_TABLE} drops node -> ${subnet4}, ${subnet6}`);
