@@ -229,9 +229,10 @@ e2e-cluster: build image kube-tools $(RUNTIME_DEPS)
 	node test/e2e-cluster/run.ts --kube-bin-dir "$(KUBE_BIN_DIR)"
 
 ## e2e-containerd-events: gates mode's runtime watch on a containerd 1.7 or later you provide (CONTAINERD_17_BIN=/path/to/containerd,
-## its containerd-shim-runc-v2 beside it): the event stream chosen, a restart cleared before the new container runs. Root.
-e2e-containerd-events: build
-	@test -n "$(CONTAINERD_17_BIN)" || { echo "usage: make e2e-containerd-events CONTAINERD_17_BIN=/path/to/containerd (1.7+)" >&2; exit 2; }
+## its containerd-shim-runc-v2 beside it), or on CRI-O (RUNTIME=crio CRIO_BIN=/path/to/crio): the event stream chosen, a restart
+## cleared before the new container runs. Root.
+e2e-containerd-events: build $(RUNTIME_DEPS)
+	@test -n "$(CONTAINERD_17_BIN)$(CRIO_BIN)" || { echo "usage: make e2e-containerd-events CONTAINERD_17_BIN=/path/to/containerd (1.7+) | RUNTIME=crio CRIO_BIN=/path/to/crio" >&2; exit 2; }
 	CONTAINERD_17_BIN="$(CONTAINERD_17_BIN)" vitest run test/integration/gates-runtime-events.test.ts
 
 ## e2e-critest: cri-tools' critest (v1.26 or later) you provide (CRITEST=/path/to/critest), run against the lab's runtime
