@@ -357,10 +357,13 @@ class Lab implements RuntimeLab {
     };
     const id = await this.client.createContainer(sb.id, {
       metadata: { name: opts.name, attempt: opts.attempt ?? 0 },
-      image: { image: opts.image ?? PAUSE_IMAGE_REF },
+      // CRI-O checks signatures against the name the pod asked for (kubelet sends both).
+      image: { image: opts.image ?? PAUSE_IMAGE_REF, userSpecifiedImage: opts.image ?? PAUSE_IMAGE_REF },
       ...(opts.command ? { command: opts.command } : {}),
       labels: { ...podLabels, 'io.kubernetes.container.name': opts.name },
       ...(opts.annotations ? { annotations: opts.annotations } : {}),
+      // The sandbox's namespaces, as kubelet repeats them (CRI-O refuses a mismatch; containerd ignores it).
+      linux: { securityContext: { namespaceOptions: { network: sb.netnsPath ? 'POD' : 'NODE', pid: 'CONTAINER', ipc: 'POD' } } },
     }, {
       metadata: { name: sb.name, uid: sb.uid, namespace: sb.namespace, attempt: sb.attempt },
       labels: podLabels,

@@ -71,7 +71,7 @@ export async function createCrioLab(opts: CrioLabOptions): Promise<RuntimeLab> {
 
 function writeCrioConfig(lay: SlotLayout, opts: CrioLabOptions, pinns: string): void {
   const d = lay.dir;
-  for (const sub of ['root', 'runroot', 'ns', 'exits', 'attach', 'net.d', 'ipam', 'runc', 'crio.conf.d', 'hooks.d', 'cdi', 'pod-logs', 'keys']) {
+  for (const sub of ['root', 'runroot', 'ns', 'exits', 'attach', 'net.d', 'ipam', 'runc', 'crun', 'crio.conf.d', 'hooks.d', 'cdi', 'pod-logs', 'keys', 'policies', 'auth']) {
     mkdirSync(path.join(d, sub), { recursive: true });
   }
   writeFileSync(path.join(d, 'policy.json'), JSON.stringify({ default: [{ type: 'insecureAcceptAnything' }] }));
@@ -132,10 +132,20 @@ runtime_root = "${d}/runc"
 monitor_path = "${CONMON}"
 monitor_cgroup = "pod"
 
+# CRI-O's built-in default handler cannot be dropped: runc too, its root here (crun would make /run/crun).
+[crio.runtime.runtimes.crun]
+runtime_path = "${wrapper}"
+runtime_type = "oci"
+runtime_root = "${d}/crun"
+monitor_path = "${CONMON}"
+monitor_cgroup = "pod"
+
 [crio.image]
 pause_image = "${PAUSE_IMAGE_REF}"
 pause_command = "/pause"
 signature_policy = "${d}/policy.json"
+signature_policy_dir = "${d}/policies"
+namespaced_auth_dir = "${d}/auth"
 short_name_mode = "disabled"
 
 [crio.network]
