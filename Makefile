@@ -196,7 +196,7 @@ alerts: .tools/bin/node
 RUNTIME ?= containerd
 RUNTIME_DEPS := $(if $(filter crio,$(RUNTIME)),.tools/.crio-deps)
 .tools/.crio-deps: Makefile
-	@bash test/lab/install-system-deps.sh conmon runc containernetworking-plugins skopeo
+	@bash test/lab/install-system-deps.sh conmon runc containernetworking-plugins skopeo perl
 	@mkdir -p .tools && touch $@
 
 ## e2e-kubelet: a real kubelet you provide (KUBELET=/path/to/kubelet, 1.26 or later) runs rewritten static pods through the

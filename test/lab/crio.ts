@@ -8,10 +8,13 @@
  * transport over the same root and runroot), the pause image before CRI-O starts. Mirrors, when a
  * test asks for them, are plain-HTTP registries on loopback in its own registries.conf. Root only.
  *
- * Two things of this machine, not of CRI-O, need handling (docs/development.md):
+ * Three things of this machine, not of CRI-O, need handling (docs/development.md):
  * - root here lacks CAP_SYS_RESOURCE, so runc cannot lower a process's oom_score_adj, and CRI-O asks
  *   -998 for every infra container (kubelet asks -997 for Guaranteed pods). runc is wrapped to raise
  *   such values to its own first, what containerd's `restrict_oom_score_adj` does.
+ * - the hugetlb controller is in cgroup v2's hierarchy, not v1's: CRI-O sees it in /proc/cgroups and
+ *   passes kubelet's hugepage limits on, which runc cannot set. The wrapper drops them, what
+ *   containerd's `tolerate_missing_hugetlb_controller` does.
  * - CRI-O's conmon does not create a container's log directory: kubelet makes it (a kubelet-made pod
  *   does). Containers this lab creates without kubelet log nowhere (no log directory given).
  */
@@ -78,17 +81,26 @@ function writeCrioConfig(lay: SlotLayout, opts: CrioLabOptions, pinns: string): 
   writeFileSync(path.join(d, 'registries.conf'), Object.entries(opts.registryMirrors ?? {}).map(([host, endpoints]) =>
     `[[registry]]\nprefix = ${JSON.stringify(host)}\nlocation = ${JSON.stringify(host)}\n${endpoints.map((e) =>
       `[[registry.mirror]]\nlocation = ${JSON.stringify(e.replace(/^https?:\/\//, ''))}\ninsecure = ${e.startsWith('http://')}\n`).join('')}`).join('\n'));
-  const wrapper = path.join(d, 'runc-oom-clamp');
-  // runc create reads <bundle>/config.json, runc exec --process <file>: a negative oomScoreAdj below
-  // this process's own goes up to it (root here cannot lower it; containerd's restrict_oom_score_adj).
+  const wrapper = path.join(d, 'runc-wrapper');
+  // runc create reads <bundle>/config.json, runc exec --process <file>. Two things containerd's CRI
+  // does that CRI-O does not: a negative oomScoreAdj below this process's own goes up to it (root
+  // here cannot lower it: restrict_oom_score_adj), and hugepage limits go when cgroup v1 has no
+  // hugetlb hierarchy (this VM attaches hugetlb to the unified one, which runc 1.1 in v1 mode cannot
+  // use: tolerate_missing_hugetlb_controller).
   writeFileSync(wrapper, `#!/bin/bash
-own=$(</proc/self/oom_score_adj)
+export OWN_OOM=$(</proc/self/oom_score_adj) HUGETLB=1
+[[ -d /sys/fs/cgroup/hugetlb || -f /sys/fs/cgroup/cgroup.controllers ]] || HUGETLB=0
 prev=
 for a in "$@"; do
   f=
   case $prev in --bundle|-b) f=$a/config.json ;; --process|-p) f=$a ;; esac
   case $a in --bundle=*) f=\${a#--bundle=}/config.json ;; --process=*) f=\${a#--process=} ;; esac
-  [[ -n $f && -f $f ]] && perl -i -pe "s/\\"oomScoreAdj\\":\\s*(-?\\d+)/'\\"oomScoreAdj\\":'.(\\$1 < $own ? $own : \\$1)/ge" "$f"
+  [[ -n $f && -f $f ]] && perl -MJSON::PP -0777 -i -pe '
+    my $j = JSON::PP->new; my $d = $j->decode($_);
+    my $p = ref $d->{process} eq "HASH" ? $d->{process} : $d;
+    $p->{oomScoreAdj} = $ENV{OWN_OOM} + 0 if defined $p->{oomScoreAdj} && $p->{oomScoreAdj} < $ENV{OWN_OOM};
+    delete $d->{linux}{resources}{hugepageLimits} if !$ENV{HUGETLB} && ref $d->{linux} eq "HASH" && ref $d->{linux}{resources} eq "HASH";
+    $_ = $j->encode($d);' "$f"
   prev=$a
 done
 exec ${RUNC} "$@"
