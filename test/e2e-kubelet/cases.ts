@@ -163,8 +163,16 @@ export async function runExecTimeoutGate(ctx: PhaseContext): Promise<void> {
   const totals = await proberTotals(roPort);
   const ignored = log.split('\n').filter((l) => l.includes('ExecProbeTimeout feature gate was disabled')).length;
   const control = await restartsOf(CASE_PODS.gateHang, 'control');
-  check(`${P}the gate is off (kubelet's own timed-out exec probe ignored)`, ignored >= 1 && control === 0,
-    `kubelet "...but ExecProbeTimeout feature gate was disabled" lines ${ignored}; control container (exec liveness "sleep 5", timeout 1 s) restarts ${control}`);
+  const gate = /^kubernetes_feature_enabled\{name="ExecProbeTimeout"[^}]*\} (\d)$/m.exec((await httpGet(`http://127.0.0.1:${roPort}/metrics`)).body)?.[1] ?? 'absent';
+  if (ctx.runtime.kind === 'crio') {
+    // CRI-O ends a timed-out exec itself (conmon -T) and answers exit code -1: kubelet fails its own
+    // probe whatever the gate. The gate's state is kubelet's own metric.
+    check(`${P}the gate is off (kubelet's metric; CRI-O times kubelet's own exec probe out itself)`, gate === '0' && ignored === 0 && control >= 1,
+      `kubernetes_feature_enabled{name="ExecProbeTimeout"} ${gate}; kubelet "...gate was disabled" lines ${ignored}; control container (exec liveness "sleep 5", timeout 1 s) restarts ${control}`);
+  } else {
+    check(`${P}the gate is off (kubelet's own timed-out exec probe ignored)`, gate !== '1' && ignored >= 1 && control === 0,
+      `kubernetes_feature_enabled{name="ExecProbeTimeout"} ${gate}; kubelet "...but ExecProbeTimeout feature gate was disabled" lines ${ignored}; control container (exec liveness "sleep 5", timeout 1 s) restarts ${control}`);
+  }
   const failedLine = (pod: string): string => log.split('\n').find((l) => l.includes('"Probe failed"') && l.includes(`${pod}-${NODE_NAME}`) && l.includes('containerName="app"'))
     ?.match(/output="(?:[^"\\]|\\.){0,200}/)?.[0] ?? 'no "Probe failed" line';
   for (const [pod, label] of [[CASE_PODS.gateHang, 'rewritten liveness on a port that hangs fails'], [CASE_PODS.gate500, 'rewritten liveness answered 500 fails']] as const) {
