@@ -322,7 +322,7 @@ async function main(): Promise<number> {
   }, 1000) === true;
   // The open node first: the cluster runs before the node that will be closed joins it.
   const openUp = await nodeReady(open, 'open-containerd');
-  if (!check('the open node\'s kubelet registers and its node is Ready', openUp, openUp ? `${open.name} at ${open.ip} (containerd slot ${open.ctrd.slot}, pods ${slotLayout(open.ctrd.slot).subnet4})` : `see ${open.kubelet.log}`)) return 1;
+  if (!check('the open node\'s kubelet registers and its node is Ready', openUp, openUp ? `${open.name} at ${open.ip} (${choice.kind} slot ${open.ctrd.slot}, pods ${slotLayout(open.ctrd.slot).subnet4})` : `see ${open.kubelet.log}`)) return 1;
 
   // Step 1: the operator's apply.
   // The components follow the server's version, as an operator's overlay does (docs/deploy.md).
@@ -375,7 +375,7 @@ async function main(): Promise<number> {
 
   // The node to close joins: the DaemonSets roll onto it.
   const closedUp = await nodeReady(closed, 'closed-containerd');
-  if (!check('the second kubelet registers and its node is Ready', closedUp, closedUp ? `${closed.name} at ${closed.ip} (containerd slot ${closed.ctrd.slot}, pods ${slotLayout(closed.ctrd.slot).subnet4})` : `see ${closed.kubelet.log}`)) return 1;
+  if (!check('the second kubelet registers and its node is Ready', closedUp, closedUp ? `${closed.name} at ${closed.ip} (${choice.kind} slot ${closed.ctrd.slot}, pods ${slotLayout(closed.ctrd.slot).subnet4})` : `see ${closed.kubelet.log}`)) return 1;
   const agentPods = await cluster.ready('probe-agent', AGENT, 2, 180_000);
   const agentNodes = (agentPods ?? []).map((p) => `${p.spec.nodeName}: ${p.metadata.name}`).sort();
   check('agent DaemonSet Ready on both nodes', agentPods !== undefined && new Set(agentPods.map((p) => p.spec.nodeName)).size === 2,
@@ -411,7 +411,7 @@ async function main(): Promise<number> {
   const agentAfter = cluster.pods('probe-agent', AGENT).find((p) => p.spec.nodeName === closed.name);
   const openLabel = k.json<Obj>(['node', open.name])?.metadata?.labels?.[SHIM_NODE_LABEL];
   check('kubelet through the shim; installer labels the closed node shim=ready, not the open one; no pod restarted', labelled === true && openLabel === undefined && restartsOf(agentAfter ?? {}) === 0,
-    `${closed.name}: label ${labelled ? 'set by the installer' : 'missing'}; ${open.name} (kubelet on containerd): label ${openLabel ?? 'none'}; agent restarts ${restartsOf(agentAfter ?? {})}`);
+    `${closed.name}: label ${labelled ? 'set by the installer' : 'missing'}; ${open.name} (kubelet on ${choice.kind}): label ${openLabel ?? 'none'}; agent restarts ${restartsOf(agentAfter ?? {})}`);
   if (!labelled) return 1;
 
   // Close the hole on the closed node: taint it, and drop node->pod connections to its pods only.
