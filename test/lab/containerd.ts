@@ -521,7 +521,8 @@ export function writeLabCni(lay: SlotLayout, routes: string[] | undefined): void
         type: 'host-local',
         dataDir: path.join(d, 'ipam'),
         ranges: [[{ subnet: lay.subnet4 }], [{ subnet: lay.subnet6 }]],
-        ...(routes?.length ? { routes: routes.map((dst) => ({ dst })) } : {}),
+        // Via the gateway, named: CRI-O runs CNI CHECK, which looks for the route as the result says it.
+        ...(routes?.length ? { routes: routes.map((dst) => ({ dst, gw: lay.subnet4.replace(/0\/24$/, '1') })) } : {}),
       },
     }],
   }, null, 2));
