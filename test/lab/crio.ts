@@ -78,7 +78,8 @@ function writeCrioConfig(lay: SlotLayout, opts: CrioLabOptions, pinns: string): 
     mkdirSync(path.join(d, sub), { recursive: true });
   }
   writeFileSync(path.join(d, 'policy.json'), JSON.stringify({ default: [{ type: 'insecureAcceptAnything' }] }));
-  writeFileSync(path.join(d, 'registries.conf'), Object.entries(opts.registryMirrors ?? {}).map(([host, endpoints]) =>
+  // Short names (deploy/base's `probe-agent:<version>`) resolve as containerd resolves them: docker.io.
+  writeFileSync(path.join(d, 'registries.conf'), 'unqualified-search-registries = ["docker.io"]\n\n' + Object.entries(opts.registryMirrors ?? {}).map(([host, endpoints]) =>
     `[[registry]]\nprefix = ${JSON.stringify(host)}\nlocation = ${JSON.stringify(host)}\n${endpoints.map((e) =>
       `[[registry.mirror]]\nlocation = ${JSON.stringify(e.replace(/^https?:\/\//, ''))}\ninsecure = ${e.startsWith('http://')}\n`).join('')}`).join('\n'));
   const wrapper = path.join(d, 'runc-wrapper');
