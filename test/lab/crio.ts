@@ -97,7 +97,7 @@ for a in "$@"; do
   case $prev in --bundle|-b) f=$a/config.json ;; --process|-p) f=$a ;; esac
   case $a in --bundle=*) f=\${a#--bundle=}/config.json ;; --process=*) f=\${a#--process=} ;; esac
   # Perl only when there is something to change: kubelet's exec probes come through here too.
-  [[ -n $f && -f $f ]] && grep -qE '"oomScoreAdj":-|"hugepageLimits"' "$f" && perl -MJSON::PP -0777 -i -pe '
+  [[ -n $f && -f $f ]] && grep -qE '"oomScoreAdj": *-|"hugepageLimits"' "$f" && perl -MJSON::PP -0777 -i -pe '
     my $j = JSON::PP->new; my $d = $j->decode($_);
     my $p = ref $d->{process} eq "HASH" ? $d->{process} : $d;
     $p->{oomScoreAdj} = $ENV{OWN_OOM} + 0 if defined $p->{oomScoreAdj} && $p->{oomScoreAdj} < $ENV{OWN_OOM};
