@@ -108,6 +108,13 @@ done
 exec ${RUNC} "$@"
 `);
   chmodSync(wrapper, 0o755);
+  const handler = (name: string): string => `[crio.runtime.runtimes.${name}]
+runtime_path = "${wrapper}"
+runtime_type = "oci"
+runtime_root = "${d}/${name}"
+monitor_path = "${CONMON}"
+monitor_cgroup = "pod"
+`;
   writeFileSync(path.join(d, 'crio.conf'), `[crio]
 root = "${d}/root"
 runroot = "${d}/runroot"
@@ -139,21 +146,9 @@ irqbalance_config_file = "${d}/irqbalance"
 irqbalance_config_restore_file = "disable"
 log_level = "info"
 
-[crio.runtime.runtimes.runc]
-runtime_path = "${wrapper}"
-runtime_type = "oci"
-runtime_root = "${d}/runc"
-monitor_path = "${CONMON}"
-monitor_cgroup = "pod"
-
+${handler('runc')}
 # CRI-O's built-in default handler cannot be dropped: runc too, its root here (crun would make /run/crun).
-[crio.runtime.runtimes.crun]
-runtime_path = "${wrapper}"
-runtime_type = "oci"
-runtime_root = "${d}/crun"
-monitor_path = "${CONMON}"
-monitor_cgroup = "pod"
-
+${handler('crun')}
 [crio.image]
 pause_image = "${PAUSE_IMAGE_REF}"
 pause_command = "/pause"
