@@ -8,18 +8,20 @@
  * transport over the same root and runroot), the pause image before CRI-O starts. Mirrors, when a
  * test asks for them, are plain-HTTP registries on loopback in its own registries.conf. Root only.
  *
- * Three things of this machine, not of CRI-O, need handling (docs/development.md):
+ * Four things of this machine, not of CRI-O, need handling (docs/development.md):
  * - root here lacks CAP_SYS_RESOURCE, so runc cannot lower a process's oom_score_adj, and CRI-O asks
  *   -998 for every infra container (kubelet asks -997 for Guaranteed pods). runc is wrapped to raise
  *   such values to its own first, what containerd's `restrict_oom_score_adj` does.
  * - the hugetlb controller is in cgroup v2's hierarchy, not v1's: CRI-O sees it in /proc/cgroups and
  *   passes kubelet's hugepage limits on, which runc cannot set. The wrapper drops them, what
  *   containerd's `tolerate_missing_hugetlb_controller` does.
+ * - CRI-O gives a privileged container every capability; runc cannot grant CAP_SYS_RESOURCE here. The
+ *   wrapper drops the ones root here lacks, as containerd grants only the capabilities it holds.
  * - CRI-O's conmon does not create a container's log directory: kubelet makes it (a kubelet-made pod
  *   does). Containers this lab creates without kubelet log nowhere (no log directory given).
  */
 import { execFileSync } from 'node:child_process';
-import { chmodSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { createLab, writeLabCni, type RuntimeLab } from './containerd.ts';
 import type { SlotLayout } from './containerd-sweep.ts';
@@ -72,6 +74,21 @@ export async function createCrioLab(opts: CrioLabOptions): Promise<RuntimeLab> {
   });
 }
 
+/** Linux capabilities by number (capability.h), CAP_CHOWN (0) to CAP_CHECKPOINT_RESTORE (40). */
+const CAPABILITIES = ['CHOWN', 'DAC_OVERRIDE', 'DAC_READ_SEARCH', 'FOWNER', 'FSETID', 'KILL', 'SETGID', 'SETUID', 'SETPCAP',
+  'LINUX_IMMUTABLE', 'NET_BIND_SERVICE', 'NET_BROADCAST', 'NET_ADMIN', 'NET_RAW', 'IPC_LOCK', 'IPC_OWNER', 'SYS_MODULE',
+  'SYS_RAWIO', 'SYS_CHROOT', 'SYS_PTRACE', 'SYS_PACCT', 'SYS_ADMIN', 'SYS_BOOT', 'SYS_NICE', 'SYS_RESOURCE', 'SYS_TIME',
+  'SYS_TTY_CONFIG', 'MKNOD', 'LEASE', 'AUDIT_WRITE', 'AUDIT_CONTROL', 'SETFCAP', 'MAC_OVERRIDE', 'MAC_ADMIN', 'SYSLOG',
+  'WAKE_ALARM', 'BLOCK_SUSPEND', 'AUDIT_READ', 'PERFMON', 'BPF', 'CHECKPOINT_RESTORE'];
+
+/** The capabilities this process's bounding set lacks (CRI-O would hand them to privileged containers). */
+function capabilitiesNotHeld(): string[] {
+  const hex = /^CapBnd:\s*([0-9a-f]+)$/m.exec(readFileSync('/proc/self/status', 'utf8'))?.[1] ?? '';
+  if (!hex) return [];
+  const bnd = BigInt(`0x${hex}`);
+  return CAPABILITIES.filter((_, i) => ((bnd >> BigInt(i)) & 1n) === 0n).map((c) => `CAP_${c}`);
+}
+
 function writeCrioConfig(lay: SlotLayout, opts: CrioLabOptions, pinns: string): void {
   const d = lay.dir;
   for (const sub of ['root', 'runroot', 'ns', 'exits', 'attach', 'net.d', 'ipam', 'runc', 'crun', 'crio.conf.d', 'hooks.d', 'cdi', 'pod-logs', 'keys', 'policies', 'auth']) {
@@ -83,13 +100,17 @@ function writeCrioConfig(lay: SlotLayout, opts: CrioLabOptions, pinns: string): 
     `[[registry]]\nprefix = ${JSON.stringify(host)}\nlocation = ${JSON.stringify(host)}\n${endpoints.map((e) =>
       `[[registry.mirror]]\nlocation = ${JSON.stringify(e.replace(/^https?:\/\//, ''))}\ninsecure = ${e.startsWith('http://')}\n`).join('')}`).join('\n'));
   const wrapper = path.join(d, 'runc-wrapper');
-  // runc create reads <bundle>/config.json, runc exec --process <file>. Two things containerd's CRI
+  const missingCaps = capabilitiesNotHeld();
+  const fixable = ['"oomScoreAdj": *-', '"hugepageLimits"', ...missingCaps.map((c) => `"${c}"`)].join('|');
+  // runc create reads <bundle>/config.json, runc exec --process <file>. Three things containerd's CRI
   // does that CRI-O does not: a negative oomScoreAdj below this process's own goes up to it (root
-  // here cannot lower it: restrict_oom_score_adj), and hugepage limits go when cgroup v1 has no
-  // hugetlb hierarchy (this VM attaches hugetlb to the unified one, which runc 1.1 in v1 mode cannot
-  // use: tolerate_missing_hugetlb_controller).
+  // here cannot lower it: restrict_oom_score_adj), hugepage limits go when cgroup v1 has no hugetlb
+  // hierarchy (this VM attaches hugetlb to the unified one, which runc 1.1 in v1 mode cannot use:
+  // tolerate_missing_hugetlb_controller), and a privileged container gets the capabilities root
+  // here holds, not every one (root here lacks CAP_SYS_RESOURCE: containerd's
+  // WithAllCurrentCapabilities).
   writeFileSync(wrapper, `#!/bin/bash
-export OWN_OOM=$(</proc/self/oom_score_adj) HUGETLB=1
+export OWN_OOM=$(</proc/self/oom_score_adj) HUGETLB=1 MISSING_CAPS='${missingCaps.join(' ')}'
 [[ -d /sys/fs/cgroup/hugetlb || -f /sys/fs/cgroup/cgroup.controllers ]] || HUGETLB=0
 prev=
 for a in "$@"; do
@@ -97,11 +118,13 @@ for a in "$@"; do
   case $prev in --bundle|-b) f=$a/config.json ;; --process|-p) f=$a ;; esac
   case $a in --bundle=*) f=\${a#--bundle=}/config.json ;; --process=*) f=\${a#--process=} ;; esac
   # Perl only when there is something to change: kubelet's exec probes come through here too.
-  [[ -n $f && -f $f ]] && grep -qE '"oomScoreAdj": *-|"hugepageLimits"' "$f" && perl -MJSON::PP -0777 -i -pe '
+  [[ -n $f && -f $f ]] && grep -qE '${fixable}' "$f" && perl -MJSON::PP -0777 -i -pe '
     my $j = JSON::PP->new; my $d = $j->decode($_);
     my $p = ref $d->{process} eq "HASH" ? $d->{process} : $d;
     $p->{oomScoreAdj} = $ENV{OWN_OOM} + 0 if defined $p->{oomScoreAdj} && $p->{oomScoreAdj} < $ENV{OWN_OOM};
     delete $d->{linux}{resources}{hugepageLimits} if !$ENV{HUGETLB} && ref $d->{linux} eq "HASH" && ref $d->{linux}{resources} eq "HASH";
+    my %drop = map { $_ => 1 } split / /, $ENV{MISSING_CAPS};
+    if (ref $p->{capabilities} eq "HASH") { for my $set (values %{$p->{capabilities}}) { @$set = grep { !$drop{$_} } @$set if ref $set eq "ARRAY" } }
     $_ = $j->encode($d);' "$f"
   prev=$a
 done
