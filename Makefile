@@ -195,11 +195,20 @@ soak-deployed: build image
 alerts: .tools/bin/node
 	node tools/alerts/render-prometheusrule.ts
 
+## The runtime of the e2e targets (test/lab/runtime-lab.ts): RUNTIME=containerd (default; CONTAINERD_BIN=/path/to/containerd
+## with its containerd-shim-runc-v2 and ctr beside it, e.g. a 2.x; none: Debian's 1.6) or RUNTIME=crio CRIO_BIN=/path/to/crio
+## (pinns beside it; Debian's conmon, runc, CNI plugins and skopeo, which puts the images into its storage, are installed).
+RUNTIME ?= containerd
+RUNTIME_DEPS := $(if $(filter crio,$(RUNTIME)),.tools/.crio-deps)
+.tools/.crio-deps: Makefile
+	@bash test/lab/install-system-deps.sh conmon runc containernetworking-plugins skopeo perl
+	@mkdir -p .tools && touch $@
+
 ## e2e-kubelet: a real kubelet you provide (KUBELET=/path/to/kubelet, 1.26 or later) runs rewritten static pods through the
-## shim, the agent and the lab's containerd, the node->pod path dropped; prints a pass/fail table (not in `make test`).
+## shim, the agent and the lab's runtime (RUNTIME above), the node->pod path dropped; prints a pass/fail table (not in `make test`).
 ## Phases base, cases, gate, rollout, churn (E2E_PHASES picks some); E2E_CHURN_SECONDS (default 240); E2E_FRAME_TAP=0; E2E_KEEP_LOGS=1;
 ## E2E_AGENT_NODE_FLAGS, E2E_SHIM_NODE_FLAGS: extra node flags (e.g. --heapsnapshot-signal=SIGUSR2) for finding a leak.
-e2e-kubelet: build
+e2e-kubelet: build $(RUNTIME_DEPS)
 	@test -n "$(KUBELET)" || { echo "usage: make e2e-kubelet KUBELET=/path/to/kubelet" >&2; exit 2; }
 	node test/e2e-kubelet/run.ts --kubelet "$(KUBELET)"
 
@@ -216,10 +225,10 @@ bench-kubelet: build
 ## version; v1.24 and v1.33 checked) and Debian's etcd: the DaemonSet, the installer, the webhook, the closed-hole taint, faults,
 ## the rollback and 100 pods. E2E_CLUSTER_INSTALL=helm installs the chart (deploy/helm) with the values of the same
 ## overlay instead, then checks a `helm upgrade` to a new image tag and a `helm rollback` restart no pod.
-## E2E_CLUSTER_MODE=gates runs the gates phase instead (test/e2e-cluster/gates.ts): both kubelets on containerd, no shim.
-## E2E_CONTAINERD_BIN=/path/to/containerd runs both nodes on that containerd (e.g. a 1.7, whose event stream gates mode follows).
+## E2E_CLUSTER_MODE=gates runs the gates phase instead (test/e2e-cluster/gates.ts): both kubelets on their runtime, no shim.
+## Both nodes run the RUNTIME above (CONTAINERD_BIN or its older name E2E_CONTAINERD_BIN, CRIO_BIN).
 ## Root; about 15 minutes; not part of make test (test/e2e-cluster/run.ts says what it checks).
-e2e-cluster: build image kube-tools
+e2e-cluster: build image kube-tools $(RUNTIME_DEPS)
 	@test -n "$(KUBE_BIN_DIR)" || { echo "usage: make e2e-cluster KUBE_BIN_DIR=/dir/with/kube-apiserver,kubectl,..." >&2; exit 2; }
 	@bash test/lab/install-system-deps.sh etcd-server
 	node test/e2e-cluster/run.ts --kube-bin-dir "$(KUBE_BIN_DIR)"
@@ -235,16 +244,17 @@ e2e-policies: build kube-tools
 	node test/e2e-policies/run.ts --kube-bin-dir "$(KUBE_BIN_DIR)"
 
 ## e2e-containerd-events: gates mode's runtime watch on a containerd 1.7 or later you provide (CONTAINERD_17_BIN=/path/to/containerd,
-## its containerd-shim-runc-v2 beside it): the event stream chosen, a restart cleared before the new container runs. Root.
-e2e-containerd-events: build
-	@test -n "$(CONTAINERD_17_BIN)" || { echo "usage: make e2e-containerd-events CONTAINERD_17_BIN=/path/to/containerd (1.7+)" >&2; exit 2; }
+## its containerd-shim-runc-v2 beside it), or on CRI-O (RUNTIME=crio CRIO_BIN=/path/to/crio): the event stream chosen, a restart
+## cleared before the new container runs. Root.
+e2e-containerd-events: build $(RUNTIME_DEPS)
+	@test -n "$(CONTAINERD_17_BIN)$(CRIO_BIN)" || { echo "usage: make e2e-containerd-events CONTAINERD_17_BIN=/path/to/containerd (1.7+) | RUNTIME=crio CRIO_BIN=/path/to/crio" >&2; exit 2; }
 	CONTAINERD_17_BIN="$(CONTAINERD_17_BIN)" vitest run test/integration/gates-runtime-events.test.ts
 
-## e2e-critest: cri-tools' critest v1.26 you provide (CRITEST=/path/to/critest), run against the lab's containerd
-## directly and through the shim, on busybox-based stand-in images served by a loopback registry; compares the two
+## e2e-critest: cri-tools' critest (v1.26 or later) you provide (CRITEST=/path/to/critest), run against the lab's runtime
+## (RUNTIME above) directly and through the shim, on busybox-based stand-in images served by a loopback registry; compares the two
 ## JUnit reports spec by spec and prints a table (CRITEST_SEED, CRITEST_FOCUS, CRITEST_SKIP, CRITEST_TIMEOUT_MIN,
 ## E2E_KEEP_LOGS=1; not in `make test`).
-e2e-critest: build .tools/.critest-deps
+e2e-critest: build .tools/.critest-deps $(RUNTIME_DEPS)
 	@test -n "$(CRITEST)" || { echo "usage: make e2e-critest CRITEST=/path/to/critest" >&2; exit 2; }
 	node test/e2e-critest/run.ts --critest "$(CRITEST)"
 # Debian's docker-registry serves the stand-in images; skopeo pushes them there from docker-archives.

@@ -10,8 +10,9 @@
  * at once that a container started, stopped or went. Events are lossy across reconnects, so every
  * (re)subscription is followed by one ListContainers that the events received meanwhile are replayed
  * on, and a full list runs every `resyncMs` as a safety net (kubelet's Evented PLEG relists too). A
- * runtime without the stream (containerd 1.6: UNIMPLEMENTED) is listed every `intervalMs` instead,
- * and asked for the stream again every `retryEventsMs` (an in-place runtime upgrade).
+ * runtime without the stream (containerd 1.6: UNIMPLEMENTED; CRI-O with `enable_pod_events = false`,
+ * its default: the stream ends at once, empty) is listed every `intervalMs` instead, and asked for
+ * the stream again every `retryEventsMs` (an in-place runtime upgrade, a changed config).
  * Either way the consumer gets the same thing: the node's containers as the runtime last said.
  */
 import { describeError } from '../errors.ts';
@@ -36,8 +37,14 @@ export interface RuntimeContainer {
 /** Where the watch's view comes from now. */
 export type RuntimeWatchSource = 'events' | 'list';
 
-/** gRPC's UNIMPLEMENTED. */
+/** gRPC's OK and UNIMPLEMENTED. */
+const OK = 0;
 const UNIMPLEMENTED = 12;
+/**
+ * Streams in a row that ended cleanly before any event: the runtime has none to send. CRI-O with
+ * pod events off returns from GetContainerEvents at once; a runtime's clean shutdown ends one only.
+ */
+const EMPTY_ENDS_MEAN_NONE = 3;
 
 function nanos(v: string | undefined): bigint {
   try {
@@ -140,6 +147,8 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
   const setSource = (s: RuntimeWatchSource): void => {
     if (s === source) return;
     source = s;
+    // The list's reason is said where it is chosen.
+    if (s === 'events') o.log.info('container starts and stops come from the runtime\'s event stream (CRI GetContainerEvents)', { source: s });
     o.onSource?.(s);
   };
   const listFailed = (err: unknown): void => {
@@ -196,6 +205,10 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
   let trusted = false;
   /** The stream ended and no catch-up list has answered since. */
   let reconnecting = false;
+  /** An event came on the current subscription. */
+  let delivered = false;
+  /** Subscriptions in a row that ended cleanly before any event. */
+  let emptyEnds = 0;
 
   const later = (fn: () => void, ms: number): void => {
     if (timer) clearTimeout(timer);
@@ -222,6 +235,8 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
   const onEvent = (gen: number, e: CriContainerEvent): void => {
     if (gen !== generation || stopped) return;
     o.onEvent?.(e.containerEventType);
+    delivered = true;
+    emptyEnds = 0;
     const first = !trusted;
     trusted = true;
     if (buffer) {
@@ -270,6 +285,7 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
     if (stopped || !o.events) return;
     const gen = ++generation;
     subscribedAt = Date.now();
+    delivered = false;
     trusted = source !== 'list';
     stream = o.events((e) => onEvent(gen, e), (err) => onEnd(gen, err));
     catchUp(gen);
@@ -287,12 +303,19 @@ export function startRuntimeWatch(o: RuntimeWatchOptions): () => void {
   const onEnd = (gen: number, err: Error): void => {
     if (gen !== generation || stopped) return;
     const code = (err as { context?: { grpcCode?: unknown } }).context?.grpcCode;
-    if (code === UNIMPLEMENTED) {
+    const empty = code === OK && !delivered;
+    emptyEnds = empty ? emptyEnds + 1 : 0;
+    // Already listing (asked again later): one empty end says it still has none.
+    if (code === UNIMPLEMENTED || (empty && (source === 'list' || emptyEnds >= EMPTY_ENDS_MEAN_NONE))) {
+      emptyEnds = 0;
       stream = undefined;
       generation++;
       buffer = undefined;
       if (!fallbackLogged || source === 'events') {
-        o.log.info('the runtime has no container event stream; its containers are listed every interval instead', { reason: describeError(err), intervalMs: o.intervalMs, retryEventsMs });
+        o.log.info('the runtime has no container event stream; its containers are listed every interval instead', {
+          source: 'list', reason: code === UNIMPLEMENTED ? describeError(err) : `the stream ended before any event ${EMPTY_ENDS_MEAN_NONE} times in a row (CRI-O: enable_pod_events = false)`,
+          intervalMs: o.intervalMs, retryEventsMs,
+        });
       }
       fallbackLogged = true;
       setSource('list');

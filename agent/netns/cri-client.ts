@@ -127,13 +127,14 @@ export interface CriEventStream {
 /** CreateContainer config (the subset in our proto), camelCase. */
 export interface CriContainerConfig {
   metadata: { name: string; attempt?: number };
-  image: { image: string };
+  image: { image: string; userSpecifiedImage?: string };
   command?: string[];
   args?: string[];
   envs?: { key: string; value: string }[];
   labels?: Record<string, string>;
   annotations?: Record<string, string>;
   logPath?: string;
+  linux?: { securityContext?: { namespaceOptions?: { network?: CriNamespaceMode; pid?: CriNamespaceMode; ipc?: CriNamespaceMode } } };
 }
 
 type Callback = (err: grpc.ServiceError | null, res?: unknown) => void;

@@ -1,7 +1,7 @@
 /**
  * The gates phase of `make e2e-cluster` (E2E_CLUSTER_MODE=gates): probe-agent in gates mode
  * (docs/closing-the-hole.md, "Where kubelet cannot use the shim: gates mode") on the run's two real
- * nodes, both kubelets on containerd directly, no shim. The overlay takes the gates and gates-lease
+ * nodes, both kubelets on their runtime (containerd or CRI-O) directly, no shim. The overlay takes the gates and gates-lease
  * components instead of kubelet-shim. The closed node's pods are unreachable from the node
  * (node->pod dropped) and the gates workloads are pinned there (nodeSelector); their kubelet-driven
  * twins run as written on the open node. Kubelet's own view is the evidence: pod conditions,
@@ -63,8 +63,8 @@ export interface GatesContext {
   scalePods: number;
   /** Where warnings.log goes (E2E_KEEP_LOGS keeps it). */
   scratch: string;
-  /** The closed node's containerd socket (ctr kills a container as a crash would). */
-  closedRuntime: string;
+  /** Kills a container of the closed node as a crash would (SIGKILL to its process). */
+  killContainer(id: string): Promise<void>;
   /** The API server's port (on the open node's address): the agent's path to it is cut there. */
   apiPort: number;
   /** Freezes or resumes kube-apiserver (control-plane.ts). */
@@ -183,7 +183,7 @@ export async function gatesPhase(c: GatesContext): Promise<void> {
   if (crashed) {
     const oldId = String(crashed.status.containerStatuses[0].containerID);
     const killedAt = Date.now();
-    execFileSync('ctr', ['--address', c.closedRuntime, '-n', 'k8s.io', 'task', 'kill', '-s', 'SIGKILL', oldId.replace(/^\w+:\/\//, '')], { stdio: 'pipe' });
+    await c.killContainer(oldId.replace(/^[\w-]+:\/\//, ''));
     let stale = 0;
     let samples = 0;
     let firstStale = NaN;

@@ -1,14 +1,14 @@
 /**
  * The overlay an operator of this lab cluster writes: deploy/base with the components docs/deploy.md
- * names for the cluster's version with containerd (components(): containerd, pod-monitor,
+ * names for the cluster's version and runtime (components(): containerd or crio, pod-monitor,
  * kubelet-shim, rewrite-webhook; nodes-proxy-fallback before 1.33 and before-1.30 before 1.30),
  * the webhook's certificates made without cert-manager (docs/rewrite.md), and the patches this
  * cluster needs because its two nodes share one machine:
- * - each node's own directories (/run/probe-agent, /run/probe-agent-shim, /run/containerd,
+ * - each node's own directories (/run/probe-agent, /run/probe-agent-shim, /run/containerd or /var/run/crio,
  *   /opt/probe-agent-shim, /etc/systemd/system, /var/lib/kubelet) are `<nodesDir>/<node>/...`:
  *   every hostPath the agent and the installer use for them becomes `nodesDir` with
  *   `subPathExpr: $(NODE_NAME)/...`, so each pod sees its own node's, as on separate machines;
- * - `<nodesDir>/<node>/run/containerd/containerd.sock` is a symlink to that node's lab containerd,
+ * - `<nodesDir>/<node>/run/containerd/containerd.sock` (CRI-O: `var/run/crio/crio.sock`) is a symlink to that node's lab runtime,
  *   whose directories the agent mounts at their host paths (its netns files are there);
  * - the installer has no systemd to talk to (SYSTEMCTL=none, install-shim.sh's own knob): the run
  *   starts the installed shim as the unit's ExecStart says.
@@ -16,13 +16,16 @@
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+import type { RuntimeKind } from '../lab/containerd.ts';
 
 export interface OverlayOptions {
   repo: string;
   dir: string;
   version: string;
-  /** Each node's lab containerd: its directory and netns directory (host paths). */
+  /** Each node's lab runtime: its directory and netns directory (host paths). */
   containerds: { dir: string; netnsDir: string }[];
+  /** The nodes' runtime: its component (containerd or crio). Default containerd. */
+  runtime?: RuntimeKind;
   /** The parent of the nodes' own directories (`<nodesDir>/<node name>/run/probe-agent`, ...). */
   nodesDir: string;
   /** The address range the API server's connections to the webhook come from. */
@@ -35,10 +38,10 @@ export interface OverlayOptions {
 
 export type Mode = 'shim' | 'gates';
 
-/** The components docs/deploy.md names for a containerd cluster of 1.<minor> (API server and kubelets alike). */
-export function components(minor: number, mode: Mode = 'shim'): string[] {
+/** The components docs/deploy.md names for a cluster of 1.<minor> (API server and kubelets alike) on `runtime`. */
+export function components(minor: number, mode: Mode = 'shim', runtime: RuntimeKind = 'containerd'): string[] {
   return [
-    'containerd', 'pod-monitor',
+    runtime, 'pod-monitor',
     // The kubelet authorizes GET /pods as nodes/pods from 1.33 (KubeletFineGrainedAuthz), as nodes/proxy before.
     ...(minor < 33 ? ['nodes-proxy-fallback'] : []),
     // Gates mode leaves kubelet on its runtime: no shim; the fail-closed Lease option after the webhook.
@@ -52,9 +55,17 @@ export function components(minor: number, mode: Mode = 'shim'): string[] {
 const AGENT_NODE_DIRS = [
   ['probe-socket-dir', '/run/probe-agent', 'run/probe-agent'],
   ['shim-run', '/run/probe-agent-shim', 'run/probe-agent-shim'],
-  // The containerd component's mount; propagation off: only a symlink to the socket is in it.
-  ['containerd-run', '/run/containerd', 'run/containerd'],
 ] as const;
+/**
+ * The runtime component's mount (deploy/components/<runtime>); propagation off: only a symlink to
+ * the lab runtime's socket is in it.
+ */
+export const RUNTIME_NODE_DIR = {
+  containerd: ['containerd-run', '/run/containerd', 'run/containerd'],
+  crio: ['crio-run', '/var/run/crio', 'var/run/crio'],
+} as const;
+/** The node's path of the runtime's socket, relative to its own root. */
+export const RUNTIME_SOCKET = { containerd: 'run/containerd/containerd.sock', crio: 'var/run/crio/crio.sock' } as const;
 /** The installer's. */
 const INSTALLER_NODE_DIRS = [
   ['shim-dir', '/host/opt/probe-agent-shim', 'opt/probe-agent-shim'],
@@ -63,16 +74,18 @@ const INSTALLER_NODE_DIRS = [
   ['run', '/host/run/probe-agent', 'run/probe-agent'],
   ['kubelet', '/host/var/lib/kubelet', 'var/lib/kubelet'],
 ] as const;
+const ALL_NODE_DIRS = [...AGENT_NODE_DIRS, ...Object.values(RUNTIME_NODE_DIR), ...INSTALLER_NODE_DIRS];
 /** Every node directory the manifests mount, relative to a node's own root (`<nodesDir>/<node>`). */
-export const NODE_DIRS = [...new Set([...AGENT_NODE_DIRS, ...INSTALLER_NODE_DIRS].map((d) => d[2]))];
+export const NODE_DIRS = [...new Set(ALL_NODE_DIRS.map((d) => d[2]))];
 
-const nodePath = (mountPath: string): string => [...AGENT_NODE_DIRS, ...INSTALLER_NODE_DIRS].find((d) => d[1] === mountPath)![2];
+const nodePath = (mountPath: string): string => ALL_NODE_DIRS.find((d) => d[1] === mountPath)![2];
 const nodeMount = (name: string, mountPath: string): Record<string, unknown> =>
-  ({ name, mountPath, subPathExpr: `$(NODE_NAME)/${nodePath(mountPath)}`, ...(name === 'containerd-run' ? { mountPropagation: 'None' } : {}) });
+  ({ name, mountPath, subPathExpr: `$(NODE_NAME)/${nodePath(mountPath)}`, ...(Object.values(RUNTIME_NODE_DIR).some((d) => d[0] === name) ? { mountPropagation: 'None' } : {}) });
 const nodesVolume = (name: string, nodesDir: string): Record<string, unknown> => ({ name, hostPath: { path: nodesDir, type: 'Directory' } });
 
 /** The patches of the agent's and the installer's DaemonSets for this machine's nodes (the header says which). */
-export function nodePatches(o: Pick<OverlayOptions, 'containerds' | 'nodesDir' | 'mode'>): object[] {
+export function nodePatches(o: Pick<OverlayOptions, 'containerds' | 'nodesDir' | 'mode' | 'runtime'>): object[] {
+  const agentDirs = [...AGENT_NODE_DIRS, RUNTIME_NODE_DIR[o.runtime ?? 'containerd']];
   const agentPatch = {
     apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'probe-agent', namespace: 'probe-agent' },
     spec: { template: { spec: {
@@ -80,12 +93,12 @@ export function nodePatches(o: Pick<OverlayOptions, 'containerds' | 'nodesDir' |
         name: 'agent',
         env: [{ name: 'PROBE_AGENT_NETNS_DIR', value: o.containerds.map((c) => c.netnsDir).join(',') }],
         volumeMounts: [
-          ...AGENT_NODE_DIRS.map(([name, mountPath]) => nodeMount(name, mountPath)),
+          ...agentDirs.map(([name, mountPath]) => nodeMount(name, mountPath)),
           ...o.containerds.map((c, i) => ({ name: `lab-containerd-${i}`, mountPath: c.dir, readOnly: true, mountPropagation: 'HostToContainer' })),
         ],
       }],
       volumes: [
-        ...AGENT_NODE_DIRS.map(([name]) => nodesVolume(name, o.nodesDir)),
+        ...agentDirs.map(([name]) => nodesVolume(name, o.nodesDir)),
         ...o.containerds.map((c, i) => ({ name: `lab-containerd-${i}`, hostPath: { path: c.dir, type: 'Directory' } })),
       ],
     } } },
@@ -119,7 +132,7 @@ export function writeOverlay(o: OverlayOptions): string {
     // kustomize v4 (kubectl 1.21-1.26) runs an overlay's generators after its components and drops
     // local-config objects before them: the CIDR is a plain resource there (docs/deploy.md).
     resources: [rel('base'), 'api-server-cidr.json'],
-    components: components(o.serverMinor, o.mode).map((c) => rel(`components/${c}`)),
+    components: components(o.serverMinor, o.mode, o.runtime).map((c) => rel(`components/${c}`)),
     images: [{ name: 'probe-agent', newName: 'probe-agent', newTag: o.version }],
     patches: [...nodeFixes.map((p) => ({ patch: JSON.stringify(p) })), ...noCertManager],
   }, null, 2));
@@ -138,7 +151,7 @@ export function helmValues(o: OverlayOptions & { tag: string; caBundle: string }
   return {
     mode: 'shim',
     image: { repository: 'probe-agent', tag: o.tag },
-    runtime: 'containerd',
+    runtime: o.runtime ?? 'containerd',
     agent: { nodesProxyFallback: o.serverMinor < 33 },
     webhook: {
       enabled: true,

@@ -3,7 +3,8 @@
  * operator deploys it, from binaries the user gives (kube-apiserver, kube-controller-manager,
  * kube-scheduler, kubectl and kubelet of one Kubernetes version; nothing is built or fetched here)
  * and Debian's etcd. Two kubelets register, each a node with its own address (10.252.<slot>.1), root
- * directory, pod log directory, lab containerd (its own slot, bridge and pod subnet 10.251.<slot>.0/24)
+ * directory, pod log directory, lab runtime (RUNTIME: containerd or CRI-O, test/lab/runtime-lab.ts; its
+ * own slot, bridge and pod subnet 10.251.<slot>.0/24)
  * and own /run, /opt and /etc directories for what the manifests mount (overlay.ts); the image from
  * `make image` is imported into both. The open node runs the control plane's address and the webhook;
  * the other joins, gets the shim and is closed; the workloads go there. The steps, each a row:
@@ -38,7 +39,8 @@ import { request as httpsRequest } from 'node:https';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { importBusyboxImage, BUSYBOX_IMAGE_REF } from '../lab/busybox-image.ts';
-import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
+import type { RuntimeLab } from '../lab/containerd.ts';
+import { createRuntimeLab, describeRuntime, runtimeChoice } from '../lab/runtime-lab.ts';
 import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
 import { keepKubeletSysctls, Kubelet, kubeletInfo } from '../e2e-kubelet/kubelet.ts';
@@ -51,7 +53,7 @@ import { gatesPhase } from './gates.ts';
 import { Helm } from './helm.ts';
 import { Kubectl, type KubectlResult } from './kubectl.ts';
 import { agentMetric, failedCalls, histogram, minus, p50p99 } from './prom.ts';
-import { components, helmValues, NODE_DIRS, POD_MONITOR_CRD, writeOverlay, type Mode } from './overlay.ts';
+import { components, helmValues, NODE_DIRS, POD_MONITOR_CRD, RUNTIME_SOCKET, writeOverlay, type Mode } from './overlay.ts';
 import { secondWebhookConfig, startSecondWebhook } from './second-webhook.ts';
 import { APPS_NS, daemonSet, grpcDeployment, OTHER_NS, plainPod, retriedDeployment, scaleDeployment, webDeployment } from './workloads.ts';
 
@@ -202,7 +204,7 @@ interface LabNode {
   role: 'open' | 'closed';
   /** 10.252.<its containerd's slot>.1, on lo. */
   ip: string;
-  ctrd: ContainerdLab;
+  ctrd: RuntimeLab;
   /** Its own root for the directories the manifests mount (overlay.ts NODE_DIRS). */
   root: string;
   kubeletDir: string;
@@ -212,8 +214,10 @@ interface LabNode {
 }
 
 async function main(): Promise<number> {
-  if (process.getuid?.() !== 0) usage('must run as root (it starts kubelets, containerd and nftables rules)');
+  if (process.getuid?.() !== 0) usage('must run as root (it starts kubelets, their runtimes and nftables rules)');
   const binDir = binDirFromArgs();
+  const choice = runtimeChoice();
+  if ('error' in choice) usage(choice.error);
   if (INSTALL !== 'kustomize' && INSTALL !== 'helm') usage(`E2E_CLUSTER_INSTALL=${INSTALL}: kustomize or helm`);
   if (MODE !== 'shim' && MODE !== 'gates') usage(`E2E_CLUSTER_MODE=${MODE}: shim or gates`);
   if (MODE === 'gates' && INSTALL !== 'kustomize') usage('E2E_CLUSTER_MODE=gates installs with kustomize');
@@ -253,17 +257,17 @@ async function main(): Promise<number> {
   // The nodes' own directories: short paths, the shim's sockets live there (108-byte limit).
   const nodesDir = path.join(scratch, 'n');
 
-  say('two lab containerds (CNI bridge, pause and busybox images), each with the image from make image');
+  say(`two lab ${choice.kind} runtimes (CNI bridge, pause and busybox images), each with the image from make image`);
   const makeNode = async (name: string, role: LabNode['role']): Promise<LabNode> => {
     // Pods reach the nodes' addresses and the Service range through their gateway, the host.
-    const ctrd = await createContainerdLab({ routes: [NODE_IP_RANGE, SERVICE_CIDR], binary: process.env.E2E_CONTAINERD_BIN || undefined });
+    const ctrd = await createRuntimeLab(choice, { routes: [NODE_IP_RANGE, SERVICE_CIDR] });
     cleanups.push(() => ctrd.destroy());
-    importBusyboxImage(ctrd.socket);
-    execFileSync('ctr', ['--address', ctrd.socket, '-n', 'k8s.io', 'images', 'import', '--snapshotter', 'overlayfs', IMAGE_TAR], { stdio: 'pipe', timeout: 300_000 });
+    importBusyboxImage(ctrd);
+    ctrd.importImage(IMAGE_TAR, `docker.io/library/${IMAGE}`);
     const root = path.join(nodesDir, name);
     for (const d of NODE_DIRS) mkdirSync(path.join(root, d), { recursive: true, mode: d === 'run/probe-agent-shim' ? 0o700 : 0o755 });
-    // The node's /run/containerd/containerd.sock is its lab containerd's.
-    symlinkSync(ctrd.socket, path.join(root, 'run/containerd/containerd.sock'));
+    // The node's runtime socket (/run/containerd/containerd.sock, /var/run/crio/crio.sock) is its lab runtime's.
+    symlinkSync(ctrd.socket, path.join(root, RUNTIME_SOCKET[choice.kind]));
     // Kubelet's root is not the node's /var/lib/kubelet seen by the installer (which holds only
     // kubeadm-flags.env here): mounted into the installer's pod by subPath, kubelet could never
     // unmount a bind of its own root, and the installer's old pods would not go on an update.
@@ -282,6 +286,8 @@ async function main(): Promise<number> {
   const open = await makeNode(OPEN_NODE, 'open');
   const closed = await makeNode(NODE_NAME, 'closed');
   const nodes = [open, closed];
+  heading += `; runtime ${await describeRuntime(open.ctrd, choice)}`;
+  say(heading);
 
   // When the run restarts kubelet or deletes pods on purpose (the log check allows what that causes).
   const switchWindow = { from: 0, to: 0 };
@@ -316,7 +322,7 @@ async function main(): Promise<number> {
   }, 1000) === true;
   // The open node first: the cluster runs before the node that will be closed joins it.
   const openUp = await nodeReady(open, 'open-containerd');
-  if (!check('the open node\'s kubelet registers and its node is Ready', openUp, openUp ? `${open.name} at ${open.ip} (containerd slot ${open.ctrd.slot}, pods ${slotLayout(open.ctrd.slot).subnet4})` : `see ${open.kubelet.log}`)) return 1;
+  if (!check('the open node\'s kubelet registers and its node is Ready', openUp, openUp ? `${open.name} at ${open.ip} (${choice.kind} slot ${open.ctrd.slot}, pods ${slotLayout(open.ctrd.slot).subnet4})` : `see ${open.kubelet.log}`)) return 1;
 
   // Step 1: the operator's apply.
   // The components follow the server's version, as an operator's overlay does (docs/deploy.md).
@@ -324,10 +330,10 @@ async function main(): Promise<number> {
   const serverMinor = Number.parseInt(serverVersion.minor ?? '', 10);
   if (!Number.isInteger(serverMinor)) throw new Error(`the API server's /version has no minor: ${JSON.stringify(serverVersion)}`);
   if (MODE === 'gates' && serverMinor < 30) usage(`gates mode needs Kubernetes 1.30 or later (the API server is ${serverVersion.gitVersion})`);
-  say(`API server ${serverVersion.gitVersion}: components ${components(serverMinor, MODE).join(', ')}`);
+  say(`API server ${serverVersion.gitVersion}: components ${components(serverMinor, MODE, choice.kind).join(', ')}`);
   const nodeOptions = {
     repo: REPO, dir: path.join(scratch, 'overlay'), version: VERSION, nodesDir,
-    containerds: nodes.map((n) => ({ dir: n.ctrd.dir, netnsDir: n.ctrd.netnsDir })),
+    containerds: nodes.map((n) => ({ dir: n.ctrd.dir, netnsDir: n.ctrd.netnsDir })), runtime: choice.kind,
     // The API server reaches the webhook on the open node from that node's bridge address.
     apiServerCidr: `${slotLayout(open.ctrd.slot).subnet4.replace(/0\/24$/, '1')}/32`, serverMinor, mode: MODE,
   };
@@ -369,15 +375,15 @@ async function main(): Promise<number> {
 
   // The node to close joins: the DaemonSets roll onto it.
   const closedUp = await nodeReady(closed, 'closed-containerd');
-  if (!check('the second kubelet registers and its node is Ready', closedUp, closedUp ? `${closed.name} at ${closed.ip} (containerd slot ${closed.ctrd.slot}, pods ${slotLayout(closed.ctrd.slot).subnet4})` : `see ${closed.kubelet.log}`)) return 1;
+  if (!check('the second kubelet registers and its node is Ready', closedUp, closedUp ? `${closed.name} at ${closed.ip} (${choice.kind} slot ${closed.ctrd.slot}, pods ${slotLayout(closed.ctrd.slot).subnet4})` : `see ${closed.kubelet.log}`)) return 1;
   const agentPods = await cluster.ready('probe-agent', AGENT, 2, 180_000);
   const agentNodes = (agentPods ?? []).map((p) => `${p.spec.nodeName}: ${p.metadata.name}`).sort();
   check('agent DaemonSet Ready on both nodes', agentPods !== undefined && new Set(agentPods.map((p) => p.spec.nodeName)).size === 2,
     agentPods ? `${agentNodes.join(', ')}; image ${agentPods[0]!.spec.containers[0].image}` : podSummary(cluster, 'probe-agent'));
   if (MODE === 'gates') {
     if (!agentPods) return 1;
-    await gatesPhase({ k, open: open.name, closed: closed.name, closedSubnet: slotLayout(closed.ctrd.slot).subnet4, nft, nftTable: NFT, image: `docker.io/library/${IMAGE}`, scalePods: SCALE_PODS, scratch, closedRuntime: closed.ctrd.socket,
-      apiPort: cp.apiPort, apiserverSignal: cp.apiserverSignal });
+    await gatesPhase({ k, open: open.name, closed: closed.name, closedSubnet: slotLayout(closed.ctrd.slot).subnet4, nft, nftTable: NFT, image: `docker.io/library/${IMAGE}`, scalePods: SCALE_PODS, scratch,
+      killContainer: (id) => closed.ctrd.killContainer(id), apiPort: cp.apiPort, apiserverSignal: cp.apiserverSignal });
     return checks.every((c) => c.outcome !== 'FAIL') ? 0 : 1;
   }
 
@@ -406,7 +412,7 @@ async function main(): Promise<number> {
   const agentAfter = cluster.pods('probe-agent', AGENT).find((p) => p.spec.nodeName === closed.name);
   const openLabel = k.json<Obj>(['node', open.name])?.metadata?.labels?.[SHIM_NODE_LABEL];
   check('kubelet through the shim; installer labels the closed node shim=ready, not the open one; no pod restarted', labelled === true && openLabel === undefined && restartsOf(agentAfter ?? {}) === 0,
-    `${closed.name}: label ${labelled ? 'set by the installer' : 'missing'}; ${open.name} (kubelet on containerd): label ${openLabel ?? 'none'}; agent restarts ${restartsOf(agentAfter ?? {})}`);
+    `${closed.name}: label ${labelled ? 'set by the installer' : 'missing'}; ${open.name} (kubelet on ${choice.kind}): label ${openLabel ?? 'none'}; agent restarts ${restartsOf(agentAfter ?? {})}`);
   if (!labelled) return 1;
 
   // Close the hole on the closed node: taint it, and drop node->pod connections to its pods only.
@@ -495,7 +501,7 @@ async function main(): Promise<number> {
   say('rolling the agent DaemonSet to a new image');
   const rolloutWindow = { from: Date.now(), to: 0 };
   const newTag = `probe-agent:${VERSION}-e2e-rollout`;
-  for (const n of nodes) execFileSync('ctr', ['--address', n.ctrd.socket, '-n', 'k8s.io', 'images', 'tag', '--force', `docker.io/library/${IMAGE}`, `docker.io/library/${newTag}`], { stdio: 'pipe' });
+  for (const n of nodes) n.ctrd.tagImage(`docker.io/library/${IMAGE}`, `docker.io/library/${newTag}`);
   if (helm) {
     // An operator's upgrade to a new image and its rollback: every probe-agent workload rolls (one
     // image runs them all), the rewritten pods keep running. Their logs are read before they go.

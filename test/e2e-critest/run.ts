@@ -1,19 +1,21 @@
 /**
  * `make e2e-critest CRITEST=/path/to/critest`: cri-tools' CRI conformance suite, which the user
- * provides (built from cri-tools v1.26), run twice on the lab's private containerd: once against
- * containerd directly and once through `probe-agent shim` (runtime and image endpoints both on the
- * shim, no agent behind it: critest sends no rewritten probe). The images critest pulls are
+ * provides (built from cri-tools v1.26 or later), run twice on the lab's private runtime (RUNTIME:
+ * containerd or CRI-O, test/lab/runtime-lab.ts): once against it directly and once through
+ * `probe-agent shim` (runtime and image endpoints both on the shim, no agent behind it: critest
+ * sends no rewritten probe). The images critest pulls are
  * busybox-based stand-ins (stand-ins.ts) in Debian's docker-registry on loopback, reached through
- * containerd's registry mirrors under their original names. The two JUnit reports are compared spec
+ * the runtime's registry mirrors under their original names. The two JUnit reports are compared spec
  * by spec: exit 0 when every spec ended the same way (passed, failed or skipped) and the shim logged
  * no warn or error line, 1 otherwise; a table says the counts and any difference. Each run gets a
- * fresh containerd, so neither sees what the other left. Everything it starts or creates is removed
+ * fresh runtime, so neither sees what the other left. Everything it starts or creates is removed
  * on exit, failure included. Root only; not part of `make test` (no critest is built or fetched here).
  */
 import { spawnSync, type ChildProcess } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
-import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
+import type { RuntimeLab } from '../lab/containerd.ts';
+import { createRuntimeLab, describeRuntime, runtimeChoice, type RuntimeChoice } from '../lab/runtime-lab.ts';
 import { getUnix } from '../support/http-unix.ts';
 import { builtCli } from '../support/built-cli.ts';
 import { binaryFromArgs, Cleanups, freePort, readdirSafe, startLogged, stopChild } from '../e2e-kubelet/lib.ts';
@@ -65,7 +67,7 @@ function say(msg: string): void {
 }
 
 function usage(msg: string): never {
-  console.error(`e2e-critest: ${msg}\nusage: make e2e-critest CRITEST=/path/to/critest   (or: node test/e2e-critest/run.ts --critest PATH)`);
+  console.error(`e2e-critest: ${msg}\nusage: make e2e-critest CRITEST=/path/to/critest [RUNTIME=crio CRIO_BIN=/path/to/crio | CONTAINERD_BIN=/path/to/containerd]   (or: node test/e2e-critest/run.ts --critest PATH)`);
   process.exit(2);
 }
 
@@ -91,7 +93,7 @@ function shimProblems(log: string): string[] {
 }
 
 /** Starts the agent-less shim in front of `ctrd`; resolves once it logged "shim listening". */
-async function startShim(scratch: string, ctrd: ContainerdLab): Promise<{ child: ChildProcess; socket: string; metrics: string; log: string }> {
+async function startShim(scratch: string, ctrd: RuntimeLab): Promise<{ child: ChildProcess; socket: string; metrics: string; log: string }> {
   const socket = path.join(scratch, 'shim-cri.sock');
   const metrics = path.join(scratch, 'shim-metrics.sock');
   const log = path.join(scratch, 'shim.log');
@@ -159,10 +161,14 @@ function removeCritestSegments(before: Map<string, unknown>): number {
   return removed;
 }
 
-async function runOnce(mode: Mode, critest: string, scratch: string, mirrors: Record<string, string[]>, seed: number, timeoutMs: number): Promise<RunResult> {
+/** The runtime's name and version, for the table (set by the first run). */
+let runtimeLine = '';
+
+async function runOnce(mode: Mode, choice: RuntimeChoice, critest: string, scratch: string, mirrors: Record<string, string[]>, seed: number, timeoutMs: number): Promise<RunResult> {
   if (interrupted) throw new Error('interrupted');
-  say(`${mode}: starting a fresh lab containerd`);
-  const ctrd = await createContainerdLab({ registryMirrors: mirrors });
+  say(`${mode}: starting a fresh lab ${choice.kind}`);
+  const ctrd = await createRuntimeLab(choice, { registryMirrors: mirrors });
+  runtimeLine ||= await describeRuntime(ctrd, choice);
   let shim: Awaited<ReturnType<typeof startShim>> | undefined;
   try {
     if (mode === 'shim') shim = await startShim(scratch, ctrd);
@@ -216,7 +222,7 @@ function printReport(critest: string, seed: number, runs: RunResult[]): boolean 
   // Suite nodes are compared too: a failed BeforeSuite fails every spec after it.
   const diffs = compareRuns(a.specs, b.specs);
   const row = (label: string, x: string | number, y: string | number): void => console.log(`${label.padEnd(34)}${String(x).padStart(12)}${String(y).padStart(18)}`);
-  console.log(`\ncritest ${critest}, ginkgo seed ${seed}`);
+  console.log(`\ncritest ${critest}, ginkgo seed ${seed}, runtime ${runtimeLine}`);
   const { skip, focus } = ginkgoFilters();
   if (process.env['CRITEST_SKIP'] === undefined) console.log(`skipped in both runs (-ginkgo.skip):\n${SKIPPED_SPECS.map((s) => `  "${s.pattern}": ${s.why}`).join('\n')}`);
   else console.log(`-ginkgo.skip from CRITEST_SKIP: ${skip ? `"${skip}"` : 'none'}`);
@@ -263,8 +269,10 @@ function printReport(critest: string, seed: number, runs: RunResult[]): boolean 
 }
 
 async function main(): Promise<number> {
-  if (process.getuid?.() !== 0) usage('must run as root (it starts containerd and a registry)');
+  if (process.getuid?.() !== 0) usage('must run as root (it starts a runtime and a registry)');
   const critest = binaryFromArgs('--critest', 'CRITEST', usage);
+  const choice = runtimeChoice();
+  if ('error' in choice) usage(choice.error);
   try {
     CLI = builtCli();
   } catch (err) {
@@ -298,7 +306,7 @@ async function main(): Promise<number> {
   const mirrors = Object.fromEntries(MIRRORED_REGISTRIES.map((r) => [r, [`http://${registry.address}`]]));
 
   const runs: RunResult[] = [];
-  for (const mode of ['direct', 'shim'] as const) runs.push(await runOnce(mode, critest, scratch, mirrors, seed, timeoutMs));
+  for (const mode of ['direct', 'shim'] as const) runs.push(await runOnce(mode, choice, critest, scratch, mirrors, seed, timeoutMs));
   const ok = printReport(critest, seed, runs);
   say(`done in ${minutes((Date.now() - started) / 1000)}`);
   if (!ok) keepLogs = true;

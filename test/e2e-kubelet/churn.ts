@@ -55,7 +55,7 @@ export interface ChurnContext {
   agentMetricsPort: number;
   shimLog: string;
   shimMetricsPort: number;
-  containerdLog: string;
+  runtimeLog: string;
   tap: FrameTap | undefined;
   seconds: number;
 }
@@ -108,7 +108,7 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   const kubeletLogFrom = sizeOf(kubelet.log);
   const kubeletLogFile = kubelet.log;
   const shimLogFrom = sizeOf(ctx.shimLog);
-  const containerdLogFrom = sizeOf(ctx.containerdLog);
+  const runtimeLogFrom = sizeOf(ctx.runtimeLog);
   const errorsBefore = metricValue(await metrics(), 'probe_agent_shim_runtime_errors_total');
   const interceptedBefore = metricValue(await metrics(), 'probe_agent_shim_intercepted_total');
   const tapBefore = ctx.tap ? tapSnapshot(ctx.tap.counts) : undefined;
@@ -225,7 +225,7 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
 
   const klog = readFrom(kubeletLogFile, kubeletLogFrom);
   const shimLog = readFrom(ctx.shimLog, shimLogFrom);
-  const ctrdLog = readFrom(ctx.containerdLog, containerdLogFrom);
+  const ctrdLog = readFrom(ctx.runtimeLog, runtimeLogFrom);
 
   // Kubelet's own readiness lines time the Ready (ms); /pods polls are the fallback (500 ms). Its
   // PLEG lines say when it saw each container start: what the probe worker waits for.

@@ -6,7 +6,7 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { accessSync, closeSync, constants, openSync, readdirSync, readFileSync, readSync, statSync } from 'node:fs';
 import { createServer } from 'node:net';
 import path from 'node:path';
-import { LogLines, unexpectedLogs } from '../support/log-check.ts';
+import { LogLines, unexpectedLogs, type ExpectedLog } from '../support/log-check.ts';
 
 export const NODE_NAME = 'probe-agent-e2e';
 
@@ -222,11 +222,11 @@ export function vmRssBytes(pid: number | undefined): number | undefined {
   return m ? Number(m[1]) * 1024 : undefined;
 }
 
-/** The warn, error and non-JSON lines of an agent's or shim's log text, counted, the three most frequent shown. */
-export function warnLines(text: string): { count: number; top: string } {
+/** The warn, error and non-JSON lines of an agent's or shim's log text not in `expected`, counted, the three most frequent shown. */
+export function warnLines(text: string, expected: readonly ExpectedLog[] = []): { count: number; top: string } {
   const lines = new LogLines();
   lines.push(text.endsWith('\n') ? text : `${text}\n`);
-  const bad = unexpectedLogs(lines.records, []);
+  const bad = unexpectedLogs(lines.records, expected);
   const n = new Map<string, number>();
   for (const r of bad) {
     const m = `${String(r['level'])} ${String(r['msg'] ?? '')}${r['error'] ?? r['err'] ? `: ${JSON.stringify(r['error'] ?? r['err']).slice(0, 110)}` : ''}`;
@@ -237,7 +237,8 @@ export function warnLines(text: string): { count: number; top: string } {
 
 /** klog's "I1124 20:04:55.831504" -> epoch ms (kubelet logs local time; this run is on one machine). */
 export function klogTime(line: string): number | undefined {
-  const m = /^[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6})/.exec(line);
+  // OpenShift's kubelet (v1.33 from microshift) puts "??? " before klog's header.
+  const m = /^(?:\S+ )?[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6})/.exec(line);
   if (!m) return undefined;
   const now = new Date();
   const d = new Date(now.getFullYear(), Number(m[1]) - 1, Number(m[2]), Number(m[3]), Number(m[4]), Number(m[5]), Number(m[6]) / 1000);

@@ -1,7 +1,8 @@
 /**
  * `make e2e-kubelet KUBELET=/path/to/kubelet`: a real kubelet, which the user provides, runs
  * standalone (static pods, no API server) with `probe-agent shim` as its runtime endpoint in front of
- * the lab's private containerd, the agent reading that kubelet's own /pods (readOnlyPort), and the
+ * the lab's private runtime (RUNTIME=containerd with CONTAINERD_BIN, or RUNTIME=crio with CRIO_BIN:
+ * test/lab/runtime-lab.ts), the agent reading that kubelet's own /pods (readOnlyPort), and the
  * node->pod path dropped with nftables. The pods (pods.ts) are rewritten by `probe-agent rewrite`.
  * It checks what an operator needs before switching a node pool to this kubelet version: kubelet
  * starts through the shim, readiness on a numeric and a named port comes as fast as kubelet's own
@@ -21,7 +22,8 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { importBusyboxImage } from '../lab/busybox-image.ts';
-import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
+import type { RuntimeLab } from '../lab/containerd.ts';
+import { createRuntimeLab, describeRuntime, runtimeChoice } from '../lab/runtime-lab.ts';
 import { slotLayout } from '../lab/containerd-sweep.ts';
 import { connectFromNode } from '../lab/net.ts';
 import { encodeShimCommand } from '../../agent/contract/shim-command.ts';
@@ -66,6 +68,8 @@ async function main(): Promise<number> {
   } catch (err) {
     usage((err as Error).message);
   }
+  const choice = runtimeChoice();
+  if ('error' in choice) usage(choice.error);
   const info = kubeletInfo(kubeletBin);
   kubeletLine = `kubelet ${info.version} (${kubeletBin}); runtime endpoints: ${info.how}`;
   say(kubeletLine);
@@ -88,13 +92,15 @@ async function main(): Promise<number> {
 
   cleanups.push(keepKubeletSysctls());
 
-  say('starting the lab containerd (CNI bridge, pause and busybox images)');
-  const ctrd: ContainerdLab = await createContainerdLab();
+  say(`starting the lab ${choice.kind} (CNI bridge, pause and busybox images)`);
+  const ctrd: RuntimeLab = await createRuntimeLab(choice);
   cleanups.push(() => ctrd.destroy());
   cleanups.push(() => {
-    if (process.env['E2E_KEEP_LOGS'] === '1') execFileSync('cp', [path.join(ctrd.dir, 'containerd.log'), scratch]);
+    if (process.env['E2E_KEEP_LOGS'] === '1') execFileSync('cp', [ctrd.logFile, scratch]);
   });
-  importBusyboxImage(ctrd.socket);
+  importBusyboxImage(ctrd);
+  kubeletLine += `; runtime ${await describeRuntime(ctrd, choice)}`;
+  say(kubeletLine);
   const lay = slotLayout(ctrd.slot);
 
   // The node->pod path closed: nothing on the node may open a TCP connection to a pod. A table left
@@ -158,13 +164,13 @@ async function main(): Promise<number> {
   cleanups.push(() => kubelet.stop());
   const up = await kubelet.start('first');
   if (!check('kubelet starts with the shim as its runtime endpoint', up,
-    up ? `${info.version} healthy, endpoints by ${info.how}` : `kubelet ${kubelet.exited ? `exited (${kubelet.proc?.exitCode})` : 'not healthy'}: ${tail(kubelet.log, /^[EF]\d{4}|fail|RST_STREAM/i)}`)) {
+    up ? `${info.version} healthy, endpoints by ${info.how}` : `kubelet ${kubelet.exited ? `exited (${kubelet.proc?.exitCode})` : 'not healthy'}: ${tail(kubelet.log, /^(?:\S+ )?[EF]\d{4}|fail|RST_STREAM/i)}`)) {
     return 1;
   }
 
   const cri = new KubeletCri(ctrd.socket);
   cleanups.push(() => cri.close());
-  const ctx: PhaseContext = { kubelet, manifests, scratch, cli: CLI, cri, shimMetricsPort, containerdLog: path.join(ctrd.dir, 'containerd.log') };
+  const ctx: PhaseContext = { kubelet, manifests, scratch, cli: CLI, cri, shimMetricsPort, runtimeLog: ctrd.logFile, runtime: ctrd };
   const phases = selectedPhases();
   const unselected = `not in E2E_PHASES=${process.env['E2E_PHASES']}`;
 
@@ -195,7 +201,7 @@ async function main(): Promise<number> {
       // per pod would take the CPU the churn measures.
       const template = rewritePod(ctx, churnPod('churn-template'));
       await runChurn({
-        kubelet, manifests, cri, containerdLog: ctx.containerdLog, tap, seconds,
+        kubelet, manifests, cri, runtimeLog: ctx.runtimeLog, tap, seconds,
         manifest: (name) => JSON.stringify({ ...template, metadata: { ...template['metadata'], name } }),
         shimPid: shim.pid!, shimLog: path.join(scratch, 'shim.log'), shimMetricsPort, agentPid: () => agent.pid, agentMetricsPort,
       });
@@ -234,19 +240,20 @@ async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string,
   const readiness: Record<string, string> = {};
   for (const n of [PODS.webNum, PODS.webNamed, PODS.webExec]) {
     const p = pods.find((x) => x.name === n);
-    const id = p?.containers[0]?.id.replace(/^\w+:\/\//, '');
+    const id = p?.containers[0]?.id.replace(/^[\w-]+:\/\//, '');
     const st = id ? await cri.call<{ status: { startedAt: string } }>('ContainerStatus', { containerId: id }) : undefined;
     const started = st?.ok ? Number(BigInt(st.msg.status.startedAt) / 1000n) / 1000 : undefined;
     const line = readyLines.find((l) => l.includes(`pod="default/${n}-${NODE_NAME}"`));
     const at = line ? klogTime(line) : seenReady.get(n);
-    readiness[n] = started !== undefined && at !== undefined ? `${Math.round(at - started)} ms${line ? '' : ' (seen in /pods)'}` : 'not measured';
+    readiness[n] = started !== undefined && at !== undefined ? `${Math.round(at - started)} ms${line ? '' : ' (seen in /pods)'}`
+      : `not measured (${!id ? 'no container ID in /pods' : started === undefined ? `ContainerStatus: ${st?.ok ? 'no startedAt' : st?.details}` : `no readiness time: ${line ? `kubelet line ${line.slice(0, 60)}` : 'never seen Ready'}`})`;
     check(`${n}: Ready`, p?.ready === true, `container start -> kubelet's readiness "ready": ${readiness[n]}`);
   }
   check('the node cannot reach the pods (hole closed)', await nodeCannotReach(pods, roPort), `nft table ${NFT_TABLE} drops node -> ${subnet4}, ${subnet6}`);
 
   // Header values from the pod's annotation as kubelet copied it onto the sandbox: kubelet's own
   // ExecSync for a rewrite that keeps values out of the command (valueFrom), sent through the shim.
-  const named = pods.find((p) => p.name === PODS.webNamed)?.containers[0]?.id.replace(/^\w+:\/\//, '');
+  const named = pods.find((p) => p.name === PODS.webNamed)?.containers[0]?.id.replace(/^[\w-]+:\/\//, '');
   if (named) {
     const viaShim = new KubeletCri(shimSocket);
     const exec = (header: string) => viaShim.execSync(named, encodeShimCommand('readiness', { httpGet: { path: '/ready', port: HTTP_PORT, httpHeaders: [{ name: header, valueFrom: 'annotation' }] } }), 1);

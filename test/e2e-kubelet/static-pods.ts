@@ -5,6 +5,7 @@
 import { execFileSync } from 'node:child_process';
 import { renameSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+import type { RuntimeLab } from '../lab/containerd.ts';
 import type { KubeletCri } from '../support/kubelet-cri.ts';
 import type { Kubelet } from './kubelet.ts';
 import { NODE_NAME, podsOf, waitFor } from './lib.ts';
@@ -15,11 +16,13 @@ export interface PhaseContext {
   scratch: string;
   /** bin/probe-agent */
   cli: string;
-  /** Straight to containerd. */
+  /** Straight to the runtime. */
   cri: KubeletCri;
   shimMetricsPort: number;
-  /** containerd's log file. */
-  containerdLog: string;
+  /** The runtime's log file. */
+  runtimeLog: string;
+  /** The lab runtime (containerd or CRI-O). */
+  runtime: RuntimeLab;
 }
 
 /** A pod as `probe-agent rewrite` rewrites it (as a user would; the original is kept in the scratch dir). */
@@ -53,7 +56,7 @@ export function removeManifest(dir: string, name: string): void {
 }
 
 /**
- * Removes pods' manifests and waits until kubelet no longer lists them and containerd runs none of
+ * Removes pods' manifests and waits until kubelet no longer lists them and the runtime runs none of
  * their containers: a kubelet that has just started drops a removed static pod from /pods but skips
  * killing it until its sources are ready ("Failed to delete pod"), and then stops it as an orphan.
  */

@@ -2,7 +2,8 @@
  * Gates mode's runtime watch (agent/gates/runtime-watch.ts) against a REAL containerd: by default
  * the machine's (Debian 12: 1.6, which answers GetContainerEvents with UNIMPLEMENTED), with
  * CONTAINERD_17_BIN=/path/to/containerd a containerd 1.7 or later (its event stream; `make
- * e2e-containerd-events`). The source the agent must choose follows from the runtime's version,
+ * e2e-containerd-events`), with RUNTIME=crio CRIO_BIN=/path/to/crio a CRI-O (test/lab/crio.ts, pod
+ * events on: its stream). The source the agent must choose follows from the runtime's version,
  * and the metric must say it. Either way:
  * - a new pod's container is probed without waiting for the agent's next kubelet poll (5 s, as
  *   deployed); the latency from the container's start to its first probe and to the condition
@@ -20,6 +21,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { GATES_CONDITION_TYPE } from '../../agent/pods/pod-model.ts';
 import { rewritePodGates } from '../../agent/rewrite/gates-rewrite.ts';
 import { createContainerdLab, type ContainerdLab, type LabContainer, type LabSandbox } from '../lab/containerd.ts';
+import { createCrioLab } from '../lab/crio.ts';
 import { startRecordingServer, type RecordingServer } from '../lab/recording-server.ts';
 import { startAgent, type AgentHandle } from '../support/agent-harness.ts';
 import { startApiServerStandIn, type ApiServerStandIn } from '../support/api-server-standin.ts';
@@ -28,7 +30,8 @@ import { makePod } from '../support/pod-factory.ts';
 
 type Obj = Record<string, any>;
 
-const BIN = process.env['CONTAINERD_17_BIN'] || undefined;
+const CRIO = process.env['RUNTIME'] === 'crio';
+const BIN = CRIO ? process.env['CRIO_BIN'] : process.env['CONTAINERD_17_BIN'] || undefined;
 const NS = 'e2e-gates-events';
 const READY_PORT = 8080;
 /** What kubelet takes to list a started container as running: its relist (1 s) and its status write. */
@@ -56,7 +59,7 @@ let agentStarted = 0;
 
 /** The pod as kubelet's /pods shows it: container `c` running since `startedAt`, or (no `c`) waiting to be created. */
 function kubeletView(c: LabContainer | undefined, restartCount: number, startedAt = Date.now()): Obj {
-  const listed = makePod({ uid: sb.uid, name: sb.name, namespace: NS, ips: sb.ips, ...(c ? { containerID: `containerd://${c.id}` } : {}), restartCount, probe: 'none' });
+  const listed = makePod({ uid: sb.uid, name: sb.name, namespace: NS, ips: sb.ips, ...(c ? { containerID: `${CRIO ? 'cri-o' : 'containerd'}://${c.id}` } : {}), restartCount, probe: 'none' });
   const status = structuredClone(listed.status) as Obj;
   if (c) status.containerStatuses[0].state.running.startedAt = new Date(Math.floor(startedAt / 1000) * 1000).toISOString();
   else {
@@ -91,7 +94,7 @@ async function metric(re: RegExp): Promise<number | undefined> {
 }
 
 beforeAll(async () => {
-  if (BIN) {
+  if (BIN && !CRIO) {
     // Set but broken is an error, never a silent fallback to the machine's containerd.
     let out: string;
     try {
@@ -102,10 +105,12 @@ beforeAll(async () => {
     const v = /containerd \S+ (\S+)/.exec(out)?.[1] ?? '';
     if (!v || !atLeast17(v)) throw new Error(`CONTAINERD_17_BIN=${BIN} is containerd ${v || `"${out.trim()}"`}; the event stream needs 1.7 or later`);
   }
-  ctrd = await createContainerdLab(BIN ? { binary: BIN } : {});
+  if (CRIO && !BIN) throw new Error('RUNTIME=crio needs CRIO_BIN=/path/to/crio');
+  ctrd = CRIO ? await createCrioLab({ binary: BIN! }) : await createContainerdLab(BIN ? { binary: BIN } : {});
   runtimeVersion = (await ctrd.client.version()).runtimeVersion;
-  if (BIN) expect(atLeast17(runtimeVersion), `the lab runs containerd ${runtimeVersion}, not ${BIN}`).toBe(true);
-  expected = atLeast17(runtimeVersion) ? 'events' : 'list';
+  if (BIN && !CRIO) expect(atLeast17(runtimeVersion), `the lab runs containerd ${runtimeVersion}, not ${BIN}`).toBe(true);
+  // The lab's CRI-O has pod events on.
+  expected = CRIO || atLeast17(runtimeVersion) ? 'events' : 'list';
   sb = await ctrd.runSandbox({ name: 'web', namespace: NS });
   [srv, api] = await Promise.all([startRecordingServer(sb.netnsPath, { http: READY_PORT }), startApiServerStandIn()]);
   const written = makePod({ uid: sb.uid, name: sb.name, namespace: NS, ips: sb.ips, probe: 'none' });
@@ -132,7 +137,7 @@ afterAll(async () => {
   await ctrd?.destroy();
 });
 
-describe(`gates mode's runtime watch on containerd${BIN ? ` ${BIN}` : ''}`, () => {
+describe(`gates mode's runtime watch on ${CRIO ? 'CRI-O' : 'containerd'}${BIN ? ` ${BIN}` : ''}`, () => {
   it('uses the event stream where the runtime has it, else the list, and says which', async () => {
     expect(await metric(/probe_agent_gates_runtime_watch_source\{source="events"\} (\d+)/)).toBe(expected === 'events' ? 1 : 0);
     expect(await metric(/probe_agent_gates_runtime_watch_source\{source="list"\} (\d+)/)).toBe(expected === 'list' ? 1 : 0);
@@ -144,7 +149,7 @@ describe(`gates mode's runtime watch on containerd${BIN ? ` ${BIN}` : ''}`, () =
     } else {
       expect(fallback).toHaveLength(0);
     }
-    console.log(`containerd ${runtimeVersion}: runtime watch source ${expected}`);
+    console.log(`${CRIO ? 'CRI-O' : 'containerd'} ${runtimeVersion}: runtime watch source ${expected}`);
   });
 
   it('probes a new pod\'s container without waiting for the next kubelet poll', async () => {

@@ -230,6 +230,33 @@ describe('install-shim.sh on a scratch host root', () => {
     expect(r.stderr).not.toMatch(/unit written/);
   });
 
+  it('on a CRI-O node the unit forwards to CRI-O\'s socket, after crio.service, and keeps it once kubelet points at the shim', async () => {
+    const unit = path.join(host, 'etc/systemd/system/probe-agent-shim.service');
+    const src = readFileSync(path.join(COMPONENT, 'probe-agent-shim.service'), 'utf8');
+    const crio = src.replace('--runtime-endpoint unix:///run/containerd/containerd.sock', '--runtime-endpoint unix:///var/run/crio/crio.sock')
+      .replace('After=containerd.service', 'After=crio.service').replace('Wants=containerd.service', 'Wants=crio.service');
+    expect(crio.split('\n').filter((l) => /crio/.test(l))).toEqual(['After=crio.service', 'Wants=crio.service', '  --runtime-endpoint unix:///var/run/crio/crio.sock \\']);
+    const calls = systemctlCalls().length;
+    kubeletEndpoint('unix:///var/run/crio/crio.sock');
+    const r = await runInstaller('install');
+    expect(r.code, r.stderr).toBe(0);
+    expect(readFileSync(unit, 'utf8')).toBe(crio);
+    expect(r.stderr).toContain("forwarding to unix:///var/run/crio/crio.sock, kubelet's runtime endpoint (containerRuntimeEndpoint in /var/lib/kubelet/config.yaml)");
+    expect(systemctlCalls().slice(calls)).toContain('restart probe-agent-shim.service');
+    // Switched: kubelet names the shim; the unit goes on forwarding to CRI-O, untouched, not restarted.
+    kubeletEndpoint('unix:///run/probe-agent-shim/cri.sock');
+    const switched = systemctlCalls().length;
+    const again = await runInstaller('install');
+    expect(again.code, again.stderr).toBe(0);
+    expect(readFileSync(unit, 'utf8')).toBe(crio);
+    expect(again.stderr).not.toMatch(/unit written/);
+    expect(systemctlCalls().slice(switched)).not.toContain('restart probe-agent-shim.service');
+    // This file's node is a containerd one again.
+    kubeletEndpoint('unix:///run/containerd/containerd.sock');
+    expect((await runInstaller('install')).code).toBe(0);
+    expect(readFileSync(unit, 'utf8')).toBe(src);
+  });
+
   it('keeps a kubelet configured with the old socket path working: a symlink to the new socket while it points there, gone once it does not', async () => {
     const legacy = path.join(host, 'run/probe-agent/cri.sock');
     // What the previous release left: kubelet pointing into the agent's directory, and its socket file there.

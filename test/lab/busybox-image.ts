@@ -9,6 +9,7 @@ import { createHash } from 'node:crypto';
 import { chmodSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { ensureDockerArchive } from './docker-archive.ts';
+import type { RuntimeLab } from './containerd.ts';
 
 /** The image's name in the lab's containerd (localhost/...: a pull can only go to loopback). */
 export const BUSYBOX_IMAGE_REF = 'localhost/probe-agent/busybox:lab';
@@ -105,7 +106,8 @@ export function ensureBusyboxImage(): string {
   });
 }
 
-/** Imports the busybox image into a lab containerd's k8s.io namespace. */
-export function importBusyboxImage(containerdSocket: string): void {
-  execFileSync('ctr', ['--address', containerdSocket, '-n', 'k8s.io', 'images', 'import', '--snapshotter', 'overlayfs', ensureBusyboxImage()], { stdio: 'pipe', timeout: 30_000 });
+/** Imports the busybox image into a lab runtime's store (CRI-O's storage; a containerd socket: its k8s.io namespace). */
+export function importBusyboxImage(lab: string | Pick<RuntimeLab, 'importImage'>): void {
+  if (typeof lab !== 'string') return lab.importImage(ensureBusyboxImage(), BUSYBOX_IMAGE_REF);
+  execFileSync('ctr', ['--address', lab, '-n', 'k8s.io', 'images', 'import', '--snapshotter', 'overlayfs', ensureBusyboxImage()], { stdio: 'pipe', timeout: 30_000 });
 }

@@ -2,8 +2,9 @@
  * Slots and leftovers of the containerd lab. A slot (1..200) is an atomic mkdir under
  * /run/probe-agent-lab/ctrd-slots holding the owner pid; every name, subnet and directory of a lab
  * derives from its slot. The sweep is synchronous (usable from a process 'exit' handler) and
- * removes only what a slot's lab creates: its containerd, shims and pause processes, mounts under
- * its scratch dir, its CNI bridge, cgroups and libcni cache files, the scratch dir itself.
+ * removes only what a slot's lab creates: its runtime (containerd or CRI-O), shims, conmons and
+ * container processes, mounts under its scratch dir, its CNI bridge, cgroups and libcni cache files,
+ * the scratch dir itself.
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -109,6 +110,8 @@ export function sweepSlot(n: number): void {
   const recorded = readNumber(path.join(SLOTS_DIR, String(n), 'containerd.pid'));
   if (recorded && cmdlineOf(recorded).includes(`${lay.dir}/`)) pids.add(recorded);
   for (const p of ownPids(lay.dir)) pids.add(p);
+  // CRI-O's containers have no pid file of ours: they are whatever runs in the slot's cgroups.
+  for (const p of cgroupPids(lay.cgroupPrefix)) pids.add(p);
   for (const p of pids) kill(p, 'SIGKILL');
   waitGone([...pids], 3000);
   for (const mnt of mountsUnder(lay.dir).reverse()) quiet(() => execFileSync('umount', ['-l', mnt], { stdio: 'ignore' }));
@@ -149,13 +152,15 @@ function sandboxIds(dir: string): string[] {
   return [...ids];
 }
 
-/** Shims (started with -address <dir>/containerd.sock) and the sandbox processes they recorded. */
+/**
+ * Every process naming the slot's dir (the runtime, its shims or conmons, whatever the lab started on
+ * its socket) and the sandbox processes containerd's shims recorded.
+ */
 function ownPids(dir: string): number[] {
   const out: number[] = [];
   for (const e of listDir('/proc')) {
-    if (!/^\d+$/.test(e)) continue;
-    const cmd = cmdlineOf(Number(e));
-    if (cmd.includes(`${dir}/containerd.sock`) || cmd.includes(`${dir}/config.toml`)) out.push(Number(e));
+    if (!/^\d+$/.test(e) || Number(e) === process.pid) continue;
+    if (cmdlineOf(Number(e)).includes(`${dir}/`)) out.push(Number(e));
   }
   const tasks = path.join(dir, 'state', 'io.containerd.runtime.v2.task', 'k8s.io');
   for (const id of listDir(tasks)) {
@@ -177,6 +182,27 @@ export function mountsUnder(dir: string): string[] {
       .filter((m) => m === dir || m.startsWith(`${dir}/`));
   } catch {
     return [];
+  }
+}
+
+function cgroupPids(prefix: string): number[] {
+  const out: number[] = [];
+  const walk = (d: string): void => {
+    for (const p of (readText(path.join(d, 'cgroup.procs')) ?? '').split('\n')) if (/^\d+$/.test(p)) out.push(Number(p));
+    for (const e of listDir(d)) if (existsSync(path.join(d, e, 'cgroup.procs'))) walk(path.join(d, e));
+  };
+  for (const ctrl of listDir('/sys/fs/cgroup')) {
+    const top = path.join('/sys/fs/cgroup', ctrl, prefix);
+    if (existsSync(top)) walk(top);
+  }
+  return [...new Set(out)];
+}
+
+function readText(f: string): string | undefined {
+  try {
+    return readFileSync(f, 'utf8');
+  } catch {
+    return undefined;
   }
 }
 

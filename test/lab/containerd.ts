@@ -1,17 +1,19 @@
 /**
- * A private containerd (1.6, CRI) for tests: config, root, state and socket in a per-slot scratch
- * dir; CNI bridge with a slot-unique name and dual-stack subnets (10.251.<slot>.0/24,
- * fd00:10:251:<slot>::/64, no masquerade); a locally built pause image imported into k8s.io.
- * Sandboxes are created with kubelet's labels and a kubelet-shaped cgroup parent, so the agent's
- * resolvers see what they would see on a node. Root only.
+ * A private CRI runtime for tests: containerd (Debian's 1.6, or a binary given: 2.x) here, CRI-O in
+ * crio.ts, on the same slots. Config, root, state and socket in a per-slot scratch dir; CNI bridge
+ * with a slot-unique name and dual-stack subnets (10.251.<slot>.0/24, fd00:10:251:<slot>::/64, no
+ * masquerade); a locally built pause image imported (containerd: into k8s.io). Sandboxes are
+ * created with kubelet's labels and a kubelet-shaped cgroup parent, so the agent's resolvers see
+ * what they would see on a node. Root only.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { execFile } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { CriClient, type CriNamespaceMode } from '../../agent/netns/cri-client.ts';
+import { KubeletCri } from '../support/kubelet-cri.ts';
 import { ensurePauseImage, PAUSE_IMAGE_REF } from './containerd-image.ts';
 import {
   allocateSlot, pidAlive, recordContainerdPid, releaseSlot, removeSharedLeftovers, slotLayout, sweepSlot, waitGone,
@@ -78,8 +80,12 @@ export interface LabContainer {
   sandboxId: string;
 }
 
-/** A running private containerd. */
-export interface ContainerdLab {
+/** The runtimes the lab runs. */
+export type RuntimeKind = 'containerd' | 'crio';
+
+/** A running private CRI runtime (containerd here, CRI-O from crio.ts). */
+export interface RuntimeLab {
+  kind: RuntimeKind;
   slot: number;
   dir: string;
   socket: string;
@@ -91,8 +97,18 @@ export interface ContainerdLab {
   /** Top-level cgroup dir name (in every v1 hierarchy) that holds this lab's pods. */
   cgroupPrefix: string;
   client: CriClient;
-  /** containerd's pid while it runs. */
+  /** The runtime daemon's pid while it runs. */
   readonly pid: number | undefined;
+  /** The daemon's log (stdout and stderr). */
+  logFile: string;
+  /** Puts an image archive (docker-archive or OCI) into the runtime's store under `ref`. */
+  importImage(tar: string, ref: string): void;
+  /** Gives image `from` the name `to` too. */
+  tagImage(from: string, to: string): void;
+  /** SIGKILLs container `id`'s process, as a crash would (the runtime sees it exit). */
+  killContainer(id: string): Promise<void>;
+  /** When the daemon's log (its text) says it was asked to stop container `id` (ms since the epoch). */
+  stopRequestedAt(log: string, id: string): number | undefined;
   runSandbox(opts?: SandboxOptions): Promise<LabSandbox>;
   stopSandbox(id: string): Promise<void>;
   /**
@@ -103,11 +119,28 @@ export interface ContainerdLab {
   removeSandbox(id: string): Promise<void>;
   /** Runs a command inside the sandbox's netns (nsenter --net=<path>; `ip netns exec` cannot reach the state dir). */
   exec(sb: LabSandbox, cmd: string, args: string[], timeoutMs?: number): Promise<{ code: number; stdout: string; stderr: string }>;
-  /** Stops containerd only (sandboxes keep running, as on a node during a runtime restart). */
+  /** Stops the runtime daemon only (sandboxes keep running, as on a node during a runtime restart). */
   stopContainerd(): Promise<void>;
-  /** Starts containerd again on the same state. */
+  /** Starts the daemon again on the same state. */
   startContainerd(): Promise<void>;
   destroy(): Promise<void>;
+}
+
+/** The containerd lab (the name most tests know it by). */
+export type ContainerdLab = RuntimeLab;
+
+/** What differs between the runtimes: how the daemon starts, where it listens, how images go in. */
+export interface RuntimeDaemon {
+  kind: RuntimeKind;
+  socket: string;
+  netnsDir: string;
+  command: string;
+  args: string[];
+  env?: NodeJS.ProcessEnv;
+  importImage(tar: string, ref: string): void;
+  tagImage(from: string, to: string): void;
+  /** The text of the daemon's log line saying it was asked to stop container `id`. */
+  stopLine(id: string): string;
 }
 
 /** How to set up the lab's containerd beyond its defaults. */
@@ -128,25 +161,59 @@ export interface ContainerdLabOptions {
 
 /** Starts a private containerd with CNI and the pause image. */
 export async function createContainerdLab(opts: ContainerdLabOptions = {}): Promise<ContainerdLab> {
+  return createLab((lay) => {
+    writeConfig(lay, opts);
+    const socket = path.join(lay.dir, 'containerd.sock');
+    const bin = opts.binary;
+    // Its own ctr beside it: ctr 1.6 does not know a 2.x daemon's every answer.
+    const ctr = bin && existsSync(path.join(path.dirname(bin), 'ctr')) ? path.join(path.dirname(bin), 'ctr') : 'ctr';
+    return {
+      kind: 'containerd',
+      socket,
+      netnsDir: path.join(lay.dir, 'state', 'io.containerd.grpc.v1.cri', 'netns'),
+      command: bin ?? 'containerd',
+      args: ['--config', path.join(lay.dir, 'config.toml')],
+      ...(bin ? { env: { ...process.env, PATH: `${path.dirname(bin)}:${process.env['PATH'] ?? ''}` } } : {}),
+      // The archive names its image: `ref` is what the caller expects it to be.
+      importImage: (tar) => {
+        execFileSync(ctr, ['--address', socket, '-n', 'k8s.io', 'images', 'import', '--snapshotter', 'overlayfs', tar], { stdio: 'pipe', timeout: 300_000 });
+      },
+      tagImage: (from, to) => {
+        execFileSync(ctr, ['--address', socket, '-n', 'k8s.io', 'images', 'tag', '--force', from, to], { stdio: 'pipe', timeout: 60_000 });
+      },
+      stopLine: (id) => `msg="StopContainer for \\"${id}\\"`,
+    };
+  }, (lab) => lab.importImage(ensurePauseImage(), PAUSE_IMAGE_REF));
+}
+
+/**
+ * A lab on a fresh slot: `prepare` writes the runtime's config there and says how to run it; the
+ * daemon starts, then `after` (images in). Torn down on failure and at exit.
+ */
+export async function createLab(prepare: (lay: SlotLayout) => RuntimeDaemon, after?: (lab: RuntimeLab) => void | Promise<void>): Promise<RuntimeLab> {
   const slot = allocateSlot();
   const lay = slotLayout(slot);
   // A previous owner of this slot may have died without a sweep.
   sweepSlot(slot);
-  const lab = new Lab(lay, opts.binary);
-  registerExitCleanup(lab);
+  let lab: Lab | undefined;
   try {
-    writeConfig(lay, opts);
-    const image = ensurePauseImage();
+    lab = new Lab(lay, prepare(lay));
+    registerExitCleanup(lab);
     await lab.startContainerd();
-    await run('ctr', ['--address', lab.socket, '-n', 'k8s.io', 'images', 'import', '--snapshotter', 'overlayfs', image], { timeout: 20_000 });
+    await after?.(lab);
     return lab;
   } catch (err) {
-    await lab.destroy();
+    if (lab) await lab.destroy();
+    else {
+      sweepSlot(slot);
+      releaseSlot(slot);
+    }
     throw err;
   }
 }
 
-class Lab implements ContainerdLab {
+class Lab implements RuntimeLab {
+  readonly kind: RuntimeKind;
   readonly slot: number;
   readonly dir: string;
   readonly socket: string;
@@ -155,19 +222,20 @@ class Lab implements ContainerdLab {
   readonly bridge: string;
   readonly cgroupPrefix: string;
   readonly client: CriClient;
-  readonly #lay: SlotLayout;
-  readonly #binary: string | undefined;
+  readonly logFile: string;
+  readonly #daemon: RuntimeDaemon;
   #child: ChildProcess | undefined;
   #destroyed = false;
 
-  constructor(lay: SlotLayout, binary?: string) {
-    this.#lay = lay;
-    this.#binary = binary;
+  constructor(lay: SlotLayout, daemon: RuntimeDaemon) {
+    this.#daemon = daemon;
+    this.kind = daemon.kind;
     this.slot = lay.slot;
     this.dir = lay.dir;
-    this.socket = path.join(lay.dir, 'containerd.sock');
+    this.socket = daemon.socket;
     this.endpoint = `unix://${this.socket}`;
-    this.netnsDir = path.join(lay.dir, 'state', 'io.containerd.grpc.v1.cri', 'netns');
+    this.netnsDir = daemon.netnsDir;
+    this.logFile = path.join(lay.dir, `${daemon.kind}.log`);
     this.bridge = lay.bridge;
     this.cgroupPrefix = lay.cgroupPrefix;
     this.client = new CriClient(this.endpoint, { deadlineMs: 10_000 });
@@ -177,34 +245,59 @@ class Lab implements ContainerdLab {
     return this.#child?.pid !== undefined && pidAlive(this.#child.pid) ? this.#child.pid : undefined;
   }
 
+  importImage(tar: string, ref: string): void {
+    this.#daemon.importImage(tar, ref);
+  }
+
+  tagImage(from: string, to: string): void {
+    this.#daemon.tagImage(from, to);
+  }
+
+  async killContainer(id: string): Promise<void> {
+    // Both runtimes' verbose ContainerStatus carries the process in info["info"].pid.
+    const cri = new KubeletCri(this.socket);
+    try {
+      const r = await cri.call<{ info: Record<string, string> }>('ContainerStatus', { containerId: id, verbose: true });
+      if (!r.ok) throw new Error(`ContainerStatus ${id}: ${r.details}`);
+      const pid = (JSON.parse(r.msg.info['info'] ?? '{}') as { pid?: number }).pid;
+      if (!pid) throw new Error(`ContainerStatus ${id}: no pid in its verbose info`);
+      process.kill(pid, 'SIGKILL');
+    } finally {
+      cri.close();
+    }
+  }
+
+  stopRequestedAt(log: string, id: string): number | undefined {
+    const want = this.#daemon.stopLine(id);
+    const line = log.split('\n').find((l) => l.includes(want));
+    return line ? logrusTime(line) : undefined;
+  }
+
   async startContainerd(): Promise<void> {
     if (this.pid) return;
-    const log = openSync(path.join(this.dir, 'containerd.log'), 'a');
+    const log = openSync(this.logFile, 'a');
     try {
-      const bin = this.#binary;
-      this.#child = spawn(bin ?? 'containerd', ['--config', path.join(this.dir, 'config.toml')], {
-        stdio: ['ignore', log, log],
-        detached: true,
-        ...(bin ? { env: { ...process.env, PATH: `${path.dirname(bin)}:${process.env['PATH'] ?? ''}` } } : {}),
-      });
+      const d = this.#daemon;
+      this.#child = spawn(d.command, d.args, { stdio: ['ignore', log, log], detached: true, ...(d.env ? { env: d.env } : {}) });
     } finally {
       closeSync(log);
     }
     this.#child.unref();
     const child = this.#child;
     recordContainerdPid(this.slot, child.pid);
-    const deadline = Date.now() + 15_000;
+    // CRI-O loads its storage and CNI first: slower on a busy machine than containerd.
+    const deadline = Date.now() + 60_000;
     const probe = new CriClient(this.endpoint, { deadlineMs: 500 });
     try {
       for (;;) {
         if (child.exitCode !== null || child.signalCode !== null) {
-          throw new Error(`containerd exited during start (${child.exitCode ?? child.signalCode}): ${this.#logTail()}`);
+          throw new Error(`${this.kind} exited during start (${child.exitCode ?? child.signalCode}): ${this.#logTail()}`);
         }
         try {
           await probe.version();
           return;
         } catch (err) {
-          if (Date.now() > deadline) throw new Error(`containerd did not answer on ${this.endpoint}: ${(err as Error).message}; ${this.#logTail()}`);
+          if (Date.now() > deadline) throw new Error(`${this.kind} did not answer on ${this.endpoint}: ${(err as Error).message}; ${this.#logTail()}`);
           await new Promise((r) => setTimeout(r, 25));
         }
       }
@@ -264,10 +357,13 @@ class Lab implements ContainerdLab {
     };
     const id = await this.client.createContainer(sb.id, {
       metadata: { name: opts.name, attempt: opts.attempt ?? 0 },
-      image: { image: opts.image ?? PAUSE_IMAGE_REF },
+      // CRI-O checks signatures against the name the pod asked for (kubelet sends both).
+      image: { image: opts.image ?? PAUSE_IMAGE_REF, userSpecifiedImage: opts.image ?? PAUSE_IMAGE_REF },
       ...(opts.command ? { command: opts.command } : {}),
       labels: { ...podLabels, 'io.kubernetes.container.name': opts.name },
       ...(opts.annotations ? { annotations: opts.annotations } : {}),
+      // The sandbox's namespaces, as kubelet repeats them (CRI-O refuses a mismatch; containerd ignores it).
+      linux: { securityContext: { namespaceOptions: { network: sb.netnsPath ? 'POD' : 'NODE', pid: 'CONTAINER', ipc: 'POD' } } },
     }, {
       metadata: { name: sb.name, uid: sb.uid, namespace: sb.namespace, attempt: sb.attempt },
       labels: podLabels,
@@ -331,11 +427,22 @@ class Lab implements ContainerdLab {
 
   #logTail(): string {
     try {
-      return readFileSync(path.join(this.dir, 'containerd.log'), 'utf8').split('\n').filter((l) => /level=(error|fatal)/.test(l)).slice(-5).join(' | ');
+      return readFileSync(this.logFile, 'utf8').split('\n').filter((l) => /level=(error|fatal)/.test(l)).slice(-5).join(' | ');
     } catch {
       return '(no log)';
     }
   }
+}
+
+/**
+ * The time of a logrus text line (`time="..."`), both runtimes' format: containerd's RFC 3339,
+ * CRI-O's "2006-01-02 15:04:05.000000000Z07:00"; nanoseconds cut to what Date.parse takes.
+ */
+export function logrusTime(line: string): number | undefined {
+  const t = /^time="([^"]+)"/.exec(line)?.[1];
+  if (!t) return undefined;
+  const ms = Date.parse(t.replace(' ', 'T').replace(/(\.\d{3})\d+/, '$1'));
+  return Number.isNaN(ms) ? undefined : ms;
 }
 
 /** kubelet's cgroupfs layout: guaranteed pods sit directly under kubepods. */
@@ -347,9 +454,13 @@ function writeConfig(lay: SlotLayout, opts: ContainerdLabOptions): void {
   const d = lay.dir;
   for (const sub of ['root', 'state', 'net.d', 'ipam', 'runc', 'opt']) mkdirSync(path.join(d, sub), { recursive: true });
   const cri = 'plugins."io.containerd.grpc.v1.cri"';
-  // containerd 1.6 still reads registry.mirrors (config_path is the newer form); an http:// endpoint is pulled over plain HTTP.
-  const mirrors = Object.entries(opts.registryMirrors ?? {}).map(([host, endpoints]) =>
-    `[${cri}.registry.mirrors.${JSON.stringify(host)}]\n  endpoint = ${JSON.stringify(endpoints)}\n`).join('');
+  // Mirrors as hosts.toml under config_path (1.5 on; registry.mirrors goes in 2.4); an http:// host is pulled over plain HTTP.
+  for (const [host, endpoints] of Object.entries(opts.registryMirrors ?? {})) {
+    mkdirSync(path.join(d, 'certs.d', host), { recursive: true });
+    writeFileSync(path.join(d, 'certs.d', host, 'hosts.toml'), `server = "https://${host}"\n${endpoints.map((e) =>
+      `[host.${JSON.stringify(e)}]\n  capabilities = ["pull", "resolve"]\n`).join('')}`);
+  }
+  const mirrors = opts.registryMirrors ? `[${cri}.registry]\n  config_path = "${d}/certs.d"\n` : '';
   const runtime = (name: string): string => `
 [${cri}.containerd.runtimes.${name}]
   runtime_type = "io.containerd.runc.v2"
@@ -360,7 +471,7 @@ function writeConfig(lay: SlotLayout, opts: ContainerdLabOptions): void {
   writeFileSync(path.join(d, 'config.toml'), `version = 2
 root = "${d}/root"
 state = "${d}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing", "io.containerd.nri.v1.nri"]
 
 [grpc]
   address = "${d}/containerd.sock"
@@ -390,6 +501,12 @@ ${runtime('runc')}${runtime('runsc')}
   conf_dir = "${d}/net.d"
   max_conf_num = 1
 ${mirrors}`);
+  writeLabCni(lay, opts.routes);
+}
+
+/** The lab's CNI: a bridge on the slot's subnets, in <dir>/net.d, addresses kept in <dir>/ipam. */
+export function writeLabCni(lay: SlotLayout, routes: string[] | undefined): void {
+  const d = lay.dir;
   writeFileSync(path.join(d, 'net.d', '10-probe-agent-lab.conflist'), JSON.stringify({
     cniVersion: '1.0.0',
     name: lay.network,
@@ -404,7 +521,8 @@ ${mirrors}`);
         type: 'host-local',
         dataDir: path.join(d, 'ipam'),
         ranges: [[{ subnet: lay.subnet4 }], [{ subnet: lay.subnet6 }]],
-        ...(opts.routes?.length ? { routes: opts.routes.map((dst) => ({ dst })) } : {}),
+        // Via the gateway, named: CRI-O runs CNI CHECK, which looks for the route as the result says it.
+        ...(routes?.length ? { routes: routes.map((dst) => ({ dst, gw: lay.subnet4.replace(/0\/24$/, '1') })) } : {}),
       },
     }],
   }, null, 2));

@@ -3,8 +3,8 @@
 # a machine that never ran one (.ci/run calls it before `make test`): /run/probe-agent-lab (slots,
 # cached certificate and images, compile cache, scratch dirs), the netns lab's netns (pa<n>p<i>),
 # links (pa<n>br, pa<n>v<i>) and nft tables (probe_agent_lab_<n> and the other tables tests make in
-# the node's netns), and the containerd lab's processes, mounts, bridge (pactr<n>), cgroups and CNI
-# results. buildah's store (the image build cache) and the package caches are not touched.
+# the node's netns), and the runtime lab's (containerd or CRI-O: test/lab/containerd.ts, crio.ts)
+# processes, mounts, bridge (pactr<n>), cgroups and CNI results. buildah's store (the image build cache) and the package caches are not touched.
 #
 # A lab whose owner process still runs (another test run on the same machine) keeps its slot and
 # objects, and then the shared caches under /run/probe-agent-lab stay too (that run may be reading
@@ -94,12 +94,13 @@ if have ip; then
   done
 fi
 
-# The containerd lab: its containerd, shims and containers, mounts, cgroups, CNI results, dir.
+# The runtime lab: its containerd or CRI-O, shims or conmons and containers, mounts, cgroups, CNI results, dir.
 for dir in "$LAB_ROOT"/ctrd/*; do
   [[ -d $dir ]] || continue
   n=$(basename "$dir")
   is_live "$n" "${live_ctrd[@]}" && continue
-  pids=$(grep -lsaF -e "$dir/containerd.sock" -e "$dir/config.toml" /proc/[0-9]*/cmdline | cut -d/ -f3)
+  # Whatever names the slot's dir: its containerd or CRI-O, shims, conmons, runc calls.
+  pids=$(grep -lsaF -e "$dir/" /proc/[0-9]*/cmdline | cut -d/ -f3)
   pids+=" $(cat "$dir"/state/io.containerd.runtime.v2.task/k8s.io/*/{init,shim}.pid 2>/dev/null)"
   kill9 $pids
   for cg in /sys/fs/cgroup/*/probe-agent-ctrd-"$n"; do

@@ -119,6 +119,31 @@ describe('runtime watch', () => {
     expect(w.sources).toEqual(['list']);
   });
 
+  it('a runtime whose stream ends at once, empty (CRI-O, pod events off): the list after three such ends, said once; asked again, one such end keeps the list', async () => {
+    const rt = runtime();
+    rt.items = [listed('c1', 'CONTAINER_RUNNING')];
+    const w = watch(rt, { retryEventsMs: 60 });
+    const clean = () => new NetnsUnavailableError('CRI endpoint unix:///x unavailable: ended the event stream', { grpcCode: 0 });
+    for (let n = 1; n <= 3; n++) {
+      await until(`subscription ${n}`, () => rt.streams.length === n);
+      rt.streams[n - 1]!.end(clean());
+    }
+    await until('the list', () => w.sources.at(-1) === 'list');
+    const polls = rt.listCalls;
+    await until('more lists', () => rt.listCalls >= polls + 3);
+    await until('asked again', () => rt.streams.length === 4);
+    rt.streams[3]!.end(clean());
+    await until('asked again once more', () => rt.streams.length === 5);
+    const lines = w.lines.map((l) => JSON.parse(l) as { level: string; msg: string; source?: string; reason?: string });
+    const said = lines.filter((l) => l.msg.includes('no container event stream'));
+    expect(said).toEqual([expect.objectContaining({ level: 'info', source: 'list', reason: expect.stringMatching(/enable_pod_events/) })]);
+    expect(w.sources).toEqual(['events', 'list']);
+    // An event on the stream asked for again: the stream, said at info.
+    rt.streams[4]!.emit(event('STARTED', 'c2', [status('c2', 'CONTAINER_RUNNING', 2)]));
+    await until('the event seen', () => w.sources.at(-1) === 'events');
+    expect(w.lines.filter((l) => l.includes('from the runtime\'s event stream'))).toHaveLength(2);
+  });
+
   it('a runtime that gained the stream (upgraded in place): the stream once it delivers an event, the list until then', async () => {
     const rt = runtime();
     rt.items = [listed('c1', 'CONTAINER_RUNNING')];

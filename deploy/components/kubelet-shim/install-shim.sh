@@ -80,11 +80,44 @@ install_files() {
   ln -sfn "releases/$version" "$HOST_ROOT$SHIM_DIR/.current-new"
   mv -T "$HOST_ROOT$SHIM_DIR/.current-new" "$HOST_ROOT$SHIM_DIR/current"
   mkdir -p "$HOST_ROOT$UNIT_DIR"
-  if ! cmp -s "$UNIT_SRC" "$HOST_ROOT$UNIT_DIR/probe-agent-shim.service"; then
-    install -m 0644 "$UNIT_SRC" "$HOST_ROOT$UNIT_DIR/probe-agent-shim.service"
-    log "unit written to $UNIT_DIR/probe-agent-shim.service"
+  runtime_endpoint
+  local unit="$HOST_ROOT$UNIT_DIR/probe-agent-shim.service" new="$HOST_ROOT$UNIT_DIR/.probe-agent-shim.service.new-$$"
+  render_unit >"$new"
+  if ! cmp -s "$new" "$unit"; then
+    install -m 0644 "$new" "$unit"
+    log "unit written to $UNIT_DIR/probe-agent-shim.service (forwarding to $RUNTIME, $RUNTIME_FROM)"
     RELEASE_CHANGED=1
   fi
+  rm -f "$new"
+}
+
+# The runtime the shim forwards to, into RUNTIME (RUNTIME_FROM: why): RUNTIME_ENDPOINT when set;
+# else kubelet's configured endpoint while it is not the shim's (the node's own runtime before the
+# switch: containerd's /run/containerd/containerd.sock, CRI-O's /var/run/crio/crio.sock); else the
+# one the installed unit forwards to (kubelet switched since); else kubelet's default, containerd's.
+DEFAULT_RUNTIME_ENDPOINT=unix:///run/containerd/containerd.sock
+runtime_endpoint() {
+  local installed="$HOST_ROOT$UNIT_DIR/probe-agent-shim.service" from_unit
+  RUNTIME=${RUNTIME_ENDPOINT:-} RUNTIME_FROM="RUNTIME_ENDPOINT"
+  if [[ -z $RUNTIME ]] && ! kubelet_uses_shim && [[ -n $ENDPOINT ]]; then
+    RUNTIME=$ENDPOINT RUNTIME_FROM="kubelet's runtime endpoint ($ENDPOINT_FROM)"
+  fi
+  if [[ -z $RUNTIME && -f $installed ]]; then
+    from_unit=$(sed -nE 's/^[[:space:]]*--runtime-endpoint[[:space:]]+([^[:space:]\\]+).*/\1/p' "$installed" | head -1)
+    [[ -n $from_unit ]] && RUNTIME=$from_unit RUNTIME_FROM="the installed unit"
+  fi
+  [[ -n $RUNTIME ]] || RUNTIME=$DEFAULT_RUNTIME_ENDPOINT RUNTIME_FROM="kubelet's default"
+  [[ $RUNTIME == unix://* ]] || RUNTIME="unix://$RUNTIME"
+  # It goes into the unit: a plain socket path only.
+  [[ $RUNTIME =~ ^unix:///[A-Za-z0-9._/-]+$ ]] || { log "runtime endpoint $RUNTIME ($RUNTIME_FROM): not a unix:///path the shim can forward to; set RUNTIME_ENDPOINT"; exit 2; }
+}
+
+# The unit with RUNTIME in ExecStart, ordered after that runtime's service (crio.service for CRI-O).
+render_unit() {
+  local service=containerd.service
+  [[ $RUNTIME == */crio/* || $RUNTIME == */crio.sock ]] && service=crio.service
+  sed -E -e "s#^([[:space:]]*--runtime-endpoint[[:space:]]+)unix://[^[:space:]]+#\1$RUNTIME#" \
+    -e "s#^(After|Wants)=containerd\.service\$#\1=$service#" "$UNIT_SRC"
 }
 
 # Kubelet's configured runtime endpoint into ENDPOINT, and where it is set into ENDPOINT_FROM. A
