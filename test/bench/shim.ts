@@ -37,7 +37,7 @@ import { encodeFrame } from '../../agent/grpc/frame.ts';
 import { WireWriter } from '../../agent/grpc/protowire.ts';
 import type { ProbeContext, ProbeHandler } from '../../agent/probe/types.ts';
 import { cmdlineOf, findChild, totalCpuMs } from './procstat.ts';
-import { quantile, round } from './stats.ts';
+import { quantile, ranToTimeout, round } from './stats.ts';
 import type { TargetCheck } from './report.ts';
 
 /** How much to measure. */
@@ -74,7 +74,10 @@ export interface ShimBenchResult {
     helperCpuMs: number;
     /** CPU per probe over (a)'s. */
     cpuRatioToA: number;
+    /** Probes that ended before their timeout without success (a broken path). */
     unexpected: number;
+    /** Probes that ended without success at or past their timeout (the machine's load, not judged). */
+    timedOut: number;
   };
   /**
    * The agent alone, same probe by container ID straight to its socket, interleaved: through its
@@ -194,11 +197,16 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     const client0 = { shim: totalCpuMs(shim.pid!), agent: totalCpuMs(agent.pid!), helper: helperCpu() };
     const lat: number[] = [];
     let unexpected = 0;
+    let timedOut = 0;
     for (let i = 0; i < o.probes; i++) {
       const t = performance.now();
       const r = await viaShim.execSync(app.id, cmd, 1);
-      lat.push(performance.now() - t);
-      if (!r.ok || r.msg.exitCode !== 0) unexpected++;
+      const ms = performance.now() - t;
+      lat.push(ms);
+      if (!r.ok || r.msg.exitCode !== 0) {
+        if (ranToTimeout(ms, 1)) timedOut++;
+        else unexpected++;
+      }
     }
     const shimCpu = totalCpuMs(shim.pid!) - client0.shim;
     // The helper's CPU includes its reaped per-socket children; the agent's (cutime) includes the helper
@@ -208,7 +216,7 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     const agentCpuUsed = agentOnlyUsed + helperCpuUsed;
     const shimPath = {
       ...series(lat, shimCpu + agentCpuUsed), shimCpuMs: round(shimCpu / o.probes), agentCpuMs: round(agentCpuUsed / o.probes),
-      agentOnlyCpuMs: round(agentOnlyUsed / o.probes), helperCpuMs: round(helperCpuUsed / o.probes), cpuRatioToA: 0, unexpected,
+      agentOnlyCpuMs: round(agentOnlyUsed / o.probes), helperCpuMs: round(helperCpuUsed / o.probes), cpuRatioToA: 0, unexpected, timedOut,
     };
     o.log(`shim path: ${shimPath.cpuMsPerCall} ms CPU/probe (shim ${shimPath.shimCpuMs}, agent ${shimPath.agentOnlyCpuMs}, helper ${shimPath.helperCpuMs}), p50 ${shimPath.p50Ms} / p99 ${shimPath.p99Ms} ms`);
     let altShimPath: (Series & { shimCpuMs: number }) | undefined;
