@@ -124,3 +124,26 @@ export async function waitNoChildren(pid: number | 'self', timeoutMs: number, ex
     await new Promise((r) => setTimeout(r, 10));
   }
 }
+
+/**
+ * Times the threads of `pid` were scheduled to run (/proc/<pid>/task/<tid>/schedstat's third field,
+ * summed): each wake-up counts once (a preempted thread put back on a CPU too, rare when idle most of
+ * the time). Threads that ended are not counted; 0 for a process that is gone.
+ */
+export function wakeupsOf(pid: number): number {
+  let tasks: string[];
+  try {
+    tasks = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return 0;
+  }
+  let n = 0;
+  for (const t of tasks) {
+    try {
+      n += Number(readFileSync(`/proc/${pid}/task/${t}/schedstat`, 'utf8').split(' ')[2]);
+    } catch {
+      // the thread ended
+    }
+  }
+  return n;
+}

@@ -36,7 +36,7 @@ import { ProbeApiClient } from '../../agent/api/client.ts';
 import { encodeFrame } from '../../agent/grpc/frame.ts';
 import { WireWriter } from '../../agent/grpc/protowire.ts';
 import type { ProbeContext, ProbeHandler } from '../../agent/probe/types.ts';
-import { cmdlineOf, findChild, totalCpuMs } from './procstat.ts';
+import { cmdlineOf, findChild, totalCpuMs, wakeupsOf } from './procstat.ts';
 import { quantile, ranToTimeout, round } from './stats.ts';
 import type { TargetCheck } from './report.ts';
 
@@ -78,6 +78,8 @@ export interface ShimBenchResult {
     unexpected: number;
     /** Probes that ended without success at or past their timeout (the machine's load, not judged). */
     timedOut: number;
+    /** Wake-ups per probe of each process (its threads' schedstat run counts; idle wake-ups of the window included). */
+    wakeups: { shim: number; agent: number; helper: number };
   };
   /**
    * The agent alone, same probe by container ID straight to its socket, interleaved: through its
@@ -194,6 +196,11 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     for (let i = 0; i < Math.min(50, o.probes); i++) await viaShim.execSync(app.id, cmd, 1);
     const helperPid = (): number | undefined => findChild(agent.pid!, (argv) => argv.some((a) => a.includes('netns-helper')));
     const helperCpu = (): number => (helperPid() ? totalCpuMs(helperPid()!) : 0);
+    const wakes = (): { shim: number; agent: number; helper: number } => {
+      const h = helperPid();
+      return { shim: wakeupsOf(shim.pid!), agent: wakeupsOf(agent.pid!), helper: h ? wakeupsOf(h) : 0 };
+    };
+    const w0 = wakes();
     const client0 = { shim: totalCpuMs(shim.pid!), agent: totalCpuMs(agent.pid!), helper: helperCpu() };
     const lat: number[] = [];
     let unexpected = 0;
@@ -209,6 +216,8 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
       }
     }
     const shimCpu = totalCpuMs(shim.pid!) - client0.shim;
+    const w1 = wakes();
+    const wakeups = { shim: round((w1.shim - w0.shim) / o.probes, 1), agent: round((w1.agent - w0.agent) / o.probes, 1), helper: round((w1.helper - w0.helper) / o.probes, 1) };
     // The helper's CPU includes its reaped per-socket children; the agent's (cutime) includes the helper
     // only once it exits, which it does not during the run.
     const helperCpuUsed = helperCpu() - client0.helper;
@@ -216,9 +225,9 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     const agentCpuUsed = agentOnlyUsed + helperCpuUsed;
     const shimPath = {
       ...series(lat, shimCpu + agentCpuUsed), shimCpuMs: round(shimCpu / o.probes), agentCpuMs: round(agentCpuUsed / o.probes),
-      agentOnlyCpuMs: round(agentOnlyUsed / o.probes), helperCpuMs: round(helperCpuUsed / o.probes), cpuRatioToA: 0, unexpected, timedOut,
+      agentOnlyCpuMs: round(agentOnlyUsed / o.probes), helperCpuMs: round(helperCpuUsed / o.probes), cpuRatioToA: 0, unexpected, timedOut, wakeups,
     };
-    o.log(`shim path: ${shimPath.cpuMsPerCall} ms CPU/probe (shim ${shimPath.shimCpuMs}, agent ${shimPath.agentOnlyCpuMs}, helper ${shimPath.helperCpuMs}), p50 ${shimPath.p50Ms} / p99 ${shimPath.p99Ms} ms`);
+    o.log(`shim path: ${shimPath.cpuMsPerCall} ms CPU/probe (shim ${shimPath.shimCpuMs}, agent ${shimPath.agentOnlyCpuMs}, helper ${shimPath.helperCpuMs}), p50 ${shimPath.p50Ms} / p99 ${shimPath.p99Ms} ms; wake-ups/probe shim ${wakeups.shim}, agent ${wakeups.agent}, helper ${wakeups.helper}`);
     let altShimPath: (Series & { shimCpuMs: number }) | undefined;
     if (alt) {
       for (let i = 0; i < Math.min(50, o.probes); i++) await alt.client.execSync(app.id, cmd, 1);
@@ -427,7 +436,7 @@ export function renderShimMarkdown(r: ShimBenchResult): string {
   const L: string[] = ['', '## The kubelet shim', ''];
   L.push(`Real containerd (the lab's), the real agent (\`probe-agent run\`, CRI resolver) and the shim (\`node dist/shim/main.js\`, listening ${r.startupMs} ms after spawn) as separate processes; sequential calls from a kubelet-shaped grpc-js client. CPU from /proc (utime+stime + reaped children).`, '');
   L.push('| path | calls | CPU ms/call | p50 ms | p99 ms |', '| --- | --- | --- | --- | --- |');
-  L.push(`| shim path: rewritten http probe, ExecSync -> shim -> agent -> helper | ${r.shimPath.n} | ${r.shimPath.cpuMsPerCall} (shim ${r.shimPath.shimCpuMs}, agent ${r.shimPath.agentOnlyCpuMs}, helper ${r.shimPath.helperCpuMs}; ${r.shimPath.cpuRatioToA}x a) | ${r.shimPath.p50Ms} | ${r.shimPath.p99Ms} |`);
+  L.push(`| shim path: rewritten http probe, ExecSync -> shim -> agent -> helper (wake-ups/probe: shim ${r.shimPath.wakeups.shim}, agent ${r.shimPath.wakeups.agent}, helper ${r.shimPath.wakeups.helper}) | ${r.shimPath.n} | ${r.shimPath.cpuMsPerCall} (shim ${r.shimPath.shimCpuMs}, agent ${r.shimPath.agentOnlyCpuMs}, helper ${r.shimPath.helperCpuMs}; ${r.shimPath.cpuRatioToA}x a) | ${r.shimPath.p50Ms} | ${r.shimPath.p99Ms} |`);
   L.push(`| the agent alone: Probe by container ID through its lean server (the shim's client) | ${r.agentTransports.lean.n} | ${r.agentTransports.lean.cpuMsPerCall} (agent + helper) | ${r.agentTransports.lean.p50Ms} | ${r.agentTransports.lean.p99Ms} |`);
   L.push(`| the agent alone: the same through grpc-js (a grpc-js client) | ${r.agentTransports.grpcJs.n} | ${r.agentTransports.grpcJs.cpuMsPerCall} (agent + helper) | ${r.agentTransports.grpcJs.p50Ms} | ${r.agentTransports.grpcJs.p99Ms} |`);
   L.push(`| (a) the agent's own in-netns probe, same target | ${r.inNetns.n} | ${r.inNetns.cpuMsPerCall} | ${r.inNetns.p50Ms} | ${r.inNetns.p99Ms} |`);
