@@ -12,6 +12,10 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { isTransient, keep, LeanSocket, leanServer, READ_SIZE, StreamChannel, channelOf, type ChannelHandler } from '../../agent/io/lean-socket.ts';
 import { duplexPair } from 'node:stream';
+import { FrameSplitter, H2Connection } from '../../agent/http2/connection.ts';
+import { encodeLiteralBlock } from '../../agent/http2/hpack.ts';
+import { CLIENT_PREFACE, Flag, frameBytes, FrameType, Setting } from '../../agent/http2/wire.ts';
+import { settingsFrame } from '../support/raw-h2.ts';
 
 let dir: string;
 let path: string;
@@ -242,5 +246,74 @@ describe('channelOf', () => {
     lean.start(recorder());
     expect(channelOf(lean)).toBe(lean);
     await lean.closed;
+  });
+});
+
+describe('the HTTP/2 connection on lean sockets', () => {
+  it('forwards DATA that waits for a window intact although later reads reuse the buffer it came in', async () => {
+    // B: a client connection to a peer (Y) that grants no stream window until told; A: a server
+    // connection whose DATA goes on to B as the shim's relay passes it (the frame as received).
+    const yPath = join(dir, 'y.sock');
+    const yFrames = new FrameSplitter(true);
+    const forwarded: Buffer[] = [];
+    let yEnded = false;
+    let ySock: net.Socket | undefined;
+    const y = net.createServer((s) => {
+      ySock = s;
+      s.write(settingsFrame([[Setting.INITIAL_WINDOW_SIZE, 0]]));
+      s.on('data', (chunk: Buffer) => {
+        yFrames.push(chunk);
+        for (let f = yFrames.next(); f !== null; f = yFrames.next()) {
+          if (f.type !== FrameType.DATA) continue;
+          forwarded.push(Buffer.from(f.payload));
+          if (f.flags & Flag.END_STREAM) yEnded = true;
+        }
+      });
+    });
+    await new Promise<void>((r) => y.listen(yPath, () => r()));
+    const b = new H2Connection(LeanSocket.connect(yPath), { role: 'client', settings: {}, connectionWindow: 1 << 20 });
+    const bClosed: Array<Error | undefined> = [];
+    b.start({ headers: () => {}, data: () => {}, reset: () => {}, goaway: () => {}, closed: (err) => bClosed.push(err) });
+    let bid = 0;
+    let dataFrames = 0;
+    const srv = await listen((c) => {
+      const a: H2Connection = new H2Connection(c, { role: 'server', settings: { maxConcurrentStreams: 10 }, connectionWindow: 1 << 20 });
+      a.start({
+        headers: (_id, fields, endStream) => {
+          bid = b.request(fields, endStream);
+        },
+        data: (_id, f, payload, endStream) => {
+          dataFrames++;
+          b.data(bid, payload, endStream, a, f.payload.length, f.raw);
+        },
+        reset: () => {},
+        goaway: () => {},
+        closed: () => {},
+      });
+    });
+    const peer = net.connect(path);
+    peer.on('data', () => {});
+    const headers = encodeLiteralBlock([{ name: ':method', value: 'POST' }, { name: ':scheme', value: 'http' }, { name: ':path', value: '/x' }, { name: ':authority', value: 'a' }]);
+    const p1 = pattern(10_000);
+    const p2 = Buffer.alloc(10_000, 0x5a);
+    peer.write(Buffer.concat([CLIENT_PREFACE, frameBytes(FrameType.SETTINGS, 0, 0), frameBytes(FrameType.HEADERS, Flag.END_HEADERS, 1, headers), frameBytes(FrameType.DATA, 0, 1, p1)]));
+    await until(() => dataFrames === 1, 'the first DATA forwarded');
+    // Reads of other octets into the same buffer while the first DATA waits for Y's window.
+    for (let i = 0; i < 20; i++) {
+      peer.write(frameBytes(FrameType.PING, 0, 0, Buffer.alloc(8, i)));
+      await new Promise((r) => setTimeout(r, 2));
+    }
+    peer.write(frameBytes(FrameType.DATA, Flag.END_STREAM, 1, p2));
+    await until(() => dataFrames === 2, 'the second DATA forwarded');
+    expect(forwarded).toHaveLength(0);
+    ySock!.write(frameBytes(FrameType.WINDOW_UPDATE, 0, bid, Buffer.from([0, 1, 0, 0])));
+    await until(() => yEnded, 'both DATA at Y');
+    expect(Buffer.concat(forwarded).equals(Buffer.concat([p1, p2]))).toBe(true);
+    expect(bClosed).toEqual([]);
+    peer.destroy();
+    b.destroy();
+    ySock!.destroy();
+    await new Promise<void>((r) => srv.close(() => r()));
+    await new Promise<void>((r) => y.close(() => r()));
   });
 });
