@@ -57,9 +57,9 @@ export interface VariantRun {
   unexpected: number;
   /** Probes that ended in result 'error' (could not run at all). */
   errors: number;
-  /** Probes that ran to their own timeout (the machine's load can cause that; the path's result is unjudged). */
+  /** Probes that ran to their own timeout without the expected result (a loaded machine can cause that: not judged). */
   timedOut: number;
-  /** Of the probes that ended before their timeout: those with an unexpected result, and those in 'error'. */
+  /** Of the other probes (judged): those with an unexpected result, and those in 'error'. */
   unexpectedInTime: number;
   errorsInTime: number;
   wallMs: number;
@@ -154,7 +154,7 @@ async function closedLoop(p: Prober, cfg: DriverConfig, v: Variant, n: number, m
       const bad = (r === 'success') !== v.expectSuccess || r === 'error';
       if (r === 'error') errors++;
       if (bad) unexpected++;
-      if (ranToTimeout(ms, cfg.timeoutSeconds)) timedOut++;
+      if (bad && ranToTimeout(ms, cfg.timeoutSeconds)) timedOut++;
       else {
         if (r === 'error') errorsInTime++;
         if (bad) unexpectedInTime++;

@@ -50,7 +50,7 @@ export interface VariantSummary {
   /** Summed over rounds. */
   unexpected: number;
   errors: number;
-  /** Summed over rounds: probes run, those that ran to their timeout, and the in-time ones unexpected or in 'error'. */
+  /** Summed over rounds: probes run, those that ran to their timeout without the expected result, and the judged ones unexpected or in 'error'. */
   probes: number;
   timedOut: number;
   unexpectedInTime: number;
