@@ -16,8 +16,8 @@
  *
  * Node offers `onread` only to sockets it creates for `net.connect`; an accepted socket is moved
  * onto a new `net.Socket` with `onread` (adopt(), the only use of Node internals here, checked by
- * test/integration/lean-socket.test.ts). Where those internals are missing, the accepted socket is used as
- * a stream: slower, never wrong.
+ * test/integration/lean-socket.test.ts). Where those internals are missing, the accepted socket
+ * is used as a stream: slower, never wrong.
  */
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
