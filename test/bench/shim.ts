@@ -36,7 +36,7 @@ import { ProbeApiClient } from '../../agent/api/client.ts';
 import { encodeFrame } from '../../agent/grpc/frame.ts';
 import { WireWriter } from '../../agent/grpc/protowire.ts';
 import type { ProbeContext, ProbeHandler } from '../../agent/probe/types.ts';
-import { cmdlineOf, findChild, totalCpuMs, wakeupsOf } from './procstat.ts';
+import { cmdlineOf, findChild, runMsOf, totalCpuMs, wakeupsOf } from './procstat.ts';
 import { quantile, ranToTimeout, round } from './stats.ts';
 import type { TargetCheck } from './report.ts';
 
@@ -53,6 +53,11 @@ export interface ShimBenchOptions {
    * e.g. a worktree of the previous release), measured in the same run against the same agent.
    */
   compareShim?: string;
+  /**
+   * Probes per second of the A/B with compareShim (BENCH_SHIM_AB_RATE; default 0: back to back). At
+   * kubelet's rates (20/s: 20 pods at 1 s) each probe wakes the processes on its own, as on a node.
+   */
+  abRate?: number;
   /** `node <cli> run` starts the agent (default: the built dist/cli.js). */
   cli?: string;
   log: (line: string) => void;
@@ -245,26 +250,37 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
       // The whole path, A/B in the same run: this shim and the compared one in alternating rounds,
       // each with the agent's and the helper's CPU (the same agent serves both: ExecSync for a shim
       // of issue 26 or later, Probe / RunLifecycleHandler for an older one).
-      const ab = { this: { shim: 0, agent: 0, helper: 0, n: 0 }, compared: { shim: 0, agent: 0, helper: 0, n: 0 } };
+      // Shim and agent CPU from schedstat (ns; ticks are too coarse for a paced round), the helper's
+      // with its reaped forks from ticks; wake-ups of the shim and the agent.
+      const zero = (): { shim: number; agent: number; helper: number; shimWakes: number; agentWakes: number; n: number } => ({ shim: 0, agent: 0, helper: 0, shimWakes: 0, agentWakes: 0, n: 0 });
+      const ab = { this: zero(), compared: zero() };
       const perRound = Math.max(1, Math.floor(o.probes / 4));
+      const rate = o.abRate ?? 0;
       for (let r = 0; r < 4; r++) {
         for (const [which, proc, client] of [['this', shim, viaShim], ['compared', alt.proc, alt.client]] as const) {
-          const c0 = { shim: totalCpuMs(proc.pid!), agent: totalCpuMs(agent.pid!), helper: helperCpu() };
+          const c0 = { shim: runMsOf(proc.pid!), agent: runMsOf(agent.pid!), helper: helperCpu(), shimWakes: wakeupsOf(proc.pid!), agentWakes: wakeupsOf(agent.pid!) };
+          const t0 = performance.now();
           for (let i = 0; i < perRound; i++) {
+            if (rate > 0) await new Promise((res) => setTimeout(res, Math.max(0, t0 + (i * 1000) / rate - performance.now())));
             const r2 = await client.execSync(app.id, cmd, 1);
             if (!r2.ok || r2.msg.exitCode !== 0) throw new Error(`A/B probe through ${which} shim did not succeed`);
           }
           const x = ab[which];
-          x.shim += totalCpuMs(proc.pid!) - c0.shim;
-          x.agent += totalCpuMs(agent.pid!) - c0.agent;
+          x.shim += runMsOf(proc.pid!) - c0.shim;
+          x.agent += runMsOf(agent.pid!) - c0.agent;
           x.helper += helperCpu() - c0.helper;
+          x.shimWakes += wakeupsOf(proc.pid!) - c0.shimWakes;
+          x.agentWakes += wakeupsOf(agent.pid!) - c0.agentWakes;
           x.n += perRound;
         }
       }
       for (const which of ['this', 'compared'] as const) {
         const x = ab[which];
-        o.log(`A/B ${which} shim: ${round((x.shim + x.agent + x.helper) / x.n)} ms CPU/probe (shim ${round(x.shim / x.n)}, agent ${round(x.agent / x.n)}, helper ${round(x.helper / x.n)})`);
+        o.log(`A/B ${which} shim${rate > 0 ? ` at ${rate}/s` : ''}: ${round((x.shim + x.agent + x.helper) / x.n)} ms CPU/probe (shim ${round(x.shim / x.n)}, agent ${round(x.agent / x.n)}, helper ${round(x.helper / x.n)}); wake-ups/probe shim ${round(x.shimWakes / x.n, 1)}, agent ${round(x.agentWakes / x.n, 1)}`);
       }
+      const t = ab.this;
+      const c = ab.compared;
+      o.log(`A/B this / compared: shim ${round(t.shim / c.shim, 2)}x, agent ${round(t.agent / c.agent, 2)}x, whole path ${round((t.shim + t.agent + t.helper) / (c.shim + c.agent + c.helper), 2)}x`);
     }
 
     // --- the agent's two transports, same run, interleaved ---
@@ -474,6 +490,7 @@ export function shimBenchOptions(env: NodeJS.ProcessEnv, log: (l: string) => voi
     callsPerMethod: n('BENCH_SHIM_CALLS', quick ? 40 : 1000),
     ...(env.BENCH_SHIM_AUTHORITY ? { authority: env.BENCH_SHIM_AUTHORITY } : {}),
     ...(env.BENCH_SHIM_COMPARE ? { compareShim: env.BENCH_SHIM_COMPARE } : {}),
+    ...(env.BENCH_SHIM_AB_RATE ? { abRate: n('BENCH_SHIM_AB_RATE', 0) } : {}),
     log,
   };
 }

@@ -14,11 +14,12 @@
  *   make bench-floor   (BENCH_FLOOR_RATES=20,200 BENCH_FLOOR_SECONDS=15 BENCH_FLOOR_ROUNDS=2)
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { runMsOf } from './procstat.ts';
 
 const HERE = fileURLToPath(new URL('./wakeup/', import.meta.url));
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -35,19 +36,6 @@ const LABEL: Record<Kind, string> = {
   go: 'Go netpoller',
   c: 'C poll loop',
 };
-
-/** Run time of every thread of `pid`, ns (schedstat's first field). */
-function runNs(pid: number): number {
-  let sum = 0;
-  for (const tid of readdirSync(`/proc/${pid}/task`)) {
-    try {
-      sum += Number(readFileSync(`/proc/${pid}/task/${tid}/schedstat`, 'utf8').split(' ')[0]);
-    } catch {
-      // The thread ended between the listing and the read.
-    }
-  }
-  return sum;
-}
 
 /** The receivers' commands; the Go and C ones are built by `make bench-floor`. */
 function receivers(): Record<Kind, string[]> {
@@ -99,9 +87,9 @@ async function measure(cmd: string[], rate: number, seconds: number): Promise<nu
     await new Promise<void>((r) => sock.once('connect', () => r()));
     await exchange(sock, Math.max(rate, 100), 50);
     const count = Math.max(50, Math.round(rate * seconds));
-    const before = runNs(child.pid as number);
+    const before = runMsOf(child.pid as number);
     await exchange(sock, rate, count);
-    const ms = (runNs(child.pid as number) - before) / 1e6 / count;
+    const ms = (runMsOf(child.pid as number) - before) / count;
     sock.destroy();
     return ms;
   } finally {
