@@ -3,7 +3,9 @@
  * stream path) on both connected and accepted sockets, arrive whole and in order however the
  * kernel splits them, stay valid through the microtasks of their read and no longer; writes of
  * such views are copies, large writes under a peer that does not read come through whole once it
- * reads (EAGAIN, partial writes, `drain`), and half-close, close and errors are reported once.
+ * reads (EAGAIN, partial writes, `drain`), and half-close, close and errors are reported once; a
+ * socket adopt() cannot move is read as a stream, correctly. An HTTP/2 connection that forwards
+ * DATA waiting for a window keeps it intact while later reads reuse the buffer.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
@@ -199,6 +201,29 @@ describe('LeanSocket', () => {
     await until(() => srvClosed, 'server closed');
     expect(serverSide.closes).toEqual([undefined]);
     client.destroy();
+  });
+
+  it('falls back to the stream path, whole and in order, for an accepted socket it cannot move (already reading)', async () => {
+    let adopted: LeanSocket | undefined;
+    const h = recorder();
+    // Not paused on connect: Node reads it already, so its handle must stay where it is.
+    const srv = net.createServer((s) => {
+      adopted = LeanSocket.adopt(s);
+      adopted.start(h);
+    });
+    await new Promise<void>((r) => srv.listen(path, () => r()));
+    const data = pattern(300_000);
+    const client = net.connect(path);
+    client.write(data);
+    await until(() => h.got().length === data.length, 'all octets');
+    expect(adopted!.lean).toBe(false);
+    expect(h.got().equals(data)).toBe(true);
+    adopted!.write(Buffer.from('back'));
+    const back = await new Promise<Buffer>((r) => client.once('data', r));
+    expect(back.toString()).toBe('back');
+    client.destroy();
+    await until(() => h.closes.length === 1, 'closed');
+    await new Promise<void>((r) => srv.close(() => r()));
   });
 
   it('reports a failed connect as a close with its error, once', async () => {
