@@ -147,7 +147,7 @@ bench: build
 bench-shim: build
 	node test/bench/shim.ts
 
-## bench-floor: what one wake-up costs a Node, a Go and a C process on this machine (test/bench/wakeup-floor.ts):
+## bench-floor: what one wake-up costs a Node (net.Socket and the lean agent/io path), a Go and a C process here (test/bench/wakeup-floor.ts):
 ## the least the shim and the agent can pay per rewritten probe for the wake-ups it takes. BENCH_FLOOR_RATES, _SECONDS, _ROUNDS.
 bench-floor: node $(FLOOR_RECEIVERS)
 	node test/bench/wakeup-floor.ts

@@ -8,6 +8,7 @@
  */
 import { EventEmitter } from 'node:events';
 import type { Duplex } from 'node:stream';
+import type { ByteChannel } from '../io/lean-socket.ts';
 import type { HeaderField } from '../http2/hpack.ts';
 import { UnaryH2Server, type UnaryH2Stream } from '../http2/unary-server.ts';
 import { readFrame } from '../grpc/frame.ts';
@@ -56,7 +57,7 @@ export class HotUnaryServer {
   }
 
   /** Takes a connection. */
-  emit(event: 'connection', connection: Duplex): boolean {
+  emit(event: 'connection', connection: Duplex | ByteChannel): boolean {
     return this.#h2.emit(event, connection);
   }
 

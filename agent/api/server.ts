@@ -22,6 +22,7 @@ import { filterFromWire, revisionFromWire, statusToWire } from './convert.ts';
 import { NotStartedError, RpcError, grpcStatusFor, handleProbeCall, type CallLike, type ProbeCallGate } from './probe-call.ts';
 import { ExecSyncHandlerCache, handleExecSync, type ExecSyncCacheStats } from './exec-sync.ts';
 import { handleLifecycleCall } from './lifecycle-call.ts';
+import { leanServer } from '../io/lean-socket.ts';
 import { DRAINING_DETAIL, NOT_STARTED_DRAINING } from '../contract/hook-refusal.ts';
 import {
   DEFAULT_SOCKET_PATH,
@@ -213,7 +214,8 @@ export class ProbeApiServer {
       maxConcurrentStreams: opts.maxHotStreams ?? this.#probeGate.max + this.#hookGate.max + 1024,
     });
     this.#listener = net.createServer((socket) => this.#toGrpcJs(socket));
-    this.#shimListener = net.createServer((socket) => this.#hot.emit('connection', socket));
+    // The shim's hot path: its connections read lean (agent/io/lean-socket.ts).
+    this.#shimListener = leanServer((socket) => this.#hot.emit('connection', socket));
     this.#health = new HealthImplementation({ '': 'SERVING', [SERVICE_NAME]: 'SERVING' });
     this.#health.addToServer(this.#server);
     if (opts.reflection) {

@@ -3,6 +3,7 @@
  * length, the message. Written uncompressed only (we never negotiate compression). Read whole from
  * a complete body, or DATA by DATA with a bound on what is held.
  */
+import { isTransient } from '../io/lean-socket.ts';
 
 /** The prefix's octets. */
 export const FRAME_PREFIX = 5;
@@ -72,7 +73,8 @@ export class BodyReader {
       return false;
     }
     if (payload.length > 0) {
-      this.#chunks.push(this.#copy ? Buffer.from(payload) : payload);
+      // A view of a reused read buffer is valid during its read only (agent/io/lean-socket.ts).
+      this.#chunks.push(this.#copy || isTransient(payload) ? Buffer.from(payload) : payload);
       this.#held += payload.length;
     }
     return true;

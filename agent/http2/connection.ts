@@ -18,6 +18,10 @@
  * connection whose unsent octets pass `maxBufferedOutput` anyway (control frames it provokes and
  * never reads) is cut.
  *
+ * Reads come from agent/io/lean-socket.ts, as views of a buffer the next read reuses: a frame
+ * handed to the owner is valid during that call only (an owner copies what it keeps), and what
+ * outlives the read here (a partial frame, DATA waiting for a window) is copied.
+ *
  * Every frame a peer sends costs bounded work (the CONTINUATION and empty-frame floods): a header
  * block takes at most `maxContinuations` CONTINUATION frames, and frames that move no stream
  * forward (PING, SETTINGS, empty DATA, RST_STREAM or WINDOW_UPDATE on closed streams, refused
@@ -37,6 +41,7 @@ import { checkInitialWindowSize, FlowControl, type StreamWindows } from './flow-
 import { FrameWriter } from './writer.ts';
 import { FrameBudgetError, SHARED_FREE_FRAMES, TokenBucket, type SharedFrameBudget } from './frame-budget.ts';
 import { isInformationalBlock } from './informational.ts';
+import { channelOf, isTransient, keep, type ByteChannel } from '../io/lean-socket.ts';
 
 export { H2ConnectionError } from './wire.ts';
 
@@ -196,6 +201,11 @@ export class FrameSplitter {
   /** Whether the client preface has been read (or none was expected). */
   get prefaceSeen(): boolean {
     return this.#preface;
+  }
+
+  /** Copies the octets held for the next frame, which the read they came in would take along. */
+  keepPending(): void {
+    this.#buf = keep(this.#buf);
   }
 
   /** Adds a read; call next() until null before the next push. */
@@ -376,7 +386,7 @@ export class H2Connection implements Credit {
   readonly local: H2Settings;
   /** The peer's SETTINGS as applied. */
   readonly peer: H2Settings = { ...INITIAL_SETTINGS };
-  readonly #socket: Duplex;
+  readonly #socket: ByteChannel;
   #h: H2Handler | null = null;
   readonly #splitter: FrameSplitter;
   readonly #decoder: HpackDecoder;
@@ -404,13 +414,13 @@ export class H2Connection implements Credit {
   #sharedCharged = 0;
   readonly #spent = new Map<string, number>();
 
-  constructor(socket: Duplex, opts: H2ConnectionOptions) {
+  constructor(socket: Duplex | ByteChannel, opts: H2ConnectionOptions) {
     this.role = opts.role;
-    this.#socket = socket;
+    this.#socket = channelOf(socket);
     this.local = { ...INITIAL_SETTINGS, ...opts.settings, ...(opts.role === 'client' ? { enablePush: 0 } : {}) };
     this.#splitter = new FrameSplitter(opts.role === 'server', this.local.maxFrameSize);
     this.#decoder = new HpackDecoder({ maxTableSize: this.local.headerTableSize, maxHeaderListSize: this.local.maxHeaderListSize });
-    this.#writer = new FrameWriter(socket, opts.maxBufferedOutput ?? 4 * 1024 * 1024, {
+    this.#writer = new FrameWriter(this.#socket, opts.maxBufferedOutput ?? 4 * 1024 * 1024, {
       beforeWrite: (queued) => {
         const credit = this.#flow.connectionCredit(queued);
         if (credit > 0) this.#writer.add(windowUpdateFrame(0, credit));
@@ -434,11 +444,12 @@ export class H2Connection implements Credit {
   /** Starts reading with `handler` (separate from the constructor so an owner can hold the connection first). */
   start(handler: H2Handler): this {
     this.#h = handler;
-    this.#socket.on('data', (chunk: Buffer) => this.#onRead(chunk));
-    this.#socket.on('error', (err: Error) => this.#gone(err));
-    this.#socket.on('close', () => this.#gone(undefined));
-    this.#socket.on('end', () => this.#gone(undefined));
-    this.#socket.on('drain', () => this.#pump());
+    this.#socket.start({
+      data: (view) => this.#onRead(view),
+      end: () => this.#gone(undefined),
+      close: (err) => this.#gone(err),
+      drain: () => this.#pump(),
+    });
     this.#writer.schedule();
     return this;
   }
@@ -560,9 +571,15 @@ export class H2Connection implements Credit {
       return;
     }
     if (endStream) s.localEnded = true;
-    s.queue.push({ frames: null, payload, end: endStream, raw, creditOctets, credit });
+    const p: Pending = { frames: null, payload, end: endStream, raw, creditOctets, credit };
+    s.queue.push(p);
     this.#ready.add(streamId);
     this.#pump();
+    // Still waiting for a window: a view of a read must not wait with it.
+    if (s.queue[s.queue.length - 1] === p && isTransient(p.payload)) {
+      p.payload = Buffer.from(p.payload);
+      p.raw = null;
+    }
   }
 
   /** Resets a stream (its queued output is dropped, credited back). */
@@ -659,6 +676,7 @@ export class H2Connection implements Credit {
         this.#frame(f);
         if (this.#closed) return;
       }
+      this.#splitter.keepPending();
     } catch (err) {
       this.#fail(err as Error);
     }

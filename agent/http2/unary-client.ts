@@ -13,13 +13,13 @@
  * We announce a 16 MiB stream window and a 1 GiB connection window, given back as we read, so the
  * server never waits on us.
  */
-import * as net from 'node:net';
 import { H2_LIMITS } from './authority.ts';
 import { H2Connection, H2ConnectionError, type H2Handler } from './connection.ts';
 import type { HeaderField } from './hpack.ts';
 import { isInformationalBlock, MAX_1XX_RESPONSES } from './informational.ts';
 import { H2Error, type Frame } from './wire.ts';
 import { BodyReader } from '../grpc/frame.ts';
+import { LeanSocket } from '../io/lean-socket.ts';
 
 /** Why a call got no response: 'unreachable' (never sent), 'broken' (the connection or stream failed), 'too-large'. */
 export type UnaryH2Failure = 'unreachable' | 'broken' | 'too-large';
@@ -114,13 +114,13 @@ class Connection {
     this.#label = socketPath;
     this.#assumedMaxStreams = assumedMaxStreams;
     this.#opts = opts;
-    const socket = net.connect(socketPath);
-    socket.setNoDelay?.(true);
+    const lean = LeanSocket.connect(socketPath);
+    const socket = lean.socket;
     socket.unref();
     socket.on('connect', () => {
       this.#connected = true;
     });
-    this.#h2 = new H2Connection(socket, {
+    this.#h2 = new H2Connection(lean, {
       role: 'client',
       settings: { initialWindowSize: STREAM_WINDOW, maxHeaderListSize: H2_LIMITS.maxHeaderList },
       connectionWindow: CONN_WINDOW,

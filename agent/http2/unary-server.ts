@@ -21,6 +21,7 @@ import { H2Error, H2InputError, MAX_WINDOW, type Frame } from './wire.ts';
 import { BodyReader, encodeFrame, FRAME_PREFIX, framedLimit } from '../grpc/frame.ts';
 import { OK_TRAILERS_WITH_MESSAGE_BLOCK, responseHeadersBlock, trailersOnlyBlock } from '../grpc/headers.ts';
 import { GrpcCode } from '../grpc/status.ts';
+import { channelOf, type ByteChannel } from '../io/lean-socket.ts';
 
 /** Limits of the server. */
 export interface UnaryH2ServerLimits {
@@ -99,7 +100,7 @@ class ServerStream implements UnaryH2Stream {
 
 /** One connection's calls. */
 class ServerConnection {
-  readonly #socket: Duplex;
+  readonly #socket: ByteChannel;
   readonly #h2: H2Connection;
   readonly #limits: Required<UnaryH2ServerLimits>;
   readonly #onCall: (s: UnaryH2Stream) => void;
@@ -109,13 +110,15 @@ class ServerConnection {
   #leaving = false;
   readonly closed: Promise<void>;
 
-  constructor(socket: Duplex, limits: Required<UnaryH2ServerLimits>, onCall: (s: UnaryH2Stream) => void) {
-    this.#socket = socket;
+  constructor(socket: Duplex | ByteChannel, limits: Required<UnaryH2ServerLimits>, onCall: (s: UnaryH2Stream) => void) {
+    // A socket of the shim's listener comes lean (agent/io/lean-socket.ts); any other stream is read as a stream.
+    const ch = channelOf(socket);
+    this.#socket = ch;
     this.#limits = limits;
     this.#onCall = onCall;
-    this.#peer = (socket as { remoteAddress?: string }).remoteAddress ?? 'unix:';
-    this.closed = new Promise((resolve) => socket.once('close', () => resolve()));
-    this.#h2 = new H2Connection(socket, {
+    this.#peer = ch.remoteAddress ?? 'unix:';
+    this.closed = ch.closed;
+    this.#h2 = new H2Connection(ch, {
       role: 'server',
       settings: {
         maxConcurrentStreams: limits.maxConcurrentStreams,
@@ -127,8 +130,6 @@ class ServerConnection {
       maxBufferedOutput: limits.maxBufferedOutput,
       maxHeaderBlock: H2_LIMITS.maxHeaderBlock,
     }).start(this.#handler());
-    // Read, even from a socket that came paused.
-    socket.resume();
   }
 
   has(s: ServerStream): boolean {
@@ -153,7 +154,7 @@ class ServerConnection {
       s.reader.take();
     }
     // Answers the client does not read, in the socket or waiting for its windows: bounded.
-    if (this.#socket.writableLength + this.#h2.queuedData > this.#limits.maxBufferedOutput) this.destroy();
+    if (this.#socket.unsent + this.#h2.queuedData > this.#limits.maxBufferedOutput) this.destroy();
     else this.#maybeFinish();
   }
 
@@ -246,7 +247,7 @@ export class UnaryH2Server {
   }
 
   /** Takes a connection whose octets start with the client preface. */
-  emit(event: 'connection', socket: Duplex): boolean {
+  emit(event: 'connection', socket: Duplex | ByteChannel): boolean {
     if (event !== 'connection') return false;
     const c = new ServerConnection(socket, this.#limits, this.#onCall);
     this.#conns.add(c);

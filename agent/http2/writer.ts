@@ -2,11 +2,14 @@
  * The outbound side of one HTTP/2 connection: frames are queued in the order given and written
  * once per turn of the event loop (a microtask), as one buffer; frames that lie back to back in
  * one read's buffer (forwarded as received) are joined as one view, not copied. `blocked` is the
- * backpressure the core's DATA scheduling waits on (the socket holds HIGH_WATER octets); a peer
+ * backpressure the core's DATA scheduling waits on (the socket holds HIGH_WATER octets); writes go
+ * through the connection's channel (agent/io/lean-socket.ts), which copies a view of a reused read
+ * buffer rather than let the socket keep it; a peer
  * that does not read and whose unsent octets pass `maxBufferedOutput` anyway (control frames it
  * provokes) is reported through `onOverflow`, once per write past it.
  */
 import type { Duplex } from 'node:stream';
+import { channelOf, type ByteChannel } from '../io/lean-socket.ts';
 
 /** The socket's unsent octets past which DATA waits in the core's queues. */
 export const HIGH_WATER = 256 * 1024;
@@ -21,7 +24,7 @@ export interface WriterHooks {
 
 /** Queues frames and writes them once per turn. */
 export class FrameWriter {
-  readonly #socket: Duplex;
+  readonly #socket: ByteChannel;
   readonly #hooks: WriterHooks;
   readonly #maxBufferedOutput: number;
   #out: Buffer[] = [];
@@ -32,8 +35,8 @@ export class FrameWriter {
     this.flush();
   };
 
-  constructor(socket: Duplex, maxBufferedOutput: number, hooks: WriterHooks) {
-    this.#socket = socket;
+  constructor(socket: Duplex | ByteChannel, maxBufferedOutput: number, hooks: WriterHooks) {
+    this.#socket = channelOf(socket);
     this.#maxBufferedOutput = maxBufferedOutput;
     this.#hooks = hooks;
   }
@@ -59,13 +62,13 @@ export class FrameWriter {
 
   /** Whether the socket holds enough unsent octets that DATA should wait. */
   get blocked(): boolean {
-    return this.#socket.writableLength >= HIGH_WATER;
+    return this.#socket.unsent >= HIGH_WATER;
   }
 
   /** Writes what is queued now. */
   flush(): void {
     // Ended (GOAWAY sent, or the peer left): a frame read since then gets no answer; writing would be an error.
-    if (this.#closed || this.#socket.destroyed || this.#socket.writableEnded) return;
+    if (this.#closed || !this.#socket.writable) return;
     this.#hooks.beforeWrite(this.#out.length > 0);
     const out = this.#out;
     if (out.length === 0) return;
@@ -80,7 +83,7 @@ export class FrameWriter {
     }
     out.length = merged + 1;
     this.#socket.write(out.length === 1 ? out[0]! : Buffer.concat(out));
-    if (this.#socket.writableLength > this.#maxBufferedOutput) this.#hooks.onOverflow(this.#socket.writableLength);
+    if (this.#socket.unsent > this.#maxBufferedOutput) this.#hooks.onOverflow(this.#socket.unsent);
   }
 
   /** Drops what is queued; nothing is written after. */

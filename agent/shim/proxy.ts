@@ -21,6 +21,7 @@ import { ShimMetrics, type AgentErrorCause, type InterceptKind } from './metrics
 import { execSyncFacts, type ExecSyncFacts } from './exec-sync.ts';
 import type { HeaderField } from '../http2/hpack.ts';
 import { FrameRelay } from './relay.ts';
+import { leanServer, type LeanSocket } from '../io/lean-socket.ts';
 import { AGENT_GRACE_MS, HOOK_LAST_RESORT_MS, agentCallMs } from '../probe/time-budget.ts';
 
 
@@ -99,11 +100,11 @@ export class CriShim {
     this.#agent = new ShimProbeClient(this.config.agentSocket, this.config.probeSocket, (socket, fallback) => this.#log('info', fallback
       ? 'nothing listens on the agent\'s socket for the shim (an agent of the release before it): rewritten calls go to the ProbeService socket'
       : 'the agent\'s socket for the shim answers: rewritten calls go there', { socket }));
-    this.#listener = net.createServer((socket) => this.#relay(socket));
+    this.#listener = leanServer((socket) => this.#relay(socket));
   }
 
   /** Carries a kubelet connection frame by frame to its own runtime connection (relay.ts). */
-  #relay(socket: net.Socket): void {
+  #relay(socket: LeanSocket): void {
     let authorityLogged = false;
     const client = this.metrics.criClientOpened();
     const relay = new FrameRelay(socket, {

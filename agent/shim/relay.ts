@@ -28,7 +28,7 @@
  *   kubelet's dialer into its reconnect backoff). Kubelet's connection closing aborts intercepted
  *   calls and closes the runtime's.
  */
-import * as net from 'node:net';
+import type { Duplex } from 'node:stream';
 import { authorityAcceptable, withAcceptableAuthority } from '../http2/authority.ts';
 import { H2Connection, H2ConnectionError, type H2Handler, type H2Settings } from '../http2/connection.ts';
 import type { HeaderField } from '../http2/hpack.ts';
@@ -38,6 +38,7 @@ import { OK_TRAILERS_BLOCK, responseHeadersBlock, trailersOnlyBlock } from '../g
 import { GrpcCode } from '../grpc/status.ts';
 import type { ExecSyncAnswer } from './answer.ts';
 import { classifyExecSyncPrefix, EXEC_SYNC_PATH } from './exec-sync.ts';
+import { keep, LeanSocket, type ByteChannel } from '../io/lean-socket.ts';
 
 /** What a relay needs from the shim. */
 export interface RelayHost {
@@ -113,7 +114,7 @@ export class FrameRelay {
   #closed = false;
   #onClose: (() => void) | null = null;
 
-  constructor(kubelet: net.Socket, host: RelayHost) {
+  constructor(kubelet: Duplex | ByteChannel, host: RelayHost) {
     this.#host = host;
     this.#k = new H2Connection(kubelet, {
       role: 'server',
@@ -147,12 +148,11 @@ export class FrameRelay {
 
   #connectRuntime(initialWindowSize: number): void {
     this.#runtime = 'connecting';
-    const socket = net.connect(this.#host.runtimeSocket);
-    socket.setNoDelay?.(true);
-    socket.once('connect', () => {
+    const lean = LeanSocket.connect(this.#host.runtimeSocket);
+    lean.socket.once('connect', () => {
       if (this.#runtime === 'connecting') this.#runtime = 'up';
     });
-    this.#r = new H2Connection(socket, {
+    this.#r = new H2Connection(lean, {
       role: 'client',
       settings: { initialWindowSize, maxHeaderListSize: HEADER_LIST },
       connectionWindow: CONN_WINDOW,
@@ -351,12 +351,14 @@ export class FrameRelay {
       else if (end) this.#decide(s);
       return;
     }
-    s.held.push(f);
+    // Held past this read: copies (the read's buffer is reused, agent/io/lean-socket.ts).
+    const raw = keep(f.raw);
+    s.held.push(raw === f.raw ? f : { ...f, raw, payload: raw.subarray(FRAME_HEADER) });
     s.heldFlow += flow;
     let verdict: 'ours' | 'not-ours' | 'more' = 'more';
     if (payload.length > 0) {
       s.size += payload.length;
-      s.prefix = s.prefix === null ? payload : Buffer.concat([s.prefix, payload]);
+      s.prefix = s.prefix === null ? keep(payload) : Buffer.concat([s.prefix, payload]);
       verdict = classifyExecSyncPrefix(s.prefix);
     } else if (end && s.prefix !== null) {
       verdict = classifyExecSyncPrefix(s.prefix);
@@ -369,8 +371,8 @@ export class FrameRelay {
     // Ours (or complete): the shim reads the rest itself.
     s.state = 'ours';
     s.held = [];
-    // A copy: the first payload is a view of the read it came in.
-    s.payloads = s.prefix === null ? [] : [Buffer.from(s.prefix)];
+    // The prefix is the stream's own (copied as it came).
+    s.payloads = s.prefix === null ? [] : [s.prefix];
     s.prefix = null;
     this.#k.consumed(s.heldFlow, kid);
     if (end) this.#decide(s);

@@ -13,7 +13,7 @@ import { readCpuCounter, type CpuCounter } from './cpu-cgroup.ts';
 import { variants, type Variant, type VariantName } from './mix.ts';
 import { agentProber, blackboxProber, type BenchPod, type PathName, type Prober } from './paths.ts';
 import { cpuOf, resetPeakRss, rssOf, totalCpuMs, waitNoChildren } from './procstat.ts';
-import { quantile } from './stats.ts';
+import { quantile, ranToTimeout } from './stats.ts';
 
 export { PATHS, PATH_LETTER, type BenchPod, type PathName } from './paths.ts';
 
@@ -57,6 +57,11 @@ export interface VariantRun {
   unexpected: number;
   /** Probes that ended in result 'error' (could not run at all). */
   errors: number;
+  /** Probes that ran to their own timeout without the expected result (a loaded machine can cause that: not judged). */
+  timedOut: number;
+  /** Of the other probes (judged): those with an unexpected result, and those in 'error'. */
+  unexpectedInTime: number;
+  errorsInTime: number;
   wallMs: number;
   probesPerSecond: number;
   cpu: CpuSplit;
@@ -129,6 +134,9 @@ async function closedLoop(p: Prober, cfg: DriverConfig, v: Variant, n: number, m
   const lat: number[] = [];
   let unexpected = 0;
   let errors = 0;
+  let timedOut = 0;
+  let unexpectedInTime = 0;
+  let errorsInTime = 0;
   let next = 0;
   const loop = monitorEventLoopDelay({ resolution: LOOP_RESOLUTION_MS });
   const helperPid = p.helperPid();
@@ -141,9 +149,16 @@ async function closedLoop(p: Prober, cfg: DriverConfig, v: Variant, n: number, m
       const pod = cfg.pods[i % cfg.pods.length] as BenchPod;
       const s = performance.now();
       const r = await p.probe(v, pod);
-      lat.push(performance.now() - s);
+      const ms = performance.now() - s;
+      lat.push(ms);
+      const bad = (r === 'success') !== v.expectSuccess || r === 'error';
       if (r === 'error') errors++;
-      if ((r === 'success') !== v.expectSuccess || r === 'error') unexpected++;
+      if (bad) unexpected++;
+      if (bad && ranToTimeout(ms, cfg.timeoutSeconds)) timedOut++;
+      else {
+        if (r === 'error') errorsInTime++;
+        if (bad) unexpectedInTime++;
+      }
     }
   }));
   const wallMs = performance.now() - t0;
@@ -157,6 +172,9 @@ async function closedLoop(p: Prober, cfg: DriverConfig, v: Variant, n: number, m
     probes: n,
     unexpected,
     errors,
+    timedOut,
+    unexpectedInTime,
+    errorsInTime,
     wallMs,
     probesPerSecond: n / (wallMs / 1000),
     cpu,

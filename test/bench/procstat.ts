@@ -124,3 +124,36 @@ export async function waitNoChildren(pid: number | 'self', timeoutMs: number, ex
     await new Promise((r) => setTimeout(r, 10));
   }
 }
+
+/** Per-thread schedstat fields of `pid`, summed: 0 = run time (ns), 2 = times scheduled to run. */
+function schedstatSum(pid: number, field: 0 | 2): number {
+  let tasks: string[];
+  try {
+    tasks = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return 0;
+  }
+  let n = 0;
+  for (const t of tasks) {
+    try {
+      n += Number(readFileSync(`/proc/${pid}/task/${t}/schedstat`, 'utf8').split(' ')[field]);
+    } catch {
+      // the thread ended
+    }
+  }
+  return n;
+}
+
+/**
+ * Times the threads of `pid` were scheduled to run (/proc/<pid>/task/<tid>/schedstat's third field,
+ * summed): each wake-up counts once (a preempted thread put back on a CPU too, rare when idle most of
+ * the time). Threads that ended are not counted; 0 for a process that is gone.
+ */
+export function wakeupsOf(pid: number): number {
+  return schedstatSum(pid, 2);
+}
+
+/** CPU ms of every live thread of `pid`, from schedstat's run time (ns, not ticks): exact for short windows. */
+export function runMsOf(pid: number): number {
+  return schedstatSum(pid, 0) / 1e6;
+}

@@ -183,7 +183,8 @@ export function renderMarkdown(r: BenchResult): string {
   for (const v of VARIANT_NAMES) {
     L.push(row([v, ...PATHS.map((x) => {
       const e = p[x].variants[v];
-      const bad = e.unexpected > 0 ? ` (${e.unexpected} unexpected)` : '';
+      const late = e.timedOut > 0 ? `, ${e.timedOut} ran to their timeout` : '';
+      const bad = e.unexpected > 0 ? ` (${e.unexpected} unexpected${late})` : '';
       return `${ms(e.cpuMsPerProbe)}, ${ms(e.p50Ms, 2)} / ${ms(e.p99Ms, 2)}${bad}`;
     })]));
   }

@@ -36,8 +36,8 @@ import { ProbeApiClient } from '../../agent/api/client.ts';
 import { encodeFrame } from '../../agent/grpc/frame.ts';
 import { WireWriter } from '../../agent/grpc/protowire.ts';
 import type { ProbeContext, ProbeHandler } from '../../agent/probe/types.ts';
-import { cmdlineOf, findChild, totalCpuMs } from './procstat.ts';
-import { quantile, round } from './stats.ts';
+import { cmdlineOf, findChild, runMsOf, totalCpuMs, wakeupsOf } from './procstat.ts';
+import { quantile, ranToTimeout, round } from './stats.ts';
 import type { TargetCheck } from './report.ts';
 
 /** How much to measure. */
@@ -53,6 +53,11 @@ export interface ShimBenchOptions {
    * e.g. a worktree of the previous release), measured in the same run against the same agent.
    */
   compareShim?: string;
+  /**
+   * Probes per second of the A/B with compareShim (BENCH_SHIM_AB_RATE; default 0: back to back). At
+   * kubelet's rates (20/s: 20 pods at 1 s) each probe wakes the processes on its own, as on a node.
+   */
+  abRate?: number;
   /** `node <cli> run` starts the agent (default: the built dist/cli.js). */
   cli?: string;
   log: (line: string) => void;
@@ -74,7 +79,12 @@ export interface ShimBenchResult {
     helperCpuMs: number;
     /** CPU per probe over (a)'s. */
     cpuRatioToA: number;
+    /** Probes that ended before their timeout without success (a broken path). */
     unexpected: number;
+    /** Probes that ended without success at or past their timeout (the machine's load, not judged). */
+    timedOut: number;
+    /** Wake-ups per probe of each process (its threads' schedstat run counts; idle wake-ups of the window included). */
+    wakeups: { shim: number; agent: number; helper: number };
   };
   /**
    * The agent alone, same probe by container ID straight to its socket, interleaved: through its
@@ -191,16 +201,28 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     for (let i = 0; i < Math.min(50, o.probes); i++) await viaShim.execSync(app.id, cmd, 1);
     const helperPid = (): number | undefined => findChild(agent.pid!, (argv) => argv.some((a) => a.includes('netns-helper')));
     const helperCpu = (): number => (helperPid() ? totalCpuMs(helperPid()!) : 0);
+    const wakes = (): { shim: number; agent: number; helper: number } => {
+      const h = helperPid();
+      return { shim: wakeupsOf(shim.pid!), agent: wakeupsOf(agent.pid!), helper: h ? wakeupsOf(h) : 0 };
+    };
+    const w0 = wakes();
     const client0 = { shim: totalCpuMs(shim.pid!), agent: totalCpuMs(agent.pid!), helper: helperCpu() };
     const lat: number[] = [];
     let unexpected = 0;
+    let timedOut = 0;
     for (let i = 0; i < o.probes; i++) {
       const t = performance.now();
       const r = await viaShim.execSync(app.id, cmd, 1);
-      lat.push(performance.now() - t);
-      if (!r.ok || r.msg.exitCode !== 0) unexpected++;
+      const ms = performance.now() - t;
+      lat.push(ms);
+      if (!r.ok || r.msg.exitCode !== 0) {
+        if (ranToTimeout(ms, 1)) timedOut++;
+        else unexpected++;
+      }
     }
     const shimCpu = totalCpuMs(shim.pid!) - client0.shim;
+    const w1 = wakes();
+    const wakeups = { shim: round((w1.shim - w0.shim) / o.probes, 1), agent: round((w1.agent - w0.agent) / o.probes, 1), helper: round((w1.helper - w0.helper) / o.probes, 1) };
     // The helper's CPU includes its reaped per-socket children; the agent's (cutime) includes the helper
     // only once it exits, which it does not during the run.
     const helperCpuUsed = helperCpu() - client0.helper;
@@ -208,9 +230,9 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
     const agentCpuUsed = agentOnlyUsed + helperCpuUsed;
     const shimPath = {
       ...series(lat, shimCpu + agentCpuUsed), shimCpuMs: round(shimCpu / o.probes), agentCpuMs: round(agentCpuUsed / o.probes),
-      agentOnlyCpuMs: round(agentOnlyUsed / o.probes), helperCpuMs: round(helperCpuUsed / o.probes), cpuRatioToA: 0, unexpected,
+      agentOnlyCpuMs: round(agentOnlyUsed / o.probes), helperCpuMs: round(helperCpuUsed / o.probes), cpuRatioToA: 0, unexpected, timedOut, wakeups,
     };
-    o.log(`shim path: ${shimPath.cpuMsPerCall} ms CPU/probe (shim ${shimPath.shimCpuMs}, agent ${shimPath.agentOnlyCpuMs}, helper ${shimPath.helperCpuMs}), p50 ${shimPath.p50Ms} / p99 ${shimPath.p99Ms} ms`);
+    o.log(`shim path: ${shimPath.cpuMsPerCall} ms CPU/probe (shim ${shimPath.shimCpuMs}, agent ${shimPath.agentOnlyCpuMs}, helper ${shimPath.helperCpuMs}), p50 ${shimPath.p50Ms} / p99 ${shimPath.p99Ms} ms; wake-ups/probe shim ${wakeups.shim}, agent ${wakeups.agent}, helper ${wakeups.helper}`);
     let altShimPath: (Series & { shimCpuMs: number }) | undefined;
     if (alt) {
       for (let i = 0; i < Math.min(50, o.probes); i++) await alt.client.execSync(app.id, cmd, 1);
@@ -228,26 +250,37 @@ export async function runShimBench(o: ShimBenchOptions): Promise<ShimBenchResult
       // The whole path, A/B in the same run: this shim and the compared one in alternating rounds,
       // each with the agent's and the helper's CPU (the same agent serves both: ExecSync for a shim
       // of issue 26 or later, Probe / RunLifecycleHandler for an older one).
-      const ab = { this: { shim: 0, agent: 0, helper: 0, n: 0 }, compared: { shim: 0, agent: 0, helper: 0, n: 0 } };
+      // Shim and agent CPU from schedstat (ns; ticks are too coarse for a paced round), the helper's
+      // with its reaped forks from ticks; wake-ups of the shim and the agent.
+      const zero = (): { shim: number; agent: number; helper: number; shimWakes: number; agentWakes: number; n: number } => ({ shim: 0, agent: 0, helper: 0, shimWakes: 0, agentWakes: 0, n: 0 });
+      const ab = { this: zero(), compared: zero() };
       const perRound = Math.max(1, Math.floor(o.probes / 4));
+      const rate = o.abRate ?? 0;
       for (let r = 0; r < 4; r++) {
         for (const [which, proc, client] of [['this', shim, viaShim], ['compared', alt.proc, alt.client]] as const) {
-          const c0 = { shim: totalCpuMs(proc.pid!), agent: totalCpuMs(agent.pid!), helper: helperCpu() };
+          const c0 = { shim: runMsOf(proc.pid!), agent: runMsOf(agent.pid!), helper: helperCpu(), shimWakes: wakeupsOf(proc.pid!), agentWakes: wakeupsOf(agent.pid!) };
+          const t0 = performance.now();
           for (let i = 0; i < perRound; i++) {
+            if (rate > 0) await new Promise((res) => setTimeout(res, Math.max(0, t0 + (i * 1000) / rate - performance.now())));
             const r2 = await client.execSync(app.id, cmd, 1);
             if (!r2.ok || r2.msg.exitCode !== 0) throw new Error(`A/B probe through ${which} shim did not succeed`);
           }
           const x = ab[which];
-          x.shim += totalCpuMs(proc.pid!) - c0.shim;
-          x.agent += totalCpuMs(agent.pid!) - c0.agent;
+          x.shim += runMsOf(proc.pid!) - c0.shim;
+          x.agent += runMsOf(agent.pid!) - c0.agent;
           x.helper += helperCpu() - c0.helper;
+          x.shimWakes += wakeupsOf(proc.pid!) - c0.shimWakes;
+          x.agentWakes += wakeupsOf(agent.pid!) - c0.agentWakes;
           x.n += perRound;
         }
       }
       for (const which of ['this', 'compared'] as const) {
         const x = ab[which];
-        o.log(`A/B ${which} shim: ${round((x.shim + x.agent + x.helper) / x.n)} ms CPU/probe (shim ${round(x.shim / x.n)}, agent ${round(x.agent / x.n)}, helper ${round(x.helper / x.n)})`);
+        o.log(`A/B ${which} shim${rate > 0 ? ` at ${rate}/s` : ''}: ${round((x.shim + x.agent + x.helper) / x.n)} ms CPU/probe (shim ${round(x.shim / x.n)}, agent ${round(x.agent / x.n)}, helper ${round(x.helper / x.n)}); wake-ups/probe shim ${round(x.shimWakes / x.n, 1)}, agent ${round(x.agentWakes / x.n, 1)}`);
       }
+      const t = ab.this;
+      const c = ab.compared;
+      o.log(`A/B this / compared: shim ${round(t.shim / c.shim, 2)}x, agent ${round(t.agent / c.agent, 2)}x, whole path ${round((t.shim + t.agent + t.helper) / (c.shim + c.agent + c.helper), 2)}x`);
     }
 
     // --- the agent's two transports, same run, interleaved ---
@@ -419,7 +452,7 @@ export function renderShimMarkdown(r: ShimBenchResult): string {
   const L: string[] = ['', '## The kubelet shim', ''];
   L.push(`Real containerd (the lab's), the real agent (\`probe-agent run\`, CRI resolver) and the shim (\`node dist/shim/main.js\`, listening ${r.startupMs} ms after spawn) as separate processes; sequential calls from a kubelet-shaped grpc-js client. CPU from /proc (utime+stime + reaped children).`, '');
   L.push('| path | calls | CPU ms/call | p50 ms | p99 ms |', '| --- | --- | --- | --- | --- |');
-  L.push(`| shim path: rewritten http probe, ExecSync -> shim -> agent -> helper | ${r.shimPath.n} | ${r.shimPath.cpuMsPerCall} (shim ${r.shimPath.shimCpuMs}, agent ${r.shimPath.agentOnlyCpuMs}, helper ${r.shimPath.helperCpuMs}; ${r.shimPath.cpuRatioToA}x a) | ${r.shimPath.p50Ms} | ${r.shimPath.p99Ms} |`);
+  L.push(`| shim path: rewritten http probe, ExecSync -> shim -> agent -> helper (wake-ups/probe: shim ${r.shimPath.wakeups.shim}, agent ${r.shimPath.wakeups.agent}, helper ${r.shimPath.wakeups.helper}) | ${r.shimPath.n} | ${r.shimPath.cpuMsPerCall} (shim ${r.shimPath.shimCpuMs}, agent ${r.shimPath.agentOnlyCpuMs}, helper ${r.shimPath.helperCpuMs}; ${r.shimPath.cpuRatioToA}x a) | ${r.shimPath.p50Ms} | ${r.shimPath.p99Ms} |`);
   L.push(`| the agent alone: Probe by container ID through its lean server (the shim's client) | ${r.agentTransports.lean.n} | ${r.agentTransports.lean.cpuMsPerCall} (agent + helper) | ${r.agentTransports.lean.p50Ms} | ${r.agentTransports.lean.p99Ms} |`);
   L.push(`| the agent alone: the same through grpc-js (a grpc-js client) | ${r.agentTransports.grpcJs.n} | ${r.agentTransports.grpcJs.cpuMsPerCall} (agent + helper) | ${r.agentTransports.grpcJs.p50Ms} | ${r.agentTransports.grpcJs.p99Ms} |`);
   L.push(`| (a) the agent's own in-netns probe, same target | ${r.inNetns.n} | ${r.inNetns.cpuMsPerCall} | ${r.inNetns.p50Ms} | ${r.inNetns.p99Ms} |`);
@@ -457,6 +490,7 @@ export function shimBenchOptions(env: NodeJS.ProcessEnv, log: (l: string) => voi
     callsPerMethod: n('BENCH_SHIM_CALLS', quick ? 40 : 1000),
     ...(env.BENCH_SHIM_AUTHORITY ? { authority: env.BENCH_SHIM_AUTHORITY } : {}),
     ...(env.BENCH_SHIM_COMPARE ? { compareShim: env.BENCH_SHIM_COMPARE } : {}),
+    ...(env.BENCH_SHIM_AB_RATE ? { abRate: n('BENCH_SHIM_AB_RATE', 0) } : {}),
     log,
   };
 }

@@ -50,6 +50,11 @@ export interface VariantSummary {
   /** Summed over rounds. */
   unexpected: number;
   errors: number;
+  /** Summed over rounds: probes run, those that ran to their timeout without the expected result, and the judged ones unexpected or in 'error'. */
+  probes: number;
+  timedOut: number;
+  unexpectedInTime: number;
+  errorsInTime: number;
 }
 
 /** Medians over rounds of one path. */
@@ -126,6 +131,10 @@ function summarisePath(runs: DriverResult[]): PathSummary {
       loopP99Ms: loops.length ? round(median(loops)) : null,
       unexpected: vs.reduce((s, v) => s + v.unexpected, 0),
       errors: vs.reduce((s, v) => s + v.errors, 0),
+      probes: vs.reduce((s, v) => s + v.probes, 0),
+      timedOut: vs.reduce((s, v) => s + v.timedOut, 0),
+      unexpectedInTime: vs.reduce((s, v) => s + v.unexpectedInTime, 0),
+      errorsInTime: vs.reduce((s, v) => s + v.errorsInTime, 0),
     };
   }
   const kinds = {} as PathSummary['kinds'];

@@ -20,3 +20,11 @@ export function round(x: number, digits = 3): number {
   const f = 10 ** digits;
   return Math.round(x * f) / f;
 }
+
+/**
+ * Whether a probe that took `ms` ran to its own timeout: its verdict then says how loaded the
+ * machine was, not whether the path works (timers may fire a little early, hence the margin).
+ */
+export function ranToTimeout(ms: number, timeoutSeconds: number): boolean {
+  return ms >= timeoutSeconds * 1000 * 0.95;
+}

@@ -1,7 +1,9 @@
 /**
  * The wake-up floor: what one wake-up costs a process on this machine, by runtime. A receiver
- * (Node's net.Socket as the agent and the shim read, Go's netpoller as kubelet and containerd read,
- * and a plain C poll loop as the netns helper reads) gets one byte on a unix socket at a fixed rate
+ * (Node's net.Socket with a 'data' listener, as the agent and the shim read before issue 44; Node's
+ * lean path, agent/io/lean-socket.ts, as they read now, answering by socket.write, by the same
+ * between cork and uncork, and by fs.writeSync on the descriptor; Go's netpoller as kubelet and
+ * containerd read; and a plain C poll loop as the netns helper reads) gets one byte on a unix socket at a fixed rate
  * and writes one byte back; its CPU per message, from the kernel's per-thread run time
  * (/proc/<pid>/task/<tid>/schedstat, ns), is the least any process of that runtime pays per
  * message at that rate. A rewritten probe wakes the shim at least three times (kubelet's request,
@@ -12,37 +14,36 @@
  *   make bench-floor   (BENCH_FLOOR_RATES=20,200 BENCH_FLOOR_SECONDS=15 BENCH_FLOOR_ROUNDS=2)
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { runMsOf } from './procstat.ts';
 
 const HERE = fileURLToPath(new URL('./wakeup/', import.meta.url));
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const BUILD = join(ROOT, 'build');
 
-type Kind = 'node' | 'go' | 'c';
+type Kind = 'node' | 'lean' | 'lean-cork' | 'lean-fd' | 'go' | 'c';
 
-/** Run time of every thread of `pid`, ns (schedstat's first field). */
-function runNs(pid: number): number {
-  let sum = 0;
-  for (const tid of readdirSync(`/proc/${pid}/task`)) {
-    try {
-      sum += Number(readFileSync(`/proc/${pid}/task/${tid}/schedstat`, 'utf8').split(' ')[0]);
-    } catch {
-      // The thread ended between the listing and the read.
-    }
-  }
-  return sum;
-}
+/** What each row is. */
+const LABEL: Record<Kind, string> = {
+  node: 'Node net.Socket (\'data\' + write)',
+  lean: 'Node lean (onread + write, agent/io)',
+  'lean-cork': 'Node lean, cork/uncork write',
+  'lean-fd': 'Node lean, fs.writeSync on the fd',
+  go: 'Go netpoller',
+  c: 'C poll loop',
+};
 
 /** The receivers' commands; the Go and C ones are built by `make bench-floor`. */
 function receivers(): Record<Kind, string[]> {
   const go = join(BUILD, 'wakeup-floor-go');
   const c = join(BUILD, 'wakeup-floor-c');
   for (const bin of [go, c]) if (!existsSync(bin)) throw new Error(`${bin} is missing: run make bench-floor`);
-  return { node: [process.execPath, join(HERE, 'receiver.ts')], go: [go], c: [c] };
+  const lean = (mode: string): string[] => [process.execPath, join(HERE, 'lean.ts'), mode];
+  return { node: [process.execPath, join(HERE, 'receiver.ts')], lean: lean('write'), 'lean-cork': lean('cork'), 'lean-fd': lean('fd'), go: [go], c: [c] };
 }
 
 async function start(cmd: string[], path: string): Promise<ChildProcess> {
@@ -86,9 +87,9 @@ async function measure(cmd: string[], rate: number, seconds: number): Promise<nu
     await new Promise<void>((r) => sock.once('connect', () => r()));
     await exchange(sock, Math.max(rate, 100), 50);
     const count = Math.max(50, Math.round(rate * seconds));
-    const before = runNs(child.pid as number);
+    const before = runMsOf(child.pid as number);
     await exchange(sock, rate, count);
-    const ms = (runNs(child.pid as number) - before) / 1e6 / count;
+    const ms = (runMsOf(child.pid as number) - before) / count;
     sock.destroy();
     return ms;
   } finally {
@@ -103,11 +104,11 @@ const rates = (process.env['BENCH_FLOOR_RATES'] ?? '20,200').split(',').map(Numb
 const seconds = Number(process.env['BENCH_FLOOR_SECONDS'] ?? 15);
 const rounds = Number(process.env['BENCH_FLOOR_ROUNDS'] ?? 2);
 const cmds = receivers();
-const kinds: Kind[] = ['node', 'go', 'c'];
+const kinds: Kind[] = ['node', 'lean', 'lean-cork', 'lean-fd', 'go', 'c'];
 const result: Record<string, Record<Kind, number[]>> = {};
 const load0 = loadavg()[0]?.toFixed(1);
 for (const rate of rates) {
-  result[rate] = { node: [], go: [], c: [] };
+  result[rate] = { node: [], lean: [], 'lean-cork': [], 'lean-fd': [], go: [], c: [] };
   for (let r = 0; r < rounds; r++) {
     for (const k of kinds) result[rate]![k].push(await measure(cmds[k], rate, rate >= 100 ? seconds / 3 : seconds));
   }
@@ -115,12 +116,13 @@ for (const rate of rates) {
 const lines = [
   `CPU ms per message (one byte in, one byte out, unix socket), medians of ${rounds} interleaved rounds; load ${load0} at the start, ${loadavg()[0]?.toFixed(1)} at the end:`,
   '',
-  `| receiver | ${rates.map((r) => `${r}/s`).join(' | ')} | ${rates.map((r) => `× C at ${r}/s`).join(' | ')} |`,
-  `|---|${rates.map(() => '---|').join('')}${rates.map(() => '---|').join('')}`,
+  `| receiver | ${rates.map((r) => `${r}/s`).join(' | ')} | ${rates.map((r) => `× C at ${r}/s`).join(' | ')} | ${rates.map((r) => `× Go at ${r}/s`).join(' | ')} |`,
+  `|---|${rates.map(() => '---|').join('')}${rates.map(() => '---|').join('')}${rates.map(() => '---|').join('')}`,
 ];
 for (const k of kinds) {
   const row = rates.map((r) => median(result[r]![k]).toFixed(3));
   const x = rates.map((r) => `${(median(result[r]![k]) / median(result[r]!.c)).toFixed(1)}×`);
-  lines.push(`| ${k} | ${row.join(' | ')} | ${x.join(' | ')} |`);
+  const xg = rates.map((r) => `${(median(result[r]![k]) / median(result[r]!.go)).toFixed(2)}×`);
+  lines.push(`| ${LABEL[k]} | ${row.join(' | ')} | ${x.join(' | ')} | ${xg.join(' | ')} |`);
 }
 process.stdout.write(`${lines.join('\n')}\n`);

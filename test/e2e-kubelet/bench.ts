@@ -6,10 +6,13 @@
  * and the pods' containerd-shim-runc-v2); the shim; the agent with its netns helper. Probes come
  * from kubelet's own prober_probe_total, so a probe is counted once whichever way it ran. The pods'
  * own servers answer the same requests either way and are left out; the agent is paused while
- * kubelet probes alone, as a node without the switch has none probing beside it.
+ * kubelet probes alone, as a node without the switch has none probing beside it. Wake-ups per probe
+ * are counted per process the same way (every thread's schedstat run count, test/bench/procstat.ts):
+ * the floor a process pays per wake-up (`make bench-floor`) times this count bounds its part.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { readFileSync, readdirSync } from 'node:fs';
+import { wakeupsOf } from '../bench/procstat.ts';
 import { check, NODE_NAME, podsOf, proberTotals, say, sleep, waitFor } from './lib.ts';
 import { churnPod, HTTP_PORT } from './pods.ts';
 import { removeManifest, removePods, rewritePod, writeManifest, type PhaseContext } from './static-pods.ts';
@@ -31,6 +34,9 @@ export interface BenchSetup {
 type Part = 'kubelet' | 'runtime' | 'shim' | 'agent';
 const PARTS: Part[] = ['kubelet', 'runtime', 'shim', 'agent'];
 type Mode = 'none' | 'native' | 'rewritten';
+/** Wake-ups are counted per process: the agent's node process apart from its netns helper. */
+type Waker = 'kubelet' | 'runtime' | 'shim' | 'agent' | 'helper';
+const WAKERS: Waker[] = ['kubelet', 'runtime', 'shim', 'agent', 'helper'];
 
 /**
  * CPU seconds a process has used (utime+stime), with the children it has waited for
@@ -91,6 +97,14 @@ function sample(pids: Record<Part, number[]>): Record<Part, number> {
   return out;
 }
 
+function sampleWakeups(pids: Record<Part, number[]>, agentPid: number): Record<Waker, number> {
+  const sum = (xs: number[]): number => xs.reduce((n, pid) => n + wakeupsOf(pid), 0);
+  return {
+    kubelet: sum(pids.kubelet), runtime: sum(pids.runtime), shim: sum(pids.shim),
+    agent: wakeupsOf(agentPid), helper: sum(pids.agent.filter((p) => p !== agentPid)),
+  };
+}
+
 function probesDone(totals: Map<string, number>, prefix: string): number {
   let n = 0;
   for (const [k, v] of totals) if (k.startsWith(prefix)) n += v;
@@ -103,6 +117,7 @@ interface ModeResult {
   seconds: number;
   probes: number;
   cpu: Record<Part, number>;
+  wakeups: Record<Waker, number>;
 }
 
 /** The probes each bench pod has: BENCH_KUBELET_PERIOD (seconds, default 1) and BENCH_KUBELET_TCP=1 (a TCP liveness probe too). */
@@ -174,14 +189,18 @@ async function measureMode(s: BenchSetup, mode: Mode, names: string[], windowS: 
   const pids = pidsOf(s);
   const t0 = performance.now();
   const before = sample(pids);
+  const w0 = sampleWakeups(pids, s.agentPid);
   // Only this mode's pods: a pod of another mode still running must not count as one of its probes.
   const p0 = probesDone(await proberTotals(ctx.kubelet.setup.roPort), `bench-${mode}-`);
   await sleep(windowS * 1000);
   const after = sample(pids);
+  const w1 = sampleWakeups(pids, s.agentPid);
   const p1 = probesDone(await proberTotals(ctx.kubelet.setup.roPort), `bench-${mode}-`);
   const seconds = (performance.now() - t0) / 1000;
   const cpu = {} as Record<Part, number>;
   for (const p of PARTS) cpu[p] = after[p] - before[p];
+  const wakeups = {} as Record<Waker, number>;
+  for (const w of WAKERS) wakeups[w] = w1[w] - w0[w];
   if (ctx.kubelet.setup.cluster) {
     const gone = await removePods(ctx, names);
     if (!gone) check(`bench: ${mode} pods removed`, false, 'still listed or running after 90 s');
@@ -191,7 +210,7 @@ async function measureMode(s: BenchSetup, mode: Mode, names: string[], windowS: 
     for (const n of names) removeManifest(ctx.manifests, n);
   }
   await removeSandboxes(ctx, names);
-  return { mode, seconds, probes: p1 - p0, cpu };
+  return { mode, seconds, probes: p1 - p0, cpu, wakeups };
 }
 
 /**
@@ -245,6 +264,16 @@ export async function runBench(s: BenchSetup): Promise<void> {
     console.log(`| ${r.mode} | ${(r.probes / r.seconds).toFixed(1)} | ${parts.join(' | ')} | ${ms(marginal)} | ${ms(allIn(r))} |`);
   }
   console.log(`| none (baseline, CPU % of a core) | 0 | ${PARTS.map((p) => (rate(none, p) * 100).toFixed(1)).join(' | ')} | | |`);
+  const wakes = (r: ModeResult, w: Waker): string => {
+    if (r.mode === 'native' && (w === 'agent' || w === 'helper')) return 'paused';
+    return (((r.wakeups[w] / r.seconds - none.wakeups[w] / none.seconds) * r.seconds) / Math.max(1, r.probes)).toFixed(1);
+  };
+  console.log('');
+  console.log('Wake-ups per probe, above the baseline (times each process\'s threads were scheduled, /proc/<pid>/task/*/schedstat):');
+  console.log(`| mode | ${WAKERS.map((w) => (w === 'agent' ? 'agent (node)' : w === 'helper' ? 'agent\'s netns helper' : w)).join(' | ')} |`);
+  console.log(`|---|${WAKERS.map(() => '---|').join('')}`);
+  for (const r of [native, rewritten]) console.log(`| ${r.mode} | ${WAKERS.map((w) => wakes(r, w)).join(' | ')} |`);
+  console.log(`| none (baseline, per second) | ${WAKERS.map((w) => (none.wakeups[w] / none.seconds).toFixed(1)).join(' | ')} |`);
   const m = (r: ModeResult): number => PARTS.reduce((sum, p) => sum + perProbe(r, p), 0);
   console.log(`rewritten / native marginal CPU per probe: ${(m(rewritten) / m(native)).toFixed(2)}x`);
   check('bench: every mode measured', native.probes > 0 && rewritten.probes > 0,

@@ -1,8 +1,10 @@
 /**
  * `make bench` in its quick mode (BENCH_QUICK=1: 2 pods, a few probes, one small scale point),
  * run as the real script into a temp dir. Asserts only that the result is complete and well formed:
- * every path and mix entry has positive numbers, every path could run every probe, the scale point
- * and the target table exist. Never a timing threshold: performance is judged by the bench itself.
+ * every path and mix entry has positive numbers, every path ran every probe and had probes judged,
+ * the scale point and the target table exist. Never a timing threshold: performance is judged by
+ * the bench itself, and a probe that ran to its own timeout (a loaded machine) is not judged; one
+ * that ended in time with an error or a wrong verdict is a broken path.
  */
 import { requireRoot } from '../support/root.ts';
 requireRoot(['ip', 'nft', 'prometheus-blackbox-exporter']);
@@ -28,14 +30,15 @@ beforeAll(() => {
     // The shim part has its own smoke test (shim-bench-smoke.test.ts).
     env: { ...process.env, BENCH_QUICK: '1', BENCH_OUT: out, BENCH_SHIM: '0' },
     encoding: 'utf8',
-    timeout: 150_000,
+    // A bound on a hung run only: a loaded machine (make test beside a parallel build) takes minutes.
+    timeout: 900_000,
   });
   benchPid = run.pid;
   if (run.status !== 0) throw new Error(`bench exited ${run.status ?? run.signal}: ${run.stderr.slice(-4000)}`);
   result = JSON.parse(readFileSync(join(out, 'latest.json'), 'utf8')) as BenchResult;
   markdown = readFileSync(join(out, 'bench-latest.md'), 'utf8');
   expect(run.stdout).toBe(markdown);
-}, 160_000);
+}, 960_000);
 
 afterAll(() => rmSync(out, { recursive: true, force: true }));
 
@@ -49,9 +52,12 @@ describe('make bench, quick mode', () => {
         expect(v.probesPerSecond, `${path} ${name} rate`).toBeGreaterThan(0);
         expect(v.p50Ms, `${path} ${name} p50`).toBeGreaterThan(0);
         expect(v.p99Ms, `${path} ${name} p99`).toBeGreaterThanOrEqual(v.p50Ms);
-        expect(v.errors, `${path} ${name} errors`).toBe(0);
-        // A broken path cannot pass for a cheap one: most probes must give the expected result.
-        expect(v.unexpected, `${path} ${name} unexpected`).toBeLessThan(result.config.probes / 2);
+        // Every probe ran, and some ended within their timeout, so the path's verdicts were checked.
+        expect(v.probes, `${path} ${name} probes`).toBe(result.config.probes * result.config.rounds);
+        expect(v.timedOut, `${path} ${name} all ran to their timeout`).toBeLessThan(v.probes);
+        // A broken path cannot pass for a cheap one: nothing ended in time in 'error', most judged probes gave the expected result.
+        expect(v.errorsInTime, `${path} ${name} errors before the timeout`).toBe(0);
+        expect(v.unexpectedInTime, `${path} ${name} unexpected before the timeout`).toBeLessThan((v.probes - v.timedOut) / 2);
       }
       for (const kind of KINDS) expect(p.kinds[kind].cpuMsPerProbe, `${path} ${kind}`).toBeGreaterThan(0);
       expect(p.peakRssMB, `${path} rss`).toBeGreaterThan(0);

@@ -1,7 +1,7 @@
 /**
  * The shim is one folder: starting from agent/shim/main.ts, every module it loads is in
  * agent/shim/, the contract both sides share (agent/contract/), the HTTP/2 and gRPC wire layers
- * (agent/http2/, agent/grpc/), or one of the few leaves listed here, and every import is a Node
+ * and the socket they read through (agent/http2/, agent/grpc/, agent/io/), or one of the few leaves listed here, and every import is a Node
  * built-in. Agent core (probe, pods, prober, scheduler, netns, api, ...) is never reached, so if the
  * agent crashes or grows, kubelet's runtime path is unaffected; the installed shim needs no
  * node_modules (the installer copies dist/ and node only).
@@ -14,7 +14,7 @@ import { describe, expect, it } from 'vitest';
 
 const AGENT = fileURLToPath(new URL('../../agent/', import.meta.url));
 /** Folders the shim may load anything from. */
-const SHIM_FOLDERS = ['shim/', 'contract/', 'http2/', 'grpc/'];
+const SHIM_FOLDERS = ['shim/', 'contract/', 'http2/', 'grpc/', 'io/'];
 /** Leaves outside them (they import nothing but each other). */
 const SHIM_LEAVES = ['config/duration.ts', 'errors.ts', 'probe/time-budget.ts'];
 
