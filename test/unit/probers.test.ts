@@ -404,10 +404,11 @@ describe('HTTP prober', () => {
         return sockets.createSocket(netns, family, signal);
       },
     });
-    // 700 ms of helper plus a 500 ms answer: 1.2 s of wall time, 0.5 s of it the target's.
-    const ok = await run(httpGet(rawPort, '/after-500ms'), { sockets: slow(700) });
+    // 2.6 s of helper plus a 500 ms answer within a 3 s timeout: 3.1 s of wall time, 0.5 s of it the
+    // target's (2.5 s to spare, so a loaded machine cannot turn it into a timeout).
+    const ok = await run(httpGet(rawPort, '/after-500ms'), { sockets: slow(2600), timeoutSeconds: 3 });
     expect(ok).toMatchObject({ result: 'success', message: 'ok' });
-    expect(ok.phases.helper).toBeGreaterThanOrEqual(0.65);
+    expect(ok.phases.helper).toBeGreaterThanOrEqual(2.55);
     // A helper slower than the whole timeout: our trouble, an error (thrown away by the worker), never a failure.
     const tooSlow = await run(httpGet(rawPort, '/continue'), { sockets: slow(1500) });
     expect(tooSlow).toMatchObject({ result: 'error', reason: 'helper-error' });
@@ -439,10 +440,11 @@ describe('HTTP prober', () => {
 
   it('a connection the factory makes itself: its own time is held out, the connect is the target\'s, errors keep Go\'s text', async () => {
     const netns = '/run/netns/unit-test';
-    // 700 ms of the factory's own time plus a 500 ms answer within a 1 s timeout: success, as on the socket route.
-    const ok = await run(httpGet(rawPort, '/after-500ms'), { sockets: connecting(700), netns });
+    // 2.6 s of the factory's own time plus a 500 ms answer within a 3 s timeout: success, as on the
+    // socket route (2.5 s to spare for the target, so load cannot decide it).
+    const ok = await run(httpGet(rawPort, '/after-500ms'), { sockets: connecting(2600), netns, timeoutSeconds: 3 });
     expect(ok).toMatchObject({ result: 'success', message: 'ok' });
-    expect(ok.phases.helper).toBeCloseTo(0.7, 6);
+    expect(ok.phases.helper).toBeCloseTo(2.6, 6);
     // A connect that took 600 ms is the target's: with the 500 ms answer it no longer fits in 1 s.
     const late = await run(httpGet(rawPort, '/after-500ms'), { sockets: connecting(0, 600), netns });
     expect(late).toMatchObject({ result: 'failure', reason: 'timeout' });
