@@ -34,7 +34,7 @@
  * node patches of overlay.ts). Root only; not part of `make test`.
  */
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { request as httpsRequest } from 'node:https';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -244,13 +244,25 @@ async function main(): Promise<number> {
     }
     rmSync(scratch, { recursive: true, force: true });
   });
-  // Pod logs of this run's pods: kubelet's podLogsDir is the node's own from 1.29; before, and for
-  // /var/log/containers' links always, what this run adds under /var/log goes at its end.
+  // Pod logs of this run's pods: kubelet's podLogsDir is the node's own from 1.29 (under scratch), and
+  // only /var/log/containers' links into it go at the end. Before 1.29 what this run adds under
+  // /var/log goes. Never more: another run's pod log directories there are its containers' logs
+  // (CRI-O's conmon exits when kubelet asks it to reopen a log whose directory went).
+  const ownLogs = kinfo.minor === undefined || kinfo.minor >= 29;
   const logDirs = (d: string): Set<string> => new Set(readdirSafe(d));
   const before = { pods: logDirs('/var/log/pods'), containers: logDirs('/var/log/containers') };
+  const intoScratch = (link: string): boolean => {
+    try {
+      return readlinkSync(link).startsWith(`${scratch}/`);
+    } catch {
+      return false;
+    }
+  };
   cleanups.push(() => {
-    for (const [dir, had] of [['/var/log/pods', before.pods], ['/var/log/containers', before.containers]] as const) {
-      for (const f of readdirSafe(dir)) if (!had.has(f)) rmSync(path.join(dir, f), { recursive: true, force: true });
+    if (!ownLogs) for (const f of readdirSafe('/var/log/pods')) if (!before.pods.has(f)) rmSync(path.join('/var/log/pods', f), { recursive: true, force: true });
+    for (const f of readdirSafe('/var/log/containers')) {
+      const link = path.join('/var/log/containers', f);
+      if (ownLogs ? intoScratch(link) : !before.containers.has(f)) rmSync(link, { force: true });
     }
   });
   cleanups.push(keepKubeletSysctls());

@@ -99,7 +99,7 @@ export async function runSleepHook(ctx: PhaseContext): Promise<void> {
   const appPost = rewritten.spec.containers.find((c: any) => c.name === 'app')?.lifecycle?.postStart;
   const roPort = ctx.kubelet.setup.roPort;
   const ready = await waitFor(`${name} Ready`, 60_000, async () => (await podsOf(roPort)).find((p) => p.name === name && p.ready), 500);
-  const serverLog = ready ? podLogFiles(ready.uid, 'server').map(safeRead).join('') : '';
+  const serverLog = ready ? podLogFiles(ctx.kubelet.podLogsRoot, ready.uid, 'server').map(safeRead).join('') : '';
   const hookFailed = safeRead(ctx.kubelet.log).split('\n').some((l) => /Failed to execute PostStartHook|FailedPostStartHook/.test(l) && l.includes(name));
   check(`${P}rewrite keeps the sleep preStop, rewritten postStart runs`,
     kept && appPost?.exec?.command?.[0] === MARKER && !!ready && /url:\/poststart/.test(serverLog) && !hookFailed,

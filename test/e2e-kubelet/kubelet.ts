@@ -197,6 +197,11 @@ export class Kubelet {
     return this.proc === undefined || this.proc.exitCode !== null || this.proc.signalCode !== null;
   }
 
+  /** Where this kubelet's pod log directories are: its own podLogsDir (1.29+), else /var/log/pods. */
+  get podLogsRoot(): string {
+    return this.setup.podLogsDir && this.atLeast(29) ? this.setup.podLogsDir : '/var/log/pods';
+  }
+
   /** Whether this kubelet's minor is at least `minor` (unknown versions count as new). */
   atLeast(minor: number): boolean {
     return this.info.minor === undefined || this.info.minor >= minor;

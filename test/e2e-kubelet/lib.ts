@@ -308,11 +308,11 @@ export function metricValue(text: string, nameAndLabels: string): number {
   return sum;
 }
 
-/** A container's log files, one per restart (kubelet's /var/log/pods/<ns>_<name>_<uid>/<container>/<n>.log). */
-export function podLogFiles(uid: string, container: string): string[] {
-  const dir = readdirSafe('/var/log/pods').find((d) => d.endsWith(`_${uid}`));
+/** A container's log files, one per restart (kubelet's <podLogsRoot>/<ns>_<name>_<uid>/<container>/<n>.log). */
+export function podLogFiles(podLogsRoot: string, uid: string, container: string): string[] {
+  const dir = readdirSafe(podLogsRoot).find((d) => d.endsWith(`_${uid}`));
   if (!dir) return [];
-  const cdir = path.join('/var/log/pods', dir, container);
+  const cdir = path.join(podLogsRoot, dir, container);
   return readdirSafe(cdir).filter((x) => x.endsWith('.log')).sort().map((f) => path.join(cdir, f));
 }
 

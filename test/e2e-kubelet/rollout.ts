@@ -47,8 +47,8 @@ interface HookCount {
 }
 
 /** What a pod's server logged of its slow hook, over all its log files (one per container attempt). */
-function hookCount(pod: PodView | undefined): HookCount {
-  const text = pod ? podLogFiles(pod.uid, 'server').map(safeRead).join('') : '';
+function hookCount(podLogsRoot: string, pod: PodView | undefined): HookCount {
+  const text = pod ? podLogFiles(podLogsRoot, pod.uid, 'server').map(safeRead).join('') : '';
   const n = (re: RegExp): number => (text.match(re) ?? []).length;
   return { requests: n(/url:\/cgi-bin\/slow/g), starts: n(/hook-start/g), dones: n(/hook-done/g) };
 }
@@ -88,7 +88,7 @@ export async function runRollout(ctx: RolloutContext): Promise<void> {
   const batchNames = (b: number): string[] => Array.from({ length: BATCH }, (_, i) => `rollout-b${b}-${i}`);
   const counts = async (which: string[]): Promise<Map<string, HookCount>> => {
     const pods = await podsOf(roPort);
-    return new Map(which.map((n) => [n, hookCount(pods.find((p) => p.name === n))]));
+    return new Map(which.map((n) => [n, hookCount(ctx.kubelet.podLogsRoot, pods.find((p) => p.name === n))]));
   };
 
   if (!(await waitFor('the agent\'s /metrics', 30_000, agentUp, 500))) {

@@ -149,9 +149,17 @@ async function main(): Promise<number> {
     return 1;
   }
 
+  // Pod logs in this run's own podLogsDir (1.29+; scratch goes at the end): a kubelet removes the
+  // log directories of pods it does not know (its container GC), and a run's cleanup removes what it
+  // added, so in a shared /var/log/pods concurrent runs delete each other's. Containerd shrugs that
+  // off; CRI-O's conmon exits when kubelet then asks it to reopen the log, and every later status
+  // of that container waits 5 s for an exit file nobody writes (docs/development.md).
+  const podLogsDir = path.join(scratch, 'pod-logs');
+  mkdirSync(podLogsDir);
   const podLogDirs = (): string[] => (existsSync('/var/log/pods') ? readdirSync('/var/log/pods').filter((d) => d.startsWith('default_') && d.includes(`-${NODE_NAME}_`)) : []);
   cleanups.push(() => {
-    for (const d of podLogDirs()) rmSync(path.join('/var/log/pods', d), { recursive: true, force: true });
+    // Before 1.29 kubelet has no podLogsDir: this run's pods are under /var/log/pods.
+    if (info.minor !== undefined && info.minor < 29) for (const d of podLogDirs()) rmSync(path.join('/var/log/pods', d), { recursive: true, force: true });
     if (existsSync('/var/log/containers')) {
       for (const f of readdirSync('/var/log/containers')) if (f.includes(`-${NODE_NAME}_default_`)) rmSync(path.join('/var/log/containers', f), { force: true });
     }
@@ -159,7 +167,7 @@ async function main(): Promise<number> {
 
   // As docs/closing-the-hole.md configures a node: the runtime through the shim, images direct.
   const kubelet = new Kubelet(info, {
-    scratch, manifests, rootDir: kubeletRoot, port, roPort, healthzPort, runtimeEndpoint: `unix://${shimSocket}`, imageEndpoint: ctrd.endpoint,
+    scratch, manifests, rootDir: kubeletRoot, port, roPort, healthzPort, runtimeEndpoint: `unix://${shimSocket}`, imageEndpoint: ctrd.endpoint, podLogsDir,
   }, info.minor === 29 ? { PodLifecycleSleepAction: true } : {}); // 1.29: the sleep action is alpha, off by default
   cleanups.push(() => kubelet.stop());
   const up = await kubelet.start('first');
@@ -276,7 +284,7 @@ async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string,
 
   // postStart reached the server from inside the pod (busybox httpd logs each URL).
   const hooksPod = (await podsOf(roPort)).find((p) => p.name === PODS.hooks);
-  const serverLogText = hooksPod ? podLogFiles(hooksPod.uid, 'server').map(safeRead).join('') : '';
+  const serverLogText = hooksPod ? podLogFiles(kubelet.podLogsRoot, hooksPod.uid, 'server').map(safeRead).join('') : '';
   const postStartFailed = safeRead(kubelet.log).includes('Failed to execute PostStartHook');
   check(`${PODS.hooks}: postStart httpGet runs in the pod`, /url:\/poststart/.test(serverLogText) && !postStartFailed && hooksPod?.ready === true,
     `${/url:\/poststart/.test(serverLogText) ? 'server logged GET /poststart' : 'no /poststart in the server log'}; ${postStartFailed ? 'kubelet: Failed to execute PostStartHook' : 'no hook failure'}`);
@@ -307,7 +315,7 @@ async function basePhase(ctx: PhaseContext, shimSocket: string, subnet4: string,
 
   // preStop: kubelet ran crashy's preStop httpGet before each liveness kill; its server logged it.
   const crashyPod = (await podsOf(roPort)).find((p) => p.name === PODS.crashy);
-  const crashyLogs = crashyPod ? podLogFiles(crashyPod.uid, 'app').map(safeRead).join('') : '';
+  const crashyLogs = crashyPod ? podLogFiles(kubelet.podLogsRoot, crashyPod.uid, 'app').map(safeRead).join('') : '';
   const preStops = (crashyLogs.match(/url:\/prestop/g) ?? []).length;
   const preStopFailed = /PreStop hook failed|FailedPreStopHook/.test(safeRead(kubelet.log) + safeRead(path.join(ctx.scratch, 'kubelet-first.log')));
   check(`${PODS.crashy}: preStop httpGet runs in the pod before each kill`, preStops >= 1 && !preStopFailed,
