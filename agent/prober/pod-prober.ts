@@ -26,6 +26,7 @@ import type { OnDemandHookRequest, OnDemandProber, OnDemandProbeRequest, ProbeKe
 import { runLifecycleHandler, type HookOutcome, type LifecycleHook } from '../probe/lifecycle.ts';
 import { admission } from '../probe/time-budget.ts';
 import { PodFrameBudgets } from '../probe/pod-frame-budgets.ts';
+import type { Tenant } from '../scheduler/limiter.ts';
 
 /** Dependencies of PodProber. */
 export interface PodProberOptions {
@@ -97,6 +98,11 @@ function decidesRestart(container: ContainerInfo, spec: ProbeSpec): boolean {
 }
 
 /** Runs probes inside the netns of pods known on this node. */
+/** A pod as the limiters and the helper's shares count it: its namespace, its UID. */
+function tenantOf(pod: { namespace: string; uid: string; name: string }): Tenant {
+  return { group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` };
+}
+
 export class PodProber implements OnDemandProber {
   readonly #o: PodProberOptions;
   readonly #log: Logger;
@@ -185,7 +191,7 @@ export class PodProber implements OnDemandProber {
     // not start its full timeout before the caller's deadline. One tenant's hanging probes never
     // take another tenant's slots.
     const { value } = await this.#o.limiter.run(
-      { group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` },
+      tenantOf(pod),
       async () => this.#run(pod, container, handler, req.timeoutSeconds, await this.#netnsOf(located, signal), signal, shimCall, sandbox?.id),
       signal,
       { ...admission(req.deadlineAt, req.timeoutSeconds, Date.now()), maxQueuedInGroup: this.#o.maxQueuedPerNamespace },
@@ -250,7 +256,7 @@ export class PodProber implements OnDemandProber {
       return runLifecycleHandler(handler, { ...this.#context(pod, container, req.timeoutSeconds, netns, signal, shimCall), hook: req.hook });
     };
     const outcome = this.#o.hookLimiter
-      ? (await this.#o.hookLimiter.run({ group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` }, run, signal, admission(req.deadlineAt, req.timeoutSeconds, Date.now()))).value
+      ? (await this.#o.hookLimiter.run(tenantOf(pod), run, signal, admission(req.deadlineAt, req.timeoutSeconds, Date.now()))).value
       : await run();
     if (outcome.reason === 'netns-gone') {
       this.#netnsGone(pod.uid, sandbox?.id);
@@ -348,7 +354,7 @@ export class PodProber implements OnDemandProber {
     const { gates } = this.#o;
     return {
       netns,
-      tenant: { group: pod.namespace, owner: pod.uid, label: `${pod.namespace}/${pod.name}` },
+      tenant: tenantOf(pod),
       podIPs: pod.podIPs,
       containerPorts: container?.ports,
       timeoutSeconds,
