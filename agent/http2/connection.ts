@@ -80,9 +80,12 @@ export interface Credit {
 export interface H2Handler {
   /**
    * A complete header block. `opened`: it opened a stream the peer started (a request on a server);
-   * otherwise it is a response or trailers on a stream already open here.
+   * otherwise it is a response or trailers on a stream already open here. `verbatim`: the block's
+   * octets when they read nothing from this connection's HPACK state (hpack.ts
+   * lastBlockSelfContained), so another connection may carry them as they are; a view that is
+   * valid during the call only.
    */
-  headers(streamId: number, fields: HeaderField[], endStream: boolean, opened: boolean): void;
+  headers(streamId: number, fields: HeaderField[], endStream: boolean, opened: boolean, verbatim?: Buffer): void;
   /**
    * DATA on an open stream: the frame as received and its payload without padding. The connection
    * window it took (f.payload.length) comes back to the peer only through `consumed()`.
@@ -726,7 +729,9 @@ export class H2Connection implements Credit {
       case FrameType.CONTINUATION:
         // Decoded whatever the stream's fate: the HPACK state is the connection's.
         if (block !== null) {
-          const moved = this.#headerBlock(block.streamId, this.#decoder.decode(block.block), block.endStream);
+          const fields = this.#decoder.decode(block.block);
+          const verbatim = this.#decoder.lastBlockSelfContained ? block.block : undefined;
+          const moved = this.#headerBlock(block.streamId, fields, block.endStream, verbatim);
           if (moved !== true) this.#noProgress(f, moved === 'informational' ? '1xx HEADERS' : undefined);
         }
         return;
@@ -851,7 +856,7 @@ export class H2Connection implements Credit {
    * stream), 'informational' for a 1xx head on a stream of ours (passed on, but no progress: the
    * response is still to come, and a peer could send them for ever).
    */
-  #headerBlock(id: number, fields: HeaderField[], endStream: boolean): boolean | 'informational' {
+  #headerBlock(id: number, fields: HeaderField[], endStream: boolean, verbatim: Buffer | undefined): boolean | 'informational' {
     const s = this.#streams.get(id);
     if (s) {
       if (s.remoteEnded) {
@@ -861,7 +866,7 @@ export class H2Connection implements Credit {
       if (endStream) this.#remoteEnd(id, s);
       const informational = !s.remote && isInformationalBlock(fields);
       if (!informational) this.#progress();
-      this.#h!.headers(id, fields, endStream, false);
+      this.#h!.headers(id, fields, endStream, false, verbatim);
       return informational ? 'informational' : true;
     }
     if (!this.#isPeerId(id)) {
@@ -884,7 +889,7 @@ export class H2Connection implements Credit {
     this.#remoteOpen++;
     if (endStream) st.remoteEnded = true;
     this.#progress();
-    this.#h!.headers(id, fields, endStream, true);
+    this.#h!.headers(id, fields, endStream, true, verbatim);
     return true;
   }
 

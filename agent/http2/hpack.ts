@@ -66,6 +66,7 @@ export class HpackDecoder {
   readonly #table: Array<[string, string]> = [];
   #tableSize = 0;
   #tableMax: number;
+  #selfContained = true;
 
   constructor(limits: HpackLimits) {
     this.#limits = limits;
@@ -75,6 +76,14 @@ export class HpackDecoder {
   /** Current dynamic table size in octets (RFC 7541 4.1), for tests. */
   get tableSize(): number {
     return this.#tableSize;
+  }
+
+  /**
+   * Whether the last block decoded read nothing from the dynamic table and changed no table size:
+   * its octets then mean the same to any decoder, so it may be sent on another connection as it is.
+   */
+  get lastBlockSelfContained(): boolean {
+    return this.#selfContained;
   }
 
   /** The dynamic table, newest first, for tests. */
@@ -90,6 +99,7 @@ export class HpackDecoder {
     const fields: HeaderField[] = [];
     let listSize = 0;
     const r = { buf: block, pos: 0 };
+    this.#selfContained = true;
     while (r.pos < block.length) {
       const b = block[r.pos]!;
       let field: HeaderField;
@@ -103,6 +113,7 @@ export class HpackDecoder {
         // A size update is only allowed before the block's first field (RFC 7541 4.2).
         if (fields.length > 0) throw new HpackError('dynamic table size update after a header field');
         const size = readInteger(r, 5);
+        this.#selfContained = false;
         if (size > this.#limits.maxTableSize) throw new HpackError(`dynamic table size update to ${size} beyond the allowed ${this.#limits.maxTableSize}`);
         this.#tableMax = size;
         this.#evict(0);
@@ -127,6 +138,7 @@ export class HpackDecoder {
   #entry(index: number): readonly [string, string] {
     if (index === 0) throw new HpackError('index 0');
     if (index <= STATIC_TABLE.length) return STATIC_TABLE[index - 1]!;
+    this.#selfContained = false;
     const e = this.#table[index - STATIC_TABLE.length - 1];
     if (e === undefined) throw new HpackError(`index ${index} beyond the tables (${STATIC_TABLE.length} static, ${this.#table.length} dynamic)`);
     return e;

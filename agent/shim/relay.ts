@@ -7,7 +7,10 @@
  * itself) and close the connection with GOAWAY "too_many_pings".
  *
  * - Streams. Kubelet's request HEADERS are decoded (this side's HPACK state) and sent on a new
- *   runtime stream as literals; the runtime's HEADERS likewise back. DATA frames are passed as
+ *   runtime stream as literals. The runtime's HEADERS go back as they came: the shim tells the
+ *   runtime its HPACK table holds nothing (SETTINGS_HEADER_TABLE_SIZE 0), so its blocks read no
+ *   state and mean the same to kubelet; a block that does read some (the table size update that
+ *   opens a connection) is sent as literals. The shim's own blocks never touch kubelet's table. DATA frames are passed as
  *   received (their id rewritten in place). RST_STREAM and stream WINDOW_UPDATEs pass both ways.
  * - Flow control. Stream windows match on both hops: each side advertises the other side's
  *   SETTINGS_INITIAL_WINDOW_SIZE (mirrored as it changes) and stream WINDOW_UPDATEs are passed on,
@@ -154,7 +157,8 @@ export class FrameRelay {
     });
     this.#r = new H2Connection(lean, {
       role: 'client',
-      settings: { initialWindowSize, maxHeaderListSize: HEADER_LIST },
+      // No HPACK table for the runtime's encoder: its blocks can then be passed on verbatim.
+      settings: { initialWindowSize, maxHeaderListSize: HEADER_LIST, headerTableSize: 0 },
       connectionWindow: CONN_WINDOW,
     });
     this.#r.start(this.#runtimeSide());
@@ -162,11 +166,11 @@ export class FrameRelay {
 
   #runtimeSide(): H2Handler {
     return {
-      headers: (rid, fields, endStream) => {
+      headers: (rid, fields, endStream, _opened, verbatim) => {
         const s = this.#byRid.get(rid);
         if (!s) return;
         s.responded = true;
-        this.#k.headers(s.kid, fields, endStream);
+        this.#k.headers(s.kid, verbatim ?? fields, endStream);
         if (endStream) this.#runtimeEnded(s);
       },
       data: (rid, f, payload, endStream) => {

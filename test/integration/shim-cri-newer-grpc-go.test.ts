@@ -16,6 +16,7 @@ import { rmSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { encodeFrame } from '../../agent/grpc/frame.ts';
+import { encodeLiteralBlock, HpackDecoder } from '../../agent/http2/hpack.ts';
 import { WireWriter } from '../../agent/grpc/protowire.ts';
 import { CriShim } from '../../agent/shim/proxy.ts';
 import { createContainerdLab, type ContainerdLab } from '../lab/containerd.ts';
@@ -28,6 +29,8 @@ const RS = '/runtime.v1.RuntimeService/';
 let ctrd: ContainerdLab;
 let scratch: string;
 let tap: H2Tap;
+/** Between the grpc-go client and the shim: what the shim sent kubelet. */
+let front: H2Tap;
 let shim: CriShim;
 let direct: GrpcGoCri;
 let viaShim: GrpcGoCri;
@@ -36,7 +39,7 @@ const shimLog: string[] = [];
 beforeAll(async () => {
   ctrd = await createContainerdLab();
   scratch = labScratch('shim-cri-newer-');
-  tap = await H2Tap.start(path.join(scratch, 'runtime-tap.sock'), ctrd.socket, true);
+  tap = await H2Tap.start(path.join(scratch, 'runtime-tap.sock'), ctrd.socket, true, true);
   // No agent: none of these calls is a probe-agent command.
   shim = new CriShim({
     listenPath: path.join(scratch, 'cri.sock'), runtimeSocket: tap.listenPath, probeSocket: path.join(scratch, 'no-agent.sock'),
@@ -45,8 +48,9 @@ beforeAll(async () => {
     },
   });
   await shim.listen();
+  front = await H2Tap.start(path.join(scratch, 'front-tap.sock'), path.join(scratch, 'cri.sock'), false, true);
   direct = new GrpcGoCri(ctrd.socket, { authority: 'localhost' });
-  viaShim = new GrpcGoCri(path.join(scratch, 'cri.sock'), { authority: 'localhost' });
+  viaShim = new GrpcGoCri(front.listenPath, { authority: 'localhost' });
 }, 90_000);
 
 afterAll(async () => {
@@ -54,6 +58,7 @@ afterAll(async () => {
   await viaShim?.close();
   await shim?.close(100);
   await tap?.close();
+  await front?.close();
   await ctrd?.destroy();
   if (scratch) rmSync(scratch, { recursive: true, force: true });
 });
@@ -108,5 +113,20 @@ describe('CRI calls newer than containerd 1.6, through the shim (grpc-go client)
     const reached = Buffer.concat(tap.counts.dataToTarget);
     expect(reached.indexOf(encodeFrame(body)), 'the gRPC message as the client framed it, in what the runtime received').toBeGreaterThanOrEqual(0);
     expect(shimLog).toEqual([]);
+  });
+
+  it("passes the runtime's header blocks to kubelet as they came (Huffman and all), re-encoding only the one that sets the table size", async () => {
+    // By now every test above went through the shim: responses, and Unimplemented trailers with a grpc-message.
+    const fromRuntime = tap.counts.headersFromTarget;
+    const toKubelet = front.counts.headersFromTarget.map((b) => b.toString('hex'));
+    expect(fromRuntime.length, 'header blocks containerd sent the shim').toBeGreaterThanOrEqual(calls.length + 3);
+    // The shim's SETTINGS_HEADER_TABLE_SIZE 0: grpc-go opens with a size update (0x20-0x3f), and then never reads its table.
+    expect(fromRuntime[0]![0]! & 0xe0, 'the first block opens with a table size update').toBe(0x20);
+    const later = fromRuntime.slice(1);
+    for (const b of later) expect(b[0]! & 0xe0, `a later block updates the table size: ${b.toString('hex')}`).not.toBe(0x20);
+    // grpc-go Huffman-codes strings where shorter; the shim's own encoder never does, so a match is the runtime's octets.
+    const huffman = later.filter((b) => b.toString('hex') !== encodeLiteralBlock(new HpackDecoder({ maxTableSize: 0, maxHeaderListSize: 1 << 16 }).decode(b)).toString('hex'));
+    expect(huffman.length, 'blocks that differ from the shim\'s own literal encoding').toBeGreaterThan(0);
+    for (const b of later) expect(toKubelet, `a runtime block kubelet never saw as it was: ${b.toString('hex')}`).toContain(b.toString('hex'));
   });
 });

@@ -138,16 +138,36 @@ export function describeFrame(type: number, flags: number, streamId: number, pay
 
 /**
  * An HPACK encoder that indexes every field (literal with incremental indexing, then indexed
- * representations for repeats), as grpc-go and nghttp2 do for request headers, within 4096 octets.
+ * representations for repeats), as grpc-go and nghttp2 do for request headers, within 4096 octets
+ * or the peer's SETTINGS_HEADER_TABLE_SIZE, announced by a size update as grpc-go's encoder does.
  */
 export class IndexingEncoder {
   /** Newest first. */
   readonly #table: Array<[string, string]> = [];
   #size = 0;
-  readonly #max = 4096;
+  #max = 4096;
+  #update = -1;
+
+  /** The peer's SETTINGS_HEADER_TABLE_SIZE: the next block opens with a size update. */
+  setMaxSize(max: number): void {
+    this.#max = Math.min(max, 4096);
+    this.#update = this.#max;
+    this.#evict();
+  }
+
+  #evict(): void {
+    while (this.#size > this.#max) {
+      const [n, v] = this.#table.pop()!;
+      this.#size -= n.length + v.length + 32;
+    }
+  }
 
   encode(fields: readonly HeaderField[]): Buffer {
     const out: number[] = [];
+    if (this.#update >= 0) {
+      writeInteger(out, this.#update, 5, 0x20);
+      this.#update = -1;
+    }
     for (const f of fields) {
       const staticFull = STATIC_TABLE.findIndex(([n, v]) => n === f.name && v === f.value);
       if (staticFull >= 0) {
@@ -179,10 +199,7 @@ export class IndexingEncoder {
       writeRawString(out, f.value);
       this.#table.unshift([f.name, f.value]);
       this.#size += entry;
-      while (this.#size > this.#max) {
-        const [n, v] = this.#table.pop()!;
-        this.#size -= n.length + v.length + 32;
-      }
+      this.#evict();
     }
     return Buffer.from(out);
   }
@@ -730,6 +747,7 @@ export class FramePeer {
     for (const [id, v] of values) {
       if (id === SET.INITIAL_WINDOW_SIZE) this.peerInitialWindow = v;
       if (id === SET.MAX_FRAME_SIZE) this.peerMaxFrame = v;
+      if (id === SET.HEADER_TABLE_SIZE) this.#encoder.setMaxSize(v);
     }
   }
 

@@ -10,6 +10,10 @@ import { rmSync } from 'node:fs';
 
 const PREFACE_LEN = 24;
 const DATA = 0x0;
+const HEADERS = 0x1;
+const CONTINUATION = 0x9;
+const PADDED = 0x8;
+const PRIORITY = 0x20;
 const PING = 0x6;
 const GOAWAY = 0x7;
 const ACK = 0x1;
@@ -25,6 +29,20 @@ export interface TapCounts {
   pingsFromTarget: number;
   /** DATA payloads the client sent the target, in order (kept only with `captureData`). */
   dataToTarget: Buffer[];
+  /** Header blocks the target sent the client, padding and priority removed, in order (kept only with `captureHeaders`). */
+  headersFromTarget: Buffer[];
+}
+
+/** A HEADERS frame's block fragment: its payload without padding and priority fields. */
+function headerFragment(flags: number, payload: Buffer): Buffer {
+  let start = 0;
+  let end = payload.length;
+  if (flags & PADDED) {
+    end -= payload[0]!;
+    start = 1;
+  }
+  if (flags & PRIORITY) start += 5;
+  return Buffer.from(payload.subarray(start, end));
 }
 
 /** Reads frame headers out of one direction's octets; `onFrame` gets GOAWAY and PING payloads whole. */
@@ -56,12 +74,12 @@ class FrameScanner {
 
 /** A running tap. */
 export class H2Tap {
-  readonly counts: TapCounts = { connections: 0, goawaysFromTarget: [], pingsToTarget: 0, pingsFromTarget: 0, dataToTarget: [] };
+  readonly counts: TapCounts = { connections: 0, goawaysFromTarget: [], pingsToTarget: 0, pingsFromTarget: 0, dataToTarget: [], headersFromTarget: [] };
   readonly #server: net.Server;
   readonly #sockets = new Set<net.Socket>();
   readonly listenPath: string;
 
-  private constructor(listenPath: string, targetPath: string, captureData: boolean) {
+  private constructor(listenPath: string, targetPath: string, captureData: boolean, captureHeaders: boolean) {
     this.listenPath = listenPath;
     this.#server = net.createServer((client) => {
       const conn = ++this.counts.connections;
@@ -82,6 +100,11 @@ export class H2Tap {
       const down = new FrameScanner(0, (type, flags, payload) => {
         if (type === GOAWAY) this.counts.goawaysFromTarget.push({ conn, code: payload.length >= 8 ? payload.readUInt32BE(4) : -1, debug: payload.subarray(8).toString('latin1') });
         else if (type === PING && !(flags & ACK)) this.counts.pingsFromTarget++;
+        else if (type === HEADERS && captureHeaders) this.counts.headersFromTarget.push(headerFragment(flags, payload));
+        else if (type === CONTINUATION && captureHeaders) {
+          const i = this.counts.headersFromTarget.length - 1;
+          if (i >= 0) this.counts.headersFromTarget[i] = Buffer.concat([this.counts.headersFromTarget[i]!, payload]);
+        }
       });
       client.on('data', (d: Buffer) => up.push(d));
       target.on('data', (d: Buffer) => down.push(d));
@@ -90,10 +113,13 @@ export class H2Tap {
     });
   }
 
-  /** Starts a tap on `listenPath` in front of `targetPath` (`captureData`: keep the DATA the client sends). */
-  static async start(listenPath: string, targetPath: string, captureData = false): Promise<H2Tap> {
+  /**
+   * Starts a tap on `listenPath` in front of `targetPath` (`captureData`: keep the DATA the client
+   * sends; `captureHeaders`: keep the header blocks the target sends).
+   */
+  static async start(listenPath: string, targetPath: string, captureData = false, captureHeaders = false): Promise<H2Tap> {
     rmSync(listenPath, { force: true });
-    const tap = new H2Tap(listenPath, targetPath, captureData);
+    const tap = new H2Tap(listenPath, targetPath, captureData, captureHeaders);
     await new Promise<void>((resolve, reject) => {
       tap.#server.once('error', reject);
       tap.#server.listen(listenPath, resolve);

@@ -134,6 +134,49 @@ describe('RFC 7541 Appendix C sequences, one decoder per connection', () => {
   });
 });
 
+describe('self-contained blocks (the relay passes these on as they came)', () => {
+  it('a block is self-contained unless it reads the dynamic table or changes its size', () => {
+    const d = decoder(4096);
+    // C.4.1: static indices and a literal with indexing (an insertion reads nothing).
+    d.decode(hex('8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff'));
+    expect(d.lastBlockSelfContained).toBe(true);
+    // C.4.2: 0xbe is dynamic index 62, the entry C.4.1 inserted.
+    d.decode(hex('8286 84be 5886 a8eb 1064 9cbf'));
+    expect(d.lastBlockSelfContained).toBe(false);
+    // A literal whose name is a dynamic entry (0x7e: with indexing, name index 62).
+    d.decode(hex('7e 0161'));
+    expect(d.lastBlockSelfContained).toBe(false);
+    // A size update, even to the same size, then only static fields.
+    d.decode(hex('3fe1 1f 82'));
+    expect(d.lastBlockSelfContained).toBe(false);
+    // Never indexed with a literal name, and an indexed static field: self-contained again.
+    d.decode(hex('10 0161 0162 88'));
+    expect(d.lastBlockSelfContained).toBe(true);
+  });
+
+  it('any self-contained block decodes to the same fields whatever another decoder holds', () => {
+    fc.assert(fc.property(fc.uint8Array({ maxLength: 64 }), fc.uint8Array({ maxLength: 64 }), (history, a) => {
+      const first = decoder(4096);
+      const other = decoder(4096);
+      // The other decoder carries a history of its own (whatever parses of random octets).
+      try {
+        other.decode(hex('4082 94e7 0362 6172 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf'));
+        other.decode(Buffer.from(history));
+      } catch {
+        // A malformed history leaves the decoder's state unspecified, which is the point.
+      }
+      let fields: HeaderField[];
+      try {
+        fields = first.decode(Buffer.from(a));
+      } catch {
+        return;
+      }
+      if (!first.lastBlockSelfContained) return;
+      expect(pairs(other.decode(Buffer.from(a)))).toEqual(pairs(fields));
+    }));
+  });
+});
+
 describe('dynamic table size updates', () => {
   it('a size update to 0 empties the table; one beyond SETTINGS_HEADER_TABLE_SIZE is refused', () => {
     const d = decoder(4096);
