@@ -852,7 +852,8 @@ async function rollback(k: Kubectl, cluster: Cluster, node: LabNode, nftTable: s
   const installer = cluster.pods('probe-agent', 'app.kubernetes.io/name=probe-agent-shim-installer').find((p) => p.spec.nodeName === name);
   const unlabel = installer ? k.run(['-n', 'probe-agent', 'exec', installer.metadata.name, '--', '/bin/bash', '/installer/install-shim.sh', 'unlabel'], undefined, 120_000) : undefined;
   const label = k.json<Obj>(['node', name])?.metadata?.labels?.[SHIM_NODE_LABEL];
-  check('rollback 5: install-shim.sh unlabel removes the label', unlabel?.ok === true && label === undefined, `exit ${unlabel?.ok ? 0 : 'non-zero'}; label ${label ?? 'gone'}; ${unlabel?.stderr.trim().split('\n').pop()?.slice(0, 160)}`);
+  // The installer's own lines say why it refused (kubectl's last line only gives its exit code).
+  check('rollback 5: install-shim.sh unlabel removes the label', unlabel?.ok === true && label === undefined, `exit ${unlabel?.ok ? 0 : 'non-zero'}; label ${label ?? 'gone'}; ${unlabel?.stderr.trim().split('\n').slice(-6).join(' | ').slice(0, 600)}`);
   // 6. Kubelet back to the runtime, restarted: the running pods survive.
   const before = daemons();
   await node.kubelet.stop();
