@@ -28,10 +28,11 @@
  *    docs/closing-the-hole.md step by step on the closed node.
  * 6. Scale: SCALE_PODS (100) pods through the webhook; the API server's own admission latency.
  * Stand-ins, each because nothing real can run here: no kube-proxy (one nft DNAT for the
- * `kubernetes` Service; the API server reaches the webhook by endpoint routing), no systemd (the
- * run starts the installed shim), no NetworkPolicy enforcement (the bridge CNI has none: the policy
- * is applied, not enforced), the PodMonitor CRD (overlay.ts), and one machine for both nodes (the
- * node patches of overlay.ts). Root only; not part of `make test`.
+ * `kubernetes` Service, from the run's own pod subnets: service-dnat.ts; the API server reaches the
+ * webhook by endpoint routing), no systemd (the run starts the installed shim), no NetworkPolicy
+ * enforcement (the bridge CNI has none: the policy is applied, not enforced), the PodMonitor CRD
+ * (overlay.ts), and one machine for both nodes (the node patches of overlay.ts). Root only; not
+ * part of `make test`.
  */
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
@@ -55,6 +56,7 @@ import { Kubectl, type KubectlResult } from './kubectl.ts';
 import { agentMetric, failedCalls, histogram, minus, p50p99 } from './prom.ts';
 import { components, helmValues, NODE_DIRS, POD_MONITOR_CRD, RUNTIME_SOCKET, writeOverlay, type Mode } from './overlay.ts';
 import { secondWebhookConfig, startSecondWebhook } from './second-webhook.ts';
+import { serviceDnatTable } from './service-dnat.ts';
 import { APPS_NS, daemonSet, grpcDeployment, OTHER_NS, plainPod, retriedDeployment, scaleDeployment, webDeployment } from './workloads.ts';
 
 sayAs('e2e-cluster');
@@ -309,11 +311,11 @@ async function main(): Promise<number> {
   const k = cp.admin;
   const cluster = new Cluster(k);
 
-  // kube-proxy's one rule this run needs: the `kubernetes` Service to the API server.
+  // kube-proxy's one rule this run needs: its pods' `kubernetes` Service to its API server.
   const NFT = `pa_e2e_cluster_${closed.ctrd.slot}`;
   const nft = (rules: string): void => void execFileSync('nft', ['-f', '-'], { input: rules });
   spawnSync('nft', ['delete', 'table', 'inet', NFT]);
-  nft(`table inet ${NFT} {\n  chain pre {\n    type nat hook prerouting priority dstnat;\n    ip daddr ${KUBERNETES_SERVICE_IP} tcp dport 443 dnat ip to ${open.ip}:${cp.apiPort}\n  }\n  chain out {\n    type filter hook output priority 0; policy accept;\n  }\n}\n`);
+  nft(serviceDnatTable(NFT, { serviceIp: KUBERNETES_SERVICE_IP, apiServer: { ip: open.ip, port: cp.apiPort }, podSubnets: nodes.map((n) => slotLayout(n.ctrd.slot).subnet4) }));
   cleanups.push(() => void spawnSync('nft', ['delete', 'table', 'inet', NFT]));
 
   // The kubelets, registered; each first on its containerd directly, as a node is before the switch.
@@ -852,7 +854,8 @@ async function rollback(k: Kubectl, cluster: Cluster, node: LabNode, nftTable: s
   const installer = cluster.pods('probe-agent', 'app.kubernetes.io/name=probe-agent-shim-installer').find((p) => p.spec.nodeName === name);
   const unlabel = installer ? k.run(['-n', 'probe-agent', 'exec', installer.metadata.name, '--', '/bin/bash', '/installer/install-shim.sh', 'unlabel'], undefined, 120_000) : undefined;
   const label = k.json<Obj>(['node', name])?.metadata?.labels?.[SHIM_NODE_LABEL];
-  check('rollback 5: install-shim.sh unlabel removes the label', unlabel?.ok === true && label === undefined, `exit ${unlabel?.ok ? 0 : 'non-zero'}; label ${label ?? 'gone'}; ${unlabel?.stderr.trim().split('\n').pop()?.slice(0, 160)}`);
+  // The installer's own lines say why it refused (kubectl's last line only gives its exit code).
+  check('rollback 5: install-shim.sh unlabel removes the label', unlabel?.ok === true && label === undefined, `exit ${unlabel?.ok ? 0 : 'non-zero'}; label ${label ?? 'gone'}; ${unlabel?.stderr.trim().split('\n').slice(-6).join(' | ').slice(0, 600)}`);
   // 6. Kubelet back to the runtime, restarted: the running pods survive.
   const before = daemons();
   await node.kubelet.stop();

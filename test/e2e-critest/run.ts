@@ -198,6 +198,8 @@ async function runOnce(mode: Mode, choice: RuntimeChoice, critest: string, scrat
     return result;
   } finally {
     await stopChild(shim?.child);
+    // The runtime's own log goes with the kept ones: a spec that hangs in the runtime shows there.
+    if (existsSync(ctrd.logFile)) copyFileSync(ctrd.logFile, path.join(scratch, `${choice.kind}-${mode}.log`));
     await ctrd.destroy();
   }
 }

@@ -3,10 +3,14 @@
  * named port) and liveness (tcpSocket) probe every second; every REPLACE_EVERY_MS, REPLACE_COUNT of
  * them are replaced (file removed, a pod of a new name added) for E2E_CHURN_SECONDS. What an
  * operator needs before trusting the shim on a busy node: no CRI call failed by the shim, no
- * container restarted, every pod Ready within 2 s of its container's start (4 s for the first
- * CHURN_PODS, started at once), the shim's and the agent's RSS flat and
- * kubelet's PLEG healthy throughout. The GOAWAYs containerd sends the shim are counted by a frame
- * tap (frame-tap.ts), since containerd does not log them.
+ * container restarted, every pod Ready with no probe failed or errored, the shim's and the agent's
+ * RSS flat and kubelet's PLEG healthy throughout. The GOAWAYs containerd sends the shim are counted
+ * by a frame tap (frame-tap.ts), since containerd does not log them.
+ *
+ * How soon a pod is Ready after its container starts is reported, not asserted (a loaded machine
+ * moves it; make bench-kubelet measures speed), beside the same for CONTROL_PODS pods churned in
+ * the same run whose readiness is kubelet's own exec probe: the rewritten probe's price next to
+ * kubelet's on the same node at the same moment.
  */
 import { availableParallelism } from 'node:os';
 import type { KubeletCri } from '../support/kubelet-cri.ts';
@@ -20,14 +24,8 @@ import { removeManifest, writeManifest } from './static-pods.ts';
 export const CHURN_PODS = 16;
 export const REPLACE_EVERY_MS = 15_000;
 export const REPLACE_COUNT = 4;
-/** How long the pods take to be Ready, at most (issue 24), from their container's start. */
-export const READY_WITHIN_MS = 2000;
-/**
- * The same for the first 16 pods, started at once: kubelet's PLEG sees a container start only at
- * its next relist, and under that burst one relist takes a GetPodStatus per pod (seen: 2.4 s of a
- * 2.6 s start->Ready in one run at load 9, the probe itself 0.26 s).
- */
-export const READY_WITHIN_BURST_MS = 4000;
+/** Pods whose readiness is kubelet's own exec probe (not rewritten), one replaced each round. */
+export const CONTROL_PODS = 4;
 /**
  * "Flat": RSS growth over the second half of the churn below this. Issue 31 asks for <= 2 MB over a
  * 30-minute churn; a short churn (the default 4 minutes) is still warming up (Node's heap moves by a
@@ -46,6 +44,8 @@ export interface ChurnContext {
   manifests: string;
   /** A churn pod's manifest, already rewritten, under `name`. */
   manifest: (name: string) => string;
+  /** A control pod's manifest (kubelet's own exec readiness) under `name`. */
+  controlManifest: (name: string) => string;
   /** Straight to containerd (the measurements must not add to the shim's load). */
   cri: KubeletCri;
   shimPid: number;
@@ -64,6 +64,8 @@ const mb = (b: number): string => `${(b / 1024 / 1024).toFixed(1)} MB`;
 
 interface PodRecord {
   name: string;
+  /** Rewritten probes (the agent's), or a control pod (kubelet's own exec readiness). */
+  control: boolean;
   addedAt: number;
   removedAt?: number;
   /** The app container's first start (CRI started_at of its earliest started attempt). */
@@ -88,20 +90,29 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   const { kubelet } = ctx;
   const roPort = kubelet.setup.roPort;
   const P = 'churn: ';
-  const gen = new Array<number>(CHURN_PODS).fill(0);
-  const podName = (slot: number): string => `churn-${String(slot).padStart(2, '0')}-g${gen[slot]}`;
+  // Slots 0..CHURN_PODS-1 run rewritten pods, the next CONTROL_PODS control pods.
+  const gen = new Array<number>(CHURN_PODS + CONTROL_PODS).fill(0);
+  const isControl = (slot: number): boolean => slot >= CHURN_PODS;
+  const podName = (slot: number): string => isControl(slot)
+    ? `churn-ctl-${String(slot - CHURN_PODS).padStart(2, '0')}-g${gen[slot]}`
+    : `churn-${String(slot).padStart(2, '0')}-g${gen[slot]}`;
   const pods = new Map<string, PodRecord>();
   const containers = new Map<string, ContainerRecord>();
   const add = (slot: number): void => {
     const name = podName(slot);
-    writeManifest(ctx.manifests, name, ctx.manifest(name));
-    pods.set(name, { name, addedAt: Date.now(), maxRestartCount: 0 });
+    writeManifest(ctx.manifests, name, isControl(slot) ? ctx.controlManifest(name) : ctx.manifest(name));
+    pods.set(name, { name, control: isControl(slot), addedAt: Date.now(), maxRestartCount: 0 });
   };
   const remove = (slot: number): void => {
     const name = podName(slot);
     removeManifest(ctx.manifests, name);
     const rec = pods.get(name);
     if (rec) rec.removedAt = Date.now();
+  };
+  const replace = (slot: number): void => {
+    remove(slot);
+    gen[slot]!++;
+    add(slot);
   };
 
   const metrics = async (): Promise<string> => (await httpGet(`http://127.0.0.1:${ctx.shimMetricsPort}/metrics`, 3000)).body;
@@ -202,18 +213,14 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
     if ((a || b) && !health.firstFailure) health.firstFailure = `${new Date().toISOString().slice(11, 19)} ${a ?? b}`;
   });
 
-  say(`churn: ${CHURN_PODS} pods, ${REPLACE_COUNT} replaced every ${REPLACE_EVERY_MS / 1000} s, for ${ctx.seconds} s`);
+  say(`churn: ${CHURN_PODS} pods, ${REPLACE_COUNT} replaced every ${REPLACE_EVERY_MS / 1000} s, for ${ctx.seconds} s; beside them ${CONTROL_PODS} control pods (kubelet's own exec readiness), one replaced each round`);
   const start = Date.now();
-  for (let s = 0; s < CHURN_PODS; s++) add(s);
+  for (let s = 0; s < CHURN_PODS + CONTROL_PODS; s++) add(s);
   let tick = 0;
   while (Date.now() - start + REPLACE_EVERY_MS <= ctx.seconds * 1000) {
     await sleep(start + (tick + 1) * REPLACE_EVERY_MS - Date.now());
-    for (let i = 0; i < REPLACE_COUNT; i++) {
-      const slot = (tick * REPLACE_COUNT + i) % CHURN_PODS;
-      remove(slot);
-      gen[slot]!++;
-      add(slot);
-    }
+    for (let i = 0; i < REPLACE_COUNT; i++) replace((tick * REPLACE_COUNT + i) % CHURN_PODS);
+    replace(CHURN_PODS + (tick % CONTROL_PODS));
     tick++;
     if (tick % 4 === 0) say(`churn: ${Math.round((Date.now() - start) / 1000)} s, ${pods.size} pods so far`);
   }
@@ -230,15 +237,27 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   // Kubelet's own readiness lines time the Ready (ms); /pods polls are the fallback (500 ms). Its
   // PLEG lines say when it saw each container start: what the probe worker waits for.
   const plegSeen = new Map<string, number>();
+  // Probes of churn pods that failed or errored while the pod was wanted (before its manifest went:
+  // kubelet keeps a terminating pod's readiness probe running, and its container is being killed).
+  const probeTrouble = { failed: [] as string[], errored: [] as string[], whileRemoved: 0 };
   for (const line of klog.split('\n')) {
-    const started = /Type:ContainerStarted Data:([0-9a-f]{64})/.exec(line);
+    const trouble = /"Probe (failed|errored)".*pod="default\/(churn-(?:ctl-)?\d+-g\d+)-/.exec(line);
+    if (trouble) {
+      const rec = pods.get(trouble[2]!);
+      const at = klogTime(line);
+      if (rec && at !== undefined && rec.removedAt !== undefined && at >= rec.removedAt) probeTrouble.whileRemoved++;
+      else if (rec) probeTrouble[trouble[1] === 'failed' ? 'failed' : 'errored'].push(`${rec.name}: ${/probeType="(\w+)"/.exec(line)?.[1] ?? '?'} ${(/(?:output|err)="([^"]{0,100})/.exec(line)?.[1] ?? '').trim()}`);
+      continue;
+    }
+    // 1.26 prints event=&{ID:... Type:ContainerStarted Data:<id>}, 1.27+ JSON: "Type":"ContainerStarted","Data":"<id>".
+    const started = /Type\W+ContainerStarted\W+Data\W+([0-9a-f]{64})/.exec(line);
     if (started) {
       const at = klogTime(line);
       if (at !== undefined && !plegSeen.has(started[1]!)) plegSeen.set(started[1]!, at);
       continue;
     }
     if (!line.includes('"SyncLoop (probe)"') || !line.includes('probe="readiness"') || !line.includes('status="ready"')) continue;
-    const m = /pod="default\/(churn-\d+-g\d+)-/.exec(line);
+    const m = /pod="default\/(churn-(?:ctl-)?\d+-g\d+)-/.exec(line);
     const rec = m ? pods.get(m[1]!) : undefined;
     const at = klogTime(line);
     if (rec && at !== undefined && (rec.readyFrom !== 'log' || at < rec.readyAt!)) {
@@ -292,27 +311,33 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
     `containers with attempt > 0 seen in CRI ${restarted.length}${restarted.length ? ` (${[...new Set(restarted.map((c) => c.pod))].slice(0, 6).join(', ')})` : ''}; `
     + `sum of kubelet's restartCount ${byStatus}`);
 
-  // 4. Ready within 2 s of the container's start (the first burst: 4 s).
+  // 4. Every pod Ready, no probe failed: an outcome. How soon is reported beside kubelet's own probe.
   const all = [...pods.values()];
   const neverStarted = all.filter((p) => p.startedAt === undefined);
   const started = all.filter((p) => p.startedAt !== undefined);
-  // A pod replaced within READY_WITHIN_MS of its container's start had no chance to be Ready in time.
-  const cutShort = started.filter((p) => p.readyAt === undefined && p.removedAt !== undefined && p.removedAt - p.startedAt! < READY_WITHIN_MS);
-  const neverReady = started.filter((p) => p.readyAt === undefined && !cutShort.includes(p));
+  const neverReady = started.filter((p) => p.readyAt === undefined);
   const lat = started.filter((p) => p.readyAt !== undefined).map((p) => ({ p, ms: p.readyAt! - p.startedAt! }));
-  const boundOf = (p: PodRecord): number => (p.name.endsWith('-g0') ? READY_WITHIN_BURST_MS : READY_WITHIN_MS);
-  const slow = lat.filter((x) => x.ms > boundOf(x.p));
   const plegLag = [...containers].filter(([id, c]) => c.startedAt !== undefined && plegSeen.has(id)).map(([id, c]) => plegSeen.get(id)! - c.startedAt!).sort((a, b) => a - b);
-  const sorted = lat.map((x) => x.ms).sort((a, b) => a - b);
   const pct = (xs: number[], q: number): string => (xs.length ? `${Math.round(xs[Math.min(xs.length - 1, Math.floor(q * xs.length))]!)} ms` : 'n/a');
-  check(`${P}every pod Ready within ${READY_WITHIN_MS / 1000} s of its container start (the first ${CHURN_PODS}, started at once: ${READY_WITHIN_BURST_MS / 1000} s)`,
-    all.length > 0 && neverStarted.length === 0 && neverReady.length === 0 && slow.length === 0,
-    `${lat.length} of ${all.length} pods ever Ready; container never started ${neverStarted.length}; started but never Ready ${neverReady.length}`
-    + `${neverReady.length ? ` (${neverReady.slice(0, 4).map((p) => p.name).join(', ')})` : ''}; replaced within ${READY_WITHIN_MS} ms of their start ${cutShort.length}; `
-    + `Ready later than their bound ${slow.length}${slow.length ? ` (${slow.sort((a, b) => b.ms - a.ms).slice(0, 6).map((x) => `${x.p.name} ${Math.round(x.ms)}`).join(', ')})` : ''}; `
-    + `start->Ready p50 ${pct(sorted, 0.5)}, p90 ${pct(sorted, 0.9)}, max ${pct(sorted, 1)} (${lat.filter((x) => x.p.readyFrom === 'log').length} timed by kubelet's log, the rest by /pods polls), `
-    + `of which start->kubelet's PLEG saw it p50 ${pct(plegLag, 0.5)}, max ${pct(plegLag, 1)}; `
-    + `load average ${load.length ? `${Math.min(...load).toFixed(1)}-${Math.max(...load).toFixed(1)}` : 'n/a'} on ${availableParallelism()} cores`);
+  const latencyOf = (control: boolean): string => {
+    const xs = lat.filter((x) => x.p.control === control).map((x) => x.ms).sort((a, b) => a - b);
+    return `p50 ${pct(xs, 0.5)}, p90 ${pct(xs, 0.9)}, max ${pct(xs, 1)} (${xs.length} pods)`;
+  };
+  const p50Of = (control: boolean): number => {
+    const xs = lat.filter((x) => x.p.control === control).map((x) => x.ms).sort((a, b) => a - b);
+    return xs.length ? xs[Math.floor(xs.length / 2)]! : NaN;
+  };
+  const latency = `start->Ready, rewritten ${latencyOf(false)}; control (kubelet's own exec probe) ${latencyOf(true)}; p50 ratio ${(p50Of(false) / p50Of(true)).toFixed(2)}`
+    + ` (${lat.filter((x) => x.p.readyFrom === 'log').length} of ${lat.length} timed by kubelet's log, the rest by /pods polls); start->kubelet's PLEG saw it p50 ${pct(plegLag, 0.5)}, max ${pct(plegLag, 1)}; `
+    + `load average ${load.length ? `${Math.min(...load).toFixed(1)}-${Math.max(...load).toFixed(1)}` : 'n/a'} on ${availableParallelism()} cores`;
+  say(`churn readiness (reported, not asserted): ${latency}`);
+  const controls = all.filter((p) => p.control).length;
+  check(`${P}every pod Ready after its container started, no probe failed or errored (${CHURN_PODS} rewritten, ${CONTROL_PODS} with kubelet's own exec readiness)`,
+    all.length > 0 && controls > 0 && neverStarted.length === 0 && neverReady.length === 0 && probeTrouble.failed.length === 0 && probeTrouble.errored.length === 0,
+    `${lat.length} of ${all.length} pods Ready (${controls} control); container never started ${neverStarted.length}${neverStarted.length ? ` (${neverStarted.slice(0, 4).map((p) => p.name).join(', ')})` : ''}; `
+    + `started but never Ready ${neverReady.length}${neverReady.length ? ` (${neverReady.slice(0, 4).map((p) => p.name).join(', ')})` : ''}; `
+    + `probes failed ${probeTrouble.failed.length}, errored ${probeTrouble.errored.length}${[...probeTrouble.failed, ...probeTrouble.errored].slice(0, 3).map((t) => `; ${t}`).join('')} `
+    + `(after the pod's removal, not counted: ${probeTrouble.whileRemoved}); ${latency}`);
 
   // 5. The shim's and the agent's RSS (and the agent's heap, for what grows).
   const mid = start + ((end - start) / 2);
@@ -361,7 +386,7 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   // starts on an empty manifest dir, as seen on the v1.26 and v1.32 builds) answers every removal
   // "Failed to delete pod ... sources aren't ready yet" and keeps probing the pod: the node then
   // gains 16 pods a minute, and every number above measures that, not a churn.
-  const notDeleted = klog.split('\n').filter((l) => l.includes('"Failed to delete pod"') && /churn-\d+-g\d+/.test(l)).length;
+  const notDeleted = klog.split('\n').filter((l) => l.includes('"Failed to delete pod"') && /churn-(?:ctl-)?\d+-g\d+/.test(l)).length;
   const listed = await ctx.cri.call<{ containers: { state: string; labels: Record<string, string> }[] }>(
     'ListContainers', { filter: { labelSelector: { 'io.kubernetes.pod.namespace': 'default' } } });
   const removedLongAgo = new Set([...pods.values()].filter((p) => p.removedAt !== undefined && end - p.removedAt > 60_000).map((p) => p.name));
@@ -372,7 +397,7 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
     `kubelet "Failed to delete pod" lines for churn pods ${notDeleted}; containers still running of the ${removedLongAgo.size} pods removed over a minute before the end ${lingering}`);
 
   // The pods go; the next phase (or the cleanup) starts from an empty node.
-  for (let s = 0; s < CHURN_PODS; s++) remove(s);
+  for (let s = 0; s < CHURN_PODS + CONTROL_PODS; s++) remove(s);
 }
 
 function topMessages(msgs: string[]): string {

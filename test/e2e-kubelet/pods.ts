@@ -86,6 +86,13 @@ export function churnPod(name: string): Record<string, unknown> {
   })]);
 }
 
+/** The churn's control pod: readiness by kubelet's own exec probe (passed through the shim, not rewritten). */
+export function churnControlPod(name: string): Record<string, unknown> {
+  return pod(name, [server('app', {
+    readinessProbe: { exec: { command: ['/bin/cat', '/www/ready'] }, ...fast },
+  })]);
+}
+
 /** The cases of issue 25 a standalone kubelet can run. */
 export const CASE_PODS = {
   /** A restartable init container (kubelet >= 1.29) with rewritten startup/readiness/liveness probes. */

@@ -40,7 +40,7 @@ import {
   stopChild, tail, total, unmountUnder, runHarness, waitFor, type PodView,
 } from './lib.ts';
 import { runBench } from './bench.ts';
-import { churnPod, e2ePods, HTTP_PORT, PODS } from './pods.ts';
+import { churnControlPod, churnPod, e2ePods, HTTP_PORT, PODS } from './pods.ts';
 import { placePod, removePods, rewritePod, type PhaseContext } from './static-pods.ts';
 
 /** deploy/base's terminationGracePeriodSeconds for the agent: a rollout's SIGKILL comes after it. */
@@ -208,9 +208,12 @@ async function main(): Promise<number> {
       // One rewrite for all churn pods: the rewrite does not depend on the name, and a node process
       // per pod would take the CPU the churn measures.
       const template = rewritePod(ctx, churnPod('churn-template'));
+      const controlTemplate = rewritePod(ctx, churnControlPod('churn-ctl-template'));
+      const named = (t: Record<string, unknown>, name: string): string => JSON.stringify({ ...t, metadata: { ...(t['metadata'] as object), name } });
       await runChurn({
         kubelet, manifests, cri, runtimeLog: ctx.runtimeLog, tap, seconds,
-        manifest: (name) => JSON.stringify({ ...template, metadata: { ...template['metadata'], name } }),
+        manifest: (name) => named(template, name),
+        controlManifest: (name) => named(controlTemplate, name),
         shimPid: shim.pid!, shimLog: path.join(scratch, 'shim.log'), shimMetricsPort, agentPid: () => agent.pid, agentMetricsPort,
       });
     }
