@@ -46,7 +46,7 @@ export interface ChurnContext {
   manifest: (name: string) => string;
   /** A control pod's manifest (kubelet's own exec readiness) under `name`. */
   controlManifest: (name: string) => string;
-  /** Straight to containerd (the measurements must not add to the shim's load). */
+  /** Straight to the runtime (the measurements must not add to the shim's load). */
   cri: KubeletCri;
   shimPid: number;
   /** The agent's pid now (a rollout phase before may have replaced it). */
@@ -56,6 +56,8 @@ export interface ChurnContext {
   shimLog: string;
   shimMetricsPort: number;
   runtimeLog: string;
+  /** The runtime's name in the checks ("containerd", "CRI-O"). */
+  runtimeName: string;
   tap: FrameTap | undefined;
   seconds: number;
 }
@@ -288,7 +290,7 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
   const topCtrd = topMessages(ctrdErrors.map((l) => /msg="([^"]{0,80})/.exec(l)?.[1] ?? l.slice(0, 80)));
   check(`${P}no CRI call failed by the shim`, runtimeErrors === 0 && unavailable === 0 && kubeletSaw === 0,
     `shim runtime_errors_total +${runtimeErrors}; shim "runtime unavailable" warnings (with suppressed) ${unavailable}; kubelet log lines with "probe-agent shim: runtime" ${kubeletSaw}; `
-    + `containerd level=error lines ${ctrdErrors.length}${topCtrd ? ` (${topCtrd})` : ''}; rewritten probes answered by the shim ${intercepted}`);
+    + `${ctx.runtimeName} level=error lines ${ctrdErrors.length}${topCtrd ? ` (${topCtrd})` : ''}; rewritten probes answered by the shim ${intercepted}`);
 
   // 2. GOAWAYs: the cause of (1) on today's relay.
   const ctrdPings = ctrdLog.split('\n').filter((l) => /too_many_pings|too many pings|ENHANCE_YOUR_CALM|goaway/i.test(l));
@@ -296,12 +298,12 @@ export async function runChurn(ctx: ChurnContext): Promise<void> {
     const now = ctx.tap.counts;
     const goaways = new Map([...now.goaways].map(([k, v]) => [k, v - (tapBefore.goaways.get(k) ?? 0)] as const).filter(([, v]) => v > 0));
     const tooMany = [...goaways].filter(([k]) => k.includes('too_many_pings')).reduce((n, [, v]) => n + v, 0);
-    check(`${P}containerd sent no GOAWAY too_many_pings`, tooMany === 0 && ctrdPings.length === 0,
-      `frame tap: GOAWAYs from containerd ${goawaySummary(goaways)}; shim->containerd connections ${now.connections - tapBefore.connections}, `
-      + `PINGs shim->containerd ${now.pingsToRuntime - tapBefore.pingsToRuntime}, containerd->shim ${now.pingsFromRuntime - tapBefore.pingsFromRuntime}; `
-      + `containerd log lines mentioning it ${ctrdPings.length}${ctrdPings[0] ? `: ${ctrdPings[0].slice(0, 200)}` : ''}`);
+    check(`${P}${ctx.runtimeName} sent no GOAWAY too_many_pings`, tooMany === 0 && ctrdPings.length === 0,
+      `frame tap: GOAWAYs from ${ctx.runtimeName} ${goawaySummary(goaways)}; shim->runtime connections ${now.connections - tapBefore.connections}, `
+      + `PINGs shim->runtime ${now.pingsToRuntime - tapBefore.pingsToRuntime}, runtime->shim ${now.pingsFromRuntime - tapBefore.pingsFromRuntime}; `
+      + `${ctx.runtimeName} log lines mentioning it ${ctrdPings.length}${ctrdPings[0] ? `: ${ctrdPings[0].slice(0, 200)}` : ''}`);
   } else {
-    skip(`${P}containerd sent no GOAWAY too_many_pings`, `E2E_FRAME_TAP=0: no frame tap (containerd log lines mentioning it: ${ctrdPings.length})`);
+    skip(`${P}${ctx.runtimeName} sent no GOAWAY too_many_pings`, `E2E_FRAME_TAP=0: no frame tap (${ctx.runtimeName} log lines mentioning it: ${ctrdPings.length})`);
   }
 
   // 3. Restarts.

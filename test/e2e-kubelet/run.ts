@@ -211,7 +211,7 @@ async function main(): Promise<number> {
       const controlTemplate = rewritePod(ctx, churnControlPod('churn-ctl-template'));
       const named = (t: Record<string, unknown>, name: string): string => JSON.stringify({ ...t, metadata: { ...(t['metadata'] as object), name } });
       await runChurn({
-        kubelet, manifests, cri, runtimeLog: ctx.runtimeLog, tap, seconds,
+        kubelet, manifests, cri, runtimeLog: ctx.runtimeLog, runtimeName: choice.kind === 'crio' ? 'CRI-O' : 'containerd', tap, seconds,
         manifest: (name) => named(template, name),
         controlManifest: (name) => named(controlTemplate, name),
         shimPid: shim.pid!, shimLog: path.join(scratch, 'shim.log'), shimMetricsPort, agentPid: () => agent.pid, agentMetricsPort,
