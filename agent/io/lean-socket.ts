@@ -1,6 +1,7 @@
 /**
  * The one I/O seam of the HTTP/2 code (the shim's relay, the agent's hot unary server, the shim's
- * agent client): a byte channel whose reads skip Node's stream machinery. A `net.Socket` opened
+ * agent client) and of the HTTP probe's plain connections to pod targets (take()): a byte channel
+ * whose reads skip Node's stream machinery. A `net.Socket` opened
  * with the `onread` option reads into one reused buffer and hands the owner a view of it, with no
  * Readable, no 'data' event and no Buffer per read: at probe rates each wake-up otherwise walks
  * some twenty cold functions of the stream path (issue 44, `make bench-floor`).
