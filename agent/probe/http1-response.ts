@@ -220,16 +220,12 @@ export class Http1ResponseReader {
     return pos;
   }
 
-  /** Keeps view[from, to) as (part of) the line being read, growing the buffer by doubling. */
+  /** Keeps view[from, to) as (part of) the line being read. */
   #appendLine(view: Uint8Array, from: number, to: number): void {
     const n = to - from;
     if (n === 0) return;
     const need = this.#lineLen + n;
-    if (need > this.#line.length) {
-      const grown = Buffer.allocUnsafe(Math.max(need, Math.min(2 * this.#line.length, MAX_HEADER_BYTES), 256));
-      this.#line.copy(grown, 0, 0, this.#lineLen);
-      this.#line = grown;
-    }
+    this.#line = room(this.#line, this.#lineLen, need);
     this.#line.set(view.subarray(from, to), this.#lineLen);
     this.#lineLen = need;
   }
@@ -265,7 +261,8 @@ export class Http1ResponseReader {
       return;
     }
     if (this.#fieldPending && !this.#flushField()) return;
-    if (buf.indexOf(COLON, s) === -1 || buf.indexOf(COLON, s) >= e) {
+    const colon = buf.indexOf(COLON, s);
+    if (colon === -1 || colon >= e) {
       return this.#headFail(`malformed MIME header: missing colon: ${goQuote(buf, s, e)}`);
     }
     const [ts, te] = trim(buf, s, e);
@@ -279,11 +276,7 @@ export class Http1ResponseReader {
 
   #appendField(buf: Uint8Array, from: number, to: number): void {
     const need = this.#fieldLen + (to - from);
-    if (need > this.#field.length) {
-      const grown = Buffer.allocUnsafe(Math.max(need, Math.min(2 * this.#field.length, MAX_HEADER_BYTES), 128));
-      this.#field.copy(grown, 0, 0, this.#fieldLen);
-      this.#field = grown;
-    }
+    this.#field = room(this.#field, this.#fieldLen, need);
     this.#field.set(buf.subarray(from, to), this.#fieldLen);
     this.#fieldLen = need;
   }
@@ -591,6 +584,14 @@ export class Http1ResponseReader {
       pos = nl + 1;
     }
   }
+}
+
+/** `buf` (its first `len` bytes kept) with room for `need`, grown by doubling: linear however bytes are split. */
+function room(buf: Buffer, len: number, need: number): Buffer {
+  if (need <= buf.length) return buf;
+  const grown = Buffer.allocUnsafe(Math.max(need, Math.min(2 * buf.length, MAX_HEADER_BYTES), 128));
+  buf.copy(grown, 0, 0, len);
+  return grown;
 }
 
 /** The end of a line that ends at `nl` (its LF), less a CR before the LF. */
