@@ -79,11 +79,23 @@ export class Http1Get implements ChannelHandler {
   }
 
   data(view: Buffer): void {
-    if (!this.#settled) this.#reader.push(view);
+    if (this.#settled) return;
+    // A throw here would reach Node's read callback and end the process: it ends this GET instead.
+    try {
+      this.#reader.push(view);
+    } catch (err) {
+      this.#settle(err);
+      this.#channel.destroy();
+    }
   }
 
   end(): void {
-    if (!this.#settled) this.#reader.eof();
+    if (this.#settled) return;
+    try {
+      this.#reader.eof();
+    } catch (err) {
+      this.#settle(err);
+    }
   }
 
   close(err: Error | undefined): void {
