@@ -62,9 +62,11 @@ export class Http1Get implements ChannelHandler {
     this.outcome.catch(noop);
     this.#reader = new Http1ResponseReader({
       head: (head) => {
+        const at = performance.now();
+        const n = keep(head);
         this.#head = head;
-        this.#headAt = performance.now();
-        return keep(head);
+        this.#headAt = at;
+        return n;
       },
       done: (body) => this.#settle(undefined, body),
       fail: (err: Http1Error) => this.#settle(err),

@@ -123,6 +123,16 @@ describe('Http1Get', () => {
     g.channel.destroy();
   });
 
+  it('a throw while the response is read ends this GET with it, not the process', async () => {
+    const { socket } = await connected((_h, s) => s.end('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'));
+    const channel = LeanSocket.take(socket);
+    const g = new Http1Get(channel, requestBytes(req()), new AbortController().signal, () => {
+      throw new Error('decided badly');
+    });
+    await expect(g.outcome).rejects.toThrow('decided badly');
+    expect(channel.destroyed).toBe(true);
+  });
+
   it('keeps at most the limit of a longer body (more is not an error)', async () => {
     const { socket } = await connected((_h, s) => s.end(`HTTP/1.1 200 OK\r\nContent-Length: 30000\r\n\r\n${'b'.repeat(30_000)}`));
     const g = get(socket);
