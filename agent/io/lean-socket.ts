@@ -1,6 +1,7 @@
 /**
  * The one I/O seam of the HTTP/2 code (the shim's relay, the agent's hot unary server, the shim's
- * agent client): a byte channel whose reads skip Node's stream machinery. A `net.Socket` opened
+ * agent client) and of the HTTP probe's plain connections to pod targets (take()): a byte channel
+ * whose reads skip Node's stream machinery. A `net.Socket` opened
  * with the `onread` option reads into one reused buffer and hands the owner a view of it, with no
  * Readable, no 'data' event and no Buffer per read: at probe rates each wake-up otherwise walks
  * some twenty cold functions of the stream path (issue 44, `make bench-floor`).
@@ -78,9 +79,15 @@ export interface ByteChannel {
 
 /** Channel events of a socket, wired once a handler is there. */
 function wire(socket: Duplex, self: { deliverEnd(): void; deliverClose(err: Error | undefined): void; deliverDrain(): void }): Promise<void> {
-  socket.on('end', () => self.deliverEnd());
+  // A socket that ended or closed before it became a channel (a stream fallback) says so at once.
+  if (socket.readableEnded) self.deliverEnd();
+  else socket.on('end', () => self.deliverEnd());
   socket.on('error', (err: Error) => self.deliverClose(err));
   socket.on('drain', () => self.deliverDrain());
+  if (socket.closed) {
+    self.deliverClose(socket.errored ?? undefined);
+    return Promise.resolve();
+  }
   return new Promise((resolve) => socket.once('close', () => {
     self.deliverClose(undefined);
     resolve();
@@ -206,12 +213,40 @@ export class LeanSocket extends ChannelBase {
    * with the server's connection count (so server.close() still waits for it).
    */
   static adopt(accepted: net.Socket): LeanSocket {
-    const inner = accepted as unknown as { _handle?: { readStart?: unknown; useUserBuffer?: unknown } | null; _server?: unknown; server?: unknown };
-    const handle = inner._handle;
-    if (!handle || typeof handle.readStart !== 'function' || typeof handle.useUserBuffer !== 'function' || accepted.readableFlowing !== false) {
-      accepted.resume();
-      return new LeanSocket(accepted, false);
+    const handle = movableHandle(accepted);
+    if (!handle || accepted.readableFlowing !== false) return LeanSocket.#asStream(accepted);
+    return LeanSocket.#move(accepted, handle);
+  }
+
+  /**
+   * Takes a connected client socket nobody has read from yet (one the netns helper connected and
+   * handed over, or one Node connected) onto a new net.Socket with `onread`. Node may have started
+   * reading it already: the read stops and the handle moves, unless Node holds octets or the end of
+   * it already (then, and where the internals are missing, it is read as a stream: correct, slower).
+   */
+  static take(connected: net.Socket): LeanSocket {
+    const handle = movableHandle(connected);
+    const state = (connected as unknown as { _readableState?: { ended?: unknown } })._readableState;
+    if (!handle || typeof handle.readStop !== 'function' || connected.connecting || connected.destroyed
+      || connected.readableLength > 0 || state?.ended !== false) {
+      return LeanSocket.#asStream(connected);
     }
+    if (handle.reading) {
+      handle.reading = false;
+      handle.readStop();
+    }
+    return LeanSocket.#move(connected, handle);
+  }
+
+  /** A socket whose handle stays where it is, read as a stream. */
+  static #asStream(socket: net.Socket): LeanSocket {
+    socket.resume();
+    return new LeanSocket(socket, false);
+  }
+
+  /** Moves `handle` from `old` onto a new net.Socket reading into the reused buffer. */
+  static #move(old: net.Socket, handle: MovableHandle): LeanSocket {
+    const inner = old as unknown as { _handle?: unknown; _server?: unknown; server?: unknown };
     let self: LeanSocket | null = null;
     inner._handle = null;
     const socket = new net.Socket({
@@ -224,10 +259,24 @@ export class LeanSocket extends ChannelBase {
     inner._server = null;
     inner.server = null;
     // The husk owns nothing now; destroyed so that nothing of it stays behind.
-    accepted.destroy();
+    old.destroy();
     self = new LeanSocket(socket, true);
     return self;
   }
+}
+
+/** The parts of a socket's handle (Node internals) a move needs. */
+interface MovableHandle {
+  readStart: () => number;
+  readStop?: () => number;
+  useUserBuffer: (b: Buffer) => void;
+  reading?: boolean;
+}
+
+/** `socket`'s handle when it has what a move onto an `onread` socket needs. */
+function movableHandle(socket: net.Socket): MovableHandle | undefined {
+  const handle = (socket as unknown as { _handle?: Partial<MovableHandle> | null })._handle;
+  return handle && typeof handle.readStart === 'function' && typeof handle.useUserBuffer === 'function' ? handle as MovableHandle : undefined;
 }
 
 /** A server whose connections come as lean sockets. */

@@ -205,3 +205,34 @@ export function decideRedirect(
 function authorityOf(r: ProbeRequest): string {
   return /^[a-z]+:\/\/([^/]*)/.exec(r.url)?.[1] ?? joinHostPort(r.hostname, r.port);
 }
+
+/** Request bytes by request: a worker's first request is the same object every period (http.ts). */
+const requestBytesOf = new WeakMap<ProbeRequest, Buffer>();
+
+/**
+ * The request exactly as Go's client writes it for kubelet (Request.write, keep-alives off): the
+ * request line, Host, the headers in Go's wire order (User-Agent, the rest by sorted canonical
+ * name; HeaderMap.wire), then "Connection: close" (the transport's extra header, written after
+ * the request's own). Values go out as their UTF-8 bytes, as Go writes a string. One buffer, written
+ * in one write. Throws for a request target that is not printable ASCII (one more request line
+ * or header must never be written).
+ */
+export function requestBytes(req: ProbeRequest): Buffer {
+  const known = requestBytesOf.get(req);
+  if (known) return known;
+  if (!/^[\u0021-\u007e]+$/.test(req.pathAndQuery)) throw new Error('Request path contains unescaped characters');
+  let head = `GET ${req.pathAndQuery} HTTP/1.1\r\nHost: ${fieldValue('Host', req.hostHeader)}\r\n`;
+  for (const [name, value] of req.headers) head += `${name}: ${fieldValue(name, value)}\r\n`;
+  const bytes = Buffer.from(`${head}Connection: close\r\n\r\n`, 'latin1');
+  requestBytesOf.set(req, bytes);
+  return bytes;
+}
+
+/**
+ * A header value's UTF-8 bytes as latin1 characters, so that one latin1 encoding of the whole head
+ * writes them. A line break could write a header of its own: Go's transport refuses the request.
+ */
+function fieldValue(name: string, value: string): string {
+  if (/[\r\n]/.test(value)) throw new Error(`net/http: invalid header field value for ${JSON.stringify(name)}`);
+  return /[^\u0000-\u007f]/.test(value) ? Buffer.from(value, 'utf8').toString('latin1') : value;
+}

@@ -7,11 +7,14 @@ import { isIP } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { connect as tlsConnect, createSecureContext, type SecureContext, type TLSSocket } from 'node:tls';
 import type { Socket } from 'node:net';
-import type { IncomingMessage } from 'node:http';
 import { describeError } from '../errors.ts';
+import { LeanSocket, StreamChannel, type ByteChannel } from '../io/lean-socket.ts';
 import { ConnectError, connectTo, type Deadline, type ProberResult } from './connect.ts';
-import { MAX_HEADER_BYTES, SocketGet, TooMany1xxError, discardBody, readAtMost } from './http-client.ts';
-import { MAX_BODY_BYTES, buildHeaderMap, buildProbeRequest, decideRedirect, type HeaderMap, type ProbeRequest, type RedirectDecision } from './http-request.ts';
+import { Http1Get, type GetOutcome } from './http-client.ts';
+import { Http1Error } from './http1-response.ts';
+import {
+  MAX_BODY_BYTES, buildHeaderMap, buildProbeRequest, decideRedirect, requestBytes, type HeaderMap, type ProbeRequest, type RedirectDecision,
+} from './http-request.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
 import type { FailureReason, HttpGetHandler } from './types.ts';
 
@@ -133,9 +136,16 @@ export async function exchange(
   decide: Decide,
 ): Promise<HopResponse> {
   const prefix = `Get ${JSON.stringify(req.url)}`;
+  let request: Buffer;
+  try {
+    request = requestBytes(req);
+  } catch (err) {
+    // Go's transport refuses such a request before it dials.
+    throw new HopError('failure', 'other', `${prefix}: ${describeError(err)}`);
+  }
   const addresses = plan.ips.map((ip) => ({ ip, port: req.port }));
   let socket: Socket | undefined;
-  let get: SocketGet | undefined;
+  let channel: ByteChannel | undefined;
   try {
     const connected = await connectTo(addresses, plan, deadline).catch((err: unknown) => {
       if (err instanceof ConnectError) {
@@ -155,78 +165,68 @@ export async function exchange(
       const t0 = performance.now();
       socket = await startTls(socket, isIP(req.hostname) ? undefined : req.hostname, deadline, prefix);
       phases.tls = (phases.tls ?? 0) + (performance.now() - t0) / 1000;
+      channel = new StreamChannel(socket);
+    } else {
+      // Plain HTTP reads into the reused buffer, without the stream machinery per read.
+      channel = LeanSocket.take(socket);
     }
 
     const t1 = performance.now();
-    get = new SocketGet(socket, req, deadline.signal);
-    let res: IncomingMessage;
+    let decision: RedirectDecision = USE;
+    const get = new Http1Get(channel, request, deadline.signal, (head) => {
+      decision = decide(head.status, head.location);
+      return bodyToRead(decision, head.contentLength);
+    });
+    let out: GetOutcome;
     try {
-      res = await get.response;
+      out = await get.outcome;
     } catch (err) {
       throw mapHttpError(err, get, prefix, deadline);
     }
-    phases.firstByte = (phases.firstByte ?? 0) + (performance.now() - t1) / 1000;
-    const locationHeader = res.headers['location'];
-    const location = Array.isArray(locationHeader) ? locationHeader[0] : locationHeader;
-    const status = res.statusCode ?? 0;
-    const decision = decide(status, location);
-    let body = '';
-    let bodyError: HopError | undefined;
-    if (decision.action === 'use') {
-      // kubelet reads every final response's body (ReadAtMost 10 KiB), whatever the status.
-      try {
-        body = (await readAtMost(res, MAX_BODY_BYTES)).toString('utf8');
-      } catch (err) {
-        bodyError = bodyReadError(err, get, deadline);
-      }
-    } else if (decision.action === 'follow' || decision.reason === 'redirects') {
-      // Go drains a redirect's body before the next request, only when small or of unknown length,
-      // and ignores what goes wrong (a stall still uses up the deadline, as in Go).
-      const length = contentLength(res.headers['content-length']);
-      if (length === -1 || length <= REDIRECT_SLURP_BYTES) await readAtMost(res, REDIRECT_SLURP_BYTES).catch(() => undefined);
-      else discardBody(res);
-    } else {
-      discardBody(res);
-    }
-    return bodyError ? { status, decision, body, bodyError } : { status, decision, body };
+    phases.firstByte = (phases.firstByte ?? 0) + (out.headAt - t1) / 1000;
+    const status = out.head.status;
+    // What went wrong draining a redirect's body is ignored, as in Go (a stall still uses up the deadline).
+    if (decision.action !== 'use') return { status, decision, body: '' };
+    // kubelet: `return probe.Failure, "", err` -- a prober error, retried and then thrown away.
+    if (out.bodyError !== undefined) return { status, decision, body: '', bodyError: bodyReadError(out.bodyError, get, deadline) };
+    return { status, decision, body: (out.body as Buffer).toString('utf8') };
   } catch (err) {
     if (err instanceof HopError) throw err;
-    // node:http refuses some requests before sending anything (a header value it cannot write).
     throw new HopError('failure', 'other', `${prefix}: ${describeError(err)}`);
   } finally {
     // One request per connection (Go: DisableKeepAlives): the connection goes either way.
-    if (get) get.destroy();
+    if (channel) channel.destroy();
     else socket?.destroy();
   }
 }
 
-/** Go's resp.ContentLength: -1 when absent or unparsable. */
-function contentLength(header: string | string[] | undefined): number {
-  const v = Array.isArray(header) ? header[0] : header;
-  return v !== undefined && /^[0-9]+$/.test(v.trim()) ? Number(v.trim()) : -1;
+const USE: RedirectDecision = { action: 'use' };
+
+/**
+ * How much of a response's body the chain reads: kubelet reads every final response's body
+ * (ReadAtMost 10 KiB, whatever the status); Go drains a followed redirect's body (and that of the
+ * one that stops the chain) before the next request, only when small or of unknown length; the
+ * rest is not read (Go closes the connection under it).
+ */
+function bodyToRead(decision: RedirectDecision, contentLength: number): number {
+  if (decision.action === 'use') return MAX_BODY_BYTES;
+  const drained = decision.action === 'follow' || decision.reason === 'redirects';
+  return drained && (contentLength === -1 || contentLength <= REDIRECT_SLURP_BYTES) ? REDIRECT_SLURP_BYTES : 0;
 }
 
-/** Whether the peer reset the connection (ECONNRESET from the socket itself, not node's "socket hang up"). */
-function wasReset(get: SocketGet): boolean {
+/** Whether the peer reset the connection. */
+function wasReset(get: Http1Get): boolean {
   return (get.socketError as NodeJS.ErrnoException | undefined)?.code === 'ECONNRESET';
 }
 
-/** A parser error from llhttp (HPE_* codes). */
-function parserErrorCode(err: Error | undefined): string | undefined {
-  const code = (err as NodeJS.ErrnoException | undefined)?.code;
-  return code?.startsWith('HPE_') ? code : undefined;
-}
-
 /** A body read error in Go's words (the error kubelet's prober logs and throws away). */
-function bodyReadError(err: unknown, get: SocketGet, deadline: Deadline): HopError {
+function bodyReadError(err: unknown, get: Http1Get, deadline: Deadline): HopError {
   const why = deadline.why();
   if (why === 'timeout') return new HopError('error', 'timeout', 'context deadline exceeded (Client.Timeout or context cancellation while reading body)');
   if (why === 'aborted') return new HopError('error', 'other', 'probe aborted');
   if (wasReset(get)) return new HopError('error', 'reset', 'read: connection reset by peer');
-  // A bad chunk header: Go's chunked reader says so; llhttp reports it on the request.
-  if (parserErrorCode(get.requestError)) return new HopError('error', 'protocol', 'malformed chunked encoding');
-  // The connection ended before the body did (Content-Length not reached, chunked not terminated).
-  if (get.socketError === undefined) return new HopError('error', 'protocol', 'unexpected EOF');
+  // The body's framing, or the connection ending before the body did: the body reader's own text.
+  if (err instanceof Http1Error) return new HopError('error', 'protocol', err.message);
   return new HopError('error', 'other', describeError(get.socketError ?? err));
 }
 
@@ -289,22 +289,18 @@ function timeoutError(prefix: string, _deadline: Deadline, stage: 'headers'): Ho
   return new HopError('failure', 'timeout', `${prefix}: context deadline exceeded (Client.Timeout exceeded while awaiting ${stage})`);
 }
 
-/** Maps what ended an exchange before its response head onto Go's client error texts. */
-function mapHttpError(err: unknown, get: SocketGet, prefix: string, deadline: Deadline): HopError {
+/** Maps what ended an exchange before its final response head onto Go's client error texts. */
+function mapHttpError(err: unknown, get: Http1Get, prefix: string, deadline: Deadline): HopError {
   const why = deadline.why();
   if (why === 'timeout') return timeoutError(prefix, deadline, 'headers');
   if (why === 'aborted') return new HopError('error', 'other', 'probe aborted');
   if (wasReset(get)) return new HopError('failure', 'reset', `${prefix}: read: connection reset by peer`);
-  const first = get.requestError ?? (err instanceof Error ? err : undefined);
-  if (first instanceof TooMany1xxError) return new HopError('failure', 'protocol', `${prefix}: ${first.message}`);
-  const parserError = parserErrorCode(first);
-  if (parserError === 'HPE_HEADER_OVERFLOW') {
-    return new HopError('failure', 'protocol', `${prefix}: net/http: server response headers exceeded ${MAX_HEADER_BYTES} bytes; aborted`);
+  if (err instanceof Http1Error) {
+    // The peer closed the connection before any response: Go's bare io.EOF.
+    if (err.kind === 'closed') return new HopError('failure', 'protocol', `${prefix}: EOF`);
+    if (err.kind === 'too-many-1xx' || err.kind === 'headers-too-big') return new HopError('failure', 'protocol', `${prefix}: ${err.message}`);
+    // ReadResponse's error, on a connection the transport then finds broken.
+    return new HopError('failure', 'protocol', `${prefix}: net/http: HTTP/1.x transport connection broken: ${err.message}`);
   }
-  if (parserError) return new HopError('failure', 'protocol', `${prefix}: net/http: HTTP/1.x transport connection broken: malformed HTTP response`);
-  // node's "socket hang up": the peer closed the connection before any response (Go: io.EOF).
-  if (get.socketError === undefined && (first as NodeJS.ErrnoException | undefined)?.code === 'ECONNRESET') {
-    return new HopError('failure', 'protocol', `${prefix}: EOF`);
-  }
-  return new HopError('failure', 'other', `${prefix}: ${describeError(get.socketError ?? first ?? err)}`);
+  return new HopError('failure', 'other', `${prefix}: ${describeError(get.socketError ?? err)}`);
 }

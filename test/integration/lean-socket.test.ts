@@ -4,7 +4,8 @@
  * kernel splits them, stay valid through the microtasks of their read and no longer; writes of
  * such views are copies, large writes under a peer that does not read come through whole once it
  * reads (EAGAIN, partial writes, `drain`), and half-close, close and errors are reported once; a
- * socket adopt() cannot move is read as a stream, correctly. An HTTP/2 connection that forwards
+ * socket adopt() cannot move is read as a stream, correctly; take() moves a connected socket Node
+ * already reads, or reads it as a stream when Node holds octets or its end. An HTTP/2 connection that forwards
  * DATA waiting for a window keeps it intact while later reads reuse the buffer.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -223,6 +224,62 @@ describe('LeanSocket', () => {
     expect(back.toString()).toBe('back');
     client.destroy();
     await until(() => h.closes.length === 1, 'closed');
+    await new Promise<void>((r) => srv.close(() => r()));
+  });
+
+  it('takes a connected socket Node already reads onto the reused buffer; one it cannot move is read as a stream, nothing lost', async () => {
+    const serverSides: net.Socket[] = [];
+    const srv = net.createServer((s) => void serverSides.push(s));
+    await new Promise<void>((r) => srv.listen(path, () => r()));
+    const open = async (): Promise<[net.Socket, net.Socket]> => {
+      const c = net.connect(path);
+      await new Promise<void>((r) => c.once('connect', () => r()));
+      await until(() => serverSides.length > 0, 'accepted');
+      return [c, serverSides.shift() as net.Socket];
+    };
+    // Nothing read yet (Node's read has started): the handle moves, reads are views of the reused buffer.
+    const [c1, s1] = await open();
+    const lean = LeanSocket.take(c1);
+    expect(lean.lean).toBe(true);
+    let transient = 0;
+    const h1 = recorder({ data: (v) => void (isTransient(v) && transient++) });
+    lean.start(h1);
+    s1.write('to the lean side');
+    lean.write(Buffer.from('back'));
+    const back = await new Promise<Buffer>((r) => s1.once('data', r));
+    await until(() => h1.got().toString() === 'to the lean side', 'lean read');
+    expect(back.toString()).toBe('back');
+    expect(transient).toBe(h1.reads.length);
+    s1.end();
+    await until(() => h1.ended === 1 && h1.closes.length === 1, 'end and close');
+    // Octets Node has read already: read as a stream, those octets first.
+    const [c2, s2] = await open();
+    s2.write('early ');
+    await until(() => c2.readableLength > 0, 'read by Node');
+    const held = LeanSocket.take(c2);
+    expect(held.lean).toBe(false);
+    const h2 = recorder();
+    held.start(h2);
+    s2.write('late');
+    await until(() => h2.got().toString() === 'early late', 'both reads in order');
+    // The peer's end read by Node before the take: the end and the close still come.
+    const [c3, s3] = await open();
+    s3.end();
+    await until(() => c3.readableEnded, 'the end read by Node');
+    const ended = LeanSocket.take(c3);
+    const h3 = recorder();
+    ended.start(h3);
+    await until(() => h3.ended === 1 && h3.closes.length === 1, 'end and close of an ended socket');
+    // A socket already gone: its close comes once.
+    const [c4] = await open();
+    c4.destroy();
+    await until(() => c4.closed, 'closed');
+    const gone = LeanSocket.take(c4);
+    const h4 = recorder();
+    gone.start(h4);
+    await until(() => h4.closes.length === 1, 'close of a closed socket');
+    for (const s of [...serverSides, s1, s2, s3]) s.destroy();
+    held.destroy();
     await new Promise<void>((r) => srv.close(() => r()));
   });
 

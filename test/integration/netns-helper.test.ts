@@ -16,7 +16,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError, HelperError, NetnsError } from '../../agent/errors.ts';
+import { LeanSocket } from '../../agent/io/lean-socket.ts';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
+import { Http1Get } from '../../agent/probe/http-client.ts';
+import { buildHeaderMap, buildProbeRequest, requestBytes } from '../../agent/probe/http-request.ts';
 import { isHelperReply, resolveHelperPath, type HelperReply } from '../../agent/netns/helper-protocol.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { SpawnHelper } from '../../agent/netns/spawn-helper.ts';
@@ -284,6 +287,22 @@ describe('op "connect": the connect in the helper\'s child, the connection hande
       expect(plain((await readEcho(out.socket, ip)).remoteAddress), ip).toBe(ip === '127.0.0.1' || ip === '::1' ? ip : family === 4 ? a.ipv4 : a.ipv6);
     }
     expect(await lab.nodeToPodDrops()).toBe(drops);
+  });
+
+  it('a connection handed over moves onto the lean read path and carries the HTTP probe\'s exchange (request bytes in one write, our reader)', async () => {
+    const out = await pool.connectSocket(a.netns, { family: 4, ip: a.ipv4, port: server.ports.http as number, timeoutMs: 2000 });
+    if (out?.outcome !== 'connected') throw new Error(JSON.stringify(out));
+    const channel = LeanSocket.take(out.socket);
+    expect(channel.lean).toBe(true);
+    const req = buildProbeRequest('HTTP', a.ipv4, server.ports.http as number, `/echo?from=${a.ipv4}`, buildHeaderMap([], '1.33'));
+    const get = new Http1Get(channel, requestBytes(req), new AbortController().signal, () => 10 * 1024);
+    try {
+      const res = await get.outcome;
+      expect(res.head.status).toBe(200);
+      expect((JSON.parse(res.body?.toString() ?? '') as Echo).remoteAddress).toMatch(a.ipv4);
+    } finally {
+      channel.destroy();
+    }
   });
 
   it('answers a refused or blackholed target with its outcome and hands nothing over; Happy Eyeballs hands over the winner', async () => {

@@ -1,5 +1,5 @@
 /**
- * Issue 19 lever 3: the daemon's HTTP probe path runs on node:http's client and never loads undici
+ * Issue 19 lever 3: the daemon's HTTP probe path (our own HTTP/1.1 client since issue 44) never loads undici
  * (18-28 MB of RSS for its WASM parser and module graph). A separate Node process loads the
  * daemon's module graph, runs HTTP, HTTPS and redirected HTTP probes through runProbe, and reports
  * every module it loaded from node_modules/undici: there must be none.
