@@ -7,6 +7,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { performance } from 'node:perf_hooks';
 import { HelperError, describeError } from '../errors.ts';
 import type { Logger } from '../log.ts';
+import { dropHandleAcks } from './handle-acks.ts';
 import { StderrTail } from './helper-protocol.ts';
 
 /** What the supervisor reports to its owner. */
@@ -129,6 +130,8 @@ export class HelperProcess {
       // the whole group) is the agent's to handle; the helper exits when the agent closes its channel.
       detached: true,
     });
+    // The helper never waits for Node's ACK of a socket it hands over: each would only wake it.
+    dropHandleAcks(child);
     this.#child = child;
     this.#ready = false;
     child.stderr?.on('data', (chunk: Buffer) => stderr.push(chunk));

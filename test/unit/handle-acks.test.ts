@@ -1,0 +1,61 @@
+/**
+ * agent/netns/handle-acks.ts over a real IPC channel: a Node child sends a handle, as the netns
+ * helper does, and reports on stdout which of Node's internal messages reached it (its own channel
+ * holds back every later message until an ACK comes, so the report cannot travel on the channel).
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import type { Server } from 'node:net';
+import { createInterface } from 'node:readline';
+import { describe, expect, it } from 'vitest';
+import { dropHandleAcks } from '../../agent/netns/handle-acks.ts';
+
+/** Sends a listening server's handle, then prints the internal commands it got when told 'report'. */
+const SENDER = `
+const net = require('node:net');
+const got = [];
+process.on('internalMessage', (m) => got.push(m.cmd));
+process.on('message', (m) => { if (m === 'report') process.stdout.write(JSON.stringify(got) + '\\n'); });
+const server = net.createServer().listen(0, '127.0.0.1', () => process.send({ id: 1, ok: true }, server));
+`;
+
+/** Starts the sender, receives its handle, asks for its report and returns what it saw. */
+async function exchange(drop: boolean): Promise<{ applied: boolean; message: unknown; handle: unknown; internal: string[] }> {
+  const child: ChildProcess = spawn(process.execPath, ['-e', SENDER], { stdio: ['ignore', 'pipe', 'inherit', 'ipc'], serialization: 'json' });
+  try {
+    const applied = drop ? dropHandleAcks(child) : false;
+    const lines = createInterface({ input: child.stdout! });
+    const [message, handle] = await new Promise<[unknown, unknown]>((resolve) => child.once('message', (m, h) => resolve([m, h])));
+    (handle as Server | undefined)?.close();
+    // Node writes the ACK before the 'message' event; a message sent now arrives after it.
+    const report = new Promise<string>((resolve) => lines.once('line', resolve));
+    child.send('report');
+    return { applied, message, handle, internal: JSON.parse(await report) as string[] };
+  } finally {
+    child.kill('SIGKILL');
+  }
+}
+
+describe('dropHandleAcks', () => {
+  it('keeps the handle and its message, and no ACK reaches the sender', async () => {
+    const r = await exchange(true);
+    expect(r.applied).toBe(true);
+    expect(r.message).toEqual({ id: 1, ok: true });
+    expect(r.handle).toBeDefined();
+    expect(r.internal).toEqual([]);
+  });
+
+  it('without it Node acknowledges the handle (what the helper used to be woken for)', async () => {
+    const r = await exchange(false);
+    expect(r.handle).toBeDefined();
+    expect(r.internal).toEqual(['NODE_HANDLE_ACK']);
+  });
+
+  it('changes nothing for a child without an IPC channel', async () => {
+    const child = spawn(process.execPath, ['-e', ''], { stdio: 'ignore' });
+    try {
+      expect(dropHandleAcks(child)).toBe(false);
+    } finally {
+      child.kill('SIGKILL');
+    }
+  });
+});
