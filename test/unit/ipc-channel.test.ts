@@ -1,13 +1,14 @@
 /**
- * agent/netns/handle-acks.ts over a real IPC channel: a Node child sends a handle, as the netns
+ * agent/netns/ipc-channel.ts over real IPC channels. A Node child sends a handle, as the netns
  * helper does, and reports on stdout which of Node's internal messages reached it (its own channel
- * holds back every later message until an ACK comes, so the report cannot travel on the channel).
+ * holds back every later message until an ACK comes, so the report cannot travel on the channel);
+ * another reads what writeLines wrote, as Node's own receiver parses it.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import type { Server } from 'node:net';
 import { createInterface } from 'node:readline';
 import { describe, expect, it } from 'vitest';
-import { dropHandleAcks } from '../../agent/netns/handle-acks.ts';
+import { dropHandleAcks, writeLines } from '../../agent/netns/ipc-channel.ts';
 
 /** Sends a listening server's handle, then prints the internal commands it got when told 'report'. */
 const SENDER = `
@@ -18,9 +19,16 @@ process.on('message', (m) => { if (m === 'report') process.stdout.write(JSON.str
 const server = net.createServer().listen(0, '127.0.0.1', () => process.send({ id: 1, ok: true }, server));
 `;
 
+/** Prints every message it receives on a line of its own. */
+const PRINTER = "process.on('message', (m) => process.stdout.write(JSON.stringify(m) + '\\n'));";
+
+function ipcChild(script: string): ChildProcess {
+  return spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit', 'ipc'], serialization: 'json' });
+}
+
 /** Starts the sender, receives its handle, asks for its report and returns what it saw. */
 async function exchange(drop: boolean): Promise<{ applied: boolean; message: unknown; handle: unknown; internal: string[] }> {
-  const child: ChildProcess = spawn(process.execPath, ['-e', SENDER], { stdio: ['ignore', 'pipe', 'inherit', 'ipc'], serialization: 'json' });
+  const child = ipcChild(SENDER);
   try {
     const applied = drop ? dropHandleAcks(child) : false;
     const lines = createInterface({ input: child.stdout! });
@@ -54,6 +62,36 @@ describe('dropHandleAcks', () => {
     const child = spawn(process.execPath, ['-e', ''], { stdio: 'ignore' });
     try {
       expect(dropHandleAcks(child)).toBe(false);
+    } finally {
+      child.kill('SIGKILL');
+    }
+  });
+});
+
+describe('writeLines', () => {
+  it('writes several messages at once; the receiver gets each, in order, then those Node sends after', async () => {
+    const child = ipcChild(PRINTER);
+    try {
+      const lines = createInterface({ input: child.stdout! });
+      const got: unknown[] = [];
+      const all = new Promise<void>((resolve) => lines.on('line', (l) => {
+        got.push(JSON.parse(l));
+        if (got.length === 4) resolve();
+      }));
+      const msgs = [{ id: 1, op: 'tcp', netns: '/run/netns/a' }, { id: 2, netns: '/run/netns/ü', family: 6 }, { id: 3 }];
+      expect(writeLines(child, `${msgs.map((m) => JSON.stringify(m)).join('\n')}\n`)).toBe('written');
+      child.send({ id: 4 });
+      await all;
+      expect(got).toEqual([...msgs, { id: 4 }]);
+    } finally {
+      child.kill('SIGKILL');
+    }
+  });
+
+  it('writes nothing where there is no channel', () => {
+    const child = spawn(process.execPath, ['-e', ''], { stdio: 'ignore' });
+    try {
+      expect(writeLines(child, '{"id":1}\n')).toBe('not-written');
     } finally {
       child.kill('SIGKILL');
     }
