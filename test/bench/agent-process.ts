@@ -5,7 +5,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, openSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { freePort } from './blackbox.ts';
 import { REPO } from './build.ts';
 import { childrenOf, cmdlineOf, cpuOf, findChild, rssOf, treeCpuMs } from './procstat.ts';
@@ -35,6 +35,29 @@ export function launcherNodeFlags(script = join(REPO, 'bin/probe-agent')): strin
   } catch {
     return [];
   }
+}
+
+/** The environment the DaemonSet gives the agent that changes its cost: V8's heap cap and glibc's malloc. */
+const DEPLOYED_ENV = ['NODE_OPTIONS', 'MALLOC_ARENA_MAX', 'MALLOC_MMAP_THRESHOLD_'] as const;
+
+/**
+ * Those of DEPLOYED_ENV the DaemonSet sets (deploy/base/daemonset.yaml of the checkout `launcher`
+ * is in), read from the manifest so the bench measures the memory a node sees; {} when
+ * BENCH_DEPLOYED_ENV=0 or the manifest is missing.
+ */
+export function deployedEnv(launcher = join(REPO, 'bin/probe-agent')): Record<string, string> {
+  if (process.env.BENCH_DEPLOYED_ENV === '0') return {};
+  let text: string;
+  try {
+    text = readFileSync(join(dirname(dirname(launcher)), 'deploy/base/daemonset.yaml'), 'utf8');
+  } catch {
+    return {};
+  }
+  const out: Record<string, string> = {};
+  for (const m of text.matchAll(/- name: ([A-Z_]+)\s*\n\s*value: "?([^"\n]*)"?/g)) {
+    if ((DEPLOYED_ENV as readonly string[]).includes(m[1] as string)) out[m[1] as string] = (m[2] as string).trim();
+  }
+  return out;
 }
 
 /** One sample of the agent's metrics. */
@@ -110,7 +133,7 @@ export async function startAgent(opts: AgentStartOptions): Promise<AgentProcess>
   const child: ChildProcess = spawn(process.execPath, args, {
     stdio: ['ignore', stdoutFile ?? 'ignore', 'pipe'],
     cwd: REPO,
-    env: { ...process.env, ...benchEnv, PROBE_AGENT_HELPER: join(REPO, 'netns-helper/build/probe-agent-netns-helper') },
+    env: { ...process.env, ...deployedEnv(opts.launcher), ...benchEnv, PROBE_AGENT_HELPER: join(REPO, 'netns-helper/build/probe-agent-netns-helper') },
   });
   if (stdoutFile !== undefined) closeSync(stdoutFile);
   let stderr = '';

@@ -78,10 +78,10 @@ export async function buildRevision(label: string, rev: string): Promise<BenchBu
   const commit = execFileSync('git', ['-C', REPO, 'rev-parse', '--verify', `${rev}^{commit}`], { encoding: 'utf8' }).trim();
   const marker = join(root, '.bench-rev');
   // The same commit extracted and its helper built before: only the compile is redone.
-  if (!existsSync(marker) || readFileSync(marker, 'utf8') !== commit || !existsSync(join(root, 'bin'))) {
+  if (!existsSync(marker) || readFileSync(marker, 'utf8') !== commit || !existsSync(join(root, 'deploy/base'))) {
     rmSync(root, { recursive: true, force: true });
     mkdirSync(root, { recursive: true });
-    const paths = ['agent', 'bin', 'test', 'proto', 'netns-helper', 'package.json', 'tsconfig.json'];
+    const paths = ['agent', 'bin', 'deploy/base', 'test', 'proto', 'netns-helper', 'package.json', 'tsconfig.json'];
     const tar = execFileSync('git', ['-C', REPO, 'archive', commit, ...paths], { maxBuffer: 256 * 1024 * 1024 });
     execFileSync('tar', ['-x', '-C', root], { input: tar });
     symlinkSync(join(REPO, 'node_modules'), join(root, 'node_modules'));
