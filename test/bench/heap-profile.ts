@@ -9,6 +9,7 @@
  * Each is summed by allocating function (self) and by agent function on the stack (inclusive).
  *
  *   BENCH_PROFILE_PODS=250 BENCH_PROFILE_PERIOD=10 BENCH_PROFILE_SECONDS=30 node test/bench/heap-profile.ts
+ *   (BENCH_HEAP_CALLERS=delete: also who calls the allocating functions whose name starts with "delete")
  */
 import { startAgent } from './agent-process.ts';
 import { freePort } from './blackbox.ts';
@@ -65,9 +66,22 @@ function summarise(root: SamplingNode, top: number): string {
     for (const c of n.children) walk(c, here);
   };
   walk(root, []);
+  // BENCH_HEAP_CALLERS=name: the allocations of functions whose name starts with it, by their three callers.
+  const want = process.env.BENCH_HEAP_CALLERS;
+  const callers = new Map<string, number>();
+  const walkCallers = (n: SamplingNode, stack: string[]): void => {
+    const name = frameName(n.callFrame);
+    if (want && n.selfSize > 0 && name.startsWith(want)) {
+      const k = [name, ...stack.slice(-3).reverse()].join(' < ');
+      callers.set(k, (callers.get(k) ?? 0) + n.selfSize);
+    }
+    for (const c of n.children) walkCallers(c, [...stack, name]);
+  };
+  if (want) walkCallers(root, []);
   const rows = (m: Map<string, number>): string => [...m].sort((a, b) => b[1] - a[1]).slice(0, top)
     .map(([k, v]) => `${(v / 1024).toFixed(0).padStart(8)} KiB ${((100 * v) / total).toFixed(1).padStart(5)} %  ${k}`).join('\n');
-  return `total ${(total / 2 ** 20).toFixed(1)} MiB\n-- self --\n${rows(self)}\n-- inclusive, agent functions --\n${rows(incl)}`;
+  const byCaller = want ? `\n-- ${want} by caller --\n${rows(callers)}` : '';
+  return `total ${(total / 2 ** 20).toFixed(1)} MiB\n-- self --\n${rows(self)}\n-- inclusive, agent functions --\n${rows(incl)}${byCaller}`;
 }
 
 const pods = Number(process.env.BENCH_PROFILE_PODS ?? 250);
