@@ -88,6 +88,24 @@ describe('writeLines', () => {
     }
   });
 
+  it('never blocks: a peer that does not read fills the channel, then nothing more is written', () => {
+    // A process that holds the channel and never reads it (not Node, which always reads).
+    const child = spawn('sleep', ['60'], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
+    try {
+      const line = `${JSON.stringify({ id: 1, netns: '/run/netns/'.padEnd(200, 'x') })}\n`;
+      const results: string[] = [];
+      for (let i = 0; i < 100_000 && results.at(-1) !== 'not-written'; i++) {
+        const r = writeLines(child, line);
+        if (r !== 'written') results.push(r);
+      }
+      // Full: at most the last write went in part (the kernel takes what fits), then none at all.
+      expect(['not-written', 'torn,not-written']).toContain(results.join());
+      expect(writeLines(child, line)).toBe('not-written');
+    } finally {
+      child.kill('SIGKILL');
+    }
+  });
+
   it('writes nothing where there is no channel', () => {
     const child = spawn(process.execPath, ['-e', ''], { stdio: 'ignore' });
     try {
