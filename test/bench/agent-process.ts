@@ -5,7 +5,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, openSync, readFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { freePort } from './blackbox.ts';
 import { REPO } from './build.ts';
 import { childrenOf, cmdlineOf, cpuOf, findChild, rssOf, treeCpuMs } from './procstat.ts';
@@ -19,8 +19,8 @@ export interface AgentStartOptions {
   dir: string;
   /** Extra node flags (e.g. --cpu-prof). */
   nodeFlags?: string[];
-  /** The launcher whose node flags the agent gets (another revision's bin/probe-agent); default this tree's. */
-  launcher?: string;
+  /** The checkout whose launcher flags and DaemonSet env the agent gets (another revision's); default this tree. */
+  root?: string;
 }
 
 /**
@@ -28,7 +28,8 @@ export interface AgentStartOptions {
  * the script itself so the bench measures the memory the shipped launcher gives; [] if the line
  * cannot be found.
  */
-export function launcherNodeFlags(script = join(REPO, 'bin/probe-agent')): string[] {
+export function launcherNodeFlags(root = REPO): string[] {
+  const script = join(root, 'bin/probe-agent');
   try {
     const line = /^exec "\$node" (.*)"\$root\/dist\/cli\.js"/m.exec(readFileSync(script, 'utf8'))?.[1] ?? '';
     return line.split(/\s+/).filter((f) => /^--[a-z0-9-]+(=[^\s"'$]+)?$/.test(f));
@@ -41,15 +42,15 @@ export function launcherNodeFlags(script = join(REPO, 'bin/probe-agent')): strin
 const DEPLOYED_ENV = ['NODE_OPTIONS', 'MALLOC_ARENA_MAX', 'MALLOC_MMAP_THRESHOLD_'] as const;
 
 /**
- * Those of DEPLOYED_ENV the DaemonSet sets (deploy/base/daemonset.yaml of the checkout `launcher`
- * is in), read from the manifest so the bench measures the memory a node sees; {} when
+ * Those of DEPLOYED_ENV the DaemonSet sets (deploy/base/daemonset.yaml of the checkout `root`),
+ * read from the manifest so the bench measures the memory a node sees; {} when
  * BENCH_DEPLOYED_ENV=0 or the manifest is missing.
  */
-export function deployedEnv(launcher = join(REPO, 'bin/probe-agent')): Record<string, string> {
+export function deployedEnv(root = REPO): Record<string, string> {
   if (process.env.BENCH_DEPLOYED_ENV === '0') return {};
   let text: string;
   try {
-    text = readFileSync(join(dirname(dirname(launcher)), 'deploy/base/daemonset.yaml'), 'utf8');
+    text = readFileSync(join(root, 'deploy/base/daemonset.yaml'), 'utf8');
   } catch {
     return {};
   }
@@ -111,7 +112,7 @@ export async function startAgent(opts: AgentStartOptions): Promise<AgentProcess>
   const benchEnv = Object.fromEntries(benchNodeFlags.filter((f) => ENV_ASSIGNMENT.test(f)).map((f) => [f.slice(0, f.indexOf('=')), f.slice(f.indexOf('=') + 1)]));
   const metricsUrl = `http://127.0.0.1:${port}/metrics`;
   const args = [
-    ...launcherNodeFlags(opts.launcher),
+    ...launcherNodeFlags(opts.root),
     ...(opts.nodeFlags ?? []),
     // BENCH_NODE_FLAGS: extra flags for trying a launcher change (later flags win in V8).
     ...benchNodeFlags.filter((f) => !ENV_ASSIGNMENT.test(f)),
@@ -133,7 +134,7 @@ export async function startAgent(opts: AgentStartOptions): Promise<AgentProcess>
   const child: ChildProcess = spawn(process.execPath, args, {
     stdio: ['ignore', stdoutFile ?? 'ignore', 'pipe'],
     cwd: REPO,
-    env: { ...process.env, ...deployedEnv(opts.launcher), ...benchEnv, PROBE_AGENT_HELPER: join(REPO, 'netns-helper/build/probe-agent-netns-helper') },
+    env: { ...process.env, ...deployedEnv(opts.root), ...benchEnv, PROBE_AGENT_HELPER: join(REPO, 'netns-helper/build/probe-agent-netns-helper') },
   });
   if (stdoutFile !== undefined) closeSync(stdoutFile);
   let stderr = '';

@@ -20,8 +20,8 @@ export interface BenchBuild {
   cli: string;
   /** `node <driver> '<json>'` runs one side-by-side measurement. */
   driver: string;
-  /** The checkout's bin/probe-agent, whose node flags its daemon runs with. */
-  launcher: string;
+  /** The checkout it was built from: its launcher's node flags and its DaemonSet's env are the daemon's (agent-process.ts). */
+  root: string;
   compiled: boolean;
   /** Why the source is used, when it is. */
   note?: string;
@@ -29,7 +29,7 @@ export interface BenchBuild {
 }
 
 function fromSource(note: string): BenchBuild {
-  return { cli: join(REPO, 'agent/cli.ts'), driver: join(REPO, 'test/bench/driver.ts'), launcher: join(REPO, 'bin/probe-agent'), compiled: false, note, cleanup: () => {} };
+  return { cli: join(REPO, 'agent/cli.ts'), driver: join(REPO, 'test/bench/driver.ts'), root: REPO, compiled: false, note, cleanup: () => {} };
 }
 
 /**
@@ -61,7 +61,7 @@ export async function buildForBench(opts: { fromSource?: boolean; root?: string 
   }
   for (const link of ['proto', 'netns-helper', 'package.json']) symlinkSync(join(root, link), join(out, link));
   symlinkSync(join(REPO, 'node_modules'), join(out, 'node_modules'));
-  const build: BenchBuild = { cli, driver, launcher: join(root, 'bin/probe-agent'), compiled: true, cleanup };
+  const build: BenchBuild = { cli, driver, root, compiled: true, cleanup };
   // Type errors still emit JS; other work in progress must not stop the bench, but it is reported.
   if (diagnostics) build.note = `tsc reported: ${diagnostics.split('\n').slice(0, 3).join(' | ')}`;
   return build;

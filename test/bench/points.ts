@@ -49,7 +49,7 @@ try {
     process.env.BENCH_NODE_FLAGS = nodeFlags;
     const label = [builds.length > 1 ? b.label : '', variants.length > 1 ? variant || 'defaults' : '', nodeVariants.length > 1 ? nodeFlags || 'launcher' : ''].filter(Boolean).join(' ');
     if (several) process.stdout.write(`[${label}] load ${loadavg().map((l) => l.toFixed(1)).join(' ')} `);
-    const pt = await measurePoint(env, b.build.cli, pods, period, seconds, undefined, b.build.launcher).catch((err: unknown) => {
+    const pt = await measurePoint(env, b.build.cli, pods, period, seconds, undefined, b.build.root).catch((err: unknown) => {
       // One variant failing (an overloaded machine) must not lose the others' lines.
       if (!several) throw err;
       process.stdout.write(`${pods}x3@${period}s: failed: ${String(err).split('\n')[0]}\n`);
