@@ -591,7 +591,7 @@ static void handle_line(struct resident *rs, const char *line, size_t len) {
     return;
   }
   if (req.has_cmd) {
-    /* Node's ACK for each handle it received; a NACK means it lost one (its request times out). */
+    /* Node's ACK for a handle (the agent drops them; any other Node peer sends them); a NACK means it lost one (its request times out). */
     if (strcmp(req.cmd, "NODE_HANDLE_ACK") != 0) log_escaped("agent sent ", req.cmd);
     return;
   }
@@ -844,11 +844,11 @@ int run_resident(int chan, const struct allow_dirs *a, const struct resident_opt
   if (!pfds) return 1;
   signal(SIGPIPE, SIG_IGN);
   /*
-   * Children are reaped on every wake-up rather than on SIGCHLD (left at its default: no wake-up).
-   * A socket already wakes the resident twice, for the request and for Node's ACK, and by the ACK
-   * its child has exited; waking a third time for the exit cost about 20 us per socket. While
-   * children live, poll at least every REAP_INTERVAL_MS, so one that died without answering is
-   * still answered for within that.
+   * Children are reaped on every wake-up rather than on SIGCHLD (left at its default: no wake-up):
+   * waking once more for each exit cost about 20 us per socket. (The agent no longer sends Node's
+   * ACK for each handle, agent/netns/ipc-channel.ts, so a child is mostly reaped at the next
+   * request.) While children live, poll at least every REAP_INTERVAL_MS, so one that died without
+   * answering is still answered for within that.
    */
   size_t used = 0;
   int discarding = 0;

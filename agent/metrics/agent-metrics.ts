@@ -12,6 +12,7 @@ import { overloadedTimeouts } from '../probe/loop-lag.ts';
 import { PROBE_TYPES, type ProbeOutcome } from '../probe/types.ts';
 import type { ProbeRunMeta, ResultsReader, ThresholdResult } from '../scheduler/types.ts';
 import type { ProbeMetrics } from './probe-metrics.ts';
+import { BoundCounter, BoundHistogram, type CounterSeries, type HistogramSeries } from './bound-series.ts';
 import { validSeconds } from './seconds.ts';
 import { GRPC_CODE_NAMES } from '../grpc/status.ts';
 
@@ -79,8 +80,10 @@ export class AgentMetrics {
   #resultsSource: Pick<ResultsReader, 'list'> | undefined;
   readonly #grpcMethods = new Set<string>();
 
-  readonly #helperSpawns: Counter<'mode' | 'result'>;
-  readonly #helperSpawnSeconds: Histogram<'mode'>;
+  readonly #helperSpawns: BoundCounter<'mode' | 'result'>;
+  readonly #helperSpawnSeconds: BoundHistogram<'mode'>;
+  /** Each helper mode's series, bound at its first request: one update per request, no label hashing. */
+  readonly #helperSeries = new Map<string, { success: CounterSeries; failure: CounterSeries; seconds: HistogramSeries }>();
   readonly #helperRestarts: Counter;
   readonly #helperWorkersLost: Counter<'reason'>;
   readonly #gatesOps: Counter<'op' | 'result'>;
@@ -107,13 +110,13 @@ export class AgentMetrics {
     const registers = [opts.registry];
     const self = this;
 
-    this.#helperSpawns = new Counter({
+    this.#helperSpawns = new BoundCounter({
       name: 'probe_agent_helper_spawns_total',
       help: 'Sockets requested from the netns helper (each forks a child that enters the pod netns), by mode and result.',
       labelNames: ['mode', 'result'] as const,
       registers,
     });
-    this.#helperSpawnSeconds = new Histogram({
+    this.#helperSpawnSeconds = new BoundHistogram({
       name: 'probe_agent_helper_spawn_duration_seconds',
       help: 'Time to get a socket made inside a pod netns from the helper (fork, setns, socket, fd pass).',
       labelNames: ['mode'] as const,
@@ -318,10 +321,22 @@ export class AgentMetrics {
   /** One socket request to the netns helper finished (ok = a socket came back). */
   helperSpawn(seconds: number, ok: boolean, mode: string = 'resident'): void {
     this.#guard('helperSpawn', () => {
-      const m = oneOf(mode, HELPER_MODES);
-      this.#helperSpawns.inc({ mode: m, result: ok ? 'success' : 'failure' });
-      if (validSeconds(seconds)) this.#helperSpawnSeconds.observe({ mode: m }, seconds);
+      const s = this.#helperSeries.get(mode) ?? this.#bindHelperSeries(mode);
+      (ok ? s.success : s.failure).inc();
+      if (validSeconds(seconds)) s.seconds.observe(seconds);
     });
+  }
+
+  #bindHelperSeries(mode: string): { success: CounterSeries; failure: CounterSeries; seconds: HistogramSeries } {
+    const m = oneOf(mode, HELPER_MODES);
+    const s = {
+      success: this.#helperSpawns.series({ mode: m, result: 'success' }),
+      failure: this.#helperSpawns.series({ mode: m, result: 'failure' }),
+      seconds: this.#helperSpawnSeconds.series({ mode: m }),
+    };
+    // Keyed by the caller's spelling (bounded: the known modes, and 'other' for anything else).
+    if ((HELPER_MODES as readonly string[]).includes(mode)) this.#helperSeries.set(mode, s);
+    return s;
   }
 
   /** The resident helper died and was restarted. */

@@ -7,6 +7,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { performance } from 'node:perf_hooks';
 import { HelperError, describeError } from '../errors.ts';
 import type { Logger } from '../log.ts';
+import { dropHandleAcks, writeLines } from './ipc-channel.ts';
 import { StderrTail } from './helper-protocol.ts';
 
 /** What the supervisor reports to its owner. */
@@ -47,6 +48,10 @@ export class HelperProcess {
   #silenceTimer?: NodeJS.Timeout;
   #lastMessageAt = 0;
   #closed = false;
+  /** Requests of this turn of the event loop, written together when it ends (ipc-channel.ts). */
+  #batch: { child: ChildProcess; lines: string[]; onErrors: ((err: Error) => void)[] } | undefined;
+  /** Messages handed to Node's own send that it has not written yet: no write of ours may overtake them. */
+  #nodeQueued = 0;
   /** Why no helper is up ('' while one is). */
   downReason = 'not started';
   restarts = 0;
@@ -67,10 +72,55 @@ export class HelperProcess {
     return !!this.#child && this.#ready && this.#child.connected;
   }
 
-  /** Sends one request line; `onError` hears when the channel refused it. */
+  /**
+   * Sends one request line; `onError` hears when the channel refused it. Lines sent in the same
+   * turn of the event loop leave in one write at its end (the check phase: no later than Node's
+   * own write would have in practice, and one wake-up of the helper for all of them).
+   */
   send(msg: object, onError: (err: Error) => void): void {
-    this.#child?.send(msg, (err) => {
-      if (err) onError(err);
+    const child = this.#child;
+    if (!child) return;
+    if (this.#batch === undefined) {
+      this.#batch = { child, lines: [], onErrors: [] };
+      setImmediate(() => this.#flush());
+    }
+    this.#batch.lines.push(JSON.stringify(msg));
+    this.#batch.onErrors.push(onError);
+  }
+
+  #flush(): void {
+    const batch = this.#batch;
+    this.#batch = undefined;
+    if (!batch) return;
+    const { child, lines, onErrors } = batch;
+    const failAll = (err: Error): void => {
+      for (const onError of onErrors) onError(err);
+    };
+    // Lines meant for a helper that has since gone were failed with it (onDown).
+    if (child !== this.#child || !child.connected) return failAll(new HelperError('channel closed'));
+    let written: ReturnType<typeof writeLines> = 'not-written';
+    if (this.#nodeQueued === 0) {
+      try {
+        written = writeLines(child, `${lines.join('\n')}\n`);
+      } catch (err) {
+        // Worded as Node's own send says it ("write EPIPE").
+        return failAll(new HelperError(`write ${(err as NodeJS.ErrnoException).code ?? describeError(err)}`));
+      }
+    }
+    if (written === 'written') return;
+    if (written === 'torn') {
+      // Half a line in the channel: nothing after it would parse. A new helper starts clean.
+      this.#opts.log.error('netns helper channel torn by a partial write; killing the helper', { pid: child.pid });
+      child.kill('SIGKILL');
+      return failAll(new HelperError('the netns helper channel was torn by a partial write'));
+    }
+    // No room now (or no descriptor): Node's send queues and writes when it can.
+    lines.forEach((line, i) => {
+      this.#nodeQueued++;
+      child.send(JSON.parse(line) as object, (err) => {
+        this.#nodeQueued--;
+        if (err) onErrors[i]?.(err);
+      });
     });
   }
 
@@ -129,7 +179,10 @@ export class HelperProcess {
       // the whole group) is the agent's to handle; the helper exits when the agent closes its channel.
       detached: true,
     });
+    // The helper never waits for Node's ACK of a socket it hands over: each would only wake it.
+    dropHandleAcks(child);
     this.#child = child;
+    this.#nodeQueued = 0;
     this.#ready = false;
     child.stderr?.on('data', (chunk: Buffer) => stderr.push(chunk));
     child.on('message', (msg: unknown, handle: unknown) => {

@@ -19,18 +19,24 @@ export interface Clock {
   random(): number;
 }
 
-interface RealHandle {
+/** A delay beyond one Node timer, run as a chain of them. */
+class ChainedTimer {
   timer: NodeJS.Timeout | undefined;
 }
 
 /** Node clamps longer delays to 1 ms (a probe period can legally be int32 seconds): chain instead. */
 const MAX_NODE_DELAY = 2_147_483_647;
 
-/** Wall-clock time and Node timers. Timers are unref'd: a pending probe tick never keeps the process alive. */
+/**
+ * Wall-clock time and Node timers. Timers are unref'd: a pending probe tick never keeps the process
+ * alive. A delay Node can take in one timer is that timer itself, the handle: every worker arms one
+ * per period, and each lives a period, long enough to reach V8's old generation.
+ */
 export const realClock: Clock = {
   now: () => Date.now(),
   setTimeout(fn, ms) {
-    const handle: RealHandle = { timer: undefined };
+    if (!(ms > MAX_NODE_DELAY)) return setTimeout(fn, Math.max(0, ms)).unref();
+    const handle = new ChainedTimer();
     const arm = (left: number): void => {
       const step = Math.min(Math.max(0, left), MAX_NODE_DELAY);
       handle.timer = setTimeout(() => (left > step ? arm(left - step) : fn()), step);
@@ -40,8 +46,7 @@ export const realClock: Clock = {
     return handle;
   },
   clearTimeout(handle) {
-    const timer = (handle as Partial<RealHandle>).timer;
-    if (timer) clearTimeout(timer);
+    clearTimeout(handle instanceof ChainedTimer ? handle.timer : (handle as NodeJS.Timeout));
   },
   random: () => Math.random(),
 };

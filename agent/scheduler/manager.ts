@@ -15,7 +15,7 @@ import { realClock } from './clock.ts';
 import type { FairLimiter } from './limiter.ts';
 import { probeKeyString } from './results-store.ts';
 import type { ResultsStore } from './results-store.ts';
-import type { ProbeKey, ProbeObserver } from './types.ts';
+import type { ProbeKey, ProbeObserver, ProbeStatus } from './types.ts';
 import { ProbeWorker, RESTART_GRACE_MS } from './worker.ts';
 import type { RunProbe, WorkerHost } from './worker.ts';
 
@@ -304,7 +304,14 @@ export class ProbeManager {
     if (!liveness && !readiness && !startup) return;
     const started = this.#isStarted(pod, container, startup);
     const ready = started && this.#isReady(pod, container, allowTrigger, readiness);
-    for (const w of [liveness, readiness, startup]) if (w) this.#opts.store.upsert({ ...w.status(), started, ready });
+    if (liveness) this.#store(liveness, started, ready);
+    if (readiness) this.#store(readiness, started, ready);
+    if (startup) this.#store(startup, started, ready);
+  }
+
+  #store(w: ProbeWorker, started: boolean, ready: boolean): void {
+    const status: ProbeStatus = { ...w.status(), started, ready };
+    this.#opts.store.upsert(status, w.id);
   }
 
   /** kubelet's isContainerStarted; `worker`: the container's startup worker, when the caller has looked it up. */

@@ -36,6 +36,27 @@ function copyStatus(s: ProbeStatus): ProbeStatus {
   return { ...s, key: { ...s.key } };
 }
 
+/** Whether `to` can take `from`'s fields in place and then equal its copy (the same optional fields present). */
+function sameShape(to: ProbeStatus, from: ProbeStatus): boolean {
+  return ('lastReason' in to) === ('lastReason' in from) && ('erroring' in to) === ('erroring' in from);
+}
+
+/** Copies every field of `from` but the key (equal: the same id) into `to`. */
+function assignStatus(to: ProbeStatus, from: ProbeStatus): void {
+  to.namespace = from.namespace;
+  to.podName = from.podName;
+  to.containerID = from.containerID;
+  to.result = from.result;
+  to.consecutive = from.consecutive;
+  to.lastProbeTime = from.lastProbeTime;
+  to.lastMessage = from.lastMessage;
+  if ('lastReason' in from) to.lastReason = from.lastReason;
+  to.started = from.started;
+  to.ready = from.ready;
+  to.onHold = from.onHold;
+  if ('erroring' in from) to.erroring = from.erroring;
+}
+
 /** Fields whose change is worth an event; lastProbeTime, consecutive and messages change every period. */
 function significantlyDifferent(a: ProbeStatus, b: ProbeStatus): boolean {
   return (
@@ -78,13 +99,21 @@ export class ResultsStore implements ResultsReader {
   }
 
   /**
-   * Stores `status` as the latest for its key. Emits 'added' for a new key and 'changed' when a
-   * significant field changed; otherwise updates silently. Returns the event, if any.
+   * Stores `status` as the latest for its key (`id`: probeKeyString of it, when the caller has it).
+   * Emits 'added' for a new key and 'changed' when a significant field changed; otherwise updates
+   * silently. Returns the event, if any.
    */
-  upsert(status: ProbeStatus): ProbeEvent | undefined {
-    const id = probeKeyString(status.key);
-    const stored = copyStatus(status);
+  upsert(status: ProbeStatus, id = probeKeyString(status.key)): ProbeEvent | undefined {
     const before = this.#statuses.get(id);
+    if (before && sameShape(before, status)) {
+      // Updated in place: every probe (and every pod sync) stores a status that lives until the
+      // next one, seconds later; a fresh copy each time would reach the old generation every time.
+      const significant = significantlyDifferent(before, status);
+      const previous = before.result;
+      assignStatus(before, status);
+      return significant ? this.#emit('changed', before, previous) : undefined;
+    }
+    const stored = copyStatus(status);
     this.#statuses.set(id, stored);
     if (before && !significantlyDifferent(before, stored)) return undefined;
     return this.#emit(before ? 'changed' : 'added', stored, before ? before.result : 'unknown');

@@ -54,18 +54,21 @@ export class Ticker {
 
   #arm(): void {
     if (this.#timer) this.#clock.clearTimeout(this.#timer);
-    this.#timer = this.#clock.setTimeout(() => {
-      this.#held = true;
-      // This tick is due even when the timer fired a little early by the wall clock (Node's timers
-      // run on a monotonic clock and may fire ~1 ms before Date.now() reaches the due time): always
-      // move on by one period. A late timer (a blocked event loop) skips missed ticks, no burst.
-      const now = this.#clock.now();
-      do this.#nextAt += this.#periodMs;
-      while (this.#nextAt <= now);
-      this.#arm();
-      this.#onTick();
-    }, this.#firesAt() - this.#clock.now());
+    this.#timer = this.#clock.setTimeout(this.#fire, this.#firesAt() - this.#clock.now());
   }
+
+  /** The timer's callback, made once: a closure per period would live a period, into V8's old generation. */
+  readonly #fire = (): void => {
+    this.#held = true;
+    // This tick is due even when the timer fired a little early by the wall clock (Node's timers
+    // run on a monotonic clock and may fire ~1 ms before Date.now() reaches the due time): always
+    // move on by one period. A late timer (a blocked event loop) skips missed ticks, no burst.
+    const now = this.#clock.now();
+    do this.#nextAt += this.#periodMs;
+    while (this.#nextAt <= now);
+    this.#arm();
+    this.#onTick();
+  };
 
   /** When the next tick's timer fires: its due time, or the next multiple of the alignment. */
   #firesAt(): number {

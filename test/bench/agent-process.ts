@@ -4,7 +4,7 @@
  * stopped with SIGTERM the way the DaemonSet is.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { closeSync, openSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { freePort } from './blackbox.ts';
 import { REPO } from './build.ts';
@@ -19,6 +19,8 @@ export interface AgentStartOptions {
   dir: string;
   /** Extra node flags (e.g. --cpu-prof). */
   nodeFlags?: string[];
+  /** The checkout whose launcher flags and DaemonSet env the agent gets (another revision's); default this tree. */
+  root?: string;
 }
 
 /**
@@ -26,13 +28,37 @@ export interface AgentStartOptions {
  * the script itself so the bench measures the memory the shipped launcher gives; [] if the line
  * cannot be found.
  */
-export function launcherNodeFlags(script = join(REPO, 'bin/probe-agent')): string[] {
+export function launcherNodeFlags(root = REPO): string[] {
+  const script = join(root, 'bin/probe-agent');
   try {
     const line = /^exec "\$node" (.*)"\$root\/dist\/cli\.js"/m.exec(readFileSync(script, 'utf8'))?.[1] ?? '';
     return line.split(/\s+/).filter((f) => /^--[a-z0-9-]+(=[^\s"'$]+)?$/.test(f));
   } catch {
     return [];
   }
+}
+
+/** The environment the DaemonSet gives the agent that changes its cost: V8's heap cap and glibc's malloc. */
+const DEPLOYED_ENV = ['NODE_OPTIONS', 'MALLOC_ARENA_MAX', 'MALLOC_MMAP_THRESHOLD_'] as const;
+
+/**
+ * Those of DEPLOYED_ENV the DaemonSet sets (deploy/base/daemonset.yaml of the checkout `root`),
+ * read from the manifest so the bench measures the memory a node sees; {} when
+ * BENCH_DEPLOYED_ENV=0 or the manifest is missing.
+ */
+export function deployedEnv(root = REPO): Record<string, string> {
+  if (process.env.BENCH_DEPLOYED_ENV === '0') return {};
+  let text: string;
+  try {
+    text = readFileSync(join(root, 'deploy/base/daemonset.yaml'), 'utf8');
+  } catch {
+    return {};
+  }
+  const out: Record<string, string> = {};
+  for (const m of text.matchAll(/- name: ([A-Z_]+)\s*\n\s*value: "?([^"\n]*)"?/g)) {
+    if ((DEPLOYED_ENV as readonly string[]).includes(m[1] as string)) out[m[1] as string] = (m[2] as string).trim();
+  }
+  return out;
 }
 
 /** One sample of the agent's metrics. */
@@ -75,15 +101,21 @@ export function sumOf(samples: MetricSamples, name: string, where: (labels: Reco
   return (samples.get(name) ?? []).filter((s) => where(s.labels)).reduce((a, s) => a + s.value, 0);
 }
 
+/** An environment assignment among BENCH_NODE_FLAGS' words. */
+const ENV_ASSIGNMENT = /^[A-Z_][A-Z0-9_]*=/;
+
 /** Starts `probe-agent run` and waits until its metrics endpoint answers. */
 export async function startAgent(opts: AgentStartOptions): Promise<AgentProcess> {
   const port = await freePort();
+  // NAME=value words of BENCH_NODE_FLAGS set the agent's environment (e.g. the DaemonSet's MALLOC_ARENA_MAX=1).
+  const benchNodeFlags = (process.env.BENCH_NODE_FLAGS ?? '').split(' ').filter(Boolean);
+  const benchEnv = Object.fromEntries(benchNodeFlags.filter((f) => ENV_ASSIGNMENT.test(f)).map((f) => [f.slice(0, f.indexOf('=')), f.slice(f.indexOf('=') + 1)]));
   const metricsUrl = `http://127.0.0.1:${port}/metrics`;
   const args = [
-    ...launcherNodeFlags(),
+    ...launcherNodeFlags(opts.root),
     ...(opts.nodeFlags ?? []),
     // BENCH_NODE_FLAGS: extra flags for trying a launcher change (later flags win in V8).
-    ...(process.env.BENCH_NODE_FLAGS ?? '').split(' ').filter(Boolean),
+    ...benchNodeFlags.filter((f) => !ENV_ASSIGNMENT.test(f)),
     opts.cli,
     'run',
     `--kubelet-url=${opts.kubeletUrl}`,
@@ -97,11 +129,14 @@ export async function startAgent(opts: AgentStartOptions): Promise<AgentProcess>
     // BENCH_AGENT_ARGS: extra daemon flags for a before/after of a flag or gate (e.g. --feature-gates=WarmNetnsHelper=true).
     ...(process.env.BENCH_AGENT_ARGS ?? '').split(' ').filter(Boolean),
   ];
+  // BENCH_AGENT_STDOUT: a file for the agent's stdout (what V8's --trace-gc prints there).
+  const stdoutFile = process.env.BENCH_AGENT_STDOUT ? openSync(process.env.BENCH_AGENT_STDOUT, 'a') : undefined;
   const child: ChildProcess = spawn(process.execPath, args, {
-    stdio: ['ignore', 'ignore', 'pipe'],
+    stdio: ['ignore', stdoutFile ?? 'ignore', 'pipe'],
     cwd: REPO,
-    env: { ...process.env, PROBE_AGENT_HELPER: join(REPO, 'netns-helper/build/probe-agent-netns-helper') },
+    env: { ...process.env, ...deployedEnv(opts.root), ...benchEnv, PROBE_AGENT_HELPER: join(REPO, 'netns-helper/build/probe-agent-netns-helper') },
   });
+  if (stdoutFile !== undefined) closeSync(stdoutFile);
   let stderr = '';
   child.stderr?.on('data', (d: Buffer) => { stderr = (stderr + d.toString()).slice(-16_384); });
   const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));

@@ -20,6 +20,8 @@ export interface BenchBuild {
   cli: string;
   /** `node <driver> '<json>'` runs one side-by-side measurement. */
   driver: string;
+  /** The checkout it was built from: its launcher's node flags and its DaemonSet's env are the daemon's (agent-process.ts). */
+  root: string;
   compiled: boolean;
   /** Why the source is used, when it is. */
   note?: string;
@@ -27,7 +29,7 @@ export interface BenchBuild {
 }
 
 function fromSource(note: string): BenchBuild {
-  return { cli: join(REPO, 'agent/cli.ts'), driver: join(REPO, 'test/bench/driver.ts'), compiled: false, note, cleanup: () => {} };
+  return { cli: join(REPO, 'agent/cli.ts'), driver: join(REPO, 'test/bench/driver.ts'), root: REPO, compiled: false, note, cleanup: () => {} };
 }
 
 /**
@@ -59,7 +61,7 @@ export async function buildForBench(opts: { fromSource?: boolean; root?: string 
   }
   for (const link of ['proto', 'netns-helper', 'package.json']) symlinkSync(join(root, link), join(out, link));
   symlinkSync(join(REPO, 'node_modules'), join(out, 'node_modules'));
-  const build: BenchBuild = { cli, driver, compiled: true, cleanup };
+  const build: BenchBuild = { cli, driver, root, compiled: true, cleanup };
   // Type errors still emit JS; other work in progress must not stop the bench, but it is reported.
   if (diagnostics) build.note = `tsc reported: ${diagnostics.split('\n').slice(0, 3).join(' | ')}`;
   return build;
@@ -76,10 +78,10 @@ export async function buildRevision(label: string, rev: string): Promise<BenchBu
   const commit = execFileSync('git', ['-C', REPO, 'rev-parse', '--verify', `${rev}^{commit}`], { encoding: 'utf8' }).trim();
   const marker = join(root, '.bench-rev');
   // The same commit extracted and its helper built before: only the compile is redone.
-  if (!existsSync(marker) || readFileSync(marker, 'utf8') !== commit) {
+  if (!existsSync(marker) || readFileSync(marker, 'utf8') !== commit || !existsSync(join(root, 'deploy/base'))) {
     rmSync(root, { recursive: true, force: true });
     mkdirSync(root, { recursive: true });
-    const paths = ['agent', 'test', 'proto', 'netns-helper', 'package.json', 'tsconfig.json'];
+    const paths = ['agent', 'bin', 'deploy/base', 'test', 'proto', 'netns-helper', 'package.json', 'tsconfig.json'];
     const tar = execFileSync('git', ['-C', REPO, 'archive', commit, ...paths], { maxBuffer: 256 * 1024 * 1024 });
     execFileSync('tar', ['-x', '-C', root], { input: tar });
     symlinkSync(join(REPO, 'node_modules'), join(root, 'node_modules'));

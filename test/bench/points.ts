@@ -7,9 +7,16 @@
  * BENCH_AGENT_VARIANTS='|--feature-gates=NetnsHelperPool=false' measures each point once per
  * variant (extra daemon flags, '|'-separated; '' is the defaults), interleaved over
  * BENCH_VARIANT_ROUNDS rounds (default 1), on the same pods: ratios from one run.
+ *
+ * BENCH_NODE_VARIANTS does the same for node flags (BENCH_NODE_FLAGS; NAME=value words set the
+ * agent's environment, e.g. the DaemonSet's 'MALLOC_ARENA_MAX=1 MALLOC_MMAP_THRESHOLD_=131072').
+ *
+ * BENCH_POINTS_REVS='main=main' measures other git revisions too (compiled as bench-revs does, each
+ * with its own launcher's node flags; the helper is this tree's), this tree labelled "this", in
+ * an order rotated every round: a before/after of a change at the same points in one sitting.
  */
 import { loadavg } from 'node:os';
-import { buildForBench } from './build.ts';
+import { buildForBench, buildRevision, type BenchBuild } from './build.ts';
 import { measurePoint, measureResolverCost } from './scale.ts';
 import { createScaleEnv } from './scale-env.ts';
 
@@ -17,6 +24,12 @@ const points = (process.env.BENCH_POINTS ?? '0x10,250x10').split(',').map((s) =>
 const seconds = Number(process.env.BENCH_SCALE_SECONDS ?? 20);
 const resolver = process.env.BENCH_RESOLVER === 'address' ? 'address' : 'procfs';
 const build = await buildForBench({ fromSource: process.env.BENCH_TS === '1' });
+const builds: { label: string; build: BenchBuild }[] = [{ label: 'this', build }];
+for (const r of (process.env.BENCH_POINTS_REVS ?? '').split(/[\s,]+/).filter(Boolean)) {
+  const [label, rev] = r.split('=');
+  if (!label || !rev) throw new Error(`BENCH_POINTS_REVS: want label=rev, got ${JSON.stringify(r)}`);
+  builds.push({ label, build: await buildRevision(label, rev) });
+}
 const maxPods = Math.max(1, ...points.map(([p]) => p));
 const env = await createScaleEnv(maxPods, resolver, (l) => process.stderr.write(`${l}\n`));
 try {
@@ -24,14 +37,21 @@ try {
     for (const r of ['procfs', 'address'] as const) process.stdout.write(`${JSON.stringify(await measureResolverCost(env, r, maxPods))}\n`);
   }
   const variants = process.env.BENCH_AGENT_VARIANTS?.split('|') ?? [process.env.BENCH_AGENT_ARGS ?? ''];
+  // BENCH_NODE_VARIANTS: the same for node flags (and NAME=value environment words), as BENCH_NODE_FLAGS.
+  const nodeVariants = process.env.BENCH_NODE_VARIANTS?.split('|') ?? [process.env.BENCH_NODE_FLAGS ?? ''];
   const rounds = Number(process.env.BENCH_VARIANT_ROUNDS ?? 1);
-  const runs = points.flatMap(([pods, period]) => Array.from({ length: rounds }, () => variants.map((v) => [pods, period, v] as const)).flat());
-  for (const [pods, period, variant] of runs) {
+  // Each round rotates the builds' order, so neither always runs first (or on a warmer machine).
+  const order = (round: number): typeof builds => builds.map((_, i) => builds[(i + round) % builds.length] as (typeof builds)[number]);
+  const runs = points.flatMap(([pods, period]) => Array.from({ length: rounds }, (_, r) => order(r).flatMap((b) => variants.flatMap((v) => nodeVariants.map((n) => [pods, period, v, b, n] as const)))).flat());
+  const several = variants.length > 1 || builds.length > 1 || nodeVariants.length > 1;
+  for (const [pods, period, variant, b, nodeFlags] of runs) {
     process.env.BENCH_AGENT_ARGS = variant;
-    if (variants.length > 1) process.stdout.write(`[${variant || 'defaults'}] load ${loadavg().map((l) => l.toFixed(1)).join(' ')} `);
-    const pt = await measurePoint(env, build.cli, pods, period, seconds).catch((err: unknown) => {
+    process.env.BENCH_NODE_FLAGS = nodeFlags;
+    const label = [builds.length > 1 ? b.label : '', variants.length > 1 ? variant || 'defaults' : '', nodeVariants.length > 1 ? nodeFlags || 'launcher' : ''].filter(Boolean).join(' ');
+    if (several) process.stdout.write(`[${label}] load ${loadavg().map((l) => l.toFixed(1)).join(' ')} `);
+    const pt = await measurePoint(env, b.build.cli, pods, period, seconds, undefined, b.build.root).catch((err: unknown) => {
       // One variant failing (an overloaded machine) must not lose the others' lines.
-      if (variants.length === 1) throw err;
+      if (!several) throw err;
       process.stdout.write(`${pods}x3@${period}s: failed: ${String(err).split('\n')[0]}\n`);
       return undefined;
     });
@@ -40,5 +60,5 @@ try {
   }
 } finally {
   await env.destroy();
-  build.cleanup();
+  for (const b of builds) b.build.cleanup();
 }

@@ -84,11 +84,11 @@ export async function waitResolved(agent: AgentProcess, pods: number, timeoutMs:
   }
 }
 
-/** Runs the daemon at one (pods, period) point and measures a steady window. */
-export async function measurePoint(env: ScaleEnv, cli: string, pods: number, periodSeconds: number, windowSeconds: number, idleSettleMs = 30_000): Promise<ScalePoint> {
+/** Runs the daemon at one (pods, period) point and measures a steady window (`root`: the checkout whose launcher flags and DaemonSet env it runs with, default this tree). */
+export async function measurePoint(env: ScaleEnv, cli: string, pods: number, periodSeconds: number, windowSeconds: number, idleSettleMs = 30_000, root?: string): Promise<ScalePoint> {
   env.kubelet.setPods(env.podList(pods, periodSeconds));
   const spawned = Date.now();
-  const agent = await startAgent({ cli, kubeletUrl: env.kubelet.httpUrl, resolver: env.resolver, dir: env.dir });
+  const agent = await startAgent({ cli, kubeletUrl: env.kubelet.httpUrl, resolver: env.resolver, dir: env.dir, root });
   let point: Omit<ScalePoint, 'exitCode'>;
   try {
     // Idle (0 pods): nothing to resolve; start-up work (V8's compile and GC threads settling after

@@ -369,6 +369,18 @@ describe('worker building blocks', () => {
     expect(fired).toBe(false);
   });
 
+  it('realClock fires a delay Node holds in one timer, and clearTimeout stops one before it fires', async () => {
+    const order: string[] = [];
+    const cancelled = realClock.setTimeout(() => order.push('cancelled'), 1);
+    realClock.clearTimeout(cancelled);
+    await new Promise<void>((resolve) => realClock.setTimeout(() => {
+      order.push('fired');
+      resolve();
+    }, 1));
+    // A later timer of the same delay ran, so the cleared one would have run by now.
+    expect(order).toEqual(['fired']);
+  });
+
   it('Ticker holds one tick while busy, drops the rest, and reset() discards a held tick', async () => {
     const clock = new ManualClock();
     let ticks = 0;
