@@ -298,8 +298,8 @@ function mapHttpError(err: unknown, get: Http1Get, prefix: string, deadline: Dea
   if (err instanceof Http1Error) {
     // The peer closed the connection before any response: Go's bare io.EOF.
     if (err.kind === 'closed') return new HopError('failure', 'protocol', `${prefix}: EOF`);
-    if (err.kind === 'too-many-1xx' || err.kind === 'headers-too-big') return new HopError('failure', 'protocol', `${prefix}: ${err.message}`);
-    // ReadResponse's error, on a connection the transport then finds broken.
+    // ReadResponse's error (or the transport's own head bounds), on a connection the transport
+    // then finds broken: Go's mapRoundTripError wraps them all.
     return new HopError('failure', 'protocol', `${prefix}: net/http: HTTP/1.x transport connection broken: ${err.message}`);
   }
   return new HopError('failure', 'other', `${prefix}: ${describeError(get.socketError ?? err)}`);

@@ -155,7 +155,7 @@ export function conformanceCases(t: CaseTarget): ConformanceCase[] {
   const urlOf = (path: string): string => `http://${ip}:${p.raw}${path}`;
   add({ upstream: go, name: '100 Continue before the final response is skipped', spec: http(p.raw, '/continue'), kubelet: { result: 'success', message: 'ok body' } });
   add({ upstream: go, name: '103 Early Hints is skipped', spec: http(p.raw, '/early-hints'), kubelet: { result: 'success', message: 'ok' } });
-  add({ upstream: go, name: 'more than five 1xx', spec: http(p.raw, '/six-1xx'), kubelet: { result: 'failure', message: `Get "${urlOf('/six-1xx')}": net/http: too many 1xx informational responses` } });
+  add({ upstream: go, name: 'more than five 1xx', spec: http(p.raw, '/six-1xx'), kubelet: { result: 'failure', message: `Get "${urlOf('/six-1xx')}": net/http: HTTP/1.x transport connection broken: net/http: too many 1xx informational responses` } });
   add({ upstream: go, name: 'the success message is the body as read, untrimmed', spec: http(p.raw, '/untrimmed'), kubelet: { result: 'success', message: '\n  ok  \n\n' } });
   const bodyTimeout = 'context deadline exceeded (Client.Timeout or context cancellation while reading body)';
   add({ upstream: go, name: '200 whose body stalls: a prober error', spec: http(p.raw, '/stall-200'), kubelet: { result: 'error', message: bodyTimeout } });

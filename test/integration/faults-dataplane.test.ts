@@ -276,7 +276,7 @@ describe('hostile targets', () => {
       ['hostile', 'endless body (kubelet reads 10 KiB and calls it a success)', httpGet(h.endlessBody as number), { result: 'success' }, /^e+… \(truncated\)$/],
       ['hostile', 'dripping body (kubelet: a body read error is a prober error, thrown away)', httpGet(h.dripBody as number), { result: 'error', reason: 'timeout' }, /while reading body\)$/],
       // Over the agent's 64 KiB bound (Go's client allows 10 MiB): bounded memory wins, with Go's own words.
-      ['hostile', '1 MiB header block', httpGet(h.hugeHeaders as number), { result: 'failure', reason: 'protocol' }, /server response headers exceeded 65536 bytes; aborted$/],
+      ['hostile', '1 MiB header block', httpGet(h.hugeHeaders as number), { result: 'failure', reason: 'protocol' }, /: net\/http: HTTP\/1\.x transport connection broken: net\/http: server response headers exceeded 65536 bytes; aborted$/],
       ['hostile', 'garbage instead of HTTP/2', { kind: 'grpc', port: h.garbageH2 as number }, { result: 'failure', reason: 'protocol' }, /^error: failed to connect service at ".*": connection error: desc = "transport: /],
       ['hostile', 'RST_STREAM before any header', { kind: 'grpc', port: h.rstStream as number }, { result: 'failure', reason: 'grpc-status' },
         /^error: health rpc probe failed: rpc error: code = Internal desc = stream terminated by RST_STREAM with error code: INTERNAL_ERROR$/],

@@ -206,7 +206,7 @@ describe('the HTTP probe against hostile peers', () => {
     });
     const out = await probe(port);
     expect(out).toMatchObject({ result: 'failure', reason: 'protocol' });
-    expect(out.message).toMatch(/: net\/http: server response headers exceeded 65536 bytes; aborted$/);
+    expect(out.message).toMatch(/: net\/http: HTTP\/1\.x transport connection broken: net\/http: server response headers exceeded 65536 bytes; aborted$/);
     await gone;
   });
 
@@ -220,7 +220,7 @@ describe('the HTTP probe against hostile peers', () => {
   it('an endless run of 1xx heads fails after the sixth, as in Go', async () => {
     const { port } = await listen((_h, s) => flood(s, '', 'HTTP/1.1 102 Processing\r\n\r\n'));
     expect(await probe(port)).toMatchObject({
-      result: 'failure', reason: 'protocol', message: `Get "http://127.0.0.1:${port}/": net/http: too many 1xx informational responses`,
+      result: 'failure', reason: 'protocol', message: `Get "http://127.0.0.1:${port}/": net/http: HTTP/1.x transport connection broken: net/http: too many 1xx informational responses`,
     });
   });
 

@@ -481,7 +481,7 @@ describe('HTTP prober', () => {
 
   it('more than five 1xx responses fail as in Go', async () => {
     expect(await run(httpGet(rawPort, '/six-1xx'))).toMatchObject({
-      result: 'failure', reason: 'protocol', message: `Get "http://127.0.0.1:${rawPort}/six-1xx": net/http: too many 1xx informational responses`,
+      result: 'failure', reason: 'protocol', message: `Get "http://127.0.0.1:${rawPort}/six-1xx": net/http: HTTP/1.x transport connection broken: net/http: too many 1xx informational responses`,
     });
   });
 
