@@ -104,9 +104,9 @@ export class Http1Get implements ChannelHandler {
     if (err) {
       this.socketError ??= err;
       this.#settle(err);
-    } else if (!this.#settled) {
+    } else {
       // Closed without an error and without its end first (a TLS socket cut short): the end.
-      this.#reader.eof();
+      this.end();
     }
   }
 
