@@ -10,13 +10,14 @@
  * --unbounded runs with the shedding disabled (--max-concurrent-requests 4096, --max-inflight-bytes
  * 1 GiB): what the server did before it had a cap.
  */
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import { request } from 'node:https';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { parse } from 'yaml';
 import { builtEntry } from '../support/built-cli.ts';
+import { startWebhookProcess } from '../support/webhook-process.ts';
 
 const REPO = path.resolve(import.meta.dirname, '../..');
 const deployment = parse(readFileSync(path.join(REPO, 'deploy/components/rewrite-webhook/deployment.yaml'), 'utf8'));
@@ -76,15 +77,14 @@ async function round(n: number, unbounded: boolean, dir: string, body: string): 
   mkdirSync(cg);
   writeFileSync(path.join(cg, 'memory.limit_in_bytes'), String(limitBytes));
   writeFileSync(path.join(cg, 'memory.swappiness'), '0');
-  const port = 20000 + Math.floor(Math.random() * 20000);
-  const args = ['webhook', `--listen=127.0.0.1:${port}`, `--tls-cert-file=${dir}/tls.crt`, `--tls-key-file=${dir}/tls.key`, '--log-level=error',
+  // Info level: the port the kernel chose is read from the "webhook listening" line.
+  const args = ['webhook', '--listen=127.0.0.1:0', `--tls-cert-file=${dir}/tls.crt`, `--tls-key-file=${dir}/tls.key`, '--log-level=info',
     ...(unbounded ? ['--max-concurrent-requests=4096', `--max-inflight-bytes=${1024 ** 3}`] : [])];
   // The deployment's image runs `node dist/cli.js` with NODE_OPTIONS; the shell puts itself in the cgroup first.
-  const child = spawn('sh', ['-c', `echo $$ > ${cg}/cgroup.procs && exec "$0" "$@"`, path.join(REPO, '.tools/bin/node'), builtEntry('cli.js'), ...args], {
-    env: { ...process.env, NODE_OPTIONS: nodeOptions }, stdio: ['ignore', 'ignore', 'pipe'],
+  const { child, port, stderr: log } = await startWebhookProcess('sh', ['-c', `echo $$ > ${cg}/cgroup.procs && exec "$0" "$@"`, path.join(REPO, '.tools/bin/node'), builtEntry('cli.js'), ...args], {
+    env: { ...process.env, NODE_OPTIONS: nodeOptions },
   });
-  let stderr = '';
-  child.stderr!.on('data', (d) => (stderr = (stderr + d).slice(-2000)));
+  const stderrTail = (): string => log().slice(-2000);
   const exited = new Promise<number | string>((resolve) => child.once('exit', (code, sig) => resolve(sig ?? code ?? -1)));
   const ca = readFileSync(`${dir}/ca.crt`);
   const call = (p: string, data?: string): Promise<number> => new Promise((resolve) => {
@@ -125,7 +125,7 @@ async function round(n: number, unbounded: boolean, dir: string, body: string): 
     try { rmdirSync(cg); } catch { await new Promise((r) => setTimeout(r, 100)); }
   }
   const died = health !== 200;
-  return `| ${n} | ${unbounded ? 'off' : 'on'} | ${count(200)} | ${count(429)} | ${n - count(200) - count(429)} | ${(base.rss / 1024).toFixed(0)} | ${(Math.max(peak, hwm ?? 0) / 1024).toFixed(0)} | ${cgPeak.toFixed(0)} | ${died ? `DIED (${end}; oom_kill ${oomKills}; ${/heap out of memory|Allocation failed/.test(stderr) ? 'V8 heap OOM' : stderr.trim().split('\n').pop()?.slice(0, 60) ?? ''})` : `alive (memory.failcnt ${failcnt})`} | ${seconds.toFixed(1)} |`;
+  return `| ${n} | ${unbounded ? 'off' : 'on'} | ${count(200)} | ${count(429)} | ${n - count(200) - count(429)} | ${(base.rss / 1024).toFixed(0)} | ${(Math.max(peak, hwm ?? 0) / 1024).toFixed(0)} | ${cgPeak.toFixed(0)} | ${died ? `DIED (${end}; oom_kill ${oomKills}; ${/heap out of memory|Allocation failed/.test(stderrTail()) ? 'V8 heap OOM' : stderrTail().trim().split('\n').pop()?.slice(0, 60) ?? ''})` : `alive (memory.failcnt ${failcnt})`} | ${seconds.toFixed(1)} |`;
 }
 
 const argv = process.argv.slice(2);

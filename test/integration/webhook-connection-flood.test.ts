@@ -8,7 +8,7 @@
  * eviction metric). The webhook runs as a process of its own from the CLI, with the deployment's
  * heap cap, so its memory is its own.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { get as httpGet } from 'node:http';
@@ -20,6 +20,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MUTATE_PATH } from '../../agent/webhook/admission.ts';
 import type { FloodMode } from '../lab/connection-flood.ts';
 import { builtEntry } from '../support/built-cli.ts';
+import { startWebhookProcess, type WebhookProcess } from '../support/webhook-process.ts';
 import { issueCert } from '../support/issue-cert.ts';
 
 let dir: string;
@@ -48,23 +49,13 @@ function review(i: number): string {
   });
 }
 
-interface Webhook { child: ChildProcess; port: number; metricsPort: number; stderr: () => string }
-
-async function startWebhook(clientCa: boolean): Promise<Webhook> {
-  const port = 20000 + Math.floor(Math.random() * 20000);
-  const metricsPort = port + 1;
+async function startWebhook(clientCa: boolean): Promise<WebhookProcess & { metricsPort: number }> {
   // The deployment's heap cap (NODE_OPTIONS there).
-  const child = spawn(process.execPath, ['--max-old-space-size=64', builtEntry('cli.js'), 'webhook', '--listen', `127.0.0.1:${port}`,
-    '--tls-cert-file', f('serving.crt'), '--tls-key-file', f('serving.key'), '--metrics-listen', `127.0.0.1:${metricsPort}`, '--log-format', 'text',
-    ...(clientCa ? ['--client-ca-file', f('apiserver-ca.crt')] : ['--no-client-ca-file'])], { stdio: ['ignore', 'ignore', 'pipe'] });
-  let stderr = '';
-  child.stderr!.on('data', (d) => (stderr += d));
-  const deadline = Date.now() + 60_000;
-  while (!/webhook listening/.test(stderr)) {
-    if (child.exitCode !== null || Date.now() > deadline) throw new Error(`webhook did not start: ${stderr}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  return { child, port, metricsPort, stderr: () => stderr };
+  const webhook = await startWebhookProcess(process.execPath, ['--max-old-space-size=64', builtEntry('cli.js'), 'webhook', '--listen', '127.0.0.1:0',
+    '--tls-cert-file', f('serving.crt'), '--tls-key-file', f('serving.key'), '--metrics-listen', '127.0.0.1:0', '--log-format', 'text',
+    ...(clientCa ? ['--client-ca-file', f('apiserver-ca.crt')] : ['--no-client-ca-file'])]);
+  if (webhook.metricsPort === undefined) throw new Error(`no metrics listener logged: ${webhook.stderr()}`);
+  return { ...webhook, metricsPort: webhook.metricsPort };
 }
 
 /** One review on a new connection, as the API server with its admission client certificate. */
@@ -135,7 +126,7 @@ async function startFloods(port: number, floods: Array<{ mode: FloodMode; from: 
 }
 
 /** Runs the floods while the API server's reviews go through; returns what it saw. */
-async function underFlood(webhook: Webhook, floods: Array<{ mode: FloodMode; from: string[]; sockets: number }>) {
+async function underFlood(webhook: WebhookProcess & { metricsPort: number }, floods: Array<{ mode: FloodMode; from: string[]; sockets: number }>) {
   const running = await startFloods(webhook.port, floods);
   let peak = 0;
   const sampler = setInterval(() => (peak = Math.max(peak, rssBytes(webhook.child.pid!))), 100);

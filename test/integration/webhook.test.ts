@@ -5,7 +5,7 @@
  * connections; bad requests answered clearly while the server keeps serving; and the
  * `probe-agent webhook` process itself (start, health, clean stop, refusing bad TLS files).
  */
-import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { get as httpGet } from 'node:http';
@@ -23,6 +23,7 @@ import { nodeObject, startApiServerStandIn, type ApiServerStandIn } from '../sup
 import { MUTATE_ANNOTATED_PATH, MUTATE_PATH, OPT_IN_ANNOTATION, REVIEWED_ANNOTATION } from '../../agent/webhook/admission.ts';
 import { startWebhookServer, type WebhookServer } from '../../agent/webhook/server.ts';
 import { builtCli, REPO } from '../support/built-cli.ts';
+import { startWebhookProcess } from '../support/webhook-process.ts';
 import { applyJsonPatch } from '../support/json-patch-apply.ts';
 
 type Obj = Record<string, any>;
@@ -391,30 +392,17 @@ describe('rewrite webhook over HTTPS', () => {
 
 describe('probe-agent webhook (built CLI)', () => {
   it('starts, answers /healthz and an AdmissionReview, and stops cleanly on SIGTERM', async () => {
-    const port = 20000 + Math.floor(Math.random() * 20000);
-    const child = spawn(CLI, ['webhook', '--listen', `127.0.0.1:${port}`, '--tls-cert-file', CERT(), '--tls-key-file', KEY(), '--log-format', 'text'], { stdio: ['ignore', 'ignore', 'pipe'] });
-    let stderr = '';
-    child.stderr!.on('data', (d) => (stderr += d));
+    const { child, port, stderr } = await startWebhookProcess(CLI, ['webhook', '--listen', '127.0.0.1:0', '--tls-cert-file', CERT(), '--tls-key-file', KEY(), '--log-format', 'text']);
     try {
-      const deadline = Date.now() + 20_000;
-      let health: Reply | undefined;
-      while (Date.now() < deadline && child.exitCode === null) {
-        try {
-          health = await post('/healthz', '', { method: 'GET', port });
-          break;
-        } catch {
-          await new Promise((r) => setTimeout(r, 100));
-        }
-      }
-      expect(health?.status, stderr).toBe(200);
+      const health = await post('/healthz', '', { method: 'GET', port });
+      expect(health.status, stderr()).toBe(200);
       const r = await post(MUTATE_PATH, JSON.stringify(review(corpusPods()[0]!)), { port });
       expect(r.json!.response.patchType).toBe('JSONPatch');
     } finally {
       child.kill('SIGTERM');
     }
     const [code] = await once(child, 'exit');
-    expect(code, stderr).toBe(0);
-    expect(stderr).toMatch(/webhook listening/);
+    expect(code, stderr()).toBe(0);
   });
 
   it('runs as the rewrite-webhook component deploys it: its args, its probe path and scheme, its webhook paths', async () => {
@@ -435,29 +423,17 @@ describe('probe-agent webhook (built CLI)', () => {
     writeFileSync(cf('ext'), 'extendedKeyUsage=clientAuth\n');
     openssl(['x509', '-req', '-in', cf('admission.csr'), '-CA', cf('ca.crt'), '-CAkey', cf('ca.key'), '-CAcreateserial', '-out', cf('admission.crt'), '-days', '2', '-extfile', cf('ext')]);
     const apiServer = { cert: readFileSync(cf('admission.crt'), 'utf8'), key: readFileSync(cf('admission.key'), 'utf8') };
-    const port = 20000 + Math.floor(Math.random() * 20000);
     // The deployed args, with the Secret mounts pointed at the test's files and a free port.
-    const args = (c.args as string[]).map((a) => a.replace(mountPath, dir).replace(clientCaMount, clientDir).replace(/^--listen=:\d+$/, `--listen=127.0.0.1:${port}`));
+    const args = (c.args as string[]).map((a) => a.replace(mountPath, dir).replace(clientCaMount, clientDir).replace(/^--listen=:\d+$/, '--listen=127.0.0.1:0'));
     expect(args).toContain(`--tls-cert-file=${CERT()}`);
     expect(args).toContain(`--client-ca-file=${cf('ca.crt')}`);
-    const child = spawn(CLI, args, { stdio: ['ignore', 'ignore', 'pipe'] });
-    let stderr = '';
-    child.stderr!.on('data', (d) => (stderr += d));
+    const { child, port, stderr } = await startWebhookProcess(CLI, args);
     try {
       const probe = c.readinessProbe.httpGet;
       expect(probe.scheme).toBe('HTTPS');
       expect((c.ports as Obj[]).find((p) => p.name === probe.port)?.containerPort).toBe(8443);
-      let health: Reply | undefined;
-      const deadline = Date.now() + 20_000;
-      while (Date.now() < deadline && child.exitCode === null) {
-        try {
-          health = await post(probe.path, '', { method: 'GET', port, ca: (await currentCa()) });
-          break;
-        } catch {
-          await new Promise((r) => setTimeout(r, 100));
-        }
-      }
-      expect(health?.status, stderr).toBe(200);
+      const health = await post(probe.path, '', { method: 'GET', port, ca: (await currentCa()) });
+      expect(health.status, stderr()).toBe(200);
       const pod = corpusPods().find((p) => JSON.stringify(p).includes('httpGet'))!;
       const annotated = { ...pod, metadata: { ...pod.metadata, annotations: { [OPT_IN_ANNOTATION]: 'enabled' } } };
       const config = objects.find((o) => o.kind === 'MutatingWebhookConfiguration')!;
@@ -472,7 +448,7 @@ describe('probe-agent webhook (built CLI)', () => {
       child.kill('SIGTERM');
     }
     const [code] = await once(child, 'exit');
-    expect(code, stderr).toBe(0);
+    expect(code, stderr()).toBe(0);
   });
 
   it('refuses to start, exit 2, on TLS files that do not load or a bad flag', () => {
