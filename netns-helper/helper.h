@@ -63,6 +63,7 @@ void text_str(struct text *t, const char *s);
 void text_u64(struct text *t, uint64_t v);
 void text_i64(struct text *t, int64_t v);
 void text_json(struct text *t, const char *s);
+void text_base64(struct text *t, const unsigned char *data, size_t len);
 
 /* netns.c. Functions marked child-safe may run in the resident's shared-VM child. */
 void ns_fail(struct ns_result *r, const char *stage, int err, const char *fmt, ...)
@@ -103,6 +104,11 @@ size_t netns_addresses_line(char *buf, size_t cap, uint64_t id, const char *path
  * 0 with `r` set when the socket could not be made. With `keep_fd` (op "connect"), the winner is
  * not closed: it comes back there (TCP_NODELAY set, as Go sets it) with the answer wrapped as a
  * NODE_HANDLE line to carry it; -1 there when nothing connected.
+ *
+ * With `send` too (op "connect" with "send"), the child writes those bytes on the connection and
+ * reads what comes back (struct exchange): a byte pipe that knows no protocol, so every rule of
+ * the answer stays with the agent's reader. The answer carries "sent" and "data" (base64); the
+ * connection still comes back unless the peer ended it ("eof":true) or reset it ("rerr":"E...").
  */
 #include <sys/socket.h>
 struct tcp_target {
@@ -110,9 +116,17 @@ struct tcp_target {
   struct sockaddr_storage addr;
   socklen_t alen;
 };
+/* The most request bytes op "connect" takes in "send" (a probe's HTTP/1.1 request is a few hundred). */
+#define SEND_MAX 4096
+/* The most answer bytes the child reads before it hands the connection over with them. */
+#define EXCHANGE_DATA_MAX 8192
+struct exchange {
+  const unsigned char *send;
+  size_t send_len;
+};
 size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir,
                             const struct ns_identity *want, const struct tcp_target *targets, int ntargets, int timeout_ms, int stagger_ms,
-                            int *keep_fd, struct ns_result *r);
+                            int *keep_fd, const struct exchange *x, struct ns_result *r);
 /* Longest connect timeout op "tcp" accepts (kubelet's timeoutSeconds bound of the agent: 3600 s). */
 #define TCP_TIMEOUT_MS_MAX 3600000
 
@@ -150,6 +164,10 @@ struct request {
   char ip2[64];
   long family2;
   long stagger_ms;
+  /* op "connect", optional: bytes to write once connected (decoded from base64). */
+  int has_send;
+  size_t send_len;
+  unsigned char send[SEND_MAX];
   /* Optional, together: the namespace the agent checked (see struct ns_identity). */
   int has_dev;
   uint64_t dev;

@@ -1,7 +1,8 @@
 /*
  * A strict little JSON reader for the shapes the agent sends, {"id":N,"netns":"...",
  * "family":4|6}, {"id":N,"op":"addrs","netns":"..."} and {"id":N,"op":"tcp","netns":"...",
- * "family":4|6,"ip":"...","port":P,"timeout_ms":T[,"ip2":"...","family2":4|6,"stagger_ms":S]}, each
+ * "family":4|6,"ip":"...","port":P,"timeout_ms":T[,"ip2":"...","family2":4|6,"stagger_ms":S]}, op "connect"
+ * the same with an optional "send":"<base64>", each
  * optionally with "dev":D,"ino":I (the namespace the agent checked), and for Node's own
  * {"cmd":"NODE_..."} lines. Unknown keys are skipped.
  */
@@ -134,6 +135,47 @@ static int read_uint(struct cursor *c, uint64_t *out) {
   return 0;
 }
 
+static int b64_value(unsigned char ch) {
+  if (ch >= 'A' && ch <= 'Z') return ch - 'A';
+  if (ch >= 'a' && ch <= 'z') return ch - 'a' + 26;
+  if (ch >= '0' && ch <= '9') return ch - '0' + 52;
+  if (ch == '+') return 62;
+  if (ch == '/') return 63;
+  return -1;
+}
+
+/* Reads a JSON string of standard base64 (padded, no escapes) and decodes it into out; too long is an error. */
+static int read_base64(struct cursor *c, unsigned char *out, size_t cap, size_t *len) {
+  if (c->p >= c->end || *c->p != '"') return fail(c, "expected a string");
+  c->p++;
+  size_t o = 0;
+  unsigned acc = 0;
+  int bits = 0, pad = 0, n = 0;
+  while (c->p < c->end && *c->p != '"') {
+    unsigned char ch = (unsigned char)*c->p++;
+    n++;
+    if (ch == '=') {
+      pad++;
+      continue;
+    }
+    int v = b64_value(ch);
+    if (v < 0 || pad) return fail(c, "bad base64");
+    acc = (acc << 6) | (unsigned)v;
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      if (o >= cap) return fail(c, "send too long");
+      out[o++] = (unsigned char)(acc >> bits);
+      acc &= (1u << bits) - 1;
+    }
+  }
+  if (c->p >= c->end) return fail(c, "unterminated string");
+  c->p++;
+  if (n % 4 != 0 || pad > 2) return fail(c, "bad base64");
+  *len = o;
+  return 0;
+}
+
 /* Skips any JSON value, nesting bounded. */
 static int skip_value(struct cursor *c, int depth) {
   if (depth > 16) return fail(c, "nesting too deep");
@@ -231,6 +273,9 @@ int parse_request(const char *line, size_t len, struct request *req, const char 
       r = read_uint(&c, &v);
       req->timeout_ms = r == 0 && v <= TCP_TIMEOUT_MS_MAX ? (long)v : -1;
       req->has_timeout = r == 0;
+    } else if (strcmp(key, "send") == 0) {
+      r = read_base64(&c, req->send, sizeof req->send, &req->send_len);
+      req->has_send = r == 0;
     } else if (strcmp(key, "dev") == 0) {
       r = read_uint(&c, &req->dev);
       req->has_dev = r == 0;

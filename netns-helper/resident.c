@@ -47,10 +47,10 @@
 /* An address list: about 90 IPv6 addresses; the child's stack holds it (see CHILD_STACK_BYTES). */
 #define ADDRS_LINE_MAX 4096
 /*
- * The child's deepest frame (open_dir_entry) holds about 13 KiB of path buffers; the rest is
- * margin. Only the pages a child touches become resident, and blocks are reused LIFO.
+ * The child's deepest frame (open_dir_entry) holds about 13 KiB of path buffers, under op
+ * "connect"'s answer and read buffers (about 21 KiB); the rest is margin. Only the pages a child touches become resident, and blocks are reused LIFO.
  */
-#define CHILD_STACK_BYTES (64 * 1024)
+#define CHILD_STACK_BYTES (96 * 1024)
 /*
  * Longest a request waits for a busy pool worker before it takes a child instead: a worker serves
  * a socket in tens of microseconds, so this is only ever reached when workers are stuck (or the
@@ -87,6 +87,9 @@ struct child_job {
   int ntargets;
   int connect_timeout_ms;
   int stagger_ms;
+  /* op "connect" with "send": the bytes to write once connected. */
+  size_t send_len;
+  unsigned char send[SEND_MAX];
   struct ns_identity want;
   struct pod_key pod;
   char netns[NETNS_PATH_MAX];
@@ -241,10 +244,12 @@ static int serve_job(const struct child_job *job) {
     return len > 0 && chan_send_wait(job->chan, line, len, -1, job->timeout_ms) == 0 ? 0 : 3;
   }
   if (OP_CONNECTS(job->op)) {
-    char line[OUT_LINE_MAX];
+    /* Room for an exchange's answer bytes in base64. */
+    char line[OUT_LINE_MAX + (EXCHANGE_DATA_MAX + 2) / 3 * 4];
     int kept = -1;
+    struct exchange x = {.send = job->send, .send_len = job->send_len};
     size_t len = netns_tcp_probe_line(line, sizeof line, job->id, job->netns, job->kind, job->dir, &job->want, job->targets, job->ntargets,
-                                      job->connect_timeout_ms, job->stagger_ms, job->op == OP_CONNECT ? &kept : NULL, &r);
+                                      job->connect_timeout_ms, job->stagger_ms, job->op == OP_CONNECT ? &kept : NULL, &x, &r);
     if (len == 0) len = format_error_line(line, sizeof line, job->id, &r);
     int e = len > 0 ? chan_send_wait(job->chan, line, len, kept, job->timeout_ms) : -EMSGSIZE;
     /* As for a socket: the agent holds its own copy now, and a worker must not keep a pod's connection. */
@@ -464,6 +469,10 @@ static void spawn_child(struct resident *rs, const struct request *req, enum pat
     }
     job.connect_timeout_ms = (int)req->timeout_ms;
     job.stagger_ms = (int)req->stagger_ms;
+    if (req->has_send) {
+      memcpy(job.send, req->send, req->send_len);
+      job.send_len = req->send_len;
+    }
   }
   job.id = req->id;
   job.op = req->op;
@@ -611,6 +620,11 @@ static void handle_line(struct resident *rs, const char *line, size_t len) {
   }
   if (OP_CONNECTS(req.op) && (!req.has_ip || !req.has_port || req.port < 1 || !req.has_timeout || req.timeout_ms < 1)) {
     ns_fail(&r, "request", EINVAL, "malformed request: op %s wants ip, port 1..65535 and timeout_ms 1..%d", req.op == OP_CONNECT ? "connect" : "tcp", TCP_TIMEOUT_MS_MAX);
+    reply_error(rs, req.id, &r);
+    return;
+  }
+  if (req.has_send && req.op != OP_CONNECT) {
+    ns_fail(&r, "request", EINVAL, "malformed request: send is for op connect only");
     reply_error(rs, req.id, &r);
     return;
   }

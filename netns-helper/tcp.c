@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/syscall.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -70,9 +71,76 @@ static void finish_attempt(struct attempt *a, int keep) {
   a->fd = -1;
 }
 
+/*
+ * After the answer's first bytes, how long the child waits for more (or for the peer's end) before
+ * it hands the connection over with what it has. A probe asks for "Connection: close", so the
+ * peer's end usually follows its answer at once, and the answer needs no connection at all.
+ */
+#define EXCHANGE_QUIET_US 2000
+
+/* What the exchange did: bytes written and read, how it ended, and when the first byte came. */
+struct exchange_out {
+  size_t sent, got;
+  int eof;
+  int rerr;
+  int64_t first_us;
+};
+
+/*
+ * Writes x's bytes on the connected non-blocking `fd`, then reads into buf until the peer ends or
+ * resets, buf is full, nothing more came for EXCHANGE_QUIET_US after some did, or the deadline.
+ * Knows no protocol: a write that does not finish (an error, or no room before the deadline) stops
+ * it there, and the agent writes the rest itself and meets the same error.
+ */
+static void run_exchange(int fd, const struct exchange *x, unsigned char *buf, size_t cap, int64_t t0, int64_t deadline,
+                         struct exchange_out *o) {
+  *o = (struct exchange_out){.first_us = -1};
+  while (o->sent < x->send_len) {
+    long n = sys_call6(SYS_sendto, fd, SYS_ARG(x->send + o->sent), SYS_ARG(x->send_len - o->sent), MSG_NOSIGNAL | MSG_DONTWAIT, 0, 0);
+    if (n > 0) {
+      o->sent += (size_t)n;
+      continue;
+    }
+    if (n == -EINTR) continue;
+    int64_t left = deadline - mono_us();
+    if (n != -EAGAIN || left <= 0) return;
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    struct timespec ts = {.tv_sec = (time_t)(left / 1000000), .tv_nsec = (long)(left % 1000000) * 1000};
+    int e = sys_ppoll(&p, 1, &ts);
+    if (e < 0 && e != -EINTR) return;
+  }
+  while (o->got < cap) {
+    long n = sys_call6(SYS_recvfrom, fd, SYS_ARG(buf + o->got), SYS_ARG(cap - o->got), MSG_DONTWAIT, 0, 0);
+    if (n > 0) {
+      if (o->got == 0) o->first_us = mono_us() - t0;
+      o->got += (size_t)n;
+      continue;
+    }
+    if (n == 0) {
+      o->eof = 1;
+      return;
+    }
+    if (n == -EINTR) continue;
+    if (n != -EAGAIN) {
+      o->rerr = (int)-n;
+      return;
+    }
+    int64_t now = mono_us();
+    int64_t until = deadline;
+    if (o->got > 0 && now + EXCHANGE_QUIET_US < until) until = now + EXCHANGE_QUIET_US;
+    int64_t left = until - now;
+    if (left <= 0) return;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    struct timespec ts = {.tv_sec = (time_t)(left / 1000000), .tv_nsec = (long)(left % 1000000) * 1000};
+    int e = sys_ppoll(&p, 1, &ts);
+    if (e == 0) return;
+    if (e < 0 && e != -EINTR) return;
+  }
+}
+
 size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path, enum path_kind kind, const char *dir,
                             const struct ns_identity *want, const struct tcp_target *targets, int ntargets, int timeout_ms,
-                            int stagger_ms, int *keep_fd, struct ns_result *r) {
+                            int stagger_ms, int *keep_fd, const struct exchange *x, struct ns_result *r) {
   if (keep_fd) *keep_fd = -1;
   int s = netns_socket_checked(path, kind, dir, want, targets[0].family, r);
   if (s < 0) return 0;
@@ -137,6 +205,18 @@ size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path
   for (int i = 0; i < 2; i++) {
     if (at[i].fd >= 0) sys_close(at[i].fd);
   }
+  unsigned char data[EXCHANGE_DATA_MAX];
+  struct exchange_out xo = {.first_us = -1};
+  int exchanged = kept >= 0 && x != NULL && x->send_len > 0;
+  if (exchanged) {
+    int64_t t1 = mono_us();
+    run_exchange(kept, x, data, sizeof data, t1, deadline, &xo);
+    /* An ended connection is of no use to the agent: the answer alone tells it all. */
+    if (xo.eof || xo.rerr) {
+      sys_close(kept);
+      kept = -1;
+    }
+  }
   struct text t;
   text_init(&t, buf, cap);
   /* The same answer; with a connection to hand over, as the msg of the NODE_HANDLE that carries it. */
@@ -160,6 +240,23 @@ size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path
   }
   text_str(&t, ",\"us\":");
   text_i64(&t, us);
+  if (exchanged) {
+    text_str(&t, ",\"sent\":");
+    text_u64(&t, xo.sent);
+    text_str(&t, ",\"fbus\":");
+    text_i64(&t, xo.first_us);
+    text_str(&t, ",\"xus\":");
+    text_i64(&t, mono_us() - t0 - us);
+    if (xo.eof) text_str(&t, ",\"eof\":true");
+    if (xo.rerr) {
+      text_str(&t, ",\"rerr\":\"");
+      text_str(&t, errno_name(xo.rerr));
+      text_str(&t, "\"");
+    }
+    text_str(&t, ",\"data\":\"");
+    text_base64(&t, data, xo.got);
+    text_str(&t, "\"");
+  }
   text_str(&t, kept >= 0 ? "}}\n" : "}\n");
   if (t.overflow) {
     if (kept >= 0) sys_close(kept);

@@ -69,3 +69,29 @@ void text_json(struct text *t, const char *s) {
     }
   }
 }
+
+void text_base64(struct text *t, const unsigned char *data, size_t len) {
+  static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  if (t->overflow || t->len + (len + 2) / 3 * 4 >= t->cap) {
+    t->overflow = 1;
+    return;
+  }
+  char *o = t->buf + t->len;
+  size_t i = 0;
+  for (; i + 2 < len; i += 3) {
+    unsigned v = (unsigned)data[i] << 16 | (unsigned)data[i + 1] << 8 | data[i + 2];
+    *o++ = abc[v >> 18];
+    *o++ = abc[(v >> 12) & 63];
+    *o++ = abc[(v >> 6) & 63];
+    *o++ = abc[v & 63];
+  }
+  if (i < len) {
+    unsigned v = (unsigned)data[i] << 16 | (i + 1 < len ? (unsigned)data[i + 1] << 8 : 0);
+    *o++ = abc[v >> 18];
+    *o++ = abc[(v >> 12) & 63];
+    *o++ = i + 1 < len ? abc[(v >> 6) & 63] : '=';
+    *o++ = '=';
+  }
+  *o = '\0';
+  t->len = (size_t)(o - t->buf);
+}

@@ -11,7 +11,7 @@ import type { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { HelperError, describeError } from '../errors.ts';
 import { type Logger, silentLogger } from '../log.ts';
-import type { SocketFactory, TcpConnectOutcome, TcpProbeOutcome, TcpTarget } from '../probe/types.ts';
+import type { ConnectExchange, SocketFactory, TcpConnectOutcome, TcpExchangeOutcome, TcpProbeOutcome, TcpTarget } from '../probe/types.ts';
 import { FairLimiter, type Tenant } from '../scheduler/limiter.ts';
 import { canonicalIp } from './ip.ts';
 import { helperRequestMs } from '../probe/time-budget.ts';
@@ -91,7 +91,8 @@ type Ask =
   | { kind: 'socket'; family: 4 | 6; resolve: (s: Socket) => void }
   | { kind: 'addrs'; resolve: (addrs: string[]) => void }
   | { kind: 'tcp'; target: TcpTarget; resolve: (o: TcpProbeOutcome) => void }
-  | { kind: 'connect'; target: TcpTarget; resolve: (o: TcpConnectOutcome) => void };
+  | { kind: 'connect'; target: TcpTarget; resolve: (o: TcpConnectOutcome) => void }
+  | { kind: 'exchange'; target: TcpTarget; send: Buffer; resolve: (o: TcpExchangeOutcome) => void };
 
 interface Pending {
   id: number;
@@ -264,6 +265,15 @@ export class ResidentHelper implements SocketFactory {
     return this.#connectOp<TcpConnectOutcome>(netns, target, tenant, (resolve, reject) => this.#request(netns, { kind: 'connect', target, resolve }, signal, reject));
   }
 
+  /**
+   * connectSocket, and the child also writes `send` on the connection it made and reads the answer
+   * until the peer's end, a short quiet, its buffer or the timeout (a byte pipe: the caller's reader
+   * keeps every rule). A `send` beyond the helper's bounds is not sent (no exchange in the answer).
+   */
+  connectExchange(netns: string, target: TcpTarget, send: Buffer, signal?: AbortSignal, tenant?: Tenant): Promise<TcpExchangeOutcome | undefined> {
+    return this.#connectOp<TcpExchangeOutcome>(netns, target, tenant, (resolve, reject) => this.#request(netns, { kind: 'exchange', target, send, resolve }, signal, reject));
+  }
+
   /** A request that waits on a connect in the helper: within its tenant's connect shares and the helper's timeout bound. */
   #connectOp<T>(netns: string, target: TcpTarget, tenant: Tenant | undefined, start: (resolve: (o: T) => void, reject: (e: Error) => void) => void): Promise<T | undefined> {
     if (!(target.timeoutMs >= 1 && target.timeoutMs <= TCP_TIMEOUT_MS_MAX)) return Promise.resolve(undefined);
@@ -304,7 +314,7 @@ export class ResidentHelper implements SocketFactory {
     const p: Pending = {
       id, netns: netns as string, identity: checkedNetnsIdentity(netns as string), ask, startedAt: performance.now(), sent: false, sentAt: 0, reject, signal,
       // A TCP probe may wait its whole connect timeout in the helper on top of the helper's own time.
-      timer: setTimeout(() => this.#onTimeout(p), helperRequestMs(this.#timeoutMs, ask.kind === 'tcp' || ask.kind === 'connect' ? ask.target.timeoutMs : undefined)),
+      timer: setTimeout(() => this.#onTimeout(p), helperRequestMs(this.#timeoutMs, 'target' in ask ? ask.target.timeoutMs : undefined)),
     };
     if (signal) {
       p.onAbort = () => this.#fail(p, abortError(signal), true);
@@ -343,8 +353,8 @@ export class ResidentHelper implements SocketFactory {
     this.#stats.spawned++;
     const msg: Record<string, unknown> = p.ask.kind === 'socket'
       ? { id: p.id, netns: p.netns, family: p.ask.family }
-      : p.ask.kind === 'tcp' || p.ask.kind === 'connect'
-        ? tcpRequest(p.ask.kind, p.id, p.netns, p.ask.target)
+      : 'target' in p.ask
+        ? tcpRequest(p.ask.kind === 'tcp' ? 'tcp' : 'connect', p.id, p.netns, p.ask.target, p.ask.kind === 'exchange' ? p.ask.send : undefined)
         : { id: p.id, op: 'addrs', netns: p.netns };
     if (p.identity) Object.assign(msg, { dev: p.identity.dev, ino: p.identity.ino });
     this.#process.send(msg, (err) => this.#fail(p, new HelperError(`cannot send a request to the netns helper: ${describeError(err)}`, { netns: p.netns })));
@@ -370,10 +380,11 @@ export class ResidentHelper implements SocketFactory {
       discardHandle(handle);
       return this.#fail(p, replyToError(p.netns, familyOf(p.ask), msg));
     }
-    if (p.ask.kind === 'tcp' || p.ask.kind === 'connect') {
-      const outcome = tcpOutcomeOf(msg, (performance.now() - p.sentAt) / 1000);
-      // Only a connection that won travels, and only when it was asked for.
-      const wanted = p.ask.kind === 'connect' && outcome?.outcome === 'connected';
+    if ('target' in p.ask) {
+      const exchange = p.ask.kind === 'exchange' ? exchangeOf(msg, p.ask.send) : undefined;
+      const outcome = exchange === null ? undefined : tcpOutcomeOf(msg, (performance.now() - p.sentAt) / 1000, exchange?.seconds ?? 0);
+      // Only a connection that won travels, only when it was asked for, and not once its peer ended it.
+      const wanted = p.ask.kind !== 'tcp' && outcome?.outcome === 'connected' && !exchange?.ended;
       if (!wanted) discardHandle(handle);
       if (!outcome) return this.#fail(p, new HelperError('netns helper answered a TCP connect without a valid outcome', { netns: p.netns }));
       if (wanted && !handle) return this.#fail(p, new HelperError('netns helper connected without handing over the connection', { netns: p.netns }));
@@ -381,7 +392,10 @@ export class ResidentHelper implements SocketFactory {
       // The helper's share only (its start and the answer), so the spawn histogram stays comparable with sockets.
       this.#notify(() => this.#onRequest?.(outcome.helperSeconds, true));
       if (p.ask.kind === 'tcp') return p.ask.resolve(outcome);
-      return p.ask.resolve(outcome.outcome === 'connected' ? { ...outcome, socket: connectedSocketFromHandle(handle) } : outcome);
+      if (outcome.outcome !== 'connected') return p.ask.resolve(outcome);
+      if (p.ask.kind === 'connect') return p.ask.resolve({ ...outcome, socket: connectedSocketFromHandle(handle) });
+      if (exchange?.ended) return p.ask.resolve({ ...outcome, socket: undefined, exchange });
+      return p.ask.resolve({ ...outcome, socket: connectedSocketFromHandle(handle), ...(exchange ? { exchange } : {}) });
     }
     if (p.ask.kind === 'addrs') {
       discardHandle(handle);
@@ -463,18 +477,57 @@ function familyOf(ask: Ask): 4 | 6 {
 }
 
 /** The op "tcp" or "connect" request line's object (second address and stagger only for Happy Eyeballs). */
-function tcpRequest(op: 'tcp' | 'connect', id: number, netns: string, t: TcpTarget): Record<string, unknown> {
+function tcpRequest(op: 'tcp' | 'connect', id: number, netns: string, t: TcpTarget, send: Buffer | undefined): Record<string, unknown> {
   const msg: Record<string, unknown> = { id, op, netns, family: t.family, ip: t.ip, port: t.port, timeout_ms: Math.ceil(t.timeoutMs) };
   if (t.second) Object.assign(msg, { ip2: t.second.ip, family2: t.second.family, stagger_ms: Math.round(t.second.staggerMs) });
+  if (sendable(netns, send)) msg.send = send.toString('base64');
   return msg;
 }
 
-/** The outcome of a `tcp` answer (`roundTrip`: seconds since the request was sent); undefined when malformed. */
-function tcpOutcomeOf(msg: unknown, roundTrip: number): TcpProbeOutcome | undefined {
+/** SEND_MAX, MAX_LINE and EXCHANGE_DATA_MAX in netns-helper/helper.h. */
+const SEND_MAX = 4096;
+const REQUEST_LINE_MAX = 8192;
+const EXCHANGE_DATA_MAX = 8192;
+
+/**
+ * Whether `send` goes with the request: within the helper's bound, and its line (netns path and
+ * base64 included) within the helper's. Else the connection comes back with nothing written.
+ */
+function sendable(netns: string, send: Buffer | undefined): send is Buffer {
+  return send !== undefined && send.length > 0 && send.length <= SEND_MAX
+    && Buffer.byteLength(netns) + Math.ceil(send.length / 3) * 4 + 512 <= REQUEST_LINE_MAX;
+}
+
+/**
+ * The exchange of an op "connect" answer that carried "send"; undefined when the answer has none
+ * (no send went, or nothing connected), null when it is malformed.
+ */
+function exchangeOf(msg: unknown, send: Buffer | undefined): ConnectExchange | undefined | null {
+  const m = msg as { sent?: unknown; data?: unknown; eof?: unknown; rerr?: unknown; fbus?: unknown; xus?: unknown };
+  if (m.sent === undefined) return undefined;
+  if (typeof m.sent !== 'number' || !Number.isSafeInteger(m.sent) || m.sent < 0 || m.sent > (send?.length ?? 0)) return null;
+  if (typeof m.data !== 'string' || m.data.length > Math.ceil(EXCHANGE_DATA_MAX / 3) * 4) return null;
+  if (typeof m.xus !== 'number' || !(m.xus >= 0) || typeof m.fbus !== 'number') return null;
+  if (m.rerr !== undefined && !(typeof m.rerr === 'string' && /^E[A-Z0-9]{1,20}$/.test(m.rerr))) return null;
+  const ended = m.eof === true ? { eof: true as const } : typeof m.rerr === 'string' ? { code: m.rerr } : undefined;
+  return {
+    sent: m.sent,
+    data: Buffer.from(m.data, 'base64'),
+    ...(ended ? { ended } : {}),
+    ...(m.fbus >= 0 ? { firstByteSeconds: m.fbus / 1e6 } : {}),
+    seconds: m.xus / 1e6,
+  };
+}
+
+/**
+ * The outcome of a `tcp` answer (`roundTrip`: seconds since the request was sent, `exchanged`: the
+ * seconds of it the target had after the connect); undefined when malformed.
+ */
+function tcpOutcomeOf(msg: unknown, roundTrip: number, exchanged: number): TcpProbeOutcome | undefined {
   const m = msg as { tcp?: unknown; code?: unknown; us?: unknown; won?: unknown };
   if (typeof m.us !== 'number' || !(m.us >= 0)) return undefined;
   const connectSeconds = m.us / 1e6;
-  const helperSeconds = Math.max(0, roundTrip - connectSeconds);
+  const helperSeconds = Math.max(0, roundTrip - connectSeconds - exchanged);
   if (m.tcp === 'connected' && (m.won === 0 || m.won === 1)) return { outcome: 'connected', won: m.won, connectSeconds, helperSeconds };
   if (m.tcp === 'timeout') return { outcome: 'timeout', connectSeconds, helperSeconds };
   if (m.tcp === 'error' && typeof m.code === 'string' && /^E[A-Z0-9]{1,20}$/.test(m.code)) {

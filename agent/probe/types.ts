@@ -152,12 +152,43 @@ export interface SocketFactory {
    * not take it now (callers then connect a createSocket socket themselves).
    */
   connectSocket?(netns: string, target: TcpTarget, signal?: AbortSignal, tenant?: Tenant): Promise<TcpConnectOutcome | undefined>;
+  /**
+   * Optional: connectSocket, and on the connection made, `send` written and the answer's first
+   * octets read in the same trip (ConnectExchange). Without an exchange in the answer (`send` too
+   * long for the factory), nothing was written.
+   */
+  connectExchange?(netns: string, target: TcpTarget, send: Buffer, signal?: AbortSignal, tenant?: Tenant): Promise<TcpExchangeOutcome | undefined>;
 }
 
 /** connectSocket's answer: connectProbe's outcome, with the connection when it connected. */
 export type TcpConnectOutcome =
   | (Extract<TcpProbeOutcome, { outcome: 'connected' }> & { socket: Socket })
   | Exclude<TcpProbeOutcome, { outcome: 'connected' }>;
+
+/**
+ * connectExchange's answer: connectSocket's, with what the exchange did when it ran; the connection
+ * is undefined when the peer ended it during the exchange (`exchange.ended`).
+ */
+export type TcpExchangeOutcome =
+  | (Extract<TcpProbeOutcome, { outcome: 'connected' }> & ({ socket: Socket; exchange?: ConnectExchange } | { socket: undefined; exchange: ConnectExchange }))
+  | Exclude<TcpProbeOutcome, { outcome: 'connected' }>;
+
+/**
+ * What the factory did with `send` on the connection it made (connectExchange): a byte pipe with no protocol of its
+ * own, so every rule about the answer stays with the caller's reader.
+ */
+export interface ConnectExchange {
+  /** Octets of `send` written; the caller writes the rest (and meets whatever stopped them). */
+  sent: number;
+  /** The answer's first octets, as read. */
+  data: Buffer;
+  /** How the peer ended the connection during the exchange (then no connection comes). */
+  ended?: { eof: true } | { code: string };
+  /** Seconds from the connect to the first answer octet; undefined when none came. */
+  firstByteSeconds?: number;
+  /** Seconds the exchange took in the factory, after the connect: the target's time. */
+  seconds: number;
+}
 
 /** Where a TCP probe connects, and the target's budget. */
 export interface TcpTarget {

@@ -258,6 +258,25 @@ describe('smaller defects get an answer', () => {
     }
   });
 
+  it('refuses a send that is not for op connect, not base64, or over 4,096 octets, and serves the next request', async () => {
+    const h = new RawHelper([]);
+    const target = { netns: SELF_NETNS, family: 4, ip: '127.0.0.1', port: 9, timeout_ms: 1000 };
+    try {
+      h.chan.write(line({ id: 1, op: 'tcp', ...target, send: 'R0VUIC8=' }));
+      h.chan.write(line({ id: 2, op: 'connect', ...target, send: 'R0VUIC8' }));
+      h.chan.write(line({ id: 3, op: 'connect', ...target, send: 'R0VU@C8=' }));
+      h.chan.write(line({ id: 4, op: 'connect', ...target, send: Buffer.alloc(4097, 'x').toString('base64') }));
+      h.chan.write(line({ id: 5, op: 'connect', ...target, send: Buffer.alloc(4096, 'x').toString('base64') }));
+      expect(await h.answer(1)).toMatchObject({ ok: false, stage: 'request', code: 'EINVAL', error: 'malformed request: send is for op connect only' });
+      for (const id of [2, 3]) expect(await h.answer(id)).toMatchObject({ ok: false, stage: 'request', error: expect.stringContaining('bad base64') });
+      expect(await h.answer(4)).toMatchObject({ ok: false, stage: 'request', error: expect.stringContaining('send too long') });
+      // The largest send is taken: nothing listens on the discard port, so the connect is refused.
+      expect(await h.answer(5)).toMatchObject({ ok: true, tcp: 'error', code: 'ECONNREFUSED' });
+    } finally {
+      await h.stop();
+    }
+  });
+
   it('a full reply queue holds back reading instead of dropping answers: each of 300 requests gets one', async () => {
     const h = new RawHelper(['--warm', '--max-children', '4']);
     try {

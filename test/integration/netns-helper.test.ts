@@ -23,7 +23,8 @@ import { buildHeaderMap, buildProbeRequest, requestBytes } from '../../agent/pro
 import { isHelperReply, resolveHelperPath, type HelperReply } from '../../agent/netns/helper-protocol.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { SpawnHelper } from '../../agent/netns/spawn-helper.ts';
-import type { SocketFactory } from '../../agent/probe/types.ts';
+import type { ConnectExchange, SocketFactory, TcpExchangeOutcome } from '../../agent/probe/types.ts';
+import { startHostileServer } from '../lab/hostile-server.ts';
 import { createLab, type Lab, type LabPod, type RunningServer } from '../lab/lab.ts';
 import { processState, waitFor } from '../support/proc-wait.ts';
 
@@ -343,6 +344,98 @@ describe('op "connect": the connect in the helper\'s child, the connection hande
     } finally {
       await own.stop();
     }
+  });
+});
+
+describe('op "connect" with send: the child writes the request and reads the answer\'s first octets', () => {
+  const get = (path: string, close: boolean): Buffer => Buffer.from(`GET ${path} HTTP/1.1\r\nHost: x\r\n${close ? 'Connection: close\r\n' : ''}\r\n`);
+  /** The body of a whole HTTP/1.1 answer with a Content-Length (the lab server's). */
+  const bodyOf = (answer: string): string => answer.slice(answer.indexOf('\r\n\r\n') + 4);
+  /** What a connection still brings until its end (or reset, whose code comes back). */
+  const rest = (socket: Socket): Promise<{ data: string; code?: string }> => new Promise((resolve) => {
+    let data = '';
+    socket.on('data', (d: Buffer) => (data += d.toString('latin1')));
+    socket.once('end', () => { socket.destroy(); resolve({ data }); });
+    socket.once('error', (e: NodeJS.ErrnoException) => resolve({ data, code: e.code }));
+  });
+  /**
+   * The whole of what the peer sent and how it ended, from the exchange and, when the child handed
+   * the connection over (the peer's end came after the child's quiet wait: a loaded machine), from
+   * the connection: the two routes must add up to the same stream.
+   */
+  const whole = async (out: TcpExchangeOutcome | undefined): Promise<{ data: string; end: string }> => {
+    if (out?.outcome !== 'connected' || !out.exchange) throw new Error(JSON.stringify(out));
+    const first = out.exchange.data.toString('latin1');
+    const ended = out.exchange.ended;
+    if (!out.socket) return { data: first, end: ended && 'code' in ended ? ended.code : 'eof' };
+    const more = await rest(out.socket);
+    return { data: first + more.data, end: more.code ?? 'eof' };
+  };
+
+  it.each([['resident'], ['warm'], ['pool']] as const)('%s: writes the request in the pod and reads the answer to the peer\'s end', async (mode) => {
+    const send = get(`/echo?from=${a.ipv4}`, true);
+    const out = await residentOf(mode).connectExchange(a.netns, { family: 4, ip: a.ipv4, port: server.ports.http as number, timeoutMs: 2000 }, send);
+    expect(out).toMatchObject({ outcome: 'connected', exchange: { sent: send.length } });
+    const got = await whole(out);
+    expect(got.end).toBe('eof');
+    expect(got.data).toMatch(/^HTTP\/1\.1 200 OK\r\n/);
+    // Written inside the pod: the server saw the pod's own address.
+    expect((JSON.parse(bodyOf(got.data)) as Echo).remoteAddress).toMatch(a.ipv4);
+    const ex = (out as { exchange: ConnectExchange }).exchange;
+    expect(ex.firstByteSeconds).toBeGreaterThanOrEqual(0);
+    expect(ex.seconds).toBeGreaterThanOrEqual(ex.firstByteSeconds!);
+  });
+
+  it('a peer that ends before any answer: the end is in the answer line and no connection is handed over', async () => {
+    // The lab's TCP port ends every connection at once; the child waits for anything but the deadline.
+    const tcp = await lab.startServer(a, { tcp: 0 });
+    try {
+      const out = await pool.connectExchange(a.netns, { family: 4, ip: a.ipv4, port: tcp.ports.tcp as number, timeoutMs: 2000 }, get('/', true));
+      if (out?.outcome !== 'connected') throw new Error(JSON.stringify(out));
+      expect(out.socket).toBeUndefined();
+      expect(out.exchange).toMatchObject({ ended: { eof: true }, data: Buffer.alloc(0) });
+      expect(out.exchange!.firstByteSeconds).toBeUndefined();
+    } finally {
+      await tcp.stop();
+    }
+  });
+
+  it('a peer that keeps the connection: it comes back with the octets read, live for the caller\'s next write', async () => {
+    const send = get(`/echo?from=${a.ipv4}`, false);
+    const out = await pool.connectExchange(a.netns, { family: 4, ip: a.ipv4, port: server.ports.http as number, timeoutMs: 2000 }, send);
+    if (out?.outcome !== 'connected' || !out.socket) throw new Error(JSON.stringify(out));
+    expect(out.exchange).toMatchObject({ sent: send.length });
+    expect(out.exchange!.ended).toBeUndefined();
+    expect(out.exchange!.data.toString('latin1')).toMatch(/^HTTP\/1\.1 200 OK\r\n/);
+    // The same connection carries a second request.
+    expect(plain((await readEcho(out.socket, a.ipv4)).remoteAddress)).toBe(a.ipv4);
+  });
+
+  it('a silent peer: the connection comes back at the timeout, nothing read; a reset mid-answer: the octets before it, then its errno', async () => {
+    const hang = await lab.startServer(a, { hang: 0 });
+    const hostile = await startHostileServer(a.name, { resetMidBody: 0 });
+    try {
+      const t0 = performance.now();
+      const silent = await pool.connectExchange(a.netns, { family: 4, ip: a.ipv4, port: hang.ports.hang as number, timeoutMs: 300 }, get('/', true));
+      if (silent?.outcome !== 'connected' || !silent.socket) throw new Error(JSON.stringify(silent));
+      silent.socket.destroy();
+      expect(silent.exchange).toMatchObject({ data: Buffer.alloc(0) });
+      expect(silent.exchange!.firstByteSeconds).toBeUndefined();
+      expect(silent.exchange!.seconds).toBeGreaterThan(0.2);
+      expect(performance.now() - t0).toBeGreaterThanOrEqual(300);
+      const reset = await whole(await pool.connectExchange(a.netns, { family: 4, ip: a.ipv4, port: hostile.ports.resetMidBody as number, timeoutMs: 2000 }, get('/', true)));
+      expect(reset).toEqual({ data: expect.stringMatching(/^HTTP\/1\.1 200 OK\r\n[^]*\r\n\r\npartial$/), end: 'ECONNRESET' });
+    } finally {
+      await Promise.all([hang.stop(), hostile.stop()]);
+    }
+  });
+
+  it('a request too long for the helper\'s line goes unsent: the connection comes back for the caller to write it all', async () => {
+    const send = get(`/echo?pad=${'p'.repeat(5000)}`, true);
+    const out = await pool.connectExchange(a.netns, { family: 4, ip: a.ipv4, port: server.ports.http as number, timeoutMs: 2000 }, send);
+    if (out?.outcome !== 'connected' || !out.socket) throw new Error(JSON.stringify(out));
+    expect(out.exchange).toBeUndefined();
+    out.socket.destroy();
   });
 });
 

@@ -5,6 +5,7 @@
  * - `endlessBody`:  HTTP 200, chunked, body never ends (as fast as the client reads)
  * - `dripBody`:     HTTP 200 announcing 1 MB, then one body byte every 50 ms
  * - `hugeHeaders`:  HTTP 200 with a 1 MiB header block, then a short body
+ * - `resetMidBody`: HTTP 200 announcing 100 bytes, 7 of them, then a reset (RST) of the connection
  * - `garbageH2`:    answers the HTTP/2 preface with random bytes and keeps the connection open
  * - `rstStream`:    real HTTP/2; every stream is reset (RST_STREAM INTERNAL_ERROR) before any header
  * - `rstAfterHeaders`: real HTTP/2; gRPC response headers and 2 bytes of a message, then RST_STREAM INTERNAL_ERROR
@@ -31,7 +32,7 @@ import { startNetnsScript } from './netns-script.ts';
 /** The frame floods, each a behaviour of its own (the attacks of issue 31 items 1 and 4). */
 export const H2_FLOODS = ['h2Continuation', 'h2EmptyData', 'h2Ping', 'h2Settings', 'h2RstIdle', 'h2ServerHeaders', 'h2WindowUpdate0', 'h2Padded', 'h2Informational'] as const;
 export type H2Flood = (typeof H2_FLOODS)[number];
-export const HOSTILE_BEHAVIOURS = ['endlessBody', 'dripBody', 'hugeHeaders', 'garbageH2', 'rstStream', 'rstAfterHeaders', ...H2_FLOODS] as const;
+export const HOSTILE_BEHAVIOURS = ['endlessBody', 'dripBody', 'hugeHeaders', 'resetMidBody', 'garbageH2', 'rstStream', 'rstAfterHeaders', ...H2_FLOODS] as const;
 export type HostileBehaviour = (typeof HOSTILE_BEHAVIOURS)[number];
 /** Which behaviours to serve, and on which port (0 = any). */
 export type HostileOptions = Partial<Record<HostileBehaviour, number>>;
@@ -105,6 +106,14 @@ function hugeHeaders(socket: net.Socket): void {
     write('hugeHeaders', socket, 'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n');
     write('hugeHeaders', socket, line.repeat(HUGE_HEADER_BYTES / line.length));
     write('hugeHeaders', socket, 'Content-Length: 2\r\nConnection: close\r\n\r\nok');
+  });
+}
+
+function resetMidBody(socket: net.Socket): void {
+  afterRequestHead(socket, () => {
+    write('resetMidBody', socket, 'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\npartial');
+    // Once the answer is out, so that the reset never overtakes it.
+    socket.write('', () => socket.resetAndDestroy());
   });
 }
 
@@ -209,6 +218,7 @@ const SERVERS: Record<HostileBehaviour, () => net.Server> = {
   endlessBody: () => rawServer('endlessBody', endlessBody),
   dripBody: () => rawServer('dripBody', dripBody),
   hugeHeaders: () => rawServer('hugeHeaders', hugeHeaders),
+  resetMidBody: () => rawServer('resetMidBody', resetMidBody),
   garbageH2: () => rawServer('garbageH2', garbageH2),
   rstStream: () => h2Server('rstStream'),
   rstAfterHeaders: () => h2Server('rstAfterHeaders'),
