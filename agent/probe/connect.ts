@@ -6,7 +6,7 @@
 import { isIPv6, type Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { HelperError, NetnsError, describeError } from '../errors.ts';
-import type { FailureReason, ProbePhases, ProbeResult, SocketFactory, TcpConnectOutcome, TcpProbeOutcome, TcpTarget } from './types.ts';
+import type { ConnectExchange, FailureReason, ProbePhases, ProbeResult, SocketFactory, TcpConnectOutcome, TcpExchangeOutcome, TcpProbeOutcome, TcpTarget } from './types.ts';
 import type { Tenant } from '../scheduler/limiter.ts';
 import { watchLoopLag, type LagWatch } from './loop-lag.ts';
 import { joinHostPort } from './target.ts';
@@ -186,6 +186,12 @@ export interface Connected {
 }
 
 /**
+ * connectAndSend's answer: the connection (none when the factory's exchange saw the peer end it),
+ * and what the factory's exchange did, when it took the octets.
+ */
+export type ConnectedWith = Omit<Connected, 'socket'> & ({ socket: Socket; exchange?: ConnectExchange } | { socket: undefined; exchange: ConnectExchange });
+
+/**
  * Why a connection could not be made. `kind` 'failure' is the target's fault (kubelet: Failure);
  * 'error' means we could not even try (netns or helper trouble).
  */
@@ -269,8 +275,23 @@ interface Attempt {
  * the connection arrives made; otherwise Node connects a socket the factory made.
  */
 export async function connectTo(addresses: readonly ConnectAddress[], via: ConnectVia, deadline: Deadline): Promise<Connected> {
-  const made = helperRoute(addresses, via) ? await connectInFactory(addresses, via, deadline) : undefined;
+  const connect = via.sockets.connectSocket;
+  const made = connect && helperRoute(addresses, via, connect) ? await connectInFactory(addresses, via, deadline, connect) : undefined;
   return made ?? connectSocket(addresses, via, deadline);
+}
+
+/**
+ * connectTo, where the factory that connects also writes `send` and reads the answer's first
+ * octets in the same trip (the helper's exchange: no wake-up of ours for the write or the first
+ * read). The caller writes whatever was not sent (`exchange.sent`; all of it on Node's route) and
+ * reads the answer from `exchange.data` on.
+ */
+export async function connectAndSend(addresses: readonly ConnectAddress[], via: ConnectVia, deadline: Deadline, send: Buffer): Promise<ConnectedWith> {
+  const exchange = via.sockets.connectExchange;
+  const made = helperRoute(addresses, via, exchange)
+    ? await connectInFactory(addresses, via, deadline, (netns, target, signal, tenant) => exchange!.call(via.sockets, netns, target, send, signal, tenant))
+    : undefined;
+  return made ?? connectTo(addresses, via, deadline);
 }
 
 /**
@@ -278,9 +299,9 @@ export async function connectTo(addresses: readonly ConnectAddress[], via: Conne
  * a resolved legacy host name, stay in Node), one port, inside a netns, and no scoped IPv6 literal
  * (fe80::1%eth0 needs Node's zone handling).
  */
-function helperRoute(addresses: readonly ConnectAddress[], via: ConnectVia): boolean {
+function helperRoute(addresses: readonly ConnectAddress[], via: ConnectVia, connect: unknown): boolean {
   const [a, b] = addresses;
-  return via.sockets.connectSocket !== undefined && via.netns !== undefined && a !== undefined && addresses.length <= 2
+  return connect !== undefined && via.netns !== undefined && a !== undefined && addresses.length <= 2
     && (b === undefined || b.port === a.port) && addresses.every((x) => !x.ip.includes('%'));
 }
 
@@ -302,15 +323,20 @@ export function helperOutcomeError(outcome: Exclude<TcpProbeOutcome, { outcome: 
  * is held out of the target's budget as on the socket route, and the connect it waited for is
  * charged back to the target.
  */
-async function connectInFactory(addresses: readonly ConnectAddress[], via: ConnectVia, deadline: Deadline): Promise<Connected | undefined> {
+async function connectInFactory<O extends TcpExchangeOutcome>(
+  addresses: readonly ConnectAddress[],
+  via: ConnectVia,
+  deadline: Deadline,
+  connect: (netns: string, target: TcpTarget, signal: AbortSignal, tenant: Tenant | undefined) => Promise<O | undefined>,
+): Promise<(ConnectedOf<O>) | undefined> {
   if (deadline.signal.aborted) return undefined;
   const first = addresses[0] as ConnectAddress;
   const { childTimeoutMs, giveUpMs } = helperTcpTimes(deadline.remainingMs());
-  let outcome: TcpConnectOutcome | undefined;
-  // The hold lasts while the child makes its socket and connects; only our trouble or the caller ends it early.
+  let outcome: O | undefined;
+  // The hold lasts while the child makes its socket, connects and exchanges; only our trouble or the caller ends it early.
   deadline.hold(giveUpMs);
   try {
-    outcome = await (via.sockets.connectSocket as NonNullable<SocketFactory['connectSocket']>)(via.netns as string, helperTarget(addresses, childTimeoutMs), deadline.signal, via.tenant);
+    outcome = await connect.call(via.sockets, via.netns as string, helperTarget(addresses, childTimeoutMs), deadline.signal, via.tenant);
   } catch (err) {
     deadline.release();
     const why = deadline.why();
@@ -318,14 +344,20 @@ async function connectInFactory(addresses: readonly ConnectAddress[], via: Conne
     if (why === 'aborted') throw new ConnectError('error', 'other', first, 'probe aborted');
     throw toConnectError(err, first);
   }
-  deadline.release((outcome?.connectSeconds ?? 0) * 1000);
+  // The connect and the exchange were the target's time.
+  const exchange = outcome?.outcome === 'connected' ? outcome.exchange : undefined;
+  deadline.release(((outcome?.connectSeconds ?? 0) + (exchange?.seconds ?? 0)) * 1000);
   if (!outcome) return undefined;
   if (outcome.outcome !== 'connected') throw helperOutcomeError(outcome, first);
   // A socket error before the caller attaches its own listener must not crash the agent.
-  outcome.socket.on('error', ignoreError);
+  outcome.socket?.on('error', ignoreError);
+  const { socket } = outcome;
   const address = outcome.won === 1 ? (addresses[1] ?? first) : first;
-  return { socket: outcome.socket, address, helperSeconds: outcome.helperSeconds, connectSeconds: outcome.connectSeconds };
+  return { socket, address, helperSeconds: outcome.helperSeconds, connectSeconds: outcome.connectSeconds, ...(exchange ? { exchange } : {}) } as ConnectedOf<O>;
 }
+
+/** What connectInFactory makes of a factory's outcome type: Connected, or ConnectedWith for an exchange. */
+type ConnectedOf<O> = [O] extends [TcpConnectOutcome] ? Connected : ConnectedWith;
 
 /** connectTo over a socket from the factory, connected by Node. */
 function connectSocket(addresses: readonly ConnectAddress[], via: ConnectVia, deadline: Deadline): Promise<Connected> {

@@ -215,7 +215,7 @@ beforeAll(async () => {
   [podA, podB, podC] = lab.pods as [LabPod, LabPod, LabPod];
   [srvA, hostile, srvC] = await Promise.all([
     lab.startServer(podA, { http: 0, hang: 0, grpc: 0 }),
-    startHostileServer(podB.name, { endlessBody: 0, dripBody: 0, hugeHeaders: 0, garbageH2: 0, rstStream: 0, rstAfterHeaders: 0 }),
+    startHostileServer(podB.name, { endlessBody: 0, dripBody: 0, hugeHeaders: 0, resetMidBody: 0, garbageH2: 0, rstStream: 0, rstAfterHeaders: 0 }),
     lab.startServer(podC, { http: 0, hang: 0 }),
   ]);
   const a = srvA.ports;
@@ -275,6 +275,7 @@ describe('hostile targets', () => {
       ['steady', 'redirect loop', httpGet(a.http as number, '/loop'), { result: 'failure', reason: 'redirects' }, /^Get "\/loop": stopped after 10 redirects$/],
       ['hostile', 'endless body (kubelet reads 10 KiB and calls it a success)', httpGet(h.endlessBody as number), { result: 'success' }, /^e+… \(truncated\)$/],
       ['hostile', 'dripping body (kubelet: a body read error is a prober error, thrown away)', httpGet(h.dripBody as number), { result: 'error', reason: 'timeout' }, /while reading body\)$/],
+      ['hostile', 'reset mid-body (a body read error too)', httpGet(h.resetMidBody as number), { result: 'error', reason: 'reset' }, /^read: connection reset by peer$/],
       // Over the agent's 64 KiB bound (Go's client allows 10 MiB): bounded memory wins, with Go's own words.
       ['hostile', '1 MiB header block', httpGet(h.hugeHeaders as number), { result: 'failure', reason: 'protocol' }, /: net\/http: HTTP\/1\.x transport connection broken: net\/http: server response headers exceeded 65536 bytes; aborted$/],
       ['hostile', 'garbage instead of HTTP/2', { kind: 'grpc', port: h.garbageH2 as number }, { result: 'failure', reason: 'protocol' }, /^error: failed to connect service at ".*": connection error: desc = "transport: /],
@@ -476,7 +477,7 @@ describe('pod gone', () => {
 });
 
 describe('overload', () => {
-  it('EMFILE: out of file descriptors, probes end as errors (never failures), the agent lives on and recovers', async () => {
+  it('EMFILE: out of file descriptors, probes that need a passed fd end as errors (never failures), the agent lives on and recovers', async () => {
     const pid = String(agent.pid);
     const [soft, hard] = execFileSync('prlimit', ['--pid', pid, '--nofile', '--raw', '--noheadings', '-o', 'SOFT,HARD']).toString().trim().split(/\s+/);
     // A new fd takes the lowest free number below the limit: with the limit at or under the lowest
@@ -487,10 +488,15 @@ describe('overload', () => {
     while (open.has(lowestFree)) lowestFree++;
     execFileSync('prlimit', ['--pid', pid, `--nofile=${Math.min(lowestFree, 16)}:${hard}`]);
     try {
-      const steady = (l: ProbeStatus[]): ProbeStatus[] => l.filter((x) => x.podName === 'steady');
-      const s = await agent.waitForStatuses((l) => allOf(steady(l), (x) => x.lastReason !== undefined), 8000);
-      // Errors, thrown away: the decisions stay where they were (success), nothing goes on hold.
-      for (const x of steady(s)) expect(x, x.key.probeType).toMatchObject({ result: 'success', onHold: false });
+      // A probe whose connection must come over as an fd (the hung target's: the helper's child hands
+      // it over at the timeout) ends as an error.
+      const s = await agent.waitForStatuses((l) => statusOf(l, 'slow', 'hang')?.lastReason === 'helper-error', 8000);
+      // Errors, thrown away: the decision stays where it was, nothing goes on hold.
+      expect(statusOf(s, 'slow', 'hang')).toMatchObject({ result: 'failure', onHold: false });
+      // An answer the helper's child read whole needs no fd: the steady pod stays a success.
+      const steady = s.filter((x) => x.podName === 'steady');
+      expect(steady).toHaveLength(2);
+      for (const x of steady) expect(x, x.key.probeType).toMatchObject({ result: 'success', onHold: false });
       expect(agent.proc.exitCode).toBeNull();
     } finally {
       execFileSync('prlimit', ['--pid', pid, `--nofile=${soft}:${hard}`]);

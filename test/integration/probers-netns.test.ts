@@ -14,7 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ResidentHelper } from '../../agent/netns/helper.ts';
 import { NodeSocketFactory } from '../../agent/netns/node-sockets.ts';
 import { runProbe } from '../../agent/probe/run.ts';
-import type { HttpGetHandler, ProbeContext, ProbeHandler, ProbeOutcome, SocketFactory } from '../../agent/probe/types.ts';
+import type { HttpGetHandler, ProbeContext, ProbeHandler, ProbeOutcome, SocketFactory, TcpTarget } from '../../agent/probe/types.ts';
 import { createLab, type Lab, type LabPod, type RunningServer } from '../lab/lab.ts';
 
 let lab: Lab;
@@ -303,6 +303,49 @@ describe('the TCP probe done whole in the helper\'s child (op "tcp": no socket p
     } finally {
       await small.close();
     }
+  });
+});
+
+describe('the plain HTTP probe\'s exchange in the helper\'s child (op "connect" with send)', () => {
+  /** The helper's exchange only, counting the connections that came over: no socket route, no plain connect. */
+  const exchangeOnly = (): SocketFactory & { handedOver: number; ended: number } => {
+    const f = {
+      mode: 'resident', handedOver: 0, ended: 0,
+      createSocket: () => Promise.reject(new Error('the socket route was taken')),
+      connectExchange: async (netns: string, target: TcpTarget, send: Buffer, signal?: AbortSignal) => {
+        const out = await helper.connectExchange(netns, target, send, signal);
+        if (out?.outcome === 'connected') {
+          if (out.socket) f.handedOver++;
+          else f.ended++;
+        }
+        return out;
+      },
+    };
+    return f;
+  };
+
+  it('kubelet\'s results on both families, redirects and the 10 KiB cap included; answers that end in the child leave no fd to pass', async () => {
+    const sockets = exchangeOnly();
+    const ok = await probe(get(srvA.ports.http as number, '/healthz'), ctx(podA, { sockets }));
+    expect(ok).toMatchObject({ result: 'success', message: 'ok', address: `${podA.ipv4}:${srvA.ports.http}` });
+    expect(ok.phases.firstByte).toBeGreaterThanOrEqual(0);
+    const v6 = await probe(get(srvA.ports.http as number, '/echo'), ctx(podA, { sockets, podIPs: [podA.ipv6, podA.ipv4] }));
+    expect(v6).toMatchObject({ result: 'success', address: `[${podA.ipv6}]:${srvA.ports.http}` });
+    expect(JSON.parse(v6.message)).toMatchObject({ remoteAddress: podA.ipv6, rawHeaders: expect.arrayContaining(['Connection', 'close']) });
+    const redirected = await probe(get(srvA.ports.http as number, '/redirect?to=/healthz'), ctx(podA, { sockets }));
+    expect(redirected).toMatchObject({ result: 'success', message: 'ok' });
+    const big = await probe(get(srvA.ports.http as number, '/big?bytes=50000'), ctx(podA, { sockets }));
+    expect(big).toMatchObject({ result: 'success' });
+    expect(big.message).toMatch(/… \(truncated\)$/);
+    const bad = await probe(get(srvA.ports.http as number, '/secret'), ctx(podA, { sockets }));
+    expect(bad).toMatchObject({ result: 'failure', reason: 'status', message: 'HTTP probe failed with statuscode: 500' });
+    const hung = await probe(get(srvA.ports.hang as number, '/'), ctx(podA, { sockets }));
+    expect(hung).toMatchObject({ result: 'failure', reason: 'timeout' });
+    expect(hung.message).toMatch(/awaiting headers\)$/);
+    // Every connection (two for the redirect) went through the exchange. The lab server ends each
+    // answer (Connection: close), so most end in the child; one whose end comes after the child's
+    // short wait (a loaded machine) is handed over, which is as correct.
+    expect(sockets.ended + sockets.handedOver).toBe(7);
   });
 });
 
