@@ -490,12 +490,13 @@ const REQUEST_LINE_MAX = 8192;
 const EXCHANGE_DATA_MAX = 8192;
 
 /**
- * Whether `send` goes with the request: within the helper's bound, and its line (netns path and
- * base64 included) within the helper's. Else the connection comes back with nothing written.
+ * Whether `send` goes with the request: within the helper's bound, and its line (the netns path as
+ * JSON, the base64, and 512 octets for the other fields) within the helper's. Else the connection
+ * comes back with nothing written.
  */
 function sendable(netns: string, send: Buffer | undefined): send is Buffer {
   return send !== undefined && send.length > 0 && send.length <= SEND_MAX
-    && Buffer.byteLength(netns) + Math.ceil(send.length / 3) * 4 + 512 <= REQUEST_LINE_MAX;
+    && Buffer.byteLength(JSON.stringify(netns)) + Math.ceil(send.length / 3) * 4 + 512 <= REQUEST_LINE_MAX;
 }
 
 /**
