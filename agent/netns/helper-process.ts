@@ -132,15 +132,17 @@ export class HelperProcess {
   /**
    * Callers mostly give up first (a probe deadline is shorter than the request timeout), which
    * cancels a request's own timer: keep timing the helper for them, or a helper that went silent
-   * would never be noticed and every later request would fail on it.
+   * would never be noticed and every later request would fail on it. `waitMs`: how long the
+   * request may rightly keep the helper busy before it answers (a connect's or an exchange's
+   * timeout), on top of the silence allowed.
    */
-  watchSilence(sentAt: number): void {
+  watchSilence(sentAt: number, waitMs = 0): void {
     const child = this.#child;
     if (!child || this.#silenceTimer || this.#closed) return;
     this.#silenceTimer = setTimeout(() => {
       this.#silenceTimer = undefined;
       this.#killIfSilent(child, sentAt);
-    }, Math.max(0, sentAt + this.#opts.silenceMs - performance.now()));
+    }, Math.max(0, sentAt + waitMs + this.#opts.silenceMs - performance.now()));
     this.#silenceTimer.unref();
   }
 

@@ -425,7 +425,7 @@ export class ResidentHelper implements SocketFactory {
 
   #fail(p: Pending, err: Error, aborted = false): void {
     if (!this.#finish(p)) return;
-    if (aborted && p.sent) this.#process.watchSilence(p.sentAt);
+    if (aborted && p.sent) this.#process.watchSilence(p.sentAt, 'target' in p.ask ? p.ask.target.timeoutMs : 0);
     if (!aborted) {
       this.#stats.failures++;
       if (p.ask.kind !== 'addrs') this.#notify(() => this.#onRequest?.((performance.now() - p.startedAt) / 1000, false));

@@ -21,6 +21,9 @@ import type { FailureReason, HttpGetHandler } from './types.ts';
 
 export { MAX_1XX_RESPONSES } from './http-client.ts';
 
+/** The longest budget a request may have for the helper to wait on its answer (connectAndSend). */
+export const EXCHANGE_MAX_WAIT_MS = 10_000;
+
 /** Go's maxBodySlurpSize: a followed redirect's body is drained this far, if small or of unknown length. */
 export const REDIRECT_SLURP_BYTES = 2 * 1024;
 
@@ -149,8 +152,11 @@ export async function exchange(
   let channel: ByteChannel | undefined;
   try {
     // Plain HTTP: the helper that connects also writes the request and reads the answer's first
-    // octets (most often all of it, and the peer's end), in the same trip.
-    const connecting = req.scheme === 'https' ? connectTo(addresses, plan, deadline) : connectAndSend(addresses, plan, deadline, request);
+    // octets (most often all of it, and the peer's end), in the same trip. Not for a long wait (a
+    // hook's, up to the grace period): a helper process would be held all that time.
+    const connecting = req.scheme === 'https' || deadline.remainingMs() > EXCHANGE_MAX_WAIT_MS
+      ? connectTo(addresses, plan, deadline)
+      : connectAndSend(addresses, plan, deadline, request);
     const connected = await connecting.catch((err: unknown) => {
       if (err instanceof ConnectError) {
         setAddress(joinHostPort(err.address.ip, err.address.port));

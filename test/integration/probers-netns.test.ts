@@ -347,6 +347,18 @@ describe('the plain HTTP probe\'s exchange in the helper\'s child (op "connect" 
     // short wait (a loaded machine) is handed over, which is as correct.
     expect(sockets.ended + sockets.handedOver).toBe(7);
   });
+
+  it('a wait over 10 s (a long timeout, a hook\'s grace period) is not the helper\'s: the connection comes over and Node waits', async () => {
+    const connects: string[] = [];
+    const sockets: SocketFactory = {
+      ...exchangeOnly(),
+      connectSocket: (netns, target, signal) => { connects.push('connect'); return helper.connectSocket(netns, target, signal); },
+      connectExchange: (netns, target, send, signal) => { connects.push('exchange'); return helper.connectExchange(netns, target, send, signal); },
+    };
+    expect(await probe(get(srvA.ports.http as number, '/healthz'), ctx(podA, { sockets, timeoutSeconds: 11 }))).toMatchObject({ result: 'success', message: 'ok' });
+    expect(await probe(get(srvA.ports.http as number, '/healthz'), ctx(podA, { sockets, timeoutSeconds: 10 }))).toMatchObject({ result: 'success', message: 'ok' });
+    expect(connects).toEqual(['connect', 'exchange']);
+  });
 });
 
 describe('netns trouble', () => {

@@ -95,6 +95,18 @@ describe('HelperProcess', () => {
     await until(() => mute.p.ready && mute.p.pid !== first, 'the replacement');
     await mute.p.close();
 
+    // A request that may rightly keep the helper busy (a connect's or an exchange's timeout) gets that time on top.
+    const busy = supervise(MUTE, { silenceMs: 300 });
+    await busy.p.start();
+    const busySent = performance.now();
+    busy.p.send({ q: 1 }, () => {});
+    busy.p.watchSilence(busySent, 1500);
+    await sleep(1000);
+    expect(busy.seen.down).toEqual([]);
+    await until(() => busy.seen.down.length > 0, 'the kill after the wait and the silence');
+    expect(performance.now() - busySent).toBeGreaterThanOrEqual(1800);
+    await busy.p.close();
+
     const echo = supervise(ECHO, { silenceMs: 20_000 }); // a Node program takes a while to start on a loaded machine
     await echo.p.start();
     const sent = performance.now();

@@ -1,0 +1,89 @@
+/**
+ * ExchangedChannel over real loopback connections: what the helper read comes first, then the
+ * connection's own reads and end; the first write skips what the helper wrote; a connection the
+ * peer ended in the helper reads as that end or that reset.
+ */
+import { once } from 'node:events';
+import net, { type AddressInfo } from 'node:net';
+import { afterEach, describe, expect, it } from 'vitest';
+import { ExchangedChannel } from '../../agent/io/exchanged-channel.ts';
+import type { ChannelHandler } from '../../agent/io/lean-socket.ts';
+
+/** What a handler saw, in order. */
+function recorder(): { handler: ChannelHandler; events: string[]; closed: Promise<Error | undefined> } {
+  const events: string[] = [];
+  let done!: (e: Error | undefined) => void;
+  const closed = new Promise<Error | undefined>((r) => (done = r));
+  const handler: ChannelHandler = {
+    data: (view) => events.push(`data ${view.toString('latin1')}`),
+    end: () => events.push('end'),
+    close: (err) => {
+      events.push(`close${err ? ` ${(err as NodeJS.ErrnoException).code}` : ''}`);
+      done(err);
+    },
+    drain: () => {},
+  };
+  return { handler, events, closed };
+}
+
+let server: net.Server | undefined;
+afterEach(() => server?.close());
+
+describe('ExchangedChannel', () => {
+  it('a connection handed over: the helper\'s octets first, then the rest; the first write skips what was sent', async () => {
+    let received = '';
+    const gotAll = new Promise<void>((resolve) => {
+      server = net.createServer((s) => {
+        s.on('data', (d: Buffer) => {
+          received += d.toString('latin1');
+          if (received === 'REST') s.end('tail');
+        });
+        resolve();
+      });
+    });
+    await new Promise<void>((r) => server!.listen(0, '127.0.0.1', r));
+    const socket = net.connect((server!.address() as AddressInfo).port, '127.0.0.1');
+    await once(socket, 'connect');
+    await gotAll;
+    const ch = new ExchangedChannel({ sent: 3, data: Buffer.from('head '), seconds: 0.001 }, socket);
+    const r = recorder();
+    ch.start(r.handler);
+    expect(r.events).toEqual(['data head ']);
+    ch.write(Buffer.from('reqREST'));
+    expect(await r.closed).toBeUndefined();
+    expect(received).toBe('REST');
+    expect(r.events).toEqual(['data head ', 'data tail', 'end', 'close']);
+    ch.destroy();
+    expect(ch.destroyed).toBe(true);
+  });
+
+  it('a peer that ended in the helper: its octets, then the end; writes go nowhere', async () => {
+    const ch = new ExchangedChannel({ sent: 4, data: Buffer.from('HTTP/1.1 200 OK\r\n\r\n'), ended: { eof: true }, seconds: 0.001 }, undefined);
+    const r = recorder();
+    ch.start(r.handler);
+    ch.write(Buffer.from('GET / HTTP/1.1\r\n\r\n'));
+    expect(r.events).toEqual(['data HTTP/1.1 200 OK\r\n\r\n', 'end', 'close']);
+    expect(ch.writable).toBe(false);
+    expect(ch.unsent).toBe(0);
+    expect(ch.destroyed).toBe(false);
+    ch.destroy();
+    expect(ch.destroyed).toBe(true);
+    await ch.closed;
+  });
+
+  it('a peer that reset in the helper: its octets, then the reset as Node reports a read\'s', () => {
+    const ch = new ExchangedChannel({ sent: 4, data: Buffer.from('partial'), ended: { code: 'ECONNRESET' }, seconds: 0.001 }, undefined);
+    const r = recorder();
+    let error: NodeJS.ErrnoException | undefined;
+    ch.start({ ...r.handler, close: (err) => { error = err; r.handler.close(err); } });
+    expect(r.events).toEqual(['data partial', 'close ECONNRESET']);
+    expect(error).toMatchObject({ message: 'read ECONNRESET', code: 'ECONNRESET', syscall: 'read' });
+  });
+
+  it('nothing read in the helper: no empty read reaches the handler', () => {
+    const ch = new ExchangedChannel({ sent: 0, data: Buffer.alloc(0), ended: { eof: true }, seconds: 0.3 }, undefined);
+    const r = recorder();
+    ch.start(r.handler);
+    expect(r.events).toEqual(['end', 'close']);
+  });
+});
