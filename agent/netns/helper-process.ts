@@ -46,6 +46,8 @@ export class HelperProcess {
   #nextDelay: number;
   #restartTimer?: NodeJS.Timeout;
   #silenceTimer?: NodeJS.Timeout;
+  /** When the armed silence check runs. */
+  #silenceAt = 0;
   #lastMessageAt = 0;
   #closed = false;
   /** Requests of this turn of the event loop, written together when it ends (ipc-channel.ts). */
@@ -138,11 +140,15 @@ export class HelperProcess {
    */
   watchSilence(sentAt: number, waitMs = 0): void {
     const child = this.#child;
-    if (!child || this.#silenceTimer || this.#closed) return;
+    const at = sentAt + waitMs + this.#opts.silenceMs;
+    // The earliest check wins: a long wait watched first must not hide a short one.
+    if (!child || this.#closed || (this.#silenceTimer && this.#silenceAt <= at)) return;
+    clearTimeout(this.#silenceTimer);
+    this.#silenceAt = at;
     this.#silenceTimer = setTimeout(() => {
       this.#silenceTimer = undefined;
       this.#killIfSilent(child, sentAt);
-    }, Math.max(0, sentAt + waitMs + this.#opts.silenceMs - performance.now()));
+    }, Math.max(0, at - performance.now()));
     this.#silenceTimer.unref();
   }
 

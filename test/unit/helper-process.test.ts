@@ -107,6 +107,16 @@ describe('HelperProcess', () => {
     expect(performance.now() - busySent).toBeGreaterThanOrEqual(1800);
     await busy.p.close();
 
+    // A long wait watched first does not hide a shorter one watched after it.
+    const both = supervise(MUTE, { silenceMs: 300 });
+    await both.p.start();
+    const bothSent = performance.now();
+    both.p.send({ q: 1 }, () => {});
+    both.p.watchSilence(bothSent, 3_600_000);
+    both.p.watchSilence(bothSent, 0);
+    await until(() => both.seen.down.length > 0, 'the kill at the shorter check');
+    await both.p.close();
+
     const echo = supervise(ECHO, { silenceMs: 20_000 }); // a Node program takes a while to start on a loaded machine
     await echo.p.start();
     const sent = performance.now();
