@@ -30,6 +30,12 @@ static int64_t mono_us(void) {
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/* ppoll for at most `us` microseconds. */
+static int poll_us(struct pollfd *p, nfds_t n, int64_t us) {
+  struct timespec ts = {.tv_sec = (time_t)(us / 1000000), .tv_nsec = (long)(us % 1000000) * 1000};
+  return sys_ppoll(p, n, &ts);
+}
+
 /* One connection attempt: its socket while pending, then its errno (0: connected). */
 struct attempt {
   int fd;
@@ -105,8 +111,7 @@ static void run_exchange(int fd, const struct exchange *x, unsigned char *buf, s
     int64_t left = deadline - mono_us();
     if (n != -EAGAIN || left <= 0) return;
     struct pollfd p = {.fd = fd, .events = POLLOUT};
-    struct timespec ts = {.tv_sec = (time_t)(left / 1000000), .tv_nsec = (long)(left % 1000000) * 1000};
-    int e = sys_ppoll(&p, 1, &ts);
+    int e = poll_us(&p, 1, left);
     if (e < 0 && e != -EINTR) return;
   }
   while (o->got < cap) {
@@ -131,8 +136,7 @@ static void run_exchange(int fd, const struct exchange *x, unsigned char *buf, s
     int64_t left = until - now;
     if (left <= 0) return;
     struct pollfd p = {.fd = fd, .events = POLLIN};
-    struct timespec ts = {.tv_sec = (time_t)(left / 1000000), .tv_nsec = (long)(left % 1000000) * 1000};
-    int e = sys_ppoll(&p, 1, &ts);
+    int e = poll_us(&p, 1, left);
     if (e == 0) return;
     if (e < 0 && e != -EINTR) return;
   }
@@ -179,8 +183,7 @@ size_t netns_tcp_probe_line(char *buf, size_t cap, uint64_t id, const char *path
       }
     }
     int64_t left = wake - now;
-    struct timespec ts = {.tv_sec = (time_t)(left / 1000000), .tv_nsec = (long)(left % 1000000) * 1000};
-    int got = sys_ppoll(p, (nfds_t)n, &ts);
+    int got = poll_us(p, (nfds_t)n, left);
     if (got < 0 && got != -EINTR) {
       /* Not a state of the target: retrying would only spin until the deadline. */
       for (int i = 0; i < 2; i++) {
