@@ -1,5 +1,5 @@
 /**
- * One unary HTTP/2 exchange on a socket that is already connected, then done: the client preface
+ * One unary HTTP/2 exchange on a socket (or byte channel) that is already connected, then done: the client preface
  * and SETTINGS, one request on stream 1 (HEADERS + DATA, END_STREAM), and its response read to the
  * end (HEADERS, DATA, trailers, or a trailers-only HEADERS). Used by the gRPC probe, which makes a
  * fresh connection per probe as kubelet does; a node:http2 session (nghttp2 session, settings and
@@ -12,7 +12,8 @@
  * connection's budget and the caller's shared one (the pod's; frame-budget.ts). The caller owns the
  * socket and destroys it.
  */
-import type { Socket } from 'node:net';
+import type { Duplex } from 'node:stream';
+import type { ByteChannel } from '../io/lean-socket.ts';
 import { H2Connection } from './connection.ts';
 import { FrameBudgetError, type SharedFrameBudget } from './frame-budget.ts';
 import type { HeaderField } from './hpack.ts';
@@ -61,7 +62,7 @@ export interface OneShotExchange {
 }
 
 /** Runs one unary exchange on `socket` (connected, not yet written to); `onEnd` gets the outcome once. */
-export function exchangeOnce(socket: Socket, req: OneShotRequest, onEnd: (end: OneShotEnd) => void): OneShotExchange {
+export function exchangeOnce(socket: Duplex | ByteChannel, req: OneShotRequest, onEnd: (end: OneShotEnd) => void): OneShotExchange {
   let ended = false;
   let headers: HeaderField[] | undefined;
   let trailers: HeaderField[] | undefined;

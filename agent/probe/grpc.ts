@@ -23,6 +23,7 @@ import { encodeFrame, readFrame } from '../grpc/frame.ts';
 import { decodeGrpcMessage, formatGrpcTimeout } from '../grpc/headers.ts';
 import { codeFromHttpStatus, codeFromRstStream, goCodeName, goStatusText, GrpcCode, parseGrpcStatus } from '../grpc/status.ts';
 import type { SharedFrameBudget } from '../http2/frame-budget.ts';
+import { LeanSocket, type ByteChannel } from '../io/lean-socket.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
 import { targetGrpcTimeoutMs } from './time-budget.ts';
 import type { FailureReason, GrpcHandler } from './types.ts';
@@ -71,10 +72,12 @@ export async function probeGrpc(handler: GrpcHandler, plan: TargetPlan, deadline
   const address = joinHostPort(connected.address.ip, connected.address.port);
   const t0 = performance.now();
   let rpc: RpcResult | ConnFailure;
+  // Read into the reused buffer, without the stream path (agent/io/lean-socket.ts).
+  const channel = LeanSocket.take(connected.socket);
   try {
-    rpc = await checkRpc(connected.socket, addr, handler.service ?? '', kubeVersion, deadline, frameBudget);
+    rpc = await checkRpc(channel, addr, handler.service ?? '', kubeVersion, deadline, frameBudget);
   } finally {
-    connected.socket.destroy();
+    channel.destroy();
   }
   phases.firstByte = (performance.now() - t0) / 1000;
 
@@ -161,7 +164,7 @@ function requestParts(authority: string, service: string, kubeVersion: string): 
 
 /** One unary Health/Check over a fresh HTTP/2 connection on `socket`. Resolves; never rejects. */
 function checkRpc(
-  socket: import('node:net').Socket, authority: string, service: string, kubeVersion: string, deadline: Deadline, frameBudget: SharedFrameBudget | undefined,
+  socket: ByteChannel, authority: string, service: string, kubeVersion: string, deadline: Deadline, frameBudget: SharedFrameBudget | undefined,
 ): Promise<RpcResult | ConnFailure> {
   return new Promise((resolve) => {
     let settled = false;

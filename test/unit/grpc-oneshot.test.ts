@@ -12,6 +12,7 @@ import { FrameSplitter } from '../../agent/http2/connection.ts';
 import { encodeInteger, encodeLiteralBlock, HpackDecoder, type HeaderField } from '../../agent/http2/hpack.ts';
 import { huffmanEncode } from '../../agent/http2/huffman.ts';
 import { exchangeOnce, type OneShotEnd, type OneShotRequest } from '../../agent/http2/unary-oneshot.ts';
+import { LeanSocket } from '../../agent/io/lean-socket.ts';
 import {
   CLIENT_PREFACE, Flag, frameBytes, FrameType, goawayFrame, H2Error, rstStreamFrame, Setting, windowUpdateFrame, type Frame,
 } from '../../agent/http2/wire.ts';
@@ -79,7 +80,7 @@ class Peer {
   }
 }
 
-/** A loopback server whose connection is handed to `script`; the client runs one exchange against it. */
+/** A loopback server whose connection is handed to `script`; the client runs one exchange against it, reading lean. */
 async function exchange(script: (p: Peer) => Promise<void>, req: Partial<OneShotRequest> = {}): Promise<{ end: OneShotEnd; peer: Peer }> {
   let peer: Peer | undefined;
   const scriptDone: Promise<void>[] = [];
@@ -99,8 +100,12 @@ async function exchange(script: (p: Peer) => Promise<void>, req: Partial<OneShot
     maxHeaderListSize: 16 * 1024,
     ...req,
   };
+  // As the gRPC probe does: the connection read lean, into the reused buffer (a drip is many reads of it).
+  const channel = LeanSocket.take(sock);
+  expect(channel.lean).toBe(true);
+  cleanups.push(() => channel.destroy());
   const end = await new Promise<OneShotEnd>((resolve) => {
-    exchangeOnce(sock, request, resolve);
+    exchangeOnce(channel, request, resolve);
   });
   await Promise.all(scriptDone);
   return { end, peer: peer! };
