@@ -8,7 +8,7 @@
  */
 import type { Socket } from 'node:net';
 import type { ConnectExchange } from '../probe/types.ts';
-import { LeanSocket, type ByteChannel, type ChannelHandler } from './lean-socket.ts';
+import { keep, LeanSocket, type ByteChannel, type ChannelHandler } from './lean-socket.ts';
 
 export class ExchangedChannel implements ByteChannel {
   readonly #exchange: ConnectExchange;
@@ -69,5 +69,80 @@ export class ExchangedChannel implements ByteChannel {
 
   get remoteAddress(): string | undefined {
     return this.#rest?.remoteAddress;
+  }
+}
+
+/**
+ * The channel a protocol writes its first octets to before the connection exists, so that they can
+ * go with the helper's connect (connectAndSend): writes wait here, as does the handler, until
+ * attach() gives the connection. The waiting writes then go to it first (an ExchangedChannel skips
+ * what the helper sent), and the handler starts on it.
+ */
+export class PendingChannel implements ByteChannel {
+  #target: ByteChannel | undefined;
+  #handler: ChannelHandler | undefined;
+  #waiting: Buffer[] = [];
+  #destroyed = false;
+  #settle!: (closed: Promise<void>) => void;
+  readonly closed = new Promise<void>((resolve) => {
+    this.#settle = (closed) => void closed.then(resolve, resolve);
+  });
+
+  /** The octets written so far (the protocol's first write: its turn must have ended). */
+  written(): Buffer {
+    return Buffer.concat(this.#waiting);
+  }
+
+  /** Gives the connection; returns it. */
+  attach<C extends ByteChannel>(target: C): C {
+    if (this.#destroyed) {
+      target.destroy();
+      return target;
+    }
+    this.#target = target;
+    for (const b of this.#waiting.splice(0)) target.write(b);
+    if (this.#handler) target.start(this.#handler);
+    this.#settle(target.closed);
+    return target;
+  }
+
+  start(handler: ChannelHandler): void {
+    if (this.#target) this.#target.start(handler);
+    else this.#handler = handler;
+  }
+
+  write(octets: Buffer): void {
+    if (this.#target) this.#target.write(octets);
+    else if (!this.#destroyed) this.#waiting.push(keep(octets));
+  }
+
+  get unsent(): number {
+    return this.#target?.unsent ?? 0;
+  }
+
+  get writable(): boolean {
+    return this.#target ? this.#target.writable : !this.#destroyed;
+  }
+
+  get destroyed(): boolean {
+    return this.#target?.destroyed ?? this.#destroyed;
+  }
+
+  end(): void {
+    this.#target?.end();
+  }
+
+  /** Without a connection yet: the handler hears that none will come. */
+  destroy(): void {
+    if (this.#target) return this.#target.destroy();
+    if (this.#destroyed) return;
+    this.#destroyed = true;
+    this.#waiting = [];
+    this.#handler?.close(new Error('no connection was made'));
+    this.#settle(Promise.resolve());
+  }
+
+  get remoteAddress(): string | undefined {
+    return this.#target?.remoteAddress;
   }
 }

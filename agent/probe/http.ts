@@ -10,7 +10,7 @@ import type { Socket } from 'node:net';
 import { describeError } from '../errors.ts';
 import { ExchangedChannel } from '../io/exchanged-channel.ts';
 import { LeanSocket, StreamChannel, type ByteChannel } from '../io/lean-socket.ts';
-import { ConnectError, connectAndSend, connectTo, type Deadline, type ProberResult } from './connect.ts';
+import { ConnectError, connectAndSend, connectTo, EXCHANGE_MAX_WAIT_MS, type Deadline, type ProberResult } from './connect.ts';
 import { Http1Get, type GetOutcome } from './http-client.ts';
 import { Http1Error } from './http1-response.ts';
 import {
@@ -21,8 +21,6 @@ import type { FailureReason, HttpGetHandler } from './types.ts';
 
 export { MAX_1XX_RESPONSES } from './http-client.ts';
 
-/** The longest budget a request may have for the helper to wait on its answer (connectAndSend). */
-export const EXCHANGE_MAX_WAIT_MS = 10_000;
 
 /** Go's maxBodySlurpSize: a followed redirect's body is drained this far, if small or of unknown length. */
 export const REDIRECT_SLURP_BYTES = 2 * 1024;
@@ -152,8 +150,7 @@ export async function exchange(
   let channel: ByteChannel | undefined;
   try {
     // Plain HTTP: the helper that connects also writes the request and reads the answer's first
-    // octets (most often all of it, and the peer's end), in the same trip. Not for a long wait (a
-    // hook's, up to the grace period): a helper process would be held all that time.
+    // octets (most often all of it, and the peer's end), in the same trip.
     const connecting = req.scheme === 'https' || deadline.remainingMs() > EXCHANGE_MAX_WAIT_MS
       ? connectTo(addresses, plan, deadline)
       : connectAndSend(addresses, plan, deadline, request);

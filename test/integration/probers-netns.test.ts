@@ -306,7 +306,7 @@ describe('the TCP probe done whole in the helper\'s child (op "tcp": no socket p
   });
 });
 
-describe('the plain HTTP probe\'s exchange in the helper\'s child (op "connect" with send)', () => {
+describe('the plain HTTP and gRPC probes\' exchange in the helper\'s child (op "connect" with send)', () => {
   /** The helper's exchange only, counting the connections that came over: no socket route, no plain connect. */
   const exchangeOnly = (): SocketFactory & { handedOver: number; ended: number } => {
     const f = {
@@ -348,6 +348,30 @@ describe('the plain HTTP probe\'s exchange in the helper\'s child (op "connect" 
     expect(sockets.ended + sockets.handedOver).toBe(7);
   });
 
+  it('gRPC: the client\'s first octets go with the connect, the server\'s first answer comes back with the connection; kubelet\'s results', async () => {
+    const exchanges: { send: number; sent: number; read: number }[] = [];
+    const sockets: SocketFactory = {
+      ...exchangeOnly(),
+      connectExchange: async (netns, target, send, signal) => {
+        const out = await helper.connectExchange(netns, target, send, signal);
+        if (out?.outcome === 'connected' && out.exchange) exchanges.push({ send: send.length, sent: out.exchange.sent, read: out.exchange.data.length });
+        return out;
+      },
+    };
+    const port = srvA.ports.grpc as number;
+    expect(await probe({ kind: 'grpc', port }, ctx(podA, { sockets }))).toMatchObject({ result: 'success', message: 'service healthy', address: `${podA.ipv4}:${port}` });
+    expect(await probe({ kind: 'grpc', port, service: 'db' }, ctx(podA, { sockets }))).toMatchObject({ result: 'failure', message: 'service unhealthy (responded with "NOT_SERVING")' });
+    expect((await probe({ kind: 'grpc', port, service: 'nope' }, ctx(podA, { sockets }))).message).toMatch(/^error: health rpc probe failed: rpc error: code = NotFound/);
+    const hung = await probe({ kind: 'grpc', port: srvA.ports.hang as number }, ctx(podA, { sockets }));
+    expect(hung).toMatchObject({ result: 'failure', reason: 'timeout', message: `timeout: failed to connect service "${podA.ipv4}:${srvA.ports.hang}" within 1s: context deadline exceeded` });
+    // Each of the four went whole with the connect (preface, SETTINGS, HEADERS, DATA); the servers
+    // that speak had said something by the time the connection came over (at least their SETTINGS).
+    expect(exchanges).toHaveLength(4);
+    for (const x of exchanges) expect(x.sent).toBe(x.send);
+    expect(exchanges.slice(0, 3).every((x) => x.read > 0)).toBe(true);
+    expect(exchanges[3]!.read).toBe(0);
+  });
+
   it('a wait over 10 s (a long timeout, a hook\'s grace period) is not the helper\'s: the connection comes over and Node waits', async () => {
     const connects: string[] = [];
     const sockets: SocketFactory = {
@@ -357,7 +381,10 @@ describe('the plain HTTP probe\'s exchange in the helper\'s child (op "connect" 
     };
     expect(await probe(get(srvA.ports.http as number, '/healthz'), ctx(podA, { sockets, timeoutSeconds: 11 }))).toMatchObject({ result: 'success', message: 'ok' });
     expect(await probe(get(srvA.ports.http as number, '/healthz'), ctx(podA, { sockets, timeoutSeconds: 10 }))).toMatchObject({ result: 'success', message: 'ok' });
-    expect(connects).toEqual(['connect', 'exchange']);
+    const grpc = { kind: 'grpc', port: srvA.ports.grpc as number } as const;
+    expect(await probe(grpc, ctx(podA, { sockets, timeoutSeconds: 11 }))).toMatchObject({ result: 'success', message: 'service healthy' });
+    expect(await probe(grpc, ctx(podA, { sockets, timeoutSeconds: 10 }))).toMatchObject({ result: 'success', message: 'service healthy' });
+    expect(connects).toEqual(['connect', 'exchange', 'connect', 'exchange']);
   });
 });
 

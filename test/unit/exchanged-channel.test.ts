@@ -1,13 +1,14 @@
 /**
  * ExchangedChannel over real loopback connections: what the helper read comes first, then the
  * connection's own reads and end; the first write skips what the helper wrote; a connection the
- * peer ended in the helper reads as that end or that reset.
+ * peer ended in the helper reads as that end or that reset. PendingChannel: a protocol's first
+ * writes wait for the connection and go to it first; one that never comes is reported.
  */
 import { once } from 'node:events';
 import net, { type AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { ExchangedChannel } from '../../agent/io/exchanged-channel.ts';
-import type { ChannelHandler } from '../../agent/io/lean-socket.ts';
+import { ExchangedChannel, PendingChannel } from '../../agent/io/exchanged-channel.ts';
+import { LeanSocket, type ChannelHandler } from '../../agent/io/lean-socket.ts';
 
 /** What a handler saw, in order. */
 function recorder(): { handler: ChannelHandler; events: string[]; closed: Promise<Error | undefined> } {
@@ -85,5 +86,87 @@ describe('ExchangedChannel', () => {
     const r = recorder();
     ch.start(r.handler);
     expect(r.events).toEqual(['end', 'close']);
+  });
+});
+
+/** A loopback server that collects what each connection sends, and answers `reply` to the first octets. */
+async function collector(reply: string): Promise<{ port: number; received: () => string; ended: Promise<void> }> {
+  let received = '';
+  let ended!: () => void;
+  const endedP = new Promise<void>((r) => (ended = r));
+  server = net.createServer((s) => {
+    s.once('data', () => s.write(reply));
+    s.on('data', (d: Buffer) => (received += d.toString('latin1')));
+    s.on('end', () => {
+      s.end();
+      ended();
+    });
+  });
+  await new Promise<void>((r) => server!.listen(0, '127.0.0.1', r));
+  return { port: (server!.address() as AddressInfo).port, received: () => received, ended: endedP };
+}
+
+describe('PendingChannel', () => {
+  it('writes wait for the connection; attached to an exchange, what the helper sent is skipped and its octets come first', async () => {
+    const peer = await collector('');
+    const ch = new PendingChannel();
+    const r = recorder();
+    ch.start(r.handler);
+    ch.write(Buffer.from('PREFACE+'));
+    ch.write(Buffer.from('REQUEST'));
+    expect(ch.written().toString()).toBe('PREFACE+REQUEST');
+    expect(ch.writable).toBe(true);
+    expect(r.events).toEqual([]);
+    // The helper connected, wrote the first 8 octets (of 15) and read the server's first answer.
+    const socket = net.connect(peer.port, '127.0.0.1');
+    await once(socket, 'connect');
+    socket.write('PREFACE+');
+    const attached = ch.attach(new ExchangedChannel({ sent: 8, data: Buffer.from('SETTINGS'), seconds: 0.001 }, socket));
+    expect(r.events).toEqual(['data SETTINGS']);
+    ch.write(Buffer.from('+ACK'));
+    ch.end();
+    await peer.ended;
+    expect(peer.received()).toBe('PREFACE+REQUEST+ACK');
+    expect(await r.closed).toBeUndefined();
+    expect(ch.destroyed).toBe(attached.destroyed);
+    ch.destroy();
+    await ch.closed;
+  });
+
+  it('attached to a plain connection: every waiting write goes out, in order, before later ones', async () => {
+    const peer = await collector('pong');
+    const ch = new PendingChannel();
+    const r = recorder();
+    ch.write(Buffer.from('one,'));
+    ch.write(Buffer.from('two,'));
+    ch.attach(LeanSocket.connect({ host: '127.0.0.1', port: peer.port }));
+    ch.write(Buffer.from('three'));
+    ch.start(r.handler);
+    ch.end();
+    await peer.ended;
+    expect(await r.closed).toBeUndefined();
+    expect(peer.received()).toBe('one,two,three');
+    expect(r.events).toEqual(['data pong', 'end', 'close']);
+  });
+
+  it('destroyed before a connection came: the handler hears it once, later writes and a late connection go nowhere', async () => {
+    const peer = await collector('');
+    const ch = new PendingChannel();
+    const r = recorder();
+    ch.start(r.handler);
+    ch.write(Buffer.from('lost'));
+    ch.destroy();
+    ch.destroy();
+    expect((await r.closed)?.message).toBe('no connection was made');
+    // Once, with that error (it has no errno code).
+    expect(r.events).toEqual(['close undefined']);
+    expect(ch.destroyed).toBe(true);
+    expect(ch.writable).toBe(false);
+    expect(ch.written().length).toBe(0);
+    await ch.closed;
+    const late = ch.attach(LeanSocket.connect({ host: '127.0.0.1', port: peer.port }));
+    expect(late.destroyed).toBe(true);
+    await late.closed;
+    expect(peer.received()).toBe('');
   });
 });
