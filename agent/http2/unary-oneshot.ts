@@ -1,5 +1,5 @@
 /**
- * One unary HTTP/2 exchange on a socket (or byte channel) that is already connected, then done: the client preface
+ * One unary HTTP/2 exchange on a connection (a socket or byte channel), then done: the client preface
  * and SETTINGS, one request on stream 1 (HEADERS + DATA, END_STREAM), and its response read to the
  * end (HEADERS, DATA, trailers, or a trailers-only HEADERS). Used by the gRPC probe, which makes a
  * fresh connection per probe as kubelet does; a node:http2 session (nghttp2 session, settings and

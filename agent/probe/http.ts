@@ -21,7 +21,6 @@ import type { FailureReason, HttpGetHandler } from './types.ts';
 
 export { MAX_1XX_RESPONSES } from './http-client.ts';
 
-
 /** Go's maxBodySlurpSize: a followed redirect's body is drained this far, if small or of unknown length. */
 export const REDIRECT_SLURP_BYTES = 2 * 1024;
 
