@@ -13,6 +13,8 @@
 // answers come in completion order. On stdin EOF the peer waits for its calls, closes the
 // connection, prints {"final": stats} and exits 0.
 //
+// With -health-server it is a pod's grpc-go health server instead (health.go).
+//
 // Built from Debian's golang-google-grpc-dev (grpc-go 1.33) in GOPATH mode: see the Makefile.
 package main
 
@@ -78,7 +80,12 @@ func main() {
 	authority := flag.String("authority", "path", "`path`: target = the socket path, so :authority is that path (kubelet < 1.31); "+
 		"`localhost`: WithAuthority(\"localhost\") and cri-client's connect backoff (kubelet 1.31+)")
 	logTransport := flag.Bool("log-transport", false, "log transport events (dials, GOAWAYs, closes, channel states) and grpc-go's own log to stderr")
+	healthAddr := flag.String("health-server", "", "instead: serve grpc.health.v1 on this address (health.go)")
 	flag.Parse()
+	if *healthAddr != "" {
+		serveHealth(*healthAddr)
+		return
+	}
 	if *socket == "" || (*authority != "path" && *authority != "localhost") {
 		flag.Usage()
 		os.Exit(2)
