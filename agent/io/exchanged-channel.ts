@@ -7,6 +7,7 @@
  * two routes apart.
  */
 import type { Socket } from 'node:net';
+import { performance } from 'node:perf_hooks';
 import type { ConnectExchange } from '../probe/types.ts';
 import { keep, LeanSocket, type ByteChannel, type ChannelHandler } from './lean-socket.ts';
 
@@ -70,6 +71,22 @@ export class ExchangedChannel implements ByteChannel {
   get remoteAddress(): string | undefined {
     return this.#rest?.remoteAddress;
   }
+}
+
+/**
+ * The channel of a connection connectAndSend made: what the helper's exchange read first when there
+ * was one, the connection read lean after it (or alone).
+ */
+export function connectionChannel(exchange: ConnectExchange | undefined, socket: Socket | undefined): ByteChannel {
+  return exchange ? new ExchangedChannel(exchange, socket) : LeanSocket.take(socket as Socket);
+}
+
+/**
+ * When the answer began, on performance.now()'s clock: now, less the time it already took in the
+ * helper (until its first octet, or all of the exchange).
+ */
+export function answerStartedAt(exchange: ConnectExchange | undefined): number {
+  return performance.now() - (exchange ? (exchange.firstByteSeconds ?? exchange.seconds) * 1000 : 0);
 }
 
 /**

@@ -281,20 +281,20 @@ export async function connectTo(addresses: readonly ConnectAddress[], via: Conne
 }
 
 /**
- * The longest budget a request may have for the helper to wait on its answer (connectAndSend).
- * A longer wait (a hook's, up to the grace period) keeps the plain route: a helper process would
- * be held all that time.
+ * The longest budget a request may have for the helper to wait on its answer. A longer wait (a
+ * hook's, up to the grace period) keeps the plain route: a helper process would be held all that
+ * time.
  */
 export const EXCHANGE_MAX_WAIT_MS = 10_000;
 
 /**
  * connectTo, where the factory that connects also writes `send` and reads the answer's first
  * octets in the same trip (the helper's exchange: no wake-up of ours for the write or the first
- * read). The caller writes whatever was not sent (`exchange.sent`; all of it on Node's route) and
- * reads the answer from `exchange.data` on.
+ * read), when the deadline is within EXCHANGE_MAX_WAIT_MS. The caller writes whatever was not sent
+ * (`exchange.sent`; all of it on Node's route) and reads the answer from `exchange.data` on.
  */
 export async function connectAndSend(addresses: readonly ConnectAddress[], via: ConnectVia, deadline: Deadline, send: Buffer): Promise<ConnectedWith> {
-  const exchange = via.sockets.connectExchange;
+  const exchange = deadline.remainingMs() <= EXCHANGE_MAX_WAIT_MS ? via.sockets.connectExchange : undefined;
   const made = helperRoute(addresses, via, exchange)
     ? await connectInFactory(addresses, via, deadline, (netns, target, signal, tenant) => exchange!.call(via.sockets, netns, target, send, signal, tenant))
     : undefined;

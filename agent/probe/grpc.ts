@@ -14,18 +14,17 @@
  * with "error: failed to connect service ..." where grpc-go keeps redialling until the deadline and
  * then says "timeout: failed to connect service ..."; the User-Agent has no " grpc-go/x.y" suffix.
  */
-import type { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { encodeLiteralBlock, type HeaderField } from '../http2/hpack.ts';
 import { exchangeOnce, type OneShotExchange } from '../http2/unary-oneshot.ts';
-import { ConnectError, connectAndSend, connectTo, EXCHANGE_MAX_WAIT_MS, type ConnectedWith, type Deadline, type ProberResult } from './connect.ts';
+import { ConnectError, connectAndSend, type ConnectedWith, type Deadline, type ProberResult } from './connect.ts';
 import { decodeHealthStatus, encodeHealthCheckRequest, goDuration } from './grpc-wire.ts';
 import { encodeFrame, readFrame } from '../grpc/frame.ts';
 import { decodeGrpcMessage, formatGrpcTimeout } from '../grpc/headers.ts';
 import { codeFromHttpStatus, codeFromRstStream, goCodeName, goStatusText, GrpcCode, parseGrpcStatus } from '../grpc/status.ts';
 import type { SharedFrameBudget } from '../http2/frame-budget.ts';
-import { ExchangedChannel, PendingChannel } from '../io/exchanged-channel.ts';
-import { LeanSocket, type ByteChannel } from '../io/lean-socket.ts';
+import { answerStartedAt, connectionChannel, PendingChannel } from '../io/exchanged-channel.ts';
+import type { ByteChannel } from '../io/lean-socket.ts';
 import { joinHostPort, type TargetPlan } from './target.ts';
 import { targetGrpcTimeoutMs } from './time-budget.ts';
 import type { FailureReason, GrpcHandler } from './types.ts';
@@ -59,19 +58,19 @@ export async function probeGrpc(handler: GrpcHandler, plan: TargetPlan, deadline
   const addresses = plan.ips.map((ip) => ({ ip, port: plan.port }));
   const phases: ProberResult['phases'] = {};
   const service = handler.service ?? '';
-  // Within the helper's wait: the exchange starts on a channel without a connection, so that its
-  // first octets (preface, SETTINGS, the request) go with the helper's connect, which reads the
-  // server's first answer in the same trip (most often all of it: no wake-up of ours for the
-  // write or the first reads). The HTTP/2 rules stay in the exchange; the helper moves bytes.
-  const pending = deadline.remainingMs() <= EXCHANGE_MAX_WAIT_MS ? new PendingChannel() : undefined;
-  const early = pending ? checkRpc(pending, addr, service, kubeVersion, deadline, frameBudget) : undefined;
+  // The exchange starts on a channel without a connection, so that its first octets (preface,
+  // SETTINGS, the request) go with the helper's connect, which reads the server's first answer in
+  // the same trip (most often all of it: no wake-up of ours for the write or the first reads). The
+  // HTTP/2 rules stay in the exchange; the helper moves bytes.
+  const pending = new PendingChannel();
+  const rpcDone = checkRpc(pending, addr, service, kubeVersion, deadline, frameBudget);
   // The exchange's writer flushes in a microtask queued by now.
-  const first = pending ? await Promise.resolve().then(() => pending.written()) : undefined;
+  const first = await Promise.resolve().then(() => pending.written());
   let connected: ConnectedWith;
   try {
-    connected = await (first && first.length > 0 ? connectAndSend(addresses, plan, deadline, first) : connectTo(addresses, plan, deadline));
+    connected = await connectAndSend(addresses, plan, deadline, first);
   } catch (err) {
-    pending?.destroy();
+    pending.destroy();
     const e = err instanceof ConnectError ? err : undefined;
     if (e?.kind === 'error') return { result: 'error', reason: e.reason, message: e.detail, address: addr, phases };
     if (!e || e.reason === 'timeout') {
@@ -82,17 +81,14 @@ export async function probeGrpc(handler: GrpcHandler, plan: TargetPlan, deadline
   phases.helper = connected.helperSeconds;
   phases.connect = connected.connectSeconds;
   const address = joinHostPort(connected.address.ip, connected.address.port);
-  const exchanged = connected.exchange;
-  // The time the answer took in the helper: until its first octet, or all of the exchange.
-  const t0 = performance.now() - (exchanged ? (exchanged.firstByteSeconds ?? exchanged.seconds) * 1000 : 0);
+  const t0 = answerStartedAt(connected.exchange);
   // Read into the reused buffer, without the stream path (agent/io/lean-socket.ts).
-  const conn: ByteChannel = exchanged ? new ExchangedChannel(exchanged, connected.socket) : LeanSocket.take(connected.socket as Socket);
-  const channel = pending ? pending.attach(conn) : conn;
+  pending.attach(connectionChannel(connected.exchange, connected.socket));
   let rpc: RpcResult | ConnFailure;
   try {
-    rpc = await (early ?? checkRpc(channel, addr, service, kubeVersion, deadline, frameBudget));
+    rpc = await rpcDone;
   } finally {
-    channel.destroy();
+    pending.destroy();
   }
   phases.firstByte = (performance.now() - t0) / 1000;
 

@@ -8,9 +8,9 @@ import { performance } from 'node:perf_hooks';
 import { connect as tlsConnect, createSecureContext, type SecureContext, type TLSSocket } from 'node:tls';
 import type { Socket } from 'node:net';
 import { describeError } from '../errors.ts';
-import { ExchangedChannel } from '../io/exchanged-channel.ts';
-import { LeanSocket, StreamChannel, type ByteChannel } from '../io/lean-socket.ts';
-import { ConnectError, connectAndSend, connectTo, EXCHANGE_MAX_WAIT_MS, type Deadline, type ProberResult } from './connect.ts';
+import { answerStartedAt, connectionChannel } from '../io/exchanged-channel.ts';
+import { StreamChannel, type ByteChannel } from '../io/lean-socket.ts';
+import { ConnectError, connectAndSend, connectTo, type Deadline, type ProberResult } from './connect.ts';
 import { Http1Get, type GetOutcome } from './http-client.ts';
 import { Http1Error } from './http1-response.ts';
 import {
@@ -150,9 +150,7 @@ export async function exchange(
   try {
     // Plain HTTP: the helper that connects also writes the request and reads the answer's first
     // octets (most often all of it, and the peer's end), in the same trip.
-    const connecting = req.scheme === 'https' || deadline.remainingMs() > EXCHANGE_MAX_WAIT_MS
-      ? connectTo(addresses, plan, deadline)
-      : connectAndSend(addresses, plan, deadline, request);
+    const connecting = req.scheme === 'https' ? connectTo(addresses, plan, deadline) : connectAndSend(addresses, plan, deadline, request);
     const connected = await connecting.catch((err: unknown) => {
       if (err instanceof ConnectError) {
         setAddress(joinHostPort(err.address.ip, err.address.port));
@@ -168,20 +166,17 @@ export async function exchange(
     phases.connect = (phases.connect ?? 0) + connected.connectSeconds;
 
     const exchanged = 'exchange' in connected ? connected.exchange : undefined;
-    if (exchanged) {
-      channel = new ExchangedChannel(exchanged, socket);
-    } else if (req.scheme === 'https') {
+    if (req.scheme === 'https') {
       const t0 = performance.now();
       socket = await startTls(socket as Socket, isIP(req.hostname) ? undefined : req.hostname, deadline, prefix);
       phases.tls = (phases.tls ?? 0) + (performance.now() - t0) / 1000;
       channel = new StreamChannel(socket);
     } else {
       // Plain HTTP reads into the reused buffer, without the stream machinery per read.
-      channel = LeanSocket.take(socket as Socket);
+      channel = connectionChannel(exchanged, socket);
     }
 
-    // The time the answer took in the helper: until its first octet, or all of the exchange.
-    const t1 = performance.now() - (exchanged ? (exchanged.firstByteSeconds ?? exchanged.seconds) * 1000 : 0);
+    const t1 = answerStartedAt(exchanged);
     let decision: RedirectDecision = USE;
     const get = new Http1Get(channel, request, deadline.signal, (head) => {
       decision = decide(head.status, head.location);

@@ -7,7 +7,7 @@
 import { once } from 'node:events';
 import net, { type AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { ExchangedChannel, PendingChannel } from '../../agent/io/exchanged-channel.ts';
+import { answerStartedAt, connectionChannel, ExchangedChannel, PendingChannel } from '../../agent/io/exchanged-channel.ts';
 import { LeanSocket, type ChannelHandler } from '../../agent/io/lean-socket.ts';
 
 /** What a handler saw, in order. */
@@ -168,5 +168,30 @@ describe('PendingChannel', () => {
     expect(late.destroyed).toBe(true);
     await late.closed;
     expect(peer.received()).toBe('');
+  });
+});
+
+describe('connectionChannel and answerStartedAt', () => {
+  it('a connection with the helper\'s exchange reads it first; one without is read lean; the answer began when the helper saw it', async () => {
+    const peer = await collector('');
+    const exchange = { sent: 0, data: Buffer.from('x'), ended: { eof: true }, seconds: 0.5, firstByteSeconds: 0.2 } as const;
+    expect(connectionChannel(exchange, undefined)).toBeInstanceOf(ExchangedChannel);
+    const socket = net.connect(peer.port, '127.0.0.1');
+    await once(socket, 'connect');
+    const plain = connectionChannel(undefined, socket);
+    expect(plain).toBeInstanceOf(LeanSocket);
+    expect((plain as LeanSocket).lean).toBe(true);
+    plain.destroy();
+    const before = performance.now();
+    const first = answerStartedAt(exchange);
+    const whole = answerStartedAt({ ...exchange, firstByteSeconds: undefined });
+    const none = answerStartedAt(undefined);
+    const after = performance.now();
+    expect(first).toBeGreaterThanOrEqual(before - 200);
+    expect(first).toBeLessThanOrEqual(after - 200);
+    expect(whole).toBeLessThanOrEqual(after - 500);
+    expect(whole).toBeGreaterThanOrEqual(before - 500);
+    expect(none).toBeGreaterThanOrEqual(before);
+    expect(none).toBeLessThanOrEqual(after);
   });
 });
